@@ -1,0 +1,75 @@
+"""Developer tasks: ``nox -s tests``, ``lint``, ``typecheck``, ``examples``, ``docs``, ``bench``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["lint", "typecheck", "tests"]
+
+ROOT = Path(__file__).parent
+PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+
+
+def _install(session: nox.Session, *groups: str) -> None:
+    requirements: list[str] = []
+    for group in groups:
+        requirements += nox.project.dependency_groups(PYPROJECT, group)
+    session.install("-e", ".", *requirements)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run the test suite."""
+    _install(session, "tests")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff (with the ASYNC rules) and the format check."""
+    session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over the package, tests, examples, benchmarks and this file."""
+    _install(session, "typecheck")
+    session.run("mypy")
+
+
+@nox.session
+def examples(session: nox.Session) -> None:
+    """Run every example offline (scripted model), each with a timeout."""
+    _install(session)
+    scripts = sorted((ROOT / "examples").glob("*.py"))
+    if not scripts:
+        session.error("no examples found")
+    for script in scripts:
+        session.log(f"--- {script.name}")
+        session.run("timeout", "60", "python", str(script), external=True)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation with warnings as errors."""
+    _install(session, "docs")
+    session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Run the benchmarks and print a table of figures against their targets."""
+    _install(session, "bench")
+    env = {"PYTHONHASHSEED": "0"}
+    session.run("python", "bench/run.py", *session.posargs, env=env)
+
+
+if os.environ.get("CI"):
+    nox.options.error_on_missing_interpreters = True

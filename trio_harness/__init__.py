@@ -1,0 +1,1 @@
+"""trio_harness: a rigorous Trio runtime for LLM agents."""

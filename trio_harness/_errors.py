@@ -1,0 +1,110 @@
+"""The exception families of trio_harness.
+
+Every failure a caller can act on has its own type, and every message names the
+thing that was wrong (a session id, a file and line, a task id) and, where it
+helps, what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class HarnessError(Exception):
+    """Base class of every error raised by trio_harness."""
+
+
+class ScopeClosedError(HarnessError):
+    """Work was offered to a scope that is closing or closed."""
+
+
+class PluginError(HarnessError):
+    """A plugin could not be loaded, unloaded or reloaded."""
+
+
+class SessionError(HarnessError):
+    """Base class of session and persistence errors."""
+
+
+class InvalidSessionIdError(SessionError, ValueError):
+    """A session id is empty or otherwise unusable."""
+
+
+class SessionExistsError(SessionError):
+    """A session id is already taken (live, or stored when creating)."""
+
+
+class SessionNotFoundError(SessionError, LookupError):
+    """No live or stored session has this id."""
+
+
+class SessionCorruptError(SessionError):
+    """A stored session log is damaged before its last committed turn boundary.
+
+    Attributes:
+        path: the file that is damaged.
+        line: the 1-based line number of the first bad line.
+    """
+
+    def __init__(self, message: str, *, path: str, line: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line
+
+
+class EventDecodeError(SessionError, ValueError):
+    """An event record could not be decoded (unknown type, extra or missing keys)."""
+
+
+class UnsupportedFormatError(SessionError):
+    """A stored session was written by a format version this library cannot read."""
+
+
+class ForkBoundaryError(SessionError, ValueError):
+    """A fork boundary is out of range or falls inside an open turn."""
+
+
+class InboxError(HarnessError):
+    """An inbox operation or a persisted inbox splice is invalid."""
+
+
+class AgentError(HarnessError):
+    """Base class of agent lifecycle errors."""
+
+
+class AgentExistsError(AgentError):
+    """An agent or session with this id is already live."""
+
+
+class AgentNotFoundError(AgentError, LookupError):
+    """No live agent has this id."""
+
+
+class FactoryError(AgentError):
+    """The agent factory slot is empty, or a second factory tried to register."""
+
+
+class AgentDisposedError(AgentError):
+    """The agent has been disposed and accepts no more input."""
+
+
+class ToolError(HarnessError):
+    """A tool definition is invalid or a tool name is already registered."""
+
+
+class ModelError(HarnessError):
+    """A model spec is invalid or a provider cannot be configured."""
+
+
+class TaskError(HarnessError):
+    """Base class of background task errors."""
+
+
+class TaskNotFoundError(TaskError, LookupError):
+    """The task id is unknown, or not visible to the caller (same message by design)."""
+
+
+class TaskStartError(TaskError):
+    """A task could not be started (no controller attached, cap reached, bad spec)."""
+
+
+class BashError(HarnessError):
+    """A bash command or process request is invalid, or a process id is unknown."""

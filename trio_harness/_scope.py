@@ -1,0 +1,314 @@
+"""Lifecycle scopes: the nursery-owned tree every agent, service and plugin lives in.
+
+A :class:`Scope` is a node in a tree.  It owns a Trio nursery (tasks spawned
+into the scope) and a LIFO stack of exit callbacks.  Closing a scope:
+
+1. closes its child scopes, newest first, each awaited;
+2. cancels its nursery and awaits every task in it;
+3. runs its exit callbacks, newest first.
+
+So a child scope is completely closed before its parent's callbacks unwind, the
+same order an ``AsyncExitStack`` wrapped around a nursery gives.  Teardown runs
+in the scope's own runner task under a shield, bounded by ``teardown_timeout``
+per callback, so a cancelled closer cannot leave it half done, and an error in a
+callback is logged and contained: the remaining callbacks still run.
+
+Scopes are obtained from :func:`open_scope` (a root, bound to an ``async with``
+block) or :meth:`Scope.open_child`; they have no public constructor.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Protocol, TypeVar
+
+import attrs
+import trio
+
+from ._errors import PluginError, ScopeClosedError
+
+__all__ = ["ExitCallback", "LoadedPlugin", "Plugin", "Scope", "open_scope"]
+
+log = logging.getLogger("trio_harness.scope")
+
+T = TypeVar("T")
+
+ExitCallback = Callable[[], Awaitable[None] | None]
+"""A callback run when a scope closes: sync, or async (awaited, shielded, bounded)."""
+
+DEFAULT_TEARDOWN_TIMEOUT = 30.0
+
+
+class Plugin(Protocol):
+    """Something that can be loaded into a scope.
+
+    ``apply`` installs the plugin's contributions (tools, listeners, tasks) into
+    the plugin's own child scope; everything registered there unwinds when the
+    plugin is unloaded.
+    """
+
+    @property
+    def name(self) -> str:
+        """A unique name among the plugins of one scope."""
+        ...
+
+    async def apply(self, scope: Scope) -> None:
+        """Install the plugin into ``scope``."""
+        ...
+
+
+@attrs.define(eq=False)
+class LoadedPlugin:
+    """A plugin loaded into a scope, with the child scope it lives in."""
+
+    plugin: Plugin
+    scope: Scope
+
+
+async def _run_callback(callback: ExitCallback, where: str, timeout: float) -> None:
+    """Run one exit callback, contained: errors are logged, slow ones abandoned."""
+    try:
+        result = callback()
+        if inspect.isawaitable(result):
+            with trio.move_on_after(timeout) as bound:
+                await result
+            if bound.cancelled_caught:
+                log.warning("exit callback %r of %s did not finish in %ss", callback, where, timeout)
+    except Exception:
+        log.exception("exit callback %r of scope %s failed", callback, where)
+
+
+@attrs.define(eq=False, repr=False)
+class Scope:
+    """A node of the lifecycle tree, owning a nursery and LIFO exit callbacks.
+
+    Obtain one from :func:`open_scope` or :meth:`open_child`.
+    """
+
+    # Dotted path from the root, for messages and logs.
+    name: str
+    parent: Scope | None
+    teardown_timeout: float
+    # Set once by the runner before the scope is handed out; never replaced.
+    _nursery: trio.Nursery = attrs.field(init=False, alias="_nursery")
+    # Exit callbacks, run newest first; removed entries are set to None.
+    _callbacks: list[ExitCallback | None] = attrs.field(factory=list, init=False)
+    # Close hooks, run first (oldest first) when teardown starts, before children close.
+    _close_hooks: list[ExitCallback] = attrs.field(factory=list, init=False)
+    # Open children in creation order; a child removes itself when closed.
+    _children: dict[Scope, None] = attrs.field(factory=dict, init=False)
+    # Loaded plugins by name.
+    _plugins: dict[str, LoadedPlugin] = attrs.field(factory=dict, init=False)
+    # Cancelled to end the scope's hold and start teardown.
+    _hold: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
+    # Set when close() was requested or teardown started: no new work accepted.
+    _closing: bool = attrs.field(default=False, init=False)
+    _closed: trio.Event = attrs.field(factory=trio.Event, init=False)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed.is_set() else "closing" if self._closing else "open"
+        return f"<Scope {self.name} {state}>"
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def closing(self) -> bool:
+        """True once teardown was requested; new work is refused from then on."""
+        return self._closing
+
+    @property
+    def closed(self) -> bool:
+        """True once teardown has finished."""
+        return self._closed.is_set()
+
+    @property
+    def children(self) -> tuple[Scope, ...]:
+        """The open child scopes, oldest first."""
+        return tuple(self._children)
+
+    def _check_open(self, what: str) -> None:
+        if self._closing:
+            raise ScopeClosedError(f"scope {self.name!r} is closing; cannot {what}")
+
+    # ------------------------------------------------------------ work
+
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: object, name: str | None = None) -> None:
+        """Run ``fn(*args)`` as a task of this scope; it is cancelled when the scope closes."""
+        self._check_open("spawn a task")
+        self._nursery.start_soon(fn, *args, name=name)
+
+    async def start(self, fn: Callable[..., Awaitable[object]], *args: object, name: str | None = None) -> Any:
+        """Like :meth:`trio.Nursery.start`: run ``fn`` in this scope and wait for it to start."""
+        self._check_open("start a task")
+        return await self._nursery.start(fn, *args, name=name)
+
+    def add_exit_callback(self, callback: ExitCallback) -> Callable[[], None]:
+        """Register ``callback`` to run when the scope closes (LIFO).
+
+        Returns:
+            A function that removes the callback again (idempotent), for
+            resources released before the scope closes.
+        """
+        self._check_open("add an exit callback")
+        index = len(self._callbacks)
+        self._callbacks.append(callback)
+
+        def remove() -> None:
+            if index < len(self._callbacks) and self._callbacks[index] is callback:
+                self._callbacks[index] = None
+
+        return remove
+
+    def add_close_hook(self, hook: ExitCallback) -> None:
+        """Register ``hook`` to run first when the scope starts closing.
+
+        Close hooks run oldest first, before child scopes close and before the
+        nursery is cancelled: the place to stop a driver gracefully (an agent
+        cancels its turn with cause ``disposed`` and waits for quiescence here).
+        """
+        self._check_open("add a close hook")
+        self._close_hooks.append(hook)
+
+    async def enter_async_context(self, cm: AbstractAsyncContextManager[T]) -> T:
+        """Enter ``cm`` in a task of this scope and keep it entered until the scope closes.
+
+        The context manager is entered and exited by the same task (as Trio
+        requires), and exits when the scope's nursery is cancelled.
+        """
+
+        async def hold(task_status: trio.TaskStatus[T]) -> None:
+            async with cm as value:
+                task_status.started(value)
+                await trio.sleep_forever()
+
+        result: T = await self.start(hold)
+        return result
+
+    # ------------------------------------------------------------ children
+
+    async def open_child(self, name: str, *, teardown_timeout: float | None = None) -> Scope:
+        """Open a child scope; it closes no later than this scope does."""
+        self._check_open(f"open child scope {name!r}")
+        child = Scope(
+            name=f"{self.name}/{name}",
+            parent=self,
+            teardown_timeout=self.teardown_timeout if teardown_timeout is None else teardown_timeout,
+        )
+        await self._nursery.start(child._run_child, name=f"scope {child.name}")
+        return child
+
+    async def _run_child(self, task_status: trio.TaskStatus[None]) -> None:
+        assert self.parent is not None
+        self.parent._children[self] = None
+        try:
+            async with self._lifetime():
+                task_status.started()
+                with self._hold:
+                    await trio.sleep_forever()
+        finally:
+            self.parent._children.pop(self, None)
+
+    @asynccontextmanager
+    async def _lifetime(self) -> AsyncIterator[None]:
+        """The nursery and teardown shared by root and child scopes."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                try:
+                    yield
+                finally:
+                    self._closing = True
+                    with trio.CancelScope(shield=True):
+                        for hook in self._close_hooks:
+                            await _run_callback(hook, self.name, self.teardown_timeout)
+                        self._close_hooks.clear()
+                        for child in reversed(tuple(self._children)):
+                            await child.close()
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._closing = True
+            with trio.CancelScope(shield=True):
+                while self._callbacks:
+                    callback = self._callbacks.pop()
+                    if callback is not None:
+                        await _run_callback(callback, self.name, self.teardown_timeout)
+                self._plugins.clear()
+            self._closed.set()
+
+    async def close(self) -> None:
+        """Close the scope and wait until its teardown finished (idempotent).
+
+        Teardown itself runs shielded in the scope's runner; cancelling the
+        caller only stops the caller's wait.  Closing a root scope from inside
+        its own block is not possible: leave the ``async with`` block instead.
+        """
+        if self._closed.is_set():
+            return
+        if self.parent is None:
+            raise ScopeClosedError(f"root scope {self.name!r} closes when its async with block exits")
+        self._closing = True
+        self._hold.cancel()
+        await self._closed.wait()
+
+    # ------------------------------------------------------------ plugins
+
+    @property
+    def plugins(self) -> dict[str, LoadedPlugin]:
+        """The plugins loaded into this scope, by name (a copy)."""
+        return dict(self._plugins)
+
+    async def load(self, plugin: Plugin) -> LoadedPlugin:
+        """Load ``plugin`` into a new child scope.
+
+        If ``apply`` raises, the child scope is closed (everything it registered
+        unwinds) and a :class:`PluginError` naming the plugin is raised.
+        """
+        if plugin.name in self._plugins:
+            raise PluginError(f"a plugin named {plugin.name!r} is already loaded in {self.name!r}")
+        child = await self.open_child(f"plugin:{plugin.name}")
+        try:
+            await plugin.apply(child)
+        except BaseException as exc:
+            with trio.CancelScope(shield=True):
+                await child.close()
+            if isinstance(exc, Exception):
+                raise PluginError(f"plugin {plugin.name!r} failed to load: {exc!r}") from exc
+            raise
+        loaded = LoadedPlugin(plugin=plugin, scope=child)
+        if plugin.name in self._plugins:  # a concurrent load won the name
+            with trio.CancelScope(shield=True):
+                await child.close()
+            raise PluginError(f"a plugin named {plugin.name!r} is already loaded in {self.name!r}")
+        self._plugins[plugin.name] = loaded
+        return loaded
+
+    async def unload(self, name: str) -> None:
+        """Unload the plugin ``name``: close its scope and await its teardown."""
+        loaded = self._plugins.pop(name, None)
+        if loaded is None:
+            raise PluginError(f"no plugin named {name!r} is loaded in {self.name!r}")
+        await loaded.scope.close()
+
+    async def reload(self, plugin: Plugin) -> LoadedPlugin:
+        """Unload the plugin of the same name (if loaded), then load ``plugin``."""
+        if plugin.name in self._plugins:
+            await self.unload(plugin.name)
+        return await self.load(plugin)
+
+
+@asynccontextmanager
+async def open_scope(name: str = "root", *, teardown_timeout: float = DEFAULT_TEARDOWN_TIMEOUT) -> AsyncIterator[Scope]:
+    """Open a root scope bound to the ``async with`` block.
+
+    Leaving the block closes the scope: children newest first, then the
+    nursery's tasks, then the exit callbacks newest first.
+    """
+    if not (teardown_timeout > 0 and not math.isnan(teardown_timeout)):
+        raise ValueError(f"teardown_timeout must be positive, got {teardown_timeout!r}")
+    scope = Scope(name=name, parent=None, teardown_timeout=teardown_timeout)
+    async with scope._lifetime():
+        yield scope

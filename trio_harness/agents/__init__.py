@@ -1,0 +1,16 @@
+"""Agents: the interface, registry, inbox, driver and tools."""
+
+from ._agent import Agent as Agent
+from ._agent import AgentStatus as AgentStatus
+from ._driver import ReactAgent as ReactAgent
+from ._factory import ReactLoopFactory as ReactLoopFactory
+from ._inbox import Inbox as Inbox
+from ._options import AgentOptions as AgentOptions
+from ._registry import AgentFactory as AgentFactory
+from ._registry import AgentHandle as AgentHandle
+from ._registry import AgentRegistry as AgentRegistry
+from ._registry import Setup as Setup
+from ._tools import Tool as Tool
+from ._tools import ToolContext as ToolContext
+from ._tools import ToolOutput as ToolOutput
+from ._tools import ToolSet as ToolSet

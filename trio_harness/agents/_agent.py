@@ -1,0 +1,94 @@
+"""The Agent interface consumers depend on (the loop is replaceable)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from .._scope import Scope
+    from ..session._events import CancelCause, InboxMessage
+    from ..session._session import Session
+    from ._inbox import Inbox
+    from ._options import AgentOptions
+    from ._tools import ToolSet
+
+__all__ = ["Agent", "AgentStatus"]
+
+AgentStatus = Literal["idle", "running"]
+
+
+class Agent(Protocol):
+    """A live agent: driver, inbox, scope and cancellation around one session.
+
+    ``id`` equals ``session.id``.  Disposal is not a status: a disposed agent
+    has left the registry.  Only an owner holding the :class:`AgentHandle` can
+    dispose it.
+    """
+
+    @property
+    def id(self) -> str:
+        """The agent's id: exactly its session's id."""
+        ...
+
+    @property
+    def options(self) -> AgentOptions:
+        """Provider route, model and limits of this instance."""
+        ...
+
+    @property
+    def session(self) -> Session:
+        """The durable event log this agent drives."""
+        ...
+
+    @property
+    def inbox(self) -> Inbox:
+        """Pending work, rebuilt from the log on resume."""
+        ...
+
+    @property
+    def scope(self) -> Scope:
+        """The agent's scope: tools, listeners and owned tasks unwind with it."""
+        ...
+
+    @property
+    def tools(self) -> ToolSet:
+        """Tools and prompt sections local to this agent."""
+        ...
+
+    @property
+    def status(self) -> AgentStatus:
+        """``"running"`` while the driver drains work, else ``"idle"``."""
+        ...
+
+    @property
+    def parent_id(self) -> str | None:
+        """The runtime owner agent's id (set for subagents), else None."""
+        ...
+
+    def send(self, message: str | InboxMessage, *, mode: Literal["followup", "steer", "inject"]) -> str:
+        """Queue a message with the given mode; returns its message id."""
+        ...
+
+    def followup(self, message: str | InboxMessage) -> str:
+        """Queue a message for a new turn, waking the agent; returns its id."""
+        ...
+
+    def steer(self, message: str | InboxMessage) -> str:
+        """Queue a message for the next step, waking the agent (a turn opens when idle)."""
+        ...
+
+    def inject(self, message: str | InboxMessage) -> str:
+        """Queue a message for the next step without waking the agent."""
+        ...
+
+    def cancel(self, cause: CancelCause = "user", *, keep_inbox: bool = False) -> bool:
+        """Abort current activity (and clear the inbox unless ``keep_inbox``).
+
+        Returns:
+            True if the call had an effect (something was running or queued).
+        """
+        ...
+
+    async def when_idle(self) -> None:
+        """Wait until the agent has no activity (following replacement work)."""
+        ...

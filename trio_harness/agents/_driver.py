@@ -1,0 +1,571 @@
+"""The turn driver: a ReAct loop around one session (the default agent implementation).
+
+Phases: ``idle``, ``maintenance`` and ``running``; the public status maps
+maintenance to ``idle``.  A waking send while idle starts an *activity*: a task
+in the agent's scope that runs turns while there is work.  Each activity has
+one cancel scope and one cancel cause (the first cause wins); a waking send
+that arrives after a cancel but before the activity ends is latched and runs in
+a replacement activity once the cancelled turn has closed.
+
+Where is a turn cancelled?  :meth:`ReactAgent.cancel` cancels the activity's
+cancel scope; the ``finally`` blocks of :meth:`_run_turn`, :meth:`_run_step`
+and :meth:`_run_tools` close the turn (synthetic tool results, ``step/end``,
+``turn/end`` with the cause) and flush the session, so the log stays balanced
+whatever interrupted it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+import trio
+
+from .._errors import AgentDisposedError
+from .._initiator import _set_initiator
+from ..model._protocol import (
+    Chunk,
+    Failure,
+    Finish,
+    ModelProvider,
+    ModelRequest,
+    ReasoningDelta,
+    Retry,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+)
+from ..session import _events as ev
+from ..session._events import CancelCause, InboxMessage, SendMode, TurnEndReason
+from ..session._session import Session
+from ._history import History
+from ._inbox import Inbox
+from ._options import AgentOptions
+from ._tools import Tool, ToolContext, ToolOutput, ToolSet
+
+if TYPE_CHECKING:
+    from .._bus import EventBus
+    from .._harness import Harness
+    from .._scope import Scope
+    from ._agent import AgentStatus
+
+__all__ = ["ReactAgent"]
+
+log = logging.getLogger("trio_harness.agent")
+
+Phase = Literal["idle", "maintenance", "running"]
+
+
+def _aborted_text(cause: CancelCause | None) -> str:
+    return f"error: not run: the turn was aborted (cause: {cause or 'cancelled'})"
+
+
+@attrs.define(eq=False, repr=False)
+class ReactAgent:
+    """The default :class:`~trio_harness.Agent`: a ReAct loop over a session.
+
+    Built by the agent factory inside the create / resume pipeline; use
+    ``harness.agents.create`` rather than constructing one.
+    """
+
+    _session: Session = attrs.field(alias="session")
+    _options: AgentOptions = attrs.field(alias="options")
+    _scope: Scope = attrs.field(alias="scope")
+    _harness: Harness = attrs.field(alias="harness")
+    _provider: ModelProvider = attrs.field(alias="provider")
+    _parent_id: str | None = attrs.field(default=None, alias="parent_id")
+    _tools: ToolSet = attrs.field(factory=ToolSet, init=False)
+    _bus: EventBus = attrs.field(init=False)
+    _inbox: Inbox = attrs.field(init=False)
+    _history: History = attrs.field(init=False)
+    # idle | maintenance | running; only the drain task and maintenance() change it.
+    _phase: Phase = attrs.field(default="idle", init=False)
+    _status: AgentStatus = attrs.field(default="idle", init=False)
+    # A waking send arrived since the last claim (or since a cancel).
+    _wake_requested: bool = attrs.field(default=False, init=False)
+    # The current activity's cancel cause; the first cause wins.
+    _cause: CancelCause | None = attrs.field(default=None, init=False)
+    _activity_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    # Set whenever the phase returns to idle; replaced when activity starts.
+    _idle: trio.Event = attrs.field(factory=trio.Event, init=False)
+    # Set by the disposal close hook; no wake is ever latched after it.
+    _disposing: bool = attrs.field(default=False, init=False)
+    _last_turn: int = attrs.field(default=0, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._bus = self._harness.bus
+        self._idle.set()
+        self._inbox = Inbox.replay(self._session, notify=self._inbox_notice)
+        self._history = History(self._session)
+        for event in self._session.events:
+            if isinstance(event, ev.TurnStart):
+                self._last_turn = event.turn
+
+    def __repr__(self) -> str:
+        return f"<ReactAgent {self.id!r} {self._phase}>"
+
+    # ------------------------------------------------------------ interface
+
+    @property
+    def id(self) -> str:
+        """The agent id (== the session id)."""
+        return self._session.id
+
+    @property
+    def options(self) -> AgentOptions:
+        """This instance's options."""
+        return self._options
+
+    @property
+    def session(self) -> Session:
+        """The session this agent drives."""
+        return self._session
+
+    @property
+    def inbox(self) -> Inbox:
+        """The durable inbox."""
+        return self._inbox
+
+    @property
+    def scope(self) -> Scope:
+        """The agent's scope."""
+        return self._scope
+
+    @property
+    def tools(self) -> ToolSet:
+        """Tools and prompt sections local to this agent."""
+        return self._tools
+
+    @property
+    def status(self) -> AgentStatus:
+        """``"running"`` while an activity drains work, else ``"idle"``."""
+        return self._status
+
+    @property
+    def parent_id(self) -> str | None:
+        """The id of the agent that owns this one at runtime, if any."""
+        return self._parent_id
+
+    @property
+    def provider(self) -> ModelProvider:
+        """The model provider this instance calls."""
+        return self._provider
+
+    @property
+    def turn(self) -> int:
+        """The number of the latest turn (0 before the first)."""
+        return self._last_turn
+
+    def send(self, message: str | InboxMessage, *, mode: SendMode) -> str:
+        """Persist ``message`` into the inbox, then wake the driver unless ``mode`` is inject.
+
+        Returns:
+            The message id.
+
+        Raises:
+            AgentDisposedError: the agent is being disposed.
+        """
+        if self._disposing or self._scope.closing:
+            raise AgentDisposedError(f"agent {self.id!r} is disposed; it accepts no more messages")
+        if mode not in ("followup", "steer", "inject"):
+            raise ValueError(f"unknown send mode {mode!r}; use followup, steer or inject")
+        msg = Inbox.message(message, mode)
+        if msg.mode != mode:
+            msg = attrs.evolve(msg, mode=mode)
+        queue: ev.InboxQueue = "next-turn" if mode == "followup" else "next-step"
+        if mode == "steer" and self._phase == "running" and self._cause is not None:
+            queue = "next-turn"  # never join a converging, cancelled turn
+        self._inbox.append(queue, msg)
+        if mode != "inject":
+            self._wake()
+        return msg.id
+
+    def followup(self, message: str | InboxMessage) -> str:
+        """Queue ``message`` for a new turn and wake the agent."""
+        return self.send(message, mode="followup")
+
+    def steer(self, message: str | InboxMessage) -> str:
+        """Queue ``message`` for the next step and wake the agent."""
+        return self.send(message, mode="steer")
+
+    def inject(self, message: str | InboxMessage) -> str:
+        """Queue ``message`` for the next step without waking the agent."""
+        return self.send(message, mode="inject")
+
+    def cancel(self, cause: CancelCause = "user", *, keep_inbox: bool = False) -> bool:
+        """Abort the current activity and (unless ``keep_inbox``) drop queued work.
+
+        Idle with nothing queued, this does nothing and emits nothing.  An
+        effective call emits ``agent/cancel-requested`` before clearing or
+        aborting.  The first cause of an activity is the one its turn records.
+
+        Returns:
+            Whether the call had an effect.
+        """
+        if cause not in ("user", "parent", "hook", "disposed"):
+            raise ValueError(f"unknown cancel cause {cause!r}; use user, parent, hook or disposed")
+        active = self._phase == "running"
+        queued = bool(len(self._inbox)) and not keep_inbox
+        if not active and not queued:
+            return False
+        self._bus.emit("agent/cancel-requested", self, cause=cause)
+        if not keep_inbox:
+            self._inbox.clear()
+        self._wake_requested = False
+        if active:
+            if self._cause is None:
+                self._cause = cause
+            if self._activity_scope is not None:
+                self._activity_scope.cancel()
+        return True
+
+    async def when_idle(self) -> None:
+        """Wait until no activity or maintenance runs, following replacement work."""
+        while self._phase != "idle":
+            await self._idle.wait()
+
+    @asynccontextmanager
+    async def maintenance(self) -> AsyncIterator[None]:
+        """Hold the truly idle phase for maintenance work.
+
+        Waking input received meanwhile stays in the inbox and starts the
+        driver only after the block exits.
+        """
+        while self._phase != "idle":
+            await self.when_idle()
+        self._phase = "maintenance"
+        self._idle = trio.Event()
+        try:
+            yield
+        finally:
+            self._phase = "idle"
+            self._idle.set()
+            if self._wake_requested and not self._disposing and self._has_work():
+                self._start_activity()
+
+    # ------------------------------------------------------------ scheduling
+
+    def _inbox_notice(self, kind: str, message: InboxMessage, turn: int | None) -> None:
+        self._bus.emit(f"agent/inbox/{kind}", self, message=message, turn=turn)
+
+    def _set_status(self, status: AgentStatus) -> None:
+        if status != self._status:
+            self._status = status
+            self._bus.emit("agent/status", self, status=status)
+
+    def _has_work(self) -> bool:
+        return self._inbox.has_turn_work() or (self._wake_requested and self._inbox.has_step_work())
+
+    def _wake(self) -> None:
+        if self._disposing:
+            return
+        self._wake_requested = True
+        if self._phase == "idle":
+            self._start_activity()
+
+    def _start_activity(self) -> None:
+        self._phase = "running"
+        self._cause = None
+        self._idle = trio.Event()
+        self._set_status("running")
+        self._scope.spawn(self._drain, name=f"agent {self.id} driver")
+
+    async def _drain(self) -> None:
+        _set_initiator(self.id)
+        try:
+            while not self._disposing:
+                with trio.CancelScope() as activity:
+                    self._activity_scope = activity
+                    if self._cause is not None:
+                        activity.cancel()
+                    await self._run_work()
+                self._activity_scope = None
+                if self._cause is None or self._disposing:
+                    break
+                # Cancelled: a waking send latched after the cancel runs now.
+                if not (self._wake_requested and self._has_work()):
+                    break
+                self._cause = None
+        finally:
+            self._activity_scope = None
+            self._cause = None
+            self._phase = "idle"
+            self._set_status("idle")
+            self._idle.set()
+
+    async def _run_work(self) -> None:
+        if self._cause is not None:
+            await self._run_turn()  # records the pre-run cancellation as an aborted turn
+            return
+        while self._has_work() and self._cause is None:
+            await self._run_turn()
+
+    async def dispose_hook(self) -> None:
+        """Close hook run first when the agent scope closes: stop and quiesce."""
+        self._disposing = True
+        self._wake_requested = False
+        if self._phase == "running":
+            if self._cause is None:
+                self._cause = "disposed"
+            if self._activity_scope is not None:
+                self._activity_scope.cancel()
+        await self.when_idle()
+
+    # ------------------------------------------------------------ turns
+
+    async def _run_turn(self) -> None:
+        turn = self._last_turn = self._last_turn + 1
+        session = self._session
+        session.append(ev.TurnStart, turn=turn)
+        reason: TurnEndReason = "completed"
+        failure: Failure | None = None
+        try:
+            step = 0
+            while self._cause is None:
+                step += 1
+                if step > self._options.max_steps:
+                    reason = "blocked"
+                    failure = Failure("max-steps", f"the turn reached max_steps={self._options.max_steps}")
+                    break
+                outcome = await self._run_step(turn, step)
+                if outcome is not None:
+                    reason, failure = outcome
+                    break
+        finally:
+            cause = self._cause
+            if cause is not None:
+                reason, failure = "aborted", None
+            session.append(ev.TurnEnd, turn=turn, reason=reason, cause=cause, failure=failure)
+            with trio.CancelScope(shield=True):
+                try:
+                    await session.flush()
+                except Exception:
+                    log.exception("agent %s: flushing the session at the end of turn %d failed", self.id, turn)
+
+    async def _run_step(self, turn: int, step: int) -> tuple[TurnEndReason, Failure | None] | None:
+        session = self._session
+        session.append(ev.StepStart, turn=turn, step=step)
+        try:
+            claimed = self._inbox.claim(turn, turn_boundary=step == 1)
+            self._wake_requested = False
+            for message in claimed:
+                session.append(
+                    ev.UserMessage, turn=turn, step=step, message_id=message.id, text=message.text, mode=message.mode
+                )
+            tools = self._available_tools()
+            request = self._build_request(tools)
+            session.append(
+                ev.RequestHeader,
+                turn=turn,
+                step=step,
+                provider=self._provider.name,
+                model=request.model,
+                tools=tuple(tools),
+                max_tokens=request.max_tokens,
+            )
+            finish, calls = await self._stream(request, turn, step)
+            if finish.reason == "error":
+                return "error", finish.failure
+            if calls:
+                await self._run_tools(turn, step, calls, tools)
+                return None
+            if finish.reason == "max-tokens":
+                return "max-tokens", None
+            return "completed", None
+        finally:
+            session.append(ev.StepEnd, turn=turn, step=step)
+
+    def _available_tools(self) -> dict[str, Tool]:
+        tools = {tool.name: tool for tool in self._harness.tools.tools()}
+        for tool in self._tools.tools():
+            tools[tool.name] = tool
+        keep = self._options.tool_filter
+        if keep is not None:
+            tools = {name: tool for name, tool in tools.items() if keep(tool)}
+        return tools
+
+    def _build_request(self, tools: dict[str, Tool]) -> ModelRequest:
+        sections = (*self._harness.tools.prompt_sections(), *self._tools.prompt_sections())
+        system = "\n\n".join((self._options.system_prompt, *sections)) if sections else self._options.system_prompt
+        return ModelRequest(
+            model=self._options.model_name or "",
+            system=system,
+            messages=self._history.messages(),
+            tools=tuple(tool.spec for tool in tools.values()),
+            max_tokens=self._options.max_tokens,
+        )
+
+    def build_request(self) -> ModelRequest:
+        """The request the next step would send (for inspection and tests)."""
+        return self._build_request(self._available_tools())
+
+    # ------------------------------------------------------------ streaming
+
+    async def _stream(self, request: ModelRequest, turn: int, step: int) -> tuple[Finish, list[ToolCall]]:
+        session = self._session
+        text: list[str] = []
+        reasoning: list[str] = []
+        pieces: dict[int, list[Any]] = {}
+        usage: Usage | None = None
+        finish: Finish | None = None
+
+        def emit(chunk: Chunk) -> None:
+            nonlocal usage, finish
+            if finish is not None:
+                return  # nothing counts after the finish
+            kind = type(chunk)
+            if kind is TextDelta:
+                text.append(chunk.text)  # type: ignore[union-attr]
+                session.append(ev.AssistantChunk, turn=turn, step=step, kind="text", text=chunk.text)  # type: ignore[union-attr]
+            elif kind is ReasoningDelta:
+                reasoning.append(chunk.text)  # type: ignore[union-attr]
+                session.append(ev.AssistantChunk, turn=turn, step=step, kind="reasoning", text=chunk.text)  # type: ignore[union-attr]
+            elif kind is ToolCallDelta:
+                assert isinstance(chunk, ToolCallDelta)
+                entry = pieces.setdefault(chunk.index, [None, None, []])
+                if chunk.id:
+                    entry[0] = chunk.id
+                if chunk.name:
+                    entry[1] = chunk.name
+                if chunk.arguments:
+                    entry[2].append(chunk.arguments)
+            elif kind is Usage:
+                assert isinstance(chunk, Usage)
+                usage = chunk
+            elif kind is Finish:
+                assert isinstance(chunk, Finish)
+                finish = chunk
+            elif kind is Retry:
+                assert isinstance(chunk, Retry)
+                session.append(
+                    ev.RequestRetry,
+                    turn=turn,
+                    step=step,
+                    attempt=chunk.attempt,
+                    delay=chunk.delay,
+                    failure=chunk.failure,
+                )
+
+        try:
+            await self._provider.stream(request, emit)
+        except trio.Cancelled:
+            if text or reasoning:
+                session.append(
+                    ev.AssistantMessage,
+                    turn=turn,
+                    step=step,
+                    text="".join(text),
+                    reasoning="".join(reasoning),
+                    usage=usage,
+                    finish="aborted",
+                )
+            raise
+        except Exception as exc:
+            log.exception("agent %s: model provider %s raised", self.id, self._provider.name)
+            finish = Finish("error", Failure("provider-crashed", f"the model provider raised {exc!r}"))
+        if finish is None:
+            finish = Finish("error", Failure("no-finish", "the model stream ended without a finish"))
+        if finish.reason == "error" and finish.failure is None:
+            finish = Finish("error", Failure("unknown", "the model reported an error without details"))
+        calls: list[ToolCall] = []
+        if finish.reason != "error":
+            for index in sorted(pieces):
+                call_id, name, args = pieces[index]
+                if not name:
+                    continue
+                calls.append(ToolCall(id=call_id or f"call-{turn}-{step}-{index}", name=name, arguments="".join(args)))
+        session.append(
+            ev.AssistantMessage,
+            turn=turn,
+            step=step,
+            text="".join(text),
+            reasoning="".join(reasoning),
+            tool_calls=tuple(calls),
+            usage=usage,
+            finish=finish.reason,
+        )
+        return finish, calls
+
+    # ------------------------------------------------------------ tools
+
+    async def _run_tools(self, turn: int, step: int, calls: list[ToolCall], tools: dict[str, Tool]) -> None:
+        session = self._session
+        count = len(calls)
+        results: list[tuple[str, bool] | None] = [None] * count
+        logged = 0
+
+        def deliver(index: int, content: str, is_error: bool) -> None:
+            nonlocal logged
+            if results[index] is not None:
+                return
+            results[index] = (content, is_error)
+            while logged < count and (result := results[logged]) is not None:
+                call = calls[logged]
+                session.append(
+                    ev.ToolResult,
+                    turn=turn,
+                    step=step,
+                    call_id=call.id,
+                    name=call.name,
+                    content=result[0],
+                    is_error=result[1],
+                )
+                logged += 1
+
+        async def run_one(index: int, limiter: trio.CapacityLimiter | None) -> None:
+            call = calls[index]
+            tool = tools.get(call.name)
+            session.append(
+                ev.ToolCallRequested, turn=turn, step=step, call_id=call.id, name=call.name, arguments=call.arguments
+            )
+            if tool is None:
+                known = ", ".join(sorted(tools)) or "none"
+                deliver(index, f"error: unknown tool {call.name!r}; available tools: {known}", True)
+                return
+            try:
+                args = tool.validate(call.arguments)
+            except ValueError as exc:
+                deliver(index, f"error: {exc}", True)
+                return
+            ctx = ToolContext(agent=self, harness=self._harness, call_id=call.id, turn=turn, step=step)
+            try:
+                if limiter is None:
+                    output = await tool.handler(ctx, args)
+                else:
+                    async with limiter:
+                        output = await tool.handler(ctx, args)
+            except trio.Cancelled:
+                deliver(index, f"error: cancelled: the turn was aborted (cause: {self._cause or 'cancelled'})", True)
+                raise
+            except Exception as exc:
+                log.debug("tool %s raised", call.name, exc_info=True)
+                deliver(index, f"error: tool {call.name!r} failed: {type(exc).__name__}: {exc}", True)
+                return
+            if isinstance(output, ToolOutput):
+                deliver(index, output.content, output.is_error)
+            else:
+                deliver(index, output if isinstance(output, str) else str(output), False)
+
+        try:
+            index = 0
+            while index < count:
+                tool = tools.get(calls[index].name)
+                end = index + 1
+                if tool is not None and tool.parallel_safe:
+                    while end < count and (other := tools.get(calls[end].name)) is not None and other.parallel_safe:
+                        end += 1
+                if end - index == 1:
+                    await run_one(index, None)
+                else:
+                    limiter = trio.CapacityLimiter(self._options.tool_concurrency)
+                    async with trio.open_nursery() as nursery:
+                        for i in range(index, end):
+                            nursery.start_soon(run_one, i, limiter)
+                index = end
+        finally:
+            for index in range(count):
+                deliver(index, _aborted_text(self._cause), True)

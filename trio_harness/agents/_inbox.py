@@ -1,0 +1,241 @@
+"""The durable inbox: next-turn and next-step lists projected from splice events.
+
+Every mutation first appends an ``agent/inbox/spliced`` event to the session
+and only then changes the in-memory lists, so a synchronous session observer
+sees the pre-splice projection and resume can rebuild the lists exactly by
+replaying the splices.  A message id is pending at most once across both lists.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import attrs
+
+from .._errors import InboxError
+from ..session._events import InboxMessage, InboxQueue, InboxSpliced, SendMode
+from ..session._session import Session
+
+__all__ = ["Inbox", "new_message_id"]
+
+_counter = itertools.count(1)
+_prefix = os.urandom(4).hex()
+
+
+def new_message_id() -> str:
+    """A fresh message id, unique in this process and very likely across processes."""
+    return f"msg-{_prefix}-{next(_counter)}"
+
+
+Notify = Callable[[str, InboxMessage, int | None], None]
+
+
+def _no_notify(kind: str, message: InboxMessage, turn: int | None) -> None:
+    return None
+
+
+@attrs.define(eq=False)
+class Inbox:
+    """Pending work of one agent.
+
+    Attributes:
+        next_turn: messages that each start a new ordinary turn (followups).
+        next_step: messages joining the next step of a running driver (steer, inject).
+    """
+
+    _session: Session = attrs.field(alias="session")
+    # Called as notify("inserted" | "claimed" | "discarded", message, turn) after each change.
+    _notify: Notify = attrs.field(default=_no_notify, alias="notify")
+    _next_turn: list[InboxMessage] = attrs.field(factory=list, init=False)
+    _next_step: list[InboxMessage] = attrs.field(factory=list, init=False)
+    _ids: set[str] = attrs.field(factory=set, init=False)
+
+    # ------------------------------------------------------------ replay
+
+    @classmethod
+    def replay(cls, session: Session, *, notify: Notify = _no_notify) -> Inbox:
+        """Rebuild the inbox from the splices after the session's seed.
+
+        Raises:
+            InboxError: a persisted splice has invalid coordinates, removes ids
+                that are not there, or inserts an id that is already pending.
+        """
+        inbox = cls(session=session)
+        for event in session.events[session.header.seed_length :]:
+            if isinstance(event, InboxSpliced):
+                try:
+                    inbox._check(event.queue, event.start, event.removed, event.inserted)
+                except InboxError as exc:
+                    raise InboxError(
+                        f"session {session.id!r}: invalid inbox splice at seq {event.seq}: {exc}"
+                    ) from None
+                inbox._apply(event.queue, event.start, event.removed, event.inserted)
+        inbox._notify = notify
+        return inbox
+
+    # ------------------------------------------------------------ views
+
+    @property
+    def next_turn(self) -> Sequence[InboxMessage]:
+        """Pending next-turn messages (read-only view)."""
+        return tuple(self._next_turn)
+
+    @property
+    def next_step(self) -> Sequence[InboxMessage]:
+        """Pending next-step messages (read-only view)."""
+        return tuple(self._next_step)
+
+    def __len__(self) -> int:
+        return len(self._next_turn) + len(self._next_step)
+
+    def __contains__(self, message_id: object) -> bool:
+        return message_id in self._ids
+
+    def has_turn_work(self) -> bool:
+        """Whether a next-turn message is pending."""
+        return bool(self._next_turn)
+
+    def has_step_work(self) -> bool:
+        """Whether a next-step message is pending."""
+        return bool(self._next_step)
+
+    def find(self, message_id: str) -> tuple[InboxQueue, int] | None:
+        """Where a pending message is, or None."""
+        for queue, items in (("next-turn", self._next_turn), ("next-step", self._next_step)):
+            for index, message in enumerate(items):
+                if message.id == message_id:
+                    return queue, index  # type: ignore[return-value]
+        return None
+
+    # ------------------------------------------------------------ core
+
+    def _list(self, queue: InboxQueue) -> list[InboxMessage]:
+        if queue == "next-turn":
+            return self._next_turn
+        if queue == "next-step":
+            return self._next_step
+        raise InboxError(f"unknown inbox queue {queue!r}")
+
+    def _check(
+        self, queue: InboxQueue, start: int, removed: Sequence[str], inserted: Sequence[InboxMessage]
+    ) -> None:
+        items = self._list(queue)
+        if not 0 <= start <= len(items) or start + len(removed) > len(items):
+            raise InboxError(f"splice at {start} removing {len(removed)} is outside {queue} of length {len(items)}")
+        actual = [m.id for m in items[start : start + len(removed)]]
+        if actual != list(removed):
+            raise InboxError(f"splice expected to remove {list(removed)} from {queue} but found {actual}")
+        remaining = self._ids.difference(removed)
+        seen: set[str] = set()
+        for message in inserted:
+            if message.id in remaining or message.id in seen:
+                raise InboxError(f"message id {message.id!r} is already pending")
+            seen.add(message.id)
+
+    def _apply(
+        self, queue: InboxQueue, start: int, removed: Sequence[str], inserted: Sequence[InboxMessage]
+    ) -> list[InboxMessage]:
+        items = self._list(queue)
+        gone = items[start : start + len(removed)]
+        items[start : start + len(removed)] = inserted
+        self._ids.difference_update(removed)
+        self._ids.update(m.id for m in inserted)
+        return gone
+
+    def _splice(
+        self,
+        queue: InboxQueue,
+        start: int,
+        removed: Sequence[str],
+        inserted: Sequence[InboxMessage],
+        outcome: Literal["canceled", "claimed"] | None,
+        turn: int | None = None,
+    ) -> list[InboxMessage]:
+        self._check(queue, start, removed, inserted)
+        # Durable fact first, then the projection.
+        self._session.append(
+            InboxSpliced,
+            queue=queue,
+            start=start,
+            removed=tuple(removed),
+            inserted=tuple(inserted),
+            outcome=outcome,
+            turn=turn,
+        )
+        gone = self._apply(queue, start, removed, inserted)
+        kind = "claimed" if outcome == "claimed" else "discarded"
+        for message in gone:
+            self._notify(kind, message, turn)
+        for message in inserted:
+            self._notify("inserted", message, None)
+        return gone
+
+    # ------------------------------------------------------------ operations
+
+    def append(self, queue: InboxQueue, message: InboxMessage) -> None:
+        """Add ``message`` at the end of ``queue``."""
+        self._splice(queue, len(self._list(queue)), (), (message,), None)
+
+    def prepend(self, queue: InboxQueue, message: InboxMessage) -> None:
+        """Add ``message`` at the front of ``queue``."""
+        self._splice(queue, 0, (), (message,), None)
+
+    def replace(self, message_id: str, message: InboxMessage) -> None:
+        """Replace a pending message in place (one splice: old out, new in).
+
+        Raises:
+            InboxError: ``message_id`` is not pending.
+        """
+        where = self.find(message_id)
+        if where is None:
+            raise InboxError(f"message {message_id!r} is not pending")
+        queue, index = where
+        self._splice(queue, index, (message_id,), (message,), "canceled")
+
+    def remove(self, message_id: str) -> InboxMessage:
+        """Remove a pending message (a canceled deletion).
+
+        Raises:
+            InboxError: ``message_id`` is not pending.
+        """
+        where = self.find(message_id)
+        if where is None:
+            raise InboxError(f"message {message_id!r} is not pending")
+        queue, index = where
+        return self._splice(queue, index, (message_id,), (), "canceled")[0]
+
+    def clear(self) -> list[InboxMessage]:
+        """Remove everything: next-step first, then next-turn, both marked canceled.
+
+        Clearing an empty inbox writes nothing.
+        """
+        gone: list[InboxMessage] = []
+        for queue in ("next-step", "next-turn"):
+            items = self._list(queue)  # type: ignore[arg-type]
+            if items:
+                gone += self._splice(queue, 0, [m.id for m in items], (), "canceled")  # type: ignore[arg-type]
+        return gone
+
+    def claim(self, turn: int, *, turn_boundary: bool) -> list[InboxMessage]:
+        """Take every next-step message, then one next-turn message at a turn boundary.
+
+        Claims are deletions not marked canceled.
+        """
+        claimed: list[InboxMessage] = []
+        if self._next_step:
+            claimed += self._splice("next-step", 0, [m.id for m in self._next_step], (), "claimed", turn)
+        if turn_boundary and self._next_turn:
+            claimed += self._splice("next-turn", 0, (self._next_turn[0].id,), (), "claimed", turn)
+        return claimed
+
+    @staticmethod
+    def message(text: str | InboxMessage, mode: SendMode) -> InboxMessage:
+        """Build an inbox message from text (a fresh id) or pass one through."""
+        if isinstance(text, InboxMessage):
+            return text
+        if not isinstance(text, str):
+            raise TypeError(f"a message must be text or an InboxMessage, got {type(text).__name__}")
+        return InboxMessage(id=new_message_id(), text=text, mode=mode)

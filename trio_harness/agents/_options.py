@@ -1,0 +1,51 @@
+"""Per-agent options."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import attrs
+
+if TYPE_CHECKING:
+    from ..model._protocol import ModelProvider
+    from ._tools import Tool
+
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "AgentOptions"]
+
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Use the tools you are given when they help."
+
+
+def _positive_or_none(instance: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
+    if value is not None and (not isinstance(value, int) or value <= 0):
+        raise ValueError(f"{attribute.name} must be a positive integer or None, got {value!r}")
+
+
+def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{attribute.name} must be a positive integer, got {value!r}")
+
+
+@attrs.frozen
+class AgentOptions:
+    """How one agent instance runs.  Not part of the durable history: a resume may
+    pick a different model.
+
+    Attributes:
+        model: a provider object or spec string; None uses the harness default.
+        model_name: the model name sent in requests; None uses the provider's.
+        system_prompt: the base system prompt (tool guidance sections are appended).
+        max_tokens: optional positive cap on tokens per model call.
+        max_steps: steps per turn before the turn ends ``blocked``.
+        tool_concurrency: parallel-safe tool calls run at once in one step.
+        tool_filter: when set, only tools for which it returns True are offered
+            (used to restrict a subagent's tool set).
+    """
+
+    model: ModelProvider | str | None = None
+    model_name: str | None = None
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    max_tokens: int | None = attrs.field(default=None, validator=_positive_or_none)
+    max_steps: int = attrs.field(default=50, validator=_positive)
+    tool_concurrency: int = attrs.field(default=10, validator=_positive)
+    tool_filter: Callable[[Tool], bool] | None = None

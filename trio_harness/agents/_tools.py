@@ -1,0 +1,195 @@
+"""Tool definitions, tool sets bound to scopes, and argument validation."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import jsonschema
+import jsonschema.exceptions
+
+from .._errors import ToolError
+from ..model._protocol import ToolSpec
+
+if TYPE_CHECKING:
+    from .._harness import Harness
+    from .._scope import Scope
+    from ._agent import Agent
+
+__all__ = ["Tool", "ToolContext", "ToolOutput", "ToolSet", "parse_arguments"]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
+
+
+@attrs.frozen
+class ToolOutput:
+    """What a tool handler returns when it needs more than plain text.
+
+    Attributes:
+        content: the text the model reads.
+        is_error: whether the call failed (the model sees an error result).
+    """
+
+    content: str
+    is_error: bool = False
+
+
+@attrs.frozen
+class ToolContext:
+    """What a tool handler learns about its call.
+
+    The handler runs inside the turn's cancel scope: when the turn is cancelled
+    the handler sees :class:`trio.Cancelled` at its next checkpoint.
+
+    Attributes:
+        agent: the calling agent.
+        harness: the harness the agent lives in.
+        call_id: the model's id for this call.
+        turn: the turn number.
+        step: the step number.
+    """
+
+    agent: Agent
+    harness: Harness
+    call_id: str
+    turn: int
+    step: int
+
+
+ToolHandler = Callable[[ToolContext, dict[str, Any]], Awaitable["str | ToolOutput"]]
+
+
+def _check_name(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not _NAME.match(value):
+        raise ToolError(f"tool name {value!r} must match {_NAME.pattern}")
+
+
+def _check_schema(instance: object, attribute: attrs.Attribute[Mapping[str, Any]], value: Mapping[str, Any]) -> None:
+    try:
+        jsonschema.Draft202012Validator.check_schema(value)
+    except jsonschema.exceptions.SchemaError as exc:
+        raise ToolError(f"tool parameters schema is invalid: {exc.message}") from exc
+    if value.get("type") != "object":
+        raise ToolError('tool parameters schema must have "type": "object"')
+
+
+@attrs.frozen(eq=False)
+class Tool:
+    """A tool the model can call.
+
+    Attributes:
+        name: unique within the agent's tool set.
+        description: what the model is told the tool does.
+        parameters: a JSON schema (``"type": "object"``) for the arguments;
+            arguments are validated against it before the handler runs.
+        handler: ``async def handler(ctx, args) -> str | ToolOutput``.  An
+            exception it raises becomes an error result the model can read.
+        parallel_safe: whether calls may run concurrently with other
+            parallel-safe calls of the same step; ``False`` makes each call a
+            barrier that runs alone, in model order.
+    """
+
+    name: str = attrs.field(validator=_check_name)
+    description: str
+    parameters: Mapping[str, Any] = attrs.field(validator=_check_schema)
+    handler: ToolHandler
+    parallel_safe: bool = True
+    _validator: jsonschema.Draft202012Validator = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_validator", jsonschema.Draft202012Validator(self.parameters))
+
+    @property
+    def spec(self) -> ToolSpec:
+        """What the model is told about this tool."""
+        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
+
+    def validate(self, arguments: str) -> dict[str, Any]:
+        """Parse and validate raw JSON arguments.
+
+        Raises:
+            ValueError: with a message the model can act on.
+        """
+        args = parse_arguments(arguments)
+        errors = sorted(self._validator.iter_errors(args), key=lambda e: list(e.absolute_path))
+        if errors:
+            details = "; ".join(
+                f"{'/'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}" for e in errors[:5]
+            )
+            raise ValueError(f"arguments for tool {self.name!r} do not match its schema: {details}")
+        return args
+
+
+def parse_arguments(arguments: str) -> dict[str, Any]:
+    """Parse tool-call arguments (empty text means ``{}``).
+
+    Raises:
+        ValueError: the text is not a JSON object.
+    """
+    if not arguments.strip():
+        return {}
+    try:
+        value = json.loads(arguments)
+    except ValueError as exc:
+        raise ValueError(f"arguments are not valid JSON ({exc}); send a JSON object") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"arguments must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+@attrs.define(eq=False)
+class ToolSet:
+    """Tools registered in scopes; each registration unwinds with its scope.
+
+    The harness has one (harness-wide tools) and every agent has one (tools
+    local to the agent).  An agent sees the harness tools plus its own, its own
+    winning on a name clash.
+    """
+
+    _tools: dict[str, Tool] = attrs.field(factory=dict, init=False)
+    _sections: dict[object, str] = attrs.field(factory=dict, init=False)
+
+    def add(self, tool: Tool, *, scope: Scope | None = None) -> Callable[[], None]:
+        """Register ``tool``; it is removed when ``scope`` closes (or by the returned remover).
+
+        Raises:
+            ToolError: a tool with this name is already registered here.
+        """
+        if tool.name in self._tools:
+            raise ToolError(f"a tool named {tool.name!r} is already registered")
+        self._tools[tool.name] = tool
+
+        def remove() -> None:
+            if self._tools.get(tool.name) is tool:
+                del self._tools[tool.name]
+
+        if scope is not None:
+            scope.add_exit_callback(remove)
+        return remove
+
+    def add_prompt_section(self, text: str, *, scope: Scope | None = None) -> Callable[[], None]:
+        """Add a system-prompt section (e.g. tool guidance), removed with ``scope``."""
+        key = object()
+        self._sections[key] = text
+
+        def remove() -> None:
+            self._sections.pop(key, None)
+
+        if scope is not None:
+            scope.add_exit_callback(remove)
+        return remove
+
+    def get(self, name: str) -> Tool | None:
+        """The tool named ``name``, or None."""
+        return self._tools.get(name)
+
+    def tools(self) -> tuple[Tool, ...]:
+        """The registered tools, in registration order."""
+        return tuple(self._tools.values())
+
+    def prompt_sections(self) -> tuple[str, ...]:
+        """The registered prompt sections, in registration order."""
+        return tuple(self._sections.values())

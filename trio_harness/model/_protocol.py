@@ -1,0 +1,207 @@
+"""The one streaming interface every model provider implements.
+
+A provider receives a :class:`ModelRequest` (rebuilt by the driver from the
+session log alone) and reports what the model produces by calling ``emit`` with
+chunks, in order, ending with exactly one :class:`Finish`.  Failures are values:
+a provider reports an HTTP error, a refused connection or a malformed stream as
+``Finish(reason="error", failure=Failure(...))`` and returns normally.  The only
+exception a provider lets escape is :class:`trio.Cancelled` (the turn was
+cancelled); the driver records that as an aborted turn.
+
+A callback sink is used instead of an async generator on purpose: Trio cannot
+safely suspend an async generator inside a cancel scope or nursery, and a plain
+call per chunk is the cheapest thing the hot path can do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+
+import attrs
+
+FinishReason: TypeAlias = Literal["stop", "tool-calls", "max-tokens", "error", "aborted"]
+
+
+@attrs.frozen
+class Failure:
+    """A failure reported as a value.
+
+    Attributes:
+        code: a short stable code, e.g. ``"http-429"``, ``"connect"``, ``"timeout"``,
+            ``"malformed-stream"``, ``"no-finish"``, ``"scripted"``.
+        message: a human-readable explanation naming what went wrong.
+        retryable: whether retrying the same request may succeed.
+        retry_after: seconds the server asked us to wait, when it said so.
+    """
+
+    code: str
+    message: str
+    retryable: bool = False
+    retry_after: float | None = None
+
+
+# ---------------------------------------------------------------- requests
+
+
+@attrs.frozen
+class ToolCall:
+    """One complete tool call requested by the model.
+
+    Attributes:
+        id: the provider's call id, echoed back in the tool result.
+        name: the tool name.
+        arguments: the raw JSON text of the arguments, exactly as the model wrote it.
+    """
+
+    id: str
+    name: str
+    arguments: str
+
+
+@attrs.frozen
+class UserMessage:
+    """A user (or harness-injected) message in a model request."""
+
+    text: str
+    role: Literal["user"] = "user"
+
+
+@attrs.frozen
+class AssistantMessage:
+    """An assistant message in a model request, with any tool calls it made."""
+
+    text: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str = ""
+    role: Literal["assistant"] = "assistant"
+
+
+@attrs.frozen
+class ToolMessage:
+    """The result of one tool call, sent back to the model."""
+
+    call_id: str
+    name: str
+    content: str
+    is_error: bool = False
+    role: Literal["tool"] = "tool"
+
+
+Message: TypeAlias = UserMessage | AssistantMessage | ToolMessage
+
+
+@attrs.frozen
+class ToolSpec:
+    """What the model is told about one tool: name, description, JSON schema."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+
+@attrs.frozen
+class ModelRequest:
+    """Everything a provider needs for one model call.
+
+    Attributes:
+        model: the model name within the provider's route (e.g. ``"deepseek-chat"``).
+        system: the system prompt.
+        messages: the conversation derived from the session log.
+        tools: the tools offered to the model, in a stable order.
+        max_tokens: an optional positive cap on generated tokens.
+    """
+
+    model: str
+    system: str
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    max_tokens: int | None = None
+
+
+# ---------------------------------------------------------------- chunks
+
+
+@attrs.frozen
+class TextDelta:
+    """A piece of the assistant's visible text."""
+
+    text: str
+
+
+@attrs.frozen
+class ReasoningDelta:
+    """A piece of the model's reasoning (e.g. DeepSeek's ``reasoning_content``)."""
+
+    text: str
+
+
+@attrs.frozen
+class ToolCallDelta:
+    """A piece of a tool call; pieces with the same ``index`` form one call.
+
+    ``id`` and ``name`` usually arrive on the first piece only; ``arguments`` is
+    a fragment of the JSON text to append.
+    """
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@attrs.frozen
+class Usage:
+    """Token usage of one model call."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_hit_tokens: int = 0
+
+
+@attrs.frozen
+class Finish:
+    """The last chunk of every stream.
+
+    ``failure`` is set exactly when ``reason == "error"``.
+    """
+
+    reason: FinishReason
+    failure: Failure | None = None
+
+
+@attrs.frozen
+class Retry:
+    """Informational: the provider is about to retry after a retryable failure.
+
+    The driver logs each one as a ``request/retry`` event in the same step.
+    """
+
+    attempt: int
+    delay: float
+    failure: Failure
+
+
+Chunk: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta | Usage | Finish | Retry
+
+Emit: TypeAlias = Callable[[Chunk], None]
+
+
+@runtime_checkable
+class ModelProvider(Protocol):
+    """A streaming model provider.
+
+    ``stream`` must call ``emit`` with the chunks of one response and finish
+    with exactly one :class:`Finish`; it must not raise for model or transport
+    failures (report them as ``Finish(reason="error")``) and must let
+    :class:`trio.Cancelled` propagate promptly, releasing its connection.
+    """
+
+    @property
+    def name(self) -> str:
+        """A short description of the route, e.g. ``"deepseek:deepseek-chat"``."""
+        ...
+
+    async def stream(self, request: ModelRequest, emit: Emit) -> None:
+        """Run one model call, reporting every chunk through ``emit``."""
+        ...

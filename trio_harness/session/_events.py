@@ -1,0 +1,269 @@
+"""The durable event vocabulary of a session log.
+
+Every record is an immutable attrs class with a ``type`` class variable (its
+wire tag, e.g. ``"turn/start"``), a ``seq`` equal to its index in the log and a
+wall-clock ``ts`` taken from the session's injectable clock.  Append events with
+:meth:`Session.append`, which assigns ``seq`` and ``ts``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal, TypeAlias
+
+import attrs
+
+from ..model._protocol import Failure, ToolCall, Usage
+
+__all__ = [
+    "EVENT_TYPES",
+    "AnyEvent",
+    "AssistantChunk",
+    "AssistantMessage",
+    "Event",
+    "InboxMessage",
+    "InboxSpliced",
+    "RequestHeader",
+    "RequestRetry",
+    "StepEnd",
+    "StepStart",
+    "ToolCallRequested",
+    "ToolResult",
+    "TurnEnd",
+    "TurnStart",
+    "UserMessage",
+]
+
+TurnEndReason: TypeAlias = Literal["completed", "max-tokens", "blocked", "aborted", "error", "interrupted"]
+CancelCause: TypeAlias = Literal["user", "parent", "hook", "disposed"]
+InboxQueue: TypeAlias = Literal["next-turn", "next-step"]
+SendMode: TypeAlias = Literal["followup", "steer", "inject"]
+
+
+@attrs.frozen
+class Event:
+    """Base of every session event: ``seq`` (index in the log) and ``ts`` (wall clock)."""
+
+    type: ClassVar[str] = ""
+    seq: int
+    ts: float
+
+
+@attrs.frozen
+class InboxMessage:
+    """A message waiting in an agent's inbox.
+
+    Attributes:
+        id: unique among the pending messages of one agent.
+        text: the message text given to the model.
+        mode: how it was sent (followup, steer or inject).
+    """
+
+    id: str
+    text: str
+    mode: SendMode = "followup"
+
+
+@attrs.frozen
+class TurnStart(Event):
+    """A turn began."""
+
+    type: ClassVar[str] = "turn/start"
+    turn: int
+
+
+@attrs.frozen
+class StepStart(Event):
+    """A step (one model request and its tool calls) began."""
+
+    type: ClassVar[str] = "step/start"
+    turn: int
+    step: int
+
+
+@attrs.frozen
+class UserMessage(Event):
+    """A pending inbox message was claimed into the conversation."""
+
+    type: ClassVar[str] = "user/message"
+    turn: int
+    step: int
+    message_id: str
+    text: str
+    mode: SendMode = "followup"
+
+
+@attrs.frozen
+class RequestHeader(Event):
+    """What was asked of the model at this step (the body is derived from the log)."""
+
+    type: ClassVar[str] = "request/header"
+    turn: int
+    step: int
+    provider: str
+    model: str
+    tools: tuple[str, ...] = ()
+    max_tokens: int | None = None
+
+
+@attrs.frozen
+class RequestRetry(Event):
+    """The provider retried the request after a retryable failure."""
+
+    type: ClassVar[str] = "request/retry"
+    turn: int
+    step: int
+    attempt: int
+    delay: float
+    failure: Failure
+
+
+@attrs.frozen
+class AssistantChunk(Event):
+    """A streamed piece of the assistant's text or reasoning."""
+
+    type: ClassVar[str] = "assistant/chunk"
+    turn: int
+    step: int
+    kind: Literal["text", "reasoning"]
+    text: str
+
+
+@attrs.frozen
+class AssistantMessage(Event):
+    """The assistant's complete message for one step."""
+
+    type: ClassVar[str] = "assistant/message"
+    turn: int
+    step: int
+    text: str
+    reasoning: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage | None = None
+    finish: str = "stop"
+
+
+@attrs.frozen
+class ToolCallRequested(Event):
+    """A tool call is being dispatched."""
+
+    type: ClassVar[str] = "tool/call"
+    turn: int
+    step: int
+    call_id: str
+    name: str
+    arguments: str
+
+
+@attrs.frozen
+class ToolResult(Event):
+    """The result of a tool call (logged in the model's order)."""
+
+    type: ClassVar[str] = "tool/result"
+    turn: int
+    step: int
+    call_id: str
+    name: str
+    content: str
+    is_error: bool = False
+
+
+@attrs.frozen
+class StepEnd(Event):
+    """A step ended."""
+
+    type: ClassVar[str] = "step/end"
+    turn: int
+    step: int
+
+
+@attrs.frozen
+class TurnEnd(Event):
+    """A turn ended.
+
+    Attributes:
+        reason: completed, max-tokens, blocked, aborted (with ``cause``),
+            error (with ``failure``) or interrupted (closed on recovery).
+    """
+
+    type: ClassVar[str] = "turn/end"
+    turn: int
+    reason: TurnEndReason
+    cause: CancelCause | None = None
+    failure: Failure | None = None
+
+
+@attrs.frozen
+class InboxSpliced(Event):
+    """One inbox mutation, written before the in-memory lists change.
+
+    ``queue[start:start + len(removed)]`` is replaced by ``inserted``.
+    ``outcome`` is ``"canceled"`` for remove / clear / replace deletions,
+    ``"claimed"`` for a claim by ``turn``, and ``None`` for pure insertions.
+    """
+
+    type: ClassVar[str] = "agent/inbox/spliced"
+    queue: InboxQueue
+    start: int
+    removed: tuple[str, ...] = ()
+    inserted: tuple[InboxMessage, ...] = ()
+    outcome: Literal["canceled", "claimed"] | None = None
+    turn: int | None = None
+
+
+AnyEvent: TypeAlias = (
+    TurnStart
+    | StepStart
+    | UserMessage
+    | RequestHeader
+    | RequestRetry
+    | AssistantChunk
+    | AssistantMessage
+    | ToolCallRequested
+    | ToolResult
+    | StepEnd
+    | TurnEnd
+    | InboxSpliced
+)
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    TurnStart,
+    StepStart,
+    UserMessage,
+    RequestHeader,
+    RequestRetry,
+    AssistantChunk,
+    AssistantMessage,
+    ToolCallRequested,
+    ToolResult,
+    StepEnd,
+    TurnEnd,
+    InboxSpliced,
+)
+"""Every event class, in a stable order."""
+
+
+FORMAT_VERSION = 1
+"""The session log format version this library writes and reads."""
+
+
+@attrs.frozen
+class SessionHeader:
+    """The first line of a session log.
+
+    Attributes:
+        id: the session id (also the live agent's id).
+        created_at: wall-clock creation time (seconds since the epoch).
+        cwd: the working directory the session was created for.
+        parent_session: the session this one was forked from (lineage only).
+        seed_length: how many events were copied in by a fork; inbox replay
+            and turn numbering start after them.
+        version: the log format version.
+    """
+
+    type: ClassVar[str] = "session"
+    id: str
+    created_at: float
+    cwd: str = ""
+    parent_session: str | None = None
+    seed_length: int = 0
+    version: int = FORMAT_VERSION

@@ -1,0 +1,72 @@
+"""Closing a log that died mid-turn, and finding where turns are open."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ._events import AssistantMessage, Event, StepEnd, StepStart, ToolResult, TurnEnd, TurnStart
+
+__all__ = ["INTERRUPTED_TOOL_RESULT", "closers_for", "open_turn_at"]
+
+INTERRUPTED_TOOL_RESULT = "error: the tool call was interrupted before it returned a result (the process stopped)"
+
+
+def open_turn_at(events: Sequence[Event], boundary: int) -> int | None:
+    """The number of the turn still open after ``events[:boundary]``, or None."""
+    open_turn: int | None = None
+    for event in events[:boundary]:
+        if isinstance(event, TurnStart):
+            open_turn = event.turn
+        elif isinstance(event, TurnEnd):
+            open_turn = None
+    return open_turn
+
+
+def closers_for(events: Sequence[Event]) -> list[tuple[type[Event], dict[str, Any]]]:
+    """The events to append so that a log that died mid-turn is balanced again.
+
+    Unanswered tool calls of the open step get error results, the open step a
+    ``step/end`` and the open turn a ``turn/end`` with reason ``interrupted``.
+
+    Returns:
+        ``(event class, fields)`` pairs to pass to :meth:`Session.append`, in order.
+    """
+    turn: int | None = None
+    step: int | None = None
+    pending: dict[str, str] = {}
+    for event in events:
+        if isinstance(event, TurnStart):
+            turn, step, pending = event.turn, None, {}
+        elif isinstance(event, StepStart):
+            step, pending = event.step, {}
+        elif isinstance(event, AssistantMessage):
+            for call in event.tool_calls:
+                pending[call.id] = call.name
+        elif isinstance(event, ToolResult):
+            pending.pop(event.call_id, None)
+        elif isinstance(event, StepEnd):
+            step, pending = None, {}
+        elif isinstance(event, TurnEnd):
+            turn, step, pending = None, None, {}
+    closers: list[tuple[type[Event], dict[str, Any]]] = []
+    if turn is None:
+        return closers
+    if step is not None:
+        for call_id, name in pending.items():
+            closers.append(
+                (
+                    ToolResult,
+                    {
+                        "turn": turn,
+                        "step": step,
+                        "call_id": call_id,
+                        "name": name,
+                        "content": INTERRUPTED_TOOL_RESULT,
+                        "is_error": True,
+                    },
+                )
+            )
+        closers.append((StepEnd, {"turn": turn, "step": step}))
+    closers.append((TurnEnd, {"turn": turn, "reason": "interrupted"}))
+    return closers

@@ -1,0 +1,134 @@
+"""A session: a header and an append-only, immutable event log."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+import attrs
+
+from .._errors import InvalidSessionIdError
+from ._events import Event, SessionHeader
+
+__all__ = ["Session", "SessionWriter", "validate_session_id"]
+
+log = logging.getLogger("trio_harness.session")
+
+E = TypeVar("E", bound=Event)
+
+MAX_SESSION_ID_LENGTH = 200
+
+
+def validate_session_id(session_id: object) -> str:
+    """Check that ``session_id`` can name a session, and return it.
+
+    A session id is a non-empty string of at most 200 characters with no path
+    separator, no NUL or other control character, and not ``.`` or ``..``.
+
+    Raises:
+        InvalidSessionIdError: naming what is wrong with the id.
+    """
+    if not isinstance(session_id, str):
+        raise InvalidSessionIdError(f"a session id must be a string, got {type(session_id).__name__}")
+    if not session_id:
+        raise InvalidSessionIdError("a session id must not be empty")
+    if len(session_id) > MAX_SESSION_ID_LENGTH:
+        raise InvalidSessionIdError(
+            f"session id {session_id[:40]!r}... is {len(session_id)} characters; at most {MAX_SESSION_ID_LENGTH}"
+        )
+    if "/" in session_id or "\\" in session_id:
+        raise InvalidSessionIdError(f"session id {session_id!r} contains a path separator")
+    if session_id in (".", ".."):
+        raise InvalidSessionIdError(f"session id {session_id!r} is a relative path component")
+    for char in session_id:
+        if char == "\x00":
+            raise InvalidSessionIdError(f"session id {session_id!r} contains a NUL character")
+        if ord(char) < 0x20 or ord(char) == 0x7F:
+            raise InvalidSessionIdError(f"session id {session_id!r} contains a control character")
+    return session_id
+
+
+class SessionWriter(Protocol):
+    """Where a session's appends go: buffered by ``write``, made durable by ``flush``."""
+
+    def write(self, event: Event) -> None:
+        """Buffer one event (must not block)."""
+        ...
+
+    async def flush(self) -> None:
+        """Make every buffered event durable before returning."""
+        ...
+
+    def close(self) -> None:
+        """Release the writer's resources (after a final flush)."""
+        ...
+
+
+@attrs.define(eq=False, repr=False)
+class Session:
+    """A session's header and its append-only event log.
+
+    ``seq`` of every event equals its index.  Events are immutable attrs
+    records; :meth:`append` assigns ``seq`` and ``ts``, hands the event to the
+    persistence writer, stores it and then tells the observers (whose errors
+    are logged and contained).
+    """
+
+    header: SessionHeader
+    # The log; never shrinks, never mutated in place.
+    _events: list[Event] = attrs.field(alias="events")
+    _writer: SessionWriter | None = attrs.field(default=None, alias="writer")
+    _clock: Callable[[], float] = attrs.field(default=time.time, alias="clock")
+    _observers: list[Callable[[Event], None]] = attrs.field(factory=list, init=False)
+
+    def __repr__(self) -> str:
+        return f"<Session {self.header.id!r} events={len(self._events)}>"
+
+    @property
+    def id(self) -> str:
+        """The session id."""
+        return self.header.id
+
+    @property
+    def events(self) -> Sequence[Event]:
+        """The event log (a read-only view; do not mutate)."""
+        return self._events
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def append(self, cls: type[E], /, **fields: Any) -> E:
+        """Append a new event of type ``cls`` built from ``fields``.
+
+        Returns:
+            The appended event, with ``seq`` equal to its index.
+        """
+        event = cls(seq=len(self._events), ts=self._clock(), **fields)
+        if self._writer is not None:
+            self._writer.write(event)
+        self._events.append(event)
+        for observer in tuple(self._observers):
+            try:
+                observer(event)
+            except Exception:
+                log.exception("session observer %r failed on %s", observer, event.type)
+        return event
+
+    def observe(self, observer: Callable[[Event], None]) -> Callable[[], None]:
+        """Call ``observer(event)`` after every append; returns a remover."""
+        self._observers.append(observer)
+
+        def remove() -> None:
+            try:
+                self._observers.remove(observer)
+            except ValueError:
+                pass
+
+        return remove
+
+    async def flush(self) -> None:
+        """Make every appended event durable (no-op without a writer)."""
+        if self._writer is not None:
+            await self._writer.flush()

@@ -1,0 +1,198 @@
+"""The session store service (``harness.sessions``).
+
+Publication is split the way seed 002 requires: *prepare* builds a session that
+nobody can see (a fresh one, or one loaded and recovered from persistence);
+*enter* makes it live under its id (the authoritative same-id arbitration:
+a second live session with the same id is refused); *announce* emits
+``session/created``; *detach* flushes, removes exactly that entry and emits
+``session/disposed`` if it had been announced.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from .._bus import EventBus
+from .._errors import ForkBoundaryError, SessionExistsError, SessionNotFoundError
+from ._events import Event, SessionHeader
+from ._persistence import SessionPersistence
+from ._recovery import closers_for, open_turn_at
+from ._session import Session, SessionWriter, validate_session_id
+
+__all__ = ["SessionEntry", "SessionStore"]
+
+
+@attrs.define(eq=False)
+class SessionEntry:
+    """One live publication of a session; detach is bound to this exact object."""
+
+    session: Session
+    writer: SessionWriter
+    # Set once session/created was dispatched for this entry.
+    announced: bool = False
+    # Set when detach started; a second detach is a no-op.
+    detached: bool = False
+
+
+@attrs.define(eq=False)
+class SessionStore:
+    """Live sessions of this process, over a persistence provider."""
+
+    persistence: SessionPersistence
+    bus: EventBus = attrs.field(factory=EventBus)
+    clock: Callable[[], float] = time.time
+    _live: dict[str, SessionEntry] = attrs.field(factory=dict, init=False)
+    _writers: dict[Session, SessionWriter] = attrs.field(factory=dict, init=False)
+
+    # ------------------------------------------------------------ prepare
+
+    def prepare_new(self, session_id: str | None = None, *, cwd: str | None = None) -> Session:
+        """Build a fresh session that is not live yet.
+
+        Raises:
+            InvalidSessionIdError: the id is unusable.
+            SessionExistsError: a session with this id is live or already stored.
+        """
+        session_id = validate_session_id(session_id if session_id is not None else uuid.uuid4().hex)
+        if session_id in self._live:
+            raise SessionExistsError(f"session {session_id!r} already exists (it is live)")
+        if self.persistence.exists(session_id):
+            raise SessionExistsError(f"session {session_id!r} already exists in the store; resume it instead")
+        header = SessionHeader(id=session_id, created_at=self.clock(), cwd=cwd if cwd is not None else os.getcwd())
+        writer = self.persistence.open_writer(header, None)
+        session = Session(header=header, events=[], writer=writer, clock=self.clock)
+        self._writers[session] = writer
+        return session
+
+    async def prepare_resume(self, session_id: str) -> Session:
+        """Load a stored session, closing a turn that died mid-way, without making it live.
+
+        Raises:
+            SessionExistsError: the session is live in this process.
+            SessionNotFoundError: nothing is stored under this id.
+            SessionCorruptError: the stored log is damaged.
+        """
+        validate_session_id(session_id)
+        if session_id in self._live:
+            raise SessionExistsError(f"session {session_id!r} is live; dispose its agent before resuming it")
+        loaded = await self.persistence.load(session_id)
+        writer = self.persistence.open_writer(loaded.header, loaded)
+        session = Session(header=loaded.header, events=list(loaded.events), writer=writer, clock=self.clock)
+        self._writers[session] = writer
+        for cls, fields in closers_for(session.events):
+            session.append(cls, **fields)
+        return session
+
+    def discard(self, session: Session) -> None:
+        """Drop a prepared session that will never be entered."""
+        writer = self._writers.pop(session, None)
+        if writer is not None:
+            writer.close()
+
+    # ------------------------------------------------------------ publish
+
+    def enter(self, session: Session) -> SessionEntry:
+        """Make a prepared session live under its id (no event is emitted).
+
+        Raises:
+            SessionExistsError: another session with this id is live.
+        """
+        if session.id in self._live:
+            raise SessionExistsError(f"session {session.id!r} already exists (it is live)")
+        writer = self._writers.pop(session, None)
+        if writer is None:
+            raise SessionExistsError(f"session {session.id!r} was not prepared by this store or was discarded")
+        entry = SessionEntry(session=session, writer=writer)
+        self._live[session.id] = entry
+        return entry
+
+    def announce(self, entry: SessionEntry) -> None:
+        """Emit ``session/created`` once, for the current live entry only."""
+        if entry.announced or entry.detached or self._live.get(entry.session.id) is not entry:
+            return
+        entry.announced = True
+        self.bus.emit("session/created", entry.session)
+
+    async def detach(self, entry: SessionEntry) -> None:
+        """Flush, then remove exactly this entry; emits ``session/disposed`` if announced.
+
+        Idempotent; runs shielded so a cancelled caller cannot skip the flush.
+        A stale entry never removes a later session that reuses the id.
+        """
+        if entry.detached:
+            return
+        entry.detached = True
+        with trio.CancelScope(shield=True):
+            try:
+                await entry.session.flush()
+            finally:
+                entry.writer.close()
+                if self._live.get(entry.session.id) is entry:
+                    del self._live[entry.session.id]
+                if entry.announced:
+                    self.bus.emit("session/disposed", entry.session)
+
+    # ------------------------------------------------------------ queries
+
+    def get(self, session_id: str) -> Session | None:
+        """The live session with this id, or None."""
+        entry = self._live.get(session_id)
+        return entry.session if entry is not None else None
+
+    def list(self) -> list[Session]:
+        """The live sessions, in publication order."""
+        return [entry.session for entry in self._live.values()]
+
+    def stored(self) -> list[SessionHeader]:
+        """The headers of every stored session."""
+        return self.persistence.list()
+
+    async def load_events(self, session_id: str) -> tuple[SessionHeader, tuple[Event, ...]]:
+        """The header and events of a live or stored session (read-only)."""
+        entry = self._live.get(session_id)
+        if entry is not None:
+            return entry.session.header, tuple(entry.session.events)
+        loaded = await self.persistence.load(session_id)
+        return loaded.header, loaded.events
+
+    async def fork(self, source: str, boundary: int, child_id: str) -> SessionHeader:
+        """Store a new session holding ``source``'s first ``boundary`` events.
+
+        The child records ``parent_session=source`` (lineage only: it grants no
+        runtime ownership) and ``seed_length=boundary``.
+
+        Raises:
+            SessionNotFoundError: ``source`` is neither live nor stored.
+            ForkBoundaryError: the boundary is out of range or inside an open turn.
+            SessionExistsError: ``child_id`` is live or stored already.
+        """
+        validate_session_id(child_id)
+        try:
+            header, events = await self.load_events(source)
+        except SessionNotFoundError:
+            raise SessionNotFoundError(f"cannot fork unknown session {source!r}") from None
+        if not 0 <= boundary <= len(events):
+            raise ForkBoundaryError(f"fork boundary {boundary} is outside 0..{len(events)} for session {source!r}")
+        turn = open_turn_at(events, boundary)
+        if turn is not None:
+            raise ForkBoundaryError(
+                f"fork boundary {boundary} of session {source!r} falls inside open turn {turn}; "
+                "pick a boundary at a turn end"
+            )
+        if child_id in self._live or self.persistence.exists(child_id):
+            raise SessionExistsError(f"cannot fork into {child_id!r}: that session already exists")
+        child = SessionHeader(
+            id=child_id,
+            created_at=self.clock(),
+            cwd=header.cwd,
+            parent_session=source,
+            seed_length=boundary,
+        )
+        await self.persistence.save(child, events[:boundary])
+        return child

@@ -1,0 +1,62 @@
+"""Background tasks: the task service (``harness.tasks``), its rendering and control tools.
+
+See :mod:`trio_harness.tasks._service` for the runtime contract.
+"""
+
+from __future__ import annotations
+
+from ._render import TASKS_GUIDANCE as TASKS_GUIDANCE
+from ._render import bound_text as bound_text
+from ._render import cut_utf8 as cut_utf8
+from ._render import cut_utf8_tail as cut_utf8_tail
+from ._render import render_kill_result as render_kill_result
+from ._render import render_notice as render_notice
+from ._render import render_task_list as render_task_list
+from ._render import render_task_output as render_task_output
+from ._render import status_line as status_line
+from ._render import truncation_marker as truncation_marker
+from ._render import utf8_len as utf8_len
+from ._service import TaskHooks as TaskHooks
+from ._service import TaskListener as TaskListener
+from ._service import TaskOutcome as TaskOutcome
+from ._service import TaskOwner as TaskOwner
+from ._service import TaskRead as TaskRead
+from ._service import TaskService as TaskService
+from ._service import TaskSnapshot as TaskSnapshot
+from ._service import TaskSpec as TaskSpec
+from ._service import TaskStatus as TaskStatus
+from ._service import TerminalStatus as TerminalStatus
+from ._service import open_task_service as open_task_service
+from ._tools import NoticeTarget as NoticeTarget
+from ._tools import TaskToolsPlugin as TaskToolsPlugin
+from ._tools import effective_limit as effective_limit
+from ._tools import task_tools as task_tools
+
+__all__ = [
+    "TASKS_GUIDANCE",
+    "NoticeTarget",
+    "TaskHooks",
+    "TaskListener",
+    "TaskOutcome",
+    "TaskOwner",
+    "TaskRead",
+    "TaskService",
+    "TaskSnapshot",
+    "TaskSpec",
+    "TaskStatus",
+    "TaskToolsPlugin",
+    "TerminalStatus",
+    "bound_text",
+    "cut_utf8",
+    "cut_utf8_tail",
+    "effective_limit",
+    "open_task_service",
+    "render_kill_result",
+    "render_notice",
+    "render_task_list",
+    "render_task_output",
+    "status_line",
+    "task_tools",
+    "truncation_marker",
+    "utf8_len",
+]

@@ -1,0 +1,809 @@
+"""The background task runtime (``harness.tasks``): ids, authorization, reads, waits, cleanup.
+
+Long-running tools are *producers*: they hand the service a :class:`TaskSpec`
+whose ``run`` starts the work and returns :class:`TaskHooks` (``cancel``,
+``done`` and optionally ``read_output``).  The service owns everything generic:
+
+* ids ``<kind>-N`` (one counter per kind, consumed only by a committed start);
+* central authorization: an owned task is visible only to the caller whose
+  ``id`` is the owner's session id, an unowned task only to non-agent callers
+  (``caller=None``); everything else looks exactly like an unknown id;
+* consuming stream reads and idempotent final reads; bounded waits; kills;
+* first-wins settlement, completion listeners with contained errors;
+* owner lifecycle: the first task of an owner attaches one exit callback to the
+  owner's scope, which cancels and awaits the owner's tasks when it closes;
+* teardown: leaving :func:`open_task_service` cancels every live task and
+  awaits its producer.
+
+The producers' ``done`` awaitables run as tasks of the service's own nursery,
+never in the scope of the tool or plugin that started them, so unloading or
+reloading a tool plugin does not touch running tasks.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import math
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias
+
+import attrs
+import trio
+
+from .._errors import ScopeClosedError, TaskError, TaskNotFoundError, TaskStartError
+
+if TYPE_CHECKING:
+    from .._scope import Scope
+
+__all__ = [
+    "TaskHooks",
+    "TaskListener",
+    "TaskOutcome",
+    "TaskOwner",
+    "TaskRead",
+    "TaskService",
+    "TaskSnapshot",
+    "TaskSpec",
+    "TaskStatus",
+    "TerminalStatus",
+    "open_task_service",
+]
+
+log = logging.getLogger("trio_harness.tasks")
+
+TaskStatus: TypeAlias = Literal["running", "stopping", "completed", "killed", "failed"]
+"""The status of a task: live (running, stopping) or terminal."""
+
+TerminalStatus: TypeAlias = Literal["completed", "killed", "failed"]
+"""The status of a settled task."""
+
+TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "killed", "failed"})
+"""The terminal statuses, for membership tests."""
+
+_KIND = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+_EMPTY: Mapping[str, object] = MappingProxyType({})
+
+DEFAULT_PER_OWNER_CAP = 10
+
+
+class TaskOwner(Protocol):
+    """Who owns a task, or who is asking about one.
+
+    The :class:`~trio_harness.agents.Agent` protocol satisfies it.  The ``id``
+    (a session id) is what authorization compares; the exact object is what
+    cleanup and completion delivery use.
+    """
+
+    @property
+    def id(self) -> str:
+        """The owner's session id."""
+        ...
+
+    @property
+    def scope(self) -> Scope:
+        """The owner's scope; its owned tasks are cancelled when it closes."""
+        ...
+
+
+@attrs.frozen
+class TaskOutcome:
+    """How a producer's work ended, as reported by its ``done`` hook.
+
+    Attributes:
+        status: ``"completed"``, ``"killed"`` or ``"failed"``.
+        output: the final result of a final-output task (ignored for nothing:
+            a stream task's ``output`` is delivered once, after its last delta).
+        detail: producer-specific facts (e.g. ``{"exit_code": 0}``); the
+            service does not interpret them.
+    """
+
+    status: TerminalStatus
+    output: str | None = None
+    detail: Mapping[str, object] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class TaskHooks:
+    """What a producer's starter returns: the controls of the running work.
+
+    Attributes:
+        cancel: a synchronous, idempotent request to stop (``cancel(reason)``);
+            it must make ``done`` settle.  It may raise if the request could
+            not be made.
+        done: an async callable that never raises and returns the outcome only
+            after the work's resources were released.  The service awaits it
+            once, in its own nursery.
+        read_output: for a stream task, returns the output produced since the
+            previous call (consuming).  None declares a final-output task whose
+            result is :attr:`TaskOutcome.output`.
+    """
+
+    cancel: Callable[[str | None], None]
+    done: Callable[[], Awaitable[TaskOutcome]]
+    read_output: Callable[[], str] | None = None
+
+
+@attrs.frozen
+class TaskSpec:
+    """A request to start a background task.
+
+    Attributes:
+        kind: the producer family, e.g. ``"bash"``; must match
+            ``[a-z][a-z0-9_-]*`` (at most 32 characters).  Ids are ``<kind>-N``.
+        label: a short human-readable description (e.g. the command).
+        owner: the owning agent (its tasks die with its scope), or None for an
+            unowned task, visible to non-agent callers and ended with the service.
+        run: the starter, called exactly once after every preflight check
+            passed; it starts the work and returns its hooks.  If it raises, no
+            task exists.
+        output_limit_bytes: the producer's cap on model-facing text about this
+            task, in UTF-8 bytes (positive), or None.  Projected unchanged into
+            every snapshot.
+    """
+
+    kind: str
+    label: str
+    owner: TaskOwner | None
+    run: Callable[[], Awaitable[TaskHooks]]
+    output_limit_bytes: int | None = None
+
+
+@attrs.frozen
+class TaskSnapshot:
+    """A point-in-time view of one task.
+
+    Attributes:
+        id: ``<kind>-N``.
+        kind: the producer family.
+        label: the human-readable description.
+        status: running, stopping, completed, killed or failed.
+        owner_id: the owner's session id, or None for an unowned task.
+        output_limit_bytes: the producer's byte cap for model-facing text, or None.
+        started_at: Trio time of registration.
+        ended_at: Trio time of settlement, or None while live.
+        detail: producer-specific facts from the outcome.
+        reported: whether the result was delivered (read, waited, killed or
+            notified); reported tasks get no completion notice.
+        error: why the task failed, when the service knows (e.g. a raising cancel).
+        kill_reason: the reason given when the task was killed.
+        owner_disposed: whether the task was ended by its owner's disposal
+            (such tasks get no completion notice).
+    """
+
+    id: str
+    kind: str
+    label: str
+    status: TaskStatus
+    owner_id: str | None
+    output_limit_bytes: int | None
+    started_at: float
+    ended_at: float | None = None
+    detail: Mapping[str, object] = attrs.field(factory=dict)
+    reported: bool = False
+    error: str | None = None
+    kill_reason: str | None = None
+    owner_disposed: bool = False
+
+    @property
+    def terminal(self) -> bool:
+        """True once the task has settled (completed, killed or failed)."""
+        return self.status in TERMINAL_STATUSES
+
+
+@attrs.frozen
+class TaskRead:
+    """The result of :meth:`TaskService.read`.
+
+    Attributes:
+        output: a stream task's output since the previous read, or a
+            final-output task's result once settled (``""`` before).
+        snapshot: the task's snapshot taken right after the output was read.
+        stream: whether the task is a stream task (reads consume).
+    """
+
+    output: str
+    snapshot: TaskSnapshot
+    stream: bool
+
+
+TaskListener = Callable[[TaskSnapshot], None]
+"""A completion listener: called once per task that settles, with its terminal snapshot."""
+
+
+# ---------------------------------------------------------------- internals
+
+
+@attrs.define(eq=False)
+class _Waiter:
+    """One pending :meth:`TaskService.wait`; settlement hands it the terminal snapshot."""
+
+    event: trio.Event = attrs.field(factory=trio.Event)
+    result: TaskSnapshot | None = None
+
+
+@attrs.define(eq=False)
+class _Pending:
+    """A start whose ``run`` is in progress (it counts against the cap)."""
+
+    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    finished: trio.Event = attrs.field(factory=trio.Event)
+
+
+@attrs.define(eq=False)
+class _Owner:
+    """The service's bookkeeping for one exact owner object (or for unowned tasks)."""
+
+    owner: TaskOwner | None
+    live: set[_Record] = attrs.field(factory=set)
+    records: dict[str, _Record] = attrs.field(factory=dict)
+    pending: set[_Pending] = attrs.field(factory=set)
+    # Detaches the exit callback from the owner's scope.
+    detach: Callable[[], None] | None = None
+    disposing: bool = False
+
+
+@attrs.define(eq=False)
+class _Record:
+    """The live state of one registered task."""
+
+    id: str
+    kind: str
+    label: str
+    owner: _Owner
+    owner_id: str | None
+    output_limit_bytes: int | None
+    hooks: TaskHooks
+    started_at: float
+    status: TaskStatus = "running"
+    ended_at: float | None = None
+    detail: Mapping[str, object] = _EMPTY
+    final_output: str | None = None
+    # A stream task's outcome output, delivered once after the last delta.
+    trailing_output: str | None = None
+    reported: bool = False
+    error: str | None = None
+    kill_reason: str | None = None
+    owner_disposed: bool = False
+    waiters: set[_Waiter] = attrs.field(factory=set)
+    settled: trio.Event = attrs.field(factory=trio.Event)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    def snapshot(self) -> TaskSnapshot:
+        return TaskSnapshot(
+            id=self.id,
+            kind=self.kind,
+            label=self.label,
+            status=self.status,
+            owner_id=self.owner_id,
+            output_limit_bytes=self.output_limit_bytes,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+            detail=self.detail,
+            reported=self.reported,
+            error=self.error,
+            kill_reason=self.kill_reason,
+            owner_disposed=self.owner_disposed,
+        )
+
+
+def _unknown(task_id: str) -> TaskNotFoundError:
+    return TaskNotFoundError(f"unknown task {task_id!r}")
+
+
+def _freeze(detail: Mapping[str, object]) -> Mapping[str, object]:
+    return MappingProxyType(dict(detail)) if detail else _EMPTY
+
+
+# ---------------------------------------------------------------- the service
+
+
+@attrs.define(eq=False)
+class TaskService:
+    """The registry of background tasks.
+
+    Obtain one from :func:`open_task_service`.  All methods are meant to be
+    called from the Trio thread.
+    """
+
+    _nursery: trio.Nursery
+    per_owner_cap: int = DEFAULT_PER_OWNER_CAP
+    # Visible records by id (owner-disposed records are removed).
+    _records: dict[str, _Record] = attrs.field(factory=dict, init=False)
+    # Every record not yet settled, visible or not: teardown cancels these.
+    _live: set[_Record] = attrs.field(factory=set, init=False)
+    _counters: dict[str, int] = attrs.field(factory=dict, init=False)
+    # Owner bookkeeping keyed by id() of the exact owner object (kept alive by the entry).
+    _owners: dict[int, _Owner] = attrs.field(factory=dict, init=False)
+    _unowned: _Owner = attrs.field(factory=lambda: _Owner(owner=None), init=False)
+    _pending: set[_Pending] = attrs.field(factory=set, init=False)
+    _listeners: dict[object, TaskListener] = attrs.field(factory=dict, init=False)
+    _controllers: dict[object, str] = attrs.field(factory=dict, init=False)
+    _closing: bool = attrs.field(default=False, init=False)
+
+    # ------------------------------------------------------------ controllers, listeners
+
+    def attach_controller(self, name: str) -> Callable[[], None]:
+        """Declare that a task controller (something that can collect and stop tasks) is live.
+
+        :meth:`start` refuses while no controller is attached, so no producer
+        can start work nobody can collect or stop.
+
+        Args:
+            name: the controller's name (for diagnostics).
+
+        Returns:
+            An idempotent function that detaches the controller again.
+        """
+        token = object()
+        self._controllers[token] = name
+
+        def detach() -> None:
+            self._controllers.pop(token, None)
+
+        return detach
+
+    @property
+    def controllers(self) -> tuple[str, ...]:
+        """The names of the attached controllers, oldest first."""
+        return tuple(self._controllers.values())
+
+    def on_task_done(
+        self, listener: TaskListener, *, scope: Scope | None = None
+    ) -> Callable[[], None]:
+        """Call ``listener(snapshot)`` once for every task that settles.
+
+        The listener runs synchronously at settlement, after waiters were
+        resolved; an exception it raises is logged and contained (later
+        listeners still run).  Nothing awaits it.
+
+        Args:
+            listener: the callback.
+            scope: if given, the listener is removed when this scope closes.
+
+        Returns:
+            An idempotent function that removes the listener.
+
+        Raises:
+            ScopeClosedError: ``scope`` is already closing.
+        """
+        token = object()
+        self._listeners[token] = listener
+
+        def remove() -> None:
+            self._listeners.pop(token, None)
+
+        if scope is not None:
+            try:
+                scope.add_exit_callback(remove)
+            except BaseException:
+                remove()
+                raise
+        return remove
+
+    # ------------------------------------------------------------ start
+
+    def _preflight(self, spec: TaskSpec) -> _Owner:
+        """Every check that can refuse a start; returns the owner entry to use."""
+        if self._closing:
+            raise TaskStartError("the task service is closed")
+        if not self._controllers:
+            raise TaskStartError("no task controller is attached")
+        if not isinstance(spec.kind, str) or not _KIND.fullmatch(spec.kind):
+            raise TaskStartError(
+                f"task kind {spec.kind!r} is invalid: use [a-z][a-z0-9_-]* (at most 32 characters)"
+            )
+        if not isinstance(spec.label, str) or not spec.label.strip():
+            raise TaskStartError(f"task label must be a non-empty string, got {spec.label!r}")
+        limit = spec.output_limit_bytes
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0
+        ):
+            raise TaskStartError(
+                f"output_limit_bytes must be a positive integer or None, got {limit!r}"
+            )
+        owner = spec.owner
+        if owner is None:
+            entry = self._unowned
+        else:
+            if owner.scope.closing:
+                raise TaskStartError(f"cannot start a task for {owner.id!r}: its scope is closing")
+            entry = self._owners.get(id(owner)) or _Owner(owner=owner)
+            if entry.disposing:
+                raise TaskStartError(f"cannot start a task for {owner.id!r}: it is being disposed")
+        if len(entry.live) + len(entry.pending) >= self.per_owner_cap:
+            who = "unowned callers" if owner is None else repr(owner.id)
+            raise TaskStartError(
+                f"{who} already have {self.per_owner_cap} running background tasks "
+                "(the limit); collect or kill some first"
+            )
+        if owner is not None and entry.detach is None:
+            # The first task of this exact owner: one exit callback on its scope.
+            try:
+                entry.detach = owner.scope.add_exit_callback(lambda: self._dispose_owner(entry))
+            except ScopeClosedError as exc:
+                raise TaskStartError(
+                    f"cannot start a task for {owner.id!r}: its scope is closing"
+                ) from exc
+            self._owners[id(owner)] = entry
+        return entry
+
+    async def start(self, spec: TaskSpec) -> TaskSnapshot:
+        """Preflight, run the producer's starter once, and register the task atomically.
+
+        Every check that can refuse (service open, controller attached, valid
+        kind, label and limit, owner scope open, per-owner cap) happens before
+        ``spec.run`` is called; a refused start calls nothing and consumes no
+        id number.  Once ``run`` returns hooks, registration cannot fail.
+
+        Args:
+            spec: what to start.
+
+        Returns:
+            The snapshot of the new task (status ``running``).
+
+        Raises:
+            TaskStartError: a preflight check refused, or ``run`` raised (the
+                error is chained), or the owner or service closed while ``run``
+                was starting and cancelled it.
+        """
+        await trio.lowlevel.checkpoint()
+        entry = self._preflight(spec)
+        pending = _Pending()
+        entry.pending.add(pending)
+        self._pending.add(pending)
+        try:
+            with pending.cancel_scope:
+                try:
+                    hooks: object = await spec.run()
+                except trio.Cancelled:
+                    raise
+                except Exception as exc:
+                    raise TaskStartError(f"starting the {spec.kind} task failed: {exc}") from exc
+            if pending.cancel_scope.cancelled_caught:
+                raise TaskStartError(
+                    f"the {spec.kind} task was not started: its owner or the task service closed"
+                )
+            if not isinstance(hooks, TaskHooks):
+                raise TaskStartError(f"the {spec.kind} starter returned {hooks!r}, not TaskHooks")
+            record = self._commit(spec, entry, hooks)
+        finally:
+            entry.pending.discard(pending)
+            self._pending.discard(pending)
+            pending.finished.set()
+        # If the owner or the service began closing while run() was in
+        # progress, it waited for this start and now cancels the new task.
+        return record.snapshot()
+
+    def _commit(self, spec: TaskSpec, entry: _Owner, hooks: TaskHooks) -> _Record:
+        """Register the task; nothing here can fail."""
+        number = self._counters.get(spec.kind, 0) + 1
+        self._counters[spec.kind] = number
+        record = _Record(
+            id=f"{spec.kind}-{number}",
+            kind=spec.kind,
+            label=spec.label,
+            owner=entry,
+            owner_id=None if spec.owner is None else spec.owner.id,
+            output_limit_bytes=spec.output_limit_bytes,
+            hooks=hooks,
+            started_at=trio.current_time(),
+        )
+        self._records[record.id] = record
+        self._live.add(record)
+        entry.live.add(record)
+        entry.records[record.id] = record
+        self._nursery.start_soon(self._watch, record, name=f"task {record.id}")
+        log.debug("task %s started (%s)", record.id, record.label)
+        return record
+
+    async def _watch(self, record: _Record) -> None:
+        """Await the producer's ``done`` and settle the record with its outcome."""
+        try:
+            outcome: object = await record.hooks.done()
+        except Exception as exc:  # the contract says done never raises; contain it anyway
+            log.exception("done of task %s raised (producer contract violation)", record.id)
+            self._settle(record, "failed", error=f"done raised: {exc!r}")
+            return
+        if not isinstance(outcome, TaskOutcome) or outcome.status not in TERMINAL_STATUSES:
+            self._settle(record, "failed", error=f"done returned an invalid outcome: {outcome!r}")
+            return
+        self._settle(record, outcome.status, output=outcome.output, detail=outcome.detail)
+
+    def _settle(
+        self,
+        record: _Record,
+        status: TerminalStatus,
+        *,
+        output: str | None = None,
+        detail: Mapping[str, object] = _EMPTY,
+        error: str | None = None,
+    ) -> None:
+        """Record the first terminal outcome; later ones are ignored."""
+        if record.terminal:
+            log.debug(
+                "task %s: ignoring a later %s outcome (first outcome wins)", record.id, status
+            )
+            return
+        record.status = status
+        record.ended_at = trio.current_time()
+        record.detail = _freeze(detail)
+        record.error = error
+        if record.hooks.read_output is None:
+            record.final_output = output
+        else:
+            record.trailing_output = output or None
+        self._live.discard(record)
+        record.owner.live.discard(record)
+        if record.waiters:
+            # A live waiter claims delivery: it returns the terminal snapshot.
+            record.reported = True
+            snapshot = record.snapshot()
+            for waiter in record.waiters:
+                waiter.result = snapshot
+                waiter.event.set()
+            record.waiters.clear()
+        record.settled.set()
+        log.debug("task %s settled: %s", record.id, status)
+        snapshot = record.snapshot()
+        for listener in tuple(self._listeners.values()):
+            try:
+                listener(snapshot)
+            except Exception:
+                log.exception("task-done listener %r failed for task %s", listener, record.id)
+
+    # ------------------------------------------------------------ lookup
+
+    def _lookup(self, task_id: str, caller: TaskOwner | None) -> _Record:
+        """The record for ``task_id`` if ``caller`` may see it, else TaskNotFoundError."""
+        record = self._records.get(task_id)
+        if record is None:
+            raise _unknown(task_id)
+        if record.owner_id is None:
+            allowed = caller is None
+        else:
+            allowed = caller is not None and caller.id == record.owner_id
+        if not allowed:
+            raise _unknown(task_id)
+        return record
+
+    def get(self, task_id: str, caller: TaskOwner | None = None) -> TaskSnapshot:
+        """The snapshot of a task visible to ``caller`` (non-consuming).
+
+        Raises:
+            TaskNotFoundError: ``unknown task '<id>'`` for unknown ids and for
+                tasks the caller may not see alike.
+        """
+        return self._lookup(task_id, caller).snapshot()
+
+    def list(self, caller: TaskOwner | None = None) -> builtins.list[TaskSnapshot]:
+        """Snapshots of the tasks visible to ``caller``, oldest first."""
+        caller_id = None if caller is None else caller.id
+        return [r.snapshot() for r in self._records.values() if r.owner_id == caller_id]
+
+    def owner_of(self, task_id: str) -> TaskOwner | None:
+        """The exact owner object recorded when the task started (for delivery, not access).
+
+        Returns:
+            The owner, or None for an unowned task, an unknown id or a task
+            whose owner was disposed.
+        """
+        record = self._records.get(task_id)
+        if record is None or record.owner_disposed:
+            return None
+        return record.owner.owner
+
+    def claim_report(self, task_id: str) -> bool:
+        """Mark a task reported on behalf of a controller delivering its result.
+
+        Returns:
+            True if this call marked it, False if it was already reported or
+            the id is unknown (so exactly one deliverer wins).
+        """
+        record = self._records.get(task_id)
+        if record is None or record.reported:
+            return False
+        record.reported = True
+        return True
+
+    # ------------------------------------------------------------ control
+
+    def read(self, task_id: str, caller: TaskOwner | None = None) -> TaskRead:
+        """Read a task's output.
+
+        A stream task returns the output produced since the previous read
+        (consuming, one shared cursor).  A final-output task returns ``""``
+        while live and its result once settled, the same on every read.  A
+        read that delivers a terminal task marks it reported.
+
+        Raises:
+            TaskNotFoundError: the id is unknown or not visible to ``caller``.
+            TaskError: the producer's ``read_output`` raised.
+        """
+        record = self._lookup(task_id, caller)
+        read_output = record.hooks.read_output
+        if read_output is None:
+            output = (record.final_output or "") if record.terminal else ""
+        else:
+            terminal_before = record.terminal
+            try:
+                output = read_output()
+            except Exception as exc:
+                raise TaskError(f"reading the output of task {task_id!r} failed: {exc!r}") from exc
+            if terminal_before and record.trailing_output is not None:
+                output += record.trailing_output
+                record.trailing_output = None
+        if record.terminal:
+            record.reported = True
+        return TaskRead(output=output, snapshot=record.snapshot(), stream=read_output is not None)
+
+    async def kill(
+        self, task_id: str, caller: TaskOwner | None = None, reason: str | None = None
+    ) -> TaskSnapshot:
+        """Request cancellation of a task.
+
+        A running task becomes ``stopping`` and its producer's ``cancel(reason)``
+        is called; a stopping task is left as is; a terminal task reports its
+        existing status.  A successful kill of a live task marks it reported.
+
+        Returns:
+            The snapshot after the request.
+
+        Raises:
+            TaskNotFoundError: the id is unknown or not visible to ``caller``.
+            TaskError: the producer's cancel raised; the task stays running.
+        """
+        await trio.lowlevel.checkpoint()
+        record = self._lookup(task_id, caller)
+        if record.terminal:
+            return record.snapshot()
+        if record.status == "running":
+            try:
+                record.hooks.cancel(reason)
+            except Exception as exc:
+                raise TaskError(
+                    f"cancelling task {task_id!r} failed: {exc!r}; it is still running"
+                ) from exc
+            if record.status == "running":
+                record.status = "stopping"
+                record.kill_reason = reason
+            log.info("task %s kill requested%s", record.id, f": {reason}" if reason else "")
+        record.reported = True
+        return record.snapshot()
+
+    async def wait(  # noqa: ASYNC109 (a bounded wait is the documented contract)
+        self, task_id: str, timeout: float, caller: TaskOwner | None = None
+    ) -> TaskSnapshot:
+        """Wait up to ``timeout`` seconds (Trio time) for a task to settle.
+
+        Returns:
+            The terminal snapshot if the task settled (it is then marked
+            reported), else the live snapshot at the timeout; the task keeps
+            running.  Cancelling the waiter cancels only the wait; a waiter that
+            was already handed the terminal snapshot still returns it.
+
+        Raises:
+            TaskNotFoundError: the id is unknown or not visible to ``caller``.
+            ValueError: ``timeout`` is negative or NaN.
+        """
+        if math.isnan(timeout) or timeout < 0:
+            raise ValueError(f"timeout must be >= 0, got {timeout!r}")
+        await trio.lowlevel.checkpoint()
+        record = self._lookup(task_id, caller)
+        if record.terminal:
+            record.reported = True
+            return record.snapshot()
+        waiter = _Waiter()
+        record.waiters.add(waiter)
+        try:
+            with trio.move_on_after(timeout):
+                await waiter.event.wait()
+        finally:
+            # Synchronous unregistration: a settlement after this point does not
+            # count this waiter as a reader.
+            record.waiters.discard(waiter)
+        if waiter.result is not None:
+            return waiter.result
+        return record.snapshot()
+
+    # ------------------------------------------------------------ owner disposal and teardown
+
+    def _request_stop(self, record: _Record, reason: str, during: str) -> None:
+        """Cancel a live record for disposal/teardown; force-fail it if cancel raises."""
+        if record.status != "running":
+            return
+        try:
+            record.hooks.cancel(reason)
+        except Exception as exc:
+            message = f"cancel raised: {exc!r}; work may be orphaned"
+            log.warning(
+                "task %s: cancel raised %r during %s; work may be orphaned", record.id, exc, during
+            )
+            self._settle(record, "failed", error=message, detail={"error": message})
+            return
+        if record.status == "running":
+            record.status = "stopping"
+            record.kill_reason = reason
+
+    async def _dispose_owner(self, entry: _Owner) -> None:
+        """The exit callback of an owner's scope: cancel, await and forget its tasks."""
+        entry.disposing = True
+        owner = entry.owner
+        assert owner is not None
+        try:
+            for pending in tuple(entry.pending):
+                pending.cancel_scope.cancel()
+            for pending in tuple(entry.pending):
+                await pending.finished.wait()
+            live = tuple(entry.live)
+            for record in live:
+                record.owner_disposed = True
+            for record in live:
+                self._request_stop(record, "owner disposed", f"disposal of {owner.id!r}")
+            for record in live:
+                await record.settled.wait()
+        finally:
+            for task_id, record in entry.records.items():
+                record.owner_disposed = True
+                if self._records.get(task_id) is record:
+                    del self._records[task_id]
+            entry.records.clear()
+            if self._owners.get(id(owner)) is entry:
+                del self._owners[id(owner)]
+            entry.detach = None
+
+    async def _shutdown(self) -> None:
+        """Refuse new starts, detach owner callbacks, cancel and await every live task."""
+        self._closing = True
+        for pending in tuple(self._pending):
+            pending.cancel_scope.cancel()
+        for pending in tuple(self._pending):
+            await pending.finished.wait()
+        for entry in tuple(self._owners.values()):
+            if entry.detach is not None:
+                entry.detach()
+                entry.detach = None
+        live = tuple(self._live)
+        for record in live:
+            self._request_stop(record, "task service closed", "task service teardown")
+        for record in live:
+            await record.settled.wait()
+        self._listeners.clear()
+
+
+@asynccontextmanager
+async def open_task_service(
+    *, per_owner_cap: int = DEFAULT_PER_OWNER_CAP
+) -> AsyncIterator[TaskService]:
+    """Run a :class:`TaskService` for the duration of the ``async with`` block.
+
+    The producers' ``done`` hooks are awaited in the service's own nursery.
+    Leaving the block refuses new starts, detaches the owner callbacks from
+    still-open scopes, cancels every live task and awaits its producer
+    (shielded), then stops.  A producer whose cancel raises is force-failed
+    (its work may be orphaned) instead of awaited; one whose cancel returns but
+    whose ``done`` never settles blocks the exit, as the contract requires.
+
+    Args:
+        per_owner_cap: how many running or stopping tasks one exact owner (and
+            the unowned pool) may have at once.
+
+    Raises:
+        ValueError: ``per_owner_cap`` is not a positive integer.
+    """
+    if isinstance(per_owner_cap, bool) or not isinstance(per_owner_cap, int) or per_owner_cap <= 0:
+        raise ValueError(f"per_owner_cap must be a positive integer, got {per_owner_cap!r}")
+    async with trio.open_nursery() as nursery:
+        service = TaskService(nursery, per_owner_cap)
+        try:
+            yield service
+        finally:
+            with trio.CancelScope(shield=True):
+                await service._shutdown()
+            nursery.cancel_scope.cancel()
