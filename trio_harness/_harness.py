@@ -127,10 +127,12 @@ async def open_harness(
     from .tasks import open_task_service
 
     provider: ModelProvider | None = None
-    if model is not None:
+    if isinstance(model, str):
         from .model._spec import resolve_model
 
         provider = resolve_model(model)
+    elif model is not None:
+        provider = model
     persistence = resolve_store(store)
     if builtin_tools is True:
         wanted = {"tasks", "bash", "subagent"}

@@ -310,5 +310,17 @@ async def open_scope(name: str = "root", *, teardown_timeout: float = DEFAULT_TE
     if not (teardown_timeout > 0 and not math.isnan(teardown_timeout)):
         raise ValueError(f"teardown_timeout must be positive, got {teardown_timeout!r}")
     scope = Scope(name=name, parent=None, teardown_timeout=teardown_timeout)
-    async with scope._lifetime():
-        yield scope
+    body_error: BaseException | None = None
+    try:
+        async with scope._lifetime():
+            try:
+                yield scope
+            except BaseException as exc:
+                body_error = exc
+                raise
+    except BaseExceptionGroup as group:
+        # The block's own exception comes back wrapped by the nursery; give the
+        # caller the exception they raised when nothing else failed.
+        if body_error is not None and len(group.exceptions) == 1 and group.exceptions[0] is body_error:
+            raise body_error from None
+        raise

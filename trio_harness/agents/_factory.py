@@ -32,10 +32,12 @@ class ReactLoopFactory:
         parent_id: str | None,
     ) -> ReactAgent:
         """Build a :class:`ReactAgent` (its inbox is replayed from the log here)."""
-        if options.model is not None:
+        if isinstance(options.model, str):
             from ..model._spec import resolve_model
 
             provider = resolve_model(options.model)
+        elif options.model is not None:
+            provider = options.model
         elif harness.model is not None:
             provider = harness.model
         else:

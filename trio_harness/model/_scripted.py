@@ -68,9 +68,13 @@ def _check_response(response: object, where: str) -> None:
         if not isinstance(call, Mapping) or not isinstance(call.get("name"), str):
             raise ModelError(f"{where}: tool_calls[{i}] needs a string 'name'")
         if set(call) - {"name", "arguments", "id"}:
-            raise ModelError(f"{where}: tool_calls[{i}] has unknown keys {sorted(set(call) - {'name', 'arguments', 'id'})}")
+            raise ModelError(
+                f"{where}: tool_calls[{i}] has unknown keys {sorted(set(call) - {'name', 'arguments', 'id'})}"
+            )
     error = response.get("error")
-    if error is not None and (not isinstance(error, Mapping) or not isinstance(error.get("message"), str)):
+    if error is not None and (
+        not isinstance(error, Mapping) or not isinstance(error.get("message"), str)
+    ):
         raise ModelError(f"{where}: 'error' must be an object with a string 'message'")
     delay = response.get("delay", 0)
     if not isinstance(delay, int | float) or isinstance(delay, bool) or delay < 0:
@@ -118,12 +122,24 @@ class ScriptedModel:
         except FileNotFoundError:
             raise ModelError(f"scripted model file {str(path)!r} does not exist") from None
         except (OSError, ValueError) as exc:
-            raise ModelError(f"scripted model file {str(path)!r} is not readable JSON: {exc}") from None
+            raise ModelError(
+                f"scripted model file {str(path)!r} is not readable JSON: {exc}"
+            ) from None
         if not isinstance(data, dict) or not isinstance(data.get("responses"), list):
-            raise ModelError(f"scripted model file {str(path)!r} must be an object with a 'responses' list")
+            raise ModelError(
+                f"scripted model file {str(path)!r} must be an object with a 'responses' list"
+            )
         if set(data) - {"responses"}:
-            raise ModelError(f"scripted model file {str(path)!r} has unknown keys {sorted(set(data) - {'responses'})}")
+            raise ModelError(
+                f"scripted model file {str(path)!r} has unknown keys {sorted(set(data) - {'responses'})}"
+            )
         return cls(data["responses"], source=f"scripted model file {str(path)!r}")
+
+    def push(self, *responses: Response) -> None:
+        """Append responses to the script (validated like the constructor's)."""
+        for offset, response in enumerate(responses):
+            _check_response(response, f"{self.source}: responses[{len(self.responses) + offset}]")
+        self.responses = (*self.responses, *responses)
 
     @property
     def name(self) -> str:
@@ -183,6 +199,13 @@ class ScriptedModel:
                     arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
                 )
             )
-        prompt = sum(len(getattr(m, "text", "") or getattr(m, "content", "")) for m in request.messages)
-        emit(Usage(input_tokens=(len(request.system) + prompt) // 4 + 1, output_tokens=len(text) // 4 + 1))
+        prompt = sum(
+            len(getattr(m, "text", "") or getattr(m, "content", "")) for m in request.messages
+        )
+        emit(
+            Usage(
+                input_tokens=(len(request.system) + prompt) // 4 + 1,
+                output_tokens=len(text) // 4 + 1,
+            )
+        )
         emit(Finish("tool-calls" if calls else "stop"))

@@ -1,0 +1,143 @@
+"""The durable inbox (invariants 9-12)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trio_harness._errors import InboxError
+from trio_harness.agents import Inbox
+from trio_harness.session import Session, SessionHeader
+from trio_harness.session import _events as ev
+from trio_harness.session._events import InboxMessage
+
+
+def new_session() -> Session:
+    return Session(header=SessionHeader(id="s", created_at=0.0), events=[])
+
+
+def msg(i: str, mode: ev.SendMode = "followup") -> InboxMessage:
+    return InboxMessage(id=i, text=f"text {i}", mode=mode)
+
+
+def test_splice_event_is_appended_before_the_lists_change() -> None:
+    session = new_session()
+    inbox = Inbox(session=session)
+    views: list[tuple[tuple[str, ...], int]] = []
+    session.observe(lambda e: views.append((tuple(m.id for m in inbox.next_turn), e.seq)))
+    inbox.append("next-turn", msg("a"))
+    inbox.append("next-turn", msg("b"))
+    inbox.remove("a")
+    # the observer saw the pre-splice projection each time
+    assert views == [((), 0), (("a",), 1), (("a", "b"), 2)]
+
+
+def test_operations_and_replay_rebuild_the_same_inbox() -> None:
+    session = new_session()
+    inbox = Inbox(session=session)
+    inbox.append("next-turn", msg("a"))
+    inbox.append("next-turn", msg("b"))
+    inbox.prepend("next-turn", msg("c"))
+    inbox.append("next-step", msg("s", "steer"))
+    inbox.replace("b", msg("b2"))
+    inbox.replace("s", msg("s2", "inject"))
+    inbox.remove("c")
+    claimed = inbox.claim(1, turn_boundary=True)
+    assert [m.id for m in claimed] == ["s2", "a"]
+    inbox.append("next-step", msg("late", "inject"))
+    rebuilt = Inbox.replay(session)
+    assert rebuilt.next_turn == inbox.next_turn and rebuilt.next_step == inbox.next_step
+    assert [m.id for m in rebuilt.next_turn] == ["b2"] and [m.id for m in rebuilt.next_step] == ["late"]
+
+
+def test_message_id_is_pending_at_most_once_across_both_lists() -> None:
+    inbox = Inbox(session=new_session())
+    inbox.append("next-turn", msg("dup"))
+    with pytest.raises(InboxError, match="already pending"):
+        inbox.append("next-step", msg("dup"))
+    with pytest.raises(InboxError, match="already pending"):
+        inbox.append("next-turn", msg("dup"))
+    inbox.remove("dup")
+    inbox.append("next-step", msg("dup"))  # free again once removed
+
+
+def test_replace_across_lists_and_unknown_ids() -> None:
+    inbox = Inbox(session=new_session())
+    inbox.append("next-turn", msg("t"))
+    inbox.append("next-step", msg("s"))
+    with pytest.raises(InboxError, match="already pending"):
+        inbox.replace("t", msg("s"))
+    inbox.replace("t", msg("t2"))
+    with pytest.raises(InboxError, match="not pending"):
+        inbox.replace("t", msg("x"))
+    with pytest.raises(InboxError, match="not pending"):
+        inbox.remove("zzz")
+
+
+def test_clear_writes_next_step_then_next_turn_canceled() -> None:
+    session = new_session()
+    inbox = Inbox(session=session)
+    assert inbox.clear() == [] and len(session) == 0  # empty clear writes nothing
+    inbox.append("next-turn", msg("a"))
+    inbox.append("next-step", msg("b"))
+    inbox.append("next-step", msg("c"))
+    before = len(session)
+    gone = inbox.clear()
+    splices = [e for e in session.events[before:] if isinstance(e, ev.InboxSpliced)]
+    assert [(s.queue, s.removed, s.outcome) for s in splices] == [
+        ("next-step", ("b", "c"), "canceled"),
+        ("next-turn", ("a",), "canceled"),
+    ]
+    assert [m.id for m in gone] == ["b", "c", "a"] and len(inbox) == 0
+
+
+def test_claim_is_a_deletion_not_marked_canceled() -> None:
+    session = new_session()
+    inbox = Inbox(session=session)
+    inbox.append("next-turn", msg("a"))
+    inbox.append("next-turn", msg("b"))
+    inbox.claim(7, turn_boundary=True)
+    last = session.events[-1]
+    assert isinstance(last, ev.InboxSpliced)
+    assert (last.removed, last.outcome, last.turn) == (("a",), "claimed", 7)
+    assert inbox.claim(8, turn_boundary=False) == []  # next-turn items wait for a boundary
+
+
+def test_notifications_inserted_claimed_discarded() -> None:
+    seen: list[tuple[str, str, int | None]] = []
+    inbox = Inbox(session=new_session(), notify=lambda kind, m, turn: seen.append((kind, m.id, turn)))
+    inbox.append("next-turn", msg("a"))
+    inbox.append("next-turn", msg("b"))
+    inbox.replace("b", msg("b2"))
+    inbox.claim(1, turn_boundary=True)
+    inbox.clear()
+    assert seen == [
+        ("inserted", "a", None),
+        ("inserted", "b", None),
+        ("discarded", "b", None),
+        ("inserted", "b2", None),
+        ("claimed", "a", 1),
+        ("discarded", "b2", None),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("splice", "problem"),
+    [
+        ({"queue": "next-turn", "start": 5}, "outside"),
+        ({"queue": "next-turn", "start": 0, "removed": ("zz",)}, "expected to remove"),
+        ({"queue": "next-turn", "start": 0, "inserted": (InboxMessage("a", "again"),)}, "already pending"),
+    ],
+)
+def test_invalid_persisted_splices_fail_replay(splice: dict[str, object], problem: str) -> None:
+    session = new_session()
+    Inbox(session=session).append("next-turn", msg("a"))
+    session.append(ev.InboxSpliced, **splice)
+    with pytest.raises(InboxError, match=problem):
+        Inbox.replay(session)
+
+
+def test_replay_starts_after_the_seed() -> None:
+    session = new_session()
+    Inbox(session=session).append("next-turn", msg("from-parent"))
+    forked = Session(header=SessionHeader(id="f", created_at=0.0, seed_length=1), events=list(session.events))
+    assert len(Inbox.replay(forked)) == 0

@@ -1,0 +1,119 @@
+"""Resume: turns and seqs continue, inbox kept, identical requests (invariant 28)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from trio_harness.agents import Tool, ToolContext
+from trio_harness.model._scripted import ScriptedModel
+from trio_harness.session import _events as ev
+from trio_harness.testing import assert_balanced, open_test_harness
+
+
+async def echo(ctx: ToolContext, args: dict[str, object]) -> str:
+    return f"echo {args.get('x')}"
+
+
+ECHO = Tool("echo", "echo", {"type": "object", "properties": {"x": {"type": "string"}}}, echo)
+
+SCRIPT = [
+    {"tool_calls": [{"name": "echo", "arguments": {"x": "1"}}]},
+    {"text": "first done"},
+    {"text": "second done"},
+]
+
+
+@pytest.mark.parametrize("store", ["memory", "jsonl"])
+async def test_resume_continues_and_rebuilds_the_same_request(tmp_path: Path, store: str) -> None:
+    where: object = tmp_path if store == "jsonl" else None
+    # a never-restarted agent
+    straight = ScriptedModel([*SCRIPT, {"text": "third"}])
+    async with open_test_harness(straight) as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(session_id="s") as agent:
+            agent.followup("one")
+            await agent.when_idle()
+            agent.followup("two")
+            await agent.when_idle()
+            agent.inject("parked note")
+            agent.followup("three")
+            await agent.when_idle()
+            straight_len = len(agent.session)
+
+    first = ScriptedModel(SCRIPT)
+    second = ScriptedModel([{"text": "third"}])
+    kwargs = {"store": where} if where is not None else {}
+    async with open_test_harness(first, **kwargs) as h:
+        h.tools.add(ECHO)
+        handle = await h.agents.create(session_id="s")
+        agent = handle.agent
+        agent.followup("one")
+        await agent.when_idle()
+        agent.followup("two")
+        await agent.when_idle()
+        agent.inject("parked note")  # pending idle inject survives the restart
+        before = len(agent.session)
+        await handle.dispose()
+        if where is None:
+            # same harness, same in-memory store: resume in place
+            agent2_handle = await h.agents.resume("s", options=None)
+            await _finish(agent2_handle, second, before, straight, straight_len)
+            return
+    async with open_test_harness(second, **kwargs) as h:
+        h.tools.add(ECHO)
+        await _finish(await h.agents.resume("s"), second, before, straight, straight_len)
+
+
+async def _finish(handle, second, before, straight, straight_len) -> None:  # type: ignore[no-untyped-def]
+    agent = handle.agent
+    agent._provider = second
+    assert len(agent.session) == before
+    assert [m.text for m in agent.inbox.next_step] == ["parked note"]
+    agent.followup("three")
+    await agent.when_idle()
+    starts = [e.turn for e in agent.session.events if isinstance(e, ev.TurnStart)]
+    assert starts == [1, 2, 3]
+    assert [e.seq for e in agent.session.events] == list(range(len(agent.session)))
+    assert second.requests[0] == straight.requests[-1]
+    assert len(agent.session) == straight_len
+    assert_balanced(agent.session)
+    await handle.dispose()
+
+
+async def test_resume_after_crash_mid_turn_closes_the_turn(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    """A log that died mid-turn is closed with interrupted on resume; the inbox is intact."""
+    from trio_harness.session import JsonlPersistence, SessionHeader
+    from trio_harness.model._protocol import ToolCall
+
+    store = JsonlPersistence(tmp_path)
+    header = SessionHeader(id="crashed", created_at=1.0)
+    writer = store.open_writer(header, None)
+    from trio_harness.session import Session
+
+    session = Session(header=header, events=[], writer=writer)
+    session.append(ev.InboxSpliced, queue="next-turn", start=0, inserted=(ev.InboxMessage("m1", "run it"),))
+    session.append(ev.InboxSpliced, queue="next-turn", start=1, inserted=(ev.InboxMessage("m2", "later"),))
+    session.append(ev.TurnStart, turn=1)
+    session.append(ev.StepStart, turn=1, step=1)
+    session.append(ev.InboxSpliced, queue="next-turn", start=0, removed=("m1",), outcome="claimed", turn=1)
+    session.append(ev.UserMessage, turn=1, step=1, message_id="m1", text="run it")
+    session.append(ev.AssistantMessage, turn=1, step=1, text="", tool_calls=(ToolCall("c1", "bash", "{}"),))
+    await session.flush()
+    writer.close()
+
+    model = ScriptedModel([{"text": "resumed"}])
+    async with open_test_harness(model, store=tmp_path) as h:
+        async with h.agents.open(session_id="crashed", resume=True) as agent:
+            types = [e.type for e in agent.session.events[-3:]]
+            assert types == ["tool/result", "step/end", "turn/end"]
+            end = agent.session.events[-1]
+            assert isinstance(end, ev.TurnEnd) and end.reason == "interrupted"
+            assert [m.id for m in agent.inbox.next_turn] == ["m2"]
+            agent.followup("go on")
+            await agent.when_idle()
+            assert [e.turn for e in agent.session.events if isinstance(e, ev.TurnStart)] == [1, 2, 3]
+            assert_balanced(agent.session)
