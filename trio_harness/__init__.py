@@ -1,1 +1,56 @@
-"""trio_harness: a rigorous Trio runtime for LLM agents."""
+"""trio_harness: a rigorous Trio runtime for LLM agents.
+
+Live agents around durable, replayable sessions; a per-agent inbox with
+followup / steer / inject / cancel; teardown that provably leaves nothing
+running; background tasks (bash, subagents); real model providers; and an
+Agent Client Protocol bridge.  Start with :func:`open_harness`.
+"""
+
+from ._bus import EventBus as EventBus
+from ._bus import Notice as Notice
+from ._errors import AgentDisposedError as AgentDisposedError
+from ._errors import AgentError as AgentError
+from ._errors import AgentExistsError as AgentExistsError
+from ._errors import AgentNotFoundError as AgentNotFoundError
+from ._errors import EventDecodeError as EventDecodeError
+from ._errors import FactoryError as FactoryError
+from ._errors import ForkBoundaryError as ForkBoundaryError
+from ._errors import HarnessError as HarnessError
+from ._errors import InboxError as InboxError
+from ._errors import InvalidSessionIdError as InvalidSessionIdError
+from ._errors import ModelError as ModelError
+from ._errors import PluginError as PluginError
+from ._errors import ScopeClosedError as ScopeClosedError
+from ._errors import SessionCorruptError as SessionCorruptError
+from ._errors import SessionError as SessionError
+from ._errors import SessionExistsError as SessionExistsError
+from ._errors import SessionNotFoundError as SessionNotFoundError
+from ._errors import TaskError as TaskError
+from ._errors import TaskNotFoundError as TaskNotFoundError
+from ._errors import TaskStartError as TaskStartError
+from ._errors import ToolError as ToolError
+from ._errors import UnsupportedFormatError as UnsupportedFormatError
+from ._harness import Harness as Harness
+from ._harness import open_harness as open_harness
+from ._initiator import current_initiator as current_initiator
+from ._initiator import with_initiator as with_initiator
+from ._initiator import without_initiator as without_initiator
+from ._scope import LoadedPlugin as LoadedPlugin
+from ._scope import Plugin as Plugin
+from ._scope import Scope as Scope
+from ._scope import open_scope as open_scope
+from .agents import Agent as Agent
+from .agents import AgentHandle as AgentHandle
+from .agents import AgentOptions as AgentOptions
+from .agents import Inbox as Inbox
+from .agents import Tool as Tool
+from .agents import ToolContext as ToolContext
+from .agents import ToolOutput as ToolOutput
+from .model import ModelProvider as ModelProvider
+from .model import ScriptedModel as ScriptedModel
+from .session import JsonlPersistence as JsonlPersistence
+from .session import MemoryPersistence as MemoryPersistence
+from .session import Session as Session
+from .session import SessionHeader as SessionHeader
+
+__version__ = "0.1.0"

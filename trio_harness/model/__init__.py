@@ -1,0 +1,20 @@
+"""Model providers behind one streaming protocol."""
+
+from ._protocol import AssistantMessage as AssistantMessage
+from ._protocol import Chunk as Chunk
+from ._protocol import Emit as Emit
+from ._protocol import Failure as Failure
+from ._protocol import Finish as Finish
+from ._protocol import Message as Message
+from ._protocol import ModelProvider as ModelProvider
+from ._protocol import ModelRequest as ModelRequest
+from ._protocol import ReasoningDelta as ReasoningDelta
+from ._protocol import Retry as Retry
+from ._protocol import TextDelta as TextDelta
+from ._protocol import ToolCall as ToolCall
+from ._protocol import ToolCallDelta as ToolCallDelta
+from ._protocol import ToolMessage as ToolMessage
+from ._protocol import ToolSpec as ToolSpec
+from ._protocol import Usage as Usage
+from ._protocol import UserMessage as UserMessage
+from ._scripted import ScriptedModel as ScriptedModel
