@@ -189,7 +189,9 @@ class AgentRegistry:
         if session_id is not None and session_id in self._entries:
             raise AgentExistsError(f"agent {session_id!r} already exists")
         try:
-            session = self._sessions.prepare_new(session_id, cwd=cwd)
+            session = self._sessions.prepare_new(
+                session_id, cwd=cwd, parent_session=parent.id if parent is not None else None
+            )
         except SessionExistsError as exc:
             raise AgentExistsError(str(exc)) from exc
         return await self._publish(session, "startup", options, setup, owner, parent)

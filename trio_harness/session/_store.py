@@ -52,7 +52,9 @@ class SessionStore:
 
     # ------------------------------------------------------------ prepare
 
-    def prepare_new(self, session_id: str | None = None, *, cwd: str | None = None) -> Session:
+    def prepare_new(
+        self, session_id: str | None = None, *, cwd: str | None = None, parent_session: str | None = None
+    ) -> Session:
         """Build a fresh session that is not live yet.
 
         Raises:
@@ -64,7 +66,12 @@ class SessionStore:
             raise SessionExistsError(f"session {session_id!r} already exists (it is live)")
         if self.persistence.exists(session_id):
             raise SessionExistsError(f"session {session_id!r} already exists in the store; resume it instead")
-        header = SessionHeader(id=session_id, created_at=self.clock(), cwd=cwd if cwd is not None else os.getcwd())
+        header = SessionHeader(
+            id=session_id,
+            created_at=self.clock(),
+            cwd=cwd if cwd is not None else os.getcwd(),
+            parent_session=parent_session,
+        )
         writer = self.persistence.open_writer(header, None)
         session = Session(header=header, events=[], writer=writer, clock=self.clock)
         self._writers[session] = writer

@@ -1,0 +1,194 @@
+"""The ``subagent`` tool: run a child agent on a task prompt.
+
+The child is created through ``harness.agents`` with the calling agent as its
+runtime owner (so the parent's disposal disposes it) and its session records
+the parent as lineage.  Foreground calls return the child's final text;
+background calls register a final-output ``subagent`` task whose kill cancels
+the child.  The child is always disposed when its work ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+import trio
+
+from ..session import _events as ev
+from ._options import AgentOptions
+from ._tools import Tool, ToolContext, ToolOutput
+
+if TYPE_CHECKING:
+    from .._harness import Harness
+    from .._scope import Scope
+    from ..tasks import TaskHooks, TaskOutcome
+    from ._agent import Agent
+    from ._registry import AgentHandle
+
+__all__ = ["SubagentToolPlugin", "subagent_depth"]
+
+DESCRIPTION = (
+    "Run a subagent: a fresh agent with its own context that works on the task you describe "
+    "and returns its final answer. Give it a complete, self-contained prompt."
+)
+BACKGROUND_HELP = (
+    " With run_in_background (the default) it returns a task id at once; collect the answer "
+    "with task_output."
+)
+
+
+def subagent_depth(harness: Harness, agent_id: str) -> int:
+    """How many runtime owners stand above ``agent_id`` (0 for a root agent)."""
+    depth = 0
+    current: str | None = harness.agents.owner_of(agent_id)
+    while current is not None:
+        depth += 1
+        current = harness.agents.owner_of(current)
+    return depth
+
+
+def _final_text(agent: Agent) -> tuple[str, ev.TurnEnd | None]:
+    """The last assistant text of the last turn, and that turn's end."""
+    end: ev.TurnEnd | None = None
+    text = ""
+    for event in reversed(agent.session.events):
+        if end is None and isinstance(event, ev.TurnEnd):
+            end = event
+        elif isinstance(event, ev.AssistantMessage) and event.text:
+            text = event.text
+            break
+        elif isinstance(event, ev.TurnStart):
+            break
+    return text, end
+
+
+def _describe_end(end: ev.TurnEnd | None) -> str:
+    if end is None:
+        return "the subagent did not finish a turn"
+    if end.reason == "error" and end.failure is not None:
+        return f"the subagent failed: {end.failure.message} ({end.failure.code})"
+    if end.reason == "aborted":
+        return f"the subagent was cancelled (cause: {end.cause})"
+    return f"the subagent stopped: {end.reason}"
+
+
+@attrs.define(eq=False)
+class SubagentToolPlugin:
+    """Registers the ``subagent`` tool into the harness-wide tool set.
+
+    Attributes:
+        harness: the harness whose agents and tasks the tool uses.
+        max_depth: how deep subagents may nest (a root agent has depth 0).
+        run_in_background: offer the ``run_in_background`` parameter
+            (default on).  When off, the parameter is absent from the schema
+            and a forced background call is refused.
+        background_default: whether a call runs in the background when the
+            model does not say.
+        child_tools: when set, the names of the tools the child may use
+            (``subagent`` itself is dropped at the depth limit anyway).
+        child_options: options for child agents (model, prompt, limits).
+    """
+
+    name: ClassVar[str] = "subagent"
+    harness: Harness
+    max_depth: int = 3
+    run_in_background: bool = True
+    background_default: bool = True
+    child_tools: Collection[str] | None = None
+    child_options: AgentOptions = attrs.field(factory=AgentOptions)
+
+    def tool(self) -> Tool:
+        """The ``subagent`` tool definition."""
+        properties: dict[str, Any] = {
+            "prompt": {"type": "string", "description": "The complete task for the subagent."},
+            "description": {"type": "string", "description": "A short label (3-8 words) for the task."},
+        }
+        if self.run_in_background:
+            properties["run_in_background"] = {
+                "type": "boolean",
+                "description": "Return a task id at once instead of waiting for the answer.",
+            }
+        return Tool(
+            name="subagent",
+            description=DESCRIPTION + (BACKGROUND_HELP if self.run_in_background else ""),
+            parameters={"type": "object", "properties": properties, "required": ["prompt"]},
+            handler=self._call,
+        )
+
+    async def apply(self, scope: Scope) -> None:
+        """Register the tool, bound to ``scope``."""
+        self.harness.tools.add(self.tool(), scope=scope)
+
+    def _options(self) -> AgentOptions:
+        keep = self.child_tools
+        if keep is None:
+            return self.child_options
+        allowed = frozenset(keep)
+        inner = self.child_options.tool_filter
+
+        def tool_filter(tool: Tool) -> bool:
+            return tool.name in allowed and (inner is None or inner(tool))
+
+        return attrs.evolve(self.child_options, tool_filter=tool_filter)
+
+    async def _create_child(self, parent: Agent) -> AgentHandle:
+        return await self.harness.agents.create(options=self._options(), parent=parent, cwd=parent.session.header.cwd)
+
+    async def _call(self, ctx: ToolContext, args: dict[str, Any]) -> str | ToolOutput:
+        background = args.get("run_in_background", self.background_default if self.run_in_background else False)
+        if "run_in_background" in args and not self.run_in_background and args["run_in_background"]:
+            return ToolOutput("error: background subagents are disabled in this harness", is_error=True)
+        depth = subagent_depth(self.harness, ctx.agent.id) + 1
+        if depth > self.max_depth:
+            return ToolOutput(
+                f"error: subagent depth limit reached ({self.max_depth}); do this work yourself", is_error=True
+            )
+        prompt: str = args["prompt"]
+        label: str = args.get("description") or prompt.splitlines()[0][:60] if prompt.strip() else "subagent"
+        if background:
+            return await self._start_background(ctx.agent, prompt, label)
+        handle = await self._create_child(ctx.agent)
+        try:
+            handle.agent.followup(prompt)
+            await handle.agent.when_idle()
+            text, end = _final_text(handle.agent)
+        finally:
+            with trio.CancelScope(shield=True):
+                await handle.dispose()
+        if end is not None and end.reason == "completed":
+            return text or "(the subagent returned no text)"
+        return ToolOutput(f"error: {_describe_end(end)}" + (f"\npartial answer: {text}" if text else ""), True)
+
+    async def _start_background(self, parent: Agent, prompt: str, label: str) -> str:
+        from ..tasks import TaskHooks, TaskOutcome, TaskSpec
+
+        async def starter() -> TaskHooks:
+            handle = await self._create_child(parent)
+            child = handle.agent
+            killed: list[str | None] = []
+            child.followup(prompt)
+
+            def cancel(reason: str | None) -> None:
+                if not killed:
+                    killed.append(reason)
+                child.cancel("parent")
+
+            async def done() -> TaskOutcome:
+                try:
+                    await child.when_idle()
+                    text, end = _final_text(child)
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await handle.dispose()
+                detail: dict[str, object] = {"session": child.id, "reason": end.reason if end else None}
+                if killed or (end is not None and end.reason == "aborted"):
+                    return TaskOutcome("killed", output=text or None, detail=detail)
+                if end is not None and end.reason == "completed":
+                    return TaskOutcome("completed", output=text or "(the subagent returned no text)", detail=detail)
+                return TaskOutcome("failed", output=_describe_end(end), detail=detail)
+
+            return TaskHooks(cancel=cancel, done=done)
+
+        snapshot = await self.harness.tasks.start(TaskSpec(kind="subagent", label=label, owner=parent, run=starter))
+        return f"started background task {snapshot.id}"

@@ -1,0 +1,142 @@
+"""The ``bash`` tool: foreground commands, and background commands as ``bash-N`` tasks.
+
+Ownership lives in the executor (seed 001 §3): a background command is started
+with the calling agent's id as its owner token, and the task service records
+the agent as the task's owner.  Nothing about a running command lives in this
+plugin's scope, so reloading the plugin neither kills a task nor makes it
+visible to another session.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+import trio
+
+from ..agents._tools import Tool, ToolContext, ToolOutput
+from ._executor import BashError, BashRequest, render_result
+
+if TYPE_CHECKING:
+    from .._harness import Harness
+    from .._scope import Scope
+    from ..tasks import TaskHooks, TaskOutcome
+
+__all__ = ["BashToolPlugin"]
+
+DESCRIPTION = (
+    "Run a shell command with bash. Output is stdout, then stderr under a [stderr] line, then "
+    "markers for a nonzero exit code, a signal or a timeout."
+)
+BACKGROUND = (
+    " With run_in_background (the default) the command starts as a background task and the call "
+    "returns its id at once: read its output with task_output, stop it with task_kill. Use "
+    "run_in_background=false for quick commands whose output you need now."
+)
+
+
+@attrs.define(eq=False)
+class BashToolPlugin:
+    """Registers the ``bash`` tool into the harness-wide tool set.
+
+    Attributes:
+        harness: the harness whose executor and task service the tool uses.
+        run_in_background: offer the ``run_in_background`` parameter (default
+            on).  When off, the parameter is absent from the schema and a
+            forced background call is refused.
+        background_default: whether a call runs in the background when the
+            model does not say.
+        output_limit_bytes: a byte cap on the model-facing text of background
+            tasks (projected into their snapshots).
+    """
+
+    name: ClassVar[str] = "bash"
+    harness: Harness
+    run_in_background: bool = True
+    background_default: bool = True
+    output_limit_bytes: int | None = None
+
+    def tool(self) -> Tool:
+        """The ``bash`` tool definition."""
+        properties: dict[str, Any] = {
+            "command": {"type": "string", "description": "The command line to run."},
+            "description": {"type": "string", "description": "What the command does, in a few words."},
+            "timeout_ms": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "Foreground timeout in milliseconds (capped).",
+            },
+            "workdir": {"type": "string", "description": "The working directory (default: the session's)."},
+        }
+        if self.run_in_background:
+            properties["run_in_background"] = {
+                "type": "boolean",
+                "description": "Start as a background task and return its id at once.",
+            }
+        return Tool(
+            name="bash",
+            description=DESCRIPTION + (BACKGROUND if self.run_in_background else ""),
+            parameters={"type": "object", "properties": properties, "required": ["command"]},
+            handler=self._call,
+            parallel_safe=False,
+        )
+
+    async def apply(self, scope: Scope) -> None:
+        """Register the tool, bound to ``scope``."""
+        self.harness.tools.add(self.tool(), scope=scope)
+
+    async def _call(self, ctx: ToolContext, args: dict[str, Any]) -> str | ToolOutput:
+        if not self.run_in_background and args.get("run_in_background"):
+            return ToolOutput("error: background commands are disabled; run it in the foreground", is_error=True)
+        background = bool(args.get("run_in_background", self.background_default and self.run_in_background))
+        timeout_ms = args.get("timeout_ms")
+        workdir = args.get("workdir") or ctx.agent.session.header.cwd or None
+        executor = self.harness.bash
+        try:
+            spec = executor.resolve(
+                BashRequest(
+                    command=args["command"],
+                    workdir=workdir,
+                    timeout=timeout_ms / 1000 if timeout_ms is not None else None,
+                    owner=ctx.agent.id,
+                )
+            )
+        except BashError as exc:
+            return ToolOutput(f"error: {exc}", is_error=True)
+        if not background:
+            return render_result(await executor.run(spec))
+        return await self._start_background(ctx, spec, args.get("description") or args["command"])
+
+    async def _start_background(self, ctx: ToolContext, spec: Any, label: str) -> str:
+        from ..tasks import TaskHooks, TaskOutcome, TaskSpec
+
+        executor = self.harness.bash
+        agent = ctx.agent
+
+        async def starter() -> TaskHooks:
+            process = await executor.start(spec)
+            # Spill files go when the owner goes (or with the executor).
+            agent.scope.add_exit_callback(process.aclose)
+
+            async def done() -> TaskOutcome:
+                facts = await process.wait()
+                detail: dict[str, object] = {"exit_code": facts.exit_code}
+                if facts.signal is not None:
+                    detail["signal"] = facts.signal
+                if facts.killed:
+                    return TaskOutcome("killed", detail=detail)
+                return TaskOutcome("completed", detail=detail)
+
+            return TaskHooks(cancel=process.kill, done=done, read_output=process.read_output)
+
+        snapshot = await self.harness.tasks.start(
+            TaskSpec(
+                kind="bash",
+                label=label,
+                owner=agent,
+                run=starter,
+                output_limit_bytes=self.output_limit_bytes,
+            )
+        )
+        await trio.lowlevel.checkpoint()
+        return f"started background task {snapshot.id}"
