@@ -10,6 +10,7 @@ ProcessLookupError (once init has reaped them).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -474,17 +475,24 @@ async def test_leftover_group_members_are_killed_when_leader_exits(
 async def test_pipe_held_outside_the_group_is_abandoned(executor: BashExecutor) -> None:
     # setsid moves the sleep out of the group: it cannot be signalled as part of
     # it, and it keeps stdout open.  wait() must still return.
-    proc = await start(executor, "setsid sleep 300 & echo $!")
+    proc = await start(
+        executor,
+        "setsid sleep 300 & echo $!; "
+        # Exit only once the sleep has its own session (field 6 of stat).
+        'while [ "$(cut -d\' \' -f6 /proc/$!/stat)" != "$!" ]; do sleep 0.01; done',
+    )
     escaped = 0
     try:
         with trio.fail_after(BOUND):
             facts = await proc.wait()
         escaped = int(proc.read_output())
         assert facts.exit_code == 0
+        os.kill(escaped, 0)  # still alive: the pipe was abandoned, not closed by its death
         await assert_group_gone(proc.pid)
     finally:
         if escaped:
-            os.kill(escaped, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(escaped, signal.SIGKILL)
 
 
 async def test_executor_exit_kills_processes_and_grandchildren(tmp_path: Path) -> None:

@@ -10,3 +10,4 @@ from ._executor import BashSpec as BashSpec
 from ._executor import ExitFacts as ExitFacts
 from ._executor import open_bash_executor as open_bash_executor
 from ._executor import render_result as render_result
+from ._tool import BashToolPlugin as BashToolPlugin

@@ -1,0 +1,188 @@
+"""The bash tool and background bash tasks, with real processes (invariants 36, 38)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from trio_harness import AgentOptions, ScriptedModel
+from trio_harness._errors import TaskNotFoundError
+from trio_harness.bash import BashToolPlugin
+from trio_harness.session import _events as ev
+from trio_harness.testing import assert_balanced, open_test_harness
+
+
+def results(session: Any) -> list[ev.ToolResult]:
+    return [e for e in session.events if isinstance(e, ev.ToolResult)]
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is in the process group.
+
+    Zombies are excluded: a killed grandchild is reparented to PID 1, which in a
+    container may never reap it, yet it runs nothing.
+    """
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+async def test_foreground_output_exit_code_and_workdir(tmp_path: Any) -> None:
+    calls = [
+        {"name": "bash", "arguments": {"command": "pwd; echo oops >&2; exit 4", "run_in_background": False}},
+    ]
+    model = ScriptedModel([{"tool_calls": calls}, {"text": "done"}])
+    async with open_test_harness(model, builtin_tools=True) as h:
+        async with h.agents.open(cwd=str(tmp_path)) as agent:
+            agent.followup("go")
+            await agent.when_idle()
+            (result,) = results(agent.session)
+            assert not result.is_error  # a nonzero exit is not a tool error
+            assert result.content.startswith(str(tmp_path))
+            assert "[stderr]\noops" in result.content and "[exit code: 4]" in result.content
+
+
+async def test_foreground_timeout_is_marked() -> None:
+    calls = [{"name": "bash", "arguments": {"command": "sleep 30", "timeout_ms": 200, "run_in_background": False}}]
+    model = ScriptedModel([{"tool_calls": calls}, {"text": "done"}])
+    async with open_test_harness(model, builtin_tools=True) as h, h.agents.open() as agent:
+        agent.followup("go")
+        with trio.fail_after(20):
+            await agent.when_idle()
+        assert "timed out" in results(agent.session)[0].content
+
+
+async def test_background_disabled_removes_the_parameter_and_refuses_forced_calls() -> None:
+    model = ScriptedModel(
+        [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo x", "run_in_background": True}}]}, {"text": "ok"}]
+    )
+    async with open_test_harness(model, builtin_tools=["tasks"]) as h:
+        plugin = BashToolPlugin(h, run_in_background=False)
+        assert "run_in_background" not in plugin.tool().parameters["properties"]
+        await h.load(plugin)
+        async with h.agents.open() as agent:
+            agent.followup("go")
+            await agent.when_idle()
+            (result,) = results(agent.session)
+            assert result.is_error and "disabled" in result.content
+
+
+async def test_scripted_background_scenario_with_completion_notices() -> None:
+    """Start background commands, keep working, list, read with wait; notices arrive."""
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 0.3; echo built", "description": "build"}}]},
+            {"tool_calls": [{"name": "task_list", "arguments": {}}]},
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 0.1; echo second"}}]},
+            {"tool_calls": [{"name": "task_output", "arguments": {"task_id": "bash-1", "wait": True}}]},
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 0.5; echo third"}}]},
+            {"text": "build finished"},
+            {"text": "noted the third task"},
+        ]
+    )
+    async with open_test_harness(model, builtin_tools=True) as h, h.agents.open() as agent:
+        agent.followup("build it")
+        with trio.fail_after(20):
+            await agent.when_idle()
+            out = results(agent.session)
+            assert out[0].content == "started background task bash-1"
+            assert out[1].content == "bash-1 [bash] running — build"
+            assert out[3].content.startswith("built\n[status: completed")
+            # bash-2 finished while the agent was busy: its notice was injected into turn 1
+            injected = [e for e in agent.session.events if isinstance(e, ev.UserMessage) and "bash-2" in e.text]
+            assert len(injected) == 1 and injected[0].turn == 1 and "task_output" in injected[0].text
+            # bash-3 finishes after the turn: its notice wakes the idle agent with a followup
+            while len([e for e in agent.session.events if isinstance(e, ev.TurnEnd)]) < 2:
+                await trio.sleep(0.05)
+            await agent.when_idle()
+        woken = [e for e in agent.session.events if isinstance(e, ev.UserMessage) and "bash-3" in e.text]
+        assert len(woken) == 1 and woken[0].turn == 2 and woken[0].mode == "followup"
+        # bash-1 was read with wait, so it got no notice
+        assert not any("bash-1" in e.text for e in agent.session.events if isinstance(e, ev.UserMessage))
+        assert_balanced(agent.session)
+
+
+async def test_disposing_the_owner_kills_the_whole_group() -> None:
+    command = "sleep 300 & sleep 300 & wait"
+    model = ScriptedModel([{"tool_calls": [{"name": "bash", "arguments": {"command": command}}]}, {"text": "started"}])
+    async with open_test_harness(model, builtin_tools=True) as h:
+        handle = await h.agents.create()
+        handle.agent.followup("start it")
+        with trio.fail_after(20):
+            await handle.agent.when_idle()
+        (process,) = h.bash.list()
+        pgid = process.pid
+        assert group_alive(pgid)
+        with trio.fail_after(20):
+            await handle.dispose()
+        assert not group_alive(pgid)
+        assert h.tasks.list() == []
+        assert not os.path.exists(process.stdout_path)
+
+
+async def test_harness_exit_kills_unfinished_background_groups() -> None:
+    model = ScriptedModel([{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 300 & wait"}}]}, {"text": "x"}])
+    async with open_test_harness(model, builtin_tools=True) as h:
+        agent = (await h.agents.create()).agent
+        agent.followup("go")
+        with trio.fail_after(20):
+            await agent.when_idle()
+        pgid = h.bash.list()[0].pid
+    assert not group_alive(pgid)
+
+
+async def test_plugin_reload_keeps_the_task_running_and_private() -> None:
+    model = ScriptedModel([{"tool_calls": [{"name": "bash", "arguments": {"command": "echo ready; sleep 300"}}]}, {"text": "ok"}])
+    async with open_test_harness(model, builtin_tools=True) as h:
+        owner = (await h.agents.create(session_id="owner")).agent
+        other = (await h.agents.create(session_id="other", options=AgentOptions(model=ScriptedModel([])))).agent
+        owner.followup("go")
+        with trio.fail_after(20):
+            await owner.when_idle()
+        await h.reload(BashToolPlugin(h))
+        await h.unload("task-tools")
+        from trio_harness.tasks import TaskToolsPlugin
+
+        await h.load(TaskToolsPlugin(h.tasks, h.tools))
+        snapshot = h.tasks.get("bash-1", owner)
+        assert snapshot.status == "running"
+        with trio.fail_after(20):
+            while "ready" not in h.tasks.read("bash-1", owner).output:
+                await trio.sleep(0.02)
+        for caller in (other, None):
+            with pytest.raises(TaskNotFoundError, match="unknown task 'bash-1'"):
+                h.tasks.get("bash-1", caller)
+        assert h.bash.owner_of(h.bash.list()[0].id) == "owner"
+        await h.tasks.kill("bash-1", owner)
+        with trio.fail_after(20):
+            final = await h.tasks.wait("bash-1", 10, owner)
+        assert final.status == "killed"
+        assert not group_alive(h.bash.list()[0].pid)
+
+
+async def test_kill_sigterm_then_sigkill_for_a_stubborn_group() -> None:
+    command = "trap '' TERM; sleep 300 & wait"
+    model = ScriptedModel([{"tool_calls": [{"name": "bash", "arguments": {"command": command}}]}, {"text": "x"}])
+    async with open_test_harness(model, builtin_tools=True, bash_options={"grace_period": 0.3}) as h:
+        agent = (await h.agents.create()).agent
+        agent.followup("go")
+        with trio.fail_after(20):
+            await agent.when_idle()
+            await trio.sleep(0.2)  # let the trap install
+            await h.tasks.kill("bash-1", agent)
+            snap = await h.tasks.wait("bash-1", 10, agent)
+        assert snap.status == "killed" and snap.detail.get("signal") == signal.SIGKILL

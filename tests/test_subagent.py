@@ -1,0 +1,165 @@
+"""The subagent tool: foreground, background, depth limit, filtering, disposal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+import trio.testing
+
+from trio_harness import Agent, AgentOptions, ScriptedModel
+from trio_harness._harness import Harness
+from trio_harness.agents._subagent import SubagentToolPlugin, subagent_depth
+from trio_harness.session import _events as ev
+from trio_harness.testing import assert_balanced, open_test_harness
+
+
+def results(agent: Agent) -> list[ev.ToolResult]:
+    return [e for e in agent.session.events if isinstance(e, ev.ToolResult)]
+
+
+def created(h: Harness) -> list[Agent]:
+    seen: list[Agent] = []
+    h.bus.on("agent/created", lambda n: seen.append(n.subject))
+    return seen
+
+
+async def test_foreground_subagent_returns_final_text_and_is_disposed() -> None:
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "subagent", "arguments": {"prompt": "count to 3", "run_in_background": False}}]},
+            {"text": "1 2 3"},
+            {"text": "the child counted"},
+        ]
+    )
+    async with open_test_harness(model, builtin_tools=["subagent"]) as h:
+        seen = created(h)
+        async with h.agents.open(session_id="parent") as agent:
+            agent.followup("delegate")
+            await agent.when_idle()
+            assert results(agent)[0].content == "1 2 3"
+            child = seen[1]
+            assert child.session.header.parent_session == "parent"
+            assert h.agents.get(child.id) is None  # always disposed
+            assert_balanced(child.session)
+            assert [m.text for m in model.requests[1].messages] == ["count to 3"]  # type: ignore[union-attr]
+
+
+async def test_child_failure_is_an_error_result() -> None:
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "subagent", "arguments": {"prompt": "x", "run_in_background": False}}]},
+            {"error": {"message": "rate limited", "code": "http-429"}},
+            {"text": "ok"},
+        ]
+    )
+    async with open_test_harness(model, builtin_tools=["subagent"]) as h, h.agents.open() as agent:
+        agent.followup("go")
+        await agent.when_idle()
+        result = results(agent)[0]
+        assert result.is_error and "rate limited" in result.content
+
+
+async def test_depth_limit() -> None:
+    call = {"tool_calls": [{"name": "subagent", "arguments": {"prompt": "deeper", "run_in_background": False}}]}
+    model = ScriptedModel([call, call, {"text": "bottom"}, {"text": "mid"}, {"text": "top"}])
+    async with open_test_harness(model, builtin_tools=False) as h:
+        await h.load(SubagentToolPlugin(h, max_depth=1))
+        depths: list[int] = []
+        h.bus.on("agent/created", lambda n: depths.append(subagent_depth(h, n.subject.id)))
+        async with h.agents.open() as agent:
+            agent.followup("go")
+            await agent.when_idle()
+        assert depths == [0, 1]
+        nested = [e for e in h.sessions.persistence.list()]  # type: ignore[attr-defined]
+        assert len(nested) == 2
+        child_events = (await h.sessions.persistence.load(nested[1].id)).events  # type: ignore[attr-defined]
+        limited = [e for e in child_events if isinstance(e, ev.ToolResult)]
+        assert limited[0].is_error and "depth limit" in limited[0].content
+
+
+async def test_child_tool_set_can_be_filtered() -> None:
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "subagent", "arguments": {"prompt": "x", "run_in_background": False}}]},
+            {"text": "child"},
+            {"text": "parent"},
+        ]
+    )
+    async with open_test_harness(model, builtin_tools=["tasks"]) as h:
+        await h.load(SubagentToolPlugin(h, child_tools=["task_list"]))
+        async with h.agents.open() as agent:
+            agent.followup("go")
+            await agent.when_idle()
+        parent_tools = {t.name for t in model.requests[0].tools}
+        child_tools = {t.name for t in model.requests[1].tools}
+        assert {"subagent", "task_list", "task_output"} <= parent_tools
+        assert child_tools == {"task_list"}
+
+
+async def test_background_subagent_task_and_kill_cancels_the_child(autojump_clock: trio.testing.MockClock) -> None:
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "subagent", "arguments": {"prompt": "long job", "description": "long job"}}]},
+            {"text": "started it"},
+        ]
+    )
+    child_model = ScriptedModel([{"hang": True}])
+    options = {"child_options": AgentOptions(model=child_model)}
+    async with open_test_harness(model, builtin_tools=["tasks", "subagent"], subagent_options=options) as h:
+        seen = created(h)
+        async with h.agents.open() as agent:
+            agent.followup("go")
+            await agent.when_idle()
+            assert results(agent)[0].content == "started background task subagent-1"
+            child = seen[1]
+            assert h.agents.get(child.id) is child and child.status == "running"
+            assert h.tasks.get("subagent-1", agent).status == "running"
+            await h.tasks.kill("subagent-1", agent, reason="not needed")
+            snap = await h.tasks.wait("subagent-1", 10, agent)
+            assert snap.status == "killed"
+            assert h.agents.get(child.id) is None
+            end = child.session.events[-1]
+            assert isinstance(end, ev.TurnEnd) and (end.reason, end.cause) == ("aborted", "parent")
+
+
+async def test_background_subagent_completion_is_readable(autojump_clock: trio.testing.MockClock) -> None:
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "subagent", "arguments": {"prompt": "compute"}}]},
+            {"text": "waiting"},
+            {"tool_calls": [{"name": "task_output", "arguments": {"task_id": "subagent-1"}}]},
+            {"text": "the answer is 42"},
+        ]
+    )
+    child_model = ScriptedModel([{"text": "42", "delay": 5}])  # the child answers later
+    async with open_test_harness(
+        model,
+        builtin_tools=["tasks", "subagent"],
+        task_tool_options={"quiet": True},
+        subagent_options={"child_options": AgentOptions(model=child_model)},
+    ) as h:
+        async with h.agents.open() as agent:
+            agent.followup("go")
+            await agent.when_idle()
+            await trio.sleep(10)
+            assert h.tasks.get("subagent-1", agent).status == "completed"
+            agent.followup("collect")
+            await agent.when_idle()
+            read = [r for r in results(agent) if r.name == "task_output"][0]
+            assert read.content.startswith("42\n[status: completed")
+
+
+async def test_parent_disposal_disposes_a_background_child(autojump_clock: trio.testing.MockClock) -> None:
+    model = ScriptedModel([{"tool_calls": [{"name": "subagent", "arguments": {"prompt": "forever"}}]}, {"text": "ok"}])
+    options = {"child_options": AgentOptions(model=ScriptedModel([{"hang": True}]))}
+    async with open_test_harness(model, builtin_tools=["tasks", "subagent"], subagent_options=options) as h:
+        handle = await h.agents.create(options=AgentOptions())
+        handle.agent.followup("go")
+        await handle.agent.when_idle()
+        assert len(h.agents.list()) == 2
+        await handle.dispose()
+        assert h.agents.list() == [] and h.sessions.list() == []
+        assert h.tasks.list() == []
+
+
