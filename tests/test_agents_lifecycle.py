@@ -13,7 +13,7 @@ import trio.testing
 from trio_harness._bus import Notice
 from trio_harness._errors import AgentError, AgentExistsError, FactoryError, InboxError
 from trio_harness._harness import Harness
-from trio_harness.agents import Agent, AgentOptions, ReactLoopFactory, Tool, ToolContext
+from trio_harness.agents import Agent, AgentHandle, AgentOptions, ReactLoopFactory, Tool, ToolContext
 from trio_harness.model._scripted import ScriptedModel
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
@@ -158,7 +158,7 @@ async def test_cancelling_the_creator_after_return_does_not_stop_the_agent(
         await handle.dispose()
 
 
-async def test_cancelling_the_creator_during_setup_rolls_back() -> None:
+async def test_cancelling_the_creator_during_setup_rolls_back(autojump_clock: trio.testing.MockClock) -> None:
     async with open_test_harness() as h:
 
         async def setup(agent: Agent) -> None:
@@ -232,7 +232,7 @@ async def test_teardown_order_scope_then_agent_then_session() -> None:
 async def test_listener_requesting_disposal_sees_a_coherent_world() -> None:
     async with open_test_harness() as h, trio.open_nursery() as nursery:
         views: list[tuple[bool, bool]] = []
-        handles = []
+        handles: list[AgentHandle] = []
 
         def first(n: Notice) -> None:
             nursery.start_soon(handles[0].dispose) if handles else None

@@ -68,7 +68,10 @@ async def test_foreground_timeout_is_marked() -> None:
 
 async def test_background_disabled_removes_the_parameter_and_refuses_forced_calls() -> None:
     model = ScriptedModel(
-        [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo x", "run_in_background": True}}]}, {"text": "ok"}]
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "echo x", "run_in_background": True}}]},
+            {"text": "ok"},
+        ]
     )
     async with open_test_harness(model, builtin_tools=["tasks"]) as h:
         plugin = BashToolPlugin(h, run_in_background=False)
@@ -85,7 +88,11 @@ async def test_scripted_background_scenario_with_completion_notices() -> None:
     """Start background commands, keep working, list, read with wait; notices arrive."""
     model = ScriptedModel(
         [
-            {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 0.3; echo built", "description": "build"}}]},
+            {
+                "tool_calls": [
+                    {"name": "bash", "arguments": {"command": "sleep 0.3; echo built", "description": "build"}}
+                ]
+            },
             {"tool_calls": [{"name": "task_list", "arguments": {}}]},
             {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 0.1; echo second"}}]},
             {"tool_calls": [{"name": "task_output", "arguments": {"task_id": "bash-1", "wait": True}}]},
@@ -135,7 +142,9 @@ async def test_disposing_the_owner_kills_the_whole_group() -> None:
 
 
 async def test_harness_exit_kills_unfinished_background_groups() -> None:
-    model = ScriptedModel([{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 300 & wait"}}]}, {"text": "x"}])
+    model = ScriptedModel(
+        [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 300 & wait"}}]}, {"text": "x"}]
+    )
     async with open_test_harness(model, builtin_tools=True) as h:
         agent = (await h.agents.create()).agent
         agent.followup("go")
@@ -146,7 +155,9 @@ async def test_harness_exit_kills_unfinished_background_groups() -> None:
 
 
 async def test_plugin_reload_keeps_the_task_running_and_private() -> None:
-    model = ScriptedModel([{"tool_calls": [{"name": "bash", "arguments": {"command": "echo ready; sleep 300"}}]}, {"text": "ok"}])
+    model = ScriptedModel(
+        [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo ready; sleep 300"}}]}, {"text": "ok"}]
+    )
     async with open_test_harness(model, builtin_tools=True) as h:
         owner = (await h.agents.create(session_id="owner")).agent
         other = (await h.agents.create(session_id="other", options=AgentOptions(model=ScriptedModel([])))).agent

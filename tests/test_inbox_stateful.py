@@ -14,7 +14,7 @@ import trio
 import trio.testing
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from trio_harness._harness import Harness
 from trio_harness.agents import AgentHandle, Inbox
@@ -201,8 +201,8 @@ class AgentMachine(RuleBasedStateMachine):
             assert self.dropped <= cancelled
             # order and routing: pending lists are the sent messages, in send order, per queue
             gone = cancelled | set(claimed)
-            for queue, live in (("next-turn", agent.inbox.next_turn), ("next-step", agent.inbox.next_step)):
-                expected = [i for i in self.sent if self.queue_of[i] == queue and i not in gone]
+            for name, live in (("next-turn", agent.inbox.next_turn), ("next-step", agent.inbox.next_step)):
+                expected = [i for i in self.sent if self.queue_of[i] == name and i not in gone]
                 assert [m.id for m in live] == expected
             assert len(claimed) == len(set(claimed))
             pending = {m.id for m in (*agent.inbox.next_turn, *agent.inbox.next_step)}

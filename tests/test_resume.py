@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -20,7 +21,7 @@ async def echo(ctx: ToolContext, args: dict[str, object]) -> str:
 
 ECHO = Tool("echo", "echo", {"type": "object", "properties": {"x": {"type": "string"}}}, echo)
 
-SCRIPT = [
+SCRIPT: list[dict[str, Any]] = [
     {"tool_calls": [{"name": "echo", "arguments": {"x": "1"}}]},
     {"text": "first done"},
     {"text": "second done"},
@@ -46,7 +47,7 @@ async def test_resume_continues_and_rebuilds_the_same_request(tmp_path: Path, st
 
     first = ScriptedModel(SCRIPT)
     second = ScriptedModel([{"text": "third"}])
-    kwargs = {"store": where} if where is not None else {}
+    kwargs: dict[str, Any] = {"store": where} if where is not None else {}
     async with open_test_harness(first, **kwargs) as h:
         h.tools.add(ECHO)
         handle = await h.agents.create(session_id="s")
@@ -84,10 +85,12 @@ async def _finish(handle, second, before, straight, straight_len) -> None:  # ty
     await handle.dispose()
 
 
-async def test_resume_after_crash_mid_turn_closes_the_turn(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+async def test_resume_after_crash_mid_turn_closes_the_turn(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
     """A log that died mid-turn is closed with interrupted on resume; the inbox is intact."""
-    from trio_harness.session import JsonlPersistence, SessionHeader
     from trio_harness.model._protocol import ToolCall
+    from trio_harness.session import JsonlPersistence, SessionHeader
 
     store = JsonlPersistence(tmp_path)
     header = SessionHeader(id="crashed", created_at=1.0)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import trio
 import trio.testing
 
@@ -71,9 +69,9 @@ async def test_depth_limit() -> None:
             agent.followup("go")
             await agent.when_idle()
         assert depths == [0, 1]
-        nested = [e for e in h.sessions.persistence.list()]  # type: ignore[attr-defined]
+        nested = h.sessions.stored()
         assert len(nested) == 2
-        child_events = (await h.sessions.persistence.load(nested[1].id)).events  # type: ignore[attr-defined]
+        child_events = (await h.sessions.persistence.load(nested[1].id)).events
         limited = [e for e in child_events if isinstance(e, ev.ToolResult)]
         assert limited[0].is_error and "depth limit" in limited[0].content
 
@@ -146,7 +144,7 @@ async def test_background_subagent_completion_is_readable(autojump_clock: trio.t
             assert h.tasks.get("subagent-1", agent).status == "completed"
             agent.followup("collect")
             await agent.when_idle()
-            read = [r for r in results(agent) if r.name == "task_output"][0]
+            read = next(r for r in results(agent) if r.name == "task_output")
             assert read.content.startswith("42\n[status: completed")
 
 
@@ -161,5 +159,3 @@ async def test_parent_disposal_disposes_a_background_child(autojump_clock: trio.
         await handle.dispose()
         assert h.agents.list() == [] and h.sessions.list() == []
         assert h.tasks.list() == []
-
-

@@ -69,15 +69,15 @@ class LoadedPlugin:
     scope: Scope
 
 
-async def _run_callback(callback: ExitCallback, where: str, timeout: float) -> None:
+async def _run_callback(callback: ExitCallback, where: str, bound: float) -> None:
     """Run one exit callback, contained: errors are logged, slow ones abandoned."""
     try:
         result = callback()
         if inspect.isawaitable(result):
-            with trio.move_on_after(timeout) as bound:
+            with trio.move_on_after(bound) as limit:
                 await result
-            if bound.cancelled_caught:
-                log.warning("exit callback %r of %s did not finish in %ss", callback, where, timeout)
+            if limit.cancelled_caught:
+                log.warning("exit callback %r of %s did not finish in %ss", callback, where, bound)
     except Exception:
         log.exception("exit callback %r of scope %s failed", callback, where)
 

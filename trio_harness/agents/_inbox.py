@@ -119,9 +119,7 @@ class Inbox:
             return self._next_step
         raise InboxError(f"unknown inbox queue {queue!r}")
 
-    def _check(
-        self, queue: InboxQueue, start: int, removed: Sequence[str], inserted: Sequence[InboxMessage]
-    ) -> None:
+    def _check(self, queue: InboxQueue, start: int, removed: Sequence[str], inserted: Sequence[InboxMessage]) -> None:
         items = self._list(queue)
         if not 0 <= start <= len(items) or start + len(removed) > len(items):
             raise InboxError(f"splice at {start} removing {len(removed)} is outside {queue} of length {len(items)}")
@@ -213,10 +211,11 @@ class Inbox:
         Clearing an empty inbox writes nothing.
         """
         gone: list[InboxMessage] = []
-        for queue in ("next-step", "next-turn"):
-            items = self._list(queue)  # type: ignore[arg-type]
+        queues: tuple[InboxQueue, ...] = ("next-step", "next-turn")
+        for queue in queues:
+            items = self._list(queue)
             if items:
-                gone += self._splice(queue, 0, [m.id for m in items], (), "canceled")  # type: ignore[arg-type]
+                gone += self._splice(queue, 0, [m.id for m in items], (), "canceled")
         return gone
 
     def claim(self, turn: int, *, turn_boundary: bool) -> list[InboxMessage]:

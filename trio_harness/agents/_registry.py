@@ -24,6 +24,8 @@ unwind (tools, owned tasks); then the agent leaves the registry
 
 from __future__ import annotations
 
+import builtins
+
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -351,6 +353,6 @@ class AgentRegistry:
             return None
         return entry.owner.id
 
-    def owned_by(self, agent_id: str) -> list[Agent]:
+    def owned_by(self, agent_id: str) -> builtins.list[Agent]:
         """The live agents owned at runtime by agent ``agent_id``."""
         return [e.agent for e in self._entries.values() if e.owner is not None and e.owner.id == agent_id]

@@ -33,8 +33,7 @@ DESCRIPTION = (
     "and returns its final answer. Give it a complete, self-contained prompt."
 )
 BACKGROUND_HELP = (
-    " With run_in_background (the default) it returns a task id at once; collect the answer "
-    "with task_output."
+    " With run_in_background (the default) it returns a task id at once; collect the answer with task_output."
 )
 
 

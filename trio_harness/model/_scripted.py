@@ -23,7 +23,7 @@ script.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,13 +72,15 @@ def _check_response(response: object, where: str) -> None:
                 f"{where}: tool_calls[{i}] has unknown keys {sorted(set(call) - {'name', 'arguments', 'id'})}"
             )
     error = response.get("error")
-    if error is not None and (
-        not isinstance(error, Mapping) or not isinstance(error.get("message"), str)
-    ):
+    if error is not None and (not isinstance(error, Mapping) or not isinstance(error.get("message"), str)):
         raise ModelError(f"{where}: 'error' must be an object with a string 'message'")
     delay = response.get("delay", 0)
     if not isinstance(delay, int | float) or isinstance(delay, bool) or delay < 0:
         raise ModelError(f"{where}: 'delay' must be a non-negative number")
+
+
+def _responses(value: Iterable[Response]) -> tuple[Response, ...]:
+    return tuple(value)
 
 
 def _split(text: str, parts: int = 3) -> list[str]:
@@ -98,7 +100,7 @@ class ScriptedModel:
         chunks: how many pieces each text is streamed in.
     """
 
-    responses: Sequence[Response] = attrs.field(converter=tuple)
+    responses: Sequence[Response] = attrs.field(converter=_responses)
     source: str = "in-process script"
     chunks: int = 3
     requests: list[ModelRequest] = attrs.field(factory=list, init=False)
@@ -122,17 +124,11 @@ class ScriptedModel:
         except FileNotFoundError:
             raise ModelError(f"scripted model file {str(path)!r} does not exist") from None
         except (OSError, ValueError) as exc:
-            raise ModelError(
-                f"scripted model file {str(path)!r} is not readable JSON: {exc}"
-            ) from None
+            raise ModelError(f"scripted model file {str(path)!r} is not readable JSON: {exc}") from None
         if not isinstance(data, dict) or not isinstance(data.get("responses"), list):
-            raise ModelError(
-                f"scripted model file {str(path)!r} must be an object with a 'responses' list"
-            )
+            raise ModelError(f"scripted model file {str(path)!r} must be an object with a 'responses' list")
         if set(data) - {"responses"}:
-            raise ModelError(
-                f"scripted model file {str(path)!r} has unknown keys {sorted(set(data) - {'responses'})}"
-            )
+            raise ModelError(f"scripted model file {str(path)!r} has unknown keys {sorted(set(data) - {'responses'})}")
         return cls(data["responses"], source=f"scripted model file {str(path)!r}")
 
     def push(self, *responses: Response) -> None:
@@ -199,9 +195,7 @@ class ScriptedModel:
                     arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
                 )
             )
-        prompt = sum(
-            len(getattr(m, "text", "") or getattr(m, "content", "")) for m in request.messages
-        )
+        prompt = sum(len(getattr(m, "text", "") or getattr(m, "content", "")) for m in request.messages)
         emit(
             Usage(
                 input_tokens=(len(request.system) + prompt) // 4 + 1,

@@ -10,6 +10,7 @@ a second live session with the same id is refused); *announce* emits
 
 from __future__ import annotations
 
+import builtins
 import os
 import time
 import uuid
@@ -156,7 +157,7 @@ class SessionStore:
         """The live sessions, in publication order."""
         return [entry.session for entry in self._live.values()]
 
-    def stored(self) -> list[SessionHeader]:
+    def stored(self) -> builtins.list[SessionHeader]:
         """The headers of every stored session."""
         return self.persistence.list()
 

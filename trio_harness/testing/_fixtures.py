@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -16,7 +16,7 @@ __all__ = ["harness", "open_test_harness", "scripted_model"]
 
 @asynccontextmanager
 async def open_test_harness(
-    model: ScriptedModel | None = None, *, builtin_tools: bool = False, **kwargs: Any
+    model: ScriptedModel | None = None, *, builtin_tools: bool | Sequence[str] = False, **kwargs: Any
 ) -> AsyncIterator[Harness]:
     """Open a harness on an in-memory store with a scripted model (empty by default).
 
