@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from .._harness import Harness, open_harness
+from ..model._protocol import ModelProvider
 from ..model._scripted import ScriptedModel
 
 __all__ = ["harness", "open_test_harness", "scripted_model"]
@@ -16,7 +17,7 @@ __all__ = ["harness", "open_test_harness", "scripted_model"]
 
 @asynccontextmanager
 async def open_test_harness(
-    model: ScriptedModel | None = None, *, builtin_tools: bool | Sequence[str] = False, **kwargs: Any
+    model: ModelProvider | None = None, *, builtin_tools: bool | Sequence[str] = False, **kwargs: Any
 ) -> AsyncIterator[Harness]:
     """Open a harness on an in-memory store with a scripted model (empty by default).
 
