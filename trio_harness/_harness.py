@@ -155,6 +155,7 @@ async def open_harness(
         harness.bash = await bash_scope.enter_async_context(open_bash_executor(**(bash_options or {})))
         tasks_scope = await root.open_child("tasks")
         harness.tasks = await tasks_scope.enter_async_context(open_task_service(**(task_options or {})))
+        harness.tasks.on_task_done(lambda snapshot: bus.emit("task/done", snapshot), scope=tasks_scope)
         harness.plugins_scope = await root.open_child("plugins")
         agents_scope = await root.open_child("agents")
         harness.agents = AgentRegistry(harness=harness, sessions=sessions, bus=bus)

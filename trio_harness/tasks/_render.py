@@ -257,13 +257,9 @@ def render_kill_result(snapshot: TaskSnapshot, limit: int | None = None) -> str:
         limit: the maximum size in UTF-8 bytes, or None.
     """
     if snapshot.status == "stopping":
-        head = (
-            f"kill requested for task {snapshot.id} [{snapshot.kind}] — {_one_line(snapshot.label)}"
-        )
+        head = f"kill requested for task {snapshot.id} [{snapshot.kind}] — {_one_line(snapshot.label)}"
     else:
-        head = (
-            f"task {snapshot.id} [{snapshot.kind}] had already ended — {_one_line(snapshot.label)}"
-        )
+        head = f"task {snapshot.id} [{snapshot.kind}] had already ended — {_one_line(snapshot.label)}"
     suffix = status_line(snapshot)
     if limit is None:
         return head + "\n" + suffix

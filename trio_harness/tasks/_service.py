@@ -68,6 +68,7 @@ _KIND = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _EMPTY: Mapping[str, object] = MappingProxyType({})
 
 DEFAULT_PER_OWNER_CAP = 10
+"""How many running or stopping tasks one owner may have by default."""
 
 
 class TaskOwner(Protocol):
@@ -95,8 +96,9 @@ class TaskOutcome:
 
     Attributes:
         status: ``"completed"``, ``"killed"`` or ``"failed"``.
-        output: the final result of a final-output task (ignored for nothing:
-            a stream task's ``output`` is delivered once, after its last delta).
+        output: the result of a final-output task, returned by every read
+            after settlement.  For a stream task it is optional trailing text
+            (e.g. a sandbox notice), delivered once after the last delta.
         detail: producer-specific facts (e.g. ``{"exit_code": 0}``); the
             service does not interpret them.
     """
@@ -270,6 +272,9 @@ class _Record:
     owner_disposed: bool = False
     waiters: set[_Waiter] = attrs.field(factory=set)
     settled: trio.Event = attrs.field(factory=trio.Event)
+    # Shields the watcher from outer cancellation (the host scope closing):
+    # only the service cancels it, after teardown settled every record.
+    watch_scope: trio.CancelScope = attrs.field(factory=lambda: trio.CancelScope(shield=True))
 
     @property
     def terminal(self) -> bool:
@@ -310,6 +315,10 @@ class TaskService:
 
     Obtain one from :func:`open_task_service`.  All methods are meant to be
     called from the Trio thread.
+
+    Attributes:
+        per_owner_cap: how many running or stopping tasks (plus starts in
+            progress) one exact owner, or the unowned pool, may have.
     """
 
     _nursery: trio.Nursery
@@ -323,6 +332,8 @@ class TaskService:
     _owners: dict[int, _Owner] = attrs.field(factory=dict, init=False)
     _unowned: _Owner = attrs.field(factory=lambda: _Owner(owner=None), init=False)
     _pending: set[_Pending] = attrs.field(factory=set, init=False)
+    # Records whose producer's done is still being awaited.
+    _watching: set[_Record] = attrs.field(factory=set, init=False)
     _listeners: dict[object, TaskListener] = attrs.field(factory=dict, init=False)
     _controllers: dict[object, str] = attrs.field(factory=dict, init=False)
     _closing: bool = attrs.field(default=False, init=False)
@@ -354,9 +365,7 @@ class TaskService:
         """The names of the attached controllers, oldest first."""
         return tuple(self._controllers.values())
 
-    def on_task_done(
-        self, listener: TaskListener, *, scope: Scope | None = None
-    ) -> Callable[[], None]:
+    def on_task_done(self, listener: TaskListener, *, scope: Scope | None = None) -> Callable[[], None]:
         """Call ``listener(snapshot)`` once for every task that settles.
 
         The listener runs synchronously at settlement, after waiters were
@@ -396,18 +405,12 @@ class TaskService:
         if not self._controllers:
             raise TaskStartError("no task controller is attached")
         if not isinstance(spec.kind, str) or not _KIND.fullmatch(spec.kind):
-            raise TaskStartError(
-                f"task kind {spec.kind!r} is invalid: use [a-z][a-z0-9_-]* (at most 32 characters)"
-            )
+            raise TaskStartError(f"task kind {spec.kind!r} is invalid: use [a-z][a-z0-9_-]* (at most 32 characters)")
         if not isinstance(spec.label, str) or not spec.label.strip():
             raise TaskStartError(f"task label must be a non-empty string, got {spec.label!r}")
         limit = spec.output_limit_bytes
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0
-        ):
-            raise TaskStartError(
-                f"output_limit_bytes must be a positive integer or None, got {limit!r}"
-            )
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
+            raise TaskStartError(f"output_limit_bytes must be a positive integer or None, got {limit!r}")
         owner = spec.owner
         if owner is None:
             entry = self._unowned
@@ -428,9 +431,7 @@ class TaskService:
             try:
                 entry.detach = owner.scope.add_exit_callback(lambda: self._dispose_owner(entry))
             except ScopeClosedError as exc:
-                raise TaskStartError(
-                    f"cannot start a task for {owner.id!r}: its scope is closing"
-                ) from exc
+                raise TaskStartError(f"cannot start a task for {owner.id!r}: its scope is closing") from exc
             self._owners[id(owner)] = entry
         return entry
 
@@ -462,14 +463,10 @@ class TaskService:
             with pending.cancel_scope:
                 try:
                     hooks: object = await spec.run()
-                except trio.Cancelled:
-                    raise
                 except Exception as exc:
                     raise TaskStartError(f"starting the {spec.kind} task failed: {exc}") from exc
             if pending.cancel_scope.cancelled_caught:
-                raise TaskStartError(
-                    f"the {spec.kind} task was not started: its owner or the task service closed"
-                )
+                raise TaskStartError(f"the {spec.kind} task was not started: its owner or the task service closed")
             if not isinstance(hooks, TaskHooks):
                 raise TaskStartError(f"the {spec.kind} starter returned {hooks!r}, not TaskHooks")
             record = self._commit(spec, entry, hooks)
@@ -499,22 +496,31 @@ class TaskService:
         self._live.add(record)
         entry.live.add(record)
         entry.records[record.id] = record
+        self._watching.add(record)
         self._nursery.start_soon(self._watch, record, name=f"task {record.id}")
         log.debug("task %s started (%s)", record.id, record.label)
         return record
 
     async def _watch(self, record: _Record) -> None:
-        """Await the producer's ``done`` and settle the record with its outcome."""
+        """Await the producer's ``done`` and settle the record with its outcome.
+
+        Runs shielded: cancelling the scope that hosts the service must not
+        kill the watchers before teardown has cancelled and awaited the tasks.
+        """
         try:
-            outcome: object = await record.hooks.done()
-        except Exception as exc:  # the contract says done never raises; contain it anyway
-            log.exception("done of task %s raised (producer contract violation)", record.id)
-            self._settle(record, "failed", error=f"done raised: {exc!r}")
-            return
-        if not isinstance(outcome, TaskOutcome) or outcome.status not in TERMINAL_STATUSES:
-            self._settle(record, "failed", error=f"done returned an invalid outcome: {outcome!r}")
-            return
-        self._settle(record, outcome.status, output=outcome.output, detail=outcome.detail)
+            with record.watch_scope:
+                try:
+                    outcome: object = await record.hooks.done()
+                except Exception as exc:  # done must never raise; contain it anyway
+                    log.exception("done of task %s raised (producer contract violation)", record.id)
+                    self._settle(record, "failed", error=f"done raised: {exc!r}")
+                    return
+                if not isinstance(outcome, TaskOutcome) or outcome.status not in TERMINAL_STATUSES:
+                    self._settle(record, "failed", error=f"done returned an invalid outcome: {outcome!r}")
+                    return
+                self._settle(record, outcome.status, output=outcome.output, detail=outcome.detail)
+        finally:
+            self._watching.discard(record)
 
     def _settle(
         self,
@@ -527,9 +533,7 @@ class TaskService:
     ) -> None:
         """Record the first terminal outcome; later ones are ignored."""
         if record.terminal:
-            log.debug(
-                "task %s: ignoring a later %s outcome (first outcome wins)", record.id, status
-            )
+            log.debug("task %s: ignoring a later %s outcome (first outcome wins)", record.id, status)
             return
         record.status = status
         record.ended_at = trio.current_time()
@@ -565,10 +569,10 @@ class TaskService:
         record = self._records.get(task_id)
         if record is None:
             raise _unknown(task_id)
-        if record.owner_id is None:
-            allowed = caller is None
-        else:
-            allowed = caller is not None and caller.id == record.owner_id
+        # Unowned: non-agent callers only.  Owned: the owning session only
+        # (session equality grants access; cleanup uses object identity).
+        owner_id = record.owner_id
+        allowed = caller is None if owner_id is None else (caller is not None and caller.id == owner_id)
         if not allowed:
             raise _unknown(task_id)
         return record
@@ -643,9 +647,7 @@ class TaskService:
             record.reported = True
         return TaskRead(output=output, snapshot=record.snapshot(), stream=read_output is not None)
 
-    async def kill(
-        self, task_id: str, caller: TaskOwner | None = None, reason: str | None = None
-    ) -> TaskSnapshot:
+    async def kill(self, task_id: str, caller: TaskOwner | None = None, reason: str | None = None) -> TaskSnapshot:
         """Request cancellation of a task.
 
         A running task becomes ``stopping`` and its producer's ``cancel(reason)``
@@ -667,9 +669,7 @@ class TaskService:
             try:
                 record.hooks.cancel(reason)
             except Exception as exc:
-                raise TaskError(
-                    f"cancelling task {task_id!r} failed: {exc!r}; it is still running"
-                ) from exc
+                raise TaskError(f"cancelling task {task_id!r} failed: {exc!r}; it is still running") from exc
             if record.status == "running":
                 record.status = "stopping"
                 record.kill_reason = reason
@@ -677,8 +677,11 @@ class TaskService:
         record.reported = True
         return record.snapshot()
 
-    async def wait(  # noqa: ASYNC109 (a bounded wait is the documented contract)
-        self, task_id: str, timeout: float, caller: TaskOwner | None = None
+    async def wait(
+        self,
+        task_id: str,
+        timeout: float,  # noqa: ASYNC109 (a bounded wait is the documented contract)
+        caller: TaskOwner | None = None,
     ) -> TaskSnapshot:
         """Wait up to ``timeout`` seconds (Trio time) for a task to settle.
 
@@ -722,9 +725,7 @@ class TaskService:
             record.hooks.cancel(reason)
         except Exception as exc:
             message = f"cancel raised: {exc!r}; work may be orphaned"
-            log.warning(
-                "task %s: cancel raised %r during %s; work may be orphaned", record.id, exc, during
-            )
+            log.warning("task %s: cancel raised %r during %s; work may be orphaned", record.id, exc, during)
             self._settle(record, "failed", error=message, detail={"error": message})
             return
         if record.status == "running":
@@ -775,12 +776,13 @@ class TaskService:
         for record in live:
             await record.settled.wait()
         self._listeners.clear()
+        # What is still watched was force-failed (its cancel raised): stop waiting.
+        for record in tuple(self._watching):
+            record.watch_scope.cancel()
 
 
 @asynccontextmanager
-async def open_task_service(
-    *, per_owner_cap: int = DEFAULT_PER_OWNER_CAP
-) -> AsyncIterator[TaskService]:
+async def open_task_service(*, per_owner_cap: int = DEFAULT_PER_OWNER_CAP) -> AsyncIterator[TaskService]:
     """Run a :class:`TaskService` for the duration of the ``async with`` block.
 
     The producers' ``done`` hooks are awaited in the service's own nursery.

@@ -38,7 +38,10 @@ __all__ = ["NoticeTarget", "TaskToolsPlugin", "effective_limit", "task_tools"]
 log = logging.getLogger("trio_harness.tasks")
 
 DEFAULT_WAIT = 30.0
+"""Seconds ``task_output(wait=true)`` waits when no ``timeout_ms`` is given."""
+
 MAX_WAIT = 300.0
+"""The longest wait ``task_output`` grants, in seconds."""
 
 
 @runtime_checkable
@@ -77,9 +80,7 @@ def effective_limit(*limits: int | None) -> int | None:
 
 def _check_wait(default_wait: float, max_wait: float) -> None:
     if not (max_wait >= 0 and default_wait >= 0):
-        raise ValueError(
-            f"default_wait and max_wait must be >= 0, got {default_wait!r} and {max_wait!r}"
-        )
+        raise ValueError(f"default_wait and max_wait must be >= 0, got {default_wait!r} and {max_wait!r}")
 
 
 def _check_limit(limit: int | None) -> None:
@@ -118,9 +119,7 @@ def task_tools(
     default = min(default_wait, max_wait)
 
     def error(message: str, limit: int | None = None) -> ToolOutput:
-        return ToolOutput(
-            bound_text(message, effective_limit(limit, output_limit_bytes)), is_error=True
-        )
+        return ToolOutput(bound_text(message, effective_limit(limit, output_limit_bytes)), is_error=True)
 
     def task_limit(task_id: str, caller: TaskOwner) -> int | None:
         try:
@@ -133,9 +132,7 @@ def task_tools(
         try:
             if args.get("wait", False):
                 timeout_ms = args.get("timeout_ms")
-                timeout = (
-                    default if timeout_ms is None else min(max(int(timeout_ms), 0) / 1000, max_wait)
-                )
+                timeout = default if timeout_ms is None else min(max(int(timeout_ms), 0) / 1000, max_wait)
                 await tasks.wait(task_id, timeout, caller=ctx.agent)
             read = tasks.read(task_id, caller=ctx.agent)
         except TaskNotFoundError as exc:
@@ -152,9 +149,7 @@ def task_tools(
         task_id = str(args["task_id"])
         reason = args.get("reason")
         try:
-            snapshot = await tasks.kill(
-                task_id, caller=ctx.agent, reason=None if reason is None else str(reason)
-            )
+            snapshot = await tasks.kill(task_id, caller=ctx.agent, reason=None if reason is None else str(reason))
         except TaskNotFoundError as exc:
             return error(str(exc))
         except TaskError as exc:
@@ -195,9 +190,7 @@ def task_tools(
         ),
         Tool(
             name="task_list",
-            description=(
-                "List your background tasks, one per line as <id> [<kind>] <status> — <label>."
-            ),
+            description=("List your background tasks, one per line as <id> [<kind>] <status> — <label>."),
             parameters={"type": "object", "properties": {}},
             handler=task_list,
         ),
@@ -270,9 +263,7 @@ class _Notifier:
             else:
                 owner.inject(notice)
         except Exception:
-            log.warning(
-                "could not deliver the completion notice of task %s", snapshot.id, exc_info=True
-            )
+            log.warning("could not deliver the completion notice of task %s", snapshot.id, exc_info=True)
 
 
 @attrs.define(eq=False)
@@ -283,6 +274,7 @@ class TaskToolsPlugin:
     everything it registers unwinds with that scope, and no task is affected.
 
     Attributes:
+        name: ``"task-tools"`` (also the controller name it attaches).
         tasks: the task service to control.
         tools: the tool set to register into (normally the harness-wide one).
         default_wait: seconds ``task_output(wait=true)`` waits by default.
