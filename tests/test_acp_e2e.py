@@ -1,0 +1,580 @@
+"""End-to-end ACP tests: a real ``python -m trio_harness acp`` subprocess over pipes.
+
+Each test writes a scripted model file to ``tmp_path``, spawns the server with
+``--model scripted:PATH --store DIR`` and speaks JSON-RPC to it with the small
+Trio client below.  Every wait is bounded with ``trio.fail_after``; nothing
+sleeps on the real clock except while waiting for the subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from trio_harness.session import JsonlPersistence
+from trio_harness.session import _events as ev
+from trio_harness.testing import assert_balanced
+
+WAIT = 15.0  # bound on any single wait for the server (generous for slow CI)
+
+Msg = dict[str, Any]
+
+
+class AcpClient:
+    """A minimal ACP client over a subprocess's pipes (Trio only)."""
+
+    def __init__(self, process: trio.Process) -> None:
+        assert process.stdin is not None
+        assert process.stdout is not None
+        self.process = process
+        self.stdin = process.stdin
+        self.stdout = process.stdout
+        self.received: list[Msg] = []
+        self.eof = False
+        self._changed = trio.Event()
+        self._next_id = 0
+
+    async def pump(self) -> None:
+        """Read server messages until end of output (run as a background task)."""
+        buffer = b""
+        while True:
+            data = await self.stdout.receive_some(65536)
+            if not data:
+                break
+            buffer += data
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                self.received.append(json.loads(line))
+                self._changed.set()
+                self._changed = trio.Event()
+        self.eof = True
+        self._changed.set()
+
+    async def wait_for(self, predicate: Callable[[Msg], bool]) -> Msg:
+        """The first received message matching ``predicate`` (waits for it)."""
+        with trio.fail_after(WAIT):
+            while True:
+                for message in self.received:
+                    if predicate(message):
+                        return message
+                if self.eof:
+                    raise AssertionError(f"the server closed its output; received: {self.received}")
+                await self._changed.wait()
+
+    async def send_raw(self, data: bytes) -> None:
+        """Write raw bytes to the server's stdin."""
+        await self.stdin.send_all(data)
+
+    async def send(self, *messages: Msg) -> None:
+        """Write messages (in one write, so they arrive together)."""
+        await self.send_raw(b"".join(json.dumps(m).encode() + b"\n" for m in messages))
+
+    def request(self, method: str, params: Any = None) -> Msg:
+        """A request message with a fresh id."""
+        self._next_id += 1
+        message: Msg = {"jsonrpc": "2.0", "id": self._next_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        return message
+
+    async def response(self, request_id: Any) -> Msg:
+        """The response to ``request_id``."""
+        return await self.wait_for(lambda m: m.get("id") == request_id and "method" not in m)
+
+    async def call(self, method: str, params: Any = None) -> Any:
+        """Send a request and return its result (fails on an error response)."""
+        message = self.request(method, params)
+        await self.send(message)
+        reply = await self.response(message["id"])
+        assert "result" in reply, f"{method} failed: {reply}"
+        return reply["result"]
+
+    async def error(self, message: Msg) -> Msg:
+        """Send ``message`` and return the ``error`` of its response."""
+        await self.send(message)
+        reply = await self.response(message["id"])
+        assert "error" in reply, f"expected an error for {message}, got {reply}"
+        error: Msg = reply["error"]
+        return error
+
+    def updates(self, session_id: str) -> list[Msg]:
+        """Every ``session/update`` received so far for ``session_id``."""
+        return [
+            m["params"]["update"]
+            for m in self.received
+            if m.get("method") == "session/update" and m["params"]["sessionId"] == session_id
+        ]
+
+    def position(self, message: Msg) -> int:
+        """Where ``message`` is in the received order."""
+        return next(i for i, m in enumerate(self.received) if m is message)
+
+    async def initialize(self) -> Msg:
+        result: Msg = await self.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        return result
+
+    async def new_session(self, cwd: Path) -> str:
+        result = await self.call("session/new", {"cwd": str(cwd), "mcpServers": []})
+        session_id: str = result["sessionId"]
+        return session_id
+
+    def prompt(self, session_id: str, text: str) -> Msg:
+        return self.request("session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": text}]})
+
+    def cancel(self, session_id: str) -> Msg:
+        return {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session_id}}
+
+    async def close_input(self) -> None:
+        await self.stdin.aclose()
+
+    async def wait_exit(self) -> int:
+        with trio.fail_after(WAIT):
+            return await self.process.wait()
+
+
+def write_script(path: Path, responses: list[Msg]) -> Path:
+    path.write_text(json.dumps({"responses": responses}), encoding="utf-8")
+    return path
+
+
+@asynccontextmanager
+async def open_server(
+    tmp_path: Path,
+    responses: list[Msg],
+    *,
+    store: Path | None = None,
+    name: str = "script",
+    extra: tuple[str, ...] = (),
+) -> AsyncIterator[AcpClient]:
+    """Spawn the ACP server; on exit close its stdin and wait for it to exit."""
+    script = write_script(tmp_path / f"{name}.json", responses)
+    store = store if store is not None else tmp_path / "store"
+    stderr_path = tmp_path / f"{name}.stderr"
+    command = [
+        sys.executable,
+        "-m",
+        "trio_harness",
+        "acp",
+        "--model",
+        f"scripted:{script}",
+        "--store",
+        str(store),
+        "--tools",
+        "tasks,bash",
+        *extra,
+    ]
+    with stderr_path.open("wb") as stderr:
+        process = await trio.lowlevel.open_process(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, cwd=tmp_path
+        )
+    client = AcpClient(process)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.pump)
+            yield client
+            await client.close_input()  # idempotent
+            await client.wait_exit()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            with trio.CancelScope(shield=True):
+                await process.wait()
+    errors = stderr_path.read_text(encoding="utf-8", errors="replace")
+    assert "Traceback" not in errors, errors
+
+
+async def stored_events(store: Path, session_id: str) -> tuple[ev.Event, ...]:
+    loaded = await JsonlPersistence(store).load(session_id)
+    return loaded.events
+
+
+async def test_initialize_advertises_capabilities(tmp_path: Path) -> None:
+    async with open_server(tmp_path, []) as client:
+        result = await client.initialize()
+    assert result["protocolVersion"] == 1
+    caps = result["agentCapabilities"]
+    assert caps["loadSession"] is True
+    assert caps["promptCapabilities"]["embeddedContext"] is True
+    assert caps["promptCapabilities"]["image"] is False
+    assert caps["sessionCapabilities"] == {"list": {}, "close": {}}
+    assert result["authMethods"] == []
+    assert result["agentInfo"]["name"] == "trio-harness"
+
+
+async def test_prompt_with_tool_calls_streams_updates(tmp_path: Path) -> None:
+    script: list[Msg] = [
+        {
+            "tool_calls": [
+                {"name": "task_list", "arguments": {}},
+                {"name": "bash", "arguments": {"command": "echo hi", "run_in_background": False}},
+            ]
+        },
+        {"text": "All done here.", "reasoning": "The tools ran."},
+    ]
+    async with open_server(tmp_path, script) as client:
+        await client.initialize()
+        session_id = await client.new_session(tmp_path)
+        prompt = client.prompt(session_id, "list my tasks, then say hi")
+        await client.send(prompt)
+        reply = await client.response(prompt["id"])
+        assert reply["result"] == {"stopReason": "end_turn"}
+        updates = client.updates(session_id)
+        # Every update of the prompt arrived before its answer.
+        assert all(client.position(m) < client.position(reply) for m in client.received if m.get("method"))
+    kinds = [u["sessionUpdate"] for u in updates]
+    assert kinds[:4] == ["tool_call", "tool_call_update", "tool_call", "tool_call_update"]
+    calls = [u for u in updates if u["sessionUpdate"] == "tool_call"]
+    results = [u for u in updates if u["sessionUpdate"] == "tool_call_update"]
+    assert [c["title"] for c in calls] == ["task_list", "bash: echo hi"]
+    assert [c["kind"] for c in calls] == ["read", "execute"]
+    assert all(c["status"] == "in_progress" for c in calls)
+    assert calls[1]["rawInput"] == {"command": "echo hi", "run_in_background": False}
+    assert [r["toolCallId"] for r in results] == [c["toolCallId"] for c in calls]
+    assert [r["status"] for r in results] == ["completed", "completed"]
+    bash_output = results[1]["content"][0]["content"]["text"]
+    assert "hi" in bash_output
+    thought = "".join(u["content"]["text"] for u in updates if u["sessionUpdate"] == "agent_thought_chunk")
+    text = "".join(u["content"]["text"] for u in updates if u["sessionUpdate"] == "agent_message_chunk")
+    assert thought == "The tools ran."
+    assert text == "All done here."
+    events = await stored_events(tmp_path / "store", session_id)
+    assert_balanced(events)
+    assert isinstance(events[-1], ev.TurnEnd)
+    assert events[-1].reason == "completed"
+
+
+async def test_failed_tool_call_reports_failed_status(tmp_path: Path) -> None:
+    script: list[Msg] = [
+        {"tool_calls": [{"name": "no_such_tool", "arguments": {}}]},
+        {"text": "ok"},
+    ]
+    async with open_server(tmp_path, script) as client:
+        session_id = await client.new_session(tmp_path)
+        prompt = client.prompt(session_id, "go")
+        await client.send(prompt)
+        reply = await client.response(prompt["id"])
+    assert reply["result"]["stopReason"] == "end_turn"
+    result = next(u for u in client.updates(session_id) if u["sessionUpdate"] == "tool_call_update")
+    assert result["status"] == "failed"
+    assert "unknown tool" in result["content"][0]["content"]["text"]
+
+
+async def test_model_error_is_an_error_response_and_refusal_a_stop_reason(tmp_path: Path) -> None:
+    script: list[Msg] = [
+        {"error": {"message": "the provider is overloaded", "code": "http-529"}},
+        {"error": {"message": "I will not do that", "code": "refusal"}},
+        {"text": "fine"},
+    ]
+    async with open_server(tmp_path, script) as client:
+        session_id = await client.new_session(tmp_path)
+        error = await client.error(client.prompt(session_id, "first"))
+        assert error["message"] == "the provider is overloaded"
+        assert error["data"] == {"code": "http-529"}
+        refused = client.prompt(session_id, "second")
+        await client.send(refused)
+        assert (await client.response(refused["id"]))["result"] == {"stopReason": "refusal"}
+        third = client.prompt(session_id, "third")
+        await client.send(third)
+        assert (await client.response(third["id"]))["result"] == {"stopReason": "end_turn"}
+
+
+async def test_cancel_of_a_queued_prompt_prevents_it_from_running(tmp_path: Path) -> None:
+    async with open_server(tmp_path, [{"text": "first response"}]) as client:
+        session_id = await client.new_session(tmp_path)
+        queued = client.prompt(session_id, "never run me")
+        # Prompt and cancel arrive in one read: the cancel finds the prompt still queued.
+        await client.send(queued, client.cancel(session_id))
+        assert (await client.response(queued["id"]))["result"] == {"stopReason": "cancelled"}
+        later = client.prompt(session_id, "run me")
+        await client.send(later)
+        assert (await client.response(later["id"]))["result"] == {"stopReason": "end_turn"}
+        # The cancelled prompt never reached the model: the first response went to the later one.
+        text = "".join(
+            u["content"]["text"] for u in client.updates(session_id) if u["sessionUpdate"] == "agent_message_chunk"
+        )
+        assert text == "first response"
+    events = await stored_events(tmp_path / "store", session_id)
+    assert_balanced(events)
+    texts = [e.text for e in events if isinstance(e, ev.UserMessage)]
+    assert texts == ["run me"]
+
+
+async def test_cancel_mid_turn_answers_cancelled_and_the_session_goes_on(tmp_path: Path) -> None:
+    script: list[Msg] = [
+        {"tool_calls": [{"name": "task_list", "arguments": {}}]},
+        {"hang": True},
+        {"text": "after the cancel"},
+    ]
+    async with open_server(tmp_path, script) as client:
+        session_id = await client.new_session(tmp_path)
+        prompt = client.prompt(session_id, "start")
+        await client.send(prompt)
+        await client.wait_for(
+            lambda m: (
+                m.get("method") == "session/update" and m["params"]["update"]["sessionUpdate"] == "tool_call_update"
+            )
+        )
+        # The next model request hangs; cancel it.
+        await client.send(client.cancel(session_id))
+        assert (await client.response(prompt["id"]))["result"] == {"stopReason": "cancelled"}
+        again = client.prompt(session_id, "again")
+        await client.send(again)
+        assert (await client.response(again["id"]))["result"] == {"stopReason": "end_turn"}
+    events = await stored_events(tmp_path / "store", session_id)
+    assert_balanced(events)
+    ends = [e for e in events if isinstance(e, ev.TurnEnd)]
+    assert [(e.reason, e.cause) for e in ends] == [("aborted", "user"), ("completed", None)]
+
+
+async def test_second_prompt_on_a_busy_session_is_refused(tmp_path: Path) -> None:
+    async with open_server(tmp_path, [{"hang": True}]) as client:
+        session_id = await client.new_session(tmp_path)
+        first = client.prompt(session_id, "one")
+        await client.send(first)
+        error = await client.error(client.prompt(session_id, "two"))
+        assert error["code"] == -32003
+        assert session_id in error["message"]
+        await client.send(client.cancel(session_id))
+        assert (await client.response(first["id"]))["result"] == {"stopReason": "cancelled"}
+
+
+async def test_load_replays_history_before_answering(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    first_script: list[Msg] = [
+        {"tool_calls": [{"name": "task_list", "arguments": {}}]},
+        {"text": "The first answer."},
+    ]
+    async with open_server(tmp_path, first_script, store=store, name="first") as client:
+        session_id = await client.new_session(tmp_path)
+        prompt = client.prompt(session_id, "what tasks are running?")
+        await client.send(prompt)
+        assert (await client.response(prompt["id"]))["result"] == {"stopReason": "end_turn"}
+
+    async with open_server(tmp_path, [{"text": "The second answer."}], store=store, name="second") as client:
+        await client.initialize()
+        listed = await client.call("session/list", {})
+        info = next(s for s in listed["sessions"] if s["sessionId"] == session_id)
+        assert info["title"] == "what tasks are running?"
+        assert info["cwd"] == str(tmp_path)
+        load = client.request("session/load", {"sessionId": session_id, "cwd": str(tmp_path), "mcpServers": []})
+        await client.send(load)
+        reply = await client.response(load["id"])
+        assert "result" in reply
+        replayed = client.updates(session_id)
+        assert all(
+            client.position(m) < client.position(reply) for m in client.received if m.get("method") == "session/update"
+        )
+        assert [u["sessionUpdate"] for u in replayed] == [
+            "user_message_chunk",
+            "tool_call",
+            "tool_call_update",
+            "agent_message_chunk",
+        ]
+        assert replayed[0]["content"] == {"type": "text", "text": "what tasks are running?"}
+        assert replayed[3]["content"] == {"type": "text", "text": "The first answer."}
+        # A second load of the same session on this connection is refused.
+        error = await client.error(
+            client.request("session/load", {"sessionId": session_id, "cwd": str(tmp_path), "mcpServers": []})
+        )
+        assert session_id in error["message"]
+        # The loaded session takes prompts and continues its log.
+        prompt = client.prompt(session_id, "and now?")
+        await client.send(prompt)
+        assert (await client.response(prompt["id"]))["result"] == {"stopReason": "end_turn"}
+    events = await stored_events(store, session_id)
+    assert_balanced(events)
+    assert [e.turn for e in events if isinstance(e, ev.TurnStart)] == [1, 2]
+
+
+async def test_two_sessions_are_independent(tmp_path: Path) -> None:
+    # One model serves both sessions in request order: A's request hangs, B's answers late.
+    script: list[Msg] = [{"hang": True}, {"text": "B is done", "delay": 0.3}]
+    async with open_server(tmp_path, script) as client:
+        a = await client.new_session(tmp_path)
+        b = await client.new_session(tmp_path)
+        prompt_a = client.prompt(a, "A")
+        await client.send(prompt_a)
+        await client.call("initialize", {"protocolVersion": 1})  # A's request is in flight now
+        prompt_b = client.prompt(b, "B")
+        await client.send(prompt_b)
+        await client.call("initialize", {"protocolVersion": 1})  # B's request is in flight now
+        await client.send(client.cancel(a))
+        assert (await client.response(prompt_a["id"]))["result"] == {"stopReason": "cancelled"}
+        assert (await client.response(prompt_b["id"]))["result"] == {"stopReason": "end_turn"}
+        assert all(u["sessionUpdate"] != "agent_message_chunk" for u in client.updates(a))
+        text_b = "".join(u["content"]["text"] for u in client.updates(b) if u["sessionUpdate"] == "agent_message_chunk")
+        assert text_b == "B is done"
+    events_a = await stored_events(tmp_path / "store", a)
+    events_b = await stored_events(tmp_path / "store", b)
+    assert [(e.reason, e.cause) for e in events_a if isinstance(e, ev.TurnEnd)] == [("aborted", "user")]
+    assert [e.reason for e in events_b if isinstance(e, ev.TurnEnd)] == ["completed"]
+
+
+async def test_close_disposes_the_session(tmp_path: Path) -> None:
+    async with open_server(tmp_path, [{"hang": True}]) as client:
+        session_id = await client.new_session(tmp_path)
+        prompt = client.prompt(session_id, "hang")
+        await client.send(prompt)
+        await client.call("initialize", {"protocolVersion": 1})
+        assert await client.call("session/close", {"sessionId": session_id}) == {}
+        assert (await client.response(prompt["id"]))["result"] == {"stopReason": "cancelled"}
+        error = await client.error(client.prompt(session_id, "gone?"))
+        assert error["code"] == -32002
+        assert session_id in error["message"]
+    events = await stored_events(tmp_path / "store", session_id)
+    assert_balanced(events)
+    end = events[-1]
+    assert isinstance(end, ev.TurnEnd)
+    assert (end.reason, end.cause) == ("aborted", "disposed")
+
+
+async def test_disconnect_mid_turn_disposes_and_exits(tmp_path: Path) -> None:
+    async with open_server(tmp_path, [{"hang": True}]) as client:
+        session_id = await client.new_session(tmp_path)
+        prompt = client.prompt(session_id, "hang forever")
+        await client.send(prompt)
+        await client.call("initialize", {"protocolVersion": 1})  # the model request is in flight
+        await client.close_input()
+        assert await client.wait_exit() == 0
+        # The pending prompt was answered while the server drained its output.
+        assert (await client.response(prompt["id"]))["result"] == {"stopReason": "cancelled"}
+    assert client.process.returncode == 0
+    events = await stored_events(tmp_path / "store", session_id)
+    assert_balanced(events)
+    end = events[-1]
+    assert isinstance(end, ev.TurnEnd)
+    assert (end.reason, end.cause) == ("aborted", "disposed")
+
+
+async def test_disconnect_racing_session_new_leaves_a_clean_store(tmp_path: Path) -> None:
+    async with open_server(tmp_path, []) as client:
+        new = client.request("session/new", {"cwd": str(tmp_path), "mcpServers": []})
+        await client.send(new)
+        await client.close_input()
+        assert await client.wait_exit() == 0
+    for header in JsonlPersistence(tmp_path / "store").list():
+        assert_balanced(await stored_events(tmp_path / "store", header.id))
+
+
+async def test_bad_input_is_answered_and_the_server_keeps_serving(tmp_path: Path) -> None:
+    async with open_server(tmp_path, [{"text": "still alive"}], extra=("--max-line-bytes", "4096")) as client:
+        # malformed JSON
+        await client.send_raw(b'{"jsonrpc": "2.0", "id": 1, "method": \n')
+        parse = await client.wait_for(lambda m: m.get("error", {}).get("code") == -32700)
+        assert parse["id"] is None
+        # not an object / no jsonrpc member
+        await client.send_raw(b"[1, 2]\n")
+        await client.wait_for(lambda m: m.get("error", {}).get("code") == -32600 and m["id"] is None)
+        await client.send_raw(b'{"id": 77, "method": "initialize"}\n')
+        missing = await client.response(77)
+        assert missing["error"]["code"] == -32600
+        # unknown method
+        error = await client.error(client.request("session/teleport", {}))
+        assert error["code"] == -32601
+        assert "session/teleport" in error["message"]
+        # invalid params name the field
+        error = await client.error(client.request("session/new", {"mcpServers": []}))
+        assert error["code"] == -32602
+        assert "cwd" in error["message"]
+        error = await client.error(client.request("session/new", {"cwd": "relative/dir", "mcpServers": []}))
+        assert error["code"] == -32602
+        assert "cwd" in error["message"]
+        error = await client.error(client.request("initialize", {"protocolVersion": "one"}))
+        assert error["code"] == -32602
+        assert "protocolVersion" in error["message"]
+        # unknown sessions are named
+        error = await client.error(client.prompt("no-such-session", "hello?"))
+        assert error["code"] == -32002
+        assert "no-such-session" in error["message"]
+        error = await client.error(
+            client.request("session/load", {"sessionId": "missing-one", "cwd": str(tmp_path), "mcpServers": []})
+        )
+        assert error["code"] == -32002
+        assert "missing-one" in error["message"]
+        # an oversized line is refused without being buffered, then serving goes on
+        before = len(client.received)
+        await client.send_raw(b'{"jsonrpc":"2.0","id":500,"method":"initialize","params":{"x":"' + b"y" * 20000)
+        await client.send_raw(b"y" * 20000 + b'"}}\n')
+        oversized = await client.wait_for(
+            lambda m: m.get("error") is not None and "line limit" in m["error"]["message"]
+        )
+        assert oversized["id"] is None
+        assert client.received.index(oversized) >= before
+        # unknown notifications and stray responses are ignored
+        await client.send({"jsonrpc": "2.0", "method": "client/ping", "params": {}})
+        await client.send({"jsonrpc": "2.0", "id": 4242, "result": {}})
+        count = len(client.received)
+        # a valid exchange still works, and nothing answered the notification or the response
+        result = await client.initialize()
+        assert result["protocolVersion"] == 1
+        assert len(client.received) == count + 1
+        session_id = await client.new_session(tmp_path)
+        prompt = client.prompt(session_id, "are you there?")
+        await client.send(prompt)
+        assert (await client.response(prompt["id"]))["result"] == {"stopReason": "end_turn"}
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) process."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    state = next((line.split() for line in status.splitlines() if line.startswith("State:")), [])
+    return len(state) > 1 and state[1] != "Z"
+
+
+async def test_disconnect_kills_background_processes_of_its_sessions(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid.txt"
+    script: list[Msg] = [
+        {
+            "tool_calls": [
+                {
+                    "name": "bash",
+                    "arguments": {"command": f"echo $$ > {pid_file}; exec sleep 60", "run_in_background": True},
+                }
+            ]
+        },
+        {"hang": True},
+    ]
+    async with open_server(tmp_path, script) as client:
+        session_id = await client.new_session(tmp_path)
+        prompt = client.prompt(session_id, "start something long")
+        await client.send(prompt)
+        started = await client.wait_for(
+            lambda m: (
+                m.get("method") == "session/update" and m["params"]["update"]["sessionUpdate"] == "tool_call_update"
+            )
+        )
+        assert "bash-1" in started["params"]["update"]["content"][0]["content"]["text"]
+        with trio.fail_after(WAIT):
+            while not pid_file.exists() or not pid_file.read_text().strip():
+                await trio.sleep(0.02)  # waiting for the subprocess's grandchild
+        pid = int(pid_file.read_text())
+        assert process_alive(pid)
+        await client.close_input()
+        assert await client.wait_exit() == 0
+    assert not process_alive(pid)
+    events = await stored_events(tmp_path / "store", session_id)
+    assert_balanced(events)
+
+
+async def test_sigterm_disposes_sessions_and_exits(tmp_path: Path) -> None:
+    async with open_server(tmp_path, [{"hang": True}]) as client:
+        session_id = await client.new_session(tmp_path)
+        await client.send(client.prompt(session_id, "hang"))
+        await client.call("initialize", {"protocolVersion": 1})
+        client.process.terminate()
+        assert await client.wait_exit() == 128 + 15
+    events = await stored_events(tmp_path / "store", session_id)
+    assert_balanced(events)
+    end = events[-1]
+    assert isinstance(end, ev.TurnEnd)
+    assert (end.reason, end.cause) == ("aborted", "disposed")

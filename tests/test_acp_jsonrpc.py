@@ -1,0 +1,497 @@
+"""The ACP server in process: JSON-RPC framing, fuzzing, and ownership on disconnect.
+
+The server runs over ``trio.testing.memory_stream_pair`` against a harness with
+an in-memory store and a scripted model; hypothesis feeds it random bytes and
+random JSON-RPC-shaped messages and checks that it answers or ignores every
+one of them, never dies, and still answers a valid ``initialize`` afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trio_harness import Harness, ScriptedModel
+from trio_harness.acp import AcpServer
+from trio_harness.acp import _jsonrpc as rpc
+from trio_harness.session import _events as ev
+from trio_harness.testing import assert_balanced, open_test_harness
+
+Msg = dict[str, Any]
+WAIT = 10.0
+
+
+def scripted(responses: list[Msg]) -> ScriptedModel:
+    """A scripted model answering ``responses`` in order."""
+    return ScriptedModel(responses)
+
+
+# ---------------------------------------------------------------- framing
+
+
+async def read_lines(data: list[bytes], *, limit: int, chunk: int = 7) -> list[object]:
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    reader = rpc.LineReader(receive, max_line_bytes=limit, chunk_bytes=chunk)
+    for piece in data:
+        await send.send_all(piece)
+    await send.aclose()
+    out: list[object] = []
+    while (line := await reader.receive_line()) is not None:
+        out.append(line)
+    return out
+
+
+async def test_line_reader_splits_lines_across_chunks() -> None:
+    lines = await read_lines([b'{"a":1}\r\n{"b"', b":2}\n\n", b"tail-without-newline"], limit=100)
+    assert lines == [b'{"a":1}', b'{"b":2}', b"", b"tail-without-newline"]
+
+
+async def test_line_reader_refuses_oversized_lines_and_recovers() -> None:
+    data = [b"short\n", b"x" * 50, b"x" * 50, b"\nafter\n", b"y" * 30 + b"\nlast\n"]
+    lines = await read_lines(data, limit=20)
+    assert lines == [b"short", rpc.OVERSIZED, b"after", rpc.OVERSIZED, b"last"]
+
+
+async def test_line_reader_never_buffers_more_than_the_limit_plus_a_chunk() -> None:
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    reader = rpc.LineReader(receive, max_line_bytes=64, chunk_bytes=16)
+    async with trio.open_nursery() as nursery:
+
+        async def feed() -> None:
+            for _ in range(1000):
+                await send.send_all(b"z" * 16)
+                assert len(reader._buffer) <= 64 + 16
+            await send.send_all(b"\nok\n")
+            await send.aclose()
+
+        nursery.start_soon(feed)
+        assert await reader.receive_line() is rpc.OVERSIZED
+        assert await reader.receive_line() == b"ok"
+        assert await reader.receive_line() is None
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (b"not json", (rpc.Invalid, rpc.PARSE_ERROR, None)),
+        (b"\xff\xfe", (rpc.Invalid, rpc.PARSE_ERROR, None)),
+        (b"[" * 100000, (rpc.Invalid, rpc.PARSE_ERROR, None)),
+        (b"[]", (rpc.Invalid, rpc.INVALID_REQUEST, None)),
+        (b"42", (rpc.Invalid, rpc.INVALID_REQUEST, None)),
+        (b'{"id": 3, "method": "x"}', (rpc.Invalid, rpc.INVALID_REQUEST, 3)),
+        (
+            b'{"jsonrpc": "2.0", "id": {"a": 1}, "method": "x"}',
+            (rpc.Invalid, rpc.INVALID_REQUEST, None),
+        ),
+        (
+            b'{"jsonrpc": "2.0", "id": true, "method": "x"}',
+            (rpc.Invalid, rpc.INVALID_REQUEST, None),
+        ),
+        (b'{"jsonrpc": "2.0", "id": 4, "method": 5}', (rpc.Invalid, rpc.INVALID_REQUEST, 4)),
+        (
+            b'{"jsonrpc": "2.0", "id": "s", "method": "m", "params": 1}',
+            (rpc.Invalid, rpc.INVALID_PARAMS, "s"),
+        ),
+        (b'{"jsonrpc": "2.0", "id": 5}', (rpc.Invalid, rpc.INVALID_REQUEST, 5)),
+        (b'{"jsonrpc": "2.0", "id": 6, "result": null}', (rpc.Response, None, 6)),
+        (b'{"jsonrpc": "2.0", "method": "m"}', (rpc.Notification, None, None)),
+        (b'{"jsonrpc": "2.0", "id": null, "method": "m", "params": []}', (rpc.Request, None, None)),
+    ],
+)
+def test_parse_message_classifies(line: bytes, expected: tuple[type, int | None, object]) -> None:
+    kind, code, request_id = expected
+    message = rpc.parse_message(line)
+    assert type(message) is kind
+    if isinstance(message, rpc.Invalid):
+        assert message.error.code == code
+    if not isinstance(message, rpc.Notification):
+        assert message.id == request_id
+
+
+def test_encode_message_is_one_ascii_line() -> None:
+    data = rpc.encode_message({"text": "line one\nline two \u2028 \ud800 ☃", "x": float("nan")})
+    assert data.endswith(b"\n")
+    assert data.count(b"\n") == 1
+    decoded = json.loads(data)
+    assert decoded["x"] is None
+    assert decoded["text"].startswith("line one\nline two")
+
+
+# ---------------------------------------------------------------- in-process server
+
+
+class Peer:
+    """The client end of an in-process connection."""
+
+    def __init__(
+        self,
+        stream: trio.StapledStream[trio.testing.MemorySendStream, trio.testing.MemoryReceiveStream],
+    ) -> None:
+        self.stream = stream
+        self.received: list[Msg] = []
+        self._buffer = b""
+        self._next = 0
+
+    async def send_raw(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def send(self, *messages: Msg) -> None:
+        await self.send_raw(b"".join(json.dumps(m).encode() + b"\n" for m in messages))
+
+    def request(self, method: str, params: Any = None) -> Msg:
+        self._next += 1
+        return {"jsonrpc": "2.0", "id": f"r{self._next}", "method": method, "params": params or {}}
+
+    async def receive(self) -> Msg:
+        while b"\n" not in self._buffer:
+            data = await self.stream.receive_some(65536)
+            if not data:
+                raise EOFError("the server closed its output")
+            self._buffer += data
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        message: Msg = json.loads(line)
+        check_envelope(message)
+        self.received.append(message)
+        return message
+
+    async def response(self, request_id: Any) -> Msg:
+        with trio.fail_after(WAIT):
+            for message in self.received:
+                if message.get("id") == request_id and "method" not in message:
+                    return message
+            while True:
+                message = await self.receive()
+                if message.get("id") == request_id and "method" not in message:
+                    return message
+
+    async def call(self, method: str, params: Any = None) -> Any:
+        message = self.request(method, params)
+        await self.send(message)
+        reply = await self.response(message["id"])
+        assert "result" in reply, reply
+        return reply["result"]
+
+
+def check_envelope(message: Msg) -> None:
+    """Every server message is a well-formed JSON-RPC 2.0 response or notification."""
+    assert message["jsonrpc"] == "2.0"
+    if "method" in message:
+        assert message["method"] == "session/update"
+        assert isinstance(message["params"]["sessionId"], str)
+    else:
+        assert "id" in message
+        assert ("result" in message) != ("error" in message)
+        if "error" in message:
+            assert isinstance(message["error"]["code"], int)
+            assert isinstance(message["error"]["message"], str)
+
+
+@asynccontextmanager
+async def connected(
+    harness: Harness, **options: Any
+) -> AsyncIterator[tuple[Peer, AcpServer, Callable[[], Awaitable[None]]]]:
+    """Serve one in-process connection; yields the peer, the server and a disconnect function."""
+    client_stream, server_stream = trio.testing.memory_stream_pair()
+    server = AcpServer(harness, **options)
+    finished = trio.Event()
+
+    async def run() -> None:
+        try:
+            await server.serve(server_stream, server_stream)
+        finally:
+            finished.set()
+
+    async def disconnect() -> None:
+        await client_stream.send_stream.aclose()
+        with trio.fail_after(WAIT):
+            await finished.wait()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        yield Peer(client_stream), server, disconnect
+        await disconnect()
+
+
+async def test_initialize_new_prompt_in_process() -> None:
+    model = scripted([{"text": "hello there"}])
+    async with open_test_harness(model) as harness, connected(harness) as (peer, _server, _):
+        result = await peer.call("initialize", {"protocolVersion": 7})
+        assert result["protocolVersion"] == 1
+        session_id = (await peer.call("session/new", {"cwd": "/", "mcpServers": []}))["sessionId"]
+        reply = await peer.call(
+            "session/prompt",
+            {
+                "sessionId": session_id,
+                "prompt": [
+                    {"type": "text", "text": "look at"},
+                    {"type": "resource", "resource": {"uri": "file:///a.txt", "text": "A"}},
+                    {"type": "resource_link", "uri": "file:///b.txt", "name": "b.txt"},
+                ],
+            },
+        )
+        assert reply == {"stopReason": "end_turn"}
+        sent = model.requests[0].messages[-1]
+        assert getattr(sent, "text", None) == (
+            'look at\n\n<context uri="file:///a.txt">\nA\n</context>\n\n[b.txt](file:///b.txt)'
+        )
+
+
+async def test_unsupported_prompt_blocks_are_invalid_params() -> None:
+    async with open_test_harness(scripted([])) as harness, connected(harness) as (peer, _, _d):
+        session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+        for prompt, field in [
+            ([], "prompt"),
+            ([{"type": "image", "data": "", "mimeType": "image/png"}], "prompt[0]"),
+            ([{"type": "text"}], "prompt[0]"),
+            ([{"type": "text", "text": "ok"}, 5], "prompt[1]"),
+        ]:
+            message = peer.request("session/prompt", {"sessionId": session_id, "prompt": prompt})
+            await peer.send(message)
+            reply = await peer.response(message["id"])
+            assert reply["error"]["code"] == rpc.INVALID_PARAMS
+            assert field in reply["error"]["message"]
+
+
+async def test_authentication_when_configured() -> None:
+    methods = ({"id": "token", "name": "Token"},)
+    async with (
+        open_test_harness(scripted([])) as harness,
+        connected(harness, auth_methods=methods, authenticator=lambda m: m == "token") as (
+            peer,
+            _,
+            _d,
+        ),
+    ):
+        result = await peer.call("initialize", {"protocolVersion": 1})
+        assert result["authMethods"] == [{"id": "token", "name": "Token"}]
+        message = peer.request("session/new", {"cwd": "/"})
+        await peer.send(message)
+        assert (await peer.response(message["id"]))["error"]["code"] == rpc.AUTH_REQUIRED
+        message = peer.request("authenticate", {"methodId": "password"})
+        await peer.send(message)
+        assert (await peer.response(message["id"]))["error"]["code"] == rpc.INVALID_PARAMS
+        assert await peer.call("authenticate", {"methodId": "token"}) == {}
+        assert "sessionId" in await peer.call("session/new", {"cwd": "/"})
+
+
+async def test_session_list_pages_and_filters() -> None:
+    async with open_test_harness(scripted([{"text": "a"}] * 3)) as harness:
+        for index in range(3):
+            handle = await harness.agents.create(session_id=f"s{index}", cwd=f"/w{index % 2}")
+            handle.agent.followup(f"first prompt of s{index}")
+            await handle.agent.when_idle()
+            await handle.dispose()
+        async with connected(harness) as (peer, _, _d):
+            listed = await peer.call("session/list", {})
+            assert sorted(s["sessionId"] for s in listed["sessions"]) == ["s0", "s1", "s2"]
+            assert "nextCursor" not in listed
+            s0 = next(s for s in listed["sessions"] if s["sessionId"] == "s0")
+            assert s0["title"] == "first prompt of s0"
+            assert s0["updatedAt"].endswith("Z")
+            filtered = await peer.call("session/list", {"cwd": "/w1"})
+            assert [s["sessionId"] for s in filtered["sessions"]] == ["s1"]
+            message = peer.request("session/list", {"cursor": "bogus"})
+            await peer.send(message)
+            assert "cursor" in (await peer.response(message["id"]))["error"]["message"]
+
+
+# ---------------------------------------------------------------- ownership (invariant 40)
+
+
+async def assert_nothing_left(harness: Harness, session_ids: list[str]) -> None:
+    assert harness.agents.list() == []
+    assert harness.sessions.list() == []
+    for session_id in session_ids:
+        if harness.sessions.persistence.exists(session_id):
+            assert_balanced((await harness.sessions.persistence.load(session_id)).events)
+
+
+async def test_disconnect_disposes_every_session_including_a_racing_new() -> None:
+    async with open_test_harness(scripted([{"hang": True}])) as harness:
+        async with connected(harness) as (peer, server, disconnect):
+            busy = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+            idle = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+            prompt = peer.request("session/prompt", {"sessionId": busy, "prompt": [{"type": "text", "text": "x"}]})
+            await peer.send(prompt)
+            await peer.call("initialize", {"protocolVersion": 1})
+            assert harness.agents.get(busy) is not None
+            assert harness.agents.get(busy).status == "running"  # type: ignore[union-attr]
+            # A session/new and the disconnect arrive together.
+            await peer.send(peer.request("session/new", {"cwd": "/"}), peer.request("session/new", {"cwd": "/"}))
+            await disconnect()
+            assert server.session_ids == []
+            assert server.scope is not None
+            assert server.scope.closed
+        await assert_nothing_left(harness, [busy, idle])
+        events = (await harness.sessions.persistence.load(busy)).events
+        end = events[-1]
+        assert isinstance(end, ev.TurnEnd)
+        assert (end.reason, end.cause) == ("aborted", "disposed")
+
+
+@pytest.mark.parametrize("delay_checkpoints", [0, 1, 2, 3, 5, 8])
+async def test_session_new_racing_disconnect_at_every_point(delay_checkpoints: int) -> None:
+    async with open_test_harness(scripted([])) as harness:
+        client_stream, server_stream = trio.testing.memory_stream_pair()
+        server = AcpServer(harness)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(server.serve, server_stream, server_stream)
+            await client_stream.send_all(b'{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/"}}\n')
+            for _ in range(delay_checkpoints):
+                await trio.lowlevel.checkpoint()
+            await client_stream.send_stream.aclose()
+        await assert_nothing_left(harness, [])
+
+
+async def test_cancelling_the_server_disposes_its_sessions() -> None:
+    async with open_test_harness(scripted([{"hang": True}])) as harness:
+        client_stream, server_stream = trio.testing.memory_stream_pair()
+        peer = Peer(client_stream)
+        server = AcpServer(harness)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(server.serve, server_stream, server_stream)
+            session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+            prompt = peer.request(
+                "session/prompt",
+                {"sessionId": session_id, "prompt": [{"type": "text", "text": "x"}]},
+            )
+            await peer.send(prompt)
+            await peer.call("initialize", {"protocolVersion": 1})
+            nursery.cancel_scope.cancel()
+        await assert_nothing_left(harness, [session_id])
+
+
+async def test_one_session_cancel_does_not_touch_another() -> None:
+    model = scripted([{"hang": True}, {"hang": True}])
+    async with open_test_harness(model) as harness, connected(harness) as (peer, _, _d):
+        a = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+        b = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+        prompt_a = peer.request("session/prompt", {"sessionId": a, "prompt": [{"type": "text", "text": "a"}]})
+        prompt_b = peer.request("session/prompt", {"sessionId": b, "prompt": [{"type": "text", "text": "b"}]})
+        await peer.send(prompt_a, prompt_b)
+        await peer.call("initialize", {"protocolVersion": 1})
+        await peer.send({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": a}})
+        assert (await peer.response(prompt_a["id"]))["result"] == {"stopReason": "cancelled"}
+        agent_b = harness.agents.get(b)
+        assert agent_b is not None
+        assert agent_b.status == "running"
+        assert len(model.requests) == 2
+        await peer.send({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": b}})
+        assert (await peer.response(prompt_b["id"]))["result"] == {"stopReason": "cancelled"}
+
+
+# ---------------------------------------------------------------- fuzz
+
+METHODS = [
+    "initialize",
+    "authenticate",
+    "session/new",
+    "session/load",
+    "session/list",
+    "session/prompt",
+    "session/cancel",
+    "session/close",
+    "session/set_mode",
+    "",
+]
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=12,
+)
+
+params_values = st.one_of(
+    json_values,
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "cwd": st.sampled_from(["/", "relative", "", "/tmp", "\x00"]) | json_values,
+            "sessionId": st.text(max_size=12) | json_values,
+            "protocolVersion": st.integers(-2, 3) | json_values,
+            "prompt": st.lists(
+                st.fixed_dictionaries({"type": st.sampled_from(["text", "image", "resource"]), "text": st.text()}),
+                max_size=3,
+            )
+            | json_values,
+            "mcpServers": st.just([]) | json_values,
+            "cursor": st.text(max_size=5) | json_values,
+            "methodId": st.text(max_size=5) | json_values,
+        },
+    ),
+)
+
+messages = st.fixed_dictionaries(
+    {"method": st.sampled_from(METHODS) | st.text(max_size=20) | json_values},
+    optional={
+        "jsonrpc": st.just("2.0") | json_values,
+        "id": st.integers() | st.text(max_size=8) | json_values,
+        "params": params_values,
+        "result": json_values,
+    },
+)
+
+chunks = st.one_of(
+    st.binary(max_size=200),
+    json_values.map(lambda v: json.dumps(v).encode() + b"\n"),
+    messages.map(lambda m: json.dumps(m).encode() + b"\n"),
+    messages.map(lambda m: json.dumps(m).encode()),  # no newline: glued to the next chunk
+    st.integers(4000, 9000).map(lambda n: b'{"jsonrpc":"2.0","id":1,"method":"' + b"m" * n + b'"}\n'),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(inputs=st.lists(chunks, max_size=12))
+def test_fuzzed_input_is_answered_or_ignored_and_never_kills_the_server(
+    inputs: list[bytes],
+) -> None:
+    async def scenario() -> None:
+        model = scripted([{"text": "ok"}] * 20)
+        async with open_test_harness(model) as harness:
+            async with connected(harness, max_line_bytes=4096) as (peer, server, disconnect):
+                for chunk in inputs:
+                    await peer.send_raw(chunk)
+                probe = {
+                    "jsonrpc": "2.0",
+                    "id": "probe",
+                    "method": "initialize",
+                    "params": {"protocolVersion": 1},
+                }
+                await peer.send_raw(b"\n" + json.dumps(probe).encode() + b"\n")
+                reply = await peer.response("probe")
+                assert reply["result"]["protocolVersion"] == 1
+                for message in peer.received:
+                    check_envelope(message)
+                await disconnect()
+                assert server.session_ids == []
+            assert harness.agents.list() == []
+            assert harness.sessions.list() == []
+
+    trio.run(scenario)
+
+
+async def test_session_ids_that_could_escape_the_store_are_invalid_params() -> None:
+    async with open_test_harness(scripted([])) as harness, connected(harness) as (peer, _, _d):
+        for bad in ["../etc", "", "a/b"]:
+            message = peer.request("session/load", {"sessionId": bad, "cwd": "/", "mcpServers": []})
+            await peer.send(message)
+            error = (await peer.response(message["id"]))["error"]
+            assert error["code"] == rpc.INVALID_PARAMS
+            assert "sessionId" in error["message"]
+        message = peer.request("session/load", {"sessionId": 5, "cwd": "/"})
+        await peer.send(message)
+        error = (await peer.response(message["id"]))["error"]
+        assert error["code"] == rpc.INVALID_PARAMS
+        assert "sessionId" in error["message"]

@@ -1,0 +1,285 @@
+"""The ``trio-harness`` command line, run as a real subprocess (``python -m trio_harness``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from trio_harness.session import JsonlPersistence
+from trio_harness.session import _events as ev
+from trio_harness.testing import assert_balanced
+
+WAIT = 30.0
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "TRIO_HARNESS_MODEL"}
+    env.update(extra)
+    return env
+
+
+async def cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, stdin: bytes = b""
+) -> subprocess.CompletedProcess[bytes]:
+    with trio.fail_after(WAIT):
+        return await trio.run_process(
+            [sys.executable, "-m", "trio_harness", *args],
+            cwd=cwd,
+            env=env if env is not None else cli_env(),
+            stdin=stdin,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+
+
+def script(tmp_path: Path, responses: list[dict[str, Any]], name: str = "script.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps({"responses": responses}), encoding="utf-8")
+    return f"scripted:{path}"
+
+
+def session_line(stderr: bytes) -> str:
+    for line in stderr.decode().splitlines():
+        if line.startswith("[session] "):
+            return line.split(" ", 1)[1]
+    raise AssertionError(f"no [session] line in {stderr!r}")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[], ["acp"], ["run"], ["sessions"], ["sessions", "list"], ["sessions", "show"]],
+)
+async def test_help_of_each_subcommand(tmp_path: Path, command: list[str]) -> None:
+    result = await cli(*command, "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.decode()
+    assert out.startswith(f"usage: trio-harness {' '.join(command)}".rstrip())
+    if command and command != ["sessions"]:
+        assert "--model SPEC" in out
+        assert "--store DIR" in out
+
+
+async def test_run_streams_the_answer_and_shows_tool_calls(tmp_path: Path) -> None:
+    model = script(
+        tmp_path,
+        [
+            {
+                "tool_calls": [
+                    {"name": "task_list", "arguments": {}},
+                    {
+                        "name": "bash",
+                        "arguments": {"command": "echo hi", "run_in_background": False},
+                    },
+                ]
+            },
+            {"text": "The answer is 42."},
+        ],
+    )
+    store = tmp_path / "store"
+    result = await cli("run", "what is the answer?", "--model", model, "--store", str(store), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode() == "The answer is 42.\n"
+    err = result.stderr.decode().splitlines()
+    session_id = session_line(result.stderr)
+    assert "[tool] task_list {}" in err
+    assert '[tool] bash {"command": "echo hi", "run_in_background": false}' in err
+    assert "[tool result] hi" in err
+    assert err.index("[tool] task_list {}") < err.index("[tool result] hi")
+    loaded = await JsonlPersistence(store).load(session_id)
+    assert_balanced(loaded.events)
+    assert loaded.header.cwd == str(tmp_path)
+
+
+async def test_run_exit_codes_for_errors_and_limits(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    failing = script(tmp_path, [{"error": {"message": "the provider is overloaded", "code": "http-529"}}])
+    result = await cli("run", "hello", "--model", failing, "--store", store, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "the provider is overloaded (http-529)" in result.stderr.decode()
+    looping = script(tmp_path, [{"tool_calls": [{"name": "task_list", "arguments": {}}]}] * 3, "loop.json")
+    result = await cli("run", "loop", "--model", looping, "--store", store, "--max-steps", "2", cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    assert "[stopped]" in result.stderr.decode()
+
+
+async def test_run_resumes_a_session_and_sessions_commands_read_the_store(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    first = script(
+        tmp_path,
+        [{"tool_calls": [{"name": "task_list", "arguments": {}}]}, {"text": "First answer."}],
+        "first.json",
+    )
+    result = await cli("run", "first question", "--model", first, "--store", store, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    session_id = session_line(result.stderr)
+    second = script(tmp_path, [{"text": "Second answer."}], "second.json")
+    result = await cli(
+        "run",
+        "second question",
+        "--session",
+        session_id,
+        "--model",
+        second,
+        "--store",
+        store,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode() == "Second answer.\n"
+    assert session_line(result.stderr) == session_id
+
+    # sessions never need a model: a bad --model is not even looked at
+    listed = await cli("sessions", "list", "--store", store, "--model", "nonsense", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.decode().splitlines()
+    assert lines[0].split() == ["ID", "CREATED", "EVENTS", "LAST", "ACTIVITY", "FIRST", "PROMPT"]
+    row = next(line for line in lines if line.startswith(session_id))
+    assert row.endswith("first question")
+    events = (await JsonlPersistence(Path(store)).load(session_id)).events
+    assert f"  {len(events)}  " in row
+
+    shown = await cli("sessions", "show", session_id, "--store", store, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout.decode()
+    assert f"session {session_id}" in text
+    expected = [
+        "=== turn 1 ===",
+        "user: first question",
+        "  [tool] task_list {}",
+        "  [tool result]",
+        "assistant: First answer.",
+        "--- turn 1 ended: completed ---",
+        "=== turn 2 ===",
+        "user: second question",
+        "assistant: Second answer.",
+        "--- turn 2 ended: completed ---",
+    ]
+    position = 0
+    for piece in expected:
+        found = text.find(piece, position)
+        assert found >= 0, f"{piece!r} missing after position {position} in:\n{text}"
+        position = found + len(piece)
+
+
+async def test_sessions_show_truncates_long_tool_output(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    model = script(
+        tmp_path,
+        [
+            {
+                "tool_calls": [
+                    {
+                        "name": "bash",
+                        "arguments": {"command": "seq 1 3000", "run_in_background": False},
+                    }
+                ]
+            },
+            {"text": "done"},
+        ],
+    )
+    result = await cli("run", "count", "--model", model, "--store", store, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    session_id = session_line(result.stderr)
+    tool_lines = [line for line in result.stderr.decode().splitlines() if line.startswith("[tool result]")]
+    assert len(tool_lines[0]) <= len("[tool result] ") + 200
+    shown = await cli("sessions", "show", session_id, "--store", store, "--width", "100", cwd=tmp_path)
+    result_line = next(line for line in shown.stdout.decode().splitlines() if "[tool result]" in line)
+    assert result_line.endswith("…")
+    assert len(result_line) <= len("  [tool result] ") + 100
+
+
+async def test_unknown_sessions_are_usage_errors(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    shown = await cli("sessions", "show", "nope", "--store", store, cwd=tmp_path)
+    assert shown.returncode == 2
+    assert "nope" in shown.stderr.decode()
+    model = script(tmp_path, [{"text": "x"}])
+    resumed = await cli("run", "hi", "--session", "nope", "--model", model, "--store", store, cwd=tmp_path)
+    assert resumed.returncode == 2
+    assert "nope" in resumed.stderr.decode()
+    empty = await cli("sessions", "list", "--store", store, cwd=tmp_path)
+    assert empty.returncode == 0
+    assert "no sessions" in empty.stdout.decode()
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("nonsense", "unknown model spec 'nonsense'"),
+        ("deepseek:deepseek-chat", "DEEPSEEK_API_KEY"),
+        ("scripted:/no/such/script.json", "does not exist"),
+    ],
+)
+@pytest.mark.parametrize("command", ["run", "acp"])
+async def test_bad_model_exits_2_with_one_line(tmp_path: Path, spec: str, expected: str, command: str) -> None:
+    args = ["run", "hello"] if command == "run" else ["acp"]
+    result = await cli(*args, "--model", spec, "--store", str(tmp_path / "store"), cwd=tmp_path)
+    assert result.returncode == 2
+    err = result.stderr.decode()
+    assert err.count("\n") == 1
+    assert err.startswith("trio-harness: error: ")
+    assert expected in err
+    assert result.stdout == b""
+
+
+async def test_default_model_comes_from_the_environment(tmp_path: Path) -> None:
+    model = script(tmp_path, [{"text": "from the env"}])
+    env = cli_env(TRIO_HARNESS_MODEL=model)
+    result = await cli("run", "hi", "--store", str(tmp_path / "store"), cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode() == "from the env\n"
+
+
+async def test_ctrl_c_cancels_the_turn_cleanly(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    model = script(tmp_path, [{"hang": True}])
+    process = await trio.lowlevel.open_process(
+        [
+            sys.executable,
+            "-m",
+            "trio_harness",
+            "run",
+            "wait",
+            "--model",
+            model,
+            "--store",
+            str(store),
+        ],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stderr is not None
+    stderr = b""
+    try:
+        with trio.fail_after(WAIT):
+            while b"[session]" not in stderr:
+                data = await process.stderr.receive_some()
+                assert data, stderr
+                stderr += data
+            process.send_signal(signal.SIGINT)
+            while data := await process.stderr.receive_some():
+                stderr += data
+            code = await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert code == 130, stderr
+    assert b"[cancelling" in stderr
+    session_id = session_line(stderr)
+    events = (await JsonlPersistence(store).load(session_id)).events
+    assert_balanced(events)
+    end = events[-1]
+    assert isinstance(end, ev.TurnEnd)
+    assert (end.reason, end.cause) == ("aborted", "user")

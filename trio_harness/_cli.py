@@ -1,0 +1,548 @@
+"""The ``trio-harness`` command line (also ``python -m trio_harness``).
+
+Subcommands:
+
+* ``acp``: serve the Agent Client Protocol on stdin / stdout;
+* ``run PROMPT``: send one prompt to a new (or ``--session ID``) agent and
+  stream the answer to stdout, tool calls to stderr;
+* ``sessions list`` / ``sessions show ID``: inspect the session store.
+
+Every subcommand takes ``--model SPEC`` (default: ``$TRIO_HARNESS_MODEL`` or
+``deepseek:deepseek-chat``) and ``--store DIR`` (default: the per-user data
+directory's ``sessions``).  ``sessions`` never needs a model.
+
+Exit codes: 0 success; 1 a failed turn or an unreadable session; 2 a usage
+error (bad ``--model``, missing API key, unknown session); 3 a turn stopped by
+a limit (max tokens, max steps); 130 interrupted (Ctrl-C, after cancelling
+the turn cleanly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, TextIO
+
+import trio
+
+from ._errors import HarnessError, InvalidSessionIdError, ModelError, SessionNotFoundError
+
+if TYPE_CHECKING:
+    from .model._protocol import ModelProvider
+    from .session._events import Event, SessionHeader
+
+__all__ = ["DEFAULT_MODEL", "build_parser", "default_store", "main", "transcript"]
+
+DEFAULT_MODEL: Final = "deepseek:deepseek-chat"
+"""The model spec used when neither ``--model`` nor ``$TRIO_HARNESS_MODEL`` is given."""
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_LIMIT: Final = 3
+EXIT_INTERRUPTED: Final = 130
+
+_TOOL_NAMES: Final = ("tasks", "bash", "subagent")
+
+PROG: Final = "trio-harness"
+
+
+def default_store() -> Path:
+    """The default session store directory: ``<user data dir>/trio-harness/sessions``."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("trio-harness")) / "sessions"
+
+
+def _tools_arg(value: str) -> bool | list[str]:
+    text = value.strip().lower()
+    if text == "all":
+        return True
+    if text in ("none", ""):
+        return False
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = sorted(set(names) - set(_TOOL_NAMES))
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown built-in tools {unknown}; choose from {', '.join(_TOOL_NAMES)}, all or none"
+        )
+    return names
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be positive")
+    return number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``trio-harness`` command."""
+    from . import __version__
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--model",
+        metavar="SPEC",
+        default=os.environ.get("TRIO_HARNESS_MODEL") or DEFAULT_MODEL,
+        help="model spec: deepseek:MODEL, openai:MODEL, openai:MODEL@BASE_URL or scripted:PATH "
+        "(default: $TRIO_HARNESS_MODEL or %(default)s)",
+    )
+    common.add_argument(
+        "--store",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help=f"session store directory (default: {default_store()})",
+    )
+    tools = argparse.ArgumentParser(add_help=False)
+    tools.add_argument(
+        "--tools",
+        metavar="LIST",
+        type=_tools_arg,
+        default=True,
+        help="built-in tools to offer: all (default), none, or a comma list of tasks,bash,subagent",
+    )
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="A Trio runtime for LLM agents: serve ACP, run a prompt, inspect sessions.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    acp = commands.add_parser(
+        "acp",
+        parents=[common, tools],
+        help="serve the Agent Client Protocol on stdin/stdout",
+        description="Serve the Agent Client Protocol (JSON-RPC, one message per line) on "
+        "stdin/stdout until stdin closes.  Logs go to stderr.",
+    )
+    acp.add_argument(
+        "--max-line-bytes",
+        metavar="N",
+        type=_positive_int,
+        default=None,
+        help="longest accepted message line (default: 8 MiB)",
+    )
+    acp.set_defaults(handler=_cmd_acp)
+
+    run = commands.add_parser(
+        "run",
+        parents=[common, tools],
+        help="send one prompt and stream the answer",
+        description="Send one prompt to a new agent (or resume --session ID), stream the answer "
+        "to stdout and tool calls to stderr.  Exit 0 when the turn completes, 1 on an error, "
+        "3 when a limit stopped it, 130 on Ctrl-C.",
+    )
+    run.add_argument("prompt", metavar="PROMPT", help="the prompt text ('-' reads it from stdin)")
+    run.add_argument("--session", metavar="ID", help="resume this stored session instead of creating one")
+    run.add_argument(
+        "--max-steps",
+        metavar="N",
+        type=_positive_int,
+        default=None,
+        help="model requests per turn before it stops (exit code 3)",
+    )
+    run.set_defaults(handler=_cmd_run)
+
+    sessions = commands.add_parser(
+        "sessions",
+        help="list or show stored sessions",
+        description="Inspect the session store (no model needed).",
+    )
+    actions = sessions.add_subparsers(dest="action", metavar="ACTION", required=True)
+    listing = actions.add_parser(
+        "list",
+        parents=[common],
+        help="list stored sessions",
+        description="List stored sessions: id, creation time, events, last activity and the first user prompt.",
+    )
+    listing.set_defaults(handler=_cmd_sessions_list)
+    show = actions.add_parser(
+        "show",
+        parents=[common],
+        help="show a session's transcript",
+        description="Print a readable transcript of a stored session: prompts, answers, tool "
+        "calls and results (truncated) and how each turn ended.",
+    )
+    show.add_argument("session_id", metavar="ID", help="the session id")
+    show.add_argument(
+        "--width",
+        metavar="N",
+        type=_positive_int,
+        default=500,
+        help="truncate tool arguments and results to N characters (default: %(default)s)",
+    )
+    show.set_defaults(handler=_cmd_sessions_show)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.store is None:
+        args.store = default_store()
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _error(message: str) -> None:
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+
+
+def _resolve_model(spec: str) -> ModelProvider | None:
+    from .model._spec import resolve_model
+
+    try:
+        return resolve_model(spec)
+    except ModelError as exc:
+        _error(str(exc))
+        return None
+
+
+async def _close_provider(provider: object) -> None:
+    aclose = getattr(provider, "aclose", None)
+    if aclose is not None:
+        with trio.CancelScope(shield=True):
+            try:
+                await aclose()
+            except Exception:
+                logging.getLogger("trio_harness.cli").debug("closing the model provider failed", exc_info=True)
+
+
+def _shorten(text: str, limit: int) -> str:
+    from .acp._updates import shorten
+
+    return shorten(text, limit)
+
+
+def _local_time(timestamp: float) -> str:
+    return datetime.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _compact_arguments(arguments: str) -> str:
+    try:
+        parsed = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        return arguments
+    return json.dumps(parsed, ensure_ascii=False)
+
+
+# ---------------------------------------------------------------- acp
+
+
+def _cmd_acp(args: argparse.Namespace) -> int:
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
+    provider = _resolve_model(args.model)
+    if provider is None:
+        return EXIT_USAGE
+    saved = sys.stdout
+    sys.stdout = sys.stderr  # stray prints must never reach the protocol stream
+    try:
+        return trio.run(_serve_acp, args, provider)
+    finally:
+        sys.stdout = saved
+
+
+async def _serve_acp(args: argparse.Namespace, provider: ModelProvider) -> int:
+    from ._harness import open_harness
+    from .acp import serve_stdio
+
+    options: dict[str, Any] = {}
+    if args.max_line_bytes is not None:
+        options["max_line_bytes"] = args.max_line_bytes
+    signalled: int | None = None
+    try:
+        async with (
+            open_harness(model=provider, store=args.store, builtin_tools=args.tools) as harness,
+            trio.open_nursery() as nursery,
+        ):
+
+            async def stop_on_signal() -> None:
+                nonlocal signalled
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for signum in signals:
+                        signalled = signum
+                        nursery.cancel_scope.cancel()
+                        return
+
+            nursery.start_soon(stop_on_signal)
+            await serve_stdio(harness, **options)
+            nursery.cancel_scope.cancel()
+    finally:
+        await _close_provider(provider)
+    return 128 + signalled if signalled is not None else EXIT_OK
+
+
+# ---------------------------------------------------------------- run
+
+
+class _Printer:
+    """Streams one turn to the terminal: text to stdout, tool calls to stderr."""
+
+    def __init__(self, out: TextIO, err: TextIO) -> None:
+        self.out = out
+        self.err = err
+        self.mid_line = False
+
+    def break_line(self) -> None:
+        if self.mid_line:
+            self.out.write("\n")
+            self.out.flush()
+            self.mid_line = False
+
+    def event(self, event: Event) -> None:
+        from .session import _events as ev
+
+        if isinstance(event, ev.AssistantChunk):
+            if event.kind == "text" and event.text:
+                self.out.write(event.text)
+                self.out.flush()
+                self.mid_line = not event.text.endswith("\n")
+        elif isinstance(event, ev.ToolCallRequested):
+            self.break_line()
+            print(
+                f"[tool] {event.name} {_shorten(_compact_arguments(event.arguments), 200)}",
+                file=self.err,
+                flush=True,
+            )
+        elif isinstance(event, ev.ToolResult):
+            label = "[tool error]" if event.is_error else "[tool result]"
+            print(f"{label} {_shorten(event.content, 200)}", file=self.err, flush=True)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    prompt: str = args.prompt
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        _error("the prompt is empty")
+        return EXIT_USAGE
+    provider = _resolve_model(args.model)
+    if provider is None:
+        return EXIT_USAGE
+    return trio.run(_run_prompt, args, provider, prompt)
+
+
+async def _run_prompt(args: argparse.Namespace, provider: ModelProvider, prompt: str) -> int:
+    from ._harness import open_harness
+    from .acp._updates import TurnOutcome, TurnWatcher
+    from .agents._inbox import new_message_id
+    from .agents._options import AgentOptions
+    from .session._events import InboxMessage
+
+    printer = _Printer(sys.stdout, sys.stderr)
+    try:
+        async with open_harness(model=provider, store=args.store, builtin_tools=args.tools) as harness:
+            options = AgentOptions(max_steps=args.max_steps) if args.max_steps else None
+            try:
+                if args.session:
+                    handle = await harness.agents.resume(args.session, options=options)
+                else:
+                    handle = await harness.agents.create(cwd=os.getcwd(), options=options)
+            except (SessionNotFoundError, InvalidSessionIdError) as exc:
+                _error(str(exc))
+                return EXIT_USAGE
+            except HarnessError as exc:
+                _error(str(exc))
+                return EXIT_FAILED
+            agent = handle.agent
+            outcome: TurnOutcome | None = None
+            finished = trio.Event()
+            interrupts = 0
+
+            def on_done(result: TurnOutcome) -> None:
+                nonlocal outcome
+                outcome = result
+                finished.set()
+
+            message = InboxMessage(id=new_message_id(), text=prompt, mode="followup")
+            watcher = TurnWatcher(message.id, printer.event, on_done)
+            remove = agent.session.observe(watcher)
+            try:
+                # Ctrl-C from here on cancels the turn cleanly (a second one stops at once).
+                with trio.open_signal_receiver(signal.SIGINT) as signals:
+                    print(f"[session] {agent.id}", file=sys.stderr, flush=True)
+                    agent.followup(message)
+                    async with trio.open_nursery() as nursery:
+
+                        async def on_interrupt() -> None:
+                            nonlocal interrupts
+                            async for _ in signals:
+                                interrupts += 1
+                                if interrupts == 1:
+                                    printer.break_line()
+                                    print(
+                                        "[cancelling: press Ctrl-C again to stop at once]",
+                                        file=sys.stderr,
+                                        flush=True,
+                                    )
+                                    agent.cancel("user")
+                                else:
+                                    finished.set()
+
+                        nursery.start_soon(on_interrupt)
+                        await finished.wait()
+                        nursery.cancel_scope.cancel()
+                printer.break_line()
+            finally:
+                remove()
+                with trio.CancelScope(shield=True):
+                    await handle.dispose()
+    finally:
+        await _close_provider(provider)
+    return _exit_code(outcome, interrupted=interrupts > 0)
+
+
+def _exit_code(outcome: Any, *, interrupted: bool) -> int:
+    if outcome is None:
+        return EXIT_INTERRUPTED if interrupted else EXIT_FAILED
+    end = outcome.end
+    if outcome.stop_reason == "end_turn":
+        return EXIT_OK
+    if outcome.stop_reason == "cancelled":
+        if not interrupted:
+            _error("the turn was cancelled")
+        return EXIT_INTERRUPTED if interrupted else EXIT_FAILED
+    if outcome.stop_reason in ("max_tokens", "max_turn_requests"):
+        what = "the model hit its token limit" if outcome.stop_reason == "max_tokens" else "the turn hit max_steps"
+        print(f"[stopped] {what}", file=sys.stderr, flush=True)
+        return EXIT_LIMIT
+    failure = outcome.failure if outcome.failure is not None else (end.failure if end is not None else None)
+    if failure is not None:
+        _error(f"{failure.message} ({failure.code})")
+    else:
+        _error(f"the turn ended: {outcome.stop_reason}")
+    return EXIT_FAILED
+
+
+# ---------------------------------------------------------------- sessions
+
+
+def _cmd_sessions_list(args: argparse.Namespace) -> int:
+    from .session._jsonl import JsonlPersistence
+
+    persistence = JsonlPersistence(args.store)
+    headers = persistence.list()
+    if not headers:
+        print(f"no sessions in {persistence.root}")
+        return EXIT_OK
+
+    async def load_all() -> list[tuple[SessionHeader, tuple[Event, ...] | str]]:
+        rows: list[tuple[SessionHeader, tuple[Event, ...] | str]] = []
+        for header in headers:
+            try:
+                rows.append((header, (await persistence.load(header.id)).events))
+            except HarnessError as exc:
+                rows.append((header, f"unreadable: {exc}"))
+        return rows
+
+    from .acp._updates import first_user_text
+
+    table: list[tuple[str, str, str, str, str]] = []
+    for header, events in trio.run(load_all):
+        if isinstance(events, str):
+            table.append((header.id, _local_time(header.created_at), "?", "?", _shorten(events, 60)))
+            continue
+        last = events[-1].ts if events else header.created_at
+        first = first_user_text(events)
+        preview = _shorten(first, 60) if first else "(no prompt)"
+        table.append(
+            (
+                header.id,
+                _local_time(header.created_at),
+                str(len(events)),
+                _local_time(last),
+                preview,
+            )
+        )
+    titles = ("ID", "CREATED", "EVENTS", "LAST ACTIVITY", "FIRST PROMPT")
+    widths = [max(len(row[i]) for row in (titles, *table)) for i in range(4)]
+    for row in (titles, *table):
+        cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:4])]
+        print("  ".join((*cells, row[4])).rstrip())
+    return EXIT_OK
+
+
+def _cmd_sessions_show(args: argparse.Namespace) -> int:
+    from .session._jsonl import JsonlPersistence
+
+    persistence = JsonlPersistence(args.store)
+    try:
+        loaded = trio.run(persistence.load, args.session_id)
+    except (SessionNotFoundError, InvalidSessionIdError) as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    except HarnessError as exc:
+        _error(str(exc))
+        return EXIT_FAILED
+    for line in transcript(loaded.header, loaded.events, width=args.width):
+        print(line)
+    return EXIT_OK
+
+
+def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 500) -> list[str]:
+    """A readable transcript of a session log, as lines.
+
+    Args:
+        header: the session header.
+        events: the session's events.
+        width: tool arguments and results are cut to this many characters.
+    """
+    from .session import _events as ev
+
+    lines = [
+        f"session {header.id}",
+        f"created {_local_time(header.created_at)}  cwd {header.cwd or '?'}",
+    ]
+    if header.parent_session is not None:
+        lines.append(f"forked from {header.parent_session} (first {header.seed_length} events)")
+    lines.append(f"{len(events)} events")
+    for event in events:
+        if isinstance(event, ev.TurnStart):
+            lines += ["", f"=== turn {event.turn} ==="]
+        elif isinstance(event, ev.UserMessage):
+            who = "user" if event.mode == "followup" else f"user ({event.mode})"
+            lines.append(f"{who}: {_indent(event.text)}")
+        elif isinstance(event, ev.AssistantMessage):
+            if event.reasoning:
+                lines.append(f"thinking: {_shorten(event.reasoning, width)}")
+            if event.text:
+                lines.append(f"assistant: {_indent(event.text)}")
+        elif isinstance(event, ev.ToolCallRequested):
+            lines.append(f"  [tool] {event.name} {_shorten(_compact_arguments(event.arguments), width)}")
+        elif isinstance(event, ev.ToolResult):
+            label = "[tool error]" if event.is_error else "[tool result]"
+            lines.append(f"  {label} {_shorten(event.content, width)}")
+        elif isinstance(event, ev.RequestRetry):
+            lines.append(f"  [retry {event.attempt}] {event.failure.message} ({event.failure.code})")
+        elif isinstance(event, ev.TurnEnd):
+            reason: str = event.reason
+            if event.cause is not None:
+                reason += f" (cause: {event.cause})"
+            if event.failure is not None:
+                reason += f": {event.failure.message} ({event.failure.code})"
+            lines.append(f"--- turn {event.turn} ended: {reason} ---")
+    return lines
+
+
+def _indent(text: str) -> str:
+    return text.replace("\n", "\n  ")

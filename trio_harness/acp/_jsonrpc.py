@@ -1,0 +1,348 @@
+"""JSON-RPC 2.0 over newline-delimited JSON on Trio streams.
+
+One message per line, UTF-8, ``\\n``-terminated (a trailing ``\\r`` is
+tolerated).  :class:`LineReader` bounds every line: a line longer than the
+limit is never buffered whole; it is reported once as :data:`OVERSIZED` and
+the rest of it is discarded up to the next newline.  :func:`parse_message`
+classifies one line without ever raising; :class:`MessageWriter` writes one
+message per line, serialized by a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Final, TypeAlias
+
+import attrs
+import trio
+
+__all__ = [
+    "AUTH_REQUIRED",
+    "DEFAULT_MAX_LINE_BYTES",
+    "INTERNAL_ERROR",
+    "INVALID_PARAMS",
+    "INVALID_REQUEST",
+    "METHOD_NOT_FOUND",
+    "OVERSIZED",
+    "PARSE_ERROR",
+    "RESOURCE_NOT_FOUND",
+    "SESSION_BUSY",
+    "Invalid",
+    "LineReader",
+    "Message",
+    "MessageWriter",
+    "Notification",
+    "Request",
+    "RequestId",
+    "Response",
+    "RpcError",
+    "encode_message",
+    "error_response",
+    "notification",
+    "parse_message",
+    "result_response",
+]
+
+PARSE_ERROR: Final = -32700
+"""The line is not valid JSON (or not UTF-8)."""
+INVALID_REQUEST: Final = -32600
+"""The JSON is not a valid JSON-RPC 2.0 message."""
+METHOD_NOT_FOUND: Final = -32601
+"""No such method."""
+INVALID_PARAMS: Final = -32602
+"""The params are invalid; the message names the field."""
+INTERNAL_ERROR: Final = -32603
+"""The request failed inside the server (also: a failed prompt turn)."""
+AUTH_REQUIRED: Final = -32000
+"""ACP: authenticate first."""
+RESOURCE_NOT_FOUND: Final = -32002
+"""ACP: the named resource (e.g. a session id) does not exist."""
+SESSION_BUSY: Final = -32003
+"""A prompt is already in flight on this session."""
+
+DEFAULT_MAX_LINE_BYTES: Final = 8 * 1024 * 1024
+"""The default limit on one incoming message line (8 MiB)."""
+
+RequestId: TypeAlias = int | str | None
+
+
+class RpcError(Exception):
+    """An error to answer a request with.
+
+    Attributes:
+        code: the JSON-RPC error code.
+        message: the human-readable message (names the offending field or id).
+        data: optional structured detail.
+    """
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+    def to_error(self) -> dict[str, Any]:
+        """The JSON-RPC ``error`` object."""
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            error["data"] = self.data
+        return error
+
+
+@attrs.frozen
+class Request:
+    """A request: it must be answered with the same ``id``.
+
+    Attributes:
+        id: the request id (a string, an integer or null).
+        method: the method name.
+        params: the params (an object or an array), or None when absent.
+    """
+
+    id: RequestId
+    method: str
+    params: Any = None
+
+
+@attrs.frozen
+class Notification:
+    """A notification: never answered.
+
+    Attributes:
+        method: the method name.
+        params: the params (an object or an array), or None when absent.
+    """
+
+    method: str
+    params: Any = None
+
+
+@attrs.frozen
+class Response:
+    """A response from the peer (the server sends no requests, so these are ignored).
+
+    Attributes:
+        id: the id of the request answered.
+        result: the result, if any.
+        error: the error object, if any.
+    """
+
+    id: RequestId
+    result: Any = None
+    error: Any = None
+
+
+@attrs.frozen
+class Invalid:
+    """A line that is not a usable message; answer ``error`` with ``id``.
+
+    Attributes:
+        id: the request id when one could be read, else None.
+        error: the error to answer with.
+    """
+
+    id: RequestId
+    error: RpcError
+
+
+Message: TypeAlias = Request | Notification | Response | Invalid
+
+
+class _Oversized:
+    """The type of :data:`OVERSIZED`."""
+
+    def __repr__(self) -> str:
+        return "OVERSIZED"
+
+
+OVERSIZED: Final = _Oversized()
+"""Returned by :meth:`LineReader.receive_line` for a line over the limit (discarded)."""
+
+
+def _method_name(method: str) -> str:
+    return method if len(method) <= 100 else method[:100] + "…"
+
+
+def parse_message(line: bytes) -> Message:
+    """Classify one line as a request, notification, response or invalid message.
+
+    Never raises: bad input comes back as :class:`Invalid` with the error to
+    send (``-32700`` for bad JSON, ``-32600`` for a bad envelope, ``-32602``
+    for params that are neither an object nor an array).
+    """
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return Invalid(
+            None,
+            RpcError(PARSE_ERROR, f"parse error: the message is not valid UTF-8 ({exc.reason})"),
+        )
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        return Invalid(None, RpcError(PARSE_ERROR, "parse error: the message nests too deeply"))
+    except ValueError as exc:
+        return Invalid(None, RpcError(PARSE_ERROR, f"parse error: {exc}"))
+    if not isinstance(data, dict):
+        kind = "an array (batches are not supported)" if isinstance(data, list) else type(data).__name__
+        return Invalid(
+            None,
+            RpcError(INVALID_REQUEST, f"invalid request: a message must be a JSON object, got {kind}"),
+        )
+    has_id = "id" in data
+    raw_id = data.get("id")
+    valid_id = raw_id is None or isinstance(raw_id, str) or (isinstance(raw_id, int) and not isinstance(raw_id, bool))
+    request_id: RequestId = raw_id if valid_id else None
+    if has_id and not valid_id:
+        return Invalid(
+            None,
+            RpcError(INVALID_REQUEST, "invalid request: 'id' must be a string, an integer or null"),
+        )
+    if data.get("jsonrpc") != "2.0":
+        return Invalid(request_id, RpcError(INVALID_REQUEST, "invalid request: 'jsonrpc' must be \"2.0\""))
+    if "method" not in data:
+        if has_id and ("result" in data or "error" in data):
+            return Response(request_id, data.get("result"), data.get("error"))
+        return Invalid(request_id, RpcError(INVALID_REQUEST, "invalid request: 'method' is missing"))
+    method = data["method"]
+    if not isinstance(method, str):
+        return Invalid(request_id, RpcError(INVALID_REQUEST, "invalid request: 'method' must be a string"))
+    params = data.get("params")
+    if "params" in data and not isinstance(params, dict | list):
+        error = RpcError(
+            INVALID_PARAMS,
+            f"invalid params for {_method_name(method)!r}: 'params' must be an object",
+        )
+        return Invalid(request_id, error)
+    if has_id:
+        return Request(request_id, method, params)
+    return Notification(method, params)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+def encode_message(message: dict[str, Any]) -> bytes:
+    """One message as one line of ASCII JSON (non-finite floats become null)."""
+    try:
+        text = json.dumps(message, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(message), separators=(",", ":"), allow_nan=False)
+    return text.encode("ascii") + b"\n"
+
+
+def result_response(request_id: RequestId, result: Any) -> dict[str, Any]:
+    """A success response."""
+    return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+
+def error_response(request_id: RequestId, error: RpcError) -> dict[str, Any]:
+    """An error response."""
+    return {"jsonrpc": "2.0", "id": request_id, "error": error.to_error()}
+
+
+def notification(method: str, params: Any) -> dict[str, Any]:
+    """A notification message."""
+    return {"jsonrpc": "2.0", "method": method, "params": params}
+
+
+@attrs.define(eq=False)
+class LineReader:
+    """Reads bounded lines from a Trio receive stream.
+
+    Attributes:
+        stream: where bytes come from.
+        max_line_bytes: the longest line accepted (without its newline).
+        chunk_bytes: how much to ask the stream for at a time.
+    """
+
+    stream: trio.abc.ReceiveStream
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    chunk_bytes: int = 65536
+    _buffer: bytearray = attrs.field(factory=bytearray, init=False)
+    # Bytes of the buffer already searched for a newline.
+    _scanned: int = attrs.field(default=0, init=False)
+    # Inside an oversized line: drop bytes up to the next newline.
+    _discarding: bool = attrs.field(default=False, init=False)
+    _eof: bool = attrs.field(default=False, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_line_bytes <= 0:
+            raise ValueError(f"max_line_bytes must be positive, got {self.max_line_bytes!r}")
+
+    async def receive_line(self) -> bytes | _Oversized | None:
+        """The next line (without its newline), :data:`OVERSIZED`, or None at end of input.
+
+        A stream error (the peer vanished) counts as end of input.
+        """
+        buffer = self._buffer
+        while True:
+            if self._discarding:
+                index = buffer.find(b"\n")
+                if index >= 0:
+                    del buffer[: index + 1]
+                    self._discarding = False
+                    self._scanned = 0
+                    continue
+                buffer.clear()
+            else:
+                index = buffer.find(b"\n", self._scanned)
+                if index >= 0:
+                    line = bytes(buffer[:index])
+                    del buffer[: index + 1]
+                    self._scanned = 0
+                    if len(line) > self.max_line_bytes:
+                        return OVERSIZED
+                    return line[:-1] if line.endswith(b"\r") else line
+                if len(buffer) > self.max_line_bytes:
+                    buffer.clear()
+                    self._scanned = 0
+                    self._discarding = True
+                    return OVERSIZED
+                self._scanned = len(buffer)
+            if self._eof:
+                if buffer and not self._discarding:
+                    line = bytes(buffer)
+                    buffer.clear()
+                    self._scanned = 0
+                    return line
+                return None
+            try:
+                data = await self.stream.receive_some(self.chunk_bytes)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                data = b""
+            if not data:
+                self._eof = True
+            else:
+                buffer += data
+
+
+@attrs.define(eq=False)
+class MessageWriter:
+    """Writes messages to a Trio send stream, one line each, one at a time.
+
+    Attributes:
+        stream: where lines go.
+    """
+
+    stream: trio.abc.SendStream
+    _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+
+    async def send(self, message: dict[str, Any]) -> None:
+        """Encode and write one message; concurrent calls never interleave.
+
+        Raises:
+            trio.BrokenResourceError: the peer stopped reading.
+            trio.ClosedResourceError: the stream was closed.
+        """
+        data = encode_message(message)
+        async with self._lock:
+            await self.stream.send_all(data)

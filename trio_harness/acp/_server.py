@@ -1,0 +1,713 @@
+"""The Agent Client Protocol server: harness agents behind JSON-RPC on Trio streams.
+
+One :class:`AcpServer` serves one client connection.  The bridge opens its
+own scope (a child of the harness scope) and creates or resumes every agent
+with ``owner=`` that scope, keeping each session's :class:`AgentHandle` in a
+session record.  When the client disconnects (end of input) or the server is
+cancelled, every session the bridge opened is disposed: its turn ends
+``aborted`` with cause ``disposed``, its log is flushed, and neither the agent
+nor the session stays registered (invariant 40).  A ``session/new`` racing the
+disconnect is rolled back by the registry (the owner scope is closing) or
+disposed right after it returns.
+
+Messages are read in order by one reader task.  ``session/prompt`` and
+``session/cancel`` are admitted synchronously in that order, so a cancel that
+follows a prompt always sees it, and lines that arrive in one read are all
+dispatched before any other task runs (a prompt and its cancel sent together
+cancel the prompt while it is still queued); the slower methods (new, load,
+list, close) run as tasks.  Every outgoing message goes through one queue and one writer
+task (holding one lock), so messages never interleave and each prompt's
+updates precede its answer.
+
+Prompt mechanics: the prompt text is sent with ``agent.followup``; a
+:class:`~trio_harness.acp._updates.TurnWatcher` observes the session log,
+finds the turn that claims the message, streams that turn's events as
+``session/update`` notifications, and answers at its ``turn/end`` (after
+flushing the log).  A message removed from the inbox by a cancel before any
+turn claimed it answers ``cancelled`` (invariant 41).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+import trio
+
+from .._errors import (
+    AgentExistsError,
+    HarnessError,
+    InvalidSessionIdError,
+    SessionNotFoundError,
+)
+from ..agents._inbox import new_message_id
+from ..session._events import InboxMessage
+from . import _jsonrpc as rpc
+from ._updates import (
+    TurnOutcome,
+    TurnWatcher,
+    first_user_text,
+    iso_time,
+    live_update,
+    replay_updates,
+    shorten,
+)
+
+if TYPE_CHECKING:
+    from .._harness import Harness
+    from .._scope import Scope
+    from ..agents._agent import Agent
+    from ..agents._options import AgentOptions
+    from ..agents._registry import AgentHandle
+    from ..session._events import Event, SessionHeader
+
+__all__ = ["PROTOCOL_VERSION", "AcpServer", "serve_stdio"]
+
+log = logging.getLogger("trio_harness.acp")
+
+PROTOCOL_VERSION: Final = 1
+"""The ACP protocol version this server speaks."""
+
+LIST_PAGE_SIZE: Final = 50
+FLUSH_TIMEOUT: Final = 30.0
+DRAIN_TIMEOUT: Final = 5.0
+
+
+# ---------------------------------------------------------------- params
+
+
+def _object(params: Any, method: str) -> dict[str, Any]:
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f"invalid params for {method}: params must be an object")
+    return params
+
+
+def _string(params: Mapping[str, Any], field: str, method: str) -> str:
+    value = params.get(field)
+    if not isinstance(value, str):
+        what = "is required" if value is None else "must be a string"
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f"invalid params for {method}: {field!r} {what}", {"field": field})
+    return value
+
+
+def _absolute_path(params: Mapping[str, Any], field: str, method: str, *, required: bool = True) -> str | None:
+    value = params.get(field)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value or "\x00" in value or not os.path.isabs(value):
+        shown = shorten(repr(value), 100) if value is not None else "nothing"
+        raise rpc.RpcError(
+            rpc.INVALID_PARAMS,
+            f"invalid params for {method}: {field!r} must be an absolute path, got {shown}",
+            {"field": field},
+        )
+    return value
+
+
+def _check_mcp_servers(params: Mapping[str, Any], method: str) -> None:
+    servers = params.get("mcpServers")
+    if servers is not None and not isinstance(servers, list):
+        raise rpc.RpcError(
+            rpc.INVALID_PARAMS,
+            f"invalid params for {method}: 'mcpServers' must be an array",
+            {"field": "mcpServers"},
+        )
+
+
+def _prompt_text(params: Mapping[str, Any]) -> str:
+    """The text of a ``session/prompt``'s content blocks (text, resource, resource_link)."""
+    blocks = params.get("prompt")
+    if not isinstance(blocks, list) or not blocks:
+        raise rpc.RpcError(
+            rpc.INVALID_PARAMS,
+            "invalid params for session/prompt: 'prompt' must be a non-empty array of content blocks",
+            {"field": "prompt"},
+        )
+    parts: list[str] = []
+    for index, block in enumerate(blocks):
+        field = f"prompt[{index}]"
+
+        def bad(what: str, field: str = field) -> rpc.RpcError:
+            return rpc.RpcError(
+                rpc.INVALID_PARAMS,
+                f"invalid params for session/prompt: {field} {what}",
+                {"field": field},
+            )
+
+        if not isinstance(block, dict):
+            raise bad("must be an object")
+        kind = block.get("type")
+        if kind == "text":
+            text = block.get("text")
+            if not isinstance(text, str):
+                raise bad("needs a string 'text'")
+            parts.append(text)
+        elif kind == "resource":
+            resource = block.get("resource")
+            if not isinstance(resource, dict) or not isinstance(resource.get("uri"), str):
+                raise bad("needs a 'resource' object with a string 'uri'")
+            text = resource.get("text")
+            if not isinstance(text, str):
+                raise bad("is a binary resource; only text resources are supported")
+            parts.append(f'<context uri="{resource["uri"]}">\n{text}\n</context>')
+        elif kind == "resource_link":
+            uri = block.get("uri")
+            if not isinstance(uri, str):
+                raise bad("needs a string 'uri'")
+            name = block.get("name")
+            parts.append(f"[{name if isinstance(name, str) and name else uri}]({uri})")
+        else:
+            shown = shorten(repr(kind), 60)
+            raise bad(f"has unsupported type {shown}; supported: text, resource (text), resource_link")
+    return "\n\n".join(parts)
+
+
+def _harness_error(exc: HarnessError) -> rpc.RpcError:
+    if isinstance(exc, SessionNotFoundError):
+        return rpc.RpcError(rpc.RESOURCE_NOT_FOUND, str(exc))
+    if isinstance(exc, InvalidSessionIdError):
+        return rpc.RpcError(rpc.INVALID_PARAMS, f"invalid params: sessionId: {exc}", {"field": "sessionId"})
+    return rpc.RpcError(rpc.INTERNAL_ERROR, str(exc), {"error": type(exc).__name__})
+
+
+# ---------------------------------------------------------------- records
+
+
+@attrs.define(eq=False)
+class _Prompt:
+    """The one in-flight prompt of a session."""
+
+    request_id: rpc.RequestId
+    watcher: TurnWatcher
+    remove_observer: Callable[[], None] = lambda: None
+
+
+@attrs.define(eq=False)
+class _SessionRecord:
+    """A session opened by this connection, and the handle that disposes it."""
+
+    id: str
+    handle: AgentHandle
+    prompt: _Prompt | None = None
+    closing: bool = False
+
+    @property
+    def agent(self) -> Agent:
+        return self.handle.agent
+
+
+# ---------------------------------------------------------------- server
+
+
+@attrs.define(eq=False, repr=False)
+class AcpServer:
+    """An ACP agent server for one client connection.
+
+    Use :meth:`serve` with a pair of Trio streams (or :func:`serve_stdio`).
+
+    Attributes:
+        harness: the harness whose agents serve the sessions.
+        max_line_bytes: the longest incoming message line accepted; a longer
+            one is refused with an error and discarded up to its newline.
+        agent_options: options for every agent the server creates or resumes.
+        auth_methods: ACP auth methods to advertise (each an object with at
+            least ``id`` and ``name``).  Empty (the default): ``authenticate``
+            is a no-op and nothing requires it.
+        authenticator: decides an ``authenticate`` call for a method id
+            (default: accept); only used when ``auth_methods`` is set.
+    """
+
+    harness: Harness
+    max_line_bytes: int = rpc.DEFAULT_MAX_LINE_BYTES
+    agent_options: AgentOptions | None = None
+    auth_methods: Sequence[Mapping[str, Any]] = ()
+    authenticator: Callable[[str], bool] | None = None
+    _records: dict[str, _SessionRecord] = attrs.field(factory=dict, init=False)
+    _scope: Scope | None = attrs.field(default=None, init=False)
+    _outbox: trio.MemorySendChannel[dict[str, Any]] | None = attrs.field(default=None, init=False)
+    _handlers: trio.Nursery | None = attrs.field(default=None, init=False)
+    _accepting: bool = attrs.field(default=False, init=False)
+    _read_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
+    _closing: bool = attrs.field(default=False, init=False)
+    _served: bool = attrs.field(default=False, init=False)
+    _broken: bool = attrs.field(default=False, init=False)
+    _authenticated: bool = attrs.field(default=False, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_line_bytes <= 0:
+            raise ValueError(f"max_line_bytes must be positive, got {self.max_line_bytes!r}")
+
+    def __repr__(self) -> str:
+        return f"<AcpServer sessions={len(self._records)}{' closing' if self._closing else ''}>"
+
+    @property
+    def scope(self) -> Scope | None:
+        """The bridge scope owning every agent of this connection (None before serving)."""
+        return self._scope
+
+    @property
+    def session_ids(self) -> list[str]:
+        """The ids of the sessions open on this connection."""
+        return list(self._records)
+
+    # ------------------------------------------------------------ connection
+
+    async def serve(self, receive: trio.abc.ReceiveStream, send: trio.abc.SendStream) -> None:
+        """Serve the connection until the client closes its side (end of input).
+
+        On return (or cancellation) every session this connection opened has
+        been disposed and flushed, and the bridge scope is closed.  The streams
+        are not closed.
+
+        Raises:
+            RuntimeError: this server already served a connection.
+        """
+        if self._served:
+            raise RuntimeError("an AcpServer serves one connection; create another for the next")
+        self._served = True
+        self._scope = await self.harness.scope.open_child("acp")
+        out_send, out_recv = trio.open_memory_channel[dict[str, Any]](math.inf)
+        self._outbox = out_send
+        writer_done = trio.Event()
+        reader = rpc.LineReader(receive, max_line_bytes=self.max_line_bytes)
+        try:
+            async with trio.open_nursery() as outer:
+                outer.start_soon(self._write_loop, out_recv, rpc.MessageWriter(send), writer_done)
+                try:
+                    async with trio.open_nursery() as handlers:
+                        self._handlers = handlers
+                        self._accepting = True
+                        with self._read_scope:
+                            await self._read_loop(reader)
+                        self._accepting = False
+                        handlers.cancel_scope.cancel()
+                finally:
+                    self._accepting = False
+                    with trio.CancelScope(shield=True):
+                        await self._shutdown()
+                        out_send.close()
+                        with trio.move_on_after(DRAIN_TIMEOUT):
+                            await writer_done.wait()
+                    outer.cancel_scope.cancel()
+        finally:
+            self._accepting = False
+            with trio.CancelScope(shield=True):
+                await self._shutdown()
+
+    async def _read_loop(self, reader: rpc.LineReader) -> None:
+        while True:
+            line = await reader.receive_line()
+            if line is None:
+                log.debug("acp: end of input")
+                return
+            if line is rpc.OVERSIZED:
+                self._post_error(
+                    None,
+                    rpc.RpcError(
+                        rpc.INVALID_REQUEST,
+                        f"invalid request: the message exceeds the {self.max_line_bytes}-byte line limit; discarded",
+                        {"limit": self.max_line_bytes},
+                    ),
+                )
+                continue
+            assert isinstance(line, bytes)
+            if not line.strip():
+                continue
+            message = rpc.parse_message(line)
+            try:
+                self._dispatch(message)
+            except Exception:  # never let one message take the connection down
+                log.exception("acp: dispatching a message failed")
+                if isinstance(message, rpc.Request):
+                    self._post_error(message.id, rpc.RpcError(rpc.INTERNAL_ERROR, "internal error"))
+
+    async def _write_loop(
+        self,
+        messages: trio.MemoryReceiveChannel[dict[str, Any]],
+        writer: rpc.MessageWriter,
+        done: trio.Event,
+    ) -> None:
+        try:
+            async for message in messages:
+                if self._broken:
+                    continue
+                try:
+                    await writer.send(message)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    log.info("acp: the client stopped reading (%r); disconnecting", exc)
+                    self._broken = True
+                    self._read_scope.cancel()
+                except (TypeError, ValueError):  # a message that cannot be encoded is a bug
+                    log.exception("acp: cannot encode an outgoing message")
+                    if "id" in message and "method" not in message:  # still answer the request
+                        error = rpc.RpcError(rpc.INTERNAL_ERROR, "internal error: the answer could not be encoded")
+                        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                            await writer.send(rpc.error_response(message["id"], error))
+        finally:
+            done.set()
+
+    def _post(self, message: dict[str, Any]) -> None:
+        if self._outbox is None:
+            return
+        try:
+            self._outbox.send_nowait(message)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            log.debug("acp: dropping a message after the connection closed")
+
+    def _post_error(self, request_id: rpc.RequestId, error: rpc.RpcError) -> None:
+        self._post(rpc.error_response(request_id, error))
+
+    def _update(self, session_id: str, update: dict[str, Any]) -> None:
+        self._post(rpc.notification("session/update", {"sessionId": session_id, "update": update}))
+
+    def _spawn(self, fn: Callable[..., Any], *args: Any) -> bool:
+        if not self._accepting or self._handlers is None:
+            return False
+        self._handlers.start_soon(fn, *args)
+        return True
+
+    # ------------------------------------------------------------ dispatch
+
+    def _dispatch(self, message: rpc.Message) -> None:
+        if isinstance(message, rpc.Invalid):
+            self._post_error(message.id, message.error)
+        elif isinstance(message, rpc.Response):
+            log.debug("acp: ignoring a response to id %r (the server sends no requests)", message.id)
+        elif isinstance(message, rpc.Notification):
+            if message.method == "session/cancel":
+                self._cancel(message.params)
+            else:
+                log.debug("acp: ignoring notification %s", shorten(message.method, 100))
+        else:
+            self._on_request(message)
+
+    def _on_request(self, request: rpc.Request) -> None:
+        method = request.method
+        try:
+            if method == "initialize":
+                self._post(rpc.result_response(request.id, self._initialize(request.params)))
+            elif method == "authenticate":
+                self._post(rpc.result_response(request.id, self._authenticate(request.params)))
+            elif method == "session/prompt":
+                self._start_prompt(request)
+            elif method == "session/cancel":
+                self._cancel(request.params)
+                self._post(rpc.result_response(request.id, None))
+            elif method == "session/close":
+                record = self._take_for_close(request.params)
+                if not self._spawn(self._run, request, self._close, record):
+                    raise rpc.RpcError(rpc.INTERNAL_ERROR, "the server is shutting down")
+            elif method in ("session/new", "session/load", "session/list"):
+                handler = {
+                    "session/new": self._new,
+                    "session/load": self._load,
+                    "session/list": self._list,
+                }[method]
+                if not self._spawn(self._run, request, handler, request.params):
+                    raise rpc.RpcError(rpc.INTERNAL_ERROR, "the server is shutting down")
+            else:
+                raise rpc.RpcError(
+                    rpc.METHOD_NOT_FOUND,
+                    f"method not found: {shorten(method, 100)!r}",
+                    {"method": shorten(method, 100)},
+                )
+        except rpc.RpcError as error:
+            self._post_error(request.id, error)
+        except HarnessError as exc:
+            self._post_error(request.id, _harness_error(exc))
+
+    async def _run(self, request: rpc.Request, handler: Callable[..., Any], *args: Any) -> None:
+        try:
+            result = await handler(*args)
+        except rpc.RpcError as error:
+            self._post_error(request.id, error)
+        except HarnessError as exc:
+            self._post_error(request.id, _harness_error(exc))
+        except Exception as exc:
+            log.exception("acp: %s failed", request.method)
+            self._post_error(request.id, rpc.RpcError(rpc.INTERNAL_ERROR, f"internal error: {exc!r}"))
+        else:
+            self._post(rpc.result_response(request.id, result))
+
+    def _check_auth(self) -> None:
+        if self.auth_methods and not self._authenticated:
+            raise rpc.RpcError(rpc.AUTH_REQUIRED, "authentication required: call authenticate first")
+
+    def _record(self, params: Mapping[str, Any], method: str) -> _SessionRecord:
+        session_id = _string(params, "sessionId", method)
+        record = self._records.get(session_id)
+        if record is None or record.closing:
+            raise rpc.RpcError(
+                rpc.RESOURCE_NOT_FOUND,
+                f"unknown session {shorten(session_id, 200)!r}: no such session is open "
+                "on this connection (use session/new or session/load)",
+                {"sessionId": session_id},
+            )
+        return record
+
+    # ------------------------------------------------------------ methods
+
+    def _initialize(self, params: Any) -> dict[str, Any]:
+        params = _object(params, "initialize")
+        version = params.get("protocolVersion")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise rpc.RpcError(
+                rpc.INVALID_PARAMS,
+                "invalid params for initialize: 'protocolVersion' must be a non-negative integer",
+                {"field": "protocolVersion"},
+            )
+        from .. import __version__
+
+        return {
+            "protocolVersion": PROTOCOL_VERSION,
+            "agentCapabilities": {
+                "loadSession": True,
+                "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
+                "mcpCapabilities": {"http": False, "sse": False},
+                "sessionCapabilities": {"list": {}, "close": {}},
+            },
+            "authMethods": [dict(method) for method in self.auth_methods],
+            "agentInfo": {"name": "trio-harness", "title": "trio-harness", "version": __version__},
+        }
+
+    def _authenticate(self, params: Any) -> dict[str, Any]:
+        params = _object(params, "authenticate")
+        method_id = _string(params, "methodId", "authenticate")
+        if not self.auth_methods:
+            return {}
+        known = [str(method.get("id")) for method in self.auth_methods]
+        if method_id not in known:
+            raise rpc.RpcError(
+                rpc.INVALID_PARAMS,
+                f"invalid params for authenticate: unknown methodId {shorten(method_id, 100)!r}; known: {known}",
+                {"field": "methodId"},
+            )
+        if self.authenticator is not None and not self.authenticator(method_id):
+            raise rpc.RpcError(rpc.AUTH_REQUIRED, f"authentication with {method_id!r} failed")
+        self._authenticated = True
+        return {}
+
+    async def _new(self, params: Any) -> dict[str, Any]:
+        params = _object(params, "session/new")
+        cwd = _absolute_path(params, "cwd", "session/new")
+        _check_mcp_servers(params, "session/new")
+        self._check_auth()
+        self._check_open()
+        handle = await self.harness.agents.create(owner=self._scope, cwd=cwd, options=self.agent_options)
+        record = await self._adopt(handle)
+        return {"sessionId": record.id}
+
+    async def _load(self, params: Any) -> dict[str, Any] | None:
+        params = _object(params, "session/load")
+        session_id = _string(params, "sessionId", "session/load")
+        _absolute_path(params, "cwd", "session/load")
+        _check_mcp_servers(params, "session/load")
+        self._check_auth()
+        self._check_open()
+        if session_id in self._records:
+            raise rpc.RpcError(
+                rpc.INVALID_PARAMS,
+                f"session {shorten(session_id, 200)!r} is already open on this connection",
+                {"sessionId": session_id},
+            )
+        try:
+            handle = await self.harness.agents.resume(session_id, owner=self._scope, options=self.agent_options)
+        except SessionNotFoundError:
+            raise rpc.RpcError(
+                rpc.RESOURCE_NOT_FOUND,
+                f"unknown session {shorten(session_id, 200)!r}: nothing is stored under this id",
+                {"sessionId": session_id},
+            ) from None
+        except AgentExistsError as exc:
+            raise rpc.RpcError(
+                rpc.INVALID_PARAMS,
+                f"cannot load session {session_id!r}: {exc}",
+                {"sessionId": session_id},
+            ) from None
+        record = await self._adopt(handle)
+        # Synchronous from here: the replay is queued before the answer and before any new event.
+        for update in replay_updates(record.agent.session.events):
+            self._update(record.id, update)
+        return {}
+
+    async def _list(self, params: Any) -> dict[str, Any]:
+        params = _object(params, "session/list")
+        cwd = _absolute_path(params, "cwd", "session/list", required=False)
+        cursor = params.get("cursor")
+        if cursor is not None and not (
+            isinstance(cursor, str) and cursor.isascii() and cursor.isdigit() and len(cursor) < 10
+        ):
+            raise rpc.RpcError(
+                rpc.INVALID_PARAMS,
+                "invalid params for session/list: 'cursor' is not a cursor this server issued",
+                {"field": "cursor"},
+            )
+        self._check_auth()
+        sessions = self.harness.sessions
+        headers: dict[str, SessionHeader] = {h.id: h for h in sessions.stored()}
+        for live in sessions.list():
+            headers.setdefault(live.id, live.header)
+        ordered = sorted(headers.values(), key=lambda h: (-h.created_at, h.id))
+        if cwd is not None:
+            ordered = [h for h in ordered if h.cwd == cwd]
+        start = int(cursor) if cursor is not None else 0
+        page = ordered[start : start + LIST_PAGE_SIZE]
+        infos: list[dict[str, Any]] = []
+        for header in page:
+            info: dict[str, Any] = {"sessionId": header.id, "cwd": header.cwd or "/"}
+            events: tuple[Event, ...] = ()
+            try:
+                _, events = await sessions.load_events(header.id)
+            except HarnessError as exc:
+                log.warning("acp: session/list cannot read session %r: %s", header.id, exc)
+            title = first_user_text(events)
+            if title:
+                info["title"] = shorten(title, 80)
+            info["updatedAt"] = iso_time(events[-1].ts if events else header.created_at)
+            infos.append(info)
+        result: dict[str, Any] = {"sessions": infos}
+        if start + LIST_PAGE_SIZE < len(ordered):
+            result["nextCursor"] = str(start + LIST_PAGE_SIZE)
+        return result
+
+    def _take_for_close(self, params: Any) -> _SessionRecord:
+        record = self._record(_object(params, "session/close"), "session/close")
+        record.closing = True
+        self._records.pop(record.id, None)
+        return record
+
+    async def _close(self, record: _SessionRecord) -> dict[str, Any]:
+        await self._dispose_record(record)
+        return {}
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise rpc.RpcError(rpc.INTERNAL_ERROR, "the server is shutting down")
+
+    async def _adopt(self, handle: AgentHandle) -> _SessionRecord:
+        """Take a fresh handle into a session record (or dispose it if the server is closing)."""
+        if self._closing or (self._scope is not None and self._scope.closing):
+            with trio.CancelScope(shield=True):
+                await handle.dispose()
+            raise rpc.RpcError(rpc.INTERNAL_ERROR, "the server is shutting down")
+        record = _SessionRecord(id=handle.agent.id, handle=handle)
+        self._records[record.id] = record
+        return record
+
+    # ------------------------------------------------------------ prompts
+
+    def _start_prompt(self, request: rpc.Request) -> None:
+        params = _object(request.params, "session/prompt")
+        record = self._record(params, "session/prompt")
+        text = _prompt_text(params)
+        self._check_auth()
+        if record.prompt is not None:
+            raise rpc.RpcError(
+                rpc.SESSION_BUSY,
+                f"session {record.id!r} already has a prompt in flight; wait for its answer or send session/cancel",
+                {"sessionId": record.id},
+            )
+        agent = record.agent
+        message = InboxMessage(id=new_message_id(), text=text, mode="followup")
+
+        def on_event(event: Event) -> None:
+            update = live_update(event)
+            if update is not None:
+                self._update(record.id, update)
+
+        def on_done(outcome: TurnOutcome) -> None:
+            prompt.remove_observer()
+            if not self._spawn(self._answer_after_flush, record, prompt, outcome):
+                self._answer(record, prompt, outcome)
+
+        prompt = _Prompt(request_id=request.id, watcher=TurnWatcher(message.id, on_event, on_done))
+        prompt.remove_observer = agent.session.observe(prompt.watcher)
+        record.prompt = prompt
+        try:
+            agent.followup(message)
+        except Exception as exc:  # e.g. the agent is being disposed
+            prompt.remove_observer()
+            record.prompt = None
+            raise rpc.RpcError(rpc.INTERNAL_ERROR, f"session {record.id!r} cannot take a prompt: {exc}") from None
+
+    async def _answer_after_flush(self, record: _SessionRecord, prompt: _Prompt, outcome: TurnOutcome) -> None:
+        with trio.CancelScope(shield=True), trio.move_on_after(FLUSH_TIMEOUT):
+            try:
+                await record.agent.session.flush()
+            except Exception:
+                log.exception("acp: flushing session %r before answering its prompt failed", record.id)
+        self._answer(record, prompt, outcome)
+
+    def _answer(self, record: _SessionRecord, prompt: _Prompt, outcome: TurnOutcome) -> None:
+        if record.prompt is prompt:
+            record.prompt = None
+        if outcome.stop_reason is not None:
+            self._post(rpc.result_response(prompt.request_id, {"stopReason": outcome.stop_reason}))
+            return
+        failure = outcome.failure
+        message = failure.message if failure is not None else "the turn failed"
+        data = {"code": failure.code} if failure is not None else None
+        self._post_error(prompt.request_id, rpc.RpcError(rpc.INTERNAL_ERROR, message, data))
+
+    def _cancel(self, params: Any) -> None:
+        if not isinstance(params, dict):
+            return
+        session_id = params.get("sessionId")
+        record = self._records.get(session_id) if isinstance(session_id, str) else None
+        if record is None:
+            log.debug("acp: session/cancel for unknown session %r ignored", session_id)
+            return
+        try:
+            record.agent.cancel("user")
+        except HarnessError:
+            log.exception("acp: cancelling session %r failed", record.id)
+
+    # ------------------------------------------------------------ teardown
+
+    async def _dispose_record(self, record: _SessionRecord) -> None:
+        record.closing = True
+        try:
+            await record.handle.dispose()
+        except Exception:
+            log.exception("acp: disposing session %r failed", record.id)
+        prompt = record.prompt
+        if prompt is not None:
+            # A message still queued when its agent went away never runs.
+            prompt.remove_observer()
+            prompt.watcher.abandon()
+
+    async def _shutdown(self) -> None:
+        """Dispose every session of this connection and close the bridge scope (idempotent)."""
+        self._closing = True
+        records = list(self._records.values())
+        self._records.clear()
+        if records:
+            async with trio.open_nursery() as nursery:
+                for record in records:
+                    nursery.start_soon(self._dispose_record, record)
+        if self._scope is not None:
+            await self._scope.close()
+
+
+async def serve_stdio(harness: Harness, **options: Any) -> None:
+    """Serve ACP on this process's stdin / stdout until stdin reaches end of input.
+
+    The descriptors are duplicated and wrapped in :class:`trio.lowlevel.FdStream`
+    (no asyncio, no threads); ``sys.stdout`` should not be written to meanwhile.
+
+    Args:
+        harness: the harness whose agents serve the sessions.
+        **options: keyword arguments for :class:`AcpServer`.
+    """
+    server = AcpServer(harness, **options)
+    stdin = trio.lowlevel.FdStream(os.dup(0))
+    stdout = trio.lowlevel.FdStream(os.dup(1))
+    async with stdin, stdout:
+        await server.serve(stdin, stdout)

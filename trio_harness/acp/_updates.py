@@ -1,0 +1,290 @@
+"""Session events -> ACP ``session/update`` payloads, and following one prompt's turn.
+
+The live stream of a prompt is the translation of the events of the turn that
+claimed its message (:class:`TurnWatcher` finds that turn); a ``session/load``
+replays a whole stored log with :func:`replay_updates`.
+
+Translation table (live):
+
+=====================================  ==============================================
+session event                          ACP update
+=====================================  ==============================================
+``assistant/chunk`` (kind text)        ``agent_message_chunk``
+``assistant/chunk`` (kind reasoning)   ``agent_thought_chunk``
+``tool/call``                          ``tool_call`` (status ``in_progress``)
+``tool/result``                        ``tool_call_update`` (``completed`` / ``failed``)
+=====================================  ==============================================
+
+A replay also sends every claimed user message as ``user_message_chunk`` and
+sends the assistant text of each step as one chunk.  Tool call ids are made
+unique within a session by qualifying the model's id with the turn number
+(``"3/call_1"``): scripted and some real providers reuse ids across turns.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Final, Literal, TypeAlias
+
+import attrs
+
+from ..model._protocol import Failure
+from ..session import _events as ev
+
+__all__ = [
+    "StopReason",
+    "TurnOutcome",
+    "TurnWatcher",
+    "first_user_text",
+    "iso_time",
+    "live_update",
+    "replay_updates",
+    "shorten",
+    "stop_reason_for",
+    "tool_call_id",
+    "tool_kind",
+    "tool_title",
+]
+
+StopReason: TypeAlias = Literal["end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"]
+"""The ACP stop reasons of a prompt turn."""
+
+Update: TypeAlias = dict[str, Any]
+
+_TOOL_KINDS: Final[dict[str, str]] = {
+    "bash": "execute",
+    "task_output": "read",
+    "task_list": "read",
+    "task_kill": "delete",
+    "subagent": "think",
+}
+
+
+def shorten(text: str, limit: int = 200) -> str:
+    """``text`` on one line, cut to at most ``limit`` characters with an ellipsis."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    return flat[: max(limit - 1, 0)] + "…"
+
+
+def iso_time(timestamp: float) -> str:
+    """An ISO 8601 UTC time (``2026-01-02T03:04:05Z``) for a POSIX timestamp."""
+    moment = datetime.datetime.fromtimestamp(timestamp, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _parse_arguments(arguments: str) -> Any:
+    try:
+        return json.loads(arguments) if arguments.strip() else {}
+    except (ValueError, RecursionError):
+        return arguments
+
+
+def tool_call_id(turn: int, call_id: str) -> str:
+    """The ACP ``toolCallId`` of a model tool call: unique within the session."""
+    return f"{turn}/{call_id}"
+
+
+def tool_kind(name: str) -> str:
+    """The ACP tool kind shown for a tool name (``other`` when unknown)."""
+    return _TOOL_KINDS.get(name, "other")
+
+
+def tool_title(name: str, arguments: str, limit: int = 80) -> str:
+    """A one-line, human-readable title for a tool call."""
+    parsed = _parse_arguments(arguments)
+    if isinstance(parsed, dict):
+        command = parsed.get("command")
+        if name == "bash" and isinstance(command, str):
+            return f"bash: {shorten(command, limit)}"
+        prompt = parsed.get("prompt")
+        if name == "subagent" and isinstance(prompt, str):
+            return f"subagent: {shorten(prompt, limit)}"
+        if not parsed:
+            return name
+    return f"{name} {shorten(arguments, limit)}"
+
+
+def stop_reason_for(end: ev.TurnEnd) -> tuple[StopReason | None, Failure | None]:
+    """The ACP stop reason of a turn end, or ``(None, failure)`` for an error.
+
+    ``completed`` -> ``end_turn``, ``max-tokens`` -> ``max_tokens``, ``blocked``
+    -> ``max_turn_requests``, ``aborted`` / ``interrupted`` -> ``cancelled``,
+    an error whose failure code is ``refusal`` -> ``refusal``; any other error
+    gives no stop reason and its failure (the prompt answers with an error).
+    """
+    reason = end.reason
+    if reason == "completed":
+        return "end_turn", None
+    if reason == "max-tokens":
+        return "max_tokens", None
+    if reason == "blocked":
+        return "max_turn_requests", None
+    if reason in ("aborted", "interrupted"):
+        return "cancelled", None
+    failure = end.failure or Failure("unknown", "the turn failed without details")
+    if failure.code == "refusal":
+        return "refusal", None
+    return None, failure
+
+
+def _tool_call(event: ev.ToolCallRequested) -> Update:
+    return {
+        "sessionUpdate": "tool_call",
+        "toolCallId": tool_call_id(event.turn, event.call_id),
+        "title": tool_title(event.name, event.arguments),
+        "kind": tool_kind(event.name),
+        "status": "in_progress",
+        "rawInput": _parse_arguments(event.arguments),
+    }
+
+
+def _tool_result(event: ev.ToolResult) -> Update:
+    return {
+        "sessionUpdate": "tool_call_update",
+        "toolCallId": tool_call_id(event.turn, event.call_id),
+        "status": "failed" if event.is_error else "completed",
+        "content": [{"type": "content", "content": _text(event.content)}],
+    }
+
+
+def live_update(event: ev.Event) -> Update | None:
+    """The ``session/update`` payload (the ``update`` object) for a live event, or None."""
+    if isinstance(event, ev.AssistantChunk):
+        if not event.text:
+            return None
+        kind = "agent_message_chunk" if event.kind == "text" else "agent_thought_chunk"
+        return {"sessionUpdate": kind, "content": _text(event.text)}
+    if isinstance(event, ev.ToolCallRequested):
+        return _tool_call(event)
+    if isinstance(event, ev.ToolResult):
+        return _tool_result(event)
+    return None
+
+
+def replay_updates(events: Sequence[ev.Event]) -> Iterator[Update]:
+    """The updates that replay a stored log to a client (``session/load``).
+
+    User messages become ``user_message_chunk``; each step's assistant text and
+    reasoning are sent whole (from ``assistant/message``, or from the chunks of
+    a step that died before its message was logged); tool calls and results
+    as in the live stream.
+    """
+    text: list[str] = []
+    reasoning: list[str] = []
+
+    def pending() -> Iterator[Update]:
+        if reasoning:
+            yield {"sessionUpdate": "agent_thought_chunk", "content": _text("".join(reasoning))}
+        if text:
+            yield {"sessionUpdate": "agent_message_chunk", "content": _text("".join(text))}
+        reasoning.clear()
+        text.clear()
+
+    for event in events:
+        if isinstance(event, ev.UserMessage):
+            yield from pending()
+            yield {"sessionUpdate": "user_message_chunk", "content": _text(event.text)}
+        elif isinstance(event, ev.AssistantChunk):
+            (text if event.kind == "text" else reasoning).append(event.text)
+        elif isinstance(event, ev.AssistantMessage):
+            text[:] = [event.text] if event.text else []
+            reasoning[:] = [event.reasoning] if event.reasoning else []
+            yield from pending()
+        elif isinstance(event, ev.ToolCallRequested):
+            yield from pending()
+            yield _tool_call(event)
+        elif isinstance(event, ev.ToolResult):
+            yield _tool_result(event)
+        elif isinstance(event, ev.StepEnd | ev.TurnEnd):
+            yield from pending()
+    yield from pending()
+
+
+def first_user_text(events: Sequence[ev.Event]) -> str | None:
+    """The text of the first claimed user message of a log, if any."""
+    for event in events:
+        if isinstance(event, ev.UserMessage):
+            return event.text
+    return None
+
+
+@attrs.frozen
+class TurnOutcome:
+    """How a watched prompt ended.
+
+    Attributes:
+        stop_reason: the ACP stop reason, or None when the turn failed.
+        failure: the failure of a failed turn (set exactly when ``stop_reason`` is None).
+        end: the ``turn/end`` event, or None when the message was canceled
+            before a turn claimed it.
+    """
+
+    stop_reason: StopReason | None
+    failure: Failure | None = None
+    end: ev.TurnEnd | None = None
+
+
+@attrs.define(eq=False)
+class TurnWatcher:
+    """Follows one followup message through a session log (a session observer).
+
+    Register it with ``session.observe(watcher)`` *before* sending the message.
+    It waits for the claim of ``message_id`` (which tells the turn), passes
+    every later event of that turn to ``on_event`` and reports the outcome to
+    ``on_done`` exactly once: at the turn's ``turn/end``, or as ``cancelled``
+    when an ``agent/inbox/spliced`` deletion marked canceled removes the
+    message before any turn claimed it.  :meth:`abandon` reports ``cancelled``
+    for a message that will never run (its agent was disposed).
+
+    Attributes:
+        message_id: the id of the watched message.
+        on_event: called with each event of the watched turn (except its end).
+        on_done: called once with the outcome.
+        turn: the turn that claimed the message, once known.
+        done: whether the outcome was reported.
+    """
+
+    message_id: str
+    on_event: Callable[[ev.Event], None]
+    on_done: Callable[[TurnOutcome], None]
+    turn: int | None = None
+    done: bool = False
+
+    def __call__(self, event: ev.Event) -> None:
+        """Observe one appended event."""
+        if self.done:
+            return
+        if self.turn is None:
+            if isinstance(event, ev.InboxSpliced) and self.message_id in event.removed:
+                if event.outcome == "claimed" and event.turn is not None:
+                    self.turn = event.turn
+                elif event.outcome == "canceled":
+                    self._finish(TurnOutcome("cancelled"))
+            elif isinstance(event, ev.UserMessage) and event.message_id == self.message_id:
+                self.turn = event.turn
+            return
+        if isinstance(event, ev.TurnEnd):
+            if event.turn == self.turn:
+                reason, failure = stop_reason_for(event)
+                self._finish(TurnOutcome(reason, failure, event))
+            return
+        if getattr(event, "turn", None) == self.turn:
+            self.on_event(event)
+
+    def abandon(self) -> None:
+        """Report ``cancelled`` unless the outcome is known already."""
+        self._finish(TurnOutcome("cancelled"))
+
+    def _finish(self, outcome: TurnOutcome) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.on_done(outcome)
