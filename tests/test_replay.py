@@ -91,3 +91,13 @@ def test_missing_or_bad_file_is_a_model_error(tmp_path: Path) -> None:
     bad.write_text("not json\n")
     with pytest.raises(ModelError, match="not a readable session log"):
         ReplayModel.from_file(bad)
+
+
+async def test_replay_spec_string(tmp_path: Path) -> None:
+    from trio_harness.model import resolve_model
+
+    path = await record(tmp_path)
+    model = resolve_model(f"replay:{path}")
+    assert isinstance(model, ReplayModel) and model.remaining == 3
+    with pytest.raises(ModelError, match="names no session log"):
+        resolve_model("replay:")

@@ -148,6 +148,11 @@ async def open_harness(
         bus = EventBus()
         sessions = SessionStore(persistence=persistence, bus=bus, clock=clock)
         harness = Harness(scope=root, bus=bus, sessions=sessions, model=provider)
+        if isinstance(model, str):
+            # A provider we built from a spec is ours to close (its HTTP client), last.
+            aclose = getattr(provider, "aclose", None)
+            if aclose is not None:
+                root.add_exit_callback(aclose)
 
         sessions_scope = await root.open_child("sessions")
         sessions_scope.add_exit_callback(lambda: _close_sessions(sessions))

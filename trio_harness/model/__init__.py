@@ -1,5 +1,6 @@
 """Model providers behind one streaming protocol."""
 
+from ._openai import OpenAIProvider as OpenAIProvider
 from ._protocol import AssistantMessage as AssistantMessage
 from ._protocol import Chunk as Chunk
 from ._protocol import Emit as Emit
@@ -17,4 +18,6 @@ from ._protocol import ToolMessage as ToolMessage
 from ._protocol import ToolSpec as ToolSpec
 from ._protocol import Usage as Usage
 from ._protocol import UserMessage as UserMessage
+from ._replay import ReplayModel as ReplayModel
 from ._scripted import ScriptedModel as ScriptedModel
+from ._spec import resolve_model as resolve_model

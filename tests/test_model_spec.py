@@ -1,0 +1,168 @@
+"""resolve_model: every spec form, API keys from the environment, bad specs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trio_harness._errors import ModelError
+from trio_harness.model._openai import OpenAIProvider
+from trio_harness.model._protocol import Emit, ModelProvider, ModelRequest
+from trio_harness.model._spec import DEEPSEEK_BASE_URL, OPENAI_BASE_URL, resolve_model
+
+
+def openai_provider(spec: str, env: dict[str, str]) -> OpenAIProvider:
+    provider = resolve_model(spec, env=env)
+    assert isinstance(provider, OpenAIProvider)
+    assert isinstance(provider, ModelProvider)
+    return provider
+
+
+def test_deepseek() -> None:
+    provider = openai_provider("deepseek:deepseek-chat", {"DEEPSEEK_API_KEY": "sk-ds"})
+    assert provider.model == "deepseek-chat"
+    assert provider.base_url == DEEPSEEK_BASE_URL == "https://api.deepseek.com"
+    assert provider.url == "https://api.deepseek.com/chat/completions"
+    assert provider.api_key == "sk-ds"
+    assert provider.name == "deepseek:deepseek-chat"
+
+
+def test_deepseek_requires_its_key() -> None:
+    for env in ({}, {"DEEPSEEK_API_KEY": ""}, {"DEEPSEEK_API_KEY": "  "}, {"OPENAI_API_KEY": "x"}):
+        with pytest.raises(ModelError, match="DEEPSEEK_API_KEY"):
+            resolve_model("deepseek:deepseek-reasoner", env=env)
+
+
+def test_openai_default_base_url() -> None:
+    provider = openai_provider("openai:gpt-4o-mini", {"OPENAI_API_KEY": "sk-oa"})
+    assert provider.model == "gpt-4o-mini"
+    assert provider.base_url == OPENAI_BASE_URL == "https://api.openai.com/v1"
+    assert provider.url == "https://api.openai.com/v1/chat/completions"
+    assert provider.api_key == "sk-oa"
+    assert provider.name == "openai:gpt-4o-mini"
+
+
+def test_openai_default_base_url_requires_key() -> None:
+    with pytest.raises(ModelError, match="OPENAI_API_KEY"):
+        resolve_model("openai:gpt-4o-mini", env={})
+
+
+@pytest.mark.parametrize(
+    ("spec", "model", "base_url"),
+    [
+        ("openai:llama3@http://localhost:11434/v1", "llama3", "http://localhost:11434/v1"),
+        ("openai:Qwen/Qwen2.5-7B@http://10.0.0.5:8000", "Qwen/Qwen2.5-7B", "http://10.0.0.5:8000"),
+        ("openai:m@https://gw.example.com/api/v1/", "m", "https://gw.example.com/api/v1/"),
+        # An "@" inside the model name is kept; the base URL starts at "@http".
+        ("openai:claude@2024@https://x.example/v1", "claude@2024", "https://x.example/v1"),
+    ],
+)
+def test_openai_with_base_url_key_optional(spec: str, model: str, base_url: str) -> None:
+    provider = openai_provider(spec, {})
+    assert provider.model == model
+    assert provider.base_url == base_url
+    assert provider.api_key is None
+    assert provider.name == f"openai:{model}@{base_url}"
+    with_key = openai_provider(spec, {"OPENAI_API_KEY": "sk-local"})
+    assert with_key.api_key == "sk-local"
+
+
+def test_env_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEEPSEEK_API_KEY", "from-environ")
+    provider = resolve_model("deepseek:deepseek-chat")
+    assert isinstance(provider, OpenAIProvider)
+    assert provider.api_key == "from-environ"
+    monkeypatch.delenv("DEEPSEEK_API_KEY")
+    with pytest.raises(ModelError, match="DEEPSEEK_API_KEY"):
+        resolve_model("deepseek:deepseek-chat")
+
+
+def test_whitespace_and_prefix_case_are_tolerated() -> None:
+    provider = openai_provider("  DeepSeek:deepseek-chat \n", {"DEEPSEEK_API_KEY": "k"})
+    assert provider.model == "deepseek-chat"
+
+
+def test_provider_object_is_returned_unchanged() -> None:
+    class Custom:
+        @property
+        def name(self) -> str:
+            return "custom"
+
+        async def stream(self, request: ModelRequest, emit: Emit) -> None:
+            raise NotImplementedError
+
+    custom = Custom()
+    assert resolve_model(custom) is custom
+    openai = OpenAIProvider(model="m", base_url="http://127.0.0.1:1")
+    assert resolve_model(openai, env={}) is openai
+
+
+def test_scripted_calls_from_file_lazily(monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded: list[Any] = []
+
+    class FakeScripted:
+        name = "scripted"
+
+        @classmethod
+        def from_file(cls, path: Any) -> FakeScripted:
+            loaded.append(path)
+            return cls()
+
+        async def stream(self, request: ModelRequest, emit: Emit) -> None:
+            raise NotImplementedError
+
+    fake = types.ModuleType("trio_harness.model._scripted")
+    fake.ScriptedModel = FakeScripted  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "trio_harness.model._scripted", fake)
+    provider = resolve_model("scripted:/tmp/some script.json", env={})
+    assert isinstance(provider, FakeScripted)
+    assert [str(p) for p in loaded] == ["/tmp/some script.json"]
+
+
+def test_scripted_with_a_real_file(tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"responses": [{"text": "Hello!"}]}))
+    provider = resolve_model(f"scripted:{script}", env={})
+    assert isinstance(provider, ModelProvider)
+    assert type(provider).__name__ == "ScriptedModel"
+
+
+def test_scripted_missing_file_is_a_model_error(tmp_path: Path) -> None:
+    with pytest.raises(ModelError):
+        resolve_model(f"scripted:{tmp_path / 'missing.json'}", env={})
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("", "accepted forms"),
+        ("gpt-4o", "accepted forms"),
+        ("anthropic:claude", "accepted forms"),
+        ("deepseek", "accepted forms"),
+        ("deepseek:", "names no model"),
+        ("deepseek:   ", "names no model"),
+        ("openai:", "names no model"),
+        ("openai:@http://localhost:8000/v1", "names no model"),
+        ("openai:llama3@localhost:8000", "must start with http:// or https://"),
+        ("openai:llama3@", "must start with http:// or https://"),
+        ("scripted:", "names no script file"),
+    ],
+)
+def test_bad_specs(spec: str, needle: str) -> None:
+    env = {"DEEPSEEK_API_KEY": "k", "OPENAI_API_KEY": "k"}
+    with pytest.raises(ModelError, match=needle) as info:
+        resolve_model(spec, env=env)
+    if needle in ("names no model", "accepted forms"):
+        message = str(info.value)
+        for form in ("deepseek:MODEL", "openai:MODEL@BASE_URL", "scripted:PATH"):
+            assert form in message
+
+
+def test_not_a_spec_at_all() -> None:
+    with pytest.raises(ModelError, match="accepted forms"):
+        resolve_model(42, env={})  # type: ignore[arg-type]

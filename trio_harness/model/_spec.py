@@ -1,0 +1,134 @@
+"""Turning a model spec string (the CLI's ``--model SPEC``) into a provider.
+
+Accepted forms:
+
+* ``deepseek:MODEL`` - DeepSeek's API, key from ``DEEPSEEK_API_KEY`` (required);
+* ``openai:MODEL`` - OpenAI's API, key from ``OPENAI_API_KEY`` (required);
+* ``openai:MODEL@BASE_URL`` - any OpenAI-compatible server (vLLM, Ollama,
+  llama.cpp, a gateway); ``OPENAI_API_KEY`` is sent when set, and optional;
+* ``scripted:PATH`` - a :class:`~trio_harness.model._scripted.ScriptedModel`
+  replaying a script file (for tests and demos; ``~`` is expanded);
+* ``replay:PATH`` - a :class:`~trio_harness.model._replay.ReplayModel`
+  answering from a recorded session log (``session.jsonl``), offline;
+* a :class:`~trio_harness.model.ModelProvider` object, returned unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Final
+
+from .._errors import ModelError
+from ._openai import OpenAIProvider
+from ._protocol import ModelProvider
+
+__all__ = ["DEEPSEEK_BASE_URL", "OPENAI_BASE_URL", "resolve_model"]
+
+DEEPSEEK_BASE_URL: Final = "https://api.deepseek.com"
+"""The base URL of ``deepseek:`` specs."""
+
+OPENAI_BASE_URL: Final = "https://api.openai.com/v1"
+"""The base URL of ``openai:MODEL`` specs without ``@BASE_URL``."""
+
+_FORMS: Final = (
+    "accepted forms: 'deepseek:MODEL' (key from DEEPSEEK_API_KEY), "
+    "'openai:MODEL' (key from OPENAI_API_KEY), "
+    "'openai:MODEL@BASE_URL' (OPENAI_API_KEY optional), 'scripted:PATH', 'replay:PATH', "
+    "or a ModelProvider object"
+)
+
+_BASE_URL_AT: Final = re.compile(r"@(?=https?://)", re.IGNORECASE)
+
+
+def resolve_model(spec: str | ModelProvider, *, env: Mapping[str, str] | None = None) -> ModelProvider:
+    """Return the provider a model spec names.
+
+    Nothing is sent over the network: a missing API key is reported here,
+    before any request.
+
+    Args:
+        spec: a spec string (see the module docstring) or a provider, which is
+            returned unchanged.
+        env: where API keys are read from; defaults to ``os.environ``.
+
+    Returns:
+        The provider.  An :class:`~trio_harness.model._openai.OpenAIProvider`
+        made here owns an HTTP client: close it with ``aclose()`` when done.
+
+    Raises:
+        ModelError: the spec is malformed (unknown prefix, empty model name or
+            path, bad base URL) or a required API key is not set.
+    """
+    if not isinstance(spec, str):
+        if isinstance(spec, ModelProvider):
+            return spec
+        raise ModelError(f"model spec must be a string or a ModelProvider, not {spec!r}; {_FORMS}")
+    environ: Mapping[str, str] = os.environ if env is None else env
+    text = spec.strip()
+    prefix, colon, rest = text.partition(":")
+    prefix = prefix.lower()
+    if not colon or prefix not in ("deepseek", "openai", "scripted", "replay"):
+        raise ModelError(f"unknown model spec {spec!r}; {_FORMS}")
+    rest = rest.strip()
+    if prefix == "replay":
+        if not rest:
+            raise ModelError(f"model spec {spec!r} names no session log; {_FORMS}")
+        from ._replay import ReplayModel
+
+        return ReplayModel.from_file(os.path.expanduser(rest))
+    if prefix == "scripted":
+        if not rest:
+            raise ModelError(f"model spec {spec!r} names no script file; {_FORMS}")
+        from ._scripted import ScriptedModel
+
+        return ScriptedModel.from_file(os.path.expanduser(rest))
+    if prefix == "deepseek":
+        model = rest
+        _check_model(spec, model)
+        return OpenAIProvider(
+            model=model,
+            base_url=DEEPSEEK_BASE_URL,
+            api_key=_key(environ, "DEEPSEEK_API_KEY", spec, required=True),
+            name=f"deepseek:{model}",
+        )
+    # openai
+    found = _BASE_URL_AT.search(rest)
+    if found is not None:
+        model, base_url = rest[: found.start()], rest[found.end() :]
+        _check_model(spec, model)
+        return OpenAIProvider(
+            model=model,
+            base_url=base_url,
+            api_key=_key(environ, "OPENAI_API_KEY", spec, required=False),
+            name=f"openai:{model}@{base_url}",
+        )
+    if "@" in rest:
+        model, _, base_url = rest.rpartition("@")
+        raise ModelError(
+            f"model spec {spec!r}: base URL {base_url!r} must start with http:// or https://"
+            f" (e.g. 'openai:{model or 'MODEL'}@http://localhost:8000/v1'); {_FORMS}"
+        )
+    model = rest
+    _check_model(spec, model)
+    return OpenAIProvider(
+        model=model,
+        base_url=OPENAI_BASE_URL,
+        api_key=_key(environ, "OPENAI_API_KEY", spec, required=True),
+        name=f"openai:{model}",
+    )
+
+
+def _check_model(spec: str, model: str) -> None:
+    if not model or model.isspace():
+        raise ModelError(f"model spec {spec!r} names no model; {_FORMS}")
+
+
+def _key(environ: Mapping[str, str], variable: str, spec: str, *, required: bool) -> str | None:
+    key = environ.get(variable, "").strip()
+    if key:
+        return key
+    if required:
+        raise ModelError(f"model spec {spec!r} needs an API key: set the {variable} environment variable")
+    return None
