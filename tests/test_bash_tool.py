@@ -90,13 +90,28 @@ async def test_scripted_background_scenario_with_completion_notices() -> None:
         [
             {
                 "tool_calls": [
-                    {"name": "bash", "arguments": {"command": "sleep 0.3; echo built", "description": "build"}}
+                    {
+                        "name": "bash",
+                        "arguments": {
+                            "command": "sleep 0.3; echo built",
+                            "description": "build",
+                            "run_in_background": True,
+                        },
+                    }
                 ]
             },
             {"tool_calls": [{"name": "task_list", "arguments": {}}]},
-            {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 0.1; echo second"}}]},
+            {
+                "tool_calls": [
+                    {"name": "bash", "arguments": {"command": "sleep 0.1; echo second", "run_in_background": True}}
+                ]
+            },
             {"tool_calls": [{"name": "task_output", "arguments": {"task_id": "bash-1", "wait": True}}]},
-            {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 0.5; echo third"}}]},
+            {
+                "tool_calls": [
+                    {"name": "bash", "arguments": {"command": "sleep 0.5; echo third", "run_in_background": True}}
+                ]
+            },
             {"text": "build finished"},
             {"text": "noted the third task"},
         ]
@@ -125,7 +140,12 @@ async def test_scripted_background_scenario_with_completion_notices() -> None:
 
 async def test_disposing_the_owner_kills_the_whole_group() -> None:
     command = "sleep 300 & sleep 300 & wait"
-    model = ScriptedModel([{"tool_calls": [{"name": "bash", "arguments": {"command": command}}]}, {"text": "started"}])
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": command, "run_in_background": True}}]},
+            {"text": "started"},
+        ]
+    )
     async with open_test_harness(model, builtin_tools=True) as h:
         handle = await h.agents.create()
         handle.agent.followup("start it")
@@ -143,7 +163,10 @@ async def test_disposing_the_owner_kills_the_whole_group() -> None:
 
 async def test_harness_exit_kills_unfinished_background_groups() -> None:
     model = ScriptedModel(
-        [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 300 & wait"}}]}, {"text": "x"}]
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 300 & wait", "run_in_background": True}}]},
+            {"text": "x"},
+        ]
     )
     async with open_test_harness(model, builtin_tools=True) as h:
         agent = (await h.agents.create()).agent
@@ -156,7 +179,14 @@ async def test_harness_exit_kills_unfinished_background_groups() -> None:
 
 async def test_plugin_reload_keeps_the_task_running_and_private() -> None:
     model = ScriptedModel(
-        [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo ready; sleep 300"}}]}, {"text": "ok"}]
+        [
+            {
+                "tool_calls": [
+                    {"name": "bash", "arguments": {"command": "echo ready; sleep 300", "run_in_background": True}}
+                ]
+            },
+            {"text": "ok"},
+        ]
     )
     async with open_test_harness(model, builtin_tools=True) as h:
         owner = (await h.agents.create(session_id="owner")).agent
@@ -187,7 +217,12 @@ async def test_plugin_reload_keeps_the_task_running_and_private() -> None:
 
 async def test_kill_sigterm_then_sigkill_for_a_stubborn_group() -> None:
     command = "trap '' TERM; sleep 300 & wait"
-    model = ScriptedModel([{"tool_calls": [{"name": "bash", "arguments": {"command": command}}]}, {"text": "x"}])
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": command, "run_in_background": True}}]},
+            {"text": "x"},
+        ]
+    )
     async with open_test_harness(model, builtin_tools=True, bash_options={"grace_period": 0.3}) as h:
         agent = (await h.agents.create()).agent
         agent.followup("go")

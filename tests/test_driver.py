@@ -406,7 +406,7 @@ async def test_idle_inject_parks_and_steer_opens_a_turn(autojump_clock: trio.tes
 async def test_maintenance_holds_idle_and_defers_wakes(autojump_clock: trio.testing.MockClock) -> None:
     model = ScriptedModel([{"text": "after maintenance"}])
     async with open_test_harness(model) as h, h.agents.open() as agent:
-        async with agent.maintenance():  # type: ignore[attr-defined]
+        async with agent.maintenance():
             agent.followup("during")
             await trio.sleep(5)
             assert model.requests == [] and agent.status == "idle"

@@ -62,7 +62,7 @@ class TrioPortal:
 
     async def _main(self) -> None:
         self._stop = trio.Event()
-        async with open_test_harness(self.model) as harness:  # type: ignore[arg-type]
+        async with open_test_harness(self.model) as harness:
             self.harness = harness
             self._ready.put(trio.lowlevel.current_trio_token())
             await self._stop.wait()

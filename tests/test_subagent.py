@@ -98,7 +98,14 @@ async def test_child_tool_set_can_be_filtered() -> None:
 async def test_background_subagent_task_and_kill_cancels_the_child(autojump_clock: trio.testing.MockClock) -> None:
     model = ScriptedModel(
         [
-            {"tool_calls": [{"name": "subagent", "arguments": {"prompt": "long job", "description": "long job"}}]},
+            {
+                "tool_calls": [
+                    {
+                        "name": "subagent",
+                        "arguments": {"prompt": "long job", "description": "long job", "run_in_background": True},
+                    }
+                ]
+            },
             {"text": "started it"},
         ]
     )
@@ -124,7 +131,7 @@ async def test_background_subagent_task_and_kill_cancels_the_child(autojump_cloc
 async def test_background_subagent_completion_is_readable(autojump_clock: trio.testing.MockClock) -> None:
     model = ScriptedModel(
         [
-            {"tool_calls": [{"name": "subagent", "arguments": {"prompt": "compute"}}]},
+            {"tool_calls": [{"name": "subagent", "arguments": {"prompt": "compute", "run_in_background": True}}]},
             {"text": "waiting"},
             {"tool_calls": [{"name": "task_output", "arguments": {"task_id": "subagent-1"}}]},
             {"text": "the answer is 42"},
@@ -149,7 +156,12 @@ async def test_background_subagent_completion_is_readable(autojump_clock: trio.t
 
 
 async def test_parent_disposal_disposes_a_background_child(autojump_clock: trio.testing.MockClock) -> None:
-    model = ScriptedModel([{"tool_calls": [{"name": "subagent", "arguments": {"prompt": "forever"}}]}, {"text": "ok"}])
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "subagent", "arguments": {"prompt": "forever", "run_in_background": True}}]},
+            {"text": "ok"},
+        ]
+    )
     options = {"child_options": AgentOptions(model=ScriptedModel([{"hang": True}]))}
     async with open_test_harness(model, builtin_tools=["tasks", "subagent"], subagent_options=options) as h:
         handle = await h.agents.create(options=AgentOptions())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
 __all__ = ["Agent", "AgentStatus"]
 
 AgentStatus = Literal["idle", "running"]
+"""The public status of an agent: ``"running"`` while its driver drains work, else ``"idle"``."""
 
 
 class Agent(Protocol):
@@ -91,4 +93,8 @@ class Agent(Protocol):
 
     async def when_idle(self) -> None:
         """Wait until the agent has no activity (following replacement work)."""
+        ...
+
+    def maintenance(self) -> AbstractAsyncContextManager[None]:
+        """Hold the truly idle phase for maintenance; waking input waits until it ends."""
         ...

@@ -392,7 +392,7 @@ class ReactAgent:
         sections = (*self._harness.tools.prompt_sections(), *self._tools.prompt_sections())
         system = "\n\n".join((self._options.system_prompt, *sections)) if sections else self._options.system_prompt
         return ModelRequest(
-            model=self._options.model_name or "",
+            model=self._options.model_name or getattr(self._provider, "model", "") or "",
             system=system,
             messages=self._history.messages(),
             tools=tuple(tool.spec for tool in tools.values()),

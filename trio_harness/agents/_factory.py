@@ -36,6 +36,9 @@ class ReactLoopFactory:
             from ..model._spec import resolve_model
 
             provider = resolve_model(options.model)
+            aclose = getattr(provider, "aclose", None)
+            if aclose is not None:  # built here from a spec: ours to close, with the agent
+                scope.add_exit_callback(aclose)
         elif options.model is not None:
             provider = options.model
         elif harness.model is not None:

@@ -25,7 +25,6 @@ unwind (tools, owned tasks); then the agent leaves the registry
 from __future__ import annotations
 
 import builtins
-
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from types import TracebackType

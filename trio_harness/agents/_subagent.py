@@ -32,9 +32,7 @@ DESCRIPTION = (
     "Run a subagent: a fresh agent with its own context that works on the task you describe "
     "and returns its final answer. Give it a complete, self-contained prompt."
 )
-BACKGROUND_HELP = (
-    " With run_in_background (the default) it returns a task id at once; collect the answer with task_output."
-)
+BACKGROUND_HELP = " With run_in_background=true it returns a task id at once; collect the answer with task_output."
 
 
 def subagent_depth(harness: Harness, agent_id: str) -> int:
@@ -93,7 +91,7 @@ class SubagentToolPlugin:
     harness: Harness
     max_depth: int = 3
     run_in_background: bool = True
-    background_default: bool = True
+    background_default: bool = False
     child_tools: Collection[str] | None = None
     child_options: AgentOptions = attrs.field(factory=AgentOptions)
 

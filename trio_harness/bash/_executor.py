@@ -703,15 +703,8 @@ class BashExecutor:
             raise BashError(f"workdir {workdir!r} is not a directory")
 
         timeout = self.default_timeout if request.timeout is None else request.timeout
-        if (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            or math.isnan(timeout)
-            or timeout <= 0
-        ):
-            raise BashError(
-                f"timeout must be a positive number of seconds, got {request.timeout!r}"
-            )
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(timeout) or timeout <= 0:
+            raise BashError(f"timeout must be a positive number of seconds, got {request.timeout!r}")
         timeout = float(min(timeout, self.max_timeout))
 
         owner = request.owner
@@ -724,9 +717,7 @@ class BashExecutor:
                 if not isinstance(key, str) or not key or "=" in key or "\0" in key:
                     raise BashError(f"env name {key!r} is not a valid variable name")
                 if not isinstance(value, str) or "\0" in value:
-                    raise BashError(
-                        f"env value for {key!r} must be a string without NUL, got {value!r}"
-                    )
+                    raise BashError(f"env value for {key!r} must be a string without NUL, got {value!r}")
             env = types.MappingProxyType(dict(request.env))
 
         return BashSpec(command=command, workdir=workdir, timeout=timeout, owner=owner, env=env)
@@ -760,8 +751,7 @@ class BashExecutor:
             )
         except OSError as exc:
             raise BashError(
-                f"could not start {self.shell!r} in workdir {spec.workdir!r} for "
-                f"{spec.command!r}: {exc}"
+                f"could not start {self.shell!r} in workdir {spec.workdir!r} for {spec.command!r}: {exc}"
             ) from exc
         assert process.stdout is not None
         assert process.stderr is not None
@@ -813,9 +803,7 @@ class BashExecutor:
                 the executor is closed.
         """
         spec = self._recheck(spec)
-        core = await self._spawn(
-            spec, _Stream("stdout", self.tail_bytes), _Stream("stderr", self.tail_bytes)
-        )
+        core = await self._spawn(spec, _Stream("stdout", self.tail_bytes), _Stream("stderr", self.tail_bytes))
         timed_out = False
         try:
             with trio.move_on_after(spec.timeout):
@@ -1012,9 +1000,7 @@ async def open_bash_executor(
     Raises:
         BashError: a setting is invalid.
     """
-    directory = _check_settings(
-        tail_bytes, grace_period, default_timeout, max_timeout, shell, spill_dir
-    )
+    directory = _check_settings(tail_bytes, grace_period, default_timeout, max_timeout, shell, spill_dir)
 
     body_error: BaseException | None = None
     unwrapped: BaseException | None = None
@@ -1040,11 +1026,7 @@ async def open_bash_executor(
     except BaseExceptionGroup as group:
         # The nursery wraps what the body raised; hand it back unwrapped when it
         # is the only error, so callers see their own exception.
-        if (
-            body_error is None
-            or len(group.exceptions) != 1
-            or group.exceptions[0] is not body_error
-        ):
+        if body_error is None or len(group.exceptions) != 1 or group.exceptions[0] is not body_error:
             raise
         unwrapped = body_error
     if unwrapped is not None:

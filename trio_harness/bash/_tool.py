@@ -29,9 +29,9 @@ DESCRIPTION = (
     "markers for a nonzero exit code, a signal or a timeout."
 )
 BACKGROUND = (
-    " With run_in_background (the default) the command starts as a background task and the call "
-    "returns its id at once: read its output with task_output, stop it with task_kill. Use "
-    "run_in_background=false for quick commands whose output you need now."
+    " With run_in_background=true the command starts as a background task and the call returns "
+    "its id at once: read its output with task_output, stop it with task_kill. Use it for long "
+    "commands (builds, servers, test suites) while you keep working."
 )
 
 
@@ -53,7 +53,7 @@ class BashToolPlugin:
     name: ClassVar[str] = "bash"
     harness: Harness
     run_in_background: bool = True
-    background_default: bool = True
+    background_default: bool = False
     output_limit_bytes: int | None = None
 
     def tool(self) -> Tool:

@@ -89,6 +89,7 @@ class ToolMessage:
 
 
 Message: TypeAlias = UserMessage | AssistantMessage | ToolMessage
+"""One message of a model request's conversation."""
 
 
 @attrs.frozen
@@ -183,8 +184,10 @@ class Retry:
 
 
 Chunk: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta | Usage | Finish | Retry
+"""Anything a provider reports through ``emit``; a stream ends with one :class:`Finish`."""
 
 Emit: TypeAlias = Callable[[Chunk], None]
+"""The callback a provider reports chunks through, in order."""
 
 
 @runtime_checkable

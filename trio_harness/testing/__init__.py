@@ -11,17 +11,26 @@ and use the fixtures with pytest-trio (``trio_mode = true``)::
         async with harness.agents.open() as agent:
             agent.followup("hi")
             await agent.when_idle()
-        assert_events(agent.session, ["turn/start", "step/start", ..., "turn/end"], ignore=NOISE)
+        assert_events(
+            agent.session,
+            ["turn/start", "step/start", "user/message", "assistant/message", "step/end", "turn/end"],
+            ignore=NOISE,
+        )
 
 Everything runs on Trio's clock, so tests are deterministic under
 ``autojump_clock`` and never sleep on the real clock.
 """
+
+import importlib.util as _importlib_util
 
 from ._assertions import NOISE as NOISE
 from ._assertions import EventLogMismatch as EventLogMismatch
 from ._assertions import assert_balanced as assert_balanced
 from ._assertions import assert_events as assert_events
 from ._assertions import event_types as event_types
-from ._fixtures import harness as harness
-from ._fixtures import open_test_harness as open_test_harness
-from ._fixtures import scripted_model as scripted_model
+from ._harness import open_test_harness as open_test_harness
+
+# The fixtures need pytest; the helpers above work without it (in scripts, examples).
+if _importlib_util.find_spec("pytest") is not None:
+    from ._fixtures import harness as harness
+    from ._fixtures import scripted_model as scripted_model
