@@ -170,12 +170,8 @@ async def test_resolve_rejects_file_as_workdir(executor: BashExecutor, tmp_path:
 
 
 @pytest.mark.parametrize(("timeout", "shown"), [(0, "0"), (-1.5, "-1.5"), (math.nan, "nan")])
-async def test_resolve_rejects_non_positive_timeout(
-    executor: BashExecutor, timeout: float, shown: str
-) -> None:
-    with pytest.raises(
-        BashError, match=rf"timeout must be a positive number of seconds, got {shown}"
-    ):
+async def test_resolve_rejects_non_positive_timeout(executor: BashExecutor, timeout: float, shown: str) -> None:
+    with pytest.raises(BashError, match=rf"timeout must be a positive number of seconds, got {shown}"):
         executor.resolve(BashRequest("true", timeout=timeout))
 
 
@@ -185,9 +181,7 @@ async def test_resolve_rejects_bad_env(executor: BashExecutor) -> None:
 
 
 async def test_env_is_set_on_top_of_inherited(executor: BashExecutor) -> None:
-    result = await run(
-        executor, 'echo "$HARNESS_TEST_VAR:${PATH:+has-path}"', env={"HARNESS_TEST_VAR": "v1"}
-    )
+    result = await run(executor, 'echo "$HARNESS_TEST_VAR:${PATH:+has-path}"', env={"HARNESS_TEST_VAR": "v1"})
     assert result.stdout == "v1:has-path\n"
 
 
@@ -247,17 +241,13 @@ async def test_run_keeps_bounded_tails(tmp_path: Path) -> None:
     rendered = render_result(result)
     dropped = len(expected) - 100
     assert rendered.startswith(f"[output truncated: {dropped} earlier bytes of stdout not shown]\n")
-    assert (
-        f"[stderr]\n[output truncated: {dropped} earlier bytes of stderr not shown]\n" in rendered
-    )
+    assert f"[stderr]\n[output truncated: {dropped} earlier bytes of stderr not shown]\n" in rendered
 
 
 async def test_run_timeout_kills_the_whole_group(executor: BashExecutor, tmp_path: Path) -> None:
     pid_file = tmp_path / "pgid"
     with trio.fail_after(BOUND):
-        result = await run(
-            executor, f"echo $$ > {pid_file}; sleep 300 & sleep 300 & wait", timeout=2.0
-        )
+        result = await run(executor, f"echo $$ > {pid_file}; sleep 300 & sleep 300 & wait", timeout=2.0)
     assert result.timed_out
     assert result.exit_code is None
     assert result.signal == signal.SIGTERM
@@ -309,9 +299,7 @@ def test_render_result_markers() -> None:
 # ------------------------------------------------------------------ start / read_output
 
 
-async def test_start_reads_are_incremental_and_consuming(
-    executor: BashExecutor, tmp_path: Path
-) -> None:
+async def test_start_reads_are_incremental_and_consuming(executor: BashExecutor, tmp_path: Path) -> None:
     go = tmp_path / "go"
     proc = await start(executor, f"echo one; while [ ! -e {go} ]; do sleep 0.01; done; echo two")
     assert proc.id == "proc-1"
@@ -346,14 +334,10 @@ async def test_start_only_stderr_has_marker(executor: BashExecutor) -> None:
     assert proc.read_output() == "[stderr]\nerr\n"
 
 
-async def test_utf8_char_split_across_chunks_is_held_back(
-    executor: BashExecutor, tmp_path: Path
-) -> None:
+async def test_utf8_char_split_across_chunks_is_held_back(executor: BashExecutor, tmp_path: Path) -> None:
     go = tmp_path / "go"
     # "€" is e2 82 ac: the first two bytes arrive, then, later, the last one.
-    proc = await start(
-        executor, f"printf 'a\\342\\202'; while [ ! -e {go} ]; do sleep 0.01; done; printf '\\254b'"
-    )
+    proc = await start(executor, f"printf 'a\\342\\202'; while [ ! -e {go} ]; do sleep 0.01; done; printf '\\254b'")
     with trio.fail_after(BOUND):
         await wait_until(lambda: proc.stdout_bytes == 3)
         assert proc.read_output() == "a"
@@ -376,9 +360,7 @@ async def test_lossy_read_with_small_tail_keeps_utf8_boundaries(tmp_path: Path) 
         with trio.fail_after(BOUND):
             await proc.wait()
         # The tail holds ac e2 82 ac: the orphan continuation byte is dropped too.
-        assert proc.read_output() == (
-            f"[output truncated: 9 bytes not shown; full stdout in {proc.stdout_path}]\n€"
-        )
+        assert proc.read_output() == (f"[output truncated: 9 bytes not shown; full stdout in {proc.stdout_path}]\n€")
         assert Path(proc.stdout_path).read_text() == "€€€€"
 
 
@@ -578,9 +560,7 @@ async def test_owner_of_get_list_release(executor: BashExecutor) -> None:
             await proc.wait()
     # Finished but not released: still known.
     assert executor.owner_of("proc-2") == ""
-    with pytest.raises(
-        BashProcessNotFoundError, match=r"no bash process with id 'proc-99'"
-    ) as info:
+    with pytest.raises(BashProcessNotFoundError, match=r"no bash process with id 'proc-99'") as info:
         executor.owner_of("proc-99")
     assert str(info.value) == "no bash process with id 'proc-99'"
     empty.release()
