@@ -114,6 +114,8 @@ class Tool:
             ValueError: with a message the model can act on.
         """
         args = parse_arguments(arguments)
+        if self._validator.is_valid(args):  # the common case, without collecting errors
+            return args
         errors = sorted(self._validator.iter_errors(args), key=lambda e: list(e.absolute_path))
         if errors:
             details = "; ".join(

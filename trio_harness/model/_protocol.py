@@ -15,7 +15,7 @@ call per chunk is the cheapest thing the hot path can do.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 import attrs
@@ -115,7 +115,7 @@ class ModelRequest:
 
     model: str
     system: str
-    messages: tuple[Message, ...]
+    messages: Sequence[Message]
     tools: tuple[ToolSpec, ...] = ()
     max_tokens: int | None = None
 
