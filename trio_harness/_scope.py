@@ -69,17 +69,31 @@ class LoadedPlugin:
     scope: Scope
 
 
-async def _run_callback(callback: ExitCallback, where: str, bound: float) -> None:
-    """Run one exit callback, contained: errors are logged, slow ones abandoned."""
-    try:
-        result = callback()
-        if inspect.isawaitable(result):
-            with trio.move_on_after(bound) as limit:
-                await result
-            if limit.cancelled_caught:
-                log.warning("exit callback %r of %s did not finish in %ss", callback, where, bound)
-    except Exception:
-        log.exception("exit callback %r of scope %s failed", callback, where)
+async def _unwind(callbacks: list[ExitCallback | None], *, lifo: bool, where: str, bound: float) -> None:
+    """Run (and consume) ``callbacks``, shielded, each async one bounded by ``bound`` seconds.
+
+    Errors are logged and contained; a callback still running after ``bound``
+    is abandoned with a warning and the rest still run.  One shielded cancel
+    scope serves the whole run (its deadline is moved per callback) until a
+    callback times out, which is the only reason to open another.
+    """
+    while callbacks:
+        current: ExitCallback | None = None
+        with trio.CancelScope(shield=True) as shield:
+            while callbacks:
+                current = callbacks.pop() if lifo else callbacks.pop(0)
+                if current is None:
+                    continue
+                try:
+                    result = current()
+                    if inspect.isawaitable(result):
+                        shield.deadline = trio.current_time() + bound
+                        await result
+                        shield.deadline = math.inf
+                except Exception:
+                    log.exception("exit callback %r of scope %s failed", current, where)
+        if shield.cancelled_caught:
+            log.warning("exit callback %r of %s did not finish in %ss", current, where, bound)
 
 
 @attrs.define(eq=False, repr=False)
@@ -222,21 +236,19 @@ class Scope:
                     yield
                 finally:
                     self._closing = True
-                    with trio.CancelScope(shield=True):
-                        for hook in self._close_hooks:
-                            await _run_callback(hook, self.name, self.teardown_timeout)
+                    if self._close_hooks:
+                        hooks: list[ExitCallback | None] = list(self._close_hooks)
                         self._close_hooks.clear()
-                        for child in reversed(tuple(self._children)):
-                            await child.close()
+                        await _unwind(hooks, lifo=False, where=self.name, bound=self.teardown_timeout)
+                    if self._children:
+                        with trio.CancelScope(shield=True):
+                            for child in reversed(tuple(self._children)):
+                                await child.close()
                     nursery.cancel_scope.cancel()
         finally:
             self._closing = True
-            with trio.CancelScope(shield=True):
-                while self._callbacks:
-                    callback = self._callbacks.pop()
-                    if callback is not None:
-                        await _run_callback(callback, self.name, self.teardown_timeout)
-                self._plugins.clear()
+            await _unwind(self._callbacks, lifo=True, where=self.name, bound=self.teardown_timeout)
+            self._plugins.clear()
             self._closed.set()
 
     async def close(self) -> None:
