@@ -23,7 +23,7 @@ from typing import Any
 import trio
 
 from trio_harness import ScriptedModel, open_harness
-from trio_harness.session import _events as ev
+from trio_harness import events as ev
 
 
 def call(name: str, **arguments: Any) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import trio
 
 from trio_harness import ScriptedModel, Tool, ToolContext, open_harness
 from trio_harness.session import JsonlPersistence
-from trio_harness.session import _events as ev
+from trio_harness import events as ev
 
 SESSION_ID = "crash-demo"
 

@@ -34,6 +34,7 @@ PUBLIC_PACKAGES = (
     "trio_harness.bash",
     "trio_harness.testing",
     "trio_harness.acp",
+    "trio_harness.events",
 )
 
 # Public names that have no docstring yet, in modules this test does not own.

@@ -8,10 +8,12 @@ Agent Client Protocol bridge.  Start with :func:`open_harness`.
 
 from ._bus import EventBus as EventBus
 from ._bus import Notice as Notice
+from . import events as events
 from ._errors import AgentDisposedError as AgentDisposedError
 from ._errors import AgentError as AgentError
 from ._errors import AgentExistsError as AgentExistsError
 from ._errors import AgentNotFoundError as AgentNotFoundError
+from ._errors import BashError as BashError
 from ._errors import EventDecodeError as EventDecodeError
 from ._errors import FactoryError as FactoryError
 from ._errors import ForkBoundaryError as ForkBoundaryError
