@@ -27,8 +27,8 @@ from typing import Any
 import trio
 
 from trio_harness import ScriptedModel, Tool, ToolContext, open_harness
-from trio_harness.session import JsonlPersistence
 from trio_harness import events as ev
+from trio_harness.session import JsonlPersistence
 
 SESSION_ID = "crash-demo"
 

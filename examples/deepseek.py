@@ -22,8 +22,8 @@ import os
 import trio
 
 from trio_harness import ModelProvider, ScriptedModel, open_harness
-from trio_harness.model import OpenAIProvider, resolve_model
 from trio_harness import events as ev
+from trio_harness.model import OpenAIProvider, resolve_model
 
 SPEC = "deepseek:deepseek-chat"
 PROMPT = "In two sentences: what is structured concurrency?"

@@ -6,9 +6,9 @@ running; background tasks (bash, subagents); real model providers; and an
 Agent Client Protocol bridge.  Start with :func:`open_harness`.
 """
 
+from . import events as events
 from ._bus import EventBus as EventBus
 from ._bus import Notice as Notice
-from . import events as events
 from ._errors import AgentDisposedError as AgentDisposedError
 from ._errors import AgentError as AgentError
 from ._errors import AgentExistsError as AgentExistsError

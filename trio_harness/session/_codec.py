@@ -9,9 +9,11 @@ unknown format version with :class:`UnsupportedFormatError`.
 from __future__ import annotations
 
 import json
-from typing import Any
+import math
+from typing import Any, get_args, get_origin
 
 import cattrs
+from cattrs.cols import homogenous_tuple_structure_factory
 from cattrs.preconf.json import make_converter
 
 from .._errors import EventDecodeError, UnsupportedFormatError
@@ -26,6 +28,9 @@ def _strict(kind: type[Any]) -> Any:
     def structure(value: Any, _: Any) -> Any:
         # bool is an int subclass; JSON true must not pass as a number.
         if type(value) is kind or (kind is float and type(value) is int):
+            # NaN / Infinity (and 1e400) parse, but encode_event refuses them.
+            if kind is float and not math.isfinite(value):
+                raise ValueError(f"expected a finite number, got {value!r}")
             return value
         raise TypeError(f"expected {kind.__name__}, got {type(value).__name__} {value!r}")
 
@@ -34,6 +39,26 @@ def _strict(kind: type[Any]) -> Any:
 
 for _kind in (int, float, str, bool):
     _converter.register_structure_hook(_kind, _strict(_kind))
+
+
+def _is_homogeneous_tuple(kind: Any) -> bool:
+    args = get_args(kind)
+    return get_origin(kind) is tuple and len(args) == 2 and args[1] is Ellipsis
+
+
+def _strict_tuple(kind: Any, converter: Any) -> Any:
+    # cattrs turns any iterable into a tuple: "ab" would become ("a", "b").
+    elements = homogenous_tuple_structure_factory(kind, converter)
+
+    def structure(value: Any, _: Any) -> Any:
+        if type(value) is not list:
+            raise TypeError(f"expected a JSON array, got {type(value).__name__} {value!r}")
+        return elements(value, kind)
+
+    return structure
+
+
+_converter.register_structure_hook_factory(_is_homogeneous_tuple, _strict_tuple)
 
 _TAGS: dict[str, type[Event]] = {cls.type: cls for cls in EVENT_TYPES}
 
@@ -65,13 +90,13 @@ def decode_event_dict(data: Any) -> AnyEvent:
     if not isinstance(data, dict):
         raise EventDecodeError(f"an event must be a JSON object, got {type(data).__name__}")
     tag = data.get("type")
-    hook = _structure.get(tag) if isinstance(tag, str) else None
-    if hook is None:
+    cls = _TAGS.get(tag) if isinstance(tag, str) else None
+    if cls is None:
         raise EventDecodeError(f"unknown event type {tag!r}; known types: {', '.join(sorted(_TAGS))}")
     fields = dict(data)
     del fields["type"]
     try:
-        event: AnyEvent = hook(fields, _TAGS[tag])
+        event: AnyEvent = _structure[cls.type](fields, cls)
     except Exception as exc:
         raise EventDecodeError(f"invalid {tag!r} event: {_describe(exc)}") from exc
     return event

@@ -25,6 +25,7 @@ import logging
 import os
 import string
 import urllib.parse
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -93,6 +94,9 @@ class _JsonlWriter:
     # Byte length to cut the file to before the first append (resume of a torn log).
     truncate_to: int | None
     new: bool
+    # Byte length of the file when it was loaded (resume): a file that changed
+    # since then was written by someone else, and appending would duplicate seqs.
+    expected_length: int | None = None
     _buffer: list[str] = attrs.field(factory=list, init=False)
     _fd: int | None = attrs.field(default=None, init=False)
     # Length of the file as far as this writer knows it is good.
@@ -112,7 +116,6 @@ class _JsonlWriter:
             self._length = 0
         else:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-            self._length = os.fstat(fd).st_size
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -120,6 +123,15 @@ class _JsonlWriter:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise SessionError(f"session {self.header.id!r} is open for writing in another process") from None
             raise
+        if not self.new:
+            self._length = os.fstat(fd).st_size  # under the lock: nobody appends meanwhile
+            if self.expected_length is not None and self._length != self.expected_length:
+                os.close(fd)
+                raise SessionError(
+                    f"session {self.header.id!r} was written by another writer since it was loaded "
+                    f"({self.path} is {self._length} bytes, was {self.expected_length}); resume it again"
+                )
+            self.expected_length = None  # checked once, at the first open
         if self.truncate_to is not None and self.truncate_to < self._length:
             os.ftruncate(fd, self.truncate_to)
             self._length = self.truncate_to
@@ -164,6 +176,10 @@ class _JsonlWriter:
             self._fd = None
 
 
+def _absolute_path(path: str | os.PathLike[str]) -> Path:
+    return Path(path).expanduser().resolve()
+
+
 @attrs.define(eq=False)
 class JsonlPersistence:
     """Sessions stored as JSONL files in one directory per session under ``root``.
@@ -173,7 +189,7 @@ class JsonlPersistence:
         fsync: ``fsync`` on every flush (turn off only for throwaway data).
     """
 
-    root: Path = attrs.field(converter=lambda p: Path(p).expanduser().resolve())
+    root: Path = attrs.field(converter=_absolute_path)
     fsync: bool = True
     _writers: dict[str, _JsonlWriter] = attrs.field(factory=dict, init=False)
 
@@ -215,13 +231,29 @@ class JsonlPersistence:
             data = await trio.to_thread.run_sync(path.read_bytes)
         except FileNotFoundError:
             raise SessionNotFoundError(f"no stored session {session_id!r} (looked for {path})") from None
-        return parse_log(data, str(path))
+        loaded = parse_log(data, str(path))
+        if loaded.header.id != session_id:
+            # A copied or renamed directory: resuming it would append to the other session's file.
+            raise SessionCorruptError(
+                f"{path}:1: the header names session {loaded.header.id!r}, but the log is stored as {session_id!r}",
+                path=str(path),
+                line=1,
+            )
+        return loaded
 
     def open_writer(self, header: SessionHeader, loaded: LoadedSession | None) -> SessionWriter:
         """A writer appending to the session's log file."""
         path = self.path_of(header.id)
         truncate = loaded.valid_length if loaded is not None and loaded.dropped_tail else None
-        return _JsonlWriter(path=path, header=header, fsync=self.fsync, truncate_to=truncate, new=loaded is None)
+        expected = loaded.valid_length + loaded.dropped_tail if loaded is not None else None
+        return _JsonlWriter(
+            path=path,
+            header=header,
+            fsync=self.fsync,
+            truncate_to=truncate,
+            new=loaded is None,
+            expected_length=expected,
+        )
 
     async def save(self, header: SessionHeader, events: Sequence[Event]) -> None:
         """Write a whole new session at once (atomically, via a temporary file)."""
@@ -233,7 +265,8 @@ class JsonlPersistence:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             if path.exists():
                 raise SessionExistsError(f"session {header.id!r} is already stored at {path}")
-            tmp = path.with_name(f".{LOG_NAME}.tmp")
+            # A name of its own: a concurrent save of the same id must not truncate this one.
+            tmp = path.with_name(f".{LOG_NAME}.{uuid.uuid4().hex}.tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             try:
                 _write_all(fd, data)
@@ -284,7 +317,9 @@ def parse_log(data: bytes, path: str) -> LoadedSession:
                     line=index + 1,
                 ) from exc
             dropped = len(data) - offset
-            log.warning("%s:%d: dropping %d uncommitted bytes after the last turn end: %s", path, index + 1, dropped, exc)
+            log.warning(
+                "%s:%d: dropping %d uncommitted bytes after the last turn end: %s", path, index + 1, dropped, exc
+            )
             return LoadedSession(header=header, events=tuple(events), dropped_tail=dropped, valid_length=offset)
         events.append(event)
         offset += len(raw) + 1

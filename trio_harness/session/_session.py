@@ -47,6 +47,9 @@ def validate_session_id(session_id: object) -> str:
             raise InvalidSessionIdError(f"session id {session_id!r} contains a NUL character")
         if ord(char) < 0x20 or ord(char) == 0x7F:
             raise InvalidSessionIdError(f"session id {session_id!r} contains a control character")
+        if 0xD800 <= ord(char) <= 0xDFFF:
+            # Not encodable as UTF-8: it could be neither escaped nor written to a log.
+            raise InvalidSessionIdError(f"session id {session_id!r} contains a lone surrogate")
     return session_id
 
 
