@@ -92,7 +92,11 @@ async def _unwind(callbacks: list[ExitCallback | None], *, lifo: bool, where: st
                         shield.deadline = math.inf
                 except Exception:
                     log.exception("exit callback %r of scope %s failed", current, where)
-        if shield.cancelled_caught:
+                if shield.cancel_called:
+                    # Timed out, but the callback swallowed the Cancelled (or raised
+                    # another error): this scope stays cancelled, so open a new one.
+                    break
+        if shield.cancel_called:
             log.warning("exit callback %r of %s did not finish in %ss", current, where, bound)
 
 

@@ -68,8 +68,27 @@ for _cls in EVENT_TYPES:
     _unstructure[_cls] = _converter.get_unstructure_hook(_cls)
     _structure[_cls.type] = _converter.get_structure_hook(_cls)
 
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_dumps_utf8 = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_dumps_ascii = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode
 _loads = json.loads
+
+
+def _dumps(data: Any) -> str:
+    """One JSON line that always encodes as UTF-8.
+
+    A lone surrogate (e.g. half of an emoji split across two streamed chunks)
+    cannot be written as UTF-8, and would make every later flush of the log
+    fail; such a line is written with ``\\uXXXX`` escapes instead, which decode
+    back to the same string (except that a high surrogate directly followed by
+    a low one decodes as the one character the pair stands for).
+    """
+    line = _dumps_utf8(data)
+    if not line.isascii():
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:
+            return _dumps_ascii(data)
+    return line
 
 
 def encode_event(event: Event) -> str:

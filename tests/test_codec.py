@@ -1,0 +1,291 @@
+"""The session event codec: exact round trips, strict rejections (invariant 23)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, get_args
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trio_harness._errors import EventDecodeError, UnsupportedFormatError
+from trio_harness.model._protocol import Failure, ToolCall, Usage
+from trio_harness.session import FORMAT_VERSION, SessionHeader, decode_event, decode_header, encode_event, encode_header
+from trio_harness.session._events import (
+    EVENT_TYPES,
+    AssistantChunk,
+    AssistantMessage,
+    CancelCause,
+    Event,
+    InboxMessage,
+    InboxQueue,
+    InboxSpliced,
+    RequestHeader,
+    RequestRetry,
+    SendMode,
+    StepEnd,
+    StepStart,
+    ToolCallRequested,
+    ToolResult,
+    TurnEnd,
+    TurnEndReason,
+    TurnStart,
+    UserMessage,
+)
+
+# ------------------------------------------------------------------ strategies
+
+texts = st.text(st.characters(exclude_categories=["Cs"]), max_size=30)
+ints = st.integers(min_value=-(2**63), max_value=2**63)
+floats = st.floats(allow_nan=False, allow_infinity=False)
+send_modes = st.sampled_from(get_args(SendMode))
+
+failures = st.builds(Failure, code=texts, message=texts, retryable=st.booleans(), retry_after=st.none() | floats)
+usages = st.builds(Usage, input_tokens=ints, output_tokens=ints, cache_hit_tokens=ints)
+tool_calls = st.builds(ToolCall, id=texts, name=texts, arguments=texts)
+inbox_messages = st.builds(InboxMessage, id=texts, text=texts, mode=send_modes)
+
+_BASE = {"seq": ints, "ts": floats}
+_STEP = {**_BASE, "turn": ints, "step": ints}
+
+# Every field of every event, given explicitly (checked below).
+EVENT_FIELDS: dict[type[Event], dict[str, st.SearchStrategy[Any]]] = {
+    TurnStart: {**_BASE, "turn": ints},
+    StepStart: _STEP,
+    UserMessage: {**_STEP, "message_id": texts, "text": texts, "mode": send_modes},
+    RequestHeader: {
+        **_STEP,
+        "provider": texts,
+        "model": texts,
+        "tools": st.lists(texts, max_size=4).map(tuple),
+        "max_tokens": st.none() | ints,
+    },
+    RequestRetry: {**_STEP, "attempt": ints, "delay": floats, "failure": failures},
+    AssistantChunk: {**_STEP, "kind": st.sampled_from(["text", "reasoning"]), "text": texts},
+    AssistantMessage: {
+        **_STEP,
+        "text": texts,
+        "reasoning": texts,
+        "tool_calls": st.lists(tool_calls, max_size=3).map(tuple),
+        "usage": st.none() | usages,
+        "finish": texts,
+    },
+    ToolCallRequested: {**_STEP, "call_id": texts, "name": texts, "arguments": texts},
+    ToolResult: {**_STEP, "call_id": texts, "name": texts, "content": texts, "is_error": st.booleans()},
+    StepEnd: _STEP,
+    TurnEnd: {
+        **_BASE,
+        "turn": ints,
+        "reason": st.sampled_from(get_args(TurnEndReason)),
+        "cause": st.none() | st.sampled_from(get_args(CancelCause)),
+        "failure": st.none() | failures,
+    },
+    InboxSpliced: {
+        **_BASE,
+        "queue": st.sampled_from(get_args(InboxQueue)),
+        "start": ints,
+        "removed": st.lists(texts, max_size=3).map(tuple),
+        "inserted": st.lists(inbox_messages, max_size=3).map(tuple),
+        "outcome": st.none() | st.sampled_from(["canceled", "claimed"]),
+        "turn": st.none() | ints,
+    },
+}
+
+EVENT_STRATEGIES: dict[type[Event], st.SearchStrategy[Event]] = {
+    cls: st.builds(cls, **fields) for cls, fields in EVENT_FIELDS.items()
+}
+any_event = st.one_of(*EVENT_STRATEGIES.values())
+
+headers = st.builds(
+    SessionHeader,
+    id=texts,
+    created_at=floats,
+    cwd=texts,
+    parent_session=st.none() | texts,
+    seed_length=st.integers(min_value=0, max_value=2**31),
+    version=st.just(FORMAT_VERSION),
+)
+
+
+def test_the_strategies_cover_every_event_class_and_field() -> None:
+    assert set(EVENT_FIELDS) == set(EVENT_TYPES)
+    for cls, fields in EVENT_FIELDS.items():
+        assert set(fields) == {f.name for f in attrs.fields(cls)}, cls
+    assert len({cls.type for cls in EVENT_TYPES}) == len(EVENT_TYPES)  # tags are unique
+
+
+# ------------------------------------------------------------------ round trips
+
+
+@pytest.mark.parametrize("cls", EVENT_TYPES, ids=lambda cls: cls.type)
+@given(data=st.data())
+def test_every_event_type_round_trips_exactly(cls: type[Event], data: st.DataObject) -> None:
+    event = data.draw(EVENT_STRATEGIES[cls])
+    line = encode_event(event)
+    assert "\n" not in line  # one event, one line
+    decoded = decode_event(line)
+    assert type(decoded) is cls
+    assert decoded == event
+    assert decode_event(line.encode("utf-8")) == event  # bytes in, same event
+
+
+@given(event=any_event)
+def test_an_encoded_event_is_a_json_object_with_type_first_and_seq(event: Event) -> None:
+    obj = json.loads(encode_event(event))
+    assert isinstance(obj, dict)
+    assert next(iter(obj)) == "type" and obj["type"] == event.type
+    assert obj["seq"] == event.seq
+
+
+@given(header=headers)
+def test_the_header_round_trips_exactly(header: SessionHeader) -> None:
+    line = encode_header(header)
+    assert "\n" not in line
+    assert json.loads(line)["type"] == "session"
+    assert decode_header(line) == header
+    assert decode_header(line.encode("utf-8")) == header
+
+
+@pytest.mark.parametrize("text", ["\ud800", "a\udfff b ü", "\udc00\ud800", "😀 \ud83d", "\ude00 x"])
+def test_lone_surrogates_encode_as_utf8_and_round_trip(text: str) -> None:
+    # A half of a split emoji must not make the line unwritable (invariant 24).
+    event = AssistantMessage(seq=0, ts=1.0, turn=1, step=1, text=text, tool_calls=(ToolCall("c", "bash", text),))
+    line = encode_event(event)
+    data = line.encode("utf-8")  # does not raise
+    assert decode_event(line) == event
+    assert decode_event(data) == event
+    header = SessionHeader(id="s", created_at=1.0, cwd=text)
+    assert decode_header(encode_header(header).encode("utf-8")) == header
+
+
+def test_a_split_surrogate_pair_decodes_as_its_character() -> None:
+    event = ToolResult(seq=0, ts=1.0, turn=1, step=1, call_id="c", name="n", content="\ud83d" + "\ude00")
+    decoded = decode_event(encode_event(event).encode("utf-8"))
+    assert isinstance(decoded, ToolResult) and decoded.content == "😀"
+
+
+def test_plain_non_ascii_text_is_written_as_utf8_not_escaped() -> None:
+    line = encode_event(TurnEnd(seq=0, ts=1.0, turn=1, reason="error", failure=Failure("c", "überlastet ✓")))
+    assert "überlastet ✓" in line
+
+
+# ------------------------------------------------------------------ rejections
+
+TURN_START = {"type": "turn/start", "seq": 0, "ts": 1.5, "turn": 1}
+TURN_END = {"type": "turn/end", "seq": 3, "ts": 1.5, "turn": 1, "reason": "completed"}
+ASSISTANT = {"type": "assistant/message", "seq": 2, "ts": 1.5, "turn": 1, "step": 1, "text": "hi"}
+REQUEST = {"type": "request/header", "seq": 1, "ts": 1.5, "turn": 1, "step": 1, "provider": "p", "model": "m"}
+RESULT = {"type": "tool/result", "seq": 3, "ts": 1.5, "turn": 1, "step": 1, "call_id": "c", "name": "n", "content": "x"}
+SPLICE = {"type": "agent/inbox/spliced", "seq": 0, "ts": 1.0, "queue": "next-turn", "start": 0}
+BASES = (TURN_START, TURN_END, ASSISTANT, REQUEST, RESULT, SPLICE)
+
+
+def _line(base: dict[str, Any], **changes: Any) -> str:
+    data = {**base, **changes}
+    return json.dumps({k: v for k, v in data.items() if v is not _DROP})
+
+
+_DROP = object()
+
+REJECTED: list[tuple[str, str | bytes, str]] = [
+    ("unknown type", _line(TURN_START, type="turn/pause"), r"unknown event type 'turn/pause'"),
+    ("no type", _line(TURN_START, type=_DROP), r"unknown event type None"),
+    ("non-string type", _line(TURN_START, type=7), r"unknown event type 7"),
+    ("extra key", _line(TURN_START, colour="red"), r"invalid 'turn/start' event: unexpected keys \['colour'\]"),
+    ("missing key", _line(TURN_START, turn=_DROP), r"invalid 'turn/start' event: missing key 'turn'"),
+    ("string for int", _line(TURN_START, turn="1"), r"expected int, got str '1'"),
+    ("bool for int", _line(TURN_START, seq=True), r"expected int, got bool True"),
+    ("float for int", _line(TURN_START, turn=1.0), r"expected int, got float 1.0"),
+    ("bool for float", _line(TURN_START, ts=False), r"expected float, got bool False"),
+    ("int for str", _line(ASSISTANT, text=5), r"expected str, got int 5"),
+    ("null for str", _line(ASSISTANT, text=None), r"expected str, got NoneType"),
+    ("string for bool", _line(RESULT, is_error="yes"), r"expected bool, got str 'yes'"),
+    ("int for bool", _line(RESULT, is_error=1), r"expected bool, got int 1"),
+    ("bool for optional int", _line(REQUEST, max_tokens=True), r"expected int, got bool True"),
+    ("string for tuple", _line(REQUEST, tools="bash"), r"expected a JSON array, got str 'bash'"),
+    ("object for tuple", _line(REQUEST, tools={"bash": 1}), r"expected a JSON array, got dict"),
+    ("NaN", _line(TURN_START, ts=float("nan")), r"expected a finite number, got nan"),
+    ("Infinity", _line(TURN_START, ts=float("inf")), r"expected a finite number, got inf"),
+    ("overflowing float", '{"type":"turn/start","seq":0,"ts":1e999,"turn":1}', r"finite number"),
+    ("bad literal", _line(TURN_END, reason="finished"), r"invalid 'turn/end' event: finished not in literal"),
+    ("bad optional literal", _line(TURN_END, cause="boredom"), r"boredom not in literal"),
+    (
+        "nested extra key",
+        _line(TURN_END, failure={"code": "c", "message": "m", "why": 1}),
+        r"unexpected keys \['why'\]",
+    ),
+    ("nested missing key", _line(ASSISTANT, tool_calls=[{"id": "c1", "name": "bash"}]), r"missing key 'arguments'"),
+    ("nested wrong type", _line(ASSISTANT, usage={"input_tokens": "3"}), r"expected int, got str '3'"),
+    (
+        "nested bad literal",
+        _line(SPLICE, inserted=[{"id": "m", "text": "t", "mode": "shout"}]),
+        r"shout not in literal",
+    ),
+    ("bad queue literal", _line(SPLICE, queue="later"), r"later not in literal"),
+    ("array", "[1, 2]", r"an event must be a JSON object, got list"),
+    ("string", '"turn/start"', r"an event must be a JSON object, got str"),
+    ("null", "null", r"an event must be a JSON object, got NoneType"),
+    ("invalid JSON", '{"type": "turn/start", ', r"not valid JSON"),
+    ("empty line", "", r"not valid JSON"),
+    ("invalid UTF-8", b'{"type":"turn/start","seq":0,"ts":1.0,"turn":1,"x":"\xff"}', r"not valid JSON"),
+]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"), [(line, msg) for _, line, msg in REJECTED], ids=[name for name, _, _ in REJECTED]
+)
+def test_a_bad_event_line_is_rejected_with_a_message_naming_the_problem(line: str | bytes, message: str) -> None:
+    with pytest.raises(EventDecodeError, match=message):
+        decode_event(line)
+
+
+@pytest.mark.parametrize("base", BASES, ids=[str(b["type"]) for b in BASES])
+def test_the_rejection_fixtures_edit_valid_events(base: dict[str, Any]) -> None:
+    # Guard the table above: each rejected line is a valid event but for its one problem.
+    event = decode_event(json.dumps(base))
+    assert event.type == base["type"] and event.seq == base["seq"]
+
+
+HEADER = {
+    "type": "session",
+    "id": "s1",
+    "created_at": 1.5,
+    "cwd": "/w",
+    "parent_session": None,
+    "seed_length": 0,
+    "version": FORMAT_VERSION,
+}
+
+
+@pytest.mark.parametrize("version", [FORMAT_VERSION + 1, 0, "1"])
+def test_a_header_of_another_format_version_is_unsupported(version: object) -> None:
+    with pytest.raises(UnsupportedFormatError, match=f"version {version!r} is not supported"):
+        decode_header(json.dumps({**HEADER, "version": version}))
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (json.dumps({**HEADER, "extra": 1}), r"invalid session header: unexpected keys \['extra'\]"),
+        (json.dumps({**HEADER, "created_at": "yesterday"}), r"invalid session header: expected float"),
+        (json.dumps({k: v for k, v in HEADER.items() if k != "id"}), r"missing key 'id'"),
+        (json.dumps(TURN_START), r"not a session header"),
+        (json.dumps([HEADER]), r"not a session header"),
+        ('{"type": "session", ', r"session header is not valid JSON"),
+    ],
+    ids=["extra key", "wrong type", "missing id", "an event", "array", "invalid JSON"],
+)
+def test_a_bad_header_is_rejected_with_a_message_naming_the_problem(line: str, message: str) -> None:
+    with pytest.raises(EventDecodeError, match=message):
+        decode_header(line)
+
+
+def test_a_valid_header_fixture_decodes() -> None:
+    assert decode_header(json.dumps(HEADER)) == SessionHeader(id="s1", created_at=1.5, cwd="/w")
+
+
+def test_encoding_refuses_a_non_finite_float() -> None:
+    with pytest.raises(ValueError, match="JSON"):
+        encode_event(TurnStart(seq=0, ts=float("nan"), turn=1))

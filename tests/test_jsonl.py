@@ -1,0 +1,710 @@
+"""The JSONL directory store (invariants 23-27): layout, appends, torn tails,
+corruption, id escaping, every-byte cut recovery, and a real SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+from _writer_proc import expected_event
+from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import strategies as st
+
+from trio_harness._errors import (
+    InvalidSessionIdError,
+    SessionCorruptError,
+    SessionError,
+    SessionExistsError,
+    SessionNotFoundError,
+    UnsupportedFormatError,
+)
+from trio_harness.model._protocol import ToolCall
+from trio_harness.session import (
+    FORMAT_VERSION,
+    JsonlPersistence,
+    SessionHeader,
+    SessionStore,
+    decode_event,
+    encode_event,
+    encode_header,
+    escape_session_id,
+)
+from trio_harness.session._events import (
+    AssistantChunk,
+    AssistantMessage,
+    Event,
+    InboxMessage,
+    InboxSpliced,
+    StepEnd,
+    StepStart,
+    ToolCallRequested,
+    ToolResult,
+    TurnEnd,
+    TurnStart,
+    UserMessage,
+)
+from trio_harness.session._jsonl import LOG_NAME, unescape_session_id
+from trio_harness.session._recovery import closers_for
+
+TS = 1_700_000_000.0
+Step = tuple[type[Event], dict[str, Any]]
+
+
+def fixed_clock() -> float:
+    return TS
+
+
+def header(session_id: str = "s1", **changes: Any) -> SessionHeader:
+    return SessionHeader(id=session_id, created_at=TS, cwd="/work", **changes)
+
+
+def build(steps: list[Step], first_seq: int = 0) -> list[Event]:
+    return [cls(seq=first_seq + i, ts=TS + i, **fields) for i, (cls, fields) in enumerate(steps)]
+
+
+def turn_steps(turn: int, calls: int = 1) -> list[Step]:
+    tool_calls = tuple(ToolCall(f"c{turn}.{k}", "bash", '{"command": "ls"}') for k in range(calls))
+    steps: list[Step] = [
+        (TurnStart, {"turn": turn}),
+        (StepStart, {"turn": turn, "step": 1}),
+        (AssistantMessage, {"turn": turn, "step": 1, "text": "ünï\ncode", "tool_calls": tool_calls}),
+    ]
+    for call in tool_calls:
+        steps.append((ToolResult, {"turn": turn, "step": 1, "call_id": call.id, "name": "bash", "content": "ok"}))
+    steps += [(StepEnd, {"turn": turn, "step": 1}), (TurnEnd, {"turn": turn, "reason": "completed"})]
+    return steps
+
+
+async def write_log(persistence: JsonlPersistence, events: list[Event], session_id: str = "s1") -> Path:
+    """Write a new session through the writer (one flush); returns the log path."""
+    writer = persistence.open_writer(header(session_id), None)
+    for event in events:
+        writer.write(event)
+    await writer.flush()
+    writer.close()
+    return persistence.path_of(session_id)
+
+
+def snapshot(root: Path) -> dict[str, tuple[bytes, int] | None]:
+    """Every directory and file under ``root``, with file bytes and mtime."""
+    state: dict[str, tuple[bytes, int] | None] = {}
+    for path in sorted(root.rglob("*")):
+        key = str(path.relative_to(root))
+        state[key] = (path.read_bytes(), path.stat().st_mtime_ns) if path.is_file() else None
+    return state
+
+
+@pytest.fixture
+def persistence(tmp_path: Path) -> JsonlPersistence:
+    return JsonlPersistence(tmp_path / "root")
+
+
+# ------------------------------------------------------------------ layout
+
+
+async def test_no_file_or_directory_before_the_first_flush(persistence: JsonlPersistence) -> None:
+    writer = persistence.open_writer(header(), None)
+    await writer.flush()  # nothing written: nothing created
+    assert not persistence.root.exists()
+    assert not persistence.exists("s1")
+
+    store = SessionStore(persistence, clock=fixed_clock)
+    session = store.prepare_new("s2")
+    entry = store.enter(session)
+    session.append(TurnStart, turn=1)  # buffered, not flushed
+    assert not persistence.root.exists()
+    await session.flush()
+    assert persistence.exists("s2")
+    await store.detach(entry)
+    writer.close()
+    assert sorted(p.name for p in persistence.root.iterdir()) == ["s2"]
+
+
+async def test_the_log_is_a_header_line_then_one_event_per_line(persistence: JsonlPersistence) -> None:
+    events = build(turn_steps(1, calls=2) + turn_steps(2))
+    path = await write_log(persistence, events)
+    assert path == persistence.root / "s1" / LOG_NAME
+    data = path.read_bytes()
+    assert data.endswith(b"\n")
+    lines = data.decode("utf-8").split("\n")[:-1]
+    assert len(lines) == 1 + len(events)
+    objects = [json.loads(line) for line in lines]
+    assert all(isinstance(o, dict) and isinstance(o.get("type"), str) for o in objects)
+    assert objects[0] == {
+        "type": "session",
+        "id": "s1",
+        "created_at": TS,
+        "cwd": "/work",
+        "parent_session": None,
+        "seed_length": 0,
+        "version": FORMAT_VERSION,
+    }
+    assert [o["seq"] for o in objects[1:]] == list(range(len(events)))
+    assert [o["type"] for o in objects[1:]] == [e.type for e in events]
+    assert [decode_event(line) for line in lines[1:]] == events
+    loaded = await persistence.load("s1")
+    assert loaded.header == header() and list(loaded.events) == events
+    assert (loaded.dropped_tail, loaded.valid_length) == (0, len(data))
+
+
+async def test_the_writer_only_appends(persistence: JsonlPersistence) -> None:
+    store = SessionStore(persistence, clock=fixed_clock)
+    session = store.prepare_new("s1")
+    entry = store.enter(session)
+    path = persistence.path_of("s1")
+    sizes = []
+    previous = b""
+    inode = None
+    for turn in range(1, 4):
+        for cls, fields in turn_steps(turn):
+            session.append(cls, **fields)
+        await session.flush()
+        data = path.read_bytes()
+        assert data.startswith(previous) and len(data) > len(previous)
+        inode = inode or path.stat().st_ino
+        assert path.stat().st_ino == inode  # the same file, never rewritten
+        previous = data
+        sizes.append(len(data))
+    await store.detach(entry)
+
+    # A resumed writer appends to the same bytes too.
+    resumed = await store.prepare_resume("s1")
+    entry = store.enter(resumed)
+    resumed.append(TurnStart, turn=4)
+    await store.detach(entry)
+    data = path.read_bytes()
+    assert data.startswith(previous) and path.stat().st_ino == inode
+    assert [e.seq for e in (await persistence.load("s1")).events] == list(range(len(resumed)))
+
+
+async def test_flush_without_fsync_writes_the_same_bytes(tmp_path: Path) -> None:
+    events = build(turn_steps(1))
+    synced = await write_log(JsonlPersistence(tmp_path / "a"), events)
+    unsynced = await write_log(JsonlPersistence(tmp_path / "b", fsync=False), events)
+    assert synced.read_bytes() == unsynced.read_bytes()
+
+
+async def test_a_lone_surrogate_does_not_poison_the_writer(persistence: JsonlPersistence) -> None:
+    store = SessionStore(persistence, clock=fixed_clock)
+    session = store.prepare_new("s1")
+    entry = store.enter(session)
+    session.append(TurnStart, turn=1)
+    session.append(AssistantChunk, turn=1, step=1, kind="text", text="half an emoji: \ud83d")
+    await session.flush()
+    session.append(TurnEnd, turn=1, reason="completed")
+    await store.detach(entry)
+    assert list((await persistence.load("s1")).events) == list(session.events)
+
+
+async def test_a_second_writer_of_the_same_log_is_refused(tmp_path: Path) -> None:
+    # Two stores over one root stand for two processes (flock is per open file).
+    root = tmp_path / "root"
+    await write_log(JsonlPersistence(root), build(turn_steps(1)))
+    first = SessionStore(JsonlPersistence(root), clock=fixed_clock)
+    second = SessionStore(JsonlPersistence(root), clock=fixed_clock)
+    a = await first.prepare_resume("s1")
+    b = await second.prepare_resume("s1")
+    entry_a, entry_b = first.enter(a), second.enter(b)
+    a.append(TurnStart, turn=2)
+    b.append(TurnStart, turn=2)
+    await a.flush()
+    with pytest.raises(SessionError, match="open for writing in another process"):
+        await b.flush()
+    await first.detach(entry_a)
+    # The lock is free now, but b's view is stale: appending would duplicate seqs.
+    with pytest.raises(SessionError, match="written by another writer since it was loaded"):
+        await b.flush()
+    with pytest.raises(SessionError):
+        await second.detach(entry_b)
+    loaded = await JsonlPersistence(root).load("s1")
+    assert list(loaded.events) == list(a.events)
+
+
+async def test_a_new_session_never_overwrites_a_stored_one(persistence: JsonlPersistence) -> None:
+    path = await write_log(persistence, build(turn_steps(1)))
+    before = path.read_bytes()
+    writer = persistence.open_writer(header(), None)
+    writer.write(build(turn_steps(9))[0])
+    with pytest.raises(SessionExistsError, match="already stored"):
+        await writer.flush()
+    writer.close()
+    assert path.read_bytes() == before
+
+
+async def test_save_writes_a_whole_session_atomically_and_refuses_to_overwrite(
+    persistence: JsonlPersistence,
+) -> None:
+    events = build(turn_steps(1))
+    await persistence.save(header("forked", parent_session="s0", seed_length=len(events)), events)
+    loaded = await persistence.load("forked")
+    assert loaded.header.parent_session == "s0" and list(loaded.events) == events
+    path = persistence.path_of("forked")
+    assert os.listdir(path.parent) == [LOG_NAME]  # no temporary file left behind
+    before = path.read_bytes()
+    with pytest.raises(SessionExistsError, match="already stored"):
+        await persistence.save(header("forked"), [])
+    assert path.read_bytes() == before and os.listdir(path.parent) == [LOG_NAME]
+
+
+async def test_list_returns_readable_headers_and_skips_damaged_ones(
+    persistence: JsonlPersistence, caplog: pytest.LogCaptureFixture
+) -> None:
+    await write_log(persistence, build(turn_steps(1)), "b")
+    await persistence.save(SessionHeader(id="a", created_at=TS - 5), [])
+    torn = persistence.root / "torn"
+    torn.mkdir()
+    (torn / LOG_NAME).write_bytes(encode_header(header("torn")).encode()[:10])
+    bad = persistence.root / "bad"
+    bad.mkdir()
+    (bad / LOG_NAME).write_bytes(b"not json\n")
+    (persistence.root / "stray-file").write_bytes(b"")
+    caplog.set_level(logging.WARNING, logger="trio_harness.session.jsonl")
+    assert [h.id for h in persistence.list()] == ["a", "b"]
+    assert any("bad" in r.getMessage() for r in caplog.records)
+    assert JsonlPersistence(persistence.root / "missing").list() == []
+
+
+# ------------------------------------------------------------------ ids
+
+
+ids = st.text(st.characters(exclude_categories=["Cs", "Cc"]) | st.sampled_from("%./\\ _-~é😀"), min_size=1, max_size=40)
+
+
+def is_valid(session_id: str) -> bool:
+    return "/" not in session_id and "\\" not in session_id and session_id not in (".", "..")
+
+
+@given(session_id=ids)
+def test_escaping_is_one_to_one_and_stays_a_single_safe_name(session_id: str) -> None:
+    assume(is_valid(session_id))
+    # Letters, digits, "_" and "-" stay; every other character becomes %XX per UTF-8 byte.
+    escaped_length = sum(1 if c.isascii() and (c.isalnum() or c in "_-") else 3 * len(c.encode()) for c in session_id)
+    if escaped_length > 255:  # longer than a directory name may be: refused, never cut
+        with pytest.raises(InvalidSessionIdError, match="too long"):
+            escape_session_id(session_id)
+        return
+    name = escape_session_id(session_id)
+    # unescape is a left inverse, so escape is injective (one-to-one).
+    assert unescape_session_id(name) == session_id
+    assert "/" not in name and "\x00" not in name and not name.startswith(".")
+    assert len(name.encode()) <= 255
+    root = Path("/store/root")
+    path = JsonlPersistence(root).path_of(session_id)
+    assert path.parent.parent == root and path.parent.name == name
+
+
+@given(a=ids, b=ids)
+def test_distinct_ids_never_share_a_directory(a: str, b: str) -> None:
+    assume(is_valid(a) and is_valid(b) and a != b)
+    try:
+        assert escape_session_id(a) != escape_session_id(b)
+    except InvalidSessionIdError:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("session_id", "name"),
+    [
+        (".hidden", "%2Ehidden"),
+        ("...", "%2E%2E%2E"),
+        ("a.b", "a%2Eb"),
+        ("50%", "50%25"),
+        ("é", "%C3%A9"),
+        ("a-Z_9", "a-Z_9"),
+    ],
+)
+def test_escaped_names_are_never_hidden_or_relative(session_id: str, name: str) -> None:
+    assert escape_session_id(session_id) == name
+    assert unescape_session_id(name) == session_id
+
+
+@pytest.mark.parametrize(("a", "b"), [("A", "%41"), ("a b", "a%20b"), ("é", "%C3%A9"), ("a", "A"), ("-", "%2D")])
+async def test_lookalike_ids_get_separate_directories(persistence: JsonlPersistence, a: str, b: str) -> None:
+    await write_log(persistence, build(turn_steps(1)), a)
+    await write_log(persistence, build(turn_steps(1) + turn_steps(2)), b)
+    assert len((await persistence.load(a)).events) == len(turn_steps(1))
+    assert len((await persistence.load(b)).events) == len(turn_steps(1) + turn_steps(2))
+    assert sorted(h.id for h in persistence.list()) == sorted([a, b])
+
+
+@pytest.mark.parametrize("session_id", ["/", "a/b", "..", ".", "a\x00b", "", "../../etc", "a\\b", "x" * 201, "\ud800"])
+async def test_ids_that_could_escape_the_root_are_rejected(
+    persistence: JsonlPersistence, tmp_path: Path, session_id: str
+) -> None:
+    with pytest.raises(InvalidSessionIdError):
+        persistence.path_of(session_id)
+    with pytest.raises(InvalidSessionIdError):
+        persistence.exists(session_id)
+    with pytest.raises(InvalidSessionIdError):
+        await persistence.load(session_id)
+    with pytest.raises(InvalidSessionIdError):
+        persistence.open_writer(SessionHeader(id=session_id, created_at=TS), None)
+    with pytest.raises(InvalidSessionIdError):
+        SessionStore(persistence).prepare_new(session_id)
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_an_id_escaping_to_a_too_long_name_is_rejected() -> None:
+    with pytest.raises(InvalidSessionIdError, match="too long to store"):
+        escape_session_id("é" * 50)  # 50 characters, 300 bytes escaped
+
+
+# ------------------------------------------------------------------ torn and damaged logs
+
+
+async def test_a_torn_last_line_is_dropped_and_cut_off_before_the_next_append(
+    persistence: JsonlPersistence,
+) -> None:
+    events = build(turn_steps(1) + turn_steps(2)[:3])
+    path = await write_log(persistence, events)
+    valid = path.read_bytes()
+    torn = encode_event(build(turn_steps(2), first_seq=len(events))[3]).encode()[:25]
+    with path.open("ab") as f:
+        f.write(torn)
+
+    loaded = await persistence.load("s1")
+    assert list(loaded.events) == events
+    assert (loaded.dropped_tail, loaded.valid_length) == (len(torn), len(valid))
+    assert path.read_bytes() == valid + torn  # loading changed nothing
+
+    store = SessionStore(persistence, clock=fixed_clock)
+    session = await store.prepare_resume("s1")
+    entry = store.enter(session)
+    session.append(TurnStart, turn=3)
+    await store.detach(entry)
+    data = path.read_bytes()
+    appended = session.events[len(events) :]
+    assert data == valid + b"".join(encode_event(e).encode() + b"\n" for e in appended)
+    reloaded = await persistence.load("s1")
+    assert reloaded.dropped_tail == 0
+    assert list(reloaded.events) == list(session.events)
+    assert [e.type for e in reloaded.events[len(events) :]] == ["tool/result", "step/end", "turn/end", "turn/start"]
+
+
+async def test_a_bad_line_after_the_last_turn_end_is_uncommitted_and_dropped(
+    persistence: JsonlPersistence, caplog: pytest.LogCaptureFixture
+) -> None:
+    events = build(turn_steps(1))
+    path = await write_log(persistence, events)
+    valid = path.read_bytes()
+    with path.open("ab") as f:
+        f.write(b'{"type":"turn/start","seq":6,"ts":1.0}\n')  # complete line, missing key
+        f.write(b'{"type":"step/start"')
+    caplog.set_level(logging.WARNING, logger="trio_harness.session.jsonl")
+    loaded = await persistence.load("s1")
+    assert list(loaded.events) == events
+    assert loaded.valid_length == len(valid) and loaded.dropped_tail == path.stat().st_size - len(valid)
+    assert any(f"{path}:{len(events) + 2}" in r.getMessage() for r in caplog.records)
+
+    store = SessionStore(persistence, clock=fixed_clock)
+    entry = store.enter(await store.prepare_resume("s1"))
+    entry.session.append(TurnStart, turn=2)
+    await store.detach(entry)
+    assert list((await persistence.load("s1")).events) == list(entry.session.events)
+    assert path.read_bytes().startswith(valid)
+
+
+def corrupt_line(events: list[Event], index: int, replacement: bytes) -> tuple[bytes, int]:
+    """The log bytes with event ``index`` replaced; returns (data, its 1-based line)."""
+    lines = [encode_header(header()).encode()] + [encode_event(e).encode() for e in events]
+    lines[index + 1] = replacement
+    return b"\n".join(lines) + b"\n", index + 2
+
+
+DAMAGE = [
+    ("garbage", b"\x00\x01garbage", "not valid JSON"),
+    ("half a line", b'{"type":"assistant/message","seq":2,"ts"', "not valid JSON"),
+    ("unknown type", b'{"type":"turn/pause","seq":2,"ts":1.0,"turn":1}', "unknown event type 'turn/pause'"),
+    ("seq gap", b'{"type":"step/start","seq":7,"ts":1.0,"turn":1,"step":1}', "event seq 7 where 2 was expected"),
+    ("extra key", b'{"type":"step/start","seq":2,"ts":1.0,"turn":1,"step":1,"x":0}', "unexpected keys"),
+    ("blank line", b"", "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize(("replacement", "message"), [(r, m) for _, r, m in DAMAGE], ids=[d[0] for d in DAMAGE])
+async def test_damage_before_a_later_turn_end_is_an_error_naming_file_and_line(
+    persistence: JsonlPersistence, replacement: bytes, message: str
+) -> None:
+    events = build(turn_steps(1) + turn_steps(2))
+    path = await write_log(persistence, events)
+    data, line = corrupt_line(events, 2, replacement)
+    path.write_bytes(data)
+    before = snapshot(persistence.root)
+
+    with pytest.raises(SessionCorruptError) as info:
+        await persistence.load("s1")
+    assert info.value.path == str(path) and info.value.line == line == 4
+    assert f"{path}:4: " in str(info.value)
+    assert message in str(info.value)
+    store = SessionStore(persistence, clock=fixed_clock)
+    with pytest.raises(SessionCorruptError):
+        await store.prepare_resume("s1")
+    assert store.get("s1") is None
+    assert snapshot(persistence.root) == before  # a failed load changes nothing on disk
+
+
+@pytest.mark.parametrize(
+    ("first_line", "error", "message"),
+    [
+        (b"", SessionCorruptError, "session header is not valid JSON"),
+        (b"{not json", SessionCorruptError, "not valid JSON"),
+        (b'{"type":"turn/start","seq":0,"ts":1.0,"turn":1}', SessionCorruptError, "not a session header"),
+        (
+            json.dumps({"type": "session", "id": "s1", "created_at": TS, "version": FORMAT_VERSION + 1}).encode(),
+            UnsupportedFormatError,
+            f"version {FORMAT_VERSION + 1} is not supported",
+        ),
+        (
+            encode_header(header("someone-else")).encode(),
+            SessionCorruptError,
+            "the header names session 'someone-else', but the log is stored as 's1'",
+        ),
+    ],
+    ids=["empty header", "bad header", "event as header", "future version", "foreign header"],
+)
+async def test_a_bad_header_fails_the_load_and_changes_nothing(
+    persistence: JsonlPersistence, first_line: bytes, error: type[Exception], message: str
+) -> None:
+    path = await write_log(persistence, build(turn_steps(1)))
+    lines = path.read_bytes().split(b"\n")
+    lines[0] = first_line
+    path.write_bytes(b"\n".join(lines))
+    before = snapshot(persistence.root)
+    with pytest.raises(error, match=message) as info:
+        await persistence.load("s1")
+    if isinstance(info.value, SessionCorruptError):
+        assert (info.value.path, info.value.line) == (str(path), 1)
+        assert str(info.value).startswith(f"{path}:1: ")
+    with pytest.raises(error):
+        await SessionStore(persistence).prepare_resume("s1")
+    assert snapshot(persistence.root) == before
+
+
+async def test_a_header_without_a_newline_is_an_incomplete_session(persistence: JsonlPersistence) -> None:
+    path = persistence.root / "s1" / LOG_NAME
+    path.parent.mkdir(parents=True)
+    path.write_bytes(encode_header(header()).encode())
+    with pytest.raises(SessionCorruptError, match="header is incomplete"):
+        await persistence.load("s1")
+
+
+async def test_loading_an_unknown_session_is_not_found(persistence: JsonlPersistence) -> None:
+    with pytest.raises(SessionNotFoundError, match="no stored session 'ghost'"):
+        await persistence.load("ghost")
+    assert not persistence.root.exists()
+
+
+# ------------------------------------------------------------------ every-byte cuts
+
+small_text = st.text(st.characters(exclude_categories=["Cs"]), max_size=4)
+
+
+@st.composite
+def session_logs(draw: st.DrawFn) -> list[Event]:
+    """A small valid log: turns of steps with tool calls and inbox splices, correct seqs."""
+    steps: list[Step] = []
+    for turn in range(1, draw(st.integers(1, 2)) + 1):
+        message = InboxMessage(f"m{turn}", draw(small_text), draw(st.sampled_from(["followup", "steer", "inject"])))
+        steps.append((InboxSpliced, {"queue": "next-turn", "start": 0, "inserted": (message,)}))
+        steps.append((TurnStart, {"turn": turn}))
+        for step in range(1, draw(st.integers(1, 2)) + 1):
+            at = {"turn": turn, "step": step}
+            steps.append((StepStart, at))
+            if step == 1:
+                steps.append(
+                    (
+                        InboxSpliced,
+                        {
+                            "queue": "next-turn",
+                            "start": 0,
+                            "removed": (message.id,),
+                            "outcome": "claimed",
+                            "turn": turn,
+                        },
+                    )
+                )
+                steps.append(
+                    (UserMessage, {**at, "message_id": message.id, "text": message.text, "mode": message.mode})
+                )
+            else:
+                steps.append(
+                    (
+                        AssistantChunk,
+                        {**at, "kind": draw(st.sampled_from(["text", "reasoning"])), "text": draw(small_text)},
+                    )
+                )
+            calls = tuple(
+                ToolCall(f"c{turn}{step}{k}", "bash", draw(small_text)) for k in range(draw(st.integers(0, 2)))
+            )
+            steps.append((AssistantMessage, {**at, "text": draw(small_text), "tool_calls": calls}))
+            for call in calls:
+                if draw(st.booleans()):
+                    steps.append(
+                        (ToolCallRequested, {**at, "call_id": call.id, "name": call.name, "arguments": call.arguments})
+                    )
+                steps.append(
+                    (
+                        ToolResult,
+                        {
+                            **at,
+                            "call_id": call.id,
+                            "name": call.name,
+                            "content": draw(small_text),
+                            "is_error": draw(st.booleans()),
+                        },
+                    )
+                )
+            steps.append((StepEnd, at))
+        reason = draw(st.sampled_from(["completed", "aborted"]))
+        steps.append((TurnEnd, {"turn": turn, "reason": reason, "cause": "user" if reason == "aborted" else None}))
+    ts = float(draw(st.integers(min_value=0, max_value=2**31)))
+    return [cls(seq=i, ts=ts + i, **fields) for i, (cls, fields) in enumerate(steps)]
+
+
+@attrs.define
+class CutExpectation:
+    """What loading the first ``offset`` bytes of a log must give."""
+
+    header_end: int
+    line_ends: list[int]  # offsets just past each event line's newline
+
+    def complete(self, offset: int) -> int | None:
+        """Events whose line is complete within ``offset`` bytes, None inside the header."""
+        if offset < self.header_end:
+            return None
+        return sum(1 for end in self.line_ends if end <= offset)
+
+    def valid_length(self, offset: int) -> int:
+        return max([self.header_end, *(end for end in self.line_ends if end <= offset)])
+
+
+@settings(
+    max_examples=6,  # every example loads every cut twice: ~2,000-3,500 loads
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],  # shrinking would re-run thousands of cuts
+)
+@given(events=session_logs())
+async def test_a_log_cut_at_any_byte_loads_exactly_its_complete_lines(tmp_path: Path, events: list[Event]) -> None:
+    example = tmp_path / uuid.uuid4().hex
+    data = (await write_log(JsonlPersistence(example / "full", fsync=False), events)).read_bytes()
+    ends = [i + 1 for i, byte in enumerate(data) if byte == ord("\n")]
+    expect = CutExpectation(header_end=ends[0], line_ends=ends[1:])
+    assert len(expect.line_ends) == len(events)
+
+    # What each cut gave: from load, (events, valid_length, dropped_tail); from
+    # prepare_resume, its events; or, inside the header, the corrupt line twice.
+    outcomes: dict[int, tuple[object, ...]] = {}
+
+    async def check(offset: int, persistence: JsonlPersistence) -> None:
+        store = SessionStore(persistence, clock=fixed_clock)
+        cut = persistence.path_of("s1")
+        cut.unlink(missing_ok=True)  # a fresh file (rewriting one in place is slow on ext4)
+        cut.write_bytes(data[:offset])
+        try:
+            loaded = await persistence.load("s1")
+        except SessionCorruptError as exc:
+            try:
+                await store.prepare_resume("s1")
+            except SessionCorruptError as again:
+                outcomes[offset] = ("corrupt", exc.line, again.line)
+            return
+        session = await store.prepare_resume("s1")
+        store.discard(session)
+        unchanged = cut.read_bytes() == data[:offset]
+        outcomes[offset] = (
+            list(loaded.events),
+            loaded.valid_length,
+            loaded.dropped_tail,
+            list(session.events),
+            unchanged,
+        )
+
+    async def worker(slot: int, slots: int) -> None:
+        # The same session id in a store root of the worker's own, one cut at a time.
+        persistence = JsonlPersistence(example / f"cut-{slot}", fsync=False)
+        persistence.path_of("s1").parent.mkdir(parents=True)
+        for offset in range(slot, len(data) + 1, slots):
+            await check(offset, persistence)
+
+    # Concurrent workers: each load waits on a worker thread.
+    async with trio.open_nursery() as nursery:
+        for slot in range(16):
+            nursery.start_soon(worker, slot, 16)
+
+    for offset in range(len(data) + 1):
+        count = expect.complete(offset)
+        if count is None:
+            assert outcomes[offset] == ("corrupt", 1, 1), offset
+            continue
+        valid = expect.valid_length(offset)
+        closers = [cls(seq=count + i, ts=TS, **fields) for i, (cls, fields) in enumerate(closers_for(events[:count]))]
+        assert outcomes[offset] == (events[:count], valid, offset - valid, events[:count] + closers, True), offset
+
+
+# ------------------------------------------------------------------ SIGKILL
+
+
+async def read_reports(stream: trio.abc.ReceiveStream, wanted: int) -> int:
+    """Read ``flushed N`` lines until ``wanted`` were seen; returns the largest N read."""
+    buffer = b""
+    reports: list[int] = []
+    while len(reports) < wanted:
+        chunk = await stream.receive_some()
+        assert chunk, f"the writer exited early after {reports}"
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            word, count = line.split()
+            assert word == b"flushed"
+            reports.append(int(count))
+    assert reports == sorted(reports)
+    return reports[-1]
+
+
+@pytest.mark.parametrize("every", [1, 7, 60])
+async def test_a_flushed_event_survives_sigkill_right_after_the_flush(tmp_path: Path, every: int) -> None:
+    root = tmp_path / "root"
+    script = Path(__file__).with_name("_writer_proc.py")
+    process = await trio.lowlevel.open_process(
+        [sys.executable, str(script), str(root), "killed", str(every)], stdout=subprocess.PIPE
+    )
+    assert process.stdout is not None
+    try:
+        with trio.fail_after(60):  # a bound on a real process, not a sleep
+            reported = await read_reports(process.stdout, 3)
+            process.send_signal(signal.SIGKILL)  # right after a flush was reported
+            await process.wait()
+    finally:
+        with trio.CancelScope(shield=True):
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            await process.stdout.aclose()
+    assert process.returncode == -signal.SIGKILL
+    assert reported >= 3 * every
+
+    persistence = JsonlPersistence(root)
+    loaded = await persistence.load("killed")
+    assert len(loaded.events) >= reported
+    assert list(loaded.events) == [expected_event(i) for i in range(len(loaded.events))]
+
+    # The killed writer's lock is gone: the log resumes and stays valid.
+    store = SessionStore(persistence, clock=fixed_clock)
+    session = await store.prepare_resume("killed")
+    entry = store.enter(session)
+    session.append(TurnStart, turn=10_000)
+    await store.detach(entry)
+    reloaded = await persistence.load("killed")
+    assert reloaded.dropped_tail == 0 and list(reloaded.events) == list(session.events)
