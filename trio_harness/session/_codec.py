@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, get_args, get_origin
+import types
+from typing import Any, Literal, Union, get_args, get_origin
 
+import attrs
 import cattrs
 from cattrs.cols import homogenous_tuple_structure_factory
 from cattrs.preconf.json import make_converter
@@ -68,6 +70,124 @@ for _cls in EVENT_TYPES:
     _unstructure[_cls] = _converter.get_unstructure_hook(_cls)
     _structure[_cls.type] = _converter.get_structure_hook(_cls)
 
+# ---------------------------------------------------------------- fast decoding
+#
+# Loading a long session decodes every line, so valid records take a direct
+# path: one generated converter per type that checks exactly what the cattrs
+# hooks above check (JSON types, finite numbers, literals, no extra or missing
+# keys) and builds the record.  Anything it does not accept is decoded again by
+# cattrs, whose error message is the one users see.
+
+
+class _Fallback(Exception):
+    """The fast path declines; cattrs decides (and explains)."""
+
+
+_SCALAR_CHECKS = {
+    int: "type({v}) is not int",
+    str: "type({v}) is not str",
+    bool: "type({v}) is not bool",
+    float: "(type({v}) is not float and type({v}) is not int) or not _isfinite({v})",
+}
+
+
+class _Gen:
+    """Generates one straight-line converter function per record type."""
+
+    def __init__(self) -> None:
+        self.namespace: dict[str, Any] = {"_Fallback": _Fallback, "_isfinite": math.isfinite}
+        self.lines: list[str] = []
+        self.counter = 0
+        self.cache: dict[Any, str] = {}
+
+    def name(self, prefix: str) -> str:
+        self.counter += 1
+        return f"_{prefix}{self.counter}"
+
+    def check(self, kind: Any, v: str, indent: str, out: list[str]) -> str:
+        """Append checks of variable ``v`` against ``kind``; return the expression of the value."""
+        if kind in _SCALAR_CHECKS:
+            out.append(f"{indent}if {_SCALAR_CHECKS[kind].format(v=v)}: raise _Fallback")
+            return v
+        origin, args = get_origin(kind), get_args(kind)
+        if origin is Literal:
+            allowed = self.name("allowed")
+            self.namespace[allowed] = frozenset(args)
+            out.append(f"{indent}if type({v}) is not str or {v} not in {allowed}: raise _Fallback")
+            return v
+        if origin in (Union, types.UnionType):
+            options = [a for a in args if a is not type(None)]
+            if len(options) != 1 or len(args) != 2:
+                raise TypeError(f"no fast converter for {kind!r}")
+            inner: list[str] = []
+            expr = self.check(options[0], v, indent + "    ", inner)
+            if expr == v and not any("=" in line.split(":", 1)[0] for line in inner):
+                out.append(f"{indent}if {v} is not None:")
+                out.extend(inner or [f"{indent}    pass"])
+                return v
+            out.append(f"{indent}if {v} is not None:")
+            out.extend(inner)
+            out.append(f"{indent}    {v} = {expr}")
+            return v
+        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+            item = self.function(args[0])
+            out.append(f"{indent}if type({v}) is not list: raise _Fallback")
+            return f"tuple([{item}(_x) for _x in {v}])"
+        if attrs.has(kind):
+            return f"{self.function(kind)}({v})"
+        raise TypeError(f"no fast converter for {kind!r}")
+
+    def function(self, kind: Any) -> str:
+        """The name of a function converting one value of ``kind``."""
+        if kind in self.cache:
+            return self.cache[kind]
+        fn = self.name("conv")
+        self.cache[kind] = fn
+        body: list[str] = [f"def {fn}(d):"]
+        if attrs.has(kind):
+            attrs.resolve_types(kind)
+            fields = [f for f in attrs.fields(kind) if f.init]
+            names = self.name("names")
+            required = self.name("required")
+            cls = self.name("cls")
+            # "type" is the tag of the enclosing record; it is checked before this runs.
+            self.namespace[names] = frozenset(f.name for f in fields) | (
+                {"type"} if isinstance(getattr(kind, "type", None), str) else set()
+            )
+            self.namespace[required] = frozenset(f.name for f in fields if f.default is attrs.NOTHING)
+            self.namespace[cls] = kind
+            body.append("    if type(d) is not dict: raise _Fallback")
+            body.append("    keys = d.keys()")
+            body.append(f"    if not (keys <= {names} and {required} <= keys): raise _Fallback")
+            args: list[str] = []
+            for index, f in enumerate(fields):
+                v = f"v{index}"
+                if f.default is attrs.NOTHING:
+                    body.append(f"    {v} = d[{f.name!r}]")
+                else:
+                    default = self.name("default")
+                    self.namespace[default] = f.default
+                    body.append(f"    {v} = d.get({f.name!r}, {default})")
+                expr = self.check(f.type, v, "    ", body)
+                args.append(f"{f.name}={expr}")
+            body.append(f"    return {cls}({', '.join(args)})")
+        else:
+            expr = self.check(kind, "d", "    ", body)
+            body.append(f"    return {expr}")
+        self.lines.extend(body)
+        self.lines.append("")
+        return fn
+
+    def compile(self, kinds: tuple[type[Any], ...]) -> dict[type[Any], Any]:
+        names = {kind: self.function(kind) for kind in kinds}
+        exec(compile("\n".join(self.lines), "<trio_harness event decoders>", "exec"), self.namespace)
+        return {kind: self.namespace[name] for kind, name in names.items()}
+
+
+_fast_by_class = _Gen().compile(EVENT_TYPES)
+_fast: dict[str, Any] = {cls.type: fn for cls, fn in _fast_by_class.items()}
+
+
 _dumps_utf8 = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 _dumps_ascii = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode
 _loads = json.loads
@@ -112,6 +232,11 @@ def decode_event_dict(data: Any) -> AnyEvent:
     cls = _TAGS.get(tag) if isinstance(tag, str) else None
     if cls is None:
         raise EventDecodeError(f"unknown event type {tag!r}; known types: {', '.join(sorted(_TAGS))}")
+    try:
+        fast_event: AnyEvent = _fast[cls.type](data)
+        return fast_event
+    except _Fallback:
+        pass
     fields = dict(data)
     del fields["type"]
     try:
@@ -132,6 +257,27 @@ def decode_event(line: str | bytes) -> AnyEvent:
         data = _loads(line)
     except ValueError as exc:
         raise EventDecodeError(f"not valid JSON: {exc}") from exc
+    return decode_event_dict(data)
+
+
+# The C scanner behind json.loads, without its per-call wrapper.
+_scan_once: Any = getattr(json.JSONDecoder(), "scan_once")  # noqa: B009
+
+
+def decode_event_line(raw: bytes) -> AnyEvent:
+    """Decode one line of a session log, as :func:`decode_event` does, faster.
+
+    Log loading calls this per line: it skips :func:`json.loads`'s per-call
+    encoding detection and wrapper, and falls back to :func:`decode_event`
+    for anything unusual so errors read the same.
+    """
+    try:
+        text = raw.decode("utf-8")
+        data, end = _scan_once(text, 0)
+    except (UnicodeDecodeError, StopIteration, ValueError):
+        return decode_event(raw)
+    if end != len(text):
+        return decode_event(raw)
     return decode_event_dict(data)
 
 

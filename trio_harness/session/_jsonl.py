@@ -40,7 +40,7 @@ from .._errors import (
     SessionExistsError,
     SessionNotFoundError,
 )
-from ._codec import decode_event, decode_header, encode_event, encode_header
+from ._codec import decode_event, decode_event_line, decode_header, encode_event, encode_header
 from ._events import Event, SessionHeader, TurnEnd
 from ._persistence import LoadedSession
 from ._session import SessionWriter, validate_session_id
@@ -305,7 +305,7 @@ def parse_log(data: bytes, path: str) -> LoadedSession:
     for index in range(1, len(lines)):
         raw = lines[index]
         try:
-            event = decode_event(raw)
+            event = decode_event_line(raw)
             if event.seq != len(events):
                 raise EventDecodeError(f"event seq {event.seq} where {len(events)} was expected")
         except EventDecodeError as exc:
