@@ -97,6 +97,8 @@ class _JsonlWriter:
     # Byte length of the file when it was loaded (resume): a file that changed
     # since then was written by someone else, and appending would duplicate seqs.
     expected_length: int | None = None
+    # fsync on the event loop's thread instead of a worker thread.
+    inline_fsync: bool = False
     _buffer: list[str] = attrs.field(factory=list, init=False)
     _fd: int | None = attrs.field(default=None, init=False)
     # Length of the file as far as this writer knows it is good.
@@ -168,7 +170,11 @@ class _JsonlWriter:
                 self._buffer[:0] = lines
                 raise
             if self.fsync:
-                await trio.to_thread.run_sync(os.fsync, self._fd)
+                if self.inline_fsync:
+                    os.fsync(self._fd)
+                    await trio.lowlevel.checkpoint()
+                else:
+                    await trio.to_thread.run_sync(os.fsync, self._fd)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -187,10 +193,16 @@ class JsonlPersistence:
     Args:
         root: the directory holding the session directories (created on demand).
         fsync: ``fsync`` on every flush (turn off only for throwaway data).
+        inline_fsync: run that ``fsync`` on the event loop's thread.  It saves
+            the hand-off to a worker thread (about 85 us a flush here) at the
+            cost of blocking the loop while the disk syncs: worth it for a
+            process with few agents on a fast local disk, not on a slow or
+            network file system.  Off by default.
     """
 
     root: Path = attrs.field(converter=_absolute_path)
     fsync: bool = True
+    inline_fsync: bool = False
     _writers: dict[str, _JsonlWriter] = attrs.field(factory=dict, init=False)
 
     def path_of(self, session_id: str) -> Path:
@@ -253,6 +265,7 @@ class JsonlPersistence:
             truncate_to=truncate,
             new=loaded is None,
             expected_length=expected,
+            inline_fsync=self.inline_fsync,
         )
 
     async def save(self, header: SessionHeader, events: Sequence[Event]) -> None:
