@@ -176,7 +176,7 @@ async def bench(directory: str | None = None) -> list[dict[str, object]]:
             "target": ">= 100,000 events/s",
         },
         {
-            "figure": f"  the same with JsonlPersistence(inline_fsync=True) (fsync on the loop's thread)",
+            "figure": "  the same with JsonlPersistence(inline_fsync=True) (fsync on the loop's thread)",
             "value": round(inline),
             "unit": "events/s",
             "target": ">= 100,000 events/s",
