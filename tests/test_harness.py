@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import trio
 
@@ -15,8 +17,12 @@ async def test_services_stop_in_reverse_dependency_order() -> None:
     async with open_harness(model=ScriptedModel([]), builtin_tools=["tasks"]) as h:
         names = [child.name for child in h.scope.children]
         assert names == ["harness/sessions", "harness/bash", "harness/tasks", "harness/plugins", "harness/agents"]
+
+        def note(name: str) -> Callable[[], None]:
+            return lambda: order.append(name)
+
         for child in h.scope.children:
-            child.add_exit_callback(lambda name=child.name: order.append(name))
+            child.add_exit_callback(note(child.name))
         h.bus.on("agent/disposed", lambda n: order.append("agent/disposed"))
         h.bus.on("session/disposed", lambda n: order.append("session/disposed"))
         await h.agents.create()
