@@ -31,7 +31,7 @@ import trio
 import trio.testing
 
 from trio_harness import ScriptedModel, Session, Tool, ToolContext, open_harness
-from trio_harness.session import _events as ev
+from trio_harness import events as ev
 
 EPOCH = 1_700_000_000.0
 NOISE = {"assistant/chunk", "agent/inbox/spliced", "request/header"}

@@ -22,7 +22,7 @@ import trio
 import trio.testing
 
 from trio_harness import Agent, Harness, Notice, Scope, ScriptedModel, open_harness
-from trio_harness.session import _events as ev
+from trio_harness import events as ev
 
 
 def watch(harness: Harness) -> None:

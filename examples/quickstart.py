@@ -20,7 +20,7 @@ from __future__ import annotations
 import trio
 
 from trio_harness import ScriptedModel, open_harness
-from trio_harness.session import _events as ev
+from trio_harness import events as ev
 
 ANSWER = (
     "Trio is a Python library for async concurrency built on structured concurrency: "

@@ -24,7 +24,7 @@ import trio
 import trio.testing
 
 from trio_harness import Agent, ScriptedModel, Tool, ToolContext, open_harness
-from trio_harness.session import _events as ev
+from trio_harness import events as ev
 
 
 def show_inbox(agent: Agent, when: str) -> None:

@@ -22,8 +22,8 @@ from typing import Any
 import trio
 
 from trio_harness import AgentOptions, Notice, ScriptedModel, open_harness
+from trio_harness import events as ev
 from trio_harness.model import ModelRequest, UserMessage
-from trio_harness.session import _events as ev
 
 
 def child_answer(request: ModelRequest) -> Mapping[str, Any]:

@@ -25,8 +25,8 @@ from typing import Any
 import trio
 
 from trio_harness import Agent, ScriptedModel, Tool, ToolContext, ToolOutput, open_harness
+from trio_harness import events as ev
 from trio_harness.model import ModelRequest, ToolMessage
-from trio_harness.session import _events as ev
 
 TEMPERATURES = {"paris": 18, "oslo": 7, "lima": 22}
 
