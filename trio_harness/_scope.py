@@ -87,9 +87,11 @@ async def _unwind(callbacks: list[ExitCallback | None], *, lifo: bool, where: st
                 try:
                     result = current()
                     if inspect.isawaitable(result):
+                        # Each await gets its own bound.  The deadline is left in
+                        # place afterwards: nothing checkpoints before the next
+                        # await moves it, so a stale one cannot fire.
                         shield.deadline = trio.current_time() + bound
                         await result
-                        shield.deadline = math.inf
                 except Exception:
                     log.exception("exit callback %r of scope %s failed", current, where)
                 if shield.cancel_called:
