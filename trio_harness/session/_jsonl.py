@@ -143,11 +143,13 @@ class _JsonlWriter:
             self._length = len(header)
             if self.fsync:
                 os.fsync(fd)
-                dir_fd = os.open(self.path.parent, os.O_RDONLY)
-                try:
-                    os.fsync(dir_fd)
-                finally:
-                    os.close(dir_fd)
+                # The new file's entry in its directory, and the directory's in the root.
+                for directory in (self.path.parent, self.path.parent.parent):
+                    dir_fd = os.open(directory, os.O_RDONLY)
+                    try:
+                        os.fsync(dir_fd)
+                    finally:
+                        os.close(dir_fd)
         return fd
 
     async def flush(self) -> None:
