@@ -244,7 +244,7 @@ class ReactAgent:
         finally:
             self._phase = "idle"
             self._idle.set()
-            if self._wake_requested and not self._disposing and self._has_work():
+            if self._wake_requested and self._has_work():
                 self._start_activity()
 
     # ------------------------------------------------------------ scheduling
@@ -268,6 +268,10 @@ class ReactAgent:
             self._start_activity()
 
     def _start_activity(self) -> None:
+        # Teardown may have been requested before the close hook set _disposing
+        # (the scope is already closing): no driver may start any more.
+        if self._disposing or self._scope.closing:
+            return
         self._phase = "running"
         self._cause = None
         self._idle = trio.Event()
@@ -294,8 +298,10 @@ class ReactAgent:
             self._activity_scope = None
             self._cause = None
             self._phase = "idle"
-            self._set_status("idle")
+            # Release waiters before notifying: a status listener may start the
+            # next activity, whose fresh idle event must stay unset.
             self._idle.set()
+            self._set_status("idle")
 
     async def _run_work(self) -> None:
         if self._cause is not None:
@@ -331,7 +337,15 @@ class ReactAgent:
                     reason = "blocked"
                     failure = Failure("max-steps", f"the turn reached max_steps={self._options.max_steps}")
                     break
-                outcome = await self._run_step(turn, step)
+                try:
+                    outcome = await self._run_step(turn, step)
+                except Exception as exc:
+                    # A bug or a failing hook (tool filter, prompt section, ...):
+                    # end the turn as an error instead of crashing the scope tree.
+                    log.exception("agent %s: step %d of turn %d failed", self.id, step, turn)
+                    reason = "error"
+                    failure = Failure("driver-error", f"the turn failed: {exc!r}")
+                    break
                 if outcome is not None:
                     reason, failure = outcome
                     break
@@ -350,8 +364,10 @@ class ReactAgent:
         session = self._session
         session.append(ev.StepStart, turn=turn, step=step)
         try:
-            claimed = self._inbox.claim(turn, turn_boundary=step == 1)
+            # Reset before claiming: a wake raised while the claim is logged
+            # (a session observer sending) must survive.
             self._wake_requested = False
+            claimed = self._inbox.claim(turn, turn_boundary=step == 1)
             for message in claimed:
                 session.append(
                     ev.UserMessage, turn=turn, step=step, message_id=message.id, text=message.text, mode=message.mode

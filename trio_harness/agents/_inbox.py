@@ -4,6 +4,12 @@ Every mutation first appends an ``agent/inbox/spliced`` event to the session
 and only then changes the in-memory lists, so a synchronous session observer
 sees the pre-splice projection and resume can rebuild the lists exactly by
 replaying the splices.  A message id is pending at most once across both lists.
+
+A mutation requested while a splice is being logged (from a session observer,
+which must see the pre-splice projection) is deferred until that splice is
+applied, so the durable log and the live lists never disagree.  Inserts and
+``clear`` can be deferred; a re-entrant ``remove``, ``replace`` or ``claim``
+(whose result the caller needs at once) is refused.
 """
 
 from __future__ import annotations
@@ -52,6 +58,10 @@ class Inbox:
     _next_turn: list[InboxMessage] = attrs.field(factory=list, init=False)
     _next_step: list[InboxMessage] = attrs.field(factory=list, init=False)
     _ids: set[str] = attrs.field(factory=set, init=False)
+    # True while a splice event is being appended (its observers run then).
+    _splicing: bool = attrs.field(default=False, init=False)
+    # Mutations requested while splicing: ("append" | "prepend" | "clear", queue, message).
+    _deferred: list[tuple[str, InboxQueue | None, InboxMessage | None]] = attrs.field(factory=list, init=False)
 
     # ------------------------------------------------------------ replay
 
@@ -154,31 +164,63 @@ class Inbox:
     ) -> list[InboxMessage]:
         self._check(queue, start, removed, inserted)
         # Durable fact first, then the projection.
-        self._session.append(
-            InboxSpliced,
-            queue=queue,
-            start=start,
-            removed=tuple(removed),
-            inserted=tuple(inserted),
-            outcome=outcome,
-            turn=turn,
-        )
+        self._splicing = True
+        try:
+            self._session.append(
+                InboxSpliced,
+                queue=queue,
+                start=start,
+                removed=tuple(removed),
+                inserted=tuple(inserted),
+                outcome=outcome,
+                turn=turn,
+            )
+        finally:
+            self._splicing = False
         gone = self._apply(queue, start, removed, inserted)
         kind = "claimed" if outcome == "claimed" else "discarded"
         for message in gone:
             self._notify(kind, message, turn)
         for message in inserted:
             self._notify("inserted", message, None)
+        self._run_deferred()
         return gone
+
+    def _defer(self, op: str, queue: InboxQueue | None, message: InboxMessage | None) -> None:
+        if message is not None:
+            self._list(queue)  # type: ignore[arg-type]  # validates the queue name now
+            if message.id in self._ids or any(m is not None and m.id == message.id for _, _, m in self._deferred):
+                raise InboxError(f"message id {message.id!r} is already pending")
+        self._deferred.append((op, queue, message))
+
+    def _refuse_reentry(self, what: str) -> None:
+        if self._splicing:
+            raise InboxError(f"cannot {what} while the inbox is logging a splice (from a session observer)")
+
+    def _run_deferred(self) -> None:
+        while self._deferred and not self._splicing:
+            op, queue, message = self._deferred.pop(0)
+            if op == "clear":
+                self.clear()
+            elif op == "append":
+                self.append(queue, message)  # type: ignore[arg-type]
+            else:
+                self.prepend(queue, message)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------ operations
 
     def append(self, queue: InboxQueue, message: InboxMessage) -> None:
         """Add ``message`` at the end of ``queue``."""
+        if self._splicing:
+            self._defer("append", queue, message)
+            return
         self._splice(queue, len(self._list(queue)), (), (message,), None)
 
     def prepend(self, queue: InboxQueue, message: InboxMessage) -> None:
         """Add ``message`` at the front of ``queue``."""
+        if self._splicing:
+            self._defer("prepend", queue, message)
+            return
         self._splice(queue, 0, (), (message,), None)
 
     def replace(self, message_id: str, message: InboxMessage) -> None:
@@ -187,6 +229,7 @@ class Inbox:
         Raises:
             InboxError: ``message_id`` is not pending.
         """
+        self._refuse_reentry("replace a message")
         where = self.find(message_id)
         if where is None:
             raise InboxError(f"message {message_id!r} is not pending")
@@ -199,6 +242,7 @@ class Inbox:
         Raises:
             InboxError: ``message_id`` is not pending.
         """
+        self._refuse_reentry("remove a message")
         where = self.find(message_id)
         if where is None:
             raise InboxError(f"message {message_id!r} is not pending")
@@ -208,8 +252,13 @@ class Inbox:
     def clear(self) -> list[InboxMessage]:
         """Remove everything: next-step first, then next-turn, both marked canceled.
 
-        Clearing an empty inbox writes nothing.
+        Clearing an empty inbox writes nothing.  Requested while a splice is
+        being logged, the clear runs once that splice is applied (and returns
+        nothing here).
         """
+        if self._splicing:
+            self._defer("clear", None, None)
+            return []
         gone: list[InboxMessage] = []
         queues: tuple[InboxQueue, ...] = ("next-step", "next-turn")
         for queue in queues:
@@ -223,6 +272,7 @@ class Inbox:
 
         Claims are deletions not marked canceled.
         """
+        self._refuse_reentry("claim messages")
         claimed: list[InboxMessage] = []
         if self._next_step:
             claimed += self._splice("next-step", 0, [m.id for m in self._next_step], (), "claimed", turn)

@@ -142,7 +142,7 @@ class SubagentToolPlugin:
                 f"error: subagent depth limit reached ({self.max_depth}); do this work yourself", is_error=True
             )
         prompt: str = args["prompt"]
-        label: str = args.get("description") or prompt.splitlines()[0][:60] if prompt.strip() else "subagent"
+        label: str = args.get("description") or (prompt.strip().splitlines()[0][:60] if prompt.strip() else "subagent")
         if background:
             return await self._start_background(ctx.agent, prompt, label)
         handle = await self._create_child(ctx.agent)
