@@ -482,3 +482,64 @@ async def test_create_racing_harness_exit(autojump_clock: trio.testing.MockClock
         await trio.testing.wait_all_tasks_blocked()
     assert len(results) == 1 and isinstance(results[0], BaseException)
     assert h.agents.list() == [] and h.sessions.list() == []
+
+
+async def test_cancel_reaching_a_tool_through_its_own_nursery_reports_cancelled(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Cancellation wrapped in an exception group still reads as 'cancelled'."""
+
+    async def with_nursery(ctx: ToolContext, args: dict[str, Any]) -> str:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.sleep_forever)
+            await trio.sleep_forever()
+        return "unreachable"  # type: ignore[unreachable]  # pragma: no cover
+
+    model = ScriptedModel([{"tool_calls": [{"name": "nested", "arguments": {}}]}])
+    async with open_test_harness(model) as h:
+        h.tools.add(Tool("nested", "n", {"type": "object"}, with_nursery))
+        async with h.agents.open() as agent:
+            agent.followup("go")
+            await trio.sleep(1)
+            agent.cancel()
+            await agent.when_idle()
+            (result,) = [e for e in agent.session.events if isinstance(e, ev.ToolResult)]
+            assert result.is_error and "cancelled" in result.content
+            end = agent.session.events[-1]
+            assert isinstance(end, ev.TurnEnd) and (end.reason, end.cause) == ("aborted", "user")
+
+
+async def test_tool_error_raised_while_cancelled_does_not_crash_the_harness(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A group mixing Cancelled with the tool's own error: logged as a failure, turn aborted."""
+
+    async def fails_on_cancel() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            raise ValueError("cleanup broke")
+
+    async def tool(ctx: ToolContext, args: dict[str, Any]) -> str:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fails_on_cancel)
+            await trio.sleep_forever()
+        return "unreachable"  # type: ignore[unreachable]  # pragma: no cover
+
+    model = ScriptedModel([{"tool_calls": [{"name": "fragile", "arguments": {}}]}, {"text": "next"}])
+    async with open_test_harness(model) as h:
+        h.tools.add(Tool("fragile", "f", {"type": "object"}, tool))
+        async with h.agents.open() as agent:
+            agent.followup("go")
+            await trio.sleep(1)
+            agent.cancel()
+            await agent.when_idle()
+            (result,) = [e for e in agent.session.events if isinstance(e, ev.ToolResult)]
+            assert result.is_error and "cleanup broke" in result.content
+            end = agent.session.events[-1]
+            assert isinstance(end, ev.TurnEnd) and (end.reason, end.cause) == ("aborted", "user")
+            assert_balanced(agent.session)
+            agent.followup("still alive?")
+            await agent.when_idle()
+            last = agent.session.events[-1]
+            assert isinstance(last, ev.TurnEnd) and last.reason == "completed"

@@ -60,6 +60,22 @@ log = logging.getLogger("trio_harness.agent")
 Phase = Literal["idle", "maintenance", "running"]
 
 
+def _split_cancelled(exc: BaseException) -> tuple[BaseException | None, BaseException | None]:
+    """Split ``exc`` into (the cancellation part, the rest); either may be None."""
+    if isinstance(exc, trio.Cancelled):
+        return exc, None
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)
+    return None, exc
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` of an error, listing the leaves of an exception group."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(inner) for inner in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _aborted_text(cause: CancelCause | None) -> str:
     return f"error: not run: the turn was aborted (cause: {cause or 'cancelled'})"
 
@@ -468,21 +484,22 @@ class ReactAgent:
 
         try:
             await self._provider.stream(request, emit)
-        except trio.Cancelled:
-            if text or reasoning:
-                session.append(
-                    ev.AssistantMessage,
-                    turn=turn,
-                    step=step,
-                    text="".join(text),
-                    reasoning="".join(reasoning),
-                    usage=usage,
-                    finish="aborted",
-                )
-            raise
-        except Exception as exc:
-            log.exception("agent %s: model provider %s raised", self.id, self._provider.name)
-            finish = Finish("error", Failure("provider-crashed", f"the model provider raised {exc!r}"))
+        except BaseException as exc:
+            cancelled, failed = _split_cancelled(exc)
+            if cancelled is None:
+                if not isinstance(failed, Exception):
+                    raise
+                log.exception("agent %s: model provider %s raised", self.id, self._provider.name)
+                finish = Finish("error", Failure("provider-crashed", f"the model provider raised {failed!r}"))
+            else:
+                if failed is not None:
+                    log.error(
+                        "agent %s: model provider %s raised while cancelled: %r", self.id, self._provider.name, failed
+                    )
+                self._log_partial(turn, step, text, reasoning, usage)
+                if cancelled is exc:
+                    raise
+                raise cancelled from None
         if finish is None:
             finish = Finish("error", Failure("no-finish", "the model stream ended without a finish"))
         if finish.reason == "error" and finish.failure is None:
@@ -505,6 +522,19 @@ class ReactAgent:
             finish=finish.reason,
         )
         return finish, calls
+
+    def _log_partial(self, turn: int, step: int, text: list[str], reasoning: list[str], usage: Usage | None) -> None:
+        """Log what a cancelled stream had produced, as an aborted assistant message."""
+        if text or reasoning:
+            self._session.append(
+                ev.AssistantMessage,
+                turn=turn,
+                step=step,
+                text="".join(text),
+                reasoning="".join(reasoning),
+                usage=usage,
+                finish="aborted",
+            )
 
     # ------------------------------------------------------------ tools
 
@@ -554,13 +584,21 @@ class ReactAgent:
                 else:
                     async with limiter:
                         output = await tool.handler(ctx, args)
-            except trio.Cancelled:
+            except BaseException as exc:
+                # Cancellation may arrive wrapped in an exception group (a tool
+                # with its own nursery), possibly beside the tool's own errors.
+                cancelled, failed = _split_cancelled(exc)
+                if failed is not None and not isinstance(failed, Exception):
+                    raise
+                if failed is not None:
+                    log.debug("tool %s raised", call.name, exc_info=True)
+                    deliver(index, f"error: tool {call.name!r} failed: {_describe(failed)}", True)
+                if cancelled is None:
+                    return
                 deliver(index, f"error: cancelled: the turn was aborted (cause: {self._cause or 'cancelled'})", True)
-                raise
-            except Exception as exc:
-                log.debug("tool %s raised", call.name, exc_info=True)
-                deliver(index, f"error: tool {call.name!r} failed: {type(exc).__name__}: {exc}", True)
-                return
+                if cancelled is exc:
+                    raise
+                raise cancelled from None
             if isinstance(output, ToolOutput):
                 deliver(index, output.content, output.is_error)
             else:
