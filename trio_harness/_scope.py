@@ -70,34 +70,28 @@ class LoadedPlugin:
 
 
 async def _unwind(callbacks: list[ExitCallback | None], *, lifo: bool, where: str, bound: float) -> None:
-    """Run (and consume) ``callbacks``, shielded, each async one bounded by ``bound`` seconds.
+    """Run (and consume) ``callbacks``; each awaitable one shielded and bounded by ``bound`` seconds.
 
     Errors are logged and contained; a callback still running after ``bound``
-    is abandoned with a warning and the rest still run.  One shielded cancel
-    scope serves the whole run (its deadline is moved per callback) until a
-    callback times out, which is the only reason to open another.
+    is abandoned with a warning and the rest still run.  Synchronous callbacks
+    cost no cancel scope and no checkpoint.
     """
     while callbacks:
-        current: ExitCallback | None = None
-        with trio.CancelScope(shield=True) as shield:
-            while callbacks:
-                current = callbacks.pop() if lifo else callbacks.pop(0)
-                if current is None:
-                    continue
-                try:
-                    result = current()
-                    if inspect.isawaitable(result):
-                        # Each await gets its own bound.  The deadline is left in
-                        # place afterwards: nothing checkpoints before the next
-                        # await moves it, so a stale one cannot fire.
-                        shield.deadline = trio.current_time() + bound
-                        await result
-                except Exception:
-                    log.exception("exit callback %r of scope %s failed", current, where)
-                if shield.cancel_called:
-                    # Timed out, but the callback swallowed the Cancelled (or raised
-                    # another error): this scope stays cancelled, so open a new one.
-                    break
+        current = callbacks.pop() if lifo else callbacks.pop(0)
+        if current is None:
+            continue
+        try:
+            result = current()
+        except Exception:
+            log.exception("exit callback %r of scope %s failed", current, where)
+            continue
+        if not inspect.isawaitable(result):
+            continue
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + bound) as shield:
+            try:
+                await result
+            except Exception:
+                log.exception("exit callback %r of scope %s failed", current, where)
         if shield.cancel_called:
             log.warning("exit callback %r of %s did not finish in %ss", current, where, bound)
 

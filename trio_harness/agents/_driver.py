@@ -17,7 +17,7 @@ whatever interrupted it.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -326,8 +326,12 @@ class ReactAgent:
         while self._has_work() and self._cause is None:
             await self._run_turn()
 
-    async def dispose_hook(self) -> None:
-        """Close hook run first when the agent scope closes: stop and quiesce."""
+    def dispose_hook(self) -> Awaitable[None] | None:
+        """Close hook run first when the agent scope closes: stop and quiesce.
+
+        Returns an awaitable only when there is something to wait for, so
+        disposing an idle agent costs no checkpoint.
+        """
         self._disposing = True
         self._wake_requested = False
         if self._phase == "running":
@@ -335,7 +339,9 @@ class ReactAgent:
                 self._cause = "disposed"
             if self._activity_scope is not None:
                 self._activity_scope.cancel()
-        await self.when_idle()
+        if self._phase == "idle":
+            return None
+        return self.when_idle()
 
     # ------------------------------------------------------------ turns
 

@@ -59,8 +59,8 @@ class LoopAgent(Protocol):
     @property
     def session(self) -> Session: ...
 
-    async def dispose_hook(self) -> None:
-        """Cancel the driver with cause ``disposed`` and wait for quiescence."""
+    def dispose_hook(self) -> Awaitable[None] | None:
+        """Cancel the driver with cause ``disposed``; the awaitable (if any) waits for quiescence."""
         ...
 
 
