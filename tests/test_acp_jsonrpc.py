@@ -495,3 +495,30 @@ async def test_session_ids_that_could_escape_the_store_are_invalid_params() -> N
         error = (await peer.response(message["id"]))["error"]
         assert error["code"] == rpc.INVALID_PARAMS
         assert "sessionId" in error["message"]
+
+
+async def test_turns_the_agent_starts_by_itself_are_streamed() -> None:
+    """A turn nobody prompted (e.g. a completion notice woke the agent) reaches the client."""
+    model = scripted([{"text": "prompted answer"}, {"text": "noticed it"}])
+    async with open_test_harness(model) as harness, connected(harness) as (peer, _server, _):
+        session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+        reply = await peer.call("session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "hi"}]})
+        assert reply == {"stopReason": "end_turn"}
+        prompted = [m for m in peer.received if m.get("method") == "session/update"]
+        # the prompted turn is streamed once (no duplicate from the unsolicited path)
+        assert "".join(m["params"]["update"]["content"]["text"] for m in prompted) == "prompted answer"
+        agent = harness.agents.get(session_id)
+        assert agent is not None
+        agent.followup("background task bash-1 completed")
+        await agent.when_idle()
+        with trio.fail_after(WAIT):
+            while True:
+                updates = [m["params"]["update"] for m in peer.received if m.get("method") == "session/update"]
+                texts = [u["content"]["text"] for u in updates if u["sessionUpdate"] == "agent_message_chunk"]
+                if "".join(texts) == "prompted answernoticed it":
+                    break
+                await peer.receive()
+        kinds = [u["sessionUpdate"] for u in updates[len(prompted) :]]
+        assert kinds[0] == "user_message_chunk"
+        assert updates[len(prompted)]["content"]["text"] == "background task bash-1 completed"
+        assert set(kinds[1:]) == {"agent_message_chunk"}

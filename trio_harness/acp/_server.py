@@ -46,6 +46,7 @@ from .._errors import (
     SessionNotFoundError,
 )
 from ..agents._inbox import new_message_id
+from ..session import _events as ev
 from ..session._events import InboxMessage
 from . import _jsonrpc as rpc
 from ._updates import (
@@ -186,6 +187,7 @@ class _Prompt:
 
     request_id: rpc.RequestId
     watcher: TurnWatcher
+    message_id: str
     remove_observer: Callable[[], None] = lambda: None
 
 
@@ -197,6 +199,14 @@ class _SessionRecord:
     handle: AgentHandle
     prompt: _Prompt | None = None
     closing: bool = False
+    # Turns the agent starts by itself (a background-task notice woke it with no
+    # prompt in flight) are streamed too: the ids claimed in the current turn's
+    # first step, and whether this turn is streamed by the unsolicited observer.
+    first_step_ids: list[str] = attrs.field(factory=list)
+    first_step_texts: list[str] = attrs.field(factory=list)
+    unsolicited: bool = False
+    in_first_step: bool = False
+    remove_observer: Callable[[], None] = lambda: None
 
     @property
     def agent(self) -> Agent:
@@ -599,7 +609,40 @@ class AcpServer:
             raise rpc.RpcError(rpc.INTERNAL_ERROR, "the server is shutting down")
         record = _SessionRecord(id=handle.agent.id, handle=handle)
         self._records[record.id] = record
+        record.remove_observer = handle.agent.session.observe(lambda event: self._watch_unsolicited(record, event))
         return record
+
+    def _watch_unsolicited(self, record: _SessionRecord, event: Event) -> None:
+        """Stream turns nobody prompted (e.g. a completion notice woke the agent).
+
+        A turn belongs to the in-flight prompt when its first step claimed the
+        prompt's message; that prompt's watcher streams it.  Any other turn is
+        streamed from here, starting with the messages its first step claimed.
+        """
+        if isinstance(event, ev.TurnStart):
+            record.first_step_ids.clear()
+            record.first_step_texts.clear()
+            record.unsolicited = False
+            record.in_first_step = True
+        elif isinstance(event, ev.UserMessage) and record.in_first_step:
+            record.first_step_ids.append(event.message_id)
+            record.first_step_texts.append(event.text)
+        elif isinstance(event, ev.RequestHeader | ev.StepEnd) and record.in_first_step:
+            record.in_first_step = False
+            prompt = record.prompt
+            record.unsolicited = prompt is None or prompt.message_id not in record.first_step_ids
+            if record.unsolicited:
+                for text in record.first_step_texts:
+                    self._update(
+                        record.id, {"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": text}}
+                    )
+        elif isinstance(event, ev.TurnEnd):
+            record.unsolicited = False
+            record.in_first_step = False
+        elif record.unsolicited:
+            update = live_update(event)
+            if update is not None:
+                self._update(record.id, update)
 
     # ------------------------------------------------------------ prompts
 
@@ -627,7 +670,9 @@ class AcpServer:
             if not self._spawn(self._answer_after_flush, record, prompt, outcome):
                 self._answer(record, prompt, outcome)
 
-        prompt = _Prompt(request_id=request.id, watcher=TurnWatcher(message.id, on_event, on_done))
+        prompt = _Prompt(
+            request_id=request.id, watcher=TurnWatcher(message.id, on_event, on_done), message_id=message.id
+        )
         prompt.remove_observer = agent.session.observe(prompt.watcher)
         record.prompt = prompt
         try:
@@ -673,6 +718,7 @@ class AcpServer:
 
     async def _dispose_record(self, record: _SessionRecord) -> None:
         record.closing = True
+        record.remove_observer()
         try:
             await record.handle.dispose()
         except Exception:
