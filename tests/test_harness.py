@@ -78,3 +78,18 @@ async def test_task_done_is_published_on_the_bus() -> None:
         snapshot = await h.tasks.start(TaskSpec(kind="job", label="quick", owner=None, run=starter))
         await h.tasks.wait(snapshot.id, 5)
     assert [n.subject.id for n in seen] == [snapshot.id]
+
+
+async def test_bad_store_and_model_objects_are_refused_clearly() -> None:
+    from trio_harness import AgentOptions, ModelError
+
+    with pytest.raises(TypeError, match="store must be"):
+        async with open_harness(store=42, builtin_tools=False):  # type: ignore[arg-type]
+            pass  # pragma: no cover
+    with pytest.raises(ModelError, match="ModelProvider"):
+        async with open_harness(model=object(), builtin_tools=False):  # type: ignore[arg-type]
+            pass  # pragma: no cover
+    async with open_harness(model=ScriptedModel([]), builtin_tools=False) as h:
+        with pytest.raises(ModelError, match="ModelProvider"):
+            await h.agents.create(options=AgentOptions(model=object()))  # type: ignore[arg-type]
+        assert h.agents.list() == [] and h.sessions.list() == []

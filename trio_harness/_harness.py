@@ -50,6 +50,14 @@ def resolve_store(store: SessionPersistence | str | os.PathLike[str]) -> Session
         if os.fspath(store) == ":memory:":
             return MemoryPersistence()
         return JsonlPersistence(Path(store))
+    missing = [
+        name for name in ("exists", "list", "load", "open_writer", "save") if not callable(getattr(store, name, None))
+    ]
+    if missing:
+        raise TypeError(
+            f"store must be ':memory:', a directory path or a session persistence provider; "
+            f"{store!r} has no {', '.join(missing)}"
+        )
     return store
 
 
@@ -132,7 +140,9 @@ async def open_harness(
 
         provider = resolve_model(model)
     elif model is not None:
-        provider = model
+        from .model._spec import resolve_model
+
+        provider = resolve_model(model)  # checks it is a provider
     persistence = resolve_store(store)
     if builtin_tools is True:
         wanted = {"tasks", "bash", "subagent"}

@@ -40,7 +40,9 @@ class ReactLoopFactory:
             if aclose is not None:  # built here from a spec: ours to close, with the agent
                 scope.add_exit_callback(aclose)
         elif options.model is not None:
-            provider = options.model
+            from ..model._spec import resolve_model
+
+            provider = resolve_model(options.model)  # checks it is a provider
         elif harness.model is not None:
             provider = harness.model
         else:
