@@ -639,3 +639,17 @@ def test_notice_carries_name_subject_and_data() -> None:
     subject = object()
     bus.emit("agent/status", subject, status="running")
     assert got == [Notice("agent/status", subject, {"status": "running"})]
+
+
+async def test_open_child_cancelled_while_opening_leaves_no_child() -> None:
+    closed: list[str] = []
+    async with open_scope() as root:
+        with trio.CancelScope() as cancelled:
+            cancelled.cancel()
+            await root.open_child("orphan")
+        assert cancelled.cancelled_caught
+        assert root.children == ()
+        child = await root.open_child("kept")
+        child.add_exit_callback(lambda: closed.append("kept"))
+        assert list(root.children) == [child]
+    assert closed == ["kept"]

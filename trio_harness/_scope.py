@@ -212,19 +212,32 @@ class Scope:
             parent=self,
             teardown_timeout=self.teardown_timeout if teardown_timeout is None else teardown_timeout,
         )
-        await self._nursery.start(child._run_child, name=f"scope {child.name}")
+        # start_soon + an Event rather than nursery.start: start() opens a
+        # temporary nursery per call, which made it the largest cost of
+        # creating an agent.  The runner sets ``ready`` in its first step.
+        ready = trio.Event()
+        self._nursery.start_soon(child._run_child, ready, name=f"scope {child.name}")
+        try:
+            await ready.wait()
+        except BaseException:
+            # The opener was cancelled: nobody will own this child, so close it.
+            with trio.CancelScope(shield=True):
+                await ready.wait()
+                await child.close()
+            raise
         return child
 
-    async def _run_child(self, task_status: trio.TaskStatus[None]) -> None:
+    async def _run_child(self, ready: trio.Event) -> None:
         assert self.parent is not None
         self.parent._children[self] = None
         try:
             async with self._lifetime():
-                task_status.started()
+                ready.set()
                 with self._hold:
                     await trio.sleep_forever()
         finally:
             self.parent._children.pop(self, None)
+            ready.set()  # never leave an opener waiting
 
     @asynccontextmanager
     async def _lifetime(self) -> AsyncIterator[None]:
