@@ -116,7 +116,15 @@ class BashToolPlugin:
         async def starter() -> TaskHooks:
             process = await executor.start(spec)
             # Spill files go when the owner goes (or with the executor).
-            agent.scope.add_exit_callback(process.aclose)
+            try:
+                agent.scope.add_exit_callback(process.aclose)
+            except BaseException:
+                # The owner began closing while the shell was being spawned (the
+                # spawn cannot be cancelled): no task will exist, so nobody else
+                # would stop this group before the executor closes.
+                with trio.CancelScope(shield=True):
+                    await process.aclose()
+                raise
 
             async def done() -> TaskOutcome:
                 facts = await process.wait()
