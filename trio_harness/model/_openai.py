@@ -829,7 +829,7 @@ def _error_message(body: bytes) -> str:
     return text[:500]
 
 
-def _retry_after(headers: httpx.Headers) -> float | None:
+def _retry_after(headers: httpx.Headers, wall_clock: Callable[[], float] = time.time) -> float | None:
     """Seconds to wait from ``Retry-After`` (seconds or HTTP date) or ``retry-after-ms``."""
     millis = headers.get("retry-after-ms")
     if millis is not None:
@@ -853,7 +853,8 @@ def _retry_after(headers: httpx.Headers) -> float | None:
             return None
         if when.tzinfo is None:
             return None
-        return max(0.0, when.timestamp() - time.time())
+        # An HTTP date is wall-clock time; the delay it gives is slept on Trio's clock.
+        return max(0.0, when.timestamp() - wall_clock())
     if math.isfinite(value) and value >= 0:
         return value
     return None
