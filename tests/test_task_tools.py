@@ -11,6 +11,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from _task_fakes import FakeOwner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -39,29 +40,6 @@ from trio_harness.tasks import (
 )
 
 # ---------------------------------------------------------------- fakes
-
-
-@attrs.define(eq=False)
-class FakeOwner:
-    """A stand-in for an Agent: a session id, a real scope, status and an inbox log."""
-
-    id: str
-    scope: Scope
-    status: str = "idle"
-    followups: list[str] = attrs.field(factory=list)
-    injects: list[str] = attrs.field(factory=list)
-
-    def followup(self, message: str) -> str:
-        self.followups.append(message)
-        return f"followup-{len(self.followups)}"
-
-    def inject(self, message: str) -> str:
-        self.injects.append(message)
-        return f"inject-{len(self.injects)}"
-
-    @property
-    def notices(self) -> list[str]:
-        return self.followups + self.injects
 
 
 @attrs.define(eq=False)

@@ -165,7 +165,7 @@ async def open_harness(
                 root.add_exit_callback(aclose)
 
         sessions_scope = await root.open_child("sessions")
-        sessions_scope.add_exit_callback(lambda: _close_sessions(sessions))
+        sessions_scope.add_exit_callback(sessions.detach_all)
         bash_scope = await root.open_child("bash")
         harness.bash = await bash_scope.enter_async_context(open_bash_executor(**(bash_options or {})))
         tasks_scope = await root.open_child("tasks")
@@ -189,11 +189,3 @@ async def open_harness(
 
             await harness.load(SubagentToolPlugin(harness, **(subagent_options or {})))
         yield harness
-
-
-async def _close_sessions(sessions: SessionStore) -> None:
-    """Flush and detach any session still live when the harness closes."""
-    for session in sessions.list():
-        entry = sessions._live.get(session.id)
-        if entry is not None:
-            await sessions.detach(entry)

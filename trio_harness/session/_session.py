@@ -118,6 +118,8 @@ class Session:
         if self._writer is not None:
             self._writer.write(event)
         self._events.append(event)
+        if not self._observers:
+            return event
         for observer in tuple(self._observers):
             try:
                 observer(event)

@@ -146,6 +146,11 @@ class SessionStore:
                 if entry.announced:
                     self.bus.emit("session/disposed", entry.session)
 
+    async def detach_all(self) -> None:
+        """Flush and detach every live session (the store's own shutdown)."""
+        for entry in list(self._live.values()):
+            await self.detach(entry)
+
     # ------------------------------------------------------------ queries
 
     def get(self, session_id: str) -> Session | None:
