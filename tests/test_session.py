@@ -34,7 +34,7 @@ class RecordingWriter:
     def write(self, event: Event) -> None:
         self.written.append(event)
 
-    async def flush(self) -> None:
+    async def flush(self, *, sync: bool = True) -> None:
         self.flushes += 1
 
     def close(self) -> None:

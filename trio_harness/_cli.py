@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import trio
 
-from ._errors import HarnessError, InvalidSessionIdError, ModelError, SessionNotFoundError
+from ._errors import HarnessError, InvalidSessionIdError, ModelError, SessionNotFoundError, SessionStoreError
 
 if TYPE_CHECKING:
-    from .model._protocol import ModelProvider
+    from .acp._updates import TurnOutcome
+    from .model._protocol import Failure, ModelProvider
     from .session._events import Event, SessionHeader
 
 __all__ = ["DEFAULT_MODEL", "build_parser", "default_store", "main", "transcript"]
@@ -287,6 +288,9 @@ async def _serve_acp(args: argparse.Namespace, provider: ModelProvider) -> int:
             nursery.start_soon(stop_on_signal)
             await serve_stdio(harness, **options)
             nursery.cancel_scope.cancel()
+    except SessionStoreError as exc:
+        _error(str(exc))
+        return EXIT_FAILED
     finally:
         await _close_provider(provider)
     return 128 + signalled if signalled is not None else EXIT_OK
@@ -344,28 +348,30 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 async def _run_prompt(args: argparse.Namespace, provider: ModelProvider, prompt: str) -> int:
     from ._harness import open_harness
-    from .acp._updates import TurnOutcome, TurnWatcher
+    from .acp._updates import TurnWatcher
     from .agents._inbox import new_message_id
     from .agents._options import AgentOptions
     from .session._events import InboxMessage
 
     printer = _Printer(sys.stdout, sys.stderr)
+    entered = False
+    outcome: TurnOutcome | None = None
     try:
         async with open_harness(model=provider, store=args.store, builtin_tools=args.tools) as harness:
+            entered = True
             options = AgentOptions(max_steps=args.max_steps) if args.max_steps else None
             try:
                 if args.session:
                     handle = await harness.agents.resume(args.session, options=options)
                 else:
                     handle = await harness.agents.create(cwd=os.getcwd(), options=options)
-            except (SessionNotFoundError, InvalidSessionIdError) as exc:
+            except (SessionNotFoundError, InvalidSessionIdError, SessionStoreError) as exc:
                 _error(str(exc))
                 return EXIT_USAGE
             except HarnessError as exc:
                 _error(str(exc))
                 return EXIT_FAILED
             agent = handle.agent
-            outcome: TurnOutcome | None = None
             finished = trio.Event()
             interrupts = 0
 
@@ -407,9 +413,30 @@ async def _run_prompt(args: argparse.Namespace, provider: ModelProvider, prompt:
                 remove()
                 with trio.CancelScope(shield=True):
                     await handle.dispose()
+    except SessionStoreError as exc:
+        # Either the store is unusable (refused before any model call) or the
+        # session could not be stored: never an exit 0 with nothing saved.
+        printer.break_line()
+        if not entered:
+            _error(str(exc))
+            return EXIT_USAGE
+        failure = _turn_failure(outcome)
+        if failure is not None:
+            _error(f"{failure.message} ({failure.code})")
+        if failure is None or failure.code != "store-error":
+            _error(str(exc))
+        return EXIT_FAILED
     finally:
         await _close_provider(provider)
     return _exit_code(outcome, interrupted=interrupts > 0)
+
+
+def _turn_failure(outcome: TurnOutcome | None) -> Failure | None:
+    if outcome is None or outcome.stop_reason is not None:
+        return None
+    if outcome.failure is not None:
+        return outcome.failure
+    return outcome.end.failure if outcome.end is not None else None
 
 
 def _exit_code(outcome: Any, *, interrupted: bool) -> int:

@@ -28,6 +28,23 @@ class InvalidSessionIdError(SessionError, ValueError):
     """A session id is empty or otherwise unusable."""
 
 
+class SessionStoreError(SessionError):
+    """A session could not be written to its store (a flush failed, or the store is unusable).
+
+    The events that were not stored stay in the in-memory session, so a later
+    flush (the next turn end, :meth:`Agent.when_idle`) retries them.
+
+    Attributes:
+        session_id: the session whose events were not stored, when one is concerned.
+        path: the file or directory concerned, when the store is on disk.
+    """
+
+    def __init__(self, message: str, *, session_id: str | None = None, path: str | None = None) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+        self.path = path
+
+
 class SessionExistsError(SessionError):
     """A session id is already taken (live, or stored when creating)."""
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._bus import EventBus
+from ._errors import SessionStoreError
 from ._scope import DEFAULT_TEARDOWN_TIMEOUT, LoadedPlugin, Plugin, Scope, open_scope
 from .agents._factory import ReactLoopFactory
 from .agents._registry import AgentRegistry
@@ -130,6 +131,11 @@ async def open_harness(
         task_options: keyword arguments for the task service.
         task_tool_options: keyword arguments for the task tools plugin.
         subagent_options: keyword arguments for the subagent tool plugin.
+
+    Raises:
+        SessionStoreError: at exit, when a session was closed with events its
+            store did not take (every service still stopped).  When the block
+            itself raised, its error propagates with a note naming them.
     """
     from .bash import open_bash_executor
     from .tasks import open_task_service
@@ -154,9 +160,9 @@ async def open_harness(
         if unknown:
             raise ValueError(f"unknown built-in tools {sorted(unknown)}; choose from bash, subagent, tasks")
 
-    async with open_scope("harness", teardown_timeout=teardown_timeout) as root:
-        bus = EventBus()
-        sessions = SessionStore(persistence=persistence, bus=bus, clock=clock)
+    bus = EventBus()
+    sessions = SessionStore(persistence=persistence, bus=bus, clock=clock)
+    async with _reporting_unstored(sessions), open_scope("harness", teardown_timeout=teardown_timeout) as root:
         harness = Harness(scope=root, bus=bus, sessions=sessions, model=provider)
         if isinstance(model, str):
             # A provider we built from a spec is ours to close (its HTTP client), last.
@@ -189,3 +195,24 @@ async def open_harness(
 
             await harness.load(SubagentToolPlugin(harness, **(subagent_options or {})))
         yield harness
+
+
+@asynccontextmanager
+async def _reporting_unstored(sessions: SessionStore) -> AsyncIterator[None]:
+    """Raise, once every service stopped, what the store could not take (docs/guarantees.rst)."""
+    try:
+        yield
+    except BaseException as exc:
+        # Do not hide the block's own error; name what was not stored beside it.
+        for failure in sessions.take_unreported():
+            exc.add_note(f"also: {failure}")
+        raise
+    failures = sessions.take_unreported()
+    if len(failures) == 1:
+        raise failures[0]
+    if failures:
+        error = SessionStoreError(
+            f"{len(failures)} sessions were closed with events that could not be stored: "
+            + "; ".join(str(failure) for failure in failures)
+        )
+        raise error from failures[0]

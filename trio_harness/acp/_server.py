@@ -44,8 +44,10 @@ from .._errors import (
     HarnessError,
     InvalidSessionIdError,
     SessionNotFoundError,
+    SessionStoreError,
 )
 from ..agents._inbox import new_message_id
+from ..model._protocol import Failure
 from ..session import _events as ev
 from ..session._events import InboxMessage
 from . import _jsonrpc as rpc
@@ -247,6 +249,8 @@ class AcpServer:
     _read_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
     _closing: bool = attrs.field(default=False, init=False)
     _served: bool = attrs.field(default=False, init=False)
+    # Store failures of sessions disposed without a client request to answer (raised by serve).
+    _unstored: list[SessionStoreError] = attrs.field(factory=list, init=False)
     _broken: bool = attrs.field(default=False, init=False)
     _authenticated: bool = attrs.field(default=False, init=False)
 
@@ -310,6 +314,13 @@ class AcpServer:
             self._accepting = False
             with trio.CancelScope(shield=True):
                 await self._shutdown()
+        if self._unstored:
+            # Sessions disposed at disconnect whose last events were not stored.
+            if len(self._unstored) == 1:
+                raise self._unstored[0]
+            raise SessionStoreError(
+                f"{len(self._unstored)} sessions could not be stored: " + "; ".join(map(str, self._unstored))
+            ) from self._unstored[0]
 
     async def _read_loop(self, reader: rpc.LineReader) -> None:
         while True:
@@ -594,7 +605,10 @@ class AcpServer:
         return record
 
     async def _close(self, record: _SessionRecord) -> dict[str, Any]:
-        await self._dispose_record(record)
+        failure = await self._dispose_record(record)
+        if failure is not None:
+            self._unstored.remove(failure)  # reported here, to the client that asked
+            raise rpc.RpcError(rpc.INTERNAL_ERROR, str(failure), {"code": "store-error"})
         return {}
 
     def _check_open(self) -> None:
@@ -683,11 +697,20 @@ class AcpServer:
             raise rpc.RpcError(rpc.INTERNAL_ERROR, f"session {record.id!r} cannot take a prompt: {exc}") from None
 
     async def _answer_after_flush(self, record: _SessionRecord, prompt: _Prompt, outcome: TurnOutcome) -> None:
-        with trio.CancelScope(shield=True), trio.move_on_after(FLUSH_TIMEOUT):
-            try:
-                await record.agent.session.flush()
-            except Exception:
-                log.exception("acp: flushing session %r before answering its prompt failed", record.id)
+        # A prompt is answered only once its turn is stored: a store failure
+        # (or a store too slow to answer) is the prompt's error, never a
+        # stopReason for a turn nobody kept (docs/guarantees.rst).
+        failure: str | None = None
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(FLUSH_TIMEOUT) as waited:
+                try:
+                    await record.agent.session.flush()
+                except SessionStoreError as exc:
+                    failure = str(exc)
+            if waited.cancelled_caught:
+                failure = f"session {record.id!r} could not be stored within {FLUSH_TIMEOUT:g} s"
+        if failure is not None and outcome.stop_reason is not None:
+            outcome = attrs.evolve(outcome, stop_reason=None, failure=Failure("store-error", failure))
         self._answer(record, prompt, outcome)
 
     def _answer(self, record: _SessionRecord, prompt: _Prompt, outcome: TurnOutcome) -> None:
@@ -716,11 +739,16 @@ class AcpServer:
 
     # ------------------------------------------------------------ teardown
 
-    async def _dispose_record(self, record: _SessionRecord) -> None:
+    async def _dispose_record(self, record: _SessionRecord) -> SessionStoreError | None:
+        """Dispose one session; a store failure is kept for :meth:`serve` to raise, and returned."""
         record.closing = True
         record.remove_observer()
+        failure: SessionStoreError | None = None
         try:
             await record.handle.dispose()
+        except SessionStoreError as exc:
+            failure = exc
+            self._unstored.append(exc)
         except Exception:
             log.exception("acp: disposing session %r failed", record.id)
         prompt = record.prompt
@@ -728,6 +756,7 @@ class AcpServer:
             # A message still queued when its agent went away never runs.
             prompt.remove_observer()
             prompt.watcher.abandon()
+        return failure
 
     async def _shutdown(self) -> None:
         """Dispose every session of this connection and close the bridge scope (idempotent)."""

@@ -92,7 +92,12 @@ class Agent(Protocol):
         ...
 
     async def when_idle(self) -> None:
-        """Wait until the agent has no activity (following replacement work)."""
+        """Wait until the agent has no activity (following replacement work).
+
+        Raises:
+            SessionStoreError: the session's events could not be stored (the
+                flush is retried first).
+        """
         ...
 
     def maintenance(self) -> AbstractAsyncContextManager[None]:

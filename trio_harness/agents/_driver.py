@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 import trio
 
-from .._errors import AgentDisposedError
+from .._errors import AgentDisposedError, SessionStoreError
 from .._initiator import _set_initiator
 from ..model._protocol import (
     Chunk,
@@ -240,7 +240,18 @@ class ReactAgent:
         return True
 
     async def when_idle(self) -> None:
-        """Wait until no activity or maintenance runs, following replacement work."""
+        """Wait until no activity or maintenance runs, following replacement work.
+
+        Raises:
+            SessionStoreError: events of the session could not be stored (a
+                flush failed); they are retried first, so this raises only
+                while the store still refuses them.
+        """
+        await self._quiesce()
+        if self._session.store_failure is not None:
+            await self._session.flush()
+
+    async def _quiesce(self) -> None:
         while self._phase != "idle":
             await self._idle.wait()
 
@@ -251,8 +262,7 @@ class ReactAgent:
         Waking input received meanwhile stays in the inbox and starts the
         driver only after the block exits.
         """
-        while self._phase != "idle":
-            await self.when_idle()
+        await self._quiesce()
         self._phase = "maintenance"
         self._idle = trio.Event()
         try:
@@ -341,7 +351,7 @@ class ReactAgent:
                 self._activity_scope.cancel()
         if self._phase == "idle":
             return None
-        return self.when_idle()
+        return self._quiesce()  # a store failure is reported by the session's detach
 
     # ------------------------------------------------------------ turns
 
@@ -375,12 +385,22 @@ class ReactAgent:
             cause = self._cause
             if cause is not None:
                 reason, failure = "aborted", None
-            session.append(ev.TurnEnd, turn=turn, reason=reason, cause=cause, failure=failure)
             with trio.CancelScope(shield=True):
+                # Hand the turn's events to the store before logging how the
+                # turn ended, so a store that refuses them ends the turn in
+                # ``error`` instead of a ``completed`` nobody stored
+                # (docs/guarantees.rst, "No silent loss").
+                try:
+                    await session.flush(sync=False)
+                except SessionStoreError as exc:
+                    reason, failure = "error", Failure("store-error", str(exc))
+                session.append(ev.TurnEnd, turn=turn, reason=reason, cause=cause, failure=failure)
                 try:
                     await session.flush()
-                except Exception:
-                    log.exception("agent %s: flushing the session at the end of turn %d failed", self.id, turn)
+                except SessionStoreError:
+                    # Kept on session.store_failure: when_idle() retries and
+                    # raises it, dispose() and the harness exit report it.
+                    log.warning("agent %s: the end of turn %d could not be stored", self.id, turn)
 
     async def _run_step(self, turn: int, step: int) -> tuple[TurnEndReason, Failure | None] | None:
         session = self._session

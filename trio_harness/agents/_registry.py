@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import attrs
 import trio
 
-from .._errors import AgentError, AgentExistsError, FactoryError, SessionExistsError
+from .._errors import AgentError, AgentExistsError, FactoryError, SessionExistsError, SessionStoreError
 from ._options import AgentOptions
 
 if TYPE_CHECKING:
@@ -98,6 +98,11 @@ class AgentHandle:
 
     agent: Agent
     _scope: Scope = attrs.field(alias="scope")
+    # Takes the session's detach failure from the store (so the harness exit
+    # does not report it a second time); None when there is nothing to take.
+    _take_failure: Callable[[], SessionStoreError | None] | None = attrs.field(default=None, alias="take_failure")
+    # The failure dispose() reports, on every call.
+    _failure: SessionStoreError | None = attrs.field(default=None, init=False)
 
     def __repr__(self) -> str:
         return f"<AgentHandle {self.agent.id!r}{' disposed' if self.disposed else ''}>"
@@ -108,8 +113,20 @@ class AgentHandle:
         return self._scope.closed
 
     async def dispose(self) -> None:
-        """Dispose the agent and wait until teardown has finished."""
+        """Dispose the agent and wait until teardown has finished.
+
+        Raises:
+            SessionStoreError: the session's last events could not be stored
+                (teardown itself still completed: nothing is left running).
+                Every call raises it.
+        """
         await self._scope.close()
+        if self._take_failure is not None:
+            failure = self._take_failure()
+            if failure is not None:
+                self._failure = failure
+        if self._failure is not None:
+            raise self._failure
 
     async def __aenter__(self) -> Agent:
         return self.agent
@@ -266,7 +283,10 @@ class AgentRegistry:
         # Registered first, so they unwind last: agent detach, then session detach.
         async def detach_session() -> None:
             if session_entry is not None:
-                await sessions.detach(session_entry)
+                try:
+                    await sessions.detach(session_entry)
+                except SessionStoreError:
+                    pass  # kept by the store: dispose() or the harness exit raises it
 
         def detach_agent() -> None:
             if agent_entry is not None:
@@ -314,7 +334,8 @@ class AgentRegistry:
         self._announce(agent_entry)
         if not agent_entry.detached:
             self._bus.emit("agent/session-start", agent, source=source)
-        return AgentHandle(agent=agent, scope=agent_scope)
+        entry_for_handle = session_entry
+        return AgentHandle(agent=agent, scope=agent_scope, take_failure=lambda: sessions.take_failure(entry_for_handle))
 
     def _announce(self, entry: _AgentEntry) -> None:
         if entry.announced or entry.detached or self._entries.get(entry.agent.id) is not entry:

@@ -104,6 +104,8 @@ class _JsonlWriter:
     # Length of the file as far as this writer knows it is good.
     _length: int = attrs.field(default=0, init=False)
     _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    # Written by a flush(sync=False) and not yet fsynced.
+    _unsynced: bool = attrs.field(default=False, init=False)
 
     def write(self, event: Event) -> None:
         self._buffer.append(encode_event(event))
@@ -152,9 +154,11 @@ class _JsonlWriter:
                         os.close(dir_fd)
         return fd
 
-    async def flush(self) -> None:
+    async def flush(self, *, sync: bool = True) -> None:
         async with self._lock:
             if not self._buffer:
+                if sync and self._unsynced:
+                    await self._sync()
                 return
             lines = self._buffer
             self._buffer = []
@@ -171,12 +175,19 @@ class _JsonlWriter:
             except BaseException:
                 self._buffer[:0] = lines
                 raise
-            if self.fsync:
-                if self.inline_fsync:
-                    os.fsync(self._fd)
-                    await trio.lowlevel.checkpoint()
-                else:
-                    await trio.to_thread.run_sync(os.fsync, self._fd)
+            self._unsynced = True
+            if sync:
+                await self._sync()
+
+    async def _sync(self) -> None:
+        assert self._fd is not None
+        if self.fsync:
+            if self.inline_fsync:
+                os.fsync(self._fd)
+                await trio.lowlevel.checkpoint()
+            else:
+                await trio.to_thread.run_sync(os.fsync, self._fd)
+        self._unsynced = False
 
     def close(self) -> None:
         if self._fd is not None:

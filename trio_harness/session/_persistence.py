@@ -76,7 +76,7 @@ class _MemoryWriter:
             record = self.store._sessions[self.header.id] = (self.header, [])
         record[1].append(event)
 
-    async def flush(self) -> None:
+    async def flush(self, *, sync: bool = True) -> None:
         return None
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Protocol, TypeVar
 
 import attrs
 
-from .._errors import InvalidSessionIdError
+from .._errors import HarnessError, InvalidSessionIdError, SessionStoreError
 from ._events import Event, SessionHeader
 
 __all__ = ["Session", "SessionWriter", "validate_session_id"]
@@ -66,8 +66,14 @@ class SessionWriter(Protocol):
         """Buffer one event (must not block)."""
         ...
 
-    async def flush(self) -> None:
-        """Make every buffered event durable before returning."""
+    async def flush(self, *, sync: bool = True) -> None:
+        """Write every buffered event; with ``sync``, make it durable before returning.
+
+        ``sync=False`` writes without forcing the data to disk: the driver uses
+        it to learn that the store takes the turn's events before it logs the
+        turn's end.  On failure the buffered events must stay buffered, so a
+        later flush retries them.
+        """
         ...
 
     def close(self) -> None:
@@ -91,6 +97,8 @@ class Session:
     _writer: SessionWriter | None = attrs.field(default=None, alias="writer")
     _clock: Callable[[], float] = attrs.field(default=time.time, alias="clock")
     _observers: list[Callable[[Event], None]] = attrs.field(factory=list, init=False)
+    # The error of the last flush when it failed and no flush succeeded since.
+    _store_failure: SessionStoreError | None = attrs.field(default=None, init=False)
 
     def __repr__(self) -> str:
         return f"<Session {self.header.id!r} events={len(self._events)}>"
@@ -139,7 +147,38 @@ class Session:
 
         return remove
 
-    async def flush(self) -> None:
-        """Make every appended event durable (no-op without a writer)."""
-        if self._writer is not None:
-            await self._writer.flush()
+    @property
+    def store_failure(self) -> SessionStoreError | None:
+        """Why the last flush failed, while events it could not store are still only in memory.
+
+        None when the last flush succeeded (or none failed yet).
+        """
+        return self._store_failure
+
+    async def flush(self, *, sync: bool = True) -> None:
+        """Make every appended event durable (no-op without a writer).
+
+        Args:
+            sync: False to write without waiting for the disk (see
+                :meth:`SessionWriter.flush`).
+
+        Raises:
+            SessionStoreError: the store did not take the events; they stay
+                buffered and the next flush retries them.
+        """
+        if self._writer is None:
+            return
+        try:
+            await self._writer.flush(sync=sync)
+        except SessionStoreError as exc:
+            self._store_failure = exc
+            raise
+        except (OSError, HarnessError) as exc:
+            failure = SessionStoreError(
+                f"session {self.id!r} could not be stored: {exc}",
+                session_id=self.id,
+                path=getattr(exc, "filename", None),
+            )
+            self._store_failure = failure
+            raise failure from exc
+        self._store_failure = None

@@ -20,7 +20,7 @@ import attrs
 import trio
 
 from .._bus import EventBus
-from .._errors import ForkBoundaryError, SessionExistsError, SessionNotFoundError
+from .._errors import ForkBoundaryError, SessionExistsError, SessionNotFoundError, SessionStoreError
 from ._events import Event, SessionHeader
 from ._persistence import SessionPersistence
 from ._recovery import closers_for, open_turn_at
@@ -50,6 +50,8 @@ class SessionStore:
     clock: Callable[[], float] = time.time
     _live: dict[str, SessionEntry] = attrs.field(factory=dict, init=False)
     _writers: dict[Session, SessionWriter] = attrs.field(factory=dict, init=False)
+    # Detach failures nobody has reported yet (see take_failure / take_unreported).
+    _unreported: dict[SessionEntry, SessionStoreError] = attrs.field(factory=dict, init=False)
 
     # ------------------------------------------------------------ prepare
 
@@ -132,6 +134,11 @@ class SessionStore:
 
         Idempotent; runs shielded so a cancelled caller cannot skip the flush.
         A stale entry never removes a later session that reuses the id.
+
+        Raises:
+            SessionStoreError: the final flush failed.  The entry is detached
+                all the same; the failure is also kept until
+                :meth:`take_failure` or :meth:`take_unreported` takes it.
         """
         if entry.detached:
             return
@@ -139,6 +146,15 @@ class SessionStore:
         with trio.CancelScope(shield=True):
             try:
                 await entry.session.flush()
+            except SessionStoreError as exc:
+                failure = SessionStoreError(
+                    f"session {entry.session.id!r} was closed with events that could not be stored: {exc}",
+                    session_id=entry.session.id,
+                    path=exc.path,
+                )
+                failure.__cause__ = exc
+                self._unreported[entry] = failure
+                raise failure from exc
             finally:
                 entry.writer.close()
                 if self._live.get(entry.session.id) is entry:
@@ -147,9 +163,26 @@ class SessionStore:
                     self.bus.emit("session/disposed", entry.session)
 
     async def detach_all(self) -> None:
-        """Flush and detach every live session (the store's own shutdown)."""
+        """Flush and detach every live session (the store's own shutdown).
+
+        A session that cannot be stored does not stop the others from being
+        detached; its failure is kept for :meth:`take_unreported`.
+        """
         for entry in list(self._live.values()):
-            await self.detach(entry)
+            try:
+                await self.detach(entry)
+            except SessionStoreError:
+                pass  # kept in _unreported
+
+    def take_failure(self, entry: SessionEntry) -> SessionStoreError | None:
+        """The failure of ``entry``'s detach, if it failed and was not taken yet."""
+        return self._unreported.pop(entry, None)
+
+    def take_unreported(self) -> builtins.list[SessionStoreError]:
+        """Every detach failure not taken yet (the harness raises them at exit)."""
+        failures = list(self._unreported.values())
+        self._unreported.clear()
+        return failures
 
     # ------------------------------------------------------------ queries
 
