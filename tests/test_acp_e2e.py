@@ -266,6 +266,38 @@ async def test_failed_tool_call_reports_failed_status(tmp_path: Path) -> None:
     assert "unknown tool" in result["content"][0]["content"]["text"]
 
 
+async def test_failing_tool_calls_are_failed_live_and_in_replay(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    calls: list[Msg] = [
+        {"name": "bash", "arguments": {"command": "echo partial; exit 1", "run_in_background": False}},
+        {"name": "no_such_tool", "arguments": {}},
+        {"name": "bash", "arguments": {"command": "echo fine", "run_in_background": False}},
+        {"name": "bash", "arguments": {"command": "kill -TERM $$", "run_in_background": False}},
+    ]
+    expected = ["failed", "failed", "completed", "failed"]
+    async with open_server(tmp_path, [{"tool_calls": calls}, {"text": "ok"}], store=store, name="live") as client:
+        session_id = await client.new_session(tmp_path)
+        prompt = client.prompt(session_id, "go")
+        await client.send(prompt)
+        reply = await client.response(prompt["id"])
+        assert reply["result"] == {"stopReason": "end_turn"}
+        live = [u for u in client.updates(session_id) if u["sessionUpdate"] == "tool_call_update"]
+    assert [u["status"] for u in live] == expected
+    texts = [u["content"][0]["content"]["text"] for u in live]
+    assert texts[0] == "partial\n[exit code: 1]"  # the text is the model's, unchanged
+    assert "unknown tool" in texts[1]
+    assert texts[2] == "fine"
+    assert "[killed by signal SIGTERM]" in texts[3]
+
+    async with open_server(tmp_path, [], store=store, name="replay") as client:
+        load = client.request("session/load", {"sessionId": session_id, "cwd": str(tmp_path), "mcpServers": []})
+        await client.send(load)
+        assert "result" in await client.response(load["id"])
+        replayed = [u for u in client.updates(session_id) if u["sessionUpdate"] == "tool_call_update"]
+    assert [u["status"] for u in replayed] == expected
+    assert [u["toolCallId"] for u in replayed] == [u["toolCallId"] for u in live]
+
+
 async def test_model_error_is_an_error_response_and_refusal_a_stop_reason(tmp_path: Path) -> None:
     script: list[Msg] = [
         {"error": {"message": "the provider is overloaded", "code": "http-529"}},

@@ -9,6 +9,7 @@ one of them, never dies, and still answers a valid ``initialize`` afterwards.
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -131,10 +132,7 @@ def test_encode_message_is_one_ascii_line() -> None:
 class Peer:
     """The client end of an in-process connection."""
 
-    def __init__(
-        self,
-        stream: trio.StapledStream[trio.testing.MemorySendStream, trio.testing.MemoryReceiveStream],
-    ) -> None:
+    def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
         self.received: list[Msg] = []
         self._buffer = b""
@@ -303,7 +301,7 @@ async def test_session_list_pages_and_filters() -> None:
             assert "cursor" in (await peer.response(message["id"]))["error"]["message"]
 
 
-# ---------------------------------------------------------------- ownership (invariant 40)
+# ---------------------------------------------------------------- ownership on disconnect
 
 
 async def assert_nothing_left(harness: Harness, session_ids: list[str]) -> None:
@@ -386,6 +384,156 @@ async def test_one_session_cancel_does_not_touch_another() -> None:
         assert len(model.requests) == 2
         await peer.send({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": b}})
         assert (await peer.response(prompt_b["id"]))["result"] == {"stopReason": "cancelled"}
+
+
+# ---------------------------------------------------------------- backpressure
+
+
+def socket_streams(buffer: int = 4096) -> tuple[trio.SocketStream, trio.SocketStream]:
+    """A connected pair of real (Unix) socket streams with small kernel buffers."""
+    left, right = trio.socket.socketpair()
+    for sock in (left, right):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
+    return trio.SocketStream(left), trio.SocketStream(right)
+
+
+async def read_messages(stream: trio.abc.ReceiveStream, count: int) -> list[Msg]:
+    """Read exactly ``count`` messages from ``stream``."""
+    out: list[Msg] = []
+    buffer = b""
+    with trio.fail_after(WAIT):
+        while len(out) < count:
+            data = await stream.receive_some(65536)
+            assert data, f"the server closed its output after {len(out)} messages"
+            buffer += data
+            *lines, buffer = buffer.split(b"\n")
+            out.extend(json.loads(line) for line in lines)
+    assert buffer == b""
+    return out
+
+
+async def test_a_client_that_does_not_read_its_answers_stops_being_read() -> None:
+    count = 3000
+    requests = [
+        json.dumps({"jsonrpc": "2.0", "id": n, "method": "initialize", "params": {"protocolVersion": 1}}).encode()
+        + b"\n"
+        for n in range(count)
+    ]
+    async with open_test_harness(scripted([])) as harness:
+        client, server_end = socket_streams()
+        server = AcpServer(harness, outbox_limit=8)
+        written = 0
+
+        async def write_requests() -> None:
+            nonlocal written
+            for line in requests:
+                await client.send_all(line)
+                written += 1
+
+        async with client, server_end, trio.open_nursery() as nursery:
+            nursery.start_soon(server.serve, server_end, server_end)
+            nursery.start_soon(write_requests)
+            await trio.testing.wait_all_tasks_blocked()
+            # The writer is stuck on the full socket and the outbox is at its
+            # limit: the server stopped reading, so the client cannot write on.
+            stalled = written
+            assert stalled < count // 2
+            assert server.queued_messages <= 8
+            await trio.testing.wait_all_tasks_blocked()
+            assert written == stalled
+            # Once the client reads, every answer arrives, in order.
+            answers = await read_messages(client, count)
+            assert [answer["id"] for answer in answers] == list(range(count))
+            assert all(answer["result"]["protocolVersion"] == 1 for answer in answers)
+            assert written == count
+            await client.send_eof()
+        assert server.session_ids == []
+
+
+@pytest.mark.parametrize("reads_along", [False, True], ids=["reads-late", "reads-along"])
+async def test_a_turn_streams_past_the_outbox_limit_without_deadlock(reads_along: bool) -> None:
+    calls = [{"name": "no_such_tool", "arguments": {}} for _ in range(30)]
+    model = scripted([{"tool_calls": calls}, {"text": "all done", "reasoning": "thinking it over"}])
+    expected = 60 + 6 + 2  # the updates, the prompt's answer, the later request's answer
+    async with open_test_harness(model) as harness:
+        client, server_end = socket_streams()
+        server = AcpServer(harness, outbox_limit=1)
+        peer = Peer(client)
+        async with client, server_end, trio.open_nursery() as nursery:
+            nursery.start_soon(server.serve, server_end, server_end)
+            session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+            agent = harness.agents.get(session_id)
+            assert agent is not None
+            prompt = peer.request(
+                "session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "go"}]}
+            )
+            later = peer.request("initialize", {"protocolVersion": 1})
+            if reads_along:
+                received: list[Msg] = []
+
+                async def read_along() -> None:
+                    received.extend(await read_messages(client, expected))
+
+                async with trio.open_nursery() as readers:
+                    readers.start_soon(read_along)
+                    await peer.send(prompt, later)
+                messages = received
+            else:
+                await peer.send(prompt)
+                await trio.testing.wait_all_tasks_blocked()
+                # The turn ran to its end although the client read nothing: a
+                # turn never waits for its client; its updates wait in the outbox.
+                assert agent.status == "idle"
+                assert len(model.requests) == 2
+                assert server.queued_messages > 1
+                await peer.send(later)  # not read while the outbox is over its limit
+                await trio.testing.wait_all_tasks_blocked()
+                messages = await read_messages(client, expected)
+            updates = [m["params"]["update"] for m in messages if m.get("method")]
+            kinds = [update["sessionUpdate"] for update in updates]
+            assert (
+                kinds
+                == ["tool_call", "tool_call_update"] * 30 + ["agent_thought_chunk"] * 3 + ["agent_message_chunk"] * 3
+            )
+            assert [update["status"] for update in updates[1:60:2]] == ["failed"] * 30
+            # The prompt's answer follows its updates.
+            answers = {m["id"]: index for index, m in enumerate(messages) if "id" in m}
+            assert set(answers) == {prompt["id"], later["id"]}
+            assert all(index < answers[prompt["id"]] for index, m in enumerate(messages) if m.get("method"))
+            assert messages[answers[prompt["id"]]]["result"] == {"stopReason": "end_turn"}
+            if not reads_along:  # the later request was read only once the client read
+                assert answers[later["id"]] == len(messages) - 1
+            await client.send_eof()
+
+
+async def test_outbox_counts_owed_answers_and_waits_only_when_full() -> None:
+    outbox = rpc.Outbox(2)
+    outbox.put({"n": 1})
+    outbox.reserve()  # a handler task will answer once
+    assert outbox.used == 2
+    async with trio.open_nursery() as nursery:
+        waited = trio.Event()
+
+        async def reader() -> None:
+            await outbox.wait_for_space()
+            waited.set()
+
+        nursery.start_soon(reader)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not waited.is_set()
+        assert await outbox.get() == {"n": 1}
+        await trio.testing.wait_all_tasks_blocked()
+        assert waited.is_set()
+    outbox.put({"n": 2})  # the handler answers...
+    outbox.release()  # ...and is done
+    assert (len(outbox), outbox.used) == (1, 1)
+    outbox.close()
+    assert not outbox.put({"n": 3})
+    assert await outbox.get() == {"n": 2}
+    assert await outbox.get() is None
+    with pytest.raises(ValueError, match="at least 1"):
+        rpc.Outbox(0)
 
 
 # ---------------------------------------------------------------- fuzz

@@ -51,7 +51,7 @@ async def test_foreground_output_exit_code_and_workdir(tmp_path: Any) -> None:
             agent.followup("go")
             await agent.when_idle()
             (result,) = results(agent.session)
-            assert not result.is_error  # a nonzero exit is not a tool error
+            assert result.is_error  # a nonzero exit is a failed call
             assert result.content.startswith(str(tmp_path))
             assert "[stderr]\noops" in result.content and "[exit code: 4]" in result.content
 

@@ -666,6 +666,143 @@ async def test_retry_after_http_date_is_honoured(
     assert chunks[1:] == [TextDelta("ok"), Finish("stop")]
 
 
+WALL = 1_800_000_000.0
+"""A fixed wall-clock time for providers given ``wall_clock=lambda: WALL``."""
+
+
+def http_date(seconds_from_wall: float) -> str:
+    return email.utils.formatdate(WALL + seconds_from_wall, usegmt=True)
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "asked"),
+    [
+        (429, {"Retry-After": "100000"}, 100000.0),
+        (429, {"retry-after-ms": "100000000"}, 100000.0),
+        (429, {"Retry-After": http_date(3 * 365 * 86400)}, 3 * 365 * 86400.0),
+        (503, {"Retry-After": "31"}, 31.0),
+    ],
+    ids=["seconds", "milliseconds", "http-date", "just-over"],
+)
+async def test_retry_after_beyond_backoff_max_fails_at_once(
+    nursery: trio.Nursery,
+    make_provider: MakeProvider,
+    autojump_clock: trio.testing.MockClock,
+    status: int,
+    headers: dict[str, str],
+    asked: float,
+) -> None:
+    server = await start_server(nursery, Respond(status, {"error": {"message": "rate limited"}}, headers=headers))
+    provider = make_provider(server, max_retries=3, backoff_max=30.0, wall_clock=lambda: WALL, **NO_TIMEOUTS)
+    start = trio.current_time()
+    chunks = await collect(provider, guard=None)
+    assert trio.current_time() - start < 1.0  # nothing was waited for
+    assert len(chunks) == 1  # no Retry: the step ends with the failure at once
+    failure = failure_of(chunks)
+    assert (failure.code, failure.retryable, failure.retry_after) == (f"http-{status}", True, asked)
+    assert "rate limited" in failure.message
+    assert f"not retried: the server asked to wait {asked:.0f}s, more than the allowed 30s" in failure.message
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("headers", "asked"),
+    [
+        ({"Retry-After": "20"}, 20.0),
+        ({"retry-after-ms": "2500"}, 2.5),
+        ({"Retry-After": http_date(25)}, 25.0),
+        ({"Retry-After": "30"}, 30.0),  # exactly backoff_max is allowed
+    ],
+    ids=["seconds", "milliseconds", "http-date", "at-the-cap"],
+)
+async def test_retry_after_within_backoff_max_is_waited(
+    nursery: trio.Nursery,
+    make_provider: MakeProvider,
+    autojump_clock: trio.testing.MockClock,
+    headers: dict[str, str],
+    asked: float,
+) -> None:
+    server = await start_server(nursery, Respond(429, "slow down", headers=headers), OK_STREAM)
+    provider = make_provider(server, max_retries=1, backoff_max=30.0, wall_clock=lambda: WALL, **NO_TIMEOUTS)
+    start = trio.current_time()
+    chunks = await collect(provider, guard=None)
+    elapsed = trio.current_time() - start
+    retry = chunks[0]
+    assert isinstance(retry, Retry)
+    assert (retry.attempt, retry.delay, retry.failure.retry_after) == (1, asked, asked)
+    assert chunks[1:] == [TextDelta("ok"), Finish("stop")]
+    assert asked <= elapsed < asked + 1.0
+    assert len(server.requests) == 2
+
+
+async def test_refused_wait_after_earlier_retries_says_how_many(
+    nursery: trio.Nursery, make_provider: MakeProvider, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = await start_server(
+        nursery, Respond(503, "busy"), Respond(429, "quota", headers={"Retry-After": "3600"}), OK_STREAM
+    )
+    chunks = await collect(make_provider(server, max_retries=4, **NO_TIMEOUTS), guard=None)
+    assert [type(chunk) for chunk in chunks] == [Retry, Finish]
+    failure = failure_of(chunks)
+    assert failure.code == "http-429"
+    assert "gave up after 1 retries: the server asked to wait 3600s, more than the allowed 30s" in failure.message
+    assert len(server.requests) == 2
+
+
+async def test_no_retry_delay_exceeds_backoff_max(
+    nursery: trio.Nursery, make_provider: MakeProvider, autojump_clock: trio.testing.MockClock
+) -> None:
+    server = await start_server(
+        nursery,
+        Respond(503, "busy"),
+        Respond(429, "slow", headers={"Retry-After": "8"}),
+        Respond(503, "busy"),
+        Respond(429, "slow", headers={"retry-after-ms": "8000"}),
+        Respond(503, "busy"),
+        Respond(429, "slower", headers={"Retry-After": "9"}),
+        OK_STREAM,
+    )
+    provider = make_provider(
+        server, max_retries=9, backoff_base=6.0, backoff_max=8.0, jitter=1.0, rng=random.Random(7), **NO_TIMEOUTS
+    )
+    start = trio.current_time()
+    chunks = await collect(provider, guard=None)
+    elapsed = trio.current_time() - start
+    delays = [chunk.delay for chunk in chunks if isinstance(chunk, Retry)]
+    assert len(delays) == 5
+    assert all(0 <= delay <= 8.0 for delay in delays)
+    assert delays[1] == delays[3] == 8.0
+    assert sum(delays) <= elapsed < sum(delays) + 1.0
+    # The sixth wait asked for is over the cap: not waited for, not retried.
+    failure = failure_of(chunks)
+    assert "gave up after 5 retries: the server asked to wait 9s, more than the allowed 8s" in failure.message
+    assert len(server.requests) == 6
+
+
+@pytest.mark.parametrize("asked_by_server", [True, False], ids=["retry-after", "backoff"])
+async def test_retry_wait_beyond_the_callers_deadline_fails_at_once(
+    nursery: trio.Nursery, make_provider: MakeProvider, asked_by_server: bool
+) -> None:
+    # Real clock (a deadline would fire during socket I/O under autojump); with
+    # the cap nothing is slept, so the test takes no time.
+    headers = {"Retry-After": "100"} if asked_by_server else {}
+    server = await start_server(nursery, Respond(429, "quota", headers=headers), OK_STREAM)
+    provider = make_provider(server, max_retries=2, backoff_base=100.0, backoff_max=1000.0, jitter=0.0)
+    chunks: list[Chunk] = []
+    with trio.move_on_after(20) as deadline:
+        await provider.stream(REQUEST, chunks.append)
+    assert not deadline.cancelled_caught
+    assert len(chunks) == 1
+    failure = failure_of(chunks)
+    assert failure.code == "http-429"
+    if asked_by_server:
+        assert "the server asked to wait 100s, more than the allowed" in failure.message
+        assert "(the deadline)" in failure.message
+    else:
+        assert "the backoff of 100s would outlast the deadline" in failure.message
+    assert len(server.requests) == 1
+
+
 def test_retry_after_parsing() -> None:
     assert _retry_after(httpx.Headers({"Retry-After": "12"})) == 12.0
     assert _retry_after(httpx.Headers({"Retry-After": " 1.5 "})) == 1.5
@@ -992,7 +1129,8 @@ async def test_cancel_from_emit_then_reuse(nursery: trio.Nursery, make_provider:
 
 async def test_cancel_beats_retry_backoff(nursery: trio.Nursery, make_provider: MakeProvider) -> None:
     server = await start_server(nursery, Respond(503, "busy"))
-    provider = make_provider(server, max_retries=5, backoff_base=1000.0, backoff_max=1000.0)
+    # The backoff (8 s) fits within the guard's deadline, so the provider does wait for it.
+    provider = make_provider(server, max_retries=5, backoff_base=8.0, backoff_max=8.0, jitter=0.0)
     chunks: list[Chunk] = []
     with trio.fail_after(10):
         with trio.CancelScope() as scope:

@@ -5,11 +5,13 @@ tolerated).  :class:`LineReader` bounds every line: a line longer than the
 limit is never buffered whole; it is reported once as :data:`OVERSIZED` and
 the rest of it is discarded up to the next newline.  :func:`parse_message`
 classifies one line without ever raising; :class:`MessageWriter` writes one
-message per line, serialized by a lock.
+message per line, serialized by a lock; :class:`Outbox` queues outgoing
+messages in order and tells the reader when to stop reading (backpressure).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 from typing import Any, Final, TypeAlias
@@ -20,6 +22,7 @@ import trio
 __all__ = [
     "AUTH_REQUIRED",
     "DEFAULT_MAX_LINE_BYTES",
+    "DEFAULT_OUTBOX_LIMIT",
     "INTERNAL_ERROR",
     "INVALID_PARAMS",
     "INVALID_REQUEST",
@@ -33,6 +36,7 @@ __all__ = [
     "Message",
     "MessageWriter",
     "Notification",
+    "Outbox",
     "Request",
     "RequestId",
     "Response",
@@ -63,6 +67,9 @@ SESSION_BUSY: Final = -32003
 
 DEFAULT_MAX_LINE_BYTES: Final = 8 * 1024 * 1024
 """The default limit on one incoming message line (8 MiB)."""
+
+DEFAULT_OUTBOX_LIMIT: Final = 256
+"""The default bound on outgoing messages queued (or owed) before input stops being read."""
 
 RequestId: TypeAlias = int | str | None
 
@@ -346,3 +353,97 @@ class MessageWriter:
         data = encode_message(message)
         async with self._lock:
             await self.stream.send_all(data)
+
+
+@attrs.define(eq=False)
+class Outbox:
+    """The ordered queue of outgoing messages, bounded where input enters.
+
+    :meth:`put` never waits: the updates of a running turn are produced by
+    synchronous session observers, which cannot wait, and a turn must not
+    stall on its client.  The bound is applied to input instead: the reader
+    awaits :meth:`wait_for_space` before each line, and that wait lasts while
+    ``limit`` messages are queued or owed (:meth:`reserve`: a request handler
+    running as a task answers once).  A client that sends requests without
+    reading the answers therefore stops being read once the writer is stuck
+    and the queue is full; what is queued is bounded by ``limit`` plus the
+    updates of turns already running.  Nothing waits on the reader, so a
+    client that reads never deadlocks the server.
+
+    Attributes:
+        limit: the number of queued and owed messages at which input stops.
+    """
+
+    limit: int = DEFAULT_OUTBOX_LIMIT
+    _queue: collections.deque[dict[str, Any]] = attrs.field(factory=collections.deque, init=False)
+    _owed: int = attrs.field(default=0, init=False)
+    _closed: bool = attrs.field(default=False, init=False)
+    _space: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
+    _ready: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.limit < 1:
+            raise ValueError(f"the outbox limit must be at least 1, got {self.limit!r}")
+
+    def __len__(self) -> int:
+        """The number of queued messages."""
+        return len(self._queue)
+
+    @property
+    def used(self) -> int:
+        """Queued messages plus answers owed by running handlers."""
+        return len(self._queue) + self._owed
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def put(self, message: dict[str, Any]) -> bool:
+        """Queue ``message`` (never waits); False when the outbox is closed (the message is dropped)."""
+        if self._closed:
+            return False
+        self._queue.append(message)
+        self._ready.unpark()
+        return True
+
+    def reserve(self) -> None:
+        """Count one answer a handler task owes (it takes a place until :meth:`release`)."""
+        self._owed += 1
+
+    def release(self) -> None:
+        """The handler of a :meth:`reserve` is done (its answer, if any, is queued)."""
+        self._owed -= 1
+        self._wake_reader()
+
+    async def wait_for_space(self) -> None:
+        """Wait until fewer than ``limit`` messages are queued or owed, or the outbox is closed.
+
+        Returns without a checkpoint when there is space already, so the lines
+        of one read are dispatched without other tasks running in between.
+        """
+        while self.used >= self.limit and not self._closed:
+            await self._space.park()
+
+    async def get(self) -> dict[str, Any] | None:
+        """The next message in order (waits for one); None once closed and empty."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while not self._queue:
+            if self._closed:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return None
+            await self._ready.park()
+        message = self._queue.popleft()
+        self._wake_reader()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return message
+
+    def close(self) -> None:
+        """Take no more messages; :meth:`get` drains what is queued, then returns None."""
+        self._closed = True
+        self._ready.unpark_all()
+        self._space.unpark_all()
+
+    def _wake_reader(self) -> None:
+        if self.used < self.limit:
+            self._space.unpark_all()

@@ -6,9 +6,9 @@ with ``owner=`` that scope, keeping each session's :class:`AgentHandle` in a
 session record.  When the client disconnects (end of input) or the server is
 cancelled, every session the bridge opened is disposed: its turn ends
 ``aborted`` with cause ``disposed``, its log is flushed, and neither the agent
-nor the session stays registered (invariant 40).  A ``session/new`` racing the
-disconnect is rolled back by the registry (the owner scope is closing) or
-disposed right after it returns.
+nor the session stays registered (docs/guarantees.rst, "The ACP bridge").  A
+``session/new`` racing the disconnect is rolled back by the registry (the owner
+scope is closing) or disposed right after it returns.
 
 Messages are read in order by one reader task.  ``session/prompt`` and
 ``session/cancel`` are admitted synchronously in that order, so a cancel that
@@ -17,21 +17,24 @@ dispatched before any other task runs (a prompt and its cancel sent together
 cancel the prompt while it is still queued); the slower methods (new, load,
 list, close) run as tasks.  Every outgoing message goes through one queue and one writer
 task (holding one lock), so messages never interleave and each prompt's
-updates precede its answer.
+updates precede its answer.  The queue is bounded where input enters
+(:class:`~trio_harness.acp._jsonrpc.Outbox`): while ``outbox_limit`` messages
+are queued or owed by running handlers, the reader reads nothing, so a client
+that does not read its answers stops being read (docs/guarantees.rst, "The ACP
+bridge").
 
 Prompt mechanics: the prompt text is sent with ``agent.followup``; a
 :class:`~trio_harness.acp._updates.TurnWatcher` observes the session log,
 finds the turn that claims the message, streams that turn's events as
 ``session/update`` notifications, and answers at its ``turn/end`` (after
 flushing the log).  A message removed from the inbox by a cancel before any
-turn claimed it answers ``cancelled`` (invariant 41).
+turn claimed it answers ``cancelled`` (same section).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
@@ -234,6 +237,11 @@ class AcpServer:
             is a no-op and nothing requires it.
         authenticator: decides an ``authenticate`` call for a method id
             (default: accept); only used when ``auth_methods`` is set.
+        outbox_limit: how many outgoing messages may be queued (or owed by
+            requests still being handled) before the server stops reading
+            input until the client has read some (backpressure).  The updates
+            of a turn already running are queued regardless, so a turn never
+            waits for its client.
     """
 
     harness: Harness
@@ -241,9 +249,10 @@ class AcpServer:
     agent_options: AgentOptions | None = None
     auth_methods: Sequence[Mapping[str, Any]] = ()
     authenticator: Callable[[str], bool] | None = None
+    outbox_limit: int = rpc.DEFAULT_OUTBOX_LIMIT
     _records: dict[str, _SessionRecord] = attrs.field(factory=dict, init=False)
     _scope: Scope | None = attrs.field(default=None, init=False)
-    _outbox: trio.MemorySendChannel[dict[str, Any]] | None = attrs.field(default=None, init=False)
+    _outbox: rpc.Outbox | None = attrs.field(default=None, init=False)
     _handlers: trio.Nursery | None = attrs.field(default=None, init=False)
     _accepting: bool = attrs.field(default=False, init=False)
     _read_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
@@ -257,6 +266,8 @@ class AcpServer:
     def __attrs_post_init__(self) -> None:
         if self.max_line_bytes <= 0:
             raise ValueError(f"max_line_bytes must be positive, got {self.max_line_bytes!r}")
+        if self.outbox_limit < 1:
+            raise ValueError(f"outbox_limit must be at least 1, got {self.outbox_limit!r}")
 
     def __repr__(self) -> str:
         return f"<AcpServer sessions={len(self._records)}{' closing' if self._closing else ''}>"
@@ -265,6 +276,11 @@ class AcpServer:
     def scope(self) -> Scope | None:
         """The bridge scope owning every agent of this connection (None before serving)."""
         return self._scope
+
+    @property
+    def queued_messages(self) -> int:
+        """Outgoing messages waiting for the writer (0 before serving)."""
+        return len(self._outbox) if self._outbox is not None else 0
 
     @property
     def session_ids(self) -> list[str]:
@@ -287,26 +303,25 @@ class AcpServer:
             raise RuntimeError("an AcpServer serves one connection; create another for the next")
         self._served = True
         self._scope = await self.harness.scope.open_child("acp")
-        out_send, out_recv = trio.open_memory_channel[dict[str, Any]](math.inf)
-        self._outbox = out_send
+        outbox = self._outbox = rpc.Outbox(self.outbox_limit)
         writer_done = trio.Event()
         reader = rpc.LineReader(receive, max_line_bytes=self.max_line_bytes)
         try:
             async with trio.open_nursery() as outer:
-                outer.start_soon(self._write_loop, out_recv, rpc.MessageWriter(send), writer_done)
+                outer.start_soon(self._write_loop, outbox, rpc.MessageWriter(send), writer_done)
                 try:
                     async with trio.open_nursery() as handlers:
                         self._handlers = handlers
                         self._accepting = True
                         with self._read_scope:
-                            await self._read_loop(reader)
+                            await self._read_loop(reader, outbox)
                         self._accepting = False
                         handlers.cancel_scope.cancel()
                 finally:
                     self._accepting = False
                     with trio.CancelScope(shield=True):
                         await self._shutdown()
-                        out_send.close()
+                        outbox.close()
                         with trio.move_on_after(DRAIN_TIMEOUT):
                             await writer_done.wait()
                     outer.cancel_scope.cancel()
@@ -322,8 +337,10 @@ class AcpServer:
                 f"{len(self._unstored)} sessions could not be stored: " + "; ".join(map(str, self._unstored))
             ) from self._unstored[0]
 
-    async def _read_loop(self, reader: rpc.LineReader) -> None:
+    async def _read_loop(self, reader: rpc.LineReader, outbox: rpc.Outbox) -> None:
         while True:
+            # Backpressure: read nothing while the client has not read enough.
+            await outbox.wait_for_space()
             line = await reader.receive_line()
             if line is None:
                 log.debug("acp: end of input")
@@ -351,12 +368,12 @@ class AcpServer:
 
     async def _write_loop(
         self,
-        messages: trio.MemoryReceiveChannel[dict[str, Any]],
+        outbox: rpc.Outbox,
         writer: rpc.MessageWriter,
         done: trio.Event,
     ) -> None:
         try:
-            async for message in messages:
+            while (message := await outbox.get()) is not None:
                 if self._broken:
                     continue
                 try:
@@ -375,11 +392,7 @@ class AcpServer:
             done.set()
 
     def _post(self, message: dict[str, Any]) -> None:
-        if self._outbox is None:
-            return
-        try:
-            self._outbox.send_nowait(message)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
+        if self._outbox is None or not self._outbox.put(message):
             log.debug("acp: dropping a message after the connection closed")
 
     def _post_error(self, request_id: rpc.RequestId, error: rpc.RpcError) -> None:
@@ -392,6 +405,14 @@ class AcpServer:
         if not self._accepting or self._handlers is None:
             return False
         self._handlers.start_soon(fn, *args)
+        return True
+
+    def _spawn_request(self, request: rpc.Request, handler: Callable[..., Any], arg: Any) -> bool:
+        """Run a request handler as a task; its answer takes a place in the outbox from now."""
+        if not self._accepting or self._handlers is None or self._outbox is None:
+            return False
+        self._outbox.reserve()
+        self._handlers.start_soon(self._run, request, handler, arg)
         return True
 
     # ------------------------------------------------------------ dispatch
@@ -423,7 +444,7 @@ class AcpServer:
                 self._post(rpc.result_response(request.id, None))
             elif method == "session/close":
                 record = self._take_for_close(request.params)
-                if not self._spawn(self._run, request, self._close, record):
+                if not self._spawn_request(request, self._close, record):
                     raise rpc.RpcError(rpc.INTERNAL_ERROR, "the server is shutting down")
             elif method in ("session/new", "session/load", "session/list"):
                 handler = {
@@ -431,7 +452,7 @@ class AcpServer:
                     "session/load": self._load,
                     "session/list": self._list,
                 }[method]
-                if not self._spawn(self._run, request, handler, request.params):
+                if not self._spawn_request(request, handler, request.params):
                     raise rpc.RpcError(rpc.INTERNAL_ERROR, "the server is shutting down")
             else:
                 raise rpc.RpcError(
@@ -444,9 +465,9 @@ class AcpServer:
         except HarnessError as exc:
             self._post_error(request.id, _harness_error(exc))
 
-    async def _run(self, request: rpc.Request, handler: Callable[..., Any], *args: Any) -> None:
+    async def _run(self, request: rpc.Request, handler: Callable[..., Any], arg: Any) -> None:
         try:
-            result = await handler(*args)
+            result = await handler(arg)
         except rpc.RpcError as error:
             self._post_error(request.id, error)
         except HarnessError as exc:
@@ -456,6 +477,9 @@ class AcpServer:
             self._post_error(request.id, rpc.RpcError(rpc.INTERNAL_ERROR, f"internal error: {exc!r}"))
         else:
             self._post(rpc.result_response(request.id, result))
+        finally:
+            if self._outbox is not None:
+                self._outbox.release()
 
     def _check_auth(self) -> None:
         if self.auth_methods and not self._authenticated:

@@ -104,7 +104,9 @@ class BashToolPlugin:
         except BashError as exc:
             return ToolOutput(f"error: {exc}", is_error=True)
         if not background:
-            return render_result(await executor.run(spec))
+            result = await executor.run(spec)
+            # A nonzero exit, a signal or a timeout is a failed call (the text the model reads is the same).
+            return ToolOutput(render_result(result), is_error=result.exit_code != 0 or result.timed_out)
         return await self._start_background(ctx, spec, args.get("description") or args["command"])
 
     async def _start_background(self, ctx: ToolContext, spec: Any, label: str) -> str:

@@ -128,7 +128,11 @@ class OpenAIProvider:
     reports its chunks.  Transient failures (HTTP 429 and 5xx, refused
     connections, timeouts, dropped connections) are retried with exponential
     backoff and jitter, honouring ``Retry-After``, but only while nothing has
-    been emitted for the request, so output is never duplicated.
+    been emitted for the request, so output is never duplicated.  No wait is
+    longer than :attr:`backoff_max` or than what is left of the caller's
+    deadline: when the server asks for longer (``Retry-After``,
+    ``retry-after-ms``, an HTTP date), the request ends at once with that
+    failure, its message naming the wait asked for and the wait allowed.
 
     The provider owns an :class:`httpx.AsyncClient` created on first use unless
     one is given; close it with :meth:`aclose` or ``async with provider:``.
@@ -143,8 +147,11 @@ class OpenAIProvider:
         read_timeout: the longest silence tolerated between two reads.
         max_retries: how many times a retryable failure is retried.
         backoff_base: the delay before the first retry; it doubles each time.
-        backoff_max: the cap on the backoff delay.
+        backoff_max: the cap on every wait before a retry, the backoff delay
+            and a server's ``Retry-After`` alike.
         jitter: the relative random spread applied to backoff delays (0 to 1).
+        wall_clock: the wall-clock time source (POSIX seconds) an HTTP-date
+            ``Retry-After`` is measured against; the wait itself is on Trio's clock.
         extra_body: extra top-level JSON fields merged into every request body
             (e.g. ``{"temperature": 0}``); they override the provider's own.
 
@@ -163,6 +170,7 @@ class OpenAIProvider:
     backoff_max: float = 30.0
     jitter: float = 0.2
     _rng: random.Random = attrs.field(default=None, converter=_make_rng, alias="rng", repr=False)
+    _wall_clock: Callable[[], float] = attrs.field(default=time.time, alias="wall_clock", repr=False)
     _http_client: httpx.AsyncClient | None = attrs.field(default=None, alias="http_client", repr=False)
     extra_body: dict[str, Any] = attrs.field(default=None, converter=_copy_body, repr=False)
     _owned_client: httpx.AsyncClient | None = attrs.field(init=False, default=None, repr=False)
@@ -319,6 +327,36 @@ class OpenAIProvider:
         spread = 1.0 + self.jitter * (2.0 * self._rng.random() - 1.0)
         return max(0.0, min(self.backoff_max, base * spread))
 
+    def _retry_delay(self, failure: Failure, attempt: int) -> tuple[float, str | None]:
+        """The delay before retry ``attempt``, or why that retry must not be made.
+
+        Every delay is capped by :attr:`backoff_max` and by what is left of the
+        caller's deadline (the effective deadline of the enclosing cancel
+        scopes): a ``Retry-After`` asking for longer, or a backoff that would
+        outlast the deadline, is not waited for (see docs/guarantees.rst,
+        "Models: bounded retries").
+
+        Returns:
+            ``(delay, None)`` to wait ``delay`` seconds and retry, or
+            ``(delay, reason)`` when the retry is refused, ``reason`` saying why.
+        """
+        remaining = trio.current_effective_deadline() - trio.current_time()
+        asked = failure.retry_after
+        if asked is not None:
+            allowed = max(0.0, min(self.backoff_max, remaining))
+            if asked > allowed:
+                cap = f"backoff_max={_seconds(self.backoff_max)}" if allowed == self.backoff_max else "the deadline"
+                return asked, (
+                    f"the server asked to wait {_seconds(asked)}, more than the allowed {_seconds(allowed)} ({cap})"
+                )
+            return asked, None
+        delay = self.backoff_delay(attempt)
+        if delay > remaining:
+            return delay, (
+                f"the backoff of {_seconds(delay)} would outlast the deadline, {_seconds(max(remaining, 0.0))} away"
+            )
+        return delay, None
+
     async def stream(self, request: ModelRequest, emit: Emit) -> None:
         """Run one chat completion, reporting its chunks through ``emit``.
 
@@ -357,12 +395,15 @@ class OpenAIProvider:
                 return
             failure = outcome
             if failure.retryable and not state.emitted and attempt < self.max_retries:
-                attempt += 1
-                delay = failure.retry_after if failure.retry_after is not None else self.backoff_delay(attempt)
-                emit(Retry(attempt=attempt, delay=delay, failure=failure))
-                await trio.sleep(delay)
-                continue
-            if failure.retryable and state.emitted:
+                delay, refusal = self._retry_delay(failure, attempt + 1)
+                if refusal is None:
+                    attempt += 1
+                    emit(Retry(attempt=attempt, delay=delay, failure=failure))
+                    await trio.sleep(delay)
+                    continue
+                verdict = f"gave up after {attempt} retries" if attempt else "not retried"
+                failure = attrs.evolve(failure, message=f"{failure.message} ({verdict}: {refusal})")
+            elif failure.retryable and state.emitted:
                 failure = attrs.evolve(failure, message=failure.message + " (not retried: output was already emitted)")
             elif failure.retryable and attempt:
                 failure = attrs.evolve(failure, message=f"{failure.message} (gave up after {attempt} retries)")
@@ -702,7 +743,7 @@ class OpenAIProvider:
             f"http-{status}",
             message,
             retryable=retryable,
-            retry_after=_retry_after(response.headers) if retryable else None,
+            retry_after=_retry_after(response.headers, self._wall_clock) if retryable else None,
         )
 
     def _error_object(self, error: object, payload: str) -> Failure:
@@ -796,6 +837,11 @@ async def _read_limited(response: httpx.Response, limit: int) -> bytes:
     except httpx.HTTPError:
         pass  # report the status with whatever body arrived
     return b"".join(parts)[:limit]
+
+
+def _seconds(value: float) -> str:
+    """A delay for a message: ``"7.5s"``, ``"30s"``, ``"100000s"``."""
+    return f"{value:.0f}s" if value >= 100 else f"{value:.3g}s"
 
 
 def _count(value: object) -> int:
