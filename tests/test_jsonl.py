@@ -26,7 +26,9 @@ from trio_harness._errors import (
     SessionCorruptError,
     SessionError,
     SessionExistsError,
+    SessionLockedError,
     SessionNotFoundError,
+    SessionStoreError,
     UnsupportedFormatError,
 )
 from trio_harness.model._protocol import ToolCall
@@ -88,7 +90,7 @@ def turn_steps(turn: int, calls: int = 1) -> list[Step]:
 
 async def write_log(persistence: JsonlPersistence, events: list[Event], session_id: str = "s1") -> Path:
     """Write a new session through the writer (one flush); returns the log path."""
-    writer = persistence.open_writer(header(session_id), None)
+    writer = persistence.open_writer(header(session_id))
     for event in events:
         writer.write(event)
     await writer.flush()
@@ -114,7 +116,7 @@ def persistence(tmp_path: Path) -> JsonlPersistence:
 
 
 async def test_no_file_or_directory_before_the_first_flush(persistence: JsonlPersistence) -> None:
-    writer = persistence.open_writer(header(), None)
+    writer = persistence.open_writer(header())
     await writer.flush()  # nothing written: nothing created
     assert not persistence.root.exists()
     assert not persistence.exists("s1")
@@ -207,34 +209,43 @@ async def test_a_lone_surrogate_does_not_poison_the_writer(persistence: JsonlPer
     assert list((await persistence.load("s1")).events) == list(session.events)
 
 
-async def test_a_second_writer_of_the_same_log_is_refused(tmp_path: Path) -> None:
-    # Two stores over one root stand for two processes (flock is per open file).
+async def test_a_second_writer_of_the_same_log_is_refused_at_prepare(tmp_path: Path) -> None:
+    # Two stores over one root stand for two processes (flock is per open file);
+    # the real second process is in test_a_session_live_in_another_process_cannot_be_resumed.
     root = tmp_path / "root"
     await write_log(JsonlPersistence(root), build(turn_steps(1)))
     first = SessionStore(JsonlPersistence(root), clock=fixed_clock)
     second = SessionStore(JsonlPersistence(root), clock=fixed_clock)
     a = await first.prepare_resume("s1")
+    # Refused before publication, before any flush of the first writer.
+    with pytest.raises(SessionLockedError, match="live in another process") as info:
+        await second.prepare_resume("s1")
+    assert isinstance(info.value, SessionExistsError) and info.value.path == str(second.persistence.path_of("s1"))
+    entry_a = first.enter(a)
+    for cls, fields in turn_steps(2):
+        a.append(cls, **fields)
+    await first.detach(entry_a)  # flushes, then releases the lock
     b = await second.prepare_resume("s1")
-    entry_a, entry_b = first.enter(a), second.enter(b)
-    a.append(TurnStart, turn=2)
-    b.append(TurnStart, turn=2)
-    await a.flush()
-    with pytest.raises(SessionError, match="open for writing in another process"):
-        await b.flush()
-    await first.detach(entry_a)
-    # The lock is free now, but b's view is stale: appending would duplicate seqs.
-    with pytest.raises(SessionError, match="written by another writer since it was loaded"):
-        await b.flush()
-    with pytest.raises(SessionError):
-        await second.detach(entry_b)
-    loaded = await JsonlPersistence(root).load("s1")
-    assert list(loaded.events) == list(a.events)
+    assert list(b.events) == list(a.events)  # read after the lock was taken: a's flush included
+    second.discard(b)  # a discarded preparation releases the lock too
+    c = await first.prepare_resume("s1")
+    first.discard(c)
+
+
+async def test_a_prepared_resume_in_this_process_holds_the_session(persistence: JsonlPersistence) -> None:
+    await write_log(persistence, build(turn_steps(1)))
+    store = SessionStore(persistence, clock=fixed_clock)
+    held = await store.prepare_resume("s1")  # prepared, not live yet (setup running)
+    with pytest.raises(SessionLockedError, match="being resumed in this process"):
+        await store.prepare_resume("s1")
+    store.discard(held)
+    store.discard(await store.prepare_resume("s1"))
 
 
 async def test_a_new_session_never_overwrites_a_stored_one(persistence: JsonlPersistence) -> None:
     path = await write_log(persistence, build(turn_steps(1)))
     before = path.read_bytes()
-    writer = persistence.open_writer(header(), None)
+    writer = persistence.open_writer(header())
     writer.write(build(turn_steps(9))[0])
     with pytest.raises(SessionExistsError, match="already stored"):
         await writer.flush()
@@ -349,7 +360,7 @@ async def test_ids_that_could_escape_the_root_are_rejected(
     with pytest.raises(InvalidSessionIdError):
         await persistence.load(session_id)
     with pytest.raises(InvalidSessionIdError):
-        persistence.open_writer(SessionHeader(id=session_id, created_at=TS), None)
+        persistence.open_writer(SessionHeader(id=session_id, created_at=TS))
     with pytest.raises(InvalidSessionIdError):
         SessionStore(persistence).prepare_new(session_id)
     assert sorted(os.listdir(tmp_path)) == []

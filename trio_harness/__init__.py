@@ -26,7 +26,9 @@ from ._errors import ScopeClosedError as ScopeClosedError
 from ._errors import SessionCorruptError as SessionCorruptError
 from ._errors import SessionError as SessionError
 from ._errors import SessionExistsError as SessionExistsError
+from ._errors import SessionLockedError as SessionLockedError
 from ._errors import SessionNotFoundError as SessionNotFoundError
+from ._errors import SessionStoreError as SessionStoreError
 from ._errors import TaskError as TaskError
 from ._errors import TaskNotFoundError as TaskNotFoundError
 from ._errors import TaskStartError as TaskStartError

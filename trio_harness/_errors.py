@@ -32,6 +32,35 @@ class SessionExistsError(SessionError):
     """A session id is already taken (live, or stored when creating)."""
 
 
+class SessionLockedError(SessionExistsError):
+    """The session's log is locked by another writer: it is live in another process.
+
+    Attributes:
+        path: the log file whose lock is held.
+    """
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class SessionStoreError(SessionError):
+    """The session store cannot be used or written.
+
+    Raised for a store root that is not a writable directory, a symbolic link
+    or special file found where a session directory or log belongs, a log above
+    the size limit, and a failed write (the OS error is the ``__cause__``).
+
+    Attributes:
+        path: the file or directory the problem is about (None when the store
+            has no path).
+    """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
 class SessionNotFoundError(SessionError, LookupError):
     """No live or stored session has this id."""
 
