@@ -1,13 +1,15 @@
-"""A writer process for the SIGKILL test in ``test_jsonl.py`` (invariant 24).
+"""A writer process for the SIGKILL and lock tests in ``test_jsonl.py``.
 
 Usage::
 
-    python _writer_proc.py ROOT SESSION_ID EVERY
+    python _writer_proc.py ROOT SESSION_ID EVERY [LIMIT]
 
 Creates the session in a JSONL store at ``ROOT`` and appends the events of
-:func:`expected_event` forever; after every ``EVERY`` events it awaits
+:func:`expected_event`; after every ``EVERY`` events it awaits
 ``session.flush()`` and then prints ``flushed <count>`` (flushed to stdout), so
-every reported event is durable.  It never exits on its own: the test kills it.
+every reported event is durable.  With ``LIMIT`` it stops appending after that
+many events and keeps the session live (its writer open); without, it appends
+forever.  It never exits on its own: the test kills it.
 """
 
 from __future__ import annotations
@@ -70,19 +72,20 @@ def expected_event(index: int) -> Event:
     return cls(seq=index, ts=TS, **fields)
 
 
-async def main(root: str, session_id: str, every: int) -> None:
+async def main(root: str, session_id: str, every: int, limit: int | None) -> None:
     store = SessionStore(JsonlPersistence(root), clock=lambda: TS)
     session = store.prepare_new(session_id, cwd="/")
     store.enter(session)
     count = 0
-    while True:
+    while limit is None or count < limit:
         cls, fields = event_for(count)
         session.append(cls, **fields)
         count += 1
         if count % every == 0:
             await session.flush()
             print(f"flushed {count}", flush=True)
+    await trio.sleep_forever()  # live until killed
 
 
 if __name__ == "__main__":
-    trio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    trio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else None)

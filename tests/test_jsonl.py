@@ -4,12 +4,15 @@ corruption, id escaping, every-byte cut recovery, and a real SIGKILL.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,24 +20,31 @@ from typing import Any
 import attrs
 import pytest
 import trio
-from _writer_proc import expected_event
+import trio.testing
+from _writer_proc import CYCLE, expected_event
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 from trio_harness._errors import (
+    AgentExistsError,
     InvalidSessionIdError,
     SessionCorruptError,
     SessionError,
     SessionExistsError,
+    SessionLockedError,
     SessionNotFoundError,
+    SessionStoreError,
     UnsupportedFormatError,
 )
+from trio_harness._harness import open_harness
 from trio_harness.model._protocol import ToolCall
+from trio_harness.model._scripted import ScriptedModel
 from trio_harness.session import (
     FORMAT_VERSION,
     JsonlPersistence,
     SessionHeader,
     SessionStore,
+    _jsonl,
     decode_event,
     encode_event,
     encode_header,
@@ -88,7 +98,7 @@ def turn_steps(turn: int, calls: int = 1) -> list[Step]:
 
 async def write_log(persistence: JsonlPersistence, events: list[Event], session_id: str = "s1") -> Path:
     """Write a new session through the writer (one flush); returns the log path."""
-    writer = persistence.open_writer(header(session_id), None)
+    writer = persistence.open_writer(header(session_id))
     for event in events:
         writer.write(event)
     await writer.flush()
@@ -114,7 +124,7 @@ def persistence(tmp_path: Path) -> JsonlPersistence:
 
 
 async def test_no_file_or_directory_before_the_first_flush(persistence: JsonlPersistence) -> None:
-    writer = persistence.open_writer(header(), None)
+    writer = persistence.open_writer(header())
     await writer.flush()  # nothing written: nothing created
     assert not persistence.root.exists()
     assert not persistence.exists("s1")
@@ -207,34 +217,43 @@ async def test_a_lone_surrogate_does_not_poison_the_writer(persistence: JsonlPer
     assert list((await persistence.load("s1")).events) == list(session.events)
 
 
-async def test_a_second_writer_of_the_same_log_is_refused(tmp_path: Path) -> None:
-    # Two stores over one root stand for two processes (flock is per open file).
+async def test_a_second_writer_of_the_same_log_is_refused_at_prepare(tmp_path: Path) -> None:
+    # Two stores over one root stand for two processes (flock is per open file);
+    # the real second process is in test_a_session_live_in_another_process_cannot_be_resumed.
     root = tmp_path / "root"
     await write_log(JsonlPersistence(root), build(turn_steps(1)))
     first = SessionStore(JsonlPersistence(root), clock=fixed_clock)
     second = SessionStore(JsonlPersistence(root), clock=fixed_clock)
     a = await first.prepare_resume("s1")
+    # Refused before publication, before any flush of the first writer.
+    with pytest.raises(SessionLockedError, match="live in another process") as info:
+        await second.prepare_resume("s1")
+    assert isinstance(info.value, SessionExistsError) and info.value.path == str(JsonlPersistence(root).path_of("s1"))
+    entry_a = first.enter(a)
+    for cls, fields in turn_steps(2):
+        a.append(cls, **fields)
+    await first.detach(entry_a)  # flushes, then releases the lock
     b = await second.prepare_resume("s1")
-    entry_a, entry_b = first.enter(a), second.enter(b)
-    a.append(TurnStart, turn=2)
-    b.append(TurnStart, turn=2)
-    await a.flush()
-    with pytest.raises(SessionError, match="open for writing in another process"):
-        await b.flush()
-    await first.detach(entry_a)
-    # The lock is free now, but b's view is stale: appending would duplicate seqs.
-    with pytest.raises(SessionError, match="written by another writer since it was loaded"):
-        await b.flush()
-    with pytest.raises(SessionError):
-        await second.detach(entry_b)
-    loaded = await JsonlPersistence(root).load("s1")
-    assert list(loaded.events) == list(a.events)
+    assert list(b.events) == list(a.events)  # read after the lock was taken: a's flush included
+    second.discard(b)  # a discarded preparation releases the lock too
+    c = await first.prepare_resume("s1")
+    first.discard(c)
+
+
+async def test_a_prepared_resume_in_this_process_holds_the_session(persistence: JsonlPersistence) -> None:
+    await write_log(persistence, build(turn_steps(1)))
+    store = SessionStore(persistence, clock=fixed_clock)
+    held = await store.prepare_resume("s1")  # prepared, not live yet (setup running)
+    with pytest.raises(SessionLockedError, match="being resumed in this process"):
+        await store.prepare_resume("s1")
+    store.discard(held)
+    store.discard(await store.prepare_resume("s1"))
 
 
 async def test_a_new_session_never_overwrites_a_stored_one(persistence: JsonlPersistence) -> None:
     path = await write_log(persistence, build(turn_steps(1)))
     before = path.read_bytes()
-    writer = persistence.open_writer(header(), None)
+    writer = persistence.open_writer(header())
     writer.write(build(turn_steps(9))[0])
     with pytest.raises(SessionExistsError, match="already stored"):
         await writer.flush()
@@ -349,7 +368,7 @@ async def test_ids_that_could_escape_the_root_are_rejected(
     with pytest.raises(InvalidSessionIdError):
         await persistence.load(session_id)
     with pytest.raises(InvalidSessionIdError):
-        persistence.open_writer(SessionHeader(id=session_id, created_at=TS), None)
+        persistence.open_writer(SessionHeader(id=session_id, created_at=TS))
     with pytest.raises(InvalidSessionIdError):
         SessionStore(persistence).prepare_new(session_id)
     assert sorted(os.listdir(tmp_path)) == []
@@ -708,3 +727,323 @@ async def test_a_flushed_event_survives_sigkill_right_after_the_flush(tmp_path: 
     await store.detach(entry)
     reloaded = await persistence.load("killed")
     assert reloaded.dropped_tail == 0 and list(reloaded.events) == list(session.events)
+
+
+# ------------------------------------------------------------------ one writer per session (locks)
+
+
+async def start_holder(root: Path, session_id: str, events: int) -> trio.Process:
+    """A real second process that creates ``session_id``, flushes ``events`` events and stays live."""
+    script = Path(__file__).with_name("_writer_proc.py")
+    process = await trio.lowlevel.open_process(
+        [sys.executable, str(script), str(root), session_id, str(events), str(events)], stdout=subprocess.PIPE
+    )
+    assert process.stdout is not None
+    with trio.fail_after(60):  # a bound on a real process, not a sleep
+        assert await read_reports(process.stdout, 1) == events
+    return process
+
+
+async def stop(process: trio.Process) -> None:
+    with trio.CancelScope(shield=True):
+        process.kill()
+        await process.wait()
+        assert process.stdout is not None
+        await process.stdout.aclose()
+
+
+async def test_a_session_live_in_another_process_cannot_be_resumed(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    holder = await start_holder(root, "shared", CYCLE)
+    setups: list[str] = []
+    model = ScriptedModel([{"text": "resumed"}])
+    try:
+        async with open_harness(model=model, store=root, builtin_tools=False) as h:
+
+            async def setup(agent: object) -> None:
+                setups.append("ran")
+
+            with pytest.raises(AgentExistsError, match="live in another process") as info:
+                await h.agents.resume("shared", setup=setup)
+            assert isinstance(info.value.__cause__, SessionLockedError)
+            assert setups == [] and model.requests == []  # refused before setup and any model call
+            assert h.agents.list() == [] and h.sessions.list() == []
+            with pytest.raises(SessionLockedError, match=r"'shared' is live in another process \(.*session.jsonl"):
+                await h.sessions.prepare_resume("shared")
+
+            await stop(holder)  # the holder's lock dies with it
+            handle = await h.agents.resume("shared", setup=setup)
+            assert setups == ["ran"]
+            handle.agent.inject("written by this process")  # logged, does not wake the agent
+            await handle.dispose()
+        loaded = await JsonlPersistence(root).load("shared")
+        assert list(loaded.events[:CYCLE]) == [expected_event(i) for i in range(CYCLE)]
+        assert [e.seq for e in loaded.events] == list(range(len(loaded.events)))
+        spliced = loaded.events[CYCLE]
+        assert isinstance(spliced, InboxSpliced) and spliced.inserted[0].text == "written by this process"
+    finally:
+        await stop(holder)
+
+
+# ------------------------------------------------------------------ failed flushes
+
+
+def fail_once(monkeypatch: pytest.MonkeyPatch, target: object, name: str, error: int = errno.ENOSPC) -> list[int]:
+    """Make ``target.name`` raise ``OSError(error)`` on its next call only; returns the call log."""
+    real = getattr(target, name)
+    calls: list[int] = []
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(error, os.strerror(error))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, failing)
+    return calls
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("step", ["write", "fsync", "link"])
+async def test_a_failed_first_flush_leaves_nothing_and_a_retry_stores_every_event(
+    persistence: JsonlPersistence, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    store = SessionStore(persistence, clock=fixed_clock)
+    session = store.prepare_new("s1", cwd="/work")
+    entry = store.enter(session)
+    for cls, fields in turn_steps(1):
+        session.append(cls, **fields)
+    fds = open_fds()
+    target: object = _jsonl if step == "write" else os
+    calls = fail_once(monkeypatch, target, "_write_all" if step == "write" else step)
+    with pytest.raises(SessionStoreError, match="No space left on device") as info:
+        await session.flush()
+    assert calls
+    error = info.value
+    assert "'s1'" in str(error) and str(persistence.path_of("s1")) in str(error)
+    assert error.path == str(persistence.path_of("s1"))
+    assert isinstance(error.__cause__, OSError) and error.__cause__.errno == errno.ENOSPC
+    # Nothing left behind: no log, no temporary file, no directory, no descriptor.
+    assert list(persistence.root.iterdir()) == []
+    assert not persistence.exists("s1")
+    assert open_fds() == fds
+    with pytest.raises(SessionNotFoundError):
+        await persistence.load("s1")
+
+    # Once the cause is gone the same session flushes: the buffered events were kept.
+    session.append(TurnStart, turn=2)
+    await session.flush()
+    assert sorted(os.listdir(persistence.path_of("s1").parent)) == [LOG_NAME]
+    loaded = await persistence.load("s1")
+    assert list(loaded.events) == list(session.events) and loaded.header == session.header
+    await store.detach(entry)
+
+
+@pytest.mark.parametrize("step", ["write", "fsync"])
+async def test_a_failed_later_flush_is_cut_back_and_retried_without_duplicates(
+    persistence: JsonlPersistence, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    store = SessionStore(persistence, clock=fixed_clock)
+    session = store.prepare_new("s1", cwd="/work")
+    entry = store.enter(session)
+    for cls, fields in turn_steps(1):
+        session.append(cls, **fields)
+    await session.flush()
+    path = persistence.path_of("s1")
+    before = path.read_bytes()
+    for cls, fields in turn_steps(2):
+        session.append(cls, **fields)
+    fail_once(monkeypatch, _jsonl if step == "write" else os, "_write_all" if step == "write" else step, errno.EIO)
+    with pytest.raises(SessionStoreError, match=r"cannot write session 's1' to .*session.jsonl: Input/output error"):
+        await session.flush()
+    assert path.read_bytes() == before  # an unsynced batch is cut off again
+    await session.flush()
+    assert list((await persistence.load("s1")).events) == list(session.events)
+    await store.detach(entry)
+
+
+async def test_a_header_that_cannot_be_encoded_is_refused_before_anything_is_stored(
+    persistence: JsonlPersistence,
+) -> None:
+    store = SessionStore(persistence, clock=lambda: float("nan"))
+    with pytest.raises(SessionError, match="header of session 's1' cannot be stored"):
+        store.prepare_new("s1")
+    assert not persistence.root.exists() and store.list() == []
+
+
+# ------------------------------------------------------------------ planted links and special files
+
+
+def plant_outside_log(tmp_path: Path, session_id: str) -> Path:
+    """A valid log of ``session_id`` outside the store root; returns its directory."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    data = encode_header(header(session_id)) + "\n" + "".join(encode_event(e) + "\n" for e in build(turn_steps(1)))
+    (outside / LOG_NAME).write_bytes(data.encode())
+    return outside
+
+
+async def test_a_symlink_planted_as_a_session_directory_is_never_followed(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    outside = plant_outside_log(tmp_path, "evil")
+    (outside / LOG_NAME).unlink()
+    (root / escape_session_id("evil")).symlink_to(outside, target_is_directory=True)
+    model = ScriptedModel([{"text": "never"}])
+    async with open_harness(model=model, store=root, builtin_tools=False) as h:
+        with pytest.raises(SessionStoreError, match=r"root/evil is a symbolic link, not a directory") as info:
+            await h.agents.create(session_id="evil")
+        assert info.value.path == str(root / "evil")
+        assert model.requests == [] and h.agents.list() == []
+        with pytest.raises(SessionStoreError, match="is a symbolic link, not a directory"):
+            await h.agents.resume("evil")
+
+        # Planted after the session was prepared: the first flush refuses it.
+        session = h.sessions.prepare_new("late")
+        entry = h.sessions.enter(session)
+        session.append(TurnStart, turn=1)
+        (root / "late").symlink_to(outside, target_is_directory=True)
+        with pytest.raises(SessionStoreError, match="root/late is a symbolic link"):
+            await session.flush()
+        (root / "late").unlink()
+        await h.sessions.detach(entry)  # the buffered event is stored in a real directory now
+        assert [e.type for e in (await h.sessions.persistence.load("late")).events] == ["turn/start"]
+
+        with pytest.raises(SessionStoreError, match="is a symbolic link"):
+            await h.sessions.fork("late", 0, "evil")
+    assert os.listdir(outside) == []  # nothing was ever written outside the root
+
+
+async def test_a_symlinked_log_is_never_read_or_appended_through(tmp_path: Path) -> None:
+    persistence = JsonlPersistence(tmp_path / "root")
+    outside = plant_outside_log(tmp_path, "s1")
+    before = (outside / LOG_NAME).read_bytes()
+    (persistence.root / "s1").mkdir(parents=True)
+    (persistence.root / "s1" / LOG_NAME).symlink_to(outside / LOG_NAME)
+    store = SessionStore(persistence, clock=fixed_clock)
+    for attempt in (persistence.load("s1"), store.prepare_resume("s1")):
+        with pytest.raises(SessionStoreError, match=r"root/s1/session.jsonl is a symbolic link; refusing to follow"):
+            await attempt
+    assert persistence.list() == []
+    assert (outside / LOG_NAME).read_bytes() == before
+
+
+@pytest.mark.parametrize("planted", ["fifo", "dev-zero", "device", "directory"])
+async def test_a_special_file_planted_as_the_log_is_refused_before_any_read(
+    persistence: JsonlPersistence, planted: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    log_path = persistence.path_of("s1")
+    log_path.parent.mkdir(parents=True)
+    if planted == "fifo":
+        os.mkfifo(log_path)
+        expected = "is a FIFO, not a regular file"
+    elif planted == "dev-zero":
+        log_path.symlink_to("/dev/zero")
+        expected = "is a symbolic link; refusing to follow it"
+    elif planted == "device":
+        os.mknod(log_path, 0o600 | stat.S_IFCHR, os.makedev(1, 5))  # /dev/zero's device numbers
+        expected = "is a device, not a regular file"
+    else:
+        log_path.mkdir()
+        expected = "is a directory|Is a directory"
+    store = SessionStore(persistence, clock=fixed_clock)
+    caplog.set_level(logging.WARNING, logger="trio_harness.session.jsonl")
+    # A real deadline only as a bound: a read of a FIFO or of /dev/zero would never end.
+    with trio.fail_after(10):
+        for attempt in (persistence.load("s1"), store.prepare_resume("s1")):
+            with pytest.raises(SessionStoreError, match=expected):
+                await attempt
+        assert persistence.list() == []
+    assert open_fds_of(log_path) == 0
+
+
+def open_fds_of(path: Path) -> int:
+    """How many descriptors of this process refer to ``path``."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+                count += 1
+        except OSError:
+            pass
+    return count
+
+
+async def test_list_does_not_follow_planted_links(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    persistence = JsonlPersistence(tmp_path / "root")
+    await write_log(persistence, build(turn_steps(1)), "good")
+    outside = plant_outside_log(tmp_path, "linked")
+    (persistence.root / "linked").symlink_to(outside, target_is_directory=True)
+    (persistence.root / "loglink").mkdir()
+    (persistence.root / "loglink" / LOG_NAME).symlink_to(outside / LOG_NAME)
+    (persistence.root / "fifo").mkdir()
+    os.mkfifo(persistence.root / "fifo" / LOG_NAME)
+    caplog.set_level(logging.WARNING, logger="trio_harness.session.jsonl")
+    with trio.fail_after(10):
+        assert [h.id for h in persistence.list()] == ["good"]
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "root/linked" in warned and "a symbolic link" in warned and "a FIFO" in warned
+    assert not persistence.exists("linked")
+
+
+async def test_a_log_above_the_size_limit_is_refused_naming_the_limit(tmp_path: Path) -> None:
+    path = await write_log(JsonlPersistence(tmp_path / "root"), build(turn_steps(1)))
+    size = path.stat().st_size
+    small = JsonlPersistence(tmp_path / "root", max_log_bytes=size - 1)
+    for attempt in (small.load("s1"), SessionStore(small).prepare_resume("s1")):
+        with pytest.raises(
+            SessionStoreError, match=rf"{size:,} bytes, more than the {size - 1:,} bytes.*max_log_bytes"
+        ):
+            await attempt
+    exact = JsonlPersistence(tmp_path / "root", max_log_bytes=size)
+    assert len((await exact.load("s1")).events) == len(turn_steps(1))
+    assert JsonlPersistence(tmp_path).max_log_bytes == 1 << 30
+
+
+async def test_a_cancelled_resume_abandons_a_blocked_read_without_leaking_the_log(
+    persistence: JsonlPersistence, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await write_log(persistence, build(turn_steps(1)))
+    path = persistence.path_of("s1")
+    reading, release, closed = threading.Event(), threading.Event(), threading.Event()
+    read_fds: list[int] = []
+    real_read, real_close = _jsonl._pread_all, os.close
+
+    def blocked(fd: int, size: int) -> bytes:
+        read_fds.append(fd)
+        reading.set()
+        release.wait()  # a read that does not return (a hung file system)
+        return real_read(fd, size)
+
+    def close(fd: int) -> None:
+        real_close(fd)
+        if read_fds and fd == read_fds[0]:
+            closed.set()
+
+    monkeypatch.setattr(_jsonl, "_pread_all", blocked)
+    monkeypatch.setattr(os, "close", close)
+    store = SessionStore(persistence, clock=fixed_clock)
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.prepare_resume, "s1")
+            await trio.to_thread.run_sync(reading.wait)
+            scope.cancel()  # returns at once although the read is still blocked
+    assert scope.cancelled_caught
+    # The abandoned reader owns the descriptor until its read returns: the lock is still held.
+    with pytest.raises(SessionLockedError):
+        await SessionStore(JsonlPersistence(persistence.root)).prepare_resume("s1")
+    assert not closed.is_set()  # never closed under a running read
+    release.set()
+    await trio.to_thread.run_sync(closed.wait)  # closed by the reader when its read returned
+    assert open_fds_of(path) == 0
+    store.discard(await store.prepare_resume("s1"))
+
+    # Cancelled before the reader started: closed at once.
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await store.prepare_resume("s1")
+    assert open_fds_of(path) == 0
+    store.discard(await store.prepare_resume("s1"))

@@ -94,7 +94,7 @@ async def test_resume_after_crash_mid_turn_closes_the_turn(
 
     store = JsonlPersistence(tmp_path)
     header = SessionHeader(id="crashed", created_at=1.0)
-    writer = store.open_writer(header, None)
+    writer = store.open_writer(header)
     from trio_harness.session import Session
 
     session = Session(header=header, events=[], writer=writer)

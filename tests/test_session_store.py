@@ -6,21 +6,30 @@ Every test runs against both persistence providers (in memory and JSONL on
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from trio_harness._bus import Notice
 from trio_harness._errors import (
+    AgentExistsError,
     ForkBoundaryError,
     InvalidSessionIdError,
     SessionExistsError,
+    SessionLockedError,
     SessionNotFoundError,
+    SessionStoreError,
 )
+from trio_harness._harness import open_harness
+from trio_harness.agents import Agent, AgentHandle
 from trio_harness.model._protocol import ToolCall
+from trio_harness.model._scripted import ScriptedModel
 from trio_harness.session import (
     JsonlPersistence,
     MemoryPersistence,
@@ -485,3 +494,199 @@ async def test_listeners_see_the_session_in_notices(store: SessionStore) -> None
     store.announce(entry)
     assert [n.subject for n in got] == [entry.session]
     await store.detach(entry)
+
+
+# ------------------------------------------------------------------ one writer per session
+
+
+async def test_a_session_held_by_one_store_cannot_be_resumed_through_another(persistence: SessionPersistence) -> None:
+    # Two stores over one persistence stand for two harnesses (or processes) sharing it.
+    first, second = SessionStore(persistence, clock=FakeClock()), SessionStore(persistence, clock=FakeClock())
+    await store_session(first, "s1", balanced_turn(1))
+    held = await first.prepare_resume("s1")  # prepared only: not live yet
+    with pytest.raises(SessionLockedError, match=r"'s1' is (already )?live"):
+        await second.prepare_resume("s1")
+    first.discard(held)  # a discarded preparation releases the session
+    entry = second.enter(await second.prepare_resume("s1"))
+    with pytest.raises(SessionLockedError):
+        await first.prepare_resume("s1")
+    append_all(entry.session, balanced_turn(2))
+    await second.detach(entry)  # detach releases it
+    resumed = await first.prepare_resume("s1")
+    assert list(resumed.events) == list(entry.session.events)
+    first.discard(resumed)
+
+
+async def test_a_created_session_is_held_from_its_first_flush(persistence: SessionPersistence) -> None:
+    first, second = SessionStore(persistence, clock=FakeClock()), SessionStore(persistence, clock=FakeClock())
+    entry = first.enter(first.prepare_new("s1"))
+    rival = second.enter(second.prepare_new("s1"))  # nothing stored yet: both may prepare
+    append_all(entry.session, balanced_turn(1))
+    await entry.session.flush()
+    with pytest.raises(SessionLockedError):
+        await SessionStore(persistence).prepare_resume("s1")
+    append_all(rival.session, balanced_turn(1))
+    with pytest.raises(SessionStoreError, match="'s1' is already stored") as caught:
+        await rival.session.flush()  # the first flush of the other writer won the id
+    assert isinstance(caught.value.__cause__, SessionExistsError)
+    await first.detach(entry)
+    with pytest.raises(SessionStoreError, match="'s1' is already stored"):
+        await second.detach(rival)  # its events were never stored: reported, not lost silently
+    assert await stored_events(persistence, "s1") == tuple(entry.session.events)
+
+
+async def test_a_discarded_preparation_stores_nothing(store: SessionStore, persistence: SessionPersistence) -> None:
+    session = store.prepare_new("s1")
+    append_all(session, balanced_turn(1))
+    store.discard(session)
+    assert not persistence.exists("s1") and persistence.list() == []
+    await store_session(store, "s1", balanced_turn(1))  # the id is free
+    assert [e.seq for e in await stored_events(persistence, "s1")] == list(range(len(balanced_turn(1))))
+
+
+# ------------------------------------------------------------------ the memory store through the harness
+
+
+@pytest.mark.parametrize("first_to_publish", ["a", "b"])
+async def test_racing_creates_on_the_memory_store_never_mix_their_events(first_to_publish: str) -> None:
+    sequencer = trio.testing.Sequencer()
+    finish = {first_to_publish: 2, ("b" if first_to_publish == "a" else "a"): 3}
+
+    def setup_for(name: str, start: int) -> Any:
+        async def setup(agent: Agent) -> None:
+            async with sequencer(start):
+                agent.inject(f"from {name}")  # appended to its session before publication
+            async with sequencer(finish[name]):
+                pass
+
+        return setup
+
+    results: dict[str, object] = {}
+    async with open_harness(model=ScriptedModel([]), store=":memory:", builtin_tools=False) as h:
+
+        async def create(name: str, start: int) -> None:
+            try:
+                results[name] = await h.agents.create(session_id="same", setup=setup_for(name, start))
+            except AgentExistsError as exc:
+                results[name] = exc
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(create, "a", 0)
+            nursery.start_soon(create, "b", 1)
+        loser = "b" if first_to_publish == "a" else "a"
+        assert isinstance(results[loser], AgentExistsError)
+        assert not h.sessions.persistence.exists("same")  # nothing stored before the first flush
+        winner = results[first_to_publish]
+        assert isinstance(winner, AgentHandle) and h.agents.list() == [winner.agent]
+        await winner.dispose()  # the first flush: the record appears now, the winner's events only
+        loaded = await h.sessions.persistence.load("same")
+    texts = [m.text for e in loaded.events if isinstance(e, InboxSpliced) for m in e.inserted]
+    assert texts == [f"from {first_to_publish}"]
+    assert [e.seq for e in loaded.events] == list(range(len(loaded.events)))
+
+
+async def test_a_failed_setup_on_the_memory_store_leaves_the_id_free() -> None:
+    async with open_harness(model=ScriptedModel([]), store=":memory:", builtin_tools=False) as h:
+
+        async def setup(agent: Agent) -> None:
+            agent.inject("before the failure")
+            raise RuntimeError("setup broke")
+
+        with pytest.raises(RuntimeError, match="setup broke"):
+            await h.agents.create(session_id="x", setup=setup)
+        assert not h.sessions.persistence.exists("x")
+        with pytest.raises(SessionNotFoundError):
+            await h.agents.resume("x")
+        async with h.agents.open(session_id="x") as agent:
+            agent.inject("after")
+        events = (await h.sessions.persistence.load("x")).events
+    assert [m.text for e in events if isinstance(e, InboxSpliced) for m in e.inserted] == ["after"]
+
+
+# ------------------------------------------------------------------ checking the store before any model call
+
+
+async def test_a_store_path_that_is_a_file_is_refused_at_open_harness(tmp_path: Path) -> None:
+    file = tmp_path / "not-a-dir"
+    file.write_text("x")
+    with pytest.raises(SessionStoreError, match=r"the session store .*not-a-dir is a regular file, not a directory"):
+        async with open_harness(store=file, builtin_tools=False):
+            pass  # pragma: no cover
+    with pytest.raises(
+        SessionStoreError, match=r"store .*not-a-dir/sessions cannot be created: .*not-a-dir is a regular file"
+    ) as info:
+        async with open_harness(store=file / "sessions", builtin_tools=False):
+            pass  # pragma: no cover
+    assert info.value.path == str(file / "sessions")
+    missing = tmp_path / "a" / "b"
+    async with open_harness(store=missing, builtin_tools=False):
+        assert not (tmp_path / "a").exists()  # checked, not created
+    async with open_harness(store=":memory:", builtin_tools=False):
+        pass
+
+
+async def test_create_and_resume_check_the_store_before_setup_and_any_model_call(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    model = ScriptedModel([{"text": "stored"}])
+    setups: list[str] = []
+
+    async def setup(agent: Agent) -> None:
+        setups.append(agent.id)
+
+    async with open_harness(model=model, store=root, builtin_tools=False) as h:
+        async with h.agents.open(session_id="kept") as agent:
+            agent.followup("hello")
+            await agent.when_idle()
+        stored = tmp_path / "moved"
+        root.rename(stored)
+        root.write_text("the store was replaced by a file")
+        with pytest.raises(SessionStoreError, match="is a regular file, not a directory"):
+            await h.agents.create(session_id="new", setup=setup)
+        with pytest.raises(SessionStoreError, match="is a regular file, not a directory"):
+            await h.agents.resume("kept", setup=setup)
+        assert setups == [] and len(model.requests) == 1 and h.agents.list() == []
+
+
+READ_ONLY_CHECK = """
+import sys, trio
+from trio_harness import SessionStoreError, open_harness
+
+async def main() -> None:
+    try:
+        async with open_harness(store=sys.argv[1], builtin_tools=False):
+            print("opened")
+    except SessionStoreError as exc:
+        print(exc)
+
+trio.run(main)
+"""
+
+
+async def test_a_store_on_a_read_only_file_system_is_refused(tmp_path: Path) -> None:
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    code = [sys.executable, "-c", READ_ONLY_CHECK]
+    if os.geteuid() == 0:
+        # root may write anywhere a permission bit forbids: a read-only bind mount in a
+        # private mount namespace is a real read-only file system.
+        command = [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" "$1" && shift && exec "$@"',
+            "sh",
+            str(directory),
+            *code,
+            str(directory / "sessions"),
+        ]
+    else:
+        directory.chmod(0o555)
+        command = [*code, str(directory / "sessions")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = await trio.run_process(command, capture_stdout=True, capture_stderr=True, env=env, check=False)
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout.decode().strip() == (
+        f"the session store {directory}/sessions cannot be created: {directory} is not writable; "
+        "pass a directory this process can write to"
+    )

@@ -184,8 +184,12 @@ class _SyncFailingStore:
     async def load(self, session_id: str) -> LoadedSession:
         return await self.inner.load(session_id)
 
-    def open_writer(self, header: SessionHeader, loaded: LoadedSession | None) -> SessionWriter:
-        return _SyncFailingWriter(self.inner.open_writer(header, loaded), self.failing)
+    def open_writer(self, header: SessionHeader) -> SessionWriter:
+        return _SyncFailingWriter(self.inner.open_writer(header), self.failing)
+
+    async def resume(self, session_id: str) -> tuple[LoadedSession, SessionWriter]:
+        loaded, writer = await self.inner.resume(session_id)
+        return loaded, _SyncFailingWriter(writer, self.failing)
 
     async def save(self, header: SessionHeader, events: Sequence[Event]) -> None:
         await self.inner.save(header, events)

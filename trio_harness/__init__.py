@@ -26,6 +26,7 @@ from ._errors import ScopeClosedError as ScopeClosedError
 from ._errors import SessionCorruptError as SessionCorruptError
 from ._errors import SessionError as SessionError
 from ._errors import SessionExistsError as SessionExistsError
+from ._errors import SessionLockedError as SessionLockedError
 from ._errors import SessionNotFoundError as SessionNotFoundError
 from ._errors import SessionStoreError as SessionStoreError
 from ._errors import TaskError as TaskError

@@ -28,25 +28,42 @@ class InvalidSessionIdError(SessionError, ValueError):
     """A session id is empty or otherwise unusable."""
 
 
-class SessionStoreError(SessionError):
-    """A session could not be written to its store (a flush failed, or the store is unusable).
+class SessionExistsError(SessionError):
+    """A session id is already taken (live, or stored when creating)."""
 
-    The events that were not stored stay in the in-memory session, so a later
-    flush (the next turn end, :meth:`Agent.when_idle`) retries them.
+
+class SessionLockedError(SessionExistsError):
+    """The session's log is locked by another writer: it is live in another process.
 
     Attributes:
-        session_id: the session whose events were not stored, when one is concerned.
-        path: the file or directory concerned, when the store is on disk.
+        path: the log file whose lock is held.
     """
 
-    def __init__(self, message: str, *, session_id: str | None = None, path: str | None = None) -> None:
+    def __init__(self, message: str, *, path: str) -> None:
         super().__init__(message)
-        self.session_id = session_id
         self.path = path
 
 
-class SessionExistsError(SessionError):
-    """A session id is already taken (live, or stored when creating)."""
+class SessionStoreError(SessionError):
+    """The session store cannot be used or written.
+
+    Raised for a store root that is not a writable directory, a symbolic link
+    or special file found where a session directory or log belongs, a log above
+    the size limit, and a failed write or flush (the OS error is the
+    ``__cause__``).  Events a failed flush did not store stay in the in-memory
+    session, so a later flush (the next turn end, ``Agent.when_idle()``)
+    retries them.
+
+    Attributes:
+        path: the file or directory the problem is about (None when the store
+            has no path).
+        session_id: the session whose events were not stored, when one is concerned.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, session_id: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.session_id = session_id
 
 
 class SessionNotFoundError(SessionError, LookupError):

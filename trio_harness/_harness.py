@@ -52,7 +52,9 @@ def resolve_store(store: SessionPersistence | str | os.PathLike[str]) -> Session
             return MemoryPersistence()
         return JsonlPersistence(Path(store))
     missing = [
-        name for name in ("exists", "list", "load", "open_writer", "save") if not callable(getattr(store, name, None))
+        name
+        for name in ("check", "exists", "list", "load", "open_writer", "resume", "save")
+        if not callable(getattr(store, name, None))
     ]
     if missing:
         raise TypeError(
@@ -122,7 +124,8 @@ async def open_harness(
     Args:
         model: the default model: a provider object or a spec string
             (``scripted:PATH``, ``deepseek:MODEL``, ``openai:MODEL@BASE_URL``).
-        store: ``":memory:"``, a directory for the JSONL store, or a provider.
+        store: ``":memory:"``, a directory for the JSONL store, or a provider;
+            checked at once (:exc:`SessionStoreError` when it cannot be written).
         builtin_tools: load the built-in tool plugins (``"tasks"``, ``"bash"``,
             ``"subagent"``): True for all, False for none, or a list of names.
         clock: wall clock for event timestamps (injectable for tests).
@@ -150,6 +153,7 @@ async def open_harness(
 
         provider = resolve_model(model)  # checks it is a provider
     persistence = resolve_store(store)
+    await persistence.check()  # a store path that is a file or not writable fails here, not at a flush
     if builtin_tools is True:
         wanted = {"tasks", "bash", "subagent"}
     elif builtin_tools is False:

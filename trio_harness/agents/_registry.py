@@ -202,10 +202,12 @@ class AgentRegistry:
         Raises:
             AgentExistsError: the id is live (or stored: resume it instead).
             FactoryError: no factory is registered.
+            SessionStoreError: the store cannot be written (checked before setup).
         """
         self._require_factory()
         if session_id is not None and session_id in self._entries:
             raise AgentExistsError(f"agent {session_id!r} already exists")
+        await self._sessions.check()  # a store that cannot be written fails before any model call
         try:
             session = self._sessions.prepare_new(
                 session_id, cwd=cwd, parent_session=parent.id if parent is not None else None
@@ -226,13 +228,18 @@ class AgentRegistry:
         """Resume a stored session as a fresh live agent.
 
         Raises:
-            AgentExistsError: the session's agent is live in this process.
+            AgentExistsError: the session's agent is live in this process, or
+                in another one (its log is locked: the cause is a
+                :exc:`SessionLockedError`).
             SessionNotFoundError: nothing is stored under this id.
+            SessionStoreError: the store cannot be written, or the stored
+                log is not a regular file in a real directory of the store.
             SessionCorruptError: the stored log is damaged.
         """
         self._require_factory()
         if session_id in self._entries or self._sessions.get(session_id) is not None:
             raise AgentExistsError(f"agent {session_id!r} is live; dispose it before resuming its session")
+        await self._sessions.check()
         try:
             session = await self._sessions.prepare_resume(session_id)
         except SessionExistsError as exc:

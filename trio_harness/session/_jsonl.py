@@ -5,9 +5,21 @@ Layout under the root::
     <root>/<escaped session id>/session.jsonl
 
 The first line is the header, every later line one event.  No file exists
-before the first flush; the writer only appends, batching lines in memory and
-writing + ``fsync``-ing them at :meth:`flush` (the driver flushes at every turn
-end).  A flush that returned is durable even if the process is killed next.
+before the first flush; that flush writes the header and the first batch to a
+temporary file, syncs it and links it into place, so the log appears whole or
+not at all.  The writer only appends, batching lines in memory and writing +
+``fsync``-ing them at :meth:`flush` (the driver flushes at every turn end).  A
+flush that returned is durable even if the process is killed next.
+
+One writer per session: the writer holds an exclusive ``flock`` on the log from
+the moment the log appears (new sessions) or from :meth:`JsonlPersistence.resume`
+(before the log is read) until it is closed, so a session live in one process
+cannot be resumed in another.
+
+Nothing escapes the root: session directories are opened with ``O_NOFOLLOW``
+and must be real directories, logs must be regular files (a planted symbolic
+link, FIFO or device is refused before any byte is read), reads are bounded by
+``max_log_bytes`` and run on a worker thread that a cancelled caller abandons.
 
 Loading is tolerant exactly where a crash can leave damage and strict
 elsewhere: a torn last line (no newline) is dropped, and so is a bad line after
@@ -23,7 +35,9 @@ import errno
 import fcntl
 import logging
 import os
+import stat
 import string
+import threading
 import urllib.parse
 import uuid
 from collections.abc import Sequence
@@ -38,20 +52,33 @@ from .._errors import (
     SessionCorruptError,
     SessionError,
     SessionExistsError,
+    SessionLockedError,
     SessionNotFoundError,
+    SessionStoreError,
 )
 from ._codec import decode_event, decode_event_line, decode_header, encode_event, encode_header
 from ._events import Event, SessionHeader, TurnEnd
 from ._persistence import LoadedSession
 from ._session import SessionWriter, validate_session_id
 
-__all__ = ["JsonlPersistence", "escape_session_id", "unescape_session_id"]
+__all__ = ["DEFAULT_MAX_LOG_BYTES", "JsonlPersistence", "escape_session_id", "unescape_session_id"]
 
 log = logging.getLogger("trio_harness.session.jsonl")
 
 LOG_NAME = "session.jsonl"
+DEFAULT_MAX_LOG_BYTES = 1 << 30
+"""The default bound on the size of a session log that is read back (1 GiB)."""
+
 _SAFE = frozenset(string.ascii_letters + string.digits + "_-")
 _TURN_END_MARK = b'"type":"turn/end"'
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused by type next).
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_TEMP_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_CHUNK = 1 << 26
+# Longest header line list() reads (an id of 200 characters and a long cwd fit easily).
+_MAX_HEADER_BYTES = 1 << 20
 
 
 def escape_session_id(session_id: str) -> str:
@@ -86,113 +113,208 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+def _pread_all(fd: int, size: int) -> bytes:
+    """The first ``size`` bytes of the file (fewer if it shrank meanwhile)."""
+    chunks = []
+    offset = 0
+    while offset < size:
+        chunk = os.pread(fd, min(size - offset, _READ_CHUNK), offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a special file"
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+@attrs.define(eq=False)
+class _Reader:
+    """Reads a file on a worker thread that a cancelled caller may abandon.
+
+    The file descriptor belongs to the caller until the thread starts reading,
+    and to the thread if the caller gave up meanwhile (the thread closes it
+    when its read returns): it is never closed under a running read (its number
+    could be reused by another open) and never leaked.
+    """
+
+    fd: int
+    size: int
+    _mutex: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+    _started: bool = attrs.field(default=False, init=False)
+    _finished: bool = attrs.field(default=False, init=False)
+    _abandoned: bool = attrs.field(default=False, init=False)
+
+    def run(self) -> bytes:
+        with self._mutex:
+            if self._abandoned:
+                return b""
+            self._started = True
+        try:
+            return _pread_all(self.fd, self.size)
+        finally:
+            if self._finish():
+                os.close(self.fd)
+
+    def _finish(self) -> bool:
+        """Mark the read done; True when the caller abandoned it (the fd is ours to close)."""
+        with self._mutex:
+            self._finished = True
+            return self._abandoned
+
+    def abandon(self) -> bool:
+        """Give up on the read; True when the caller must close the fd itself."""
+        with self._mutex:
+            self._abandoned = True
+            return not self._started or self._finished
+
+
+async def _read_all(fd: int, size: int) -> bytes:
+    """Read ``size`` bytes of ``fd``; on failure or cancellation ``fd`` is closed (now or by the reader)."""
+    reader = _Reader(fd, size)
+    try:
+        return await trio.to_thread.run_sync(reader.run, abandon_on_cancel=True)
+    except BaseException:
+        if reader.abandon():
+            os.close(fd)
+        raise
+
+
 @attrs.define(eq=False)
 class _JsonlWriter:
-    path: Path
+    store: JsonlPersistence
     header: SessionHeader
-    fsync: bool
-    # Byte length to cut the file to before the first append (resume of a torn log).
-    truncate_to: int | None
-    new: bool
-    # Byte length of the file when it was loaded (resume): a file that changed
-    # since then was written by someone else, and appending would duplicate seqs.
-    expected_length: int | None = None
-    # fsync on the event loop's thread instead of a worker thread.
-    inline_fsync: bool = False
-    _buffer: list[str] = attrs.field(factory=list, init=False)
-    _fd: int | None = attrs.field(default=None, init=False)
+    path: Path
+    # The encoded header line, written by the first flush of a new session.
+    _header_line: bytes | None = attrs.field(alias="header_line")
+    # The log, locked; None until the first flush of a new session.
+    _fd: int | None = attrs.field(default=None, alias="fd")
     # Length of the file as far as this writer knows it is good.
-    _length: int = attrs.field(default=0, init=False)
+    _length: int = attrs.field(default=0, alias="length")
+    # Byte length to cut the file to before the first append (resume of a torn log).
+    _truncate_to: int | None = attrs.field(default=None, alias="truncate_to")
+    _buffer: list[str] = attrs.field(factory=list, init=False)
     _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
-    # Written by a flush(sync=False) and not yet fsynced.
-    _unsynced: bool = attrs.field(default=False, init=False)
+    _closed: bool = attrs.field(default=False, init=False)
+    # Why appending is no longer safe (the file's end is unknown), once it is not.
+    _broken: str | None = attrs.field(default=None, init=False)
+    # Lines written by flush(sync=False) and not yet fsynced, and the length
+    # of the file before them: a failed sync cuts them off and buffers them again.
+    _unsynced: list[str] = attrs.field(factory=list, init=False)
+    _synced_length: int = attrs.field(default=0, init=False)
 
     def write(self, event: Event) -> None:
         self._buffer.append(encode_event(event))
 
-    def _open(self) -> int:
-        if self.new:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
-            except FileExistsError:
-                raise SessionExistsError(f"session {self.header.id!r} is already stored at {self.path}") from None
-            self._length = 0
-        else:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise SessionError(f"session {self.header.id!r} is open for writing in another process") from None
-            raise
-        if not self.new:
-            self._length = os.fstat(fd).st_size  # under the lock: nobody appends meanwhile
-            if self.expected_length is not None and self._length != self.expected_length:
-                os.close(fd)
-                raise SessionError(
-                    f"session {self.header.id!r} was written by another writer since it was loaded "
-                    f"({self.path} is {self._length} bytes, was {self.expected_length}); resume it again"
-                )
-            self.expected_length = None  # checked once, at the first open
-        if self.truncate_to is not None and self.truncate_to < self._length:
-            os.ftruncate(fd, self.truncate_to)
-            self._length = self.truncate_to
-        if self.new:
-            header = (encode_header(self.header) + "\n").encode()
-            _write_all(fd, header)
-            self._length = len(header)
-            if self.fsync:
-                os.fsync(fd)
-                # The new file's entry in its directory, and the directory's in the root.
-                for directory in (self.path.parent, self.path.parent.parent):
-                    dir_fd = os.open(directory, os.O_RDONLY)
-                    try:
-                        os.fsync(dir_fd)
-                    finally:
-                        os.close(dir_fd)
-        return fd
-
     async def flush(self, *, sync: bool = True) -> None:
+        inline = self.store.fsync and self.store.inline_fsync
         async with self._lock:
-            if not self._buffer:
-                if sync and self._unsynced:
-                    await self._sync()
+            if not self._buffer and not (sync and self._unsynced):
                 return
+            if self._closed or self._broken is not None:
+                reason = "its writer is closed" if self._closed else self._broken
+                count = len(self._buffer) + len(self._unsynced)
+                raise SessionStoreError(
+                    f"cannot write {count} events of session {self.header.id!r} to {self.path}: {reason}",
+                    path=str(self.path),
+                    session_id=self.header.id,
+                )
             lines = self._buffer
             self._buffer = []
             try:
                 if self._fd is None:
-                    self._fd = self._open()
-                data = ("\n".join(lines) + "\n").encode("utf-8")
-                try:
-                    _write_all(self._fd, data)
-                except BaseException:
-                    os.ftruncate(self._fd, self._length)  # never leave half a batch behind
-                    raise
-                self._length += len(data)
-            except BaseException:
-                self._buffer[:0] = lines
-                raise
-            self._unsynced = True
-            if sync:
-                await self._sync()
+                    await self._create(lines, inline)
+                else:
+                    await self._append(self._fd, lines, inline, sync)
+            except OSError as exc:
+                raise SessionStoreError(
+                    f"cannot write session {self.header.id!r} to {self.path}: {_reason(exc)}",
+                    path=str(self.path),
+                    session_id=self.header.id,
+                ) from exc
+        if inline:
+            await trio.lowlevel.checkpoint()
 
-    async def _sync(self) -> None:
-        assert self._fd is not None
-        if self.fsync:
-            if self.inline_fsync:
-                os.fsync(self._fd)
-                await trio.lowlevel.checkpoint()
+    async def _create(self, lines: list[str], inline: bool) -> None:
+        """The first flush, always durable: the log appears whole, locked before it appears."""
+        assert self._header_line is not None
+        content = self._header_line + ("\n".join(lines) + "\n").encode("utf-8")
+        try:
+            if self.store.fsync and not inline:
+                fd = await trio.to_thread.run_sync(self.store._store_new_log, self.header.id, content)
             else:
-                await trio.to_thread.run_sync(os.fsync, self._fd)
-        self._unsynced = False
+                fd = self.store._store_new_log(self.header.id, content)
+        except BaseException:
+            self._buffer[:0] = lines
+            raise
+        self._fd, self._header_line = fd, None
+        self._length = self._synced_length = len(content)
+        self.store._held.add(self.header.id)
+
+    async def _append(self, fd: int, lines: list[str], inline: bool, sync: bool) -> None:
+        """Write ``lines`` (and fsync with ``sync``); on failure everything unsynced is cut off and buffered again."""
+        if self._truncate_to is not None:
+            os.ftruncate(fd, self._truncate_to)
+            self._length = self._synced_length = self._truncate_to
+            self._truncate_to = None
+        start = self._length
+        try:
+            if lines:
+                data = ("\n".join(lines) + "\n").encode("utf-8")
+                _write_all(fd, data)
+                self._length = start + len(data)
+            if sync and self.store.fsync:
+                if inline:
+                    os.fsync(fd)
+                else:
+                    await trio.to_thread.run_sync(os.fsync, fd)
+        except BaseException:
+            # Never leave half a batch, or an unsynced one, behind.
+            self._rewind(fd, self._synced_length)
+            self._length = self._synced_length
+            self._buffer[:0] = [*self._unsynced, *lines]
+            self._unsynced = []
+            raise
+        if sync:
+            self._synced_length = self._length
+            self._unsynced = []
+        else:
+            self._unsynced.extend(lines)
+
+    def _rewind(self, fd: int, length: int) -> None:
+        try:
+            os.ftruncate(fd, length)
+        except OSError as exc:
+            self._broken = (
+                f"the log could not be cut back to its last good length ({_reason(exc)}) after a failed write; "
+                "resume the session to continue from what is stored"
+            )
 
     def close(self) -> None:
+        self._closed = True
+        self._buffer = []
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+            self.store._held.discard(self.header.id)
 
 
 def _absolute_path(path: str | os.PathLike[str]) -> Path:
@@ -211,12 +333,16 @@ class JsonlPersistence:
             cost of blocking the loop while the disk syncs: worth it for a
             process with few agents on a fast local disk, not on a slow or
             network file system.  Off by default.
+        max_log_bytes: the largest log :meth:`load` and :meth:`resume` read
+            (a larger one is a :exc:`SessionStoreError`); 1 GiB by default.
     """
 
     root: Path = attrs.field(converter=_absolute_path)
     fsync: bool = True
     inline_fsync: bool = False
-    _writers: dict[str, _JsonlWriter] = attrs.field(factory=dict, init=False)
+    max_log_bytes: int = DEFAULT_MAX_LOG_BYTES
+    # Ids whose log a writer of this object holds locked.
+    _held: set[str] = attrs.field(factory=set, init=False)
 
     def path_of(self, session_id: str) -> Path:
         """The log file of ``session_id`` (which need not exist)."""
@@ -226,88 +352,388 @@ class JsonlPersistence:
             raise InvalidSessionIdError(f"session id {session_id!r} escapes the store root")
         return path
 
-    def exists(self, session_id: str) -> bool:
-        """Whether a log file is stored for this id."""
-        return self.path_of(session_id).is_file()
+    async def check(self) -> None:
+        """Check that the root is (or can be created as) a writable directory.
 
-    def list(self) -> list[SessionHeader]:
-        """Headers of every stored session, oldest first; unreadable ones are logged and skipped."""
-        headers = []
-        if not self.root.is_dir():
-            return []
-        for entry in self.root.iterdir():
-            path = entry / LOG_NAME
-            if not path.is_file():
-                continue
+        Nothing is created.
+
+        Raises:
+            SessionStoreError: the root, or the nearest existing directory it
+                would be created in, is not a directory or not writable.
+        """
+        target = self.root
+        while True:
             try:
-                with path.open("rb") as f:
-                    first = f.readline()
-                if not first.endswith(b"\n"):
-                    continue  # header never completed: nothing committed
-                headers.append(decode_header(first))
-            except (OSError, SessionError) as exc:
-                log.warning("skipping unreadable session log %s: %s", path, exc)
-        return sorted(headers, key=lambda h: (h.created_at, h.id))
+                info = os.stat(target)
+                break
+            except (FileNotFoundError, NotADirectoryError):
+                target = target.parent  # "/" always exists
+            except OSError as exc:
+                raise SessionStoreError(
+                    f"the session store {self.root} cannot be used: {target}: {_reason(exc)}", path=str(self.root)
+                ) from exc
+        where = "" if target == self.root else f"cannot be created: {target} "
+        if not stat.S_ISDIR(info.st_mode):
+            what = f"is {_kind(info.st_mode)}, not a directory"
+            advice = "pass a directory path (it is created if missing)"
+            raise SessionStoreError(f"the session store {self.root} {where}{what}; {advice}", path=str(self.root))
+        effective = os.access in os.supports_effective_ids
+        if not os.access(target, os.W_OK | os.X_OK, effective_ids=effective):
+            raise SessionStoreError(
+                f"the session store {self.root} {where}is not writable; pass a directory this process can write to",
+                path=str(self.root),
+            )
 
-    async def load(self, session_id: str) -> LoadedSession:
-        """Read a stored session back (see the module docs for what is tolerated)."""
+    def exists(self, session_id: str) -> bool:
+        """Whether something is stored as this id's log (in a real directory)."""
         path = self.path_of(session_id)
         try:
-            data = await trio.to_thread.run_sync(path.read_bytes)
-        except FileNotFoundError:
-            raise SessionNotFoundError(f"no stored session {session_id!r} (looked for {path})") from None
-        loaded = parse_log(data, str(path))
-        if loaded.header.id != session_id:
-            # A copied or renamed directory: resuming it would append to the other session's file.
-            raise SessionCorruptError(
-                f"{path}:1: the header names session {loaded.header.id!r}, but the log is stored as {session_id!r}",
-                path=str(path),
-                line=1,
-            )
-        return loaded
+            if not stat.S_ISDIR(os.lstat(path.parent).st_mode):
+                return False
+            os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError as exc:
+            raise SessionStoreError(
+                f"cannot look up session {session_id!r} at {path}: {_reason(exc)}", path=str(path)
+            ) from exc
+        return True
 
-    def open_writer(self, header: SessionHeader, loaded: LoadedSession | None) -> SessionWriter:
-        """A writer appending to the session's log file."""
+    def list(self) -> list[SessionHeader]:
+        """Headers of every stored session, oldest first; unreadable ones are logged and skipped.
+
+        Symbolic links and special files are skipped (and logged), never followed or read.
+        """
+        try:
+            root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as exc:
+            raise SessionStoreError(
+                f"cannot list the session store {self.root}: {_reason(exc)}", path=str(self.root)
+            ) from exc
+        headers = []
+        try:
+            with os.scandir(root_fd) as entries:
+                names = [entry.name for entry in entries if not entry.name.startswith(".")]
+            for name in names:
+                header = self._read_header(root_fd, name)
+                if header is not None:
+                    headers.append(header)
+        finally:
+            os.close(root_fd)
+        return sorted(headers, key=lambda h: (h.created_at, h.id))
+
+    def _read_header(self, root_fd: int, name: str) -> SessionHeader | None:
+        path = self.root / name / LOG_NAME
+        try:
+            dir_fd = os.open(name, _DIR_FLAGS, dir_fd=root_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                log.warning(
+                    "skipping %s: it is not a session directory but %s", path.parent, self._describe(path.parent)
+                )
+            elif exc.errno != errno.ENOENT:
+                log.warning("skipping unreadable session directory %s: %s", path.parent, _reason(exc))
+            return None
+        try:
+            fd = os.open(LOG_NAME, _READ_FLAGS, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return None  # an empty directory: nothing stored
+        except OSError as exc:
+            log.warning("skipping unreadable session log %s: %s", path, _reason(exc))
+            return None
+        finally:
+            os.close(dir_fd)
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                log.warning("skipping %s: it is %s, not a regular file", path, _kind(mode))
+                return None
+            first = b""
+            while b"\n" not in first and len(first) < _MAX_HEADER_BYTES:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                first += chunk
+            line, newline, _ = first.partition(b"\n")
+            if not newline:
+                return None  # header never completed: nothing committed
+            return decode_header(line)
+        except (OSError, SessionError) as exc:
+            log.warning("skipping unreadable session log %s: %s", path, exc)
+            return None
+        finally:
+            os.close(fd)
+
+    async def load(self, session_id: str) -> LoadedSession:
+        """Read a stored session back (see the module docs for what is tolerated).
+
+        Raises:
+            SessionNotFoundError: nothing is stored under this id.
+            SessionCorruptError: the log is damaged before its last committed turn.
+            SessionStoreError: the session directory or log is not what this
+                store writes (a symbolic link, a special file), is larger than
+                ``max_log_bytes``, or cannot be read.
+        """
+        fd, size, path = self._open_log(session_id, write=False)
+        data = await _read_all(fd, size)
+        os.close(fd)
+        return self._parse(data, str(path), session_id)
+
+    def open_writer(self, header: SessionHeader) -> SessionWriter:
+        """A writer for a new session; the log appears, whole and locked, at its first flush.
+
+        Raises:
+            SessionStoreError: the session's directory is taken by something
+                that is not a directory (e.g. a symbolic link).
+            SessionError: the header cannot be encoded.
+        """
         path = self.path_of(header.id)
-        truncate = loaded.valid_length if loaded is not None and loaded.dropped_tail else None
-        expected = loaded.valid_length + loaded.dropped_tail if loaded is not None else None
-        return _JsonlWriter(
-            path=path,
-            header=header,
-            fsync=self.fsync,
-            truncate_to=truncate,
-            new=loaded is None,
-            expected_length=expected,
-            inline_fsync=self.inline_fsync,
+        try:
+            info = os.lstat(path.parent)
+        except (FileNotFoundError, NotADirectoryError):
+            pass  # created at the first flush (check() reports a root that is not a directory)
+        except OSError as exc:
+            raise SessionStoreError(
+                f"cannot look up session {header.id!r} at {path.parent}: {_reason(exc)}", path=str(path.parent)
+            ) from exc
+        else:
+            if not stat.S_ISDIR(info.st_mode):
+                raise self._not_a_directory(header.id, path.parent)
+        try:
+            line = (encode_header(header) + "\n").encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise SessionError(f"the header of session {header.id!r} cannot be stored: {exc}") from exc
+        return _JsonlWriter(self, header, path, header_line=line)
+
+    async def resume(self, session_id: str) -> tuple[LoadedSession, SessionWriter]:
+        """Lock the session's log, then read it; the writer holds the lock until closed.
+
+        Raises:
+            SessionLockedError: another writer holds the log (the session is
+                live in another process, or being resumed in this one).
+            SessionNotFoundError: nothing is stored under this id.
+            SessionCorruptError: the log is damaged before its last committed turn.
+            SessionStoreError: as for :meth:`load`, or the log cannot be
+                opened for writing.
+        """
+        fd, size, path = self._open_log(session_id, write=True)
+        self._held.add(session_id)
+        try:
+            data = await _read_all(fd, size)
+        except BaseException:
+            self._held.discard(session_id)
+            raise
+        try:
+            loaded = self._parse(data, str(path), session_id)
+        except BaseException:
+            os.close(fd)
+            self._held.discard(session_id)
+            raise
+        writer = _JsonlWriter(
+            self,
+            loaded.header,
+            path,
+            header_line=None,
+            fd=fd,
+            length=len(data),
+            truncate_to=loaded.valid_length if loaded.dropped_tail else None,
         )
+        return loaded, writer
 
     async def save(self, header: SessionHeader, events: Sequence[Event]) -> None:
         """Write a whole new session at once (atomically, via a temporary file)."""
         path = self.path_of(header.id)
         lines = [encode_header(header), *(encode_event(e) for e in events)]
         data = ("\n".join(lines) + "\n").encode("utf-8")
+        try:
+            fd = await trio.to_thread.run_sync(self._store_new_log, header.id, data)
+            os.close(fd)
+        except OSError as exc:
+            raise SessionStoreError(
+                f"cannot write session {header.id!r} to {path}: {_reason(exc)}", path=str(path)
+            ) from exc
 
-        def write() -> None:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            if path.exists():
-                raise SessionExistsError(f"session {header.id!r} is already stored at {path}")
-            # A name of its own: a concurrent save of the same id must not truncate this one.
-            tmp = path.with_name(f".{LOG_NAME}.{uuid.uuid4().hex}.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    # ------------------------------------------------------------ internals
+
+    def _describe(self, path: Path) -> str:
+        try:
+            return _kind(os.lstat(path).st_mode)
+        except OSError as exc:
+            return f"unreadable ({_reason(exc)})"
+
+    def _not_a_directory(self, session_id: str, directory: Path) -> SessionStoreError:
+        try:
+            kind = _kind(os.lstat(directory).st_mode)
+        except OSError:
+            return SessionStoreError(f"the session store {self.root} is not a directory", path=str(self.root))
+        return SessionStoreError(
+            f"{directory} is {kind}, not a directory; refusing to use it for session {session_id!r} "
+            "(this store never creates one: remove it, or use another session id)",
+            path=str(directory),
+        )
+
+    def _open_log(self, session_id: str, *, write: bool) -> tuple[int, int, Path]:
+        """Open (and with ``write`` lock) a stored log; returns ``(fd, size, path)``."""
+        path = self.path_of(session_id)
+        try:
+            dir_fd = os.open(path.parent, _DIR_FLAGS)
+        except FileNotFoundError:
+            raise SessionNotFoundError(f"no stored session {session_id!r} (looked for {path})") from None
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise self._not_a_directory(session_id, path.parent) from None
+            raise SessionStoreError(
+                f"cannot open the directory of session {session_id!r}, {path.parent}: {_reason(exc)}",
+                path=str(path.parent),
+            ) from exc
+        try:
+            fd = os.open(LOG_NAME, _APPEND_FLAGS if write else _READ_FLAGS, dir_fd=dir_fd)
+        except FileNotFoundError:
+            raise SessionNotFoundError(f"no stored session {session_id!r} (looked for {path})") from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise SessionStoreError(
+                    f"{path} is a symbolic link; refusing to follow it (the log of session {session_id!r} "
+                    "must be a regular file)",
+                    path=str(path),
+                ) from None
+            raise SessionStoreError(
+                f"cannot open the log of session {session_id!r}, {path}: {_reason(exc)}", path=str(path)
+            ) from exc
+        finally:
+            os.close(dir_fd)
+        try:
+            if write:
+                self._lock(fd, session_id, path)
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise SessionStoreError(
+                    f"{path} is {_kind(info.st_mode)}, not a regular file; refusing to read it as the log of "
+                    f"session {session_id!r}",
+                    path=str(path),
+                )
+            if info.st_size > self.max_log_bytes:
+                raise SessionStoreError(
+                    f"{path} is {info.st_size:,} bytes, more than the {self.max_log_bytes:,} bytes this store reads "
+                    "(raise JsonlPersistence(max_log_bytes=...) to load it)",
+                    path=str(path),
+                )
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, info.st_size, path
+
+    def _lock(self, fd: int, session_id: str, path: Path) -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if session_id in self._held:
+                where = "is already live or being resumed in this process"
+                advice = "dispose its agent first"
+            else:
+                where = "is live in another process"
+                advice = "stop it there before resuming it here"
+            raise SessionLockedError(
+                f"session {session_id!r} {where} ({path} is locked by its writer); {advice}", path=str(path)
+            ) from None
+        except OSError as exc:
+            raise SessionStoreError(
+                f"cannot lock the log of session {session_id!r}, {path}: {_reason(exc)}", path=str(path)
+            ) from exc
+
+    def _parse(self, data: bytes, path: str, session_id: str) -> LoadedSession:
+        loaded = parse_log(data, path)
+        if loaded.header.id != session_id:
+            # A copied or renamed directory: resuming it would append to the other session's file.
+            raise SessionCorruptError(
+                f"{path}:1: the header names session {loaded.header.id!r}, but the log is stored as {session_id!r}",
+                path=path,
+                line=1,
+            )
+        return loaded
+
+    def _store_new_log(self, session_id: str, content: bytes) -> int:
+        """Make ``content`` the log of a new session, atomically (blocking; any thread).
+
+        The content is written to a temporary file in the session directory,
+        synced and linked into place (refused if a log exists), then the
+        directory is synced.  Returns the log's descriptor, holding the lock
+        taken on the temporary file before anyone could see it (``flock``
+        locks the file, not the name).  On failure nothing is left behind: no log, no temporary file, no
+        descriptor, and a directory created for it is removed again.
+
+        Raises:
+            SessionExistsError: a log is stored under this id already.
+            SessionStoreError: the session directory is a symbolic link or not a directory.
+            OSError: the file system refused a step.
+        """
+        path = self.path_of(session_id)
+        name = path.parent.name
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise SessionStoreError(f"the session store {self.root} is not a directory", path=str(self.root)) from None
+        root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        created_dir = False
+        dir_fd = fd = temp = None
+        linked = False
+        try:
             try:
-                _write_all(fd, data)
-                if self.fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            try:
-                os.link(tmp, path)  # fails if the log appeared meanwhile
+                os.mkdir(name, 0o700, dir_fd=root_fd)
+                created_dir = True
             except FileExistsError:
-                raise SessionExistsError(f"session {header.id!r} is already stored at {path}") from None
-            finally:
-                tmp.unlink()
-
-        await trio.to_thread.run_sync(write)
+                pass
+            try:
+                dir_fd = os.open(name, _DIR_FLAGS, dir_fd=root_fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise self._not_a_directory(session_id, path.parent) from None
+                raise
+            # A name of its own: a concurrent create of the same id must not touch this one.
+            temp = f".{LOG_NAME}.{uuid.uuid4().hex}.tmp"
+            fd = os.open(temp, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh inode: nobody else has it
+            _write_all(fd, content)
+            if self.fsync:
+                os.fsync(fd)
+            try:
+                os.link(temp, LOG_NAME, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # fails if a log exists
+            except FileExistsError:
+                raise SessionExistsError(f"session {session_id!r} is already stored at {path}") from None
+            linked = True
+            os.unlink(temp, dir_fd=dir_fd)
+            temp = None
+            if self.fsync:
+                os.fsync(dir_fd)  # the log's entry in its directory
+                if created_dir:
+                    os.fsync(root_fd)  # and the directory's in the root
+        except BaseException:
+            if linked:
+                try:
+                    os.unlink(LOG_NAME, dir_fd=dir_fd)
+                except OSError:
+                    pass
+            if temp is not None:
+                try:
+                    os.unlink(temp, dir_fd=dir_fd)
+                except OSError:
+                    pass
+            if fd is not None:
+                os.close(fd)
+            if created_dir:
+                try:
+                    os.rmdir(name, dir_fd=root_fd)  # only if still empty
+                except OSError:
+                    pass
+            raise
+        finally:
+            if dir_fd is not None:
+                os.close(dir_fd)
+            os.close(root_fd)
+        assert fd is not None
+        return fd
 
 
 def parse_log(data: bytes, path: str) -> LoadedSession:

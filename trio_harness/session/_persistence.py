@@ -7,7 +7,7 @@ from typing import Protocol
 
 import attrs
 
-from .._errors import SessionExistsError, SessionNotFoundError
+from .._errors import SessionExistsError, SessionLockedError, SessionNotFoundError, SessionStoreError
 from ._events import Event, SessionHeader
 from ._session import SessionWriter, validate_session_id
 
@@ -33,7 +33,20 @@ class LoadedSession:
 
 
 class SessionPersistence(Protocol):
-    """Where sessions are stored.  Implementations: memory and JSONL directory."""
+    """Where sessions are stored.  Implementations: memory and JSONL directory.
+
+    One writer at a time: a session is *held* by the writer that created it
+    (from its first successful flush) or resumed it (from :meth:`resume`) until
+    that writer is closed; nobody else can resume it meanwhile.
+    """
+
+    async def check(self) -> None:
+        """Check that sessions can be stored here (run before any model call).
+
+        Raises:
+            SessionStoreError: naming the store and what is wrong with it.
+        """
+        ...
 
     def exists(self, session_id: str) -> bool:
         """Whether a session with this id is stored."""
@@ -44,7 +57,7 @@ class SessionPersistence(Protocol):
         ...
 
     async def load(self, session_id: str) -> LoadedSession:
-        """Read a stored session.
+        """Read a stored session (read-only: it may be live elsewhere).
 
         Raises:
             SessionNotFoundError: nothing is stored under this id.
@@ -52,8 +65,27 @@ class SessionPersistence(Protocol):
         """
         ...
 
-    def open_writer(self, header: SessionHeader, loaded: LoadedSession | None) -> SessionWriter:
-        """A writer appending to this session (``loaded`` when resuming)."""
+    def open_writer(self, header: SessionHeader) -> SessionWriter:
+        """A writer for a new session; nothing is stored before its first flush.
+
+        That flush stores the header and the buffered events together, or
+        fails with :exc:`SessionExistsError` when another writer stored the id
+        meanwhile.  A writer closed before any flush leaves nothing behind.
+        """
+        ...
+
+    async def resume(self, session_id: str) -> tuple[LoadedSession, SessionWriter]:
+        """Take a stored session for writing and read it.
+
+        The returned writer holds the session until it is closed; the log is
+        read after the session was taken, so nobody can append in between.
+
+        Raises:
+            SessionLockedError: another writer holds the session (it is live
+                in another process).
+            SessionNotFoundError: nothing is stored under this id.
+            SessionCorruptError: the log is damaged before its last committed turn.
+        """
         ...
 
     async def save(self, header: SessionHeader, events: Sequence[Event]) -> None:
@@ -69,25 +101,53 @@ class SessionPersistence(Protocol):
 class _MemoryWriter:
     store: MemoryPersistence
     header: SessionHeader
+    # The events stored already (resume); None until the first flush of a new session.
+    _record: list[Event] | None
+    _buffer: list[Event] = attrs.field(factory=list, init=False)
+    _closed: bool = attrs.field(default=False, init=False)
 
     def write(self, event: Event) -> None:
-        record = self.store._sessions.get(self.header.id)
-        if record is None:  # no entry before the first append
-            record = self.store._sessions[self.header.id] = (self.header, [])
-        record[1].append(event)
+        self._buffer.append(event)
 
     async def flush(self, *, sync: bool = True) -> None:
-        return None
+        if not self._buffer:
+            return
+        if self._closed:
+            raise SessionStoreError(f"the writer of session {self.header.id!r} is closed", path=None)
+        if self._record is None:
+            # The record appears only now, whole: nothing of a discarded
+            # preparation ever reaches it.
+            if self.header.id in self.store._sessions:
+                raise SessionExistsError(f"session {self.header.id!r} is already stored")
+            self._record = list(self._buffer)
+            self.store._sessions[self.header.id] = (self.header, self._record)
+            self.store._held[self.header.id] = self
+        else:
+            self._record.extend(self._buffer)
+        self._buffer = []
 
     def close(self) -> None:
-        return None
+        self._closed = True
+        self._buffer = []
+        if self.store._held.get(self.header.id) is self:
+            del self.store._held[self.header.id]
 
 
 @attrs.define(eq=False)
 class MemoryPersistence:
-    """Sessions kept in this process's memory (tests, examples, ephemeral agents)."""
+    """Sessions kept in this process's memory (tests, examples, ephemeral agents).
+
+    Like the JSONL store, a new session's record appears at its first flush,
+    and a session is held by one writer at a time (two harnesses sharing this
+    object cannot both resume it).
+    """
 
     _sessions: dict[str, tuple[SessionHeader, list[Event]]] = attrs.field(factory=dict, init=False)
+    # Session id -> the writer holding it.
+    _held: dict[str, _MemoryWriter] = attrs.field(factory=dict, init=False)
+
+    async def check(self) -> None:
+        """Nothing to check: memory is always writable."""
 
     def exists(self, session_id: str) -> bool:
         """Whether a session with this id is stored."""
@@ -105,9 +165,21 @@ class MemoryPersistence:
             raise SessionNotFoundError(f"no stored session {session_id!r}")
         return LoadedSession(header=record[0], events=tuple(record[1]))
 
-    def open_writer(self, header: SessionHeader, loaded: LoadedSession | None) -> SessionWriter:
-        """A writer appending to the in-memory record."""
-        return _MemoryWriter(self, header)
+    def open_writer(self, header: SessionHeader) -> SessionWriter:
+        """A writer buffering in memory; the record is created at its first flush."""
+        return _MemoryWriter(self, header, None)
+
+    async def resume(self, session_id: str) -> tuple[LoadedSession, SessionWriter]:
+        """Take a stored session and return it with a writer appending to its record."""
+        loaded = await self.load(session_id)
+        if session_id in self._held:
+            raise SessionLockedError(
+                f"session {session_id!r} is already live in another harness using this store",
+                path=":memory:",
+            )
+        writer = _MemoryWriter(self, loaded.header, self._sessions[session_id][1])
+        self._held[session_id] = writer
+        return loaded, writer
 
     async def save(self, header: SessionHeader, events: Sequence[Event]) -> None:
         """Store a whole session at once."""

@@ -171,8 +171,14 @@ class Session:
         try:
             await self._writer.flush(sync=sync)
         except SessionStoreError as exc:
-            self._store_failure = exc
-            raise
+            if exc.session_id == self.id:
+                self._store_failure = exc
+                raise
+            failure = SessionStoreError(
+                f"session {self.id!r} could not be stored: {exc}", session_id=self.id, path=exc.path
+            )
+            self._store_failure = failure
+            raise failure from exc
         except (OSError, HarnessError) as exc:
             failure = SessionStoreError(
                 f"session {self.id!r} could not be stored: {exc}",

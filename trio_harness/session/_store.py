@@ -55,6 +55,14 @@ class SessionStore:
 
     # ------------------------------------------------------------ prepare
 
+    async def check(self) -> None:
+        """Check that the persistence can store sessions (before any model call).
+
+        Raises:
+            SessionStoreError: naming the store and what is wrong with it.
+        """
+        await self.persistence.check()
+
     def prepare_new(
         self, session_id: str | None = None, *, cwd: str | None = None, parent_session: str | None = None
     ) -> Session:
@@ -63,6 +71,8 @@ class SessionStore:
         Raises:
             InvalidSessionIdError: the id is unusable.
             SessionExistsError: a session with this id is live or already stored.
+            SessionStoreError: the store cannot hold this id (e.g. a symbolic
+                link is planted where its directory belongs).
         """
         session_id = validate_session_id(session_id if session_id is not None else uuid.uuid4().hex)
         if session_id in self._live:
@@ -75,32 +85,40 @@ class SessionStore:
             cwd=cwd if cwd is not None else os.getcwd(),
             parent_session=parent_session,
         )
-        writer = self.persistence.open_writer(header, None)
+        writer = self.persistence.open_writer(header)
         session = Session(header=header, events=[], writer=writer, clock=self.clock)
         self._writers[session] = writer
         return session
 
     async def prepare_resume(self, session_id: str) -> Session:
-        """Load a stored session, closing a turn that died mid-way, without making it live.
+        """Take and load a stored session, closing a turn that died mid-way, without making it live.
+
+        The session is held (its log locked, for the JSONL store) from before
+        it is read until it is discarded or detached, so no other process can
+        resume it meanwhile.
 
         Raises:
             SessionExistsError: the session is live in this process.
+            SessionLockedError: another writer holds it (live in another process).
             SessionNotFoundError: nothing is stored under this id.
             SessionCorruptError: the stored log is damaged.
         """
         validate_session_id(session_id)
         if session_id in self._live:
             raise SessionExistsError(f"session {session_id!r} is live; dispose its agent before resuming it")
-        loaded = await self.persistence.load(session_id)
-        writer = self.persistence.open_writer(loaded.header, loaded)
-        session = Session(header=loaded.header, events=list(loaded.events), writer=writer, clock=self.clock)
+        loaded, writer = await self.persistence.resume(session_id)
+        try:
+            session = Session(header=loaded.header, events=list(loaded.events), writer=writer, clock=self.clock)
+            for cls, fields in closers_for(session.events):
+                session.append(cls, **fields)
+        except BaseException:
+            writer.close()  # releases the session's lock
+            raise
         self._writers[session] = writer
-        for cls, fields in closers_for(session.events):
-            session.append(cls, **fields)
         return session
 
     def discard(self, session: Session) -> None:
-        """Drop a prepared session that will never be entered."""
+        """Drop a prepared session that will never be entered (releasing its lock; nothing is stored)."""
         writer = self._writers.pop(session, None)
         if writer is not None:
             writer.close()
