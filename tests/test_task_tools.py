@@ -432,6 +432,147 @@ async def test_one_notice_per_task(tasks: TaskService, root: Scope, toolset: Too
     assert len(owner.notices) == 1
 
 
+# ---------------------------------------------------------------- delivery races: exactly once
+
+
+@pytest.mark.parametrize("order", ["settle-then-timeout", "timeout-then-settle"])
+async def test_wait_timeout_coinciding_with_completion_delivers_once(
+    tasks: TaskService, root: Scope, toolset: ToolSet, autojump_clock: trio.testing.MockClock, order: str
+) -> None:
+    """The task ends at the instant a task_output wait times out: the read or a notice, never both or neither."""
+    await load(root, tasks, toolset)
+    owner = await make_owner(root)
+    release = trio.Event()
+
+    async def done() -> TaskOutcome:
+        if order == "settle-then-timeout":
+            # Forced: the task ends once the wait's timeout has elapsed, in the
+            # same step, before the run loop processes that timeout.
+            await trio.sleep(0.5)
+            autojump_clock.jump(0.5)
+        else:
+            # Forced: released by a task woken by the same deadline as the
+            # wait, so the wait has returned before this settles.
+            await release.wait()
+        return TaskOutcome("completed", output="result")
+
+    async def run() -> TaskHooks:
+        return TaskHooks(cancel=lambda reason: None, done=done)
+
+    async def release_at_the_timeout() -> None:
+        await trio.sleep(1.0)
+        release.set()
+
+    await tasks.start(TaskSpec("job", "job", owner, run))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(release_at_the_timeout)
+        read = await call(toolset, owner, "task_output", task_id="job-1", wait=True, timeout_ms=1000)
+    await settle()
+    assert trio.current_time() == 1.0
+    delivered_by_read = read.content == "result\n[status: completed]"
+    assert delivered_by_read != (len(owner.notices) == 1)
+    if order == "settle-then-timeout":
+        assert delivered_by_read and owner.notices == []
+    else:
+        assert read.content == "[status: running]"
+        assert len(owner.notices) == 1 and 'task_output("job-1")' in owner.notices[0]
+
+
+@pytest.mark.parametrize("order", ["cancel-then-settle", "settle-then-cancel"])
+async def test_a_cancelled_wait_racing_completion_delivers_once(
+    tasks: TaskService, root: Scope, toolset: ToolSet, order: str
+) -> None:
+    """A task_output wait cancelled in the step its task settles: the result or a notice, exactly one."""
+    await load(root, tasks, toolset)
+    owner = await make_owner(root)
+    release = trio.Event()
+    turn = trio.CancelScope()
+
+    async def done() -> TaskOutcome:
+        await release.wait()
+        if order == "cancel-then-settle":
+            turn.cancel()  # no checkpoint between this cancel and the settlement
+        return TaskOutcome("completed", output="result")
+
+    async def run() -> TaskHooks:
+        return TaskHooks(cancel=lambda reason: None, done=done)
+
+    await tasks.start(TaskSpec("job", "job", owner, run))
+    if order == "settle-then-cancel":
+        tasks.on_task_done(lambda snapshot: turn.cancel())
+    reads: list[ToolOutput] = []
+
+    async def model_turn() -> None:
+        with turn:
+            reads.append(await call(toolset, owner, "task_output", task_id="job-1", wait=True))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(model_turn)
+        await settle()
+        release.set()
+    await settle()
+    delivered_by_read = [r.content for r in reads] == ["result\n[status: completed]"]
+    assert delivered_by_read != (len(owner.notices) == 1)
+    assert delivered_by_read == (order == "settle-then-cancel")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cancel_before=st.lists(st.booleans(), min_size=1, max_size=4))
+def test_waiters_cancelled_around_settlement_deliver_exactly_once(cancel_before: list[bool]) -> None:
+    """Several waiters, each cancelled just before or just after settlement (all in one step).
+
+    The task is reported exactly when some waiter returned the result; else
+    exactly one notice is sent.
+    """
+
+    async def scenario() -> None:
+        async with open_task_service() as tasks, open_scope("test") as root:
+            toolset = ToolSet()
+            await load(root, tasks, toolset)
+            owner = await make_owner(root)
+            release = trio.Event()
+            scopes = [trio.CancelScope() for _ in cancel_before]
+
+            async def done() -> TaskOutcome:
+                await release.wait()
+                for scope, before in zip(scopes, cancel_before, strict=True):
+                    if before:
+                        scope.cancel()
+                return TaskOutcome("completed")
+
+            async def run() -> TaskHooks:
+                return TaskHooks(cancel=lambda reason: None, done=done)
+
+            await tasks.start(TaskSpec("job", "job", owner, run))
+            settled: list[TaskSnapshot] = []
+
+            def after_settlement(snapshot: TaskSnapshot) -> None:
+                settled.append(snapshot)
+                for scope in scopes:
+                    scope.cancel()
+
+            tasks.on_task_done(after_settlement)
+            returned: list[TaskSnapshot] = []
+
+            async def waiter(scope: trio.CancelScope) -> None:
+                with scope:
+                    returned.append(await tasks.wait("job-1", 100, owner))
+
+            async with trio.open_nursery() as nursery:
+                for scope in scopes:
+                    nursery.start_soon(waiter, scope)
+                await settle()
+                release.set()
+            await settle()
+            assert len(returned) == cancel_before.count(False)
+            assert all(s.status == "completed" for s in returned)
+            # Delivered to a waiter at settlement exactly when a waiter returned it.
+            assert [s.reported for s in settled] == [bool(returned)]
+            assert len(owner.notices) == (0 if returned else 1)
+
+    trio.run(scenario)
+
+
 async def test_no_notice_for_owner_disposal(tasks: TaskService, root: Scope, toolset: ToolSet) -> None:
     await load(root, tasks, toolset)
     owner = await make_owner(root)

@@ -72,47 +72,6 @@ async def test_bash_spawn_racing_owner_disposal_leaves_no_process(monkeypatch: p
         assert not group_alive(pgid)
 
 
-# ---------------------------------------------------------------- task_output racing completion
-
-
-async def test_wait_timeout_coinciding_with_completion_delivers_once(autojump_clock: object) -> None:
-    """The task ends at the very moment the wait times out: the read gets it and no notice follows."""
-
-    async def run() -> TaskHooks:
-        finished = trio.Event()
-
-        async def done() -> TaskOutcome:
-            with trio.move_on_after(1.0):
-                await finished.wait()
-            return TaskOutcome("completed", output="result")
-
-        return TaskHooks(cancel=lambda reason: finished.set(), done=done)
-
-    model = ScriptedModel(
-        [
-            {
-                "tool_calls": [
-                    {"name": "task_output", "arguments": {"task_id": "job-1", "wait": True, "timeout_ms": 1000}}
-                ]
-            },
-            {"text": "ok"},
-        ]
-    )
-    async with open_test_harness(model, builtin_tools=["tasks"]) as h, h.agents.open() as agent:
-        await h.tasks.start(TaskSpec(kind="job", label="job", owner=agent, run=run))
-        agent.followup("go")
-        await agent.when_idle()
-        await trio.sleep(5)
-        await agent.when_idle()
-        (read,) = results(agent.session)
-        delivered_by_read = "[status: completed" in read.content
-        if delivered_by_read:
-            assert "result" in read.content
-        # Exactly one delivery: the read, or else one notice (logged, or parked in the inbox).
-        parked = [m for m in (*agent.inbox.next_step, *agent.inbox.next_turn) if "job-1" in m.text]
-        assert len(notices(agent.session, "job-1")) + len(parked) == (0 if delivered_by_read else 1)
-
-
 # ---------------------------------------------------------------- ACP
 
 
