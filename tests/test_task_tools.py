@@ -15,9 +15,11 @@ from _task_fakes import FakeOwner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trio_harness import ScriptedModel
 from trio_harness._errors import TaskStartError
 from trio_harness._scope import Scope, open_scope
 from trio_harness.agents._tools import ToolContext, ToolOutput, ToolSet
+from trio_harness.session import _events as ev
 from trio_harness.tasks import (
     TASKS_GUIDANCE,
     TaskHooks,
@@ -38,6 +40,7 @@ from trio_harness.tasks import (
     task_tools,
     truncation_marker,
 )
+from trio_harness.testing import open_test_harness
 
 # ---------------------------------------------------------------- fakes
 
@@ -626,6 +629,116 @@ async def test_tool_results_respect_the_byte_limit(tasks: TaskService, root: Sco
     out = await call(toolset, owner, "task_output", task_id=long_id)
     assert out.is_error
     assert len(out.content.encode()) <= 200
+
+
+@pytest.mark.parametrize("limit", [1, 6, 7, 12, 40])
+async def test_every_task_tool_result_stays_within_a_tiny_limit_through_the_driver(limit: int) -> None:
+    """Argument errors (worded by the driver for other tools), unknown ids and lists alike."""
+    calls: list[dict[str, Any]] = [
+        {"name": "task_output", "arguments": {"task_id": 5, "timeout_ms": "soon"}},  # schema error
+        {"name": "task_kill", "arguments": {}},  # schema error: task_id missing
+        {"name": "task_list", "arguments": "not json"},  # not a JSON object
+        {"name": "task_output", "arguments": {"task_id": "bash-" + "9" * 200}},  # unknown task
+        {"name": "task_kill", "arguments": {"task_id": "job-" + "7" * 200}},  # kill of an unknown task
+        {"name": "task_list", "arguments": {}},
+        {"name": "task_output", "arguments": {"task_id": "job-1"}},
+        {"name": "task_kill", "arguments": {"task_id": "job-1"}},
+    ]
+    model = ScriptedModel([{"tool_calls": [call]} for call in calls] + [{"text": "done"}])
+    async with (
+        open_test_harness(model, builtin_tools=["tasks"], task_tool_options={"output_limit_bytes": limit}) as h,
+        h.agents.open() as agent,
+    ):
+        producer = FakeProducer()
+        await h.tasks.start(TaskSpec("job", "☃ a label far longer than any limit " * 5, agent, producer.run))
+        agent.followup("go")
+        await agent.when_idle()
+        out = [e for e in agent.session.events if isinstance(e, ev.ToolResult)]
+    assert len(out) == len(calls)
+    for result in out:
+        assert len(result.content.encode("utf-8")) <= limit, result
+    assert [r.is_error for r in out] == [True, True, True, True, True, False, False, False]
+    if limit >= 40:
+        # The driver's wording, cut on a character boundary.
+        assert out[0].content == "error: arguments for tool 'task_outpu…"
+        assert out[2].content.startswith("error: arguments are not valid JSON")
+
+
+async def test_an_unlimited_plugin_words_argument_errors_as_the_driver_does(
+    tasks: TaskService, root: Scope, toolset: ToolSet
+) -> None:
+    await load(root, tasks, toolset)
+    tool = toolset.get("task_kill")
+    assert tool is not None
+    with pytest.raises(ValueError, match=r"^arguments for tool 'task_kill' do not match its schema"):
+        tool.validate("{}")
+    limited = task_tools(tasks, output_limit_bytes=10_000)[2]
+    ctx = ToolContext(agent=cast(Any, None), harness=cast(Any, None), call_id="c", turn=1, step=1)
+    result = await limited.handler(ctx, limited.validate("{}"))
+    assert isinstance(result, ToolOutput) and result.is_error
+    assert result.content == "error: arguments for tool 'task_kill' do not match its schema: " + (
+        "(root): 'task_id' is a required property"
+    )
+
+
+async def test_a_task_limit_also_bounds_its_line_in_task_list(
+    tasks: TaskService, root: Scope, toolset: ToolSet
+) -> None:
+    await load(root, tasks, toolset)  # the plugin itself has no limit
+    owner = await make_owner(root)
+    await tasks.start(spec(FakeProducer(), owner, label="é" * 100, limit=40))
+    await tasks.start(spec(FakeProducer(), owner, label="short"))
+    listing = (await call(toolset, owner, "task_list")).content
+    first, second = listing.split("\n")
+    assert len(first.encode()) <= 40 and first.startswith("bash-1 [bash] running — éé") and first.endswith("…")
+    assert second == "bash-2 [bash] running — short"
+
+
+async def _drive(toolset: ToolSet, agent: FakeOwner, name: str, raw: str) -> ToolOutput:
+    """Run one call exactly as the driver does, argument errors included."""
+    tool = toolset.get(name)
+    assert tool is not None
+    try:
+        args = tool.validate(raw)
+    except ValueError as exc:
+        return ToolOutput(f"error: {exc}", is_error=True)
+    ctx = ToolContext(agent=cast(Any, agent), harness=cast(Any, None), call_id="c", turn=1, step=1)
+    result = await tool.handler(ctx, args)
+    return result if isinstance(result, ToolOutput) else ToolOutput(result)
+
+
+_RAW_CALLS = [
+    # (tool, raw arguments, whether the result is about the task, so its own limit applies too)
+    ("task_output", '{"task_id": 5, "wait": "yes", "timeout_ms": -3}', False),
+    ("task_output", "[1, 2]", False),
+    ("task_output", '{"task_id": "bash-1"}', True),
+    ("task_output", '{"task_id": "bash-404"}', False),
+    ("task_kill", '{"reason": "' + "x" * 300 + '"}', False),
+    ("task_kill", '{"task_id": "ghost-' + "é" * 100 + '"}', False),
+    ("task_kill", '{"task_id": "bash-1", "reason": "done"}', True),
+    ("task_list", "{", False),
+    ("task_list", "{}", True),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(plugin_limit=st.integers(1, 300), task_limit=st.none() | st.integers(1, 300), label=st.text(min_size=1))
+def test_task_tool_results_never_exceed_the_limit(plugin_limit: int, task_limit: int | None, label: str) -> None:
+    async def scenario() -> None:
+        async with open_task_service() as tasks, open_scope("test") as root:
+            toolset = ToolSet()
+            await load(root, tasks, toolset, output_limit_bytes=plugin_limit)
+            owner = await make_owner(root)
+            producer = FakeProducer()
+            await tasks.start(spec(producer, owner, label=label if label.strip() else "x", limit=task_limit))
+            producer.emit(label * 3)
+            strictest = plugin_limit if task_limit is None else min(plugin_limit, task_limit)
+            for name, raw, about_the_task in _RAW_CALLS:
+                result = await _drive(toolset, owner, name, raw)
+                limit = strictest if about_the_task else plugin_limit
+                assert len(result.content.encode("utf-8", "replace")) <= limit, (name, raw, result)
+
+    trio.run(scenario)
 
 
 # ---------------------------------------------------------------- plugin reload (36)
