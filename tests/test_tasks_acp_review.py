@@ -268,10 +268,13 @@ async def test_owner_disposed_during_a_task_output_wait_on_background_bash() -> 
         handle = await h.agents.create()
         handle.agent.followup("go")
         with trio.fail_after(WAIT):
-            while len(results(handle.agent.session)) < 1 or handle.agent.status != "running":
+            # Poll until the task_output call is requested, then let it park in its wait.
+            while not any(
+                isinstance(e, ev.ToolCallRequested) and e.name == "task_output" for e in handle.agent.session.events
+            ):
                 await trio.sleep(0.01)
+            await trio.testing.wait_all_tasks_blocked()
             (process,) = h.bash.list()
-            await trio.sleep(0.2)  # let the wait begin
             await handle.dispose()
         assert not group_alive(process.pid)
         assert not os.path.exists(process.stdout_path) and not os.path.exists(process.stderr_path)
