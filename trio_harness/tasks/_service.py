@@ -12,8 +12,9 @@ whose ``run`` starts the work and returns :class:`TaskHooks` (``cancel``,
 * first-wins settlement, completion listeners with contained errors;
 * owner lifecycle: the first task of an owner attaches one exit callback to the
   owner's scope, which cancels and awaits the owner's tasks when it closes;
-* retention: reported finished tasks beyond a per-owner cap are forgotten,
-  oldest first, and their producers' ``release`` hooks run;
+* retention: reported finished tasks beyond a per-owner cap are forgotten
+  (collected ones before merely notified ones, oldest first), and their
+  producers' ``release`` hooks run;
 * teardown: leaving :func:`open_task_service` cancels every live task and
   awaits its producer.  Both waits are bounded by the teardown timeout; a task
   that has not stopped by then is force-settled ``failed`` (see
@@ -793,11 +794,6 @@ class TaskService:
     ) -> TaskSnapshot:
         """Wait up to ``timeout`` seconds (Trio time) for a task to settle.
 
-        Returns:
-            The terminal snapshot if the task settled (it is then marked
-            reported), else the live snapshot at the timeout; the task keeps
-            running.
-
         Cancelling the waiter cancels only the wait, and delivery is atomic:
         a settlement either hands the terminal snapshot to this wait, which
         then returns it (even if its caller is cancelled in the same instant;
@@ -805,6 +801,11 @@ class TaskService:
         after the cancelled wait unregistered, leaving the task unreported (so
         a completion notice still goes out).  A settlement that coincides with
         the timeout is delivered to the wait.
+
+        Returns:
+            The terminal snapshot if the task settled (it is then marked
+            reported), else the live snapshot at the timeout; the task keeps
+            running.
 
         Raises:
             TaskNotFoundError: the id is unknown or not visible to ``caller``.
