@@ -13,6 +13,7 @@ import trio.testing
 from trio_harness import AgentOptions, ScriptedModel
 from trio_harness._errors import TaskNotFoundError
 from trio_harness.bash import BashToolPlugin
+from trio_harness.bash._executor import BashExecutor, BashProcess, BashSpec
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
 
@@ -216,7 +217,7 @@ async def test_plugin_reload_keeps_the_task_running_and_private() -> None:
 
 
 async def test_kill_sigterm_then_sigkill_for_a_stubborn_group() -> None:
-    command = "trap '' TERM; sleep 300 & wait"
+    command = "trap '' TERM; echo trap installed; sleep 300 & wait"
     model = ScriptedModel(
         [
             {"tool_calls": [{"name": "bash", "arguments": {"command": command, "run_in_background": True}}]},
@@ -228,7 +229,102 @@ async def test_kill_sigterm_then_sigkill_for_a_stubborn_group() -> None:
         agent.followup("go")
         with trio.fail_after(20):
             await agent.when_idle()
-            await trio.sleep(0.2)  # let the trap install
+            # Poll the real process until it says the trap is installed.
+            output = h.tasks.read("bash-1", agent).output
+            while "trap installed" not in output:
+                await trio.sleep(0.01)
+                output += h.tasks.read("bash-1", agent).output
             await h.tasks.kill("bash-1", agent)
             snap = await h.tasks.wait("bash-1", 10, agent)
         assert snap.status == "killed" and snap.detail.get("signal") == signal.SIGKILL
+
+
+async def test_a_cancel_landing_right_after_the_task_started_keeps_the_id_in_the_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The turn is cancelled while the background start completes: the model still gets the id.
+
+    The cancel is requested after the shell was spawned, inside the task's
+    start, so it is delivered at the first checkpoint after ``tasks.start``
+    returned: the one place where the id could be lost.
+    """
+    agent_box: list[Any] = []
+    original = BashExecutor.start
+
+    async def start_then_cancel(self: BashExecutor, spec: BashSpec) -> BashProcess:
+        process = await original(self, spec)
+        agent_box[0].cancel()
+        return process
+
+    monkeypatch.setattr(BashExecutor, "start", start_then_cancel)
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 300", "run_in_background": True}}]},
+            {"text": "never reached"},
+        ]
+    )
+    async with open_test_harness(model, builtin_tools=True) as h:
+        handle = await h.agents.create()
+        agent_box.append(handle.agent)
+        handle.agent.followup("go")
+        with trio.fail_after(20):
+            await handle.agent.when_idle()
+        (result,) = results(handle.agent.session)
+        assert result.content == "started background task bash-1"
+        end = handle.agent.session.events[-1]
+        assert isinstance(end, ev.TurnEnd) and end.reason == "aborted"
+        # The model knows the id of the running task, and can stop it.
+        assert h.tasks.get("bash-1", handle.agent).status == "running"
+        (process,) = h.bash.list()
+        with trio.fail_after(20):
+            await h.tasks.kill("bash-1", handle.agent)
+            assert (await h.tasks.wait("bash-1", 10, handle.agent)).status == "killed"
+        assert not group_alive(process.pid)
+
+
+async def test_reported_finished_tasks_beyond_the_cap_are_pruned_with_their_spill_files(tmp_path: Any) -> None:
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    calls = [
+        {"name": "bash", "arguments": {"command": f"echo out-{n}; echo err-{n} >&2", "run_in_background": True}}
+        for n in range(1, 6)
+    ]
+    model = ScriptedModel([{"tool_calls": calls}, {"text": "started"}])
+    async with open_test_harness(
+        model, builtin_tools=["bash"], task_options={"finished_cap": 2}, bash_options={"spill_dir": str(spill)}
+    ) as h:
+        h.tasks.attach_controller("test")  # no notices: tasks stay unreported until read
+        all_settled = trio.Event()
+        h.tasks.on_task_done(lambda snapshot: all_settled.set() if snapshot.id == "bash-5" else None)
+        agent = (await h.agents.create()).agent
+        exit_callbacks = len([c for c in agent.scope._callbacks if c is not None])
+        agent.followup("go")
+        with trio.fail_after(20):
+            await agent.when_idle()
+            await all_settled.wait()
+        processes = {p.command.split(";")[0][-5:]: p for p in h.bash.list()}
+        assert sorted(processes) == ["out-1", "out-2", "out-3", "out-4", "out-5"]
+        assert len(os.listdir(spill)) == 10  # stdout and stderr of each
+        assert all(s.status == "completed" and not s.reported for s in h.tasks.list(agent))
+
+        def kept() -> list[str]:
+            return [s.id for s in h.tasks.list(agent)]
+
+        for n in (1, 2):
+            assert h.tasks.read(f"bash-{n}", agent).output == f"out-{n}\n[stderr]\nerr-{n}\n"
+        assert kept() == ["bash-1", "bash-2", "bash-3", "bash-4", "bash-5"]
+        h.tasks.read("bash-4", agent)  # a third collected task: the oldest one goes
+        assert kept() == ["bash-2", "bash-3", "bash-4", "bash-5"]
+        with pytest.raises(TaskNotFoundError):
+            h.tasks.read("bash-1", agent)
+        gone = processes["out-1"]
+        assert not os.path.exists(gone.stdout_path) and not os.path.exists(gone.stderr_path)
+        assert gone not in h.bash.list()
+        # Unreported tasks (bash-3, bash-5) are never pruned, whatever the cap.
+        h.tasks.read("bash-5", agent)
+        assert kept() == ["bash-3", "bash-4", "bash-5"]
+        remaining = sorted(os.listdir(spill))
+        assert len(remaining) == 6
+        assert all(os.path.basename(processes[f"out-{n}"].stdout_path) in remaining for n in (3, 4, 5))
+        # Each pruned task also took its exit callback off the owner's scope.
+        assert len([c for c in agent.scope._callbacks if c is not None]) == exit_callbacks + 1 + 3

@@ -10,6 +10,7 @@ import logging
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import cast
 
 import attrs
 import pytest
@@ -18,7 +19,9 @@ import trio.testing
 
 from trio_harness._bus import EventBus, Notice
 from trio_harness._errors import PluginError, ScopeClosedError
+from trio_harness._harness import open_harness
 from trio_harness._scope import Scope, open_scope
+from trio_harness.model._scripted import ScriptedModel
 
 # ------------------------------------------------------------------ helpers
 
@@ -448,6 +451,21 @@ async def test_open_scope_rejects_a_non_positive_teardown_timeout(timeout: float
     with pytest.raises(ValueError, match="teardown_timeout"):
         async with open_scope(teardown_timeout=timeout):
             pass  # pragma: no cover
+
+
+@pytest.mark.parametrize("timeout", [0, -1, math.nan, True, "30"])
+async def test_open_harness_rejects_a_teardown_timeout_that_is_not_a_positive_number(timeout: object) -> None:
+    with pytest.raises(ValueError, match="teardown_timeout must be a positive number"):
+        async with open_harness(teardown_timeout=cast(float, timeout)):
+            pass  # pragma: no cover
+
+
+async def test_open_harness_teardown_timeout_reaches_every_scope(autojump_clock: object) -> None:
+    async with open_harness(model=ScriptedModel([]), teardown_timeout=4.5, builtin_tools=False) as harness:
+        agent = (await harness.agents.create()).agent
+        assert harness.scope.teardown_timeout == 4.5
+        assert agent.scope.teardown_timeout == 4.5
+        assert harness.tasks.teardown_timeout == 4.5
 
 
 # ------------------------------------------------------------------ async contexts

@@ -15,9 +15,11 @@ from _task_fakes import FakeOwner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trio_harness import ScriptedModel
 from trio_harness._errors import TaskStartError
 from trio_harness._scope import Scope, open_scope
 from trio_harness.agents._tools import ToolContext, ToolOutput, ToolSet
+from trio_harness.session import _events as ev
 from trio_harness.tasks import (
     TASKS_GUIDANCE,
     TaskHooks,
@@ -38,6 +40,7 @@ from trio_harness.tasks import (
     task_tools,
     truncation_marker,
 )
+from trio_harness.testing import open_test_harness
 
 # ---------------------------------------------------------------- fakes
 
@@ -432,6 +435,147 @@ async def test_one_notice_per_task(tasks: TaskService, root: Scope, toolset: Too
     assert len(owner.notices) == 1
 
 
+# ---------------------------------------------------------------- delivery races: exactly once
+
+
+@pytest.mark.parametrize("order", ["settle-then-timeout", "timeout-then-settle"])
+async def test_wait_timeout_coinciding_with_completion_delivers_once(
+    tasks: TaskService, root: Scope, toolset: ToolSet, autojump_clock: trio.testing.MockClock, order: str
+) -> None:
+    """The task ends at the instant a task_output wait times out: the read or a notice, never both or neither."""
+    await load(root, tasks, toolset)
+    owner = await make_owner(root)
+    release = trio.Event()
+
+    async def done() -> TaskOutcome:
+        if order == "settle-then-timeout":
+            # Forced: the task ends once the wait's timeout has elapsed, in the
+            # same step, before the run loop processes that timeout.
+            await trio.sleep(0.5)
+            autojump_clock.jump(0.5)
+        else:
+            # Forced: released by a task woken by the same deadline as the
+            # wait, so the wait has returned before this settles.
+            await release.wait()
+        return TaskOutcome("completed", output="result")
+
+    async def run() -> TaskHooks:
+        return TaskHooks(cancel=lambda reason: None, done=done)
+
+    async def release_at_the_timeout() -> None:
+        await trio.sleep(1.0)
+        release.set()
+
+    await tasks.start(TaskSpec("job", "job", owner, run))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(release_at_the_timeout)
+        read = await call(toolset, owner, "task_output", task_id="job-1", wait=True, timeout_ms=1000)
+    await settle()
+    assert trio.current_time() == 1.0
+    delivered_by_read = read.content == "result\n[status: completed]"
+    assert delivered_by_read != (len(owner.notices) == 1)
+    if order == "settle-then-timeout":
+        assert delivered_by_read and owner.notices == []
+    else:
+        assert read.content == "[status: running]"
+        assert len(owner.notices) == 1 and 'task_output("job-1")' in owner.notices[0]
+
+
+@pytest.mark.parametrize("order", ["cancel-then-settle", "settle-then-cancel"])
+async def test_a_cancelled_wait_racing_completion_delivers_once(
+    tasks: TaskService, root: Scope, toolset: ToolSet, order: str
+) -> None:
+    """A task_output wait cancelled in the step its task settles: the result or a notice, exactly one."""
+    await load(root, tasks, toolset)
+    owner = await make_owner(root)
+    release = trio.Event()
+    turn = trio.CancelScope()
+
+    async def done() -> TaskOutcome:
+        await release.wait()
+        if order == "cancel-then-settle":
+            turn.cancel()  # no checkpoint between this cancel and the settlement
+        return TaskOutcome("completed", output="result")
+
+    async def run() -> TaskHooks:
+        return TaskHooks(cancel=lambda reason: None, done=done)
+
+    await tasks.start(TaskSpec("job", "job", owner, run))
+    if order == "settle-then-cancel":
+        tasks.on_task_done(lambda snapshot: turn.cancel())
+    reads: list[ToolOutput] = []
+
+    async def model_turn() -> None:
+        with turn:
+            reads.append(await call(toolset, owner, "task_output", task_id="job-1", wait=True))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(model_turn)
+        await settle()
+        release.set()
+    await settle()
+    delivered_by_read = [r.content for r in reads] == ["result\n[status: completed]"]
+    assert delivered_by_read != (len(owner.notices) == 1)
+    assert delivered_by_read == (order == "settle-then-cancel")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cancel_before=st.lists(st.booleans(), min_size=1, max_size=4))
+def test_waiters_cancelled_around_settlement_deliver_exactly_once(cancel_before: list[bool]) -> None:
+    """Several waiters, each cancelled just before or just after settlement (all in one step).
+
+    The task is reported exactly when some waiter returned the result; else
+    exactly one notice is sent.
+    """
+
+    async def scenario() -> None:
+        async with open_task_service() as tasks, open_scope("test") as root:
+            toolset = ToolSet()
+            await load(root, tasks, toolset)
+            owner = await make_owner(root)
+            release = trio.Event()
+            scopes = [trio.CancelScope() for _ in cancel_before]
+
+            async def done() -> TaskOutcome:
+                await release.wait()
+                for scope, before in zip(scopes, cancel_before, strict=True):
+                    if before:
+                        scope.cancel()
+                return TaskOutcome("completed")
+
+            async def run() -> TaskHooks:
+                return TaskHooks(cancel=lambda reason: None, done=done)
+
+            await tasks.start(TaskSpec("job", "job", owner, run))
+            settled: list[TaskSnapshot] = []
+
+            def after_settlement(snapshot: TaskSnapshot) -> None:
+                settled.append(snapshot)
+                for scope in scopes:
+                    scope.cancel()
+
+            tasks.on_task_done(after_settlement)
+            returned: list[TaskSnapshot] = []
+
+            async def waiter(scope: trio.CancelScope) -> None:
+                with scope:
+                    returned.append(await tasks.wait("job-1", 100, owner))
+
+            async with trio.open_nursery() as nursery:
+                for scope in scopes:
+                    nursery.start_soon(waiter, scope)
+                await settle()
+                release.set()
+            await settle()
+            assert len(returned) == cancel_before.count(False)
+            assert all(s.status == "completed" for s in returned)
+            # Delivered to a waiter at settlement exactly when a waiter returned it.
+            assert [s.reported for s in settled] == [bool(returned)]
+            assert len(owner.notices) == (0 if returned else 1)
+
+    trio.run(scenario)
+
+
 async def test_no_notice_for_owner_disposal(tasks: TaskService, root: Scope, toolset: ToolSet) -> None:
     await load(root, tasks, toolset)
     owner = await make_owner(root)
@@ -485,6 +629,116 @@ async def test_tool_results_respect_the_byte_limit(tasks: TaskService, root: Sco
     out = await call(toolset, owner, "task_output", task_id=long_id)
     assert out.is_error
     assert len(out.content.encode()) <= 200
+
+
+@pytest.mark.parametrize("limit", [1, 6, 7, 12, 40])
+async def test_every_task_tool_result_stays_within_a_tiny_limit_through_the_driver(limit: int) -> None:
+    """Argument errors (worded by the driver for other tools), unknown ids and lists alike."""
+    calls: list[dict[str, Any]] = [
+        {"name": "task_output", "arguments": {"task_id": 5, "timeout_ms": "soon"}},  # schema error
+        {"name": "task_kill", "arguments": {}},  # schema error: task_id missing
+        {"name": "task_list", "arguments": "not json"},  # not a JSON object
+        {"name": "task_output", "arguments": {"task_id": "bash-" + "9" * 200}},  # unknown task
+        {"name": "task_kill", "arguments": {"task_id": "job-" + "7" * 200}},  # kill of an unknown task
+        {"name": "task_list", "arguments": {}},
+        {"name": "task_output", "arguments": {"task_id": "job-1"}},
+        {"name": "task_kill", "arguments": {"task_id": "job-1"}},
+    ]
+    model = ScriptedModel([{"tool_calls": [call]} for call in calls] + [{"text": "done"}])
+    async with (
+        open_test_harness(model, builtin_tools=["tasks"], task_tool_options={"output_limit_bytes": limit}) as h,
+        h.agents.open() as agent,
+    ):
+        producer = FakeProducer()
+        await h.tasks.start(TaskSpec("job", "☃ a label far longer than any limit " * 5, agent, producer.run))
+        agent.followup("go")
+        await agent.when_idle()
+        out = [e for e in agent.session.events if isinstance(e, ev.ToolResult)]
+    assert len(out) == len(calls)
+    for result in out:
+        assert len(result.content.encode("utf-8")) <= limit, result
+    assert [r.is_error for r in out] == [True, True, True, True, True, False, False, False]
+    if limit >= 40:
+        # The driver's wording, cut on a character boundary.
+        assert out[0].content == "error: arguments for tool 'task_outpu…"
+        assert out[2].content.startswith("error: arguments are not valid JSON")
+
+
+async def test_an_unlimited_plugin_words_argument_errors_as_the_driver_does(
+    tasks: TaskService, root: Scope, toolset: ToolSet
+) -> None:
+    await load(root, tasks, toolset)
+    tool = toolset.get("task_kill")
+    assert tool is not None
+    with pytest.raises(ValueError, match=r"^arguments for tool 'task_kill' do not match its schema"):
+        tool.validate("{}")
+    limited = task_tools(tasks, output_limit_bytes=10_000)[2]
+    ctx = ToolContext(agent=cast(Any, None), harness=cast(Any, None), call_id="c", turn=1, step=1)
+    result = await limited.handler(ctx, limited.validate("{}"))
+    assert isinstance(result, ToolOutput) and result.is_error
+    assert result.content == "error: arguments for tool 'task_kill' do not match its schema: " + (
+        "(root): 'task_id' is a required property"
+    )
+
+
+async def test_a_task_limit_also_bounds_its_line_in_task_list(
+    tasks: TaskService, root: Scope, toolset: ToolSet
+) -> None:
+    await load(root, tasks, toolset)  # the plugin itself has no limit
+    owner = await make_owner(root)
+    await tasks.start(spec(FakeProducer(), owner, label="é" * 100, limit=40))
+    await tasks.start(spec(FakeProducer(), owner, label="short"))
+    listing = (await call(toolset, owner, "task_list")).content
+    first, second = listing.split("\n")
+    assert len(first.encode()) <= 40 and first.startswith("bash-1 [bash] running — éé") and first.endswith("…")
+    assert second == "bash-2 [bash] running — short"
+
+
+async def _drive(toolset: ToolSet, agent: FakeOwner, name: str, raw: str) -> ToolOutput:
+    """Run one call exactly as the driver does, argument errors included."""
+    tool = toolset.get(name)
+    assert tool is not None
+    try:
+        args = tool.validate(raw)
+    except ValueError as exc:
+        return ToolOutput(f"error: {exc}", is_error=True)
+    ctx = ToolContext(agent=cast(Any, agent), harness=cast(Any, None), call_id="c", turn=1, step=1)
+    result = await tool.handler(ctx, args)
+    return result if isinstance(result, ToolOutput) else ToolOutput(result)
+
+
+_RAW_CALLS = [
+    # (tool, raw arguments, whether the result is about the task, so its own limit applies too)
+    ("task_output", '{"task_id": 5, "wait": "yes", "timeout_ms": -3}', False),
+    ("task_output", "[1, 2]", False),
+    ("task_output", '{"task_id": "bash-1"}', True),
+    ("task_output", '{"task_id": "bash-404"}', False),
+    ("task_kill", '{"reason": "' + "x" * 300 + '"}', False),
+    ("task_kill", '{"task_id": "ghost-' + "é" * 100 + '"}', False),
+    ("task_kill", '{"task_id": "bash-1", "reason": "done"}', True),
+    ("task_list", "{", False),
+    ("task_list", "{}", True),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(plugin_limit=st.integers(1, 300), task_limit=st.none() | st.integers(1, 300), label=st.text(min_size=1))
+def test_task_tool_results_never_exceed_the_limit(plugin_limit: int, task_limit: int | None, label: str) -> None:
+    async def scenario() -> None:
+        async with open_task_service() as tasks, open_scope("test") as root:
+            toolset = ToolSet()
+            await load(root, tasks, toolset, output_limit_bytes=plugin_limit)
+            owner = await make_owner(root)
+            producer = FakeProducer()
+            await tasks.start(spec(producer, owner, label=label if label.strip() else "x", limit=task_limit))
+            producer.emit(label * 3)
+            strictest = plugin_limit if task_limit is None else min(plugin_limit, task_limit)
+            for name, raw, about_the_task in _RAW_CALLS:
+                result = await _drive(toolset, owner, name, raw)
+                limit = strictest if about_the_task else plugin_limit
+                assert len(result.content.encode("utf-8", "replace")) <= limit, (name, raw, result)
+
+    trio.run(scenario)
 
 
 # ---------------------------------------------------------------- plugin reload (36)

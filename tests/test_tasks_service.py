@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import attrs
 import pytest
@@ -11,6 +13,7 @@ import trio
 import trio.testing
 from _task_fakes import FakeOwner
 
+from trio_harness._bus import Notice
 from trio_harness._errors import TaskError, TaskNotFoundError, TaskStartError
 from trio_harness._scope import Scope, open_scope
 from trio_harness.tasks import (
@@ -21,6 +24,7 @@ from trio_harness.tasks import (
     TaskSpec,
     open_task_service,
 )
+from trio_harness.testing import open_test_harness
 
 # ---------------------------------------------------------------- fakes
 
@@ -434,28 +438,97 @@ async def test_cancelling_the_waiter_cancels_only_the_wait(tasks: TaskService, a
     assert [s.reported for s in seen] == [False]
 
 
-async def test_waiter_handed_the_terminal_snapshot_wins_over_its_cancellation(
-    tasks: TaskService,
-) -> None:
-    producer = FakeProducer()
-    await tasks.start(spec(producer))
-    results: list[TaskSnapshot] = []
+async def _wait_cancelled_in_the_settling_step(tasks: TaskService, order: str) -> tuple[list[TaskSnapshot], bool]:
+    """Cancel a waiter in the very task step in which its task settles, in the given order.
 
-    async def finish_soon() -> None:
+    Both actions run in the producer's watcher task with no checkpoint between
+    them: ``cancel-then-settle`` cancels from ``done`` right before it returns
+    the outcome, ``settle-then-cancel`` from a completion listener.  Returns
+    what the wait returned and whether the waiter saw Cancelled.
+    """
+    release = trio.Event()
+    waiter_scope = trio.CancelScope()
+
+    async def done() -> TaskOutcome:
+        await release.wait()
+        if order == "cancel-then-settle":
+            waiter_scope.cancel()
+        return TaskOutcome("completed", output="result")
+
+    async def run() -> TaskHooks:
+        return TaskHooks(cancel=lambda reason: None, done=done)
+
+    await tasks.start(TaskSpec("job", "job", None, run))
+    if order == "settle-then-cancel":
+        tasks.on_task_done(lambda snapshot: waiter_scope.cancel())
+    returned: list[TaskSnapshot] = []
+
+    async def waiter() -> None:
+        with waiter_scope:
+            returned.append(await tasks.wait("job-1", 100))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
         await trio.testing.wait_all_tasks_blocked()
-        producer.finish(TaskOutcome("completed"))
+        release.set()
+    return returned, waiter_scope.cancelled_caught
 
-    with trio.CancelScope() as cancel_scope:
-        # The listener runs at settlement, after the waiter was handed the
-        # terminal snapshot, and cancels the waiter in the same tick.
-        tasks.on_task_done(lambda snapshot: cancel_scope.cancel())
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(finish_soon)
-            results.append(await tasks.wait("bash-1", 100))
-            await trio.sleep_forever()
-    assert cancel_scope.cancelled_caught
-    assert [s.status for s in results] == ["completed"]
-    assert tasks.get("bash-1").reported
+
+@pytest.mark.parametrize("order", ["cancel-then-settle", "settle-then-cancel"])
+async def test_a_waiter_cancelled_as_its_task_settles_gets_the_result_or_leaves_it_unreported(
+    tasks: TaskService, order: str
+) -> None:
+    seen = collect(tasks)
+    returned, cancelled = await _wait_cancelled_in_the_settling_step(tasks, order)
+    (settled,) = seen
+    final = tasks.get("job-1")
+    # Exactly one of: the wait returned the result, or the task stays unreported
+    # (so the completion listeners were told it still needs delivery).
+    delivered = [s.status for s in returned] == ["completed"]
+    assert delivered != (not settled.reported and not final.reported)
+    if order == "cancel-then-settle":
+        # The waiter unregistered when its wait was aborted: it claims nothing.
+        assert cancelled and not delivered
+    else:
+        # The waiter was handed the result before the cancel: it returns it.
+        assert delivered and final.reported and settled.reported
+        assert tasks.read("job-1").output == "result"
+
+
+async def test_a_wait_whose_timeout_coincides_with_a_cancel_returns_a_result_handed_to_it(
+    tasks: TaskService, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The timeout has passed when the wait is aborted: the wait returns, so it keeps its claim."""
+    release = trio.Event()
+    waiter_scope = trio.CancelScope()
+
+    async def done() -> TaskOutcome:
+        await release.wait()
+        # In one step: the wait's timeout has passed (not yet processed by the
+        # run loop), the waiter is cancelled, and the task settles.
+        autojump_clock.jump(10)
+        waiter_scope.cancel()
+        return TaskOutcome("completed")
+
+    async def run() -> TaskHooks:
+        return TaskHooks(cancel=lambda reason: None, done=done)
+
+    await tasks.start(TaskSpec("job", "job", None, run))
+    seen = collect(tasks)
+    returned: list[TaskSnapshot] = []
+
+    async def waiter() -> None:
+        with waiter_scope:
+            returned.append(await tasks.wait("job-1", 5))
+            await trio.lowlevel.checkpoint()  # the cancellation arrives here
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        release.set()
+    assert waiter_scope.cancelled_caught
+    assert [s.status for s in returned] == ["completed"]
+    assert [s.reported for s in seen] == [True]
 
 
 # ---------------------------------------------------------------- kill
@@ -788,3 +861,210 @@ async def test_service_hosted_in_a_closing_scope_still_awaits_its_tasks(
             await host.close()
         assert slow.released
         assert {s.id: s.status for s in seen} == {"bash-1": "killed", "bash-2": "failed"}
+
+
+# ---------------------------------------------------------------- teardown bound
+
+
+def _stubborn(label: str = "ignores cancellation") -> tuple[TaskSpec, list[str | None]]:
+    """An unowned-by-default spec whose producer ignores its cancel and shields its done."""
+    cancels: list[str | None] = []
+
+    async def done() -> TaskOutcome:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(1000)
+        return TaskOutcome("completed")
+
+    async def run() -> TaskHooks:
+        return TaskHooks(cancel=cancels.append, done=done)
+
+    return TaskSpec("job", label, None, run), cancels
+
+
+async def test_owner_disposal_gives_up_a_task_that_does_not_stop_within_the_teardown_timeout(
+    tasks: TaskService, root: Scope, autojump_clock: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    owner = FakeOwner(id="s1", scope=await root.open_child("agent:s1", teardown_timeout=5))
+    stubborn, cancels = _stubborn()
+    await tasks.start(attrs.evolve(stubborn, owner=owner))
+    seen = collect(tasks)
+    began = trio.current_time()
+    with caplog.at_level(logging.WARNING):
+        await owner.scope.close()
+    assert trio.current_time() - began == 5  # the bound, not the producer's 1000 s
+    assert cancels == ["owner disposed"]
+    (given_up,) = seen
+    assert given_up.status == "failed" and given_up.terminal
+    assert given_up.owner_disposed
+    assert given_up.error is not None and "teardown timeout (5 s)" in given_up.error
+    assert "disposal of 's1'" in given_up.error
+    assert any("teardown timeout" in r.getMessage() for r in caplog.records if r.name == "trio_harness.tasks")
+    with pytest.raises(TaskNotFoundError):
+        tasks.get("job-1", owner)
+
+
+async def test_a_start_outliving_an_abandoned_disposal_is_refused_and_its_work_cancelled(
+    tasks: TaskService, root: Scope, autojump_clock: object
+) -> None:
+    owner = FakeOwner(id="s1", scope=await root.open_child("agent:s1", teardown_timeout=5))
+    await tasks.start(spec(FakeProducer(), owner))  # attaches the disposal callback
+    late = FakeProducer()
+    started = trio.Event()
+
+    async def stubborn_run() -> TaskHooks:
+        started.set()
+        with trio.CancelScope(shield=True):  # ignores cancellation for 10 s
+            await trio.sleep(10)
+        return late.hooks()
+
+    errors: list[TaskStartError] = []
+
+    async def starter() -> None:
+        with pytest.raises(TaskStartError) as info:
+            await tasks.start(TaskSpec("bash", "late", owner, stubborn_run))
+        errors.append(info.value)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(starter)
+        await started.wait()
+        await owner.scope.close()
+        assert trio.current_time() == 5
+    assert trio.current_time() == 10
+    (error,) = errors
+    assert "closed while it was starting" in str(error)
+    assert late.cancels == ["owner disposed"]
+    assert [s.id for s in tasks.list()] == []
+
+
+async def test_service_exit_gives_up_tasks_that_do_not_stop_within_its_teardown_timeout(
+    autojump_clock: object,
+) -> None:
+    never = FakeProducer(settle_on_cancel=False)
+    seen: list[TaskSnapshot] = []
+    async with open_task_service(teardown_timeout=7) as tasks:
+        tasks.attach_controller("test")
+        tasks.on_task_done(seen.append)
+        await tasks.start(spec(never))
+        began = trio.current_time()
+    assert trio.current_time() - began == 7
+    assert never.cancels == ["task service closed"]
+    (given_up,) = seen
+    assert given_up.status == "failed"
+    assert given_up.error is not None and "teardown timeout (7 s)" in given_up.error
+    assert not never.released  # its done was cancelled, not completed
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), True, "30"])
+async def test_open_task_service_validates_its_options(bad: object) -> None:
+    for option in ("per_owner_cap", "finished_cap", "teardown_timeout"):
+        if option != "teardown_timeout" and isinstance(bad, float):
+            continue
+        options: dict[str, Any] = {option: bad}
+        with pytest.raises(ValueError, match=option):
+            async with open_task_service(**options):
+                pass  # pragma: no cover
+
+
+async def test_harness_teardown_timeout_bounds_an_agents_disposal_and_reports_the_given_up_task(
+    autojump_clock: object,
+) -> None:
+    async with open_test_harness(builtin_tools=["tasks"], teardown_timeout=5) as h:
+        notices: list[Notice] = []
+        h.bus.on("task/done", notices.append)
+        handle = await h.agents.create()
+        stubborn, cancels = _stubborn()
+        await h.tasks.start(attrs.evolve(stubborn, owner=handle.agent))
+        unowned, _ = _stubborn("unowned")
+        await h.tasks.start(unowned)
+        began = trio.current_time()
+        await handle.dispose()
+        assert trio.current_time() - began == 5
+        assert cancels == ["owner disposed"]
+        (notice,) = notices
+        assert notice.subject.id == "job-1"
+        assert notice.subject.status == "failed"
+        assert "teardown timeout (5 s)" in notice.subject.error
+        exit_began = trio.current_time()
+    # The service's exit gave up the unowned task after the same bound; its
+    # shielded done then still held the exit (a nursery waits for its tasks).
+    assert [n.subject.id for n in notices] == ["job-1", "job-2"]
+    assert notices[1].subject.status == "failed"
+    assert "task service's teardown" in notices[1].subject.error
+    assert trio.current_time() - exit_began >= 5
+
+
+# ---------------------------------------------------------------- retention
+
+
+async def test_reported_finished_tasks_beyond_the_cap_are_forgotten_oldest_collected_first(root: Scope) -> None:
+    released: list[int] = []
+    async with open_task_service(finished_cap=2) as tasks:
+        tasks.attach_controller("test")
+        owner = await make_owner(root)
+        producers = [FakeProducer() for _ in range(8)]
+        for n, producer in enumerate(producers, start=1):
+            hooks = attrs.evolve(producer.hooks(), release=functools.partial(released.append, n))
+
+            async def run(hooks: TaskHooks = hooks) -> TaskHooks:
+                return hooks
+
+            await tasks.start(TaskSpec("bash", "x", owner, run))
+
+        def kept() -> list[int]:
+            return [int(s.id.removeprefix("bash-")) for s in tasks.list(owner)]
+
+        for n in (1, 2, 3, 4, 5, 7, 8):  # bash-6 keeps running
+            producers[n - 1].finish(TaskOutcome("completed"))
+        await trio.testing.wait_all_tasks_blocked()
+        tasks.read("bash-1", owner)
+        tasks.read("bash-2", owner)
+        assert kept() == [1, 2, 3, 4, 5, 6, 7, 8]  # at the cap: nothing goes
+        # A third reported task: the oldest collected one goes.
+        assert tasks.claim_report("bash-3")  # only notified (a notice claimed it)
+        assert (kept(), released) == ([2, 3, 4, 5, 6, 7, 8], [1])
+        await tasks.wait("bash-4", 1, owner)  # collected: the oldest collected goes, not the notified bash-3
+        assert (kept(), released) == ([3, 4, 5, 6, 7, 8], [1, 2])
+        tasks.read("bash-3", owner)  # notified, now collected too
+        assert (kept(), released) == ([3, 4, 5, 6, 7, 8], [1, 2])
+        assert tasks.claim_report("bash-5")
+        assert (kept(), released) == ([3, 5, 6, 7, 8], [1, 2, 4])
+        with pytest.raises(TaskNotFoundError, match="unknown task 'bash-4'"):
+            tasks.get("bash-4", owner)
+        # The running bash-6 was never pruned; killed, it is collected once it settles.
+        await tasks.kill("bash-6", owner)
+        await trio.testing.wait_all_tasks_blocked()
+        assert (kept(), released) == ([5, 6, 7, 8], [1, 2, 4, 3])
+        # bash-7 and bash-8 stayed while unreported; notified, they push out
+        # the collected bash-6 first, then the oldest notified bash-5.
+        assert tasks.claim_report("bash-7")
+        assert (kept(), released) == ([5, 7, 8], [1, 2, 4, 3, 6])
+        assert tasks.claim_report("bash-8")
+        assert (kept(), released) == ([7, 8], [1, 2, 4, 3, 6, 5])
+        await owner.scope.close()
+    # Disposal forgets the rest without release (the producer's own cleanup runs).
+    assert released == [1, 2, 4, 3, 6, 5]
+
+
+async def test_a_release_hook_that_raises_is_logged(tasks: TaskService, caplog: pytest.LogCaptureFixture) -> None:
+    def broken() -> None:
+        raise OSError("spill file busy")
+
+    producer = FakeProducer()
+    hooks = attrs.evolve(producer.hooks(), release=broken)
+
+    async def run() -> TaskHooks:
+        return hooks
+
+    await tasks.start(TaskSpec("bash", "x", None, run))
+    producer.finish(TaskOutcome("completed"))
+    await trio.testing.wait_all_tasks_blocked()
+    tasks.read("bash-1")
+    with caplog.at_level(logging.ERROR, logger="trio_harness.tasks"):
+        for _ in range(tasks.finished_cap):
+            more = FakeProducer()
+            snap = await tasks.start(spec(more))
+            more.finish(TaskOutcome("completed"))
+            await tasks.wait(snap.id, 1)
+    assert any("release of task bash-1 failed" in r.getMessage() and r.exc_info for r in caplog.records)
+    with pytest.raises(TaskNotFoundError):
+        tasks.get("bash-1")

@@ -129,7 +129,10 @@ async def open_harness(
         builtin_tools: load the built-in tool plugins (``"tasks"``, ``"bash"``,
             ``"subagent"``): True for all, False for none, or a list of names.
         clock: wall clock for event timestamps (injectable for tests).
-        teardown_timeout: bound on each teardown step.
+        teardown_timeout: bound, in seconds of Trio time, on each teardown
+            step (an agent's disposal waiting for its tasks, the task
+            service's exit); a task still live after it is force-settled
+            ``failed`` and reported as ``task/done``.
         bash_options: keyword arguments for the bash executor.
         task_options: keyword arguments for the task service.
         task_tool_options: keyword arguments for the task tools plugin.
@@ -143,6 +146,8 @@ async def open_harness(
     from .bash import open_bash_executor
     from .tasks import open_task_service
 
+    if isinstance(teardown_timeout, bool) or not isinstance(teardown_timeout, int | float) or not teardown_timeout > 0:
+        raise ValueError(f"teardown_timeout must be a positive number of seconds, got {teardown_timeout!r}")
     provider: ModelProvider | None = None
     if isinstance(model, str):
         from .model._spec import resolve_model
@@ -179,7 +184,9 @@ async def open_harness(
         bash_scope = await root.open_child("bash")
         harness.bash = await bash_scope.enter_async_context(open_bash_executor(**(bash_options or {})))
         tasks_scope = await root.open_child("tasks")
-        harness.tasks = await tasks_scope.enter_async_context(open_task_service(**(task_options or {})))
+        harness.tasks = await tasks_scope.enter_async_context(
+            open_task_service(**{"teardown_timeout": teardown_timeout, **(task_options or {})})
+        )
         harness.tasks.on_task_done(lambda snapshot: bus.emit("task/done", snapshot), scope=tasks_scope)
         harness.plugins_scope = await root.open_child("plugins")
         agents_scope = await root.open_child("agents")

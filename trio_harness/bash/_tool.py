@@ -117,9 +117,10 @@ class BashToolPlugin:
 
         async def starter() -> TaskHooks:
             process = await executor.start(spec)
-            # Spill files go when the owner goes (or with the executor).
+            # Spill files go when the owner goes (or with the executor), or
+            # earlier when the task service prunes the finished task.
             try:
-                agent.scope.add_exit_callback(process.aclose)
+                forget_on_exit = agent.scope.add_exit_callback(process.aclose)
             except BaseException:
                 # The owner began closing while the shell was being spawned (the
                 # spawn cannot be cancelled): no task will exist, so nobody else
@@ -137,7 +138,11 @@ class BashToolPlugin:
                     return TaskOutcome("killed", detail=detail)
                 return TaskOutcome("completed", detail=detail)
 
-            return TaskHooks(cancel=process.kill, done=done, read_output=process.read_output)
+            def release() -> None:
+                forget_on_exit()
+                process.release()
+
+            return TaskHooks(cancel=process.kill, done=done, read_output=process.read_output, release=release)
 
         snapshot = await self.harness.tasks.start(
             TaskSpec(
@@ -148,5 +153,7 @@ class BashToolPlugin:
                 output_limit_bytes=self.output_limit_bytes,
             )
         )
-        await trio.lowlevel.checkpoint()
+        # No checkpoint from here on: a cancellation arriving now must not
+        # drop the id of a task that is already running (the driver logs this
+        # result before the turn sees the cancellation).
         return f"started background task {snapshot.id}"

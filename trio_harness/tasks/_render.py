@@ -244,8 +244,14 @@ def render_task_output(read: TaskRead, limit: int | None) -> str:
 
 
 def render_task_list(snapshots: Iterable[TaskSnapshot]) -> str:
-    """One line per task, ``<id> [<kind>] <status> — <label>``, or ``(no background tasks)``."""
-    lines = [f"{s.id} [{s.kind}] {s.status} — {_one_line(s.label)}" for s in snapshots]
+    """One line per task, ``<id> [<kind>] <status> — <label>``, or ``(no background tasks)``.
+
+    The line of a task with an ``output_limit_bytes`` is cut to that limit
+    (keeping its head, ending with ``…``), as is all model-facing text about it.
+    """
+    lines = [
+        bound_text(f"{s.id} [{s.kind}] {s.status} — {_one_line(s.label)}", s.output_limit_bytes) for s in snapshots
+    ]
     return "\n".join(lines) if lines else "(no background tasks)"
 
 

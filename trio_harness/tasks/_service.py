@@ -12,8 +12,13 @@ whose ``run`` starts the work and returns :class:`TaskHooks` (``cancel``,
 * first-wins settlement, completion listeners with contained errors;
 * owner lifecycle: the first task of an owner attaches one exit callback to the
   owner's scope, which cancels and awaits the owner's tasks when it closes;
+* retention: reported finished tasks beyond a per-owner cap are forgotten
+  (collected ones before merely notified ones, oldest first), and their
+  producers' ``release`` hooks run;
 * teardown: leaving :func:`open_task_service` cancels every live task and
-  awaits its producer.
+  awaits its producer.  Both waits are bounded by the teardown timeout; a task
+  that has not stopped by then is force-settled ``failed`` (see
+  ``docs/guarantees.rst``, "Background tasks").
 
 The producers' ``done`` awaitables run as tasks of the service's own nursery,
 never in the scope of the tool or plugin that started them, so unloading or
@@ -26,15 +31,16 @@ import builtins
 import logging
 import math
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Literal, NoReturn, Protocol, TypeAlias
 
 import attrs
 import trio
 
 from .._errors import ScopeClosedError, TaskError, TaskNotFoundError, TaskStartError
+from .._scope import DEFAULT_TEARDOWN_TIMEOUT
 
 if TYPE_CHECKING:
     from .._scope import Scope
@@ -69,6 +75,9 @@ _EMPTY: Mapping[str, object] = MappingProxyType({})
 
 DEFAULT_PER_OWNER_CAP = 10
 """How many running or stopping tasks one owner may have by default."""
+
+DEFAULT_FINISHED_CAP = 100
+"""How many reported finished tasks the service keeps per owner by default."""
 
 
 class TaskOwner(Protocol):
@@ -122,11 +131,16 @@ class TaskHooks:
         read_output: for a stream task, returns the output produced since the
             previous call (consuming).  None declares a final-output task whose
             result is :attr:`TaskOutcome.output`.
+        release: optional; called once, synchronously, when the service
+            forgets the finished task (it was reported and pruned beyond the
+            service's ``finished_cap``), to free what the producer kept for
+            reads (e.g. spill files).  An error it raises is logged.
     """
 
     cancel: Callable[[str | None], None]
     done: Callable[[], Awaitable[TaskOutcome]]
     read_output: Callable[[], str] | None = None
+    release: Callable[[], None] | None = None
 
 
 @attrs.frozen
@@ -221,10 +235,24 @@ TaskListener = Callable[[TaskSnapshot], None]
 
 @attrs.define(eq=False)
 class _Waiter:
-    """One pending :meth:`TaskService.wait`; settlement hands it the terminal snapshot."""
+    """One pending :meth:`TaskService.wait`, parked in ``wait_task_rescheduled``.
 
-    event: trio.Event = attrs.field(factory=trio.Event)
+    While it is in its record's ``waiters``, its wait is certain to return
+    normally, so a settlement that hands it the terminal snapshot has delivered
+    the result.  A cancelled wait leaves ``waiters`` in its abort callback,
+    atomically with the abort.
+    """
+
+    task: trio.lowlevel.Task
+    # The terminal snapshot, once settlement handed it over.
     result: TaskSnapshot | None = None
+    # Whether the task was rescheduled (it must be exactly once).
+    woken: bool = False
+
+    def wake(self) -> None:
+        if not self.woken:
+            self.woken = True
+            trio.lowlevel.reschedule(self.task)
 
 
 @attrs.define(eq=False)
@@ -242,10 +270,19 @@ class _Owner:
     owner: TaskOwner | None
     live: set[_Record] = attrs.field(factory=set)
     records: dict[str, _Record] = attrs.field(factory=dict)
+    # Visible finished records whose result was collected (read, waited for,
+    # killed), in the order they became so: pruned first, oldest first.
+    collected: dict[str, _Record] = attrs.field(factory=dict)
+    # Visible finished records only notified (a completion notice claimed
+    # them): pruned only when no collected record is left, oldest first.
+    notified: dict[str, _Record] = attrs.field(factory=dict)
     pending: set[_Pending] = attrs.field(factory=set)
     # Detaches the exit callback from the owner's scope.
     detach: Callable[[], None] | None = None
     disposing: bool = False
+    # Set when the disposal ended (done or abandoned at the teardown timeout):
+    # a start still in progress can no longer be picked up by it.
+    disposed: bool = False
 
 
 @attrs.define(eq=False)
@@ -267,6 +304,8 @@ class _Record:
     # A stream task's outcome output, delivered once after the last delta.
     trailing_output: str | None = None
     reported: bool = False
+    # Whether the result reached a reader (read, wait or kill), not just a notice.
+    collected: bool = False
     error: str | None = None
     kill_reason: str | None = None
     owner_disposed: bool = False
@@ -319,10 +358,20 @@ class TaskService:
     Attributes:
         per_owner_cap: how many running or stopping tasks (plus starts in
             progress) one exact owner, or the unowned pool, may have.
+        finished_cap: how many finished, reported tasks one exact owner (or
+            the unowned pool) keeps; beyond it the oldest are forgotten (their
+            ids become unknown and their producers' ``release`` hooks run).
+            Tasks whose result was collected (read, waited for, killed) go
+            before tasks that were only notified; running and unreported tasks
+            are never forgotten.
+        teardown_timeout: how long (Trio seconds) the service's own teardown
+            waits for live tasks to stop before force-settling them ``failed``.
     """
 
     _nursery: trio.Nursery
     per_owner_cap: int = DEFAULT_PER_OWNER_CAP
+    finished_cap: int = DEFAULT_FINISHED_CAP
+    teardown_timeout: float = DEFAULT_TEARDOWN_TIMEOUT
     # Visible records by id (owner-disposed records are removed).
     _records: dict[str, _Record] = attrs.field(factory=dict, init=False)
     # Every record not yet settled, visible or not: teardown cancels these.
@@ -337,6 +386,8 @@ class TaskService:
     _listeners: dict[object, TaskListener] = attrs.field(factory=dict, init=False)
     _controllers: dict[object, str] = attrs.field(factory=dict, init=False)
     _closing: bool = attrs.field(default=False, init=False)
+    # Set when teardown stopped waiting: a start still in progress is refused.
+    _closed: bool = attrs.field(default=False, init=False)
 
     # ------------------------------------------------------------ controllers, listeners
 
@@ -469,6 +520,8 @@ class TaskService:
                 raise TaskStartError(f"the {spec.kind} task was not started: its owner or the task service closed")
             if not isinstance(hooks, TaskHooks):
                 raise TaskStartError(f"the {spec.kind} starter returned {hooks!r}, not TaskHooks")
+            if entry.disposed or self._closed:
+                self._refuse_late(spec, hooks)
             record = self._commit(spec, entry, hooks)
         finally:
             entry.pending.discard(pending)
@@ -477,6 +530,22 @@ class TaskService:
         # If the owner or the service began closing while run() was in
         # progress, it waited for this start and now cancels the new task.
         return record.snapshot()
+
+    def _refuse_late(self, spec: TaskSpec, hooks: TaskHooks) -> NoReturn:
+        """A starter outlived the teardown bound of its owner or of the service: stop its work."""
+        reason = "task service closed" if self._closed else "owner disposed"
+        try:
+            hooks.cancel(reason)
+        except Exception as exc:
+            log.warning("a late %s start could not be cancelled (%r); its work may be orphaned", spec.kind, exc)
+            raise TaskStartError(
+                f"the {spec.kind} task was not registered: its owner or the task service closed while it "
+                f"was starting, and cancelling its work failed ({exc!r}); the work may be orphaned"
+            ) from exc
+        raise TaskStartError(
+            f"the {spec.kind} task was not registered: its owner or the task service closed while it was "
+            "starting; its work was cancelled"
+        )
 
     def _commit(self, spec: TaskSpec, entry: _Owner, hooks: TaskHooks) -> _Record:
         """Register the task; nothing here can fail."""
@@ -546,12 +615,13 @@ class TaskService:
         self._live.discard(record)
         record.owner.live.discard(record)
         if record.waiters:
-            # A live waiter claims delivery: it returns the terminal snapshot.
-            record.reported = True
+            # A registered waiter is certain to return (a cancelled one left in
+            # its abort callback), so handing it the snapshot delivers the result.
+            record.reported = record.collected = True
             snapshot = record.snapshot()
             for waiter in record.waiters:
                 waiter.result = snapshot
-                waiter.event.set()
+                waiter.wake()
             record.waiters.clear()
         record.settled.set()
         log.debug("task %s settled: %s", record.id, status)
@@ -561,6 +631,42 @@ class TaskService:
                 listener(snapshot)
             except Exception:
                 log.exception("task-done listener %r failed for task %s", listener, record.id)
+        self._retire(record)
+
+    def _retire(self, record: _Record) -> None:
+        """Make a finished, reported, visible record prunable; forget the oldest beyond the cap.
+
+        Collected records go first; a record only notified (its notice tells
+        the model to read it) goes only when no collected record is left.
+        Running and unreported records are never forgotten.
+        """
+        entry = record.owner
+        if not (record.terminal and record.reported) or entry.records.get(record.id) is not record:
+            return
+        if record.collected:
+            entry.notified.pop(record.id, None)
+            entry.collected.setdefault(record.id, record)
+        else:
+            entry.notified.setdefault(record.id, record)
+        while len(entry.collected) + len(entry.notified) > self.finished_cap:
+            pool = entry.collected or entry.notified
+            self._forget(pool[next(iter(pool))])
+
+    def _forget(self, record: _Record) -> None:
+        """Drop a finished record: its id becomes unknown, its producer releases what it kept."""
+        entry = record.owner
+        entry.collected.pop(record.id, None)
+        entry.notified.pop(record.id, None)
+        if entry.records.get(record.id) is record:
+            del entry.records[record.id]
+        if self._records.get(record.id) is record:
+            del self._records[record.id]
+        release = record.hooks.release
+        if release is not None:
+            try:
+                release()
+            except Exception:
+                log.exception("release of task %s failed (producer contract violation)", record.id)
 
     # ------------------------------------------------------------ lookup
 
@@ -614,6 +720,7 @@ class TaskService:
         if record is None or record.reported:
             return False
         record.reported = True
+        self._retire(record)
         return True
 
     # ------------------------------------------------------------ control
@@ -644,8 +751,10 @@ class TaskService:
                 output += record.trailing_output
                 record.trailing_output = None
         if record.terminal:
-            record.reported = True
-        return TaskRead(output=output, snapshot=record.snapshot(), stream=read_output is not None)
+            record.reported = record.collected = True
+        read = TaskRead(output=output, snapshot=record.snapshot(), stream=read_output is not None)
+        self._retire(record)
+        return read
 
     async def kill(self, task_id: str, caller: TaskOwner | None = None, reason: str | None = None) -> TaskSnapshot:
         """Request cancellation of a task.
@@ -674,7 +783,7 @@ class TaskService:
                 record.status = "stopping"
                 record.kill_reason = reason
             log.info("task %s kill requested%s", record.id, f": {reason}" if reason else "")
-        record.reported = True
+        record.reported = record.collected = True
         return record.snapshot()
 
     async def wait(
@@ -685,11 +794,18 @@ class TaskService:
     ) -> TaskSnapshot:
         """Wait up to ``timeout`` seconds (Trio time) for a task to settle.
 
+        Cancelling the waiter cancels only the wait, and delivery is atomic:
+        a settlement either hands the terminal snapshot to this wait, which
+        then returns it (even if its caller is cancelled in the same instant;
+        the cancellation arrives at the caller's next checkpoint), or happens
+        after the cancelled wait unregistered, leaving the task unreported (so
+        a completion notice still goes out).  A settlement that coincides with
+        the timeout is delivered to the wait.
+
         Returns:
             The terminal snapshot if the task settled (it is then marked
             reported), else the live snapshot at the timeout; the task keeps
-            running.  Cancelling the waiter cancels only the wait; a waiter that
-            was already handed the terminal snapshot still returns it.
+            running.
 
         Raises:
             TaskNotFoundError: the id is unknown or not visible to ``caller``.
@@ -700,16 +816,30 @@ class TaskService:
         await trio.lowlevel.checkpoint()
         record = self._lookup(task_id, caller)
         if record.terminal:
-            record.reported = True
-            return record.snapshot()
-        waiter = _Waiter()
+            record.reported = record.collected = True
+            snapshot = record.snapshot()
+            self._retire(record)
+            return snapshot
+        waiter = _Waiter(trio.lowlevel.current_task())
+        deadline = trio.current_time() + timeout
+
+        def abort(raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+            if trio.current_time() >= deadline:
+                # Our own timeout: this wait will return normally, so it stays
+                # registered until it runs again and a settlement meanwhile
+                # still counts as delivered to it.
+                waiter.wake()
+                return trio.lowlevel.Abort.FAILED
+            # Cancelled from outside: unregister now, in the same synchronous
+            # step as the abort, so no later settlement counts this waiter.
+            record.waiters.discard(waiter)
+            return trio.lowlevel.Abort.SUCCEEDED
+
         record.waiters.add(waiter)
         try:
-            with trio.move_on_after(timeout):
-                await waiter.event.wait()
+            with trio.CancelScope(deadline=deadline):
+                await trio.lowlevel.wait_task_rescheduled(abort)
         finally:
-            # Synchronous unregistration: a settlement after this point does not
-            # count this waiter as a reader.
             record.waiters.discard(waiter)
         if waiter.result is not None:
             return waiter.result
@@ -732,11 +862,34 @@ class TaskService:
             record.status = "stopping"
             record.kill_reason = reason
 
+    def _give_up(self, records: Iterable[_Record], bound: float, during: str) -> None:
+        """Force-settle live records that did not stop within a teardown bound.
+
+        Called after the bound ended the wait: each still-live record is
+        settled ``failed`` with an error naming the timeout, which listeners
+        (the harness's ``task/done`` event) observe like any settlement.
+        """
+        for record in tuple(records):
+            if record.terminal:
+                continue
+            message = (
+                f"did not stop within the teardown timeout ({bound:g} s) of {during}; "
+                "it was given up and its work may still be running"
+            )
+            log.warning("task %s %s", record.id, message)
+            self._settle(record, "failed", error=message, detail={"error": message})
+
     async def _dispose_owner(self, entry: _Owner) -> None:
-        """The exit callback of an owner's scope: cancel, await and forget its tasks."""
+        """The exit callback of an owner's scope: cancel, await and forget its tasks.
+
+        The owner's scope bounds this callback by its ``teardown_timeout``; a
+        task still live when the bound ends the wait is force-settled
+        ``failed`` with an error naming the timeout.
+        """
         entry.disposing = True
         owner = entry.owner
         assert owner is not None
+        during = f"the disposal of {owner.id!r}"
         try:
             for pending in tuple(entry.pending):
                 pending.cancel_scope.cancel()
@@ -746,63 +899,102 @@ class TaskService:
             for record in live:
                 record.owner_disposed = True
             for record in live:
-                self._request_stop(record, "owner disposed", f"disposal of {owner.id!r}")
+                self._request_stop(record, "owner disposed", during)
             for record in live:
                 await record.settled.wait()
         finally:
+            # Normally nothing is live here; after the teardown bound (the only
+            # thing that ends the waits above early) the rest is given up.
+            for record in tuple(entry.live):
+                record.owner_disposed = True
+                self._request_stop(record, "owner disposed", during)
+            self._give_up(entry.live, owner.scope.teardown_timeout, during)
+            entry.disposed = True
             for task_id, record in entry.records.items():
                 record.owner_disposed = True
                 if self._records.get(task_id) is record:
                     del self._records[task_id]
             entry.records.clear()
+            entry.collected.clear()
+            entry.notified.clear()
             if self._owners.get(id(owner)) is entry:
                 del self._owners[id(owner)]
             entry.detach = None
 
     async def _shutdown(self) -> None:
-        """Refuse new starts, detach owner callbacks, cancel and await every live task."""
+        """Refuse new starts, detach owner callbacks, cancel and await every live task.
+
+        The waits are bounded by ``teardown_timeout``; what is still live then
+        is force-settled ``failed``.
+        """
         self._closing = True
         for pending in tuple(self._pending):
             pending.cancel_scope.cancel()
-        for pending in tuple(self._pending):
-            await pending.finished.wait()
         for entry in tuple(self._owners.values()):
             if entry.detach is not None:
                 entry.detach()
                 entry.detach = None
-        live = tuple(self._live)
-        for record in live:
+        with trio.move_on_after(self.teardown_timeout):
+            for pending in tuple(self._pending):
+                await pending.finished.wait()
+            live = tuple(self._live)
+            for record in live:
+                self._request_stop(record, "task service closed", "task service teardown")
+            for record in live:
+                await record.settled.wait()
+        self._closed = True
+        for record in tuple(self._live):
             self._request_stop(record, "task service closed", "task service teardown")
-        for record in live:
-            await record.settled.wait()
+        self._give_up(self._live, self.teardown_timeout, "the task service's teardown")
         self._listeners.clear()
-        # What is still watched was force-failed (its cancel raised): stop waiting.
+        # What is still watched was force-failed (its cancel raised, or it did
+        # not stop in time): stop waiting for its producer.
         for record in tuple(self._watching):
             record.watch_scope.cancel()
 
 
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
 @asynccontextmanager
-async def open_task_service(*, per_owner_cap: int = DEFAULT_PER_OWNER_CAP) -> AsyncIterator[TaskService]:
+async def open_task_service(
+    *,
+    per_owner_cap: int = DEFAULT_PER_OWNER_CAP,
+    finished_cap: int = DEFAULT_FINISHED_CAP,
+    teardown_timeout: float = DEFAULT_TEARDOWN_TIMEOUT,
+) -> AsyncIterator[TaskService]:
     """Run a :class:`TaskService` for the duration of the ``async with`` block.
 
     The producers' ``done`` hooks are awaited in the service's own nursery.
     Leaving the block refuses new starts, detaches the owner callbacks from
     still-open scopes, cancels every live task and awaits its producer
-    (shielded), then stops.  A producer whose cancel raises is force-failed
-    (its work may be orphaned) instead of awaited; one whose cancel returns but
-    whose ``done`` never settles blocks the exit, as the contract requires.
+    (shielded, for at most ``teardown_timeout`` seconds), then stops.  A
+    producer whose cancel raises is force-failed (its work may be orphaned)
+    instead of awaited; one that has not settled when the timeout ends the
+    wait is force-failed with an error naming the timeout.  Its ``done`` is
+    then cancelled; a ``done`` that shields itself from cancellation still
+    holds the exit until it returns (Trio's nurseries wait for their tasks).
 
     Args:
         per_owner_cap: how many running or stopping tasks one exact owner (and
             the unowned pool) may have at once.
+        finished_cap: how many finished, reported tasks one exact owner (and
+            the unowned pool) keeps before the oldest are forgotten.
+        teardown_timeout: the bound, in seconds of Trio time, on waiting for
+            live tasks at exit.
 
     Raises:
-        ValueError: ``per_owner_cap`` is not a positive integer.
+        ValueError: a cap is not a positive integer, or ``teardown_timeout``
+            is not a positive number.
     """
-    if isinstance(per_owner_cap, bool) or not isinstance(per_owner_cap, int) or per_owner_cap <= 0:
-        raise ValueError(f"per_owner_cap must be a positive integer, got {per_owner_cap!r}")
+    _check_positive_int("per_owner_cap", per_owner_cap)
+    _check_positive_int("finished_cap", finished_cap)
+    if isinstance(teardown_timeout, bool) or not isinstance(teardown_timeout, int | float) or not teardown_timeout > 0:
+        raise ValueError(f"teardown_timeout must be a positive number of seconds, got {teardown_timeout!r}")
     async with trio.open_nursery() as nursery:
-        service = TaskService(nursery, per_owner_cap)
+        service = TaskService(nursery, per_owner_cap, finished_cap, float(teardown_timeout))
         try:
             yield service
         finally:

@@ -19,7 +19,7 @@ import attrs
 import trio
 
 from .._errors import TaskError, TaskNotFoundError
-from ..agents._tools import Tool, ToolContext, ToolOutput, ToolSet
+from ..agents._tools import Tool, ToolContext, ToolHandler, ToolOutput, ToolSet
 from ._render import (
     TASKS_GUIDANCE,
     bound_text,
@@ -88,6 +88,35 @@ def _check_limit(limit: int | None) -> None:
         raise ValueError(f"output_limit_bytes must be a positive integer or None, got {limit!r}")
 
 
+class _InvalidArguments(dict[str, Any]):
+    """Arguments that failed validation, handed on so the handler words the error within the byte limit.
+
+    JSON decoding only ever produces plain dicts, so a model cannot forge one.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
+
+class _BoundedTool(Tool):
+    """A tool with a byte limit: its argument errors reach the handler instead of the driver.
+
+    The driver words a validation error itself (``error: <message>``) without
+    knowing the tool's limit; this tool hands the message to its handler,
+    which returns the same text cut to the limit.
+    """
+
+    __slots__ = ()
+
+    def validate(self, arguments: str) -> dict[str, Any]:
+        """Parse and validate; a failure becomes :class:`_InvalidArguments` rather than ``ValueError``."""
+        try:
+            return super().validate(arguments)
+        except ValueError as exc:
+            return _InvalidArguments(str(exc))
+
+
 def task_tools(
     tasks: TaskService,
     *,
@@ -109,7 +138,8 @@ def task_tools(
             each task's own ``output_limit_bytes`` (the stricter wins).
 
     Returns:
-        The three tools, in the order output, list, kill.
+        The three tools, in the order output, list, kill.  With a limit, every
+        result (argument errors included) stays within it.
 
     Raises:
         ValueError: a wait is negative or NaN, or the limit is not positive.
@@ -157,10 +187,21 @@ def task_tools(
         limit = effective_limit(snapshot.output_limit_bytes, output_limit_bytes)
         return render_kill_result(snapshot, limit)
 
+    def make(name: str, description: str, parameters: dict[str, Any], handler: ToolHandler) -> Tool:
+        if output_limit_bytes is None:
+            return Tool(name=name, description=description, parameters=parameters, handler=handler)
+
+        async def checked(ctx: ToolContext, args: dict[str, Any]) -> str | ToolOutput:
+            if isinstance(args, _InvalidArguments):
+                return error(f"error: {args.message}")  # the driver's wording, within the limit
+            return await handler(ctx, args)
+
+        return _BoundedTool(name=name, description=description, parameters=parameters, handler=checked)
+
     wait_help = f"default {default:g} s, at most {max_wait:g} s"
     task_id_schema = {"type": "string", "description": 'The task id, e.g. "bash-3".'}
     return [
-        Tool(
+        make(
             name="task_output",
             description=(
                 "Read the output of a background task. Stream tasks (such as bash) return only "
@@ -188,13 +229,13 @@ def task_tools(
             },
             handler=task_output,
         ),
-        Tool(
+        make(
             name="task_list",
             description=("List your background tasks, one per line as <id> [<kind>] <status> — <label>."),
             parameters={"type": "object", "properties": {}},
             handler=task_list,
         ),
-        Tool(
+        make(
             name="task_kill",
             description=(
                 "Stop a background task whose work no longer matters. Reports the task's "
