@@ -1,6 +1,7 @@
 """The agent registry (``harness.agents``), the factory slot, and AgentHandle.
 
-Create and resume share one atomic publication pipeline (seed 002 §5):
+Create and resume share one atomic publication pipeline (docs/lifecycle.rst,
+"Create and resume: one atomic pipeline"):
 
 1. prepare the session (fresh, or loaded and recovered) — nobody can see it;
 2. prepare the agent: its own scope (a child of the factory's scope), inbox
@@ -392,7 +393,7 @@ class AgentRegistry:
             factory, factory_scope = self._require_factory()
             if owner is None and parent is not None:
                 owner = parent.scope
-            if abort is None:
+            if abort is None and setup is not None:  # without setup nothing here waits long
                 abort = self._watch(owner, factory_scope)
             agent_scope = await factory_scope.open_child(f"agent:{session.id}")
         except BaseException:
@@ -426,10 +427,11 @@ class AgentRegistry:
             agent_scope.add_close_hook(built.dispose_hook)
             commit: Callable[[], None] | None = None
             if setup is not None:
+                assert abort is not None
                 # The owner or the factory closing cancels setup (docs/guarantees.rst, "Publication").
                 with abort.guard():
                     commit = await setup(agent)
-            if abort.closed_by is not None:
+            if abort is not None and abort.closed_by is not None:
                 raise self._closed_error(abort, session.id, "during setup")
             if owner is not None and owner.closing:
                 raise AgentError(
@@ -457,9 +459,11 @@ class AgentRegistry:
                     await agent_scope.close()
                 sessions.discard(session)
             finally:
-                abort.finish()
+                if abort is not None:
+                    abort.finish()
             raise
-        abort.finish()
+        if abort is not None:
+            abort.finish()
         if owner is not None:
             remove = owner.add_exit_callback(agent_scope.close)
             agent_scope.add_exit_callback(remove)
