@@ -714,6 +714,16 @@ def test_a_cwd_that_is_not_text_is_refused_and_nothing_is_written(tmp_path: Path
     trio.run(main)
 
 
+async def test_a_path_object_as_cwd_is_recorded_as_text(tmp_path: Path) -> None:
+    async with open_test_harness(ScriptedModel([{"text": "x"}]), store=tmp_path) as h:
+        async with h.agents.open(session_id="p", cwd=tmp_path) as agent:
+            assert agent.session.header.cwd == str(tmp_path) and type(agent.session.header.cwd) is str
+            agent.followup("go")
+            await agent.when_idle()
+    async with open_test_harness(store=tmp_path) as h, h.agents.open(session_id="p", resume=True) as agent:
+        assert agent.session.header.cwd == str(tmp_path)
+
+
 async def test_arguments_of_the_wrong_type_are_refused_by_name() -> None:
     async with open_test_harness() as h:
         with pytest.raises(TypeError, match="options must be an AgentOptions, got dict"):

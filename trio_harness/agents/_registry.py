@@ -29,6 +29,7 @@ unwind (tools, owned tasks); then the agent leaves the registry
 from __future__ import annotations
 
 import builtins
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -91,6 +92,14 @@ class _AgentEntry:
     owner: Agent | None
     announced: bool = False
     detached: bool = False
+
+
+def _text_path(cwd: object) -> str:
+    """``cwd`` as the str a session header records, or a TypeError naming it."""
+    path = os.fspath(cwd) if isinstance(cwd, os.PathLike) else cwd
+    if not isinstance(path, str):
+        raise TypeError(f"cwd must be a str (a directory path), got {type(cwd).__name__} {cwd!r:.80}")
+    return str.__str__(path)
 
 
 @attrs.define(eq=False)
@@ -222,7 +231,7 @@ class AgentRegistry:
         setup: Setup | None = None,
         owner: Scope | None = None,
         parent: Agent | None = None,
-        cwd: str | None = None,
+        cwd: str | os.PathLike[str] | None = None,
     ) -> AgentHandle:
         """Create a fresh agent around a new session and publish it atomically.
 
@@ -235,7 +244,8 @@ class AgentRegistry:
                 ``parent`` is given, else the scope the caller runs in (a
                 plugin's ``apply``, a task of a scope), else none.
             parent: the agent creating this one (runtime ownership).
-            cwd: the working directory recorded in the session header.
+            cwd: the working directory recorded in the session header (a str
+                or an ``os.PathLike`` of str).
 
         Raises:
             InvalidSessionIdError: the id is not a usable session id.
@@ -246,8 +256,8 @@ class AgentRegistry:
         """
         if session_id is not None:
             validate_session_id(session_id)
-        if cwd is not None and type(cwd) is not str:
-            raise TypeError(f"cwd must be a str (a directory path), got {type(cwd).__name__} {cwd!r:.80}")
+        if cwd is not None:
+            cwd = _text_path(cwd)
         owner = self._check_request(session_id, options, setup, owner, parent)
         self._require_factory()
         if session_id is not None and session_id in self._entries:
@@ -311,7 +321,7 @@ class AgentRegistry:
         options: AgentOptions | None = None,
         setup: Setup | None = None,
         resume: bool = False,
-        cwd: str | None = None,
+        cwd: str | os.PathLike[str] | None = None,
     ) -> AsyncIterator[Agent]:
         """Create (or with ``resume=True`` resume) an agent bound to the block."""
         if resume:

@@ -44,14 +44,14 @@ __all__ = [
 
 
 def _text(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
-    if type(value) is not str:
+    if not isinstance(value, str):
         raise TypeError(
             f"{type(instance).__name__}.{attribute.name} must be a str, got {type(value).__name__} {value!r:.80}"
         )
 
 
 def _optional_text(instance: object, attribute: attrs.Attribute[str | None], value: object) -> None:
-    if value is not None and type(value) is not str:
+    if value is not None and not isinstance(value, str):
         raise TypeError(
             f"{type(instance).__name__}.{attribute.name} must be a str or None, "
             f"got {type(value).__name__} {value!r:.80}"
@@ -77,7 +77,7 @@ def _timestamp(instance: object, attribute: attrs.Attribute[float], value: objec
 
 
 def _send_mode(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
-    if type(value) is not str or value not in _SEND_MODES:
+    if not isinstance(value, str) or value not in _SEND_MODES:
         raise ValueError(
             f"{type(instance).__name__}.{attribute.name} must be one of {', '.join(_SEND_MODES)}, got {value!r:.80}"
         )
