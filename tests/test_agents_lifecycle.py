@@ -533,6 +533,35 @@ async def test_owner_closing_cancels_a_slow_setup_promptly(autojump_clock: trio.
         await again.dispose()
 
 
+@pytest.mark.parametrize("order", ["close requested as setup returns", "close requested after publication"])
+async def test_owner_close_racing_the_end_of_setup(order: str) -> None:
+    """Both orders, forced: a close requested before publication rolls back; after it, disposes."""
+    async with open_test_harness() as h, trio.open_nursery() as nursery:
+        seen = record(h)
+        owner = await h.scope.open_child("owner")
+
+        async def setup(agent: Agent) -> None:
+            if order == "close requested as setup returns":
+                # close() marks the owner closing at once; its teardown has not run yet.
+                with trio.CancelScope() as cs:
+                    cs.cancel()
+                    await owner.close()
+            else:
+                nursery.start_soon(owner.close)  # runs only after create returned
+
+        if order == "close requested as setup returns":
+            with pytest.raises(AgentError, match="owner scope 'harness/owner' closed during setup"):
+                await h.agents.create(session_id="race", setup=setup, owner=owner)
+            assert seen == []
+        else:
+            handle = await h.agents.create(session_id="race", setup=setup, owner=owner)
+            await trio.testing.wait_all_tasks_blocked()
+            assert disposed(handle)
+            assert seen == [*LIFECYCLE]
+        await owner.close()
+        assert h.agents.list() == [] and h.sessions.list() == []
+
+
 async def test_an_owner_already_closing_is_refused_before_anything_is_prepared() -> None:
     async with open_test_harness() as h:
         seen = record(h)
