@@ -123,7 +123,7 @@ class _Abort:
 
     def watch(self, scope: Scope) -> None:
         def hook() -> Awaitable[None] | None:
-            if self._done.is_set() or any(scope.closing for scope in self.enclosing):
+            if self._done.is_set() or any(outer.closing for outer in self.enclosing):
                 return None  # over, or the caller is about to be cancelled by its own scope
             if self.closed_by is None:
                 self.closed_by = scope
@@ -502,7 +502,7 @@ class AgentRegistry:
 
     @staticmethod
     def _check_id(agent_id: object) -> None:
-        if type(agent_id) is not str:
+        if not isinstance(agent_id, str):
             raise InvalidSessionIdError(f"an agent id is a session id, a string; got {type(agent_id).__name__}")
 
     def get(self, agent_id: str) -> Agent | None:
