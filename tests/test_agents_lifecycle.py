@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from trio_harness._bus import Notice
-from trio_harness._errors import AgentError, AgentExistsError, FactoryError, InboxError
+from trio_harness._errors import (
+    AgentDisposedError,
+    AgentError,
+    AgentExistsError,
+    FactoryError,
+    InboxError,
+    InvalidSessionIdError,
+)
 from trio_harness._harness import Harness
 from trio_harness.agents import Agent, AgentHandle, AgentOptions, ReactLoopFactory, Tool, ToolContext
 from trio_harness.model._scripted import ScriptedModel
 from trio_harness.session import _events as ev
-from trio_harness.testing import open_test_harness
+from trio_harness.testing import assert_balanced, open_test_harness
 
 LIFECYCLE = ("session/created", "agent/created", "agent/session-start", "agent/disposed", "session/disposed")
 
@@ -229,25 +238,43 @@ async def test_teardown_order_scope_then_agent_then_session() -> None:
         assert order == ["scope callback", "agent/disposed", "session/disposed"]
 
 
-async def test_listener_requesting_disposal_sees_a_coherent_world() -> None:
+@pytest.mark.parametrize("notice", ["session/created", "agent/created"])
+async def test_listener_requesting_disposal_sees_a_coherent_world(notice: str) -> None:
+    """A listener that closes the agent's owner mid-announcement: the others still see it whole."""
     async with open_test_harness() as h, trio.open_nursery() as nursery:
-        views: list[tuple[bool, bool]] = []
-        handles: list[AgentHandle] = []
+        owner = await h.scope.open_child("owner")
+        views: list[tuple[str, bool, bool]] = []
+        requested: list[str] = []
 
-        def first(n: Notice) -> None:
-            nursery.start_soon(handles[0].dispose) if handles else None
-            views.append((h.agents.get("L") is not None, h.sessions.get("L") is not None))
+        def view(n: Notice) -> None:
+            views.append((n.name, h.agents.get("L") is not None, h.sessions.get("L") is not None))
 
-        def second(n: Notice) -> None:
-            views.append((h.agents.get("L") is not None, h.sessions.get("L") is not None))
+        def dispose_it(n: Notice) -> None:
+            # The owner's teardown is requested now; it runs at the next checkpoint.
+            nursery.start_soon(owner.close)
+            requested.append(n.name)
+            view(n)
 
-        h.bus.on("agent/created", first)
-        h.bus.on("agent/created", second)
-        handle = await h.agents.create(session_id="L")
-        handles.append(handle)
-        assert views == [(True, True), (True, True)]
-        await handle.dispose()
-        assert h.agents.get("L") is None
+        h.bus.on(notice, dispose_it)
+        for name in ("session/created", "agent/created", "agent/session-start"):
+            h.bus.on(name, view)
+        seen = record(h)
+        handle = await h.agents.create(session_id="L", owner=owner)
+        assert requested == [notice]
+        # Every listener of every announcement saw both registries holding the agent.
+        assert all(agent_live and session_live for _, agent_live, session_live in views)
+        assert [name for name, _, _ in views] == [
+            *([notice] if notice == "session/created" else []),
+            "session/created",
+            *([notice] if notice == "agent/created" else []),
+            "agent/created",
+            "agent/session-start",
+        ]
+        assert seen == ["session/created", "agent/created", "agent/session-start"]
+        await trio.testing.wait_all_tasks_blocked()  # the requested teardown runs to its end
+        assert handle.disposed
+        assert seen[3:] == ["agent/disposed", "session/disposed"]
+        assert h.agents.get("L") is None and h.sessions.get("L") is None
 
 
 async def test_stale_handle_cannot_remove_a_later_agent_with_the_same_id() -> None:
@@ -369,3 +396,369 @@ async def test_a_thousand_agents_created_and_disposed_concurrently_leave_nothing
         # harness runner tasks only: root scope, 5 service scopes, bash and task service holders
         assert count(root_task) < 30
     gc.collect()
+
+
+# ---------------------------------------------------------------- a disposed agent changes nothing
+
+
+def disposed(handle: AgentHandle) -> bool:
+    """Whether the handle's agent is disposed (a function, so type checkers do not narrow it)."""
+    return handle.disposed
+
+
+async def _maintain(agent: Agent) -> None:
+    async with agent.maintenance():
+        pass  # pragma: no cover  # refused before the block
+
+
+def _now(change: Callable[[Agent], object]) -> Callable[[Agent], Awaitable[object]]:
+    async def run(agent: Agent) -> object:
+        return change(agent)
+
+    return run
+
+
+DISPOSED_OPERATIONS: dict[str, Callable[[Agent], Awaitable[object]]] = {
+    "cancel": _now(lambda a: a.cancel()),
+    "cancel(keep_inbox)": _now(lambda a: a.cancel("parent", keep_inbox=True)),
+    "followup": _now(lambda a: a.followup("late")),
+    "steer": _now(lambda a: a.steer("late")),
+    "inject": _now(lambda a: a.inject("late")),
+    "send": _now(lambda a: a.send(ev.InboxMessage("late-id", "late"), mode="followup")),
+    "inbox.clear": _now(lambda a: a.inbox.clear()),
+    "inbox.remove": _now(lambda a: a.inbox.remove(a.inbox.next_turn[0].id)),
+    "inbox.append": _now(lambda a: a.inbox.append("next-turn", ev.InboxMessage("late-id", "late"))),
+    "maintenance": _maintain,
+}
+
+
+@pytest.mark.parametrize("operation", list(DISPOSED_OPERATIONS))
+async def test_operations_on_a_disposed_agent_change_nothing(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, operation: str
+) -> None:
+    """Cancel (or any change) after dispose is refused: the flushed, detached log stays as it is."""
+    async with open_test_harness(ScriptedModel([{"hang": True}]), store=tmp_path) as h:
+        handle = await h.agents.create(session_id="gone")
+        agent = handle.agent
+        agent.followup("running")
+        await trio.testing.wait_all_tasks_blocked()
+        agent.followup("queued")
+        agent.inject("parked")
+        await handle.dispose()
+        log = tmp_path / "gone" / "session.jsonl"
+        stored, length = log.read_bytes(), len(agent.session)
+        with pytest.raises(AgentDisposedError, match="'gone' is disposed"):
+            await DISPOSED_OPERATIONS[operation](agent)
+        assert len(agent.session) == length and log.read_bytes() == stored
+        assert [m.text for m in agent.inbox.next_turn] == ["queued"]
+    async with (
+        open_test_harness(ScriptedModel([]), store=tmp_path) as h,
+        h.agents.open(session_id="gone", resume=True) as resumed,
+    ):
+        # The queued work is still queued, exactly as the disposed agent left it.
+        assert [m.text for m in resumed.inbox.next_turn] == ["queued"]
+        assert [m.text for m in resumed.inbox.next_step] == ["parked"]
+        end = resumed.session.events[-1]
+        assert isinstance(end, ev.TurnEnd) and (end.reason, end.cause) == ("aborted", "disposed")
+        assert_balanced(resumed.session)
+
+
+async def test_cancel_while_disposal_runs_is_refused_and_the_turn_ends_disposed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_test_harness(ScriptedModel([{"hang": True}])) as h:
+        handle = await h.agents.create()
+        agent = handle.agent
+        agent.followup("running")
+        await trio.testing.wait_all_tasks_blocked()
+        refused: list[BaseException] = []
+
+        def cancel_on_disposal(n: Notice) -> None:
+            try:
+                agent.cancel()
+            except AgentDisposedError as exc:
+                refused.append(exc)
+
+        # agent/status "idle" is emitted while the close hook waits for quiescence.
+        h.bus.on("agent/status", cancel_on_disposal)
+        await handle.dispose()
+        assert len(refused) == 1
+        end = agent.session.events[-1]
+        assert isinstance(end, ev.TurnEnd) and (end.reason, end.cause) == ("aborted", "disposed")
+
+
+# ---------------------------------------------------------------- the owner closing during setup
+
+
+@pytest.mark.parametrize("source", ["create", "resume"])
+async def test_owner_closing_cancels_a_slow_setup_promptly(autojump_clock: trio.testing.MockClock, source: str) -> None:
+    async with open_test_harness() as h:
+        if source == "resume":
+            async with h.agents.open(session_id="slow") as stored:
+                stored.inject("a stored event")
+        seen = record(h, (*LIFECYCLE, "agent/status"))
+        owner = await h.scope.open_child("owner")
+        cleaned_up: list[float] = []
+        outcome: list[BaseException] = []
+
+        async def setup(agent: Agent) -> None:
+            try:
+                await trio.sleep(1000)
+            finally:
+                cleaned_up.append(trio.current_time())
+
+        async def build() -> None:
+            try:
+                if source == "create":
+                    await h.agents.create(session_id="slow", setup=setup, owner=owner)
+                else:
+                    await h.agents.resume("slow", setup=setup, owner=owner)
+            except AgentError as exc:
+                outcome.append(exc)
+
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(build)
+            await trio.sleep(1)
+            await owner.close()
+            # When the owner's close returns, the creation has rolled back.
+            assert [type(e) for e in outcome] == [AgentError]
+            assert trio.current_time() - start == 1
+        assert cleaned_up == [start + 1]
+        assert "owner scope 'harness/owner' closed during setup" in str(outcome[0])
+        assert seen == [] and h.agents.list() == [] and h.sessions.list() == []
+        # The id is free again.
+        again = await (h.agents.create(session_id="slow") if source == "create" else h.agents.resume("slow"))
+        assert again.agent.id == "slow"
+        await again.dispose()
+
+
+@pytest.mark.parametrize("order", ["close requested as setup returns", "close requested after publication"])
+async def test_owner_close_racing_the_end_of_setup(order: str) -> None:
+    """Both orders, forced: a close requested before publication rolls back; after it, disposes."""
+    async with open_test_harness() as h, trio.open_nursery() as nursery:
+        seen = record(h)
+        owner = await h.scope.open_child("owner")
+
+        async def setup(agent: Agent) -> None:
+            if order == "close requested as setup returns":
+                # close() marks the owner closing at once; its teardown has not run yet.
+                with trio.CancelScope() as cs:
+                    cs.cancel()
+                    await owner.close()
+            else:
+                nursery.start_soon(owner.close)  # runs only after create returned
+
+        if order == "close requested as setup returns":
+            with pytest.raises(AgentError, match="owner scope 'harness/owner' closed during setup"):
+                await h.agents.create(session_id="race", setup=setup, owner=owner)
+            assert seen == []
+        else:
+            handle = await h.agents.create(session_id="race", setup=setup, owner=owner)
+            await trio.testing.wait_all_tasks_blocked()
+            assert disposed(handle)
+            assert seen == [*LIFECYCLE]
+        await owner.close()
+        assert h.agents.list() == [] and h.sessions.list() == []
+
+
+async def test_an_owner_already_closing_is_refused_before_anything_is_prepared() -> None:
+    async with open_test_harness() as h:
+        seen = record(h)
+        ran: list[bool] = []
+
+        async def setup(agent: Agent) -> None:
+            ran.append(True)
+
+        owner = await h.scope.open_child("owner")
+        await owner.close()
+        with pytest.raises(AgentError, match="its owner scope 'harness/owner' is closing"):
+            await h.agents.create(session_id="late", owner=owner, setup=setup)
+        # The implicit owner: an exit callback runs in its (closing) scope.
+        worker = await h.scope.open_child("worker")
+        refused: list[AgentError] = []
+
+        async def create_in_teardown() -> None:
+            try:
+                await h.agents.create(session_id="late", setup=setup)
+            except AgentError as exc:
+                refused.append(exc)
+
+        worker.add_exit_callback(create_in_teardown)
+        await worker.close()
+        assert "the scope this code runs in 'harness/worker' is closing" in str(refused[0])
+        assert ran == [] and seen == []
+        handle = await h.agents.create(session_id="late")
+        await handle.dispose()
+
+
+async def test_harness_exit_cancels_a_slow_setup_promptly(autojump_clock: trio.testing.MockClock) -> None:
+    outcome: list[BaseException] = []
+
+    async def setup(agent: Agent) -> None:
+        await trio.sleep(1000)
+
+    async def build(h: Harness) -> None:
+        with pytest.raises(FactoryError) as caught:
+            await h.agents.create(session_id="slow", setup=setup)
+        outcome.append(caught.value)
+
+    async with trio.open_nursery() as nursery:  # the creator lives outside the harness
+        async with open_test_harness() as h:
+            nursery.start_soon(build, h)
+            await trio.sleep(1)
+        assert trio.current_time() == 1 and len(outcome) == 1
+        assert "unloaded during setup" in str(outcome[0])
+
+
+# ---------------------------------------------------------------- the caller's scope as default owner
+
+
+class _Creator:
+    """A plugin whose ``apply`` creates one agent (optionally with an explicit owner)."""
+
+    def __init__(self, h: Harness, owner: object = None) -> None:
+        self.name = "creator"
+        self.h = h
+        self.owner = owner
+        self.handles: list[AgentHandle] = []
+
+    async def apply(self, scope: object) -> None:
+        kwargs = {"owner": self.owner} if self.owner is not None else {}
+        self.handles.append(await self.h.agents.create(session_id="from-plugin", **kwargs))  # type: ignore[arg-type]
+
+
+async def test_an_agent_created_by_a_plugin_is_disposed_when_the_plugin_unloads() -> None:
+    async with open_test_harness() as h:
+        seen = record(h, ("agent/disposed",))
+        plugin = _Creator(h)
+        await h.load(plugin)
+        (handle,) = plugin.handles
+        assert not disposed(handle)
+        await h.unload("creator")
+        assert disposed(handle) and seen == ["agent/disposed"]
+        assert h.agents.list() == [] and h.sessions.list() == []
+
+
+async def test_an_explicit_owner_wins_over_the_callers_scope() -> None:
+    async with open_test_harness() as h:
+        keeper = await h.scope.open_child("keeper")
+        plugin = _Creator(h, owner=keeper)
+        await h.load(plugin)
+        (handle,) = plugin.handles
+        await h.unload("creator")
+        assert not disposed(handle) and h.agents.get("from-plugin") is handle.agent
+        await keeper.close()
+        assert disposed(handle)
+
+
+async def test_an_agent_created_by_a_task_of_a_scope_is_owned_by_that_scope() -> None:
+    async with open_test_harness() as h:
+        worker = await h.scope.open_child("worker")
+        handles: list[AgentHandle] = []
+
+        async def work() -> None:
+            handles.append(await h.agents.create(session_id="by-task"))
+
+        worker.spawn(work)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(handles) == 1 and not disposed(handles[0])
+        await worker.close()
+        assert disposed(handles[0])
+
+
+async def test_a_plain_caller_outside_every_scope_creates_an_agent_only_the_harness_owns() -> None:
+    async with open_test_harness() as h:
+        handle = await h.agents.create(session_id="plain")
+        other = await h.scope.open_child("unrelated")
+        await other.close()
+        assert not disposed(handle)
+    assert disposed(handle)
+
+
+async def test_a_task_whose_scope_closes_during_setup_is_cancelled_not_failed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The caller's own scope closing cancels it like any task of that scope: no error escapes."""
+    async with open_test_harness() as h:
+        seen = record(h)
+        worker = await h.scope.open_child("worker")
+        cancelled: list[bool] = []
+
+        async def setup(agent: Agent) -> None:
+            try:
+                await trio.sleep(1000)
+            except trio.Cancelled:
+                cancelled.append(True)
+                raise
+
+        async def work() -> None:
+            await h.agents.create(session_id="doomed", setup=setup)
+
+        worker.spawn(work)
+        await trio.sleep(1)
+        await worker.close()
+        assert trio.current_time() == 1 and cancelled == [True]
+        assert seen == [] and h.agents.list() == [] and h.sessions.list() == []
+
+
+# ---------------------------------------------------------------- bad input at the boundary
+
+
+BAD_IDS: list[object] = [["x"], {"a": 1}, 5, b"x", "", "a/b"]
+
+
+@pytest.mark.parametrize("bad", BAD_IDS, ids=repr)
+async def test_an_unusable_session_id_is_refused_before_any_lookup(tmp_path: Path, bad: object) -> None:
+    async with open_test_harness(store=tmp_path) as h:
+        with pytest.raises(InvalidSessionIdError, match="session id"):
+            await h.agents.create(session_id=bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidSessionIdError, match="session id"):
+            await h.agents.resume(bad)  # type: ignore[arg-type]
+        if not isinstance(bad, str):
+            for query in (h.agents.get, h.agents.owner_of, h.agents.owned_by):
+                with pytest.raises(InvalidSessionIdError, match=type(bad).__name__):
+                    query(bad)  # type: ignore[arg-type]
+        assert h.agents.list() == [] and h.sessions.list() == []
+    assert list(tmp_path.iterdir()) == []
+
+
+@given(
+    cwd=st.one_of(
+        st.integers(), st.binary(), st.floats(allow_nan=False), st.lists(st.text(max_size=3), max_size=2), st.booleans()
+    )
+)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_cwd_that_is_not_text_is_refused_and_nothing_is_written(tmp_path: Path, cwd: object) -> None:
+    async def main() -> None:
+        async with open_test_harness(ScriptedModel([{"text": "x"}]), store=tmp_path) as h:
+            with pytest.raises(TypeError, match=f"cwd must be a str.*got {type(cwd).__name__}"):
+                await h.agents.create(session_id="cwd", cwd=cwd)  # type: ignore[arg-type]
+            assert h.agents.list() == [] and h.sessions.list() == []
+            async with h.agents.open(session_id="cwd", cwd="/fine") as agent:  # the id stays free
+                assert agent.session.header.cwd == "/fine"
+        # Nothing was stored for the refused create; the good one stores no turn.
+        assert not (tmp_path / "cwd" / "session.jsonl").exists()
+
+    trio.run(main)
+
+
+async def test_a_path_object_as_cwd_is_recorded_as_text(tmp_path: Path) -> None:
+    async with open_test_harness(ScriptedModel([{"text": "x"}]), store=tmp_path) as h:
+        async with h.agents.open(session_id="p", cwd=tmp_path) as agent:
+            assert agent.session.header.cwd == str(tmp_path) and type(agent.session.header.cwd) is str
+            agent.followup("go")
+            await agent.when_idle()
+    async with open_test_harness(store=tmp_path) as h, h.agents.open(session_id="p", resume=True) as agent:
+        assert agent.session.header.cwd == str(tmp_path)
+
+
+async def test_arguments_of_the_wrong_type_are_refused_by_name() -> None:
+    async with open_test_harness() as h:
+        with pytest.raises(TypeError, match="options must be an AgentOptions, got dict"):
+            await h.agents.create(options={"max_steps": 3})  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="owner must be a Scope, got str"):
+            await h.agents.create(owner="harness")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="setup must be an async function"):
+            await h.agents.create(setup="no")  # type: ignore[arg-type]
+        assert h.agents.list() == [] and h.sessions.list() == []

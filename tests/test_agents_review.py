@@ -175,7 +175,7 @@ async def test_dispose_while_maintenance_held_waits_for_it(autojump_clock: trio.
                 order.append("disposed")
 
             nursery.start_soon(dispose)
-            await trio.sleep(1)
+            await trio.testing.wait_all_tasks_blocked()  # dispose is parked on the maintenance
             assert order == []
             release.set()
         assert order == ["maintenance done", "disposed"]
@@ -500,7 +500,7 @@ async def test_cancel_reaching_a_tool_through_its_own_nursery_reports_cancelled(
         h.tools.add(Tool("nested", "n", {"type": "object"}, with_nursery))
         async with h.agents.open() as agent:
             agent.followup("go")
-            await trio.sleep(1)
+            await trio.testing.wait_all_tasks_blocked()  # the tool is running
             agent.cancel()
             await agent.when_idle()
             (result,) = [e for e in agent.session.events if isinstance(e, ev.ToolResult)]
@@ -531,7 +531,7 @@ async def test_tool_error_raised_while_cancelled_does_not_crash_the_harness(
         h.tools.add(Tool("fragile", "f", {"type": "object"}, tool))
         async with h.agents.open() as agent:
             agent.followup("go")
-            await trio.sleep(1)
+            await trio.testing.wait_all_tasks_blocked()  # the tool is running
             agent.cancel()
             await agent.when_idle()
             (result,) = [e for e in agent.session.events if isinstance(e, ev.ToolResult)]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import Callable
 
-from trio_harness._errors import InboxError
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trio_harness._errors import AgentDisposedError, InboxError
 from trio_harness.agents import Inbox
 from trio_harness.session import Session, SessionHeader
 from trio_harness.session import _events as ev
@@ -141,3 +145,72 @@ def test_replay_starts_after_the_seed() -> None:
     Inbox(session=session).append("next-turn", msg("from-parent"))
     forked = Session(header=SessionHeader(id="f", created_at=0.0, seed_length=1), events=list(session.events))
     assert len(Inbox.replay(forked)) == 0
+
+
+# ---------------------------------------------------------------- bad input, sealed inbox
+
+NOT_TEXT = st.one_of(
+    st.none(), st.integers(), st.floats(), st.binary(), st.booleans(), st.lists(st.text(max_size=2), max_size=2)
+)
+
+
+@given(text=NOT_TEXT)
+def test_a_message_whose_text_is_not_text_is_refused_by_name(text: object) -> None:
+    with pytest.raises(TypeError, match=f"InboxMessage.text must be a str, got {type(text).__name__}"):
+        InboxMessage(id="m", text=text)  # type: ignore[arg-type]
+
+
+@given(message_id=NOT_TEXT)
+def test_a_message_whose_id_is_not_text_is_refused_by_name(message_id: object) -> None:
+    with pytest.raises(TypeError, match=f"InboxMessage.id must be a str, got {type(message_id).__name__}"):
+        InboxMessage(id=message_id, text="t")  # type: ignore[arg-type]
+
+
+@given(mode=st.one_of(NOT_TEXT, st.text().filter(lambda m: m not in ("followup", "steer", "inject"))))
+def test_a_message_with_an_unknown_mode_is_refused(mode: object) -> None:
+    with pytest.raises(ValueError, match=r"InboxMessage\.mode must be one of followup, steer, inject"):
+        InboxMessage(id="m", text="t", mode=mode)  # type: ignore[arg-type]
+
+
+@given(text=st.text(), message_id=st.text(min_size=1))
+def test_any_text_message_survives_the_log_and_replay(text: str, message_id: str) -> None:
+    from trio_harness.session._codec import decode_event, encode_event
+
+    session = new_session()
+    Inbox(session=session).append("next-turn", InboxMessage(id=message_id, text=text))
+    stored = Session(header=session.header, events=[decode_event(encode_event(e)) for e in session.events])
+    (replayed,) = Inbox.replay(stored).next_turn
+    # A lone surrogate pair written as two escapes reads back as the one character.
+    assert replayed.text.encode("utf-16", "surrogatepass") == text.encode("utf-16", "surrogatepass")
+    assert replayed.id.encode("utf-16", "surrogatepass") == message_id.encode("utf-16", "surrogatepass")
+
+
+def test_a_sealed_inbox_refuses_every_change_and_writes_nothing() -> None:
+    session = new_session()
+    inbox = Inbox(session=session)
+    inbox.append("next-turn", msg("a"))
+    inbox.append("next-step", msg("s", "steer"))
+    inbox.seal("agent 's' is disposed")
+    assert inbox.sealed
+    length = len(session)
+    changes: list[Callable[[], object]] = [
+        lambda: inbox.append("next-turn", msg("b")),
+        lambda: inbox.prepend("next-step", msg("b")),
+        lambda: inbox.replace("a", msg("b")),
+        lambda: inbox.remove("a"),
+        inbox.clear,
+        lambda: inbox.claim(1, turn_boundary=True),
+    ]
+    for change in changes:
+        with pytest.raises(AgentDisposedError, match="'s' is disposed"):
+            change()
+    assert len(session) == length
+    assert [m.id for m in inbox.next_turn] == ["a"] and [m.id for m in inbox.next_step] == ["s"]
+
+
+def test_a_sealed_empty_inbox_clears_and_claims_nothing_without_error() -> None:
+    session = new_session()
+    inbox = Inbox(session=session)
+    inbox.seal("sealed")
+    assert inbox.clear() == [] and inbox.claim(1, turn_boundary=True) == []
+    assert len(session) == 0

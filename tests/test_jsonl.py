@@ -869,7 +869,8 @@ async def test_a_header_that_cannot_be_encoded_is_refused_before_anything_is_sto
     persistence: JsonlPersistence,
 ) -> None:
     store = SessionStore(persistence, clock=lambda: float("nan"))
-    with pytest.raises(SessionError, match="header of session 's1' cannot be stored"):
+    # The header record refuses a non-finite timestamp before the store sees it.
+    with pytest.raises(ValueError, match="created_at must be finite"):
         store.prepare_new("s1")
     assert not persistence.root.exists() and store.list() == []
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from trio_harness.agents import Tool, ToolContext
+from trio_harness.agents import Agent, Tool, ToolContext
 from trio_harness.model._scripted import ScriptedModel
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
@@ -120,3 +121,110 @@ async def test_resume_after_crash_mid_turn_closes_the_turn(
             await agent.when_idle()
             assert [e.turn for e in agent.session.events if isinstance(e, ev.TurnStart)] == [1, 2, 3]
             assert_balanced(agent.session)
+
+
+# ---------------------------------------------------------------- the resume pipeline
+
+
+async def _store_one_turn(tmp_path: Path, session_id: str = "kept") -> None:
+    async with open_test_harness(ScriptedModel([{"text": "stored"}]), store=tmp_path) as h:
+        async with h.agents.open(session_id=session_id) as agent:
+            agent.followup("one")
+            await agent.when_idle()
+            agent.inject("parked")
+
+
+async def test_resume_announces_session_start_with_source_resume(tmp_path: Path) -> None:
+    await _store_one_turn(tmp_path)
+    async with open_test_harness(store=tmp_path) as h:
+        seen: list[tuple[str, str, object]] = []
+        for name in ("session/created", "agent/created", "agent/session-start"):
+            h.bus.on(name, lambda n: seen.append((n.name, n.subject.id, n.data.get("source"))))
+        handle = await h.agents.resume("kept")
+        assert seen == [
+            ("session/created", "kept", None),
+            ("agent/created", "kept", None),
+            ("agent/session-start", "kept", "resume"),
+        ]
+        await handle.dispose()
+        seen.clear()
+        fresh = await h.agents.create(session_id="fresh")
+        assert seen[-1] == ("agent/session-start", "fresh", "startup")
+        await fresh.dispose()
+
+
+async def test_resume_runs_setup_on_the_loaded_session_before_publication(tmp_path: Path) -> None:
+    await _store_one_turn(tmp_path)
+    model = ScriptedModel([{"tool_calls": [{"name": "echo", "arguments": {"x": "again"}}]}, {"text": "done"}])
+    async with open_test_harness(model, store=tmp_path) as h:
+        observed: list[tuple[object, ...]] = []
+        committed: list[bool] = []
+
+        async def setup(agent: Agent) -> Callable[[], None]:
+            await trio.lowlevel.checkpoint()
+            observed.append(
+                (
+                    h.agents.get("kept"),
+                    h.sessions.get("kept"),
+                    [e.type for e in agent.session.events if isinstance(e, ev.TurnEnd)],
+                    [m.text for m in agent.inbox.next_step],
+                )
+            )
+            agent.tools.add(ECHO, scope=agent.scope)  # this agent's own tool, for this life only
+            return lambda: committed.append(True)
+
+        handle = await h.agents.resume("kept", setup=setup)
+        assert observed == [(None, None, ["turn/end"], ["parked"])] and committed == [True]
+        agent = handle.agent
+        agent.followup("use the tool")
+        await agent.when_idle()
+        (result,) = [e for e in agent.session.events if isinstance(e, ev.ToolResult)]
+        assert result.content == "echo again"
+        assert [e.turn for e in agent.session.events if isinstance(e, ev.TurnStart)] == [1, 2]
+        await handle.dispose()
+
+
+@pytest.mark.parametrize("log", ["clean", "died-mid-turn"])
+@pytest.mark.parametrize("where", ["setup", "commit"])
+async def test_a_failing_setup_on_resume_leaves_the_stored_log_untouched(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, log: str, where: str
+) -> None:
+    if log == "clean":
+        await _store_one_turn(tmp_path)
+    else:
+        # Killed mid-turn: resume appends closers (in memory) before setup runs.
+        from trio_harness.session import JsonlPersistence, Session, SessionHeader
+
+        header = SessionHeader(id="kept", created_at=1.0)
+        writer = JsonlPersistence(tmp_path).open_writer(header)
+        session = Session(header=header, events=[], writer=writer)
+        session.append(ev.TurnStart, turn=1)
+        session.append(ev.StepStart, turn=1, step=1)
+        await session.flush()
+        writer.close()
+    path = tmp_path / "kept" / "session.jsonl"
+    before = path.read_bytes()
+    listing = sorted(p.name for p in (tmp_path / "kept").iterdir())
+
+    async def setup(agent: Agent) -> Callable[[], None]:
+        if log == "died-mid-turn":
+            end = agent.session.events[-1]  # the closers are there, in memory only
+            assert isinstance(end, ev.TurnEnd) and end.reason == "interrupted"
+        if where == "setup":
+            raise RuntimeError("setup broke")
+
+        def commit() -> None:
+            raise RuntimeError("commit broke")
+
+        return commit
+
+    async with open_test_harness(store=tmp_path) as h:
+        seen: list[str] = []
+        h.bus.on("*", lambda n: seen.append(n.name))
+        with pytest.raises(RuntimeError, match=f"{where} broke"):
+            await h.agents.resume("kept", setup=setup)
+        assert path.read_bytes() == before
+        assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == listing
+        assert seen == [] and h.agents.list() == [] and h.sessions.list() == []
+        async with h.agents.open(session_id="kept", resume=True) as agent:  # still resumable
+            assert agent.id == "kept"

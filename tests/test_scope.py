@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import cast
 
@@ -20,7 +20,7 @@ import trio.testing
 from trio_harness._bus import EventBus, Notice
 from trio_harness._errors import PluginError, ScopeClosedError
 from trio_harness._harness import open_harness
-from trio_harness._scope import Scope, open_scope
+from trio_harness._scope import Scope, current_scope, open_scope
 from trio_harness.model._scripted import ScriptedModel
 
 # ------------------------------------------------------------------ helpers
@@ -671,3 +671,119 @@ async def test_open_child_cancelled_while_opening_leaves_no_child() -> None:
         child.add_exit_callback(lambda: closed.append("kept"))
         assert list(root.children) == [child]
     assert closed == ["kept"]
+
+
+# ------------------------------------------------------------------ current_scope
+
+
+async def test_current_scope_names_the_scope_a_task_or_hook_runs_in() -> None:
+    seen: dict[str, Scope | None] = {}
+
+    async def note(where: str, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        seen[where] = current_scope()
+        task_status.started()
+        seen[f"{where} after start"] = current_scope()
+
+    class Noting:
+        name = "noting"
+
+        async def apply(self, scope: Scope) -> None:
+            seen["apply"] = current_scope()
+
+    assert current_scope() is None
+    async with open_scope("root") as root:
+        seen["root block"] = current_scope()
+        child = await root.open_child("child")
+        assert current_scope() is None  # opening a child changes nothing for the caller
+        child.spawn(note, "spawn")
+        await child.start(note, "start")
+        assert current_scope() is None
+        loaded = await root.load(Noting())
+        assert current_scope() is None
+        grandchild = await child.open_child("grand")
+
+        async def spawn_elsewhere() -> None:
+            # A task of ``child`` spawning into ``grandchild``: the new task belongs to grandchild.
+            grandchild.spawn(note, "spawned from another scope")
+
+        child.spawn(spawn_elsewhere)
+        child.add_close_hook(lambda: seen.__setitem__("close hook", current_scope()))
+        child.add_exit_callback(lambda: seen.__setitem__("exit callback", current_scope()))
+        root.add_close_hook(lambda: seen.__setitem__("root close hook", current_scope()))
+        await trio.testing.wait_all_tasks_blocked()
+        await child.close()
+    assert current_scope() is None
+    assert seen == {
+        "root block": None,
+        "spawn": child,
+        "spawn after start": child,
+        "start": child,
+        "start after start": child,
+        "apply": loaded.scope,
+        "spawned from another scope": grandchild,
+        "spawned from another scope after start": grandchild,
+        "close hook": child,
+        "exit callback": child,
+        "root close hook": root,
+    }
+
+
+async def test_current_scope_is_restored_when_apply_raises() -> None:
+    class Broken:
+        name = "broken"
+
+        async def apply(self, scope: Scope) -> None:
+            raise RuntimeError("no")
+
+    async with open_scope() as root:
+        with pytest.raises(PluginError):
+            await root.load(Broken())
+        assert current_scope() is None
+
+
+async def test_encloses_tells_whether_closing_the_scope_cancels_a_task() -> None:
+    async with open_scope() as root:
+        child = await root.open_child("child")
+        other = await root.open_child("other")
+        found: dict[str, tuple[bool, bool, bool]] = {}
+
+        async def probe(where: str) -> None:
+            task = trio.lowlevel.current_task()
+            found[where] = (root.encloses(task), child.encloses(task), other.encloses(task))
+
+        async def nested() -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(probe, "nested in child")
+
+        child.spawn(probe, "child task")
+        child.spawn(nested)
+        await trio.testing.wait_all_tasks_blocked()
+        await probe("caller")
+    assert found == {
+        "child task": (True, True, False),
+        "nested in child": (True, True, False),
+        "caller": (False, False, False),
+    }
+
+
+async def test_close_hook_remover_unregisters_only_its_hook_and_keeps_the_list_short() -> None:
+    async with open_scope() as root:
+        child = await root.open_child("child")
+        ran: list[int] = []
+
+        def hook(i: int) -> Callable[[], None]:
+            return lambda: ran.append(i)
+
+        removers = [child.add_close_hook(hook(i)) for i in range(100)]
+        for i, remove in enumerate(removers):
+            if i != 50:
+                remove()
+                remove()  # idempotent
+        assert len(child._close_hooks) == 51  # trailing removals are dropped
+        removers[50]()
+        assert child._close_hooks == []
+        kept = child.add_close_hook(lambda: ran.append(-1))
+        removers[50]()  # a stale remover does not touch a later hook
+        await child.close()
+        kept()  # after teardown: no effect
+    assert ran == [-1]

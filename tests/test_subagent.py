@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 
@@ -171,3 +172,42 @@ async def test_parent_disposal_disposes_a_background_child(autojump_clock: trio.
         await handle.dispose()
         assert h.agents.list() == [] and h.sessions.list() == []
         assert h.tasks.list() == []
+
+
+@pytest.mark.parametrize("stop", ["cancel", "dispose"])
+async def test_stopping_the_parent_stops_a_foreground_child_with_cause_parent(
+    autojump_clock: trio.testing.MockClock, stop: str
+) -> None:
+    model = ScriptedModel(
+        [{"tool_calls": [{"name": "subagent", "arguments": {"prompt": "forever", "run_in_background": False}}]}]
+    )
+    options = {"child_options": AgentOptions(model=ScriptedModel([{"hang": True}]))}
+    async with open_test_harness(model, builtin_tools=["subagent"], subagent_options=options) as h:
+        seen = created(h)
+        requested: list[tuple[str, str]] = []
+        h.bus.on("agent/cancel-requested", lambda n: requested.append((n.subject.id, n.data["cause"])))
+        handle = await h.agents.create(session_id="parent")
+        parent = handle.agent
+        parent.followup("delegate")
+        await trio.testing.wait_all_tasks_blocked()
+        child = seen[1]
+        assert child.status == "running"
+        if stop == "cancel":
+            parent.cancel("user")
+            await parent.when_idle()
+        else:
+            await handle.dispose()
+        parent_cause = "user" if stop == "cancel" else "disposed"
+        # The parent stops its child: the child's cancel cause is "parent".
+        assert (child.id, "parent") in requested
+        assert requested[0] == ("parent", "user") or stop == "dispose"
+        child_end = child.session.events[-1]
+        assert isinstance(child_end, ev.TurnEnd) and (child_end.reason, child_end.cause) == ("aborted", "parent")
+        parent_end = [e for e in parent.session.events if isinstance(e, ev.TurnEnd)][-1]
+        assert (parent_end.reason, parent_end.cause) == ("aborted", parent_cause)
+        assert_balanced(child.session)
+        assert h.agents.get(child.id) is None
+        (result,) = results(parent)
+        assert result.is_error and f"cause: {parent_cause}" in result.content
+        if stop == "cancel":
+            await handle.dispose()

@@ -15,10 +15,17 @@ callback is logged and contained: the remaining callbacks still run.
 
 Scopes are obtained from :func:`open_scope` (a root, bound to an ``async with``
 block) or :meth:`Scope.open_child`; they have no public constructor.
+
+Code knows which scope it runs in: :func:`current_scope` returns the scope
+whose task, plugin ``apply``, close hook or exit callback is running (a
+:class:`contextvars.ContextVar` set by the scope itself), or None outside every
+scope.  The agent registry uses it as the default teardown owner of an agent
+(docs/lifecycle.rst, "Three owners, one teardown").
 """
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import logging
 import math
@@ -31,7 +38,7 @@ import trio
 
 from ._errors import PluginError, ScopeClosedError
 
-__all__ = ["ExitCallback", "LoadedPlugin", "Plugin", "Scope", "open_scope"]
+__all__ = ["ExitCallback", "LoadedPlugin", "Plugin", "Scope", "current_scope", "open_scope"]
 
 log = logging.getLogger("trio_harness.scope")
 
@@ -41,6 +48,24 @@ ExitCallback = Callable[[], Awaitable[None] | None]
 """A callback run when a scope closes: sync, or async (awaited, shielded, bounded)."""
 
 DEFAULT_TEARDOWN_TIMEOUT = 30.0
+
+# The scope the running code belongs to.  Trio copies the spawner's context into
+# a new task, so a scope sets this around every spawn into its nursery (the task
+# then belongs to the scope, whoever spawned it), in its runner task (close
+# hooks, exit callbacks) and around a plugin's ``apply``.
+_current_scope: contextvars.ContextVar[Scope | None] = contextvars.ContextVar(
+    "trio_harness_current_scope", default=None
+)
+
+
+def current_scope() -> Scope | None:
+    """The scope whose task, plugin ``apply``, close hook or exit callback is running.
+
+    None outside every scope (for example in the body of ``async with
+    open_harness() as harness:``, which belongs to the caller, not to the
+    harness's root scope).
+    """
+    return _current_scope.get()
 
 
 class Plugin(Protocol):
@@ -112,7 +137,8 @@ class Scope:
     # Exit callbacks, run newest first; removed entries are set to None.
     _callbacks: list[ExitCallback | None] = attrs.field(factory=list, init=False)
     # Close hooks, run first (oldest first) when teardown starts, before children close.
-    _close_hooks: list[ExitCallback] = attrs.field(factory=list, init=False)
+    # Removed entries are set to None (and trailing ones dropped).
+    _close_hooks: list[ExitCallback | None] = attrs.field(factory=list, init=False)
     # Open children in creation order; a child removes itself when closed.
     _children: dict[Scope, None] = attrs.field(factory=dict, init=False)
     # Loaded plugins by name.
@@ -144,6 +170,19 @@ class Scope:
         """The open child scopes, oldest first."""
         return tuple(self._children)
 
+    def encloses(self, task: trio.lowlevel.Task) -> bool:
+        """Whether ``task`` runs in this scope's nursery, directly or nested.
+
+        Closing the scope cancels such a task (after the close hooks and the
+        child scopes).
+        """
+        nursery = task.parent_nursery
+        while nursery is not None:
+            if nursery is self._nursery:
+                return True
+            nursery = nursery.parent_task.parent_nursery
+        return False
+
     def _check_open(self, what: str) -> None:
         if self._closing:
             raise ScopeClosedError(f"scope {self.name!r} is closing; cannot {what}")
@@ -153,12 +192,20 @@ class Scope:
     def spawn(self, fn: Callable[..., Awaitable[object]], *args: object, name: str | None = None) -> None:
         """Run ``fn(*args)`` as a task of this scope; it is cancelled when the scope closes."""
         self._check_open("spawn a task")
-        self._nursery.start_soon(fn, *args, name=name)
+        token = _current_scope.set(self)  # the new task copies this context
+        try:
+            self._nursery.start_soon(fn, *args, name=name)
+        finally:
+            _current_scope.reset(token)
 
     async def start(self, fn: Callable[..., Awaitable[object]], *args: object, name: str | None = None) -> Any:
         """Like :meth:`trio.Nursery.start`: run ``fn`` in this scope and wait for it to start."""
         self._check_open("start a task")
-        return await self._nursery.start(fn, *args, name=name)
+        token = _current_scope.set(self)  # the new task copies this context
+        try:
+            return await self._nursery.start(fn, *args, name=name)
+        finally:
+            _current_scope.reset(token)
 
     def add_exit_callback(self, callback: ExitCallback) -> Callable[[], None]:
         """Register ``callback`` to run when the scope closes (LIFO).
@@ -177,15 +224,34 @@ class Scope:
 
         return remove
 
-    def add_close_hook(self, hook: ExitCallback) -> None:
+    def add_close_hook(self, hook: ExitCallback) -> Callable[[], None]:
         """Register ``hook`` to run first when the scope starts closing.
 
         Close hooks run oldest first, before child scopes close and before the
         nursery is cancelled: the place to stop a driver gracefully (an agent
         cancels its turn with cause ``disposed`` and waits for quiescence here).
+
+        Returns:
+            A function that removes the hook again (idempotent), for work that
+            ends before the scope closes (an agent creation watching its owner).
         """
         self._check_open("add a close hook")
-        self._close_hooks.append(hook)
+        hooks = self._close_hooks
+        index = len(hooks)
+        hooks.append(hook)
+        removed = False
+
+        def remove() -> None:
+            nonlocal removed
+            if removed:
+                return
+            removed = True
+            if index < len(hooks) and hooks[index] is hook:
+                hooks[index] = None
+                while hooks and hooks[-1] is None:  # keep a long-lived scope's list short
+                    hooks.pop()
+
+        return remove
 
     async def enter_async_context(self, cm: AbstractAsyncContextManager[T]) -> T:
         """Enter ``cm`` in a task of this scope and keep it entered until the scope closes.
@@ -216,7 +282,11 @@ class Scope:
         # temporary nursery per call, which made it the largest cost of
         # creating an agent.  The runner sets ``ready`` in its first step.
         ready = trio.Event()
-        self._nursery.start_soon(child._run_child, ready, name=f"scope {child.name}")
+        token = _current_scope.set(child)  # the runner (hooks, callbacks) belongs to the child
+        try:
+            self._nursery.start_soon(child._run_child, ready, name=f"scope {child.name}")
+        finally:
+            _current_scope.reset(token)
         try:
             await ready.wait()
         except BaseException:
@@ -295,6 +365,7 @@ class Scope:
         if plugin.name in self._plugins:
             raise PluginError(f"a plugin named {plugin.name!r} is already loaded in {self.name!r}")
         child = await self.open_child(f"plugin:{plugin.name}")
+        token = _current_scope.set(child)  # what apply creates belongs to the plugin
         try:
             await plugin.apply(child)
         except BaseException as exc:
@@ -303,6 +374,8 @@ class Scope:
             if isinstance(exc, Exception):
                 raise PluginError(f"plugin {plugin.name!r} failed to load: {exc!r}") from exc
             raise
+        finally:
+            _current_scope.reset(token)
         loaded = LoadedPlugin(plugin=plugin, scope=child)
         if plugin.name in self._plugins:  # a concurrent load won the name
             with trio.CancelScope(shield=True):
@@ -336,6 +409,7 @@ async def open_scope(name: str = "root", *, teardown_timeout: float = DEFAULT_TE
         raise ValueError(f"teardown_timeout must be positive, got {teardown_timeout!r}")
     scope = Scope(name=name, parent=None, teardown_timeout=teardown_timeout)
     body_error: BaseException | None = None
+    token: contextvars.Token[Scope | None] | None = None
     try:
         async with scope._lifetime():
             try:
@@ -343,9 +417,16 @@ async def open_scope(name: str = "root", *, teardown_timeout: float = DEFAULT_TE
             except BaseException as exc:
                 body_error = exc
                 raise
+            finally:
+                # The block belongs to the caller; the teardown (close hooks,
+                # exit callbacks) that follows runs in the root scope.
+                token = _current_scope.set(scope)
     except BaseExceptionGroup as group:
         # The block's own exception comes back wrapped by the nursery; give the
         # caller the exception they raised when nothing else failed.
         if body_error is not None and len(group.exceptions) == 1 and group.exceptions[0] is body_error:
             raise body_error from None
         raise
+    finally:
+        if token is not None:
+            _current_scope.reset(token)

@@ -24,7 +24,9 @@ class Agent(Protocol):
 
     ``id`` equals ``session.id``.  Disposal is not a status: a disposed agent
     has left the registry.  Only an owner holding the :class:`AgentHandle` can
-    dispose it.
+    dispose it.  Once disposal has started, every operation that would change
+    the agent (``send``, ``followup``, ``steer``, ``inject``, ``cancel``,
+    ``maintenance``) raises :class:`~trio_harness.AgentDisposedError`.
     """
 
     @property
@@ -88,6 +90,10 @@ class Agent(Protocol):
 
         Returns:
             True if the call had an effect (something was running or queued).
+
+        Raises:
+            AgentDisposedError: the agent is disposed or being disposed (its
+                disposal aborts the turn; queued messages stay in its session).
         """
         ...
 

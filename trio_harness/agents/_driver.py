@@ -116,6 +116,9 @@ class ReactAgent:
         self._bus = self._harness.bus
         self._idle.set()
         self._inbox = Inbox.replay(self._session, notify=self._inbox_notice)
+        # Once the agent has quiesced and its scope unwinds, the inbox is read
+        # only: the session's final flush is next, and nothing may follow it.
+        self._scope.add_exit_callback(self._seal_inbox)
         self._history = History(self._session)
         for event in self._session.events:
             if isinstance(event, ev.TurnStart):
@@ -185,8 +188,7 @@ class ReactAgent:
         Raises:
             AgentDisposedError: the agent is being disposed.
         """
-        if self._disposing or self._scope.closing:
-            raise AgentDisposedError(f"agent {self.id!r} is disposed; it accepts no more messages")
+        self._check_live("send it a message")
         if mode not in ("followup", "steer", "inject"):
             raise ValueError(f"unknown send mode {mode!r}; use followup, steer or inject")
         msg = Inbox.message(message, mode)
@@ -221,9 +223,16 @@ class ReactAgent:
 
         Returns:
             Whether the call had an effect.
+
+        Raises:
+            AgentDisposedError: the agent is disposed or being disposed.  Its
+                disposal already aborts the running turn; messages still queued
+                stay in its session (resume it to cancel them), and nothing is
+                written to a log that is already flushed and detached.
         """
         if cause not in ("user", "parent", "hook", "disposed"):
             raise ValueError(f"unknown cancel cause {cause!r}; use user, parent, hook or disposed")
+        self._check_live("cancel it")
         active = self._phase == "running"
         queued = bool(len(self._inbox)) and not keep_inbox
         if not active and not queued:
@@ -261,8 +270,14 @@ class ReactAgent:
 
         Waking input received meanwhile stays in the inbox and starts the
         driver only after the block exits.
+
+        Raises:
+            AgentDisposedError: the agent is disposed or being disposed.
         """
-        await self._quiesce()
+        self._check_live("start maintenance")
+        while self._phase != "idle":
+            await self._quiesce()
+            self._check_live("start maintenance")
         self._phase = "maintenance"
         self._idle = trio.Event()
         try:
@@ -272,6 +287,14 @@ class ReactAgent:
             self._idle.set()
             if self._wake_requested and self._has_work():
                 self._start_activity()
+
+    def _check_live(self, what: str) -> None:
+        """Refuse an operation once disposal started (docs/guarantees.rst, "The driver")."""
+        if self._disposing or self._scope.closing:
+            raise AgentDisposedError(
+                f"agent {self.id!r} is disposed (or being disposed); cannot {what}. "
+                "Resume its session to work with it again"
+            )
 
     # ------------------------------------------------------------ scheduling
 
@@ -335,6 +358,9 @@ class ReactAgent:
             return
         while self._has_work() and self._cause is None:
             await self._run_turn()
+
+    def _seal_inbox(self) -> None:
+        self._inbox.seal(f"agent {self.id!r} is disposed; resume its session to change its inbox")
 
     def dispose_hook(self) -> Awaitable[None] | None:
         """Close hook run first when the agent scope closes: stop and quiesce.

@@ -21,7 +21,7 @@ from typing import Literal
 
 import attrs
 
-from .._errors import InboxError
+from .._errors import AgentDisposedError, InboxError
 from ..session._events import InboxMessage, InboxQueue, InboxSpliced, SendMode
 from ..session._session import Session
 
@@ -62,6 +62,8 @@ class Inbox:
     _splicing: bool = attrs.field(default=False, init=False)
     # Mutations requested while splicing: ("append" | "prepend" | "clear", queue, message).
     _deferred: list[tuple[str, InboxQueue | None, InboxMessage | None]] = attrs.field(factory=list, init=False)
+    # Set by seal(): why the inbox is read-only now.
+    _sealed: str | None = attrs.field(default=None, init=False)
 
     # ------------------------------------------------------------ replay
 
@@ -129,7 +131,23 @@ class Inbox:
             return self._next_step
         raise InboxError(f"unknown inbox queue {queue!r}")
 
+    def seal(self, reason: str) -> None:
+        """Make the inbox read-only: every later change raises :class:`AgentDisposedError`.
+
+        The agent seals its inbox when it is disposed, before its session's
+        final flush, so nothing is appended to a log that is already detached.
+        """
+        if self._sealed is None:
+            self._sealed = reason
+
+    @property
+    def sealed(self) -> bool:
+        """Whether the inbox is read-only (its agent was disposed)."""
+        return self._sealed is not None
+
     def _check(self, queue: InboxQueue, start: int, removed: Sequence[str], inserted: Sequence[InboxMessage]) -> None:
+        if self._sealed is not None:
+            raise AgentDisposedError(self._sealed)
         items = self._list(queue)
         if not 0 <= start <= len(items) or start + len(removed) > len(items):
             raise InboxError(f"splice at {start} removing {len(removed)} is outside {queue} of length {len(items)}")
@@ -187,6 +205,8 @@ class Inbox:
         return gone
 
     def _defer(self, op: str, queue: InboxQueue | None, message: InboxMessage | None) -> None:
+        if self._sealed is not None:
+            raise AgentDisposedError(self._sealed)
         if message is not None:
             self._list(queue)  # type: ignore[arg-type]  # validates the queue name now
             if message.id in self._ids or any(m is not None and m.id == message.id for _, _, m in self._deferred):

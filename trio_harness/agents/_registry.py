@@ -1,6 +1,7 @@
 """The agent registry (``harness.agents``), the factory slot, and AgentHandle.
 
-Create and resume share one atomic publication pipeline (seed 002 §5):
+Create and resume share one atomic publication pipeline (docs/lifecycle.rst,
+"Create and resume: one atomic pipeline"):
 
 1. prepare the session (fresh, or loaded and recovered) — nobody can see it;
 2. prepare the agent: its own scope (a child of the factory's scope), inbox
@@ -12,7 +13,10 @@ Create and resume share one atomic publication pipeline (seed 002 §5):
 7. return the :class:`AgentHandle`.
 
 Any failure or cancellation before step 5 completes closes the agent scope
-and discards the session: nothing is published, the id is free again.
+and discards the session: nothing is published, the id is free again.  The
+owner scope (or the factory's scope) starting to close cancels steps 1-3 at
+once; its teardown waits until that rollback is done.  The owner defaults to
+the scope the caller runs in (:func:`~trio_harness._scope.current_scope`).
 
 Teardown is the agent scope closing, whoever starts it (the handle, the
 caller's scope, the factory's scope): the close hook cancels the driver with
@@ -25,6 +29,7 @@ unwind (tools, owned tasks); then the agent leaves the registry
 from __future__ import annotations
 
 import builtins
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -33,13 +38,21 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import attrs
 import trio
 
-from .._errors import AgentError, AgentExistsError, FactoryError, SessionExistsError, SessionStoreError
+from .._errors import (
+    AgentError,
+    AgentExistsError,
+    FactoryError,
+    InvalidSessionIdError,
+    SessionExistsError,
+    SessionStoreError,
+)
+from .._scope import Scope, current_scope
+from ..session._session import validate_session_id
 from ._options import AgentOptions
 
 if TYPE_CHECKING:
     from .._bus import EventBus
     from .._harness import Harness
-    from .._scope import Scope
     from ..session._session import Session
     from ..session._store import SessionEntry, SessionStore
     from ._agent import Agent
@@ -86,6 +99,62 @@ class _AgentEntry:
     owner: Agent | None
     announced: bool = False
     detached: bool = False
+
+
+def _text_path(cwd: object) -> str:
+    """``cwd`` as the str a session header records, or a TypeError naming it."""
+    path = os.fspath(cwd) if isinstance(cwd, os.PathLike) else cwd
+    if not isinstance(path, str):
+        raise TypeError(f"cwd must be a str (a directory path), got {type(cwd).__name__} {cwd!r:.80}")
+    return str.__str__(path)
+
+
+@attrs.define(eq=False)
+class _Abort:
+    """Cancels one create / resume pipeline when a scope it depends on starts closing.
+
+    A close hook on each watched scope (the owner, the factory's scope) cancels
+    the pipeline's awaits (loading, setup) and makes that scope's teardown wait
+    until the pipeline has rolled back, so the id is free when the close returns
+    (docs/guarantees.rst, "Publication").
+    """
+
+    factory_scope: Scope
+    # Scopes whose closing cancels the calling task anyway.
+    enclosing: tuple[Scope, ...] = ()
+    # The scope whose closing cancelled the pipeline, if any.
+    closed_by: Scope | None = None
+    _scopes: list[trio.CancelScope] = attrs.field(factory=list)
+    _removers: list[Callable[[], None]] = attrs.field(factory=list)
+    _done: trio.Event = attrs.field(factory=trio.Event)
+
+    def watch(self, scope: Scope) -> None:
+        def hook() -> Awaitable[None] | None:
+            if self._done.is_set() or any(outer.closing for outer in self.enclosing):
+                return None  # over, or the caller is about to be cancelled by its own scope
+            if self.closed_by is None:
+                self.closed_by = scope
+            for cancel_scope in self._scopes:
+                cancel_scope.cancel()
+            return self._done.wait()
+
+        self._removers.append(scope.add_close_hook(hook))
+
+    def guard(self) -> trio.CancelScope:
+        """A cancel scope for one await of the pipeline (already cancelled once aborted)."""
+        cancel_scope = trio.CancelScope()
+        if self.closed_by is not None:
+            cancel_scope.cancel()
+        self._scopes.append(cancel_scope)
+        return cancel_scope
+
+    def finish(self) -> None:
+        """The pipeline published or rolled back: release the watched scopes."""
+        for remove in self._removers:
+            remove()
+        self._removers.clear()
+        self._scopes.clear()
+        self._done.set()
 
 
 @attrs.define(eq=False, repr=False)
@@ -186,7 +255,7 @@ class AgentRegistry:
         setup: Setup | None = None,
         owner: Scope | None = None,
         parent: Agent | None = None,
-        cwd: str | None = None,
+        cwd: str | os.PathLike[str] | None = None,
     ) -> AgentHandle:
         """Create a fresh agent around a new session and publish it atomically.
 
@@ -194,16 +263,27 @@ class AgentRegistry:
             session_id: the id (default: a random one); must not be live or stored.
             options: model route and limits.
             setup: composes the agent's world before publication (see :data:`Setup`).
-            owner: a scope whose closing disposes the agent (default: the
-                parent's scope when ``parent`` is given).
+            owner: a scope whose closing disposes the agent; closing it during
+                creation cancels the creation.  Default: the parent's scope when
+                ``parent`` is given, else the scope the caller runs in (a
+                plugin's ``apply``, a task of a scope), else none.
             parent: the agent creating this one (runtime ownership).
-            cwd: the working directory recorded in the session header.
+            cwd: the working directory recorded in the session header (a str
+                or an ``os.PathLike`` of str).
 
         Raises:
+            InvalidSessionIdError: the id is not a usable session id.
+            TypeError: ``cwd``, ``options``, ``owner`` or ``setup`` has the wrong type.
             AgentExistsError: the id is live (or stored: resume it instead).
+            AgentError: the owner scope is closing, or closed during creation.
             FactoryError: no factory is registered.
             SessionStoreError: the store cannot be written (checked before setup).
         """
+        if session_id is not None:
+            validate_session_id(session_id)
+        if cwd is not None:
+            cwd = _text_path(cwd)
+        owner = self._check_request(session_id, options, setup, owner, parent)
         self._require_factory()
         if session_id is not None and session_id in self._entries:
             raise AgentExistsError(f"agent {session_id!r} already exists")
@@ -227,24 +307,42 @@ class AgentRegistry:
     ) -> AgentHandle:
         """Resume a stored session as a fresh live agent.
 
+        ``owner`` and ``parent`` work as for :meth:`create`; closing the owner
+        while the log loads or setup runs cancels the resume.
+
         Raises:
+            InvalidSessionIdError: the id is not a usable session id.
             AgentExistsError: the session's agent is live in this process, or
                 in another one (its log is locked: the cause is a
                 :exc:`SessionLockedError`).
+            AgentError: the owner scope is closing, or closed during the resume.
             SessionNotFoundError: nothing is stored under this id.
             SessionStoreError: the store cannot be written, or the stored
                 log is not a regular file in a real directory of the store.
             SessionCorruptError: the stored log is damaged.
         """
-        self._require_factory()
+        validate_session_id(session_id)
+        owner = self._check_request(session_id, options, setup, owner, parent)
+        _, factory_scope = self._require_factory()
         if session_id in self._entries or self._sessions.get(session_id) is not None:
             raise AgentExistsError(f"agent {session_id!r} is live; dispose it before resuming its session")
         await self._sessions.check()
+        abort = self._watch(owner, factory_scope)
+        session: Session | None = None
         try:
-            session = await self._sessions.prepare_resume(session_id)
+            with abort.guard():
+                session = await self._sessions.prepare_resume(session_id)
+            if abort.closed_by is not None or session is None:
+                raise self._closed_error(abort, session_id, "while its log was loading")
         except SessionExistsError as exc:
+            abort.finish()
             raise AgentExistsError(str(exc)) from exc
-        return await self._publish(session, "resume", options, setup, owner, parent)
+        except BaseException:
+            if session is not None:
+                self._sessions.discard(session)
+            abort.finish()
+            raise
+        return await self._publish(session, "resume", options, setup, owner, parent, abort)
 
     @asynccontextmanager
     async def open(
@@ -254,7 +352,7 @@ class AgentRegistry:
         options: AgentOptions | None = None,
         setup: Setup | None = None,
         resume: bool = False,
-        cwd: str | None = None,
+        cwd: str | os.PathLike[str] | None = None,
     ) -> AsyncIterator[Agent]:
         """Create (or with ``resume=True`` resume) an agent bound to the block."""
         if resume:
@@ -266,6 +364,61 @@ class AgentRegistry:
         async with handle as agent:
             yield agent
 
+    def _check_request(
+        self,
+        session_id: str | None,
+        options: AgentOptions | None,
+        setup: Setup | None,
+        owner: Scope | None,
+        parent: Agent | None,
+    ) -> Scope | None:
+        """Check the arguments of a create / resume; return the owner scope to use."""
+        if options is not None and not isinstance(options, AgentOptions):
+            raise TypeError(f"options must be an AgentOptions, got {type(options).__name__}")
+        if setup is not None and not callable(setup):
+            raise TypeError(f"setup must be an async function of the agent, got {type(setup).__name__}")
+        if owner is not None and not isinstance(owner, Scope):
+            raise TypeError(f"owner must be a Scope, got {type(owner).__name__}")
+        implicit = owner is None and parent is None
+        if owner is None:
+            owner = parent.scope if parent is not None else current_scope()
+        if owner is not None and owner.closing:
+            which = "the scope this code runs in" if implicit else "its owner scope"
+            name = repr(session_id) if session_id is not None else "(new)"
+            raise AgentError(
+                f"cannot create or resume agent {name}: {which} {owner.name!r} is closing"
+                + ("; pass owner= to choose a scope that stays open" if implicit else "")
+            )
+        return owner
+
+    def _watch(self, owner: Scope | None, factory_scope: Scope) -> _Abort:
+        # Scopes whose nursery runs the caller cancel the caller themselves when
+        # they close (after their close hooks and children): such a closing must
+        # not be turned into an error, nor wait for a caller not cancelled yet.
+        task = trio.lowlevel.current_task()
+        enclosing: list[Scope] = []
+        scope = current_scope()
+        while scope is not None:
+            if scope.encloses(task):
+                enclosing.append(scope)
+            scope = scope.parent
+        abort = _Abort(factory_scope=factory_scope, enclosing=tuple(enclosing))
+        if owner is not None and owner is not factory_scope and not owner.encloses(task):
+            abort.watch(owner)
+        if not factory_scope.encloses(task):
+            abort.watch(factory_scope)
+        return abort
+
+    @staticmethod
+    def _closed_error(abort: _Abort, session_id: str, when: str) -> AgentError:
+        closed = abort.closed_by
+        if closed is None or closed is abort.factory_scope:
+            return FactoryError(f"the agent factory was unloaded {when} (agent {session_id!r}); nothing was published")
+        return AgentError(
+            f"agent {session_id!r} was not created: its owner scope {closed.name!r} closed {when}; "
+            "nothing was published and the id is free"
+        )
+
     async def _publish(
         self,
         session: Session,
@@ -274,15 +427,20 @@ class AgentRegistry:
         setup: Setup | None,
         owner: Scope | None,
         parent: Agent | None,
+        abort: _Abort | None = None,
     ) -> AgentHandle:
         sessions = self._sessions
         try:
             factory, factory_scope = self._require_factory()
             if owner is None and parent is not None:
                 owner = parent.scope
+            if abort is None and setup is not None:  # without setup nothing here waits long
+                abort = self._watch(owner, factory_scope)
             agent_scope = await factory_scope.open_child(f"agent:{session.id}")
         except BaseException:
             sessions.discard(session)
+            if abort is not None:
+                abort.finish()
             raise
         session_entry: SessionEntry | None = None
         agent_entry: _AgentEntry | None = None
@@ -311,9 +469,19 @@ class AgentRegistry:
             )
             agent: Agent = built  # type: ignore[assignment]
             agent_scope.add_close_hook(built.dispose_hook)
-            commit = await setup(agent) if setup is not None else None
+            commit: Callable[[], None] | None = None
+            if setup is not None:
+                assert abort is not None
+                # The owner or the factory closing cancels setup (docs/guarantees.rst, "Publication").
+                with abort.guard():
+                    commit = await setup(agent)
+            if abort is not None and abort.closed_by is not None:
+                raise self._closed_error(abort, session.id, "during setup")
             if owner is not None and owner.closing:
-                raise AgentError(f"the owner scope of agent {session.id!r} closed during setup")
+                raise AgentError(
+                    f"agent {session.id!r} was not created: its owner scope {owner.name!r} closed during setup; "
+                    "nothing was published and the id is free"
+                )
             if factory_scope.closing:
                 raise FactoryError(f"the agent factory was unloaded while agent {session.id!r} was being set up")
             if commit is not None:
@@ -330,10 +498,16 @@ class AgentRegistry:
             agent_entry = _AgentEntry(agent=agent, owner=parent)
             self._entries[agent.id] = agent_entry
         except BaseException:
-            with trio.CancelScope(shield=True):
-                await agent_scope.close()
-            sessions.discard(session)
+            try:
+                with trio.CancelScope(shield=True):
+                    await agent_scope.close()
+                sessions.discard(session)
+            finally:
+                if abort is not None:
+                    abort.finish()
             raise
+        if abort is not None:
+            abort.finish()
         if owner is not None:
             remove = owner.add_exit_callback(agent_scope.close)
             agent_scope.add_exit_callback(remove)
@@ -361,8 +535,18 @@ class AgentRegistry:
 
     # ------------------------------------------------------------ queries
 
+    @staticmethod
+    def _check_id(agent_id: object) -> None:
+        if not isinstance(agent_id, str):
+            raise InvalidSessionIdError(f"an agent id is a session id, a string; got {type(agent_id).__name__}")
+
     def get(self, agent_id: str) -> Agent | None:
-        """The live agent with this id, or None."""
+        """The live agent with this id, or None.
+
+        Raises:
+            InvalidSessionIdError: ``agent_id`` is not a string.
+        """
+        self._check_id(agent_id)
         entry = self._entries.get(agent_id)
         return entry.agent if entry is not None else None
 
@@ -375,6 +559,7 @@ class AgentRegistry:
 
     def owner_of(self, agent_id: str) -> str | None:
         """The id of the live agent that owns ``agent_id`` at runtime, or None."""
+        self._check_id(agent_id)
         entry = self._entries.get(agent_id)
         if entry is None or entry.owner is None:
             return None
@@ -382,4 +567,5 @@ class AgentRegistry:
 
     def owned_by(self, agent_id: str) -> builtins.list[Agent]:
         """The live agents owned at runtime by agent ``agent_id``."""
+        self._check_id(agent_id)
         return [e.agent for e in self._entries.values() if e.owner is not None and e.owner.id == agent_id]

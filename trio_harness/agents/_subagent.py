@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import trio
 
+from .._errors import AgentDisposedError
 from ..session import _events as ev
 from ._options import AgentOptions
 from ._tools import Tool, ToolContext, ToolOutput
@@ -68,6 +69,14 @@ def _describe_end(end: ev.TurnEnd | None) -> str:
     if end.reason == "aborted":
         return f"the subagent was cancelled (cause: {end.cause})"
     return f"the subagent stopped: {end.reason}"
+
+
+def _stop_child(child: Agent) -> None:
+    """Cancel ``child`` with cause ``parent``; a child already being disposed stops anyway."""
+    try:
+        child.cancel("parent")
+    except AgentDisposedError:
+        pass  # its disposal aborts its turn (cause disposed) and done() still reports it
 
 
 @attrs.define(eq=False)
@@ -150,6 +159,11 @@ class SubagentToolPlugin:
             handle.agent.followup(prompt)
             await handle.agent.when_idle()
             text, end = _final_text(handle.agent)
+        except trio.Cancelled:
+            # The parent's turn is being cancelled: the parent stops its child,
+            # so the child's turn ends with cause "parent" (docs/subagents.rst).
+            _stop_child(handle.agent)
+            raise
         finally:
             with trio.CancelScope(shield=True):
                 await handle.dispose()
@@ -169,7 +183,7 @@ class SubagentToolPlugin:
             def cancel(reason: str | None) -> None:
                 if not killed:
                     killed.append(reason)
-                child.cancel("parent")
+                _stop_child(child)
 
             async def done() -> TaskOutcome:
                 try:

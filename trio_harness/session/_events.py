@@ -8,7 +8,8 @@ wall-clock ``ts`` taken from the session's injectable clock.  Append events with
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal, TypeAlias
+import math
+from typing import ClassVar, Literal, TypeAlias, get_args
 
 import attrs
 
@@ -33,10 +34,60 @@ __all__ = [
     "UserMessage",
 ]
 
+# ---------------------------------------------------------------- validators
+#
+# The records a caller builds (InboxMessage, SessionHeader) check their fields'
+# types on construction: a value the codec cannot write back and read again
+# (a number or bytes where text belongs) is refused with a TypeError naming the
+# field and the value's type, before anything reaches a log.  The checks are
+# exactly the codec's type checks, so every stored record still loads.
+
+
+def _text(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{type(instance).__name__}.{attribute.name} must be a str, got {type(value).__name__} {value!r:.80}"
+        )
+
+
+def _optional_text(instance: object, attribute: attrs.Attribute[str | None], value: object) -> None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(
+            f"{type(instance).__name__}.{attribute.name} must be a str or None, "
+            f"got {type(value).__name__} {value!r:.80}"
+        )
+
+
+def _count(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if type(value) is not int:
+        raise TypeError(
+            f"{type(instance).__name__}.{attribute.name} must be an int, got {type(value).__name__} {value!r:.80}"
+        )
+    if value < 0:
+        raise ValueError(f"{type(instance).__name__}.{attribute.name} must not be negative, got {value!r}")
+
+
+def _timestamp(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
+    if type(value) is not float and type(value) is not int:
+        raise TypeError(
+            f"{type(instance).__name__}.{attribute.name} must be a number, got {type(value).__name__} {value!r:.80}"
+        )
+    if not math.isfinite(value):
+        raise ValueError(f"{type(instance).__name__}.{attribute.name} must be finite, got {value!r}")
+
+
+def _send_mode(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if not isinstance(value, str) or value not in _SEND_MODES:
+        raise ValueError(
+            f"{type(instance).__name__}.{attribute.name} must be one of {', '.join(_SEND_MODES)}, got {value!r:.80}"
+        )
+
+
 TurnEndReason: TypeAlias = Literal["completed", "max-tokens", "blocked", "aborted", "error", "interrupted"]
 CancelCause: TypeAlias = Literal["user", "parent", "hook", "disposed"]
 InboxQueue: TypeAlias = Literal["next-turn", "next-step"]
 SendMode: TypeAlias = Literal["followup", "steer", "inject"]
+_SEND_MODES: tuple[str, ...] = get_args(SendMode)
 
 
 @attrs.frozen
@@ -56,11 +107,15 @@ class InboxMessage:
         id: unique among the pending messages of one agent.
         text: the message text given to the model.
         mode: how it was sent (followup, steer or inject).
+
+    Raises:
+        TypeError: ``id`` or ``text`` is not a str.
+        ValueError: ``mode`` is not followup, steer or inject.
     """
 
-    id: str
-    text: str
-    mode: SendMode = "followup"
+    id: str = attrs.field(validator=_text)
+    text: str = attrs.field(validator=_text)
+    mode: SendMode = attrs.field(default="followup", validator=_send_mode)
 
 
 @attrs.frozen
@@ -258,12 +313,16 @@ class SessionHeader:
         seed_length: how many events were copied in by a fork; inbox replay
             and turn numbering start after them.
         version: the log format version.
+
+    Raises:
+        TypeError: a field has the wrong type (``cwd`` bytes or a number, ...).
+        ValueError: ``created_at`` is not finite or ``seed_length`` is negative.
     """
 
     type: ClassVar[str] = "session"
-    id: str
-    created_at: float
-    cwd: str = ""
-    parent_session: str | None = None
-    seed_length: int = 0
-    version: int = FORMAT_VERSION
+    id: str = attrs.field(validator=_text)
+    created_at: float = attrs.field(validator=_timestamp)
+    cwd: str = attrs.field(default="", validator=_text)
+    parent_session: str | None = attrs.field(default=None, validator=_optional_text)
+    seed_length: int = attrs.field(default=0, validator=_count)
+    version: int = attrs.field(default=FORMAT_VERSION, validator=_count)
