@@ -29,7 +29,6 @@ from trio_harness._errors import (
     AgentExistsError,
     InvalidSessionIdError,
     SessionCorruptError,
-    SessionError,
     SessionExistsError,
     SessionLockedError,
     SessionNotFoundError,
