@@ -1093,7 +1093,7 @@ async def test_cancel_mid_stream_closes_the_connection(nursery: trio.Nursery, ma
     async def cancel_when_two(scope: trio.CancelScope) -> None:
         nonlocal cancelled_at
         await got_two.wait()
-        await trio.sleep(0.05)  # let stream() block on its next read
+        await trio.testing.wait_all_tasks_blocked()  # stream() is blocked on its next read
         cancelled_at = trio.current_time()
         scope.cancel()
 

@@ -42,6 +42,7 @@ from ._initiator import without_initiator as without_initiator
 from ._scope import LoadedPlugin as LoadedPlugin
 from ._scope import Plugin as Plugin
 from ._scope import Scope as Scope
+from ._scope import current_scope as current_scope
 from ._scope import open_scope as open_scope
 from .agents import Agent as Agent
 from .agents import AgentHandle as AgentHandle

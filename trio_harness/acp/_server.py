@@ -43,6 +43,7 @@ import attrs
 import trio
 
 from .._errors import (
+    AgentDisposedError,
     AgentExistsError,
     HarnessError,
     InvalidSessionIdError,
@@ -758,6 +759,10 @@ class AcpServer:
             return
         try:
             record.agent.cancel("user")
+        except AgentDisposedError:
+            # session/cancel is a notification: nothing to answer.  The session
+            # is going away, so its prompt ends anyway.
+            log.debug("acp: session/cancel for session %r, which is being disposed", record.id)
         except HarnessError:
             log.exception("acp: cancelling session %r failed", record.id)
 
