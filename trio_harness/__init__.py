@@ -47,10 +47,12 @@ from ._scope import open_scope as open_scope
 from .agents import Agent as Agent
 from .agents import AgentHandle as AgentHandle
 from .agents import AgentOptions as AgentOptions
+from .agents import FunctionTool as FunctionTool
 from .agents import Inbox as Inbox
 from .agents import Tool as Tool
 from .agents import ToolContext as ToolContext
 from .agents import ToolOutput as ToolOutput
+from .agents import tool as tool
 from .model import ModelProvider as ModelProvider
 from .model import ScriptedModel as ScriptedModel
 from .session import JsonlPersistence as JsonlPersistence

@@ -4,6 +4,8 @@ from ._agent import Agent as Agent
 from ._agent import AgentStatus as AgentStatus
 from ._driver import ReactAgent as ReactAgent
 from ._factory import ReactLoopFactory as ReactLoopFactory
+from ._function_tools import FunctionTool as FunctionTool
+from ._function_tools import tool as tool
 from ._inbox import Inbox as Inbox
 from ._options import AgentOptions as AgentOptions
 from ._registry import AgentFactory as AgentFactory

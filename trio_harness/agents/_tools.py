@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import attrs
 import jsonschema
@@ -18,10 +19,14 @@ if TYPE_CHECKING:
     from .._harness import Harness
     from .._scope import Scope
     from ._agent import Agent
+    from ._function_tools import FunctionTool
 
 __all__ = ["Tool", "ToolContext", "ToolOutput", "ToolSet", "parse_arguments"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 @attrs.frozen
@@ -90,6 +95,11 @@ class Tool:
         parallel_safe: whether calls may run concurrently with other
             parallel-safe calls of the same step; ``False`` makes each call a
             barrier that runs alone, in model order.
+        requires_approval: whether a call is asked before running when an
+            approver is configured (without an approver, calls run as usual).
+
+    A typed function makes a tool without a hand-written schema: see
+    :meth:`from_function` and :func:`~trio_harness.tool`.
     """
 
     name: str = attrs.field(validator=_check_name)
@@ -97,10 +107,43 @@ class Tool:
     parameters: Mapping[str, Any] = attrs.field(validator=_check_schema)
     handler: ToolHandler
     parallel_safe: bool = True
+    requires_approval: bool = False
     _validator: jsonschema.Draft202012Validator = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "_validator", jsonschema.Draft202012Validator(self.parameters))
+
+    @classmethod
+    def from_function(
+        cls,
+        fn: Callable[_P, _R],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        parallel_safe: bool = True,
+        requires_approval: bool = False,
+        thread: bool = False,
+    ) -> FunctionTool[_P, _R]:
+        """Make a tool from a typed function: name, description and schema come from it.
+
+        The same as decorating ``fn`` with :func:`~trio_harness.tool` (see
+        there for the types understood, the validation and the results).
+
+        Raises:
+            ToolError: the function cannot be described to a model; the
+                message names the parameter and what to do.
+        """
+        from ._function_tools import caller_namespace, function_tool
+
+        return function_tool(
+            fn,
+            name=name,
+            description=description,
+            parallel_safe=parallel_safe,
+            requires_approval=requires_approval,
+            thread=thread,
+            localns=caller_namespace(sys._getframe(1)),
+        )
 
     @property
     def spec(self) -> ToolSpec:
