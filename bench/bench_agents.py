@@ -36,9 +36,15 @@ shared):
 5. **Memory**: 10,000 idle (created, never run) agents in a fresh subprocess:
    bytes per agent by RSS delta (``/proc/self/statm``) and by tracemalloc; the
    target (<= 16 KiB) applies to the larger of the two.
+6. **Typed-function tools**: the same run with the constant-cost model on two
+   reused agents, one whose ``echo`` is the raw-schema :class:`Tool` above, one
+   whose ``echo`` is made by ``@tool`` from ``async def echo(x: str) -> str``,
+   in interleaved batches; the typed / raw ratio is the median of the
+   per-batch ratios (target <= 1.1x).  Also the tool call alone
+   (``validate`` + ``handler``, no driver) for each, in a tight loop.
 
 Run with ``python bench/bench_agents.py`` (rows as JSON lines), or
-``python bench/bench_agents.py --profile reused|fresh|jsonl|create`` for a
+``python bench/bench_agents.py --profile reused|fresh|jsonl|create|typed`` for a
 cProfile of one figure, or ``--memory-top`` for the biggest allocation sites
 of an idle agent.
 """
@@ -62,6 +68,7 @@ from typing import Any
 import trio
 
 from trio_harness import (
+    Agent,
     AgentOptions,
     Harness,
     JsonlPersistence,
@@ -69,6 +76,7 @@ from trio_harness import (
     Tool,
     ToolContext,
     open_harness,
+    tool,
 )
 from trio_harness.model._protocol import (
     Emit,
@@ -91,6 +99,7 @@ JSONL_TARGET_US = 400.0
 FLOOR_RATIO_TARGET = 4.0
 CREATE_TARGET = 5_000.0
 MEMORY_TARGET = 16 * 1024
+TYPED_RATIO_TARGET = 1.1
 
 BATCH = 250  # runs per batch
 BATCHES = 8  # timed batches (2,000 runs), after one warm-up batch
@@ -124,6 +133,12 @@ ECHO = Tool(
     parameters={"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]},
     handler=_echo,
 )
+
+
+@tool(name="echo")
+async def TYPED_ECHO(x: str) -> str:
+    """Echo x back."""
+    return x
 
 
 class InstantModel:
@@ -399,6 +414,57 @@ async def measure_create(batch: int = CREATE_BATCH, batches: int = CREATE_BATCHE
     return sequential, concurrent
 
 
+# ---------------------------------------------------------------- figure 6
+
+
+class TypedResult:
+    def __init__(self) -> None:
+        self.raw = Timing()
+        self.typed = Timing()
+        self.raw_call_us = 0.0
+        self.typed_call_us = 0.0
+
+
+def _local_tool(one: Tool) -> Any:
+    async def setup(agent: Agent) -> None:
+        agent.tools.add(one, scope=agent.scope)
+
+    return setup
+
+
+async def _call_us(one: Tool, calls: int) -> float:
+    """Microseconds per ``validate`` + ``handler`` of ``one``, driven directly (no driver, no session)."""
+    ctx: Any = None  # neither echo reads its context
+    arguments = '{"x": "hi"}'
+    start = time.perf_counter()
+    for _ in range(calls):
+        await one.handler(ctx, one.validate(arguments))
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+async def measure_typed(batch: int = BATCH, batches: int = BATCHES) -> TypedResult:
+    """Interleave runs of a raw-schema echo and a typed-function echo (constant-cost model)."""
+    result = TypedResult()
+    gc.collect()
+    async with _open(ScriptedModel([])) as harness:
+        raw = await harness.agents.create(options=AgentOptions(model=InstantModel()), setup=_local_tool(ECHO))
+        typed = await harness.agents.create(options=AgentOptions(model=InstantModel()), setup=_local_tool(TYPED_ECHO))
+        for index in range(batches + 1):
+            timed = index > 0
+            await _reused_batch(raw.agent, batch, result.raw if timed else None)
+            await _reused_batch(typed.agent, batch, result.typed if timed else None)
+        await raw.dispose()
+        await typed.dispose()
+    calls = batch * batches * 5
+    for one in (ECHO, TYPED_ECHO):  # warm up both before timing either
+        await _call_us(one, batch)
+    raw_calls = [await _call_us(ECHO, calls // 5) for _ in range(5)]
+    typed_calls = [await _call_us(TYPED_ECHO, calls // 5) for _ in range(5)]
+    result.raw_call_us = statistics.median(raw_calls)
+    result.typed_call_us = statistics.median(typed_calls)
+    return result
+
+
 # ---------------------------------------------------------------- figure 5
 
 
@@ -587,6 +653,23 @@ async def bench() -> list[Row]:
         ),
     ]
 
+    typed = await measure_typed()
+    rows += [
+        _timed("run, reused agent, constant-cost model, raw-schema Tool echo (jsonschema)", typed.raw, "report"),
+        _timed("  the same run, typed-function echo (@tool, pydantic)", typed.typed, "report"),
+        _ratio(
+            "  typed-function tool / raw Tool, per run (median of per-batch ratios)",
+            statistics.median(t / r for t, r in zip(typed.typed.wall, typed.raw.wall)),
+            f"<= {TYPED_RATIO_TARGET:g} x",
+        ),
+        _ratio(
+            "  typed-function tool / raw Tool, CPU time per run",
+            statistics.median(t / r for t, r in zip(typed.typed.cpu, typed.raw.cpu)),
+        ),
+        _row("  tool call alone, raw Tool: validate + handler", round(typed.raw_call_us, 2), "us", "report"),
+        _row("  tool call alone, typed function: validate + handler", round(typed.typed_call_us, 2), "us", "report"),
+    ]
+
     memory = await measure_memory()
     sizes = {kind: data.get("bytes_per_agent") for kind, data in memory.items()}
     numeric = {kind: size for kind, size in sizes.items() if isinstance(size, int | float)}
@@ -637,6 +720,16 @@ async def _profile(figure: str) -> None:
             profiler.enable()
             await _fresh_batch(harness, model, runs, None)
             profiler.disable()
+    elif figure == "typed":
+        async with _open(ScriptedModel([])) as harness:
+            handle = await harness.agents.create(
+                options=AgentOptions(model=InstantModel()), setup=_local_tool(TYPED_ECHO)
+            )
+            await _reused_batch(handle.agent, BATCH, None)
+            profiler.enable()
+            await _reused_batch(handle.agent, runs, None)
+            profiler.disable()
+            await handle.dispose()
     elif figure == "create":
         async with _open(ScriptedModel([])) as harness:
             profiler.enable()
@@ -645,7 +738,7 @@ async def _profile(figure: str) -> None:
                 await handle.dispose()
             profiler.disable()
     else:
-        raise SystemExit(f"unknown figure {figure!r}; use reused, fresh, jsonl or create")
+        raise SystemExit(f"unknown figure {figure!r}; use reused, fresh, jsonl, create or typed")
     stats = pstats.Stats(profiler)
     stats.sort_stats("tottime").print_stats(30)
     stats.sort_stats("cumulative").print_stats(30)
@@ -654,7 +747,7 @@ async def _profile(figure: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Print the rows as JSON lines (or run a profile / the memory child)."""
     parser = argparse.ArgumentParser(description="agent runtime benchmarks")
-    parser.add_argument("--profile", metavar="FIGURE", help="cProfile one figure: reused, fresh, jsonl, create")
+    parser.add_argument("--profile", metavar="FIGURE", help="cProfile one figure: reused, fresh, jsonl, create, typed")
     parser.add_argument("--memory-child", choices=["rss", "tracemalloc"], help=argparse.SUPPRESS)
     parser.add_argument("--agents", type=int, default=MEMORY_AGENTS, help=argparse.SUPPRESS)
     parser.add_argument("--memory-top", action="store_true", help="print the top allocation sites per idle agent")

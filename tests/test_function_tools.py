@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import functools
 import json
+import sys
 import threading
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -17,6 +18,7 @@ import pydantic
 import pytest
 import trio
 import trio.testing
+import typing_extensions
 
 import trio_harness
 from trio_harness import FunctionTool, ScriptedModel, Tool, ToolContext, ToolError, ToolOutput, tool
@@ -88,6 +90,16 @@ class Report(pydantic.BaseModel):
 class Tree(pydantic.BaseModel):  # recursive: its schema keeps $defs
     name: str
     children: list[Tree] = []
+
+
+class Folder(typing_extensions.TypedDict):  # recursive, and a TypedDict pydantic accepts on 3.11
+    name: str
+    children: list[Folder]
+
+
+class StdFolder(TypedDict):  # recursive typing.TypedDict: pydantic refuses it on 3.11
+    name: str
+    children: list[StdFolder]
 
 
 @dataclasses.dataclass
@@ -527,6 +539,26 @@ async def test_recursive_pydantic_models_keep_their_definitions() -> None:
     assert results[0].content == "2"
 
 
+def test_a_recursive_typing_extensions_typed_dict_is_accepted() -> None:
+    @tool
+    def size(folder: Folder) -> int:
+        return 1 + sum(size(child) for child in folder["children"])
+
+    assert_clean(size)
+    assert size.parameters["properties"]["folder"] == {"$ref": "#/$defs/Folder"}
+    args = size.validate('{"folder": {"name": "a", "children": [{"name": "b", "children": []}]}}')
+    assert size(**args) == 2
+
+
+def test_a_recursive_typing_typed_dict_needs_typing_extensions_before_python_3_12() -> None:
+    if sys.version_info >= (3, 12):  # pydantic accepts typing.TypedDict from 3.12 on
+        made = Tool.from_function(_std_recursive)
+        assert made.validate('{"folder": {"name": "a", "children": []}}') == {"folder": {"name": "a", "children": []}}
+        return
+    with pytest.raises(ToolError, match=r"parameter 'folder' has a type .*use `typing_extensions\.TypedDict`"):
+        Tool.from_function(_std_recursive)
+
+
 def test_a_property_named_title_stays_and_field_metadata_is_kept() -> None:
     @tool
     def publish(
@@ -727,6 +759,14 @@ def _recursive(node: Node) -> int:
     return 0
 
 
+def _std_recursive(folder: StdFolder) -> int:
+    return 0
+
+
+def _any(value: Any) -> str:
+    return str(value)
+
+
 def _unresolvable(amount: Decimal) -> int:
     return 0
 
@@ -751,7 +791,7 @@ def _opaque(thing: _Opaque) -> int:
         (_context_second, {}, r"parameter 'ctx': only the first parameter may take the ToolContext"),
         (_callable_param, {}, r"parameter 'fn' has a type pydantic cannot validate or describe"),
         (_opaque, {}, r"parameter 'thing' has a type pydantic cannot validate or describe"),
-        (_recursive, {}, r"the attrs class Node refers to itself"),
+        (_recursive, {}, r"the attrs class Node refers to itself; a recursive attrs class cannot be"),
         (_unresolvable, {}, r"cannot resolve the type hints .*Decimal.*import the types"),
         (lambda x: x, {}, r"cannot name a tool after .*'<lambda>' does not match .*pass name="),
         (functools.partial(google, "Paris"), {}, r"cannot name a tool after functools\.partial"),
@@ -777,6 +817,12 @@ def test_functions_that_cannot_be_described_are_refused_with_a_clear_error(
 ) -> None:
     with pytest.raises(ToolError, match=message):
         Tool.from_function(fn, **kwargs)
+
+
+def test_any_is_allowed_when_written() -> None:
+    made = Tool.from_function(_any)
+    assert made.parameters["properties"] == {"value": {}}
+    assert made.validate('{"value": [1, {"a": null}]}') == {"value": [1, {"a": None}]}
 
 
 def test_a_partial_with_a_name_describes_the_remaining_parameters() -> None:

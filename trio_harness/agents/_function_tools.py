@@ -513,14 +513,6 @@ class _TypeRewriter:
             return hint.copy_with(new)
         return types.GenericAlias(origin, new)
 
-    def _enter(self, cls: type, kind: str) -> None:
-        if cls in self._active:
-            raise ToolError(
-                f"tool {self._tool!r}: the {kind} {cls.__qualname__} refers to itself; recursive {kind} types "
-                "cannot be tool parameters (use a pydantic model or a dataclass)"
-            )
-        self._active.add(cls)
-
     def _hints(self, cls: type, kind: str) -> dict[str, Any]:
         try:
             return typing.get_type_hints(cls, localns=self._localns, include_extras=True)
@@ -535,7 +527,12 @@ class _TypeRewriter:
             return self._done[cls]
         import pydantic
 
-        self._enter(cls, "attrs class")
+        if cls in self._active:
+            raise ToolError(
+                f"tool {self._tool!r}: the attrs class {cls.__qualname__} refers to itself; a recursive attrs class "
+                "cannot be a tool parameter (use a pydantic model or a dataclass)"
+            )
+        self._active.add(cls)
         try:
             hints = self._hints(cls, "attrs class")
             doc = parse_docstring(cls.__doc__, attributes=True)
@@ -573,7 +570,9 @@ class _TypeRewriter:
 
         if cls in self._done:
             return self._done[cls]
-        self._enter(cls, "TypedDict")
+        if cls in self._active:  # recursive: left as is for pydantic (which resolves it if it accepts the class)
+            return cls
+        self._active.add(cls)
         try:
             hints = self._hints(cls, "TypedDict")
             required: frozenset[str] = getattr(cls, "__required_keys__", frozenset())
@@ -687,6 +686,8 @@ def clean_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
                 out[key] = [clean(sub, expanding) for sub in value]
             else:
                 out[key] = value
+        if "type" in out:  # reads better: the type, then its details
+            out = {"type": out.pop("type"), **out}
         return out
 
     body = clean(schema, ())
