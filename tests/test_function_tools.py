@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import functools
 import json
+import subprocess
 import sys
 import threading
 import typing
@@ -645,6 +646,46 @@ def test_descriptions_come_from_google_numpy_and_sphinx_docstrings(fn: Callable[
     }
 
 
+def google_more(low: int, high: int, *, inclusive: bool = True) -> list[int]:
+    """A range.
+
+    Args:
+        low: where it starts.
+
+            Negative values count too.
+        high (int): where it ends.
+
+    Keyword Args:
+        inclusive: whether ``high`` is in it.
+
+    Raises:
+        ValueError: never.
+    """
+    return []
+
+
+def numpy_more(low: int, high: int) -> list[int]:
+    """A range.
+
+    Parameters
+    ----------
+    low, high : int
+        the bounds.
+    """
+    return []
+
+
+def test_docstring_sections_continuations_and_shared_entries() -> None:
+    google_props = Tool.from_function(google_more).parameters["properties"]
+    assert [google_props[k]["description"] for k in ("low", "high", "inclusive")] == [
+        "where it starts. Negative values count too.",
+        "where it ends.",
+        "whether ``high`` is in it.",
+    ]
+    numpy_props = Tool.from_function(numpy_more).parameters["properties"]
+    assert numpy_props["low"]["description"] == numpy_props["high"]["description"] == "the bounds."
+
+
 def test_no_docstring_gives_an_empty_description_and_an_explicit_one_wins() -> None:
     def bare(x: int) -> int:
         return x
@@ -674,6 +715,8 @@ def test_decorator_forms_and_tool_attributes() -> None:
     made = Tool.from_function(google, requires_approval=True, parallel_safe=False)
     assert (made.name, made.requires_approval, made.parallel_safe) == ("google", True, False)
     assert made.spec.parameters == made.parameters
+    again = Tool.from_function(original, name="again")  # a function tool re-made from its function
+    assert (again.name, again.function, again.parameters) == ("again", original.function, original.parameters)
 
 
 async def test_raw_schema_tools_are_unchanged_and_do_not_require_approval() -> None:
@@ -836,3 +879,16 @@ def test_a_request_offers_the_function_tool_like_any_other() -> None:
     made = Tool.from_function(google, name="forecast")
     request = ModelRequest(model="m", system="", messages=(), tools=(made.spec,))
     assert request.tools[0].name == "forecast" and request.tools[0].parameters is made.parameters
+
+
+def test_pydantic_is_imported_with_the_first_function_tool_not_with_the_package() -> None:
+    script = (
+        "import sys, trio_harness\n"
+        "assert 'pydantic' not in sys.modules, 'imported with the package'\n"
+        "@trio_harness.tool\n"
+        "def f(x: int) -> int:\n"
+        "    return x\n"
+        "assert 'pydantic' in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr

@@ -212,6 +212,8 @@ def function_tool(
     """
     import pydantic
 
+    if isinstance(fn, FunctionTool):  # re-made (another name, other options): from its function
+        fn = fn.function
     if not callable(fn) or inspect.isclass(fn):
         raise TypeError(f"a function tool needs a function, got {fn!r}")
     tool_name = name if name is not None else getattr(fn, "__name__", None)
@@ -351,7 +353,7 @@ def _renderer(tool_name: str) -> Callable[[Any], str | ToolOutput]:
     from pydantic_core import to_json
 
     def render(value: Any) -> str | ToolOutput:
-        if isinstance(value, str | ToolOutput):
+        if isinstance(value, (str, ToolOutput)):
             return value
         try:
             return to_json(value, fallback=_json_fallback).decode()
