@@ -89,6 +89,8 @@ class OutputStream:
     spill_fd: int = -1
     spill_error: str | None = None
     spill_removed: bool = False
+    # Continuation bytes still to drop after a lossy take stopped inside a character.
+    orphans: int = 0
 
     def feed(self, chunk: bytes | bytearray) -> None:
         """Append bytes: keep the last ``limit`` in memory, write them all to the spill file."""
@@ -121,9 +123,14 @@ class OutputStream:
         if self.cursor < base:
             dropped = base - self.cursor
             self.cursor = base
-            skip = leading_continuations(self.buf, 0)
+            self.orphans = 3
+        if self.orphans:
+            # The bytes lost may have cut a character: its continuation bytes
+            # (at most 3) are dropped too, including those arriving later.
+            skip = min(leading_continuations(self.buf, self.cursor - base), self.orphans)
             dropped += skip
             self.cursor += skip
+            self.orphans = self.orphans - skip if self.cursor == self.total else 0
         start = self.cursor - base
         end = len(self.buf)
         if not self.eof:
@@ -135,7 +142,11 @@ class OutputStream:
         return Taken(text, dropped, self.where() if dropped else "")
 
     def snapshot(self) -> Taken:
-        """The whole retained tail, without consuming (the text, and bytes not retained)."""
+        """The whole retained tail, without consuming (the text, and bytes not retained).
+
+        Meant for a finished stream: an incomplete character at the end is
+        replaced, not held back.
+        """
         dropped = self.total - len(self.buf)
         skip = leading_continuations(self.buf, 0) if dropped else 0
         text = self.buf[skip:].decode("utf-8", "replace")
