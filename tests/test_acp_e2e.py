@@ -610,3 +610,60 @@ async def test_sigterm_disposes_sessions_and_exits(tmp_path: Path) -> None:
     end = events[-1]
     assert isinstance(end, ev.TurnEnd)
     assert (end.reason, end.cause) == ("aborted", "disposed")
+
+
+async def test_meta_and_fields_of_newer_clients_are_accepted_on_every_method(tmp_path: Path) -> None:
+    # Clients in the wild send _meta (trace context) and fields of newer protocol versions.
+    meta = {"traceparent": "00-80e1afed08e019fc1110464cfa66635c-7a085853722dc6d2-01"}
+    async with open_server(tmp_path, [{"text": "answered"}]) as client:
+        result = await client.call(
+            "initialize",
+            {
+                "protocolVersion": 1,
+                "clientCapabilities": {"fs": {"readTextFile": True}, "terminal": True, "_meta": meta},
+                "clientInfo": {"name": "editor", "version": "9.9"},
+                "_meta": meta,
+            },
+        )
+        assert result["protocolVersion"] == 1
+        assert await client.call("authenticate", {"methodId": "none", "_meta": meta}) == {}
+        new = {"cwd": str(tmp_path), "mcpServers": [], "additionalDirectories": [], "_meta": meta}
+        session_id = (await client.call("session/new", new))["sessionId"]
+        prompt = {
+            "sessionId": session_id,
+            "prompt": [{"type": "text", "text": "hi", "annotations": {"priority": 1.0}, "_meta": meta}],
+            "_meta": meta,
+        }
+        assert await client.call("session/prompt", prompt) == {"stopReason": "end_turn"}
+        await client.send(
+            {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session_id, "_meta": 5}}
+        )
+        assert await client.call("session/close", {"sessionId": session_id, "_meta": meta}) == {}
+        listed = await client.call("session/list", {"cwd": str(tmp_path), "_meta": meta})
+        assert [s["sessionId"] for s in listed["sessions"]] == [session_id]
+        load = {"sessionId": session_id, "cwd": str(tmp_path), "mcpServers": [], "_meta": meta}
+        assert await client.call("session/load", load) == {}
+
+
+async def test_bad_params_are_invalid_params_for_requests_and_ignored_in_notifications(tmp_path: Path) -> None:
+    async with open_server(tmp_path, []) as client:
+        # A notification has nobody to answer: a bad session/cancel is dropped.
+        await client.send({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": 7}})
+        # The same as a request is answered with the field.
+        error = await client.error(client.request("session/cancel", {"sessionId": 7}))
+        assert error == {
+            "code": -32602,
+            "message": "invalid params for session/cancel: 'sessionId' must be a string, got 7",
+            "data": {"field": "sessionId"},
+        }
+        error = await client.error(client.request("initialize", {"protocolVersion": 65536}))
+        assert error["code"] == -32602
+        assert error["data"] == {"field": "protocolVersion"}
+        error = await client.error(
+            client.request("session/prompt", {"sessionId": "s", "prompt": [{"type": "text", "text": 1}]})
+        )
+        assert error["code"] == -32602
+        assert error["message"] == "invalid params for session/prompt: prompt[0].text must be a string, got 1"
+        assert error["data"] == {"field": "prompt[0].text"}
+        # Nothing above stopped the server.
+        assert (await client.initialize())["protocolVersion"] == 1

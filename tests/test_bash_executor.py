@@ -277,25 +277,6 @@ async def test_run_cancellation_kills_the_group(executor: BashExecutor, tmp_path
     await assert_group_gone(pgid)
 
 
-# ------------------------------------------------------------------ render
-
-
-def test_render_result_markers() -> None:
-    result = BashResult(
-        stdout="partial",
-        stderr="",
-        exit_code=None,
-        signal=signal.SIGKILL,
-        timed_out=True,
-        stdout_dropped=0,
-        stderr_dropped=0,
-        timeout=2.5,
-    )
-    assert render_result(result) == "partial\n[killed by signal SIGKILL]\n[timed out after 2.5s]"
-    only_err = BashResult("", "boom\n", 1, None, False, 0, 0)
-    assert render_result(only_err) == "[stderr]\nboom\n[exit code: 1]"
-
-
 # ------------------------------------------------------------------ start / read_output
 
 

@@ -12,8 +12,7 @@ import trio.testing
 
 from trio_harness import AgentOptions, ScriptedModel
 from trio_harness._errors import TaskNotFoundError
-from trio_harness.bash import BashToolPlugin
-from trio_harness.bash._executor import BashExecutor, BashProcess, BashSpec
+from trio_harness.bash import BashExecutor, BashProcess, BashSpec, BashToolPlugin
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
 

@@ -14,7 +14,7 @@ from test_bash_tool import group_alive
 from trio_harness import AgentOptions, ScriptedModel
 from trio_harness.acp import _jsonrpc as rpc
 from trio_harness.agents._subagent import SubagentToolPlugin
-from trio_harness.bash._executor import BashExecutor, BashProcess, BashSpec
+from trio_harness.bash import BashExecutor, BashProcess, BashSpec
 from trio_harness.session import _events as ev
 from trio_harness.tasks import TaskHooks, TaskOutcome, TaskSpec
 from trio_harness.testing import assert_balanced, open_test_harness

@@ -36,8 +36,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, TypeVar, TypeVarTuple
 
 import attrs
 import trio
@@ -55,6 +55,17 @@ from ..model._protocol import Failure
 from ..session import _events as ev
 from ..session._events import InboxMessage
 from . import _jsonrpc as rpc
+from ._params import (
+    AuthenticateParams,
+    CancelParams,
+    CloseSessionParams,
+    InitializeParams,
+    ListSessionsParams,
+    LoadSessionParams,
+    NewSessionParams,
+    PromptParams,
+    decode_params,
+)
 from ._updates import (
     TurnOutcome,
     TurnWatcher,
@@ -84,96 +95,12 @@ LIST_PAGE_SIZE: Final = 50
 FLUSH_TIMEOUT: Final = 30.0
 DRAIN_TIMEOUT: Final = 5.0
 
-
-# ---------------------------------------------------------------- params
-
-
-def _object(params: Any, method: str) -> dict[str, Any]:
-    if params is None:
-        return {}
-    if not isinstance(params, dict):
-        raise rpc.RpcError(rpc.INVALID_PARAMS, f"invalid params for {method}: params must be an object")
-    return params
+_P = TypeVar("_P")
+_Ts = TypeVarTuple("_Ts")
+_Result = dict[str, Any] | None
 
 
-def _string(params: Mapping[str, Any], field: str, method: str) -> str:
-    value = params.get(field)
-    if not isinstance(value, str):
-        what = "is required" if value is None else "must be a string"
-        raise rpc.RpcError(rpc.INVALID_PARAMS, f"invalid params for {method}: {field!r} {what}", {"field": field})
-    return value
-
-
-def _absolute_path(params: Mapping[str, Any], field: str, method: str, *, required: bool = True) -> str | None:
-    value = params.get(field)
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or not value or "\x00" in value or not os.path.isabs(value):
-        shown = shorten(repr(value), 100) if value is not None else "nothing"
-        raise rpc.RpcError(
-            rpc.INVALID_PARAMS,
-            f"invalid params for {method}: {field!r} must be an absolute path, got {shown}",
-            {"field": field},
-        )
-    return value
-
-
-def _check_mcp_servers(params: Mapping[str, Any], method: str) -> None:
-    servers = params.get("mcpServers")
-    if servers is not None and not isinstance(servers, list):
-        raise rpc.RpcError(
-            rpc.INVALID_PARAMS,
-            f"invalid params for {method}: 'mcpServers' must be an array",
-            {"field": "mcpServers"},
-        )
-
-
-def _prompt_text(params: Mapping[str, Any]) -> str:
-    """The text of a ``session/prompt``'s content blocks (text, resource, resource_link)."""
-    blocks = params.get("prompt")
-    if not isinstance(blocks, list) or not blocks:
-        raise rpc.RpcError(
-            rpc.INVALID_PARAMS,
-            "invalid params for session/prompt: 'prompt' must be a non-empty array of content blocks",
-            {"field": "prompt"},
-        )
-    parts: list[str] = []
-    for index, block in enumerate(blocks):
-        field = f"prompt[{index}]"
-
-        def bad(what: str, field: str = field) -> rpc.RpcError:
-            return rpc.RpcError(
-                rpc.INVALID_PARAMS,
-                f"invalid params for session/prompt: {field} {what}",
-                {"field": field},
-            )
-
-        if not isinstance(block, dict):
-            raise bad("must be an object")
-        kind = block.get("type")
-        if kind == "text":
-            text = block.get("text")
-            if not isinstance(text, str):
-                raise bad("needs a string 'text'")
-            parts.append(text)
-        elif kind == "resource":
-            resource = block.get("resource")
-            if not isinstance(resource, dict) or not isinstance(resource.get("uri"), str):
-                raise bad("needs a 'resource' object with a string 'uri'")
-            text = resource.get("text")
-            if not isinstance(text, str):
-                raise bad("is a binary resource; only text resources are supported")
-            parts.append(f'<context uri="{resource["uri"]}">\n{text}\n</context>')
-        elif kind == "resource_link":
-            uri = block.get("uri")
-            if not isinstance(uri, str):
-                raise bad("needs a string 'uri'")
-            name = block.get("name")
-            parts.append(f"[{name if isinstance(name, str) and name else uri}]({uri})")
-        else:
-            shown = shorten(repr(kind), 60)
-            raise bad(f"has unsupported type {shown}; supported: text, resource (text), resource_link")
-    return "\n\n".join(parts)
+# ---------------------------------------------------------------- errors
 
 
 def _harness_error(exc: HarnessError) -> rpc.RpcError:
@@ -402,19 +329,18 @@ class AcpServer:
     def _update(self, session_id: str, update: dict[str, Any]) -> None:
         self._post(rpc.notification("session/update", {"sessionId": session_id, "update": update}))
 
-    def _spawn(self, fn: Callable[..., Any], *args: Any) -> bool:
+    def _spawn(self, fn: Callable[[*_Ts], Awaitable[object]], *args: *_Ts) -> bool:
         if not self._accepting or self._handlers is None:
             return False
         self._handlers.start_soon(fn, *args)
         return True
 
-    def _spawn_request(self, request: rpc.Request, handler: Callable[..., Any], arg: Any) -> bool:
+    def _spawn_request(self, request: rpc.Request, handler: Callable[[_P], Awaitable[_Result]], params: _P) -> None:
         """Run a request handler as a task; its answer takes a place in the outbox from now."""
         if not self._accepting or self._handlers is None or self._outbox is None:
-            return False
+            raise rpc.RpcError(rpc.INTERNAL_ERROR, "the server is shutting down")
         self._outbox.reserve()
-        self._handlers.start_soon(self._run, request, handler, arg)
-        return True
+        self._handlers.start_soon(self._run, request, handler, params)
 
     # ------------------------------------------------------------ dispatch
 
@@ -425,7 +351,12 @@ class AcpServer:
             log.debug("acp: ignoring a response to id %r (the server sends no requests)", message.id)
         elif isinstance(message, rpc.Notification):
             if message.method == "session/cancel":
-                self._cancel(message.params)
+                try:
+                    params = decode_params(CancelParams, message.params)
+                except rpc.RpcError as error:  # a notification has nobody to answer
+                    log.debug("acp: ignoring session/cancel: %s", error)
+                else:
+                    self._cancel(params)
             else:
                 log.debug("acp: ignoring notification %s", shorten(message.method, 100))
         else:
@@ -433,28 +364,27 @@ class AcpServer:
 
     def _on_request(self, request: rpc.Request) -> None:
         method = request.method
+        params = request.params
         try:
             if method == "initialize":
-                self._post(rpc.result_response(request.id, self._initialize(request.params)))
+                self._post(rpc.result_response(request.id, self._initialize(decode_params(InitializeParams, params))))
             elif method == "authenticate":
-                self._post(rpc.result_response(request.id, self._authenticate(request.params)))
+                answer = self._authenticate(decode_params(AuthenticateParams, params))
+                self._post(rpc.result_response(request.id, answer))
             elif method == "session/prompt":
-                self._start_prompt(request)
+                self._start_prompt(request, decode_params(PromptParams, params))
             elif method == "session/cancel":
-                self._cancel(request.params)
+                self._cancel(decode_params(CancelParams, params))
                 self._post(rpc.result_response(request.id, None))
             elif method == "session/close":
-                record = self._take_for_close(request.params)
-                if not self._spawn_request(request, self._close, record):
-                    raise rpc.RpcError(rpc.INTERNAL_ERROR, "the server is shutting down")
-            elif method in ("session/new", "session/load", "session/list"):
-                handler = {
-                    "session/new": self._new,
-                    "session/load": self._load,
-                    "session/list": self._list,
-                }[method]
-                if not self._spawn_request(request, handler, request.params):
-                    raise rpc.RpcError(rpc.INTERNAL_ERROR, "the server is shutting down")
+                record = self._take_for_close(decode_params(CloseSessionParams, params))
+                self._spawn_request(request, self._close, record)
+            elif method == "session/new":
+                self._spawn_request(request, self._new, decode_params(NewSessionParams, params))
+            elif method == "session/load":
+                self._spawn_request(request, self._load, decode_params(LoadSessionParams, params))
+            elif method == "session/list":
+                self._spawn_request(request, self._list, decode_params(ListSessionsParams, params))
             else:
                 raise rpc.RpcError(
                     rpc.METHOD_NOT_FOUND,
@@ -466,9 +396,9 @@ class AcpServer:
         except HarnessError as exc:
             self._post_error(request.id, _harness_error(exc))
 
-    async def _run(self, request: rpc.Request, handler: Callable[..., Any], arg: Any) -> None:
+    async def _run(self, request: rpc.Request, handler: Callable[[_P], Awaitable[_Result]], params: _P) -> None:
         try:
-            result = await handler(arg)
+            result = await handler(params)
         except rpc.RpcError as error:
             self._post_error(request.id, error)
         except HarnessError as exc:
@@ -486,8 +416,7 @@ class AcpServer:
         if self.auth_methods and not self._authenticated:
             raise rpc.RpcError(rpc.AUTH_REQUIRED, "authentication required: call authenticate first")
 
-    def _record(self, params: Mapping[str, Any], method: str) -> _SessionRecord:
-        session_id = _string(params, "sessionId", method)
+    def _record(self, session_id: str) -> _SessionRecord:
         record = self._records.get(session_id)
         if record is None or record.closing:
             raise rpc.RpcError(
@@ -500,15 +429,8 @@ class AcpServer:
 
     # ------------------------------------------------------------ methods
 
-    def _initialize(self, params: Any) -> dict[str, Any]:
-        params = _object(params, "initialize")
-        version = params.get("protocolVersion")
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise rpc.RpcError(
-                rpc.INVALID_PARAMS,
-                "invalid params for initialize: 'protocolVersion' must be a non-negative integer",
-                {"field": "protocolVersion"},
-            )
+    def _initialize(self, params: InitializeParams) -> dict[str, Any]:
+        # Whatever version the client speaks, the answer is the one this server speaks.
         from .. import __version__
 
         return {
@@ -523,9 +445,8 @@ class AcpServer:
             "agentInfo": {"name": "trio-harness", "title": "trio-harness", "version": __version__},
         }
 
-    def _authenticate(self, params: Any) -> dict[str, Any]:
-        params = _object(params, "authenticate")
-        method_id = _string(params, "methodId", "authenticate")
+    def _authenticate(self, params: AuthenticateParams) -> dict[str, Any]:
+        method_id = params.method_id
         if not self.auth_methods:
             return {}
         known = [str(method.get("id")) for method in self.auth_methods]
@@ -540,21 +461,15 @@ class AcpServer:
         self._authenticated = True
         return {}
 
-    async def _new(self, params: Any) -> dict[str, Any]:
-        params = _object(params, "session/new")
-        cwd = _absolute_path(params, "cwd", "session/new")
-        _check_mcp_servers(params, "session/new")
+    async def _new(self, params: NewSessionParams) -> dict[str, Any]:
         self._check_auth()
         self._check_open()
-        handle = await self.harness.agents.create(owner=self._scope, cwd=cwd, options=self.agent_options)
+        handle = await self.harness.agents.create(owner=self._scope, cwd=params.cwd, options=self.agent_options)
         record = await self._adopt(handle)
         return {"sessionId": record.id}
 
-    async def _load(self, params: Any) -> dict[str, Any] | None:
-        params = _object(params, "session/load")
-        session_id = _string(params, "sessionId", "session/load")
-        _absolute_path(params, "cwd", "session/load")
-        _check_mcp_servers(params, "session/load")
+    async def _load(self, params: LoadSessionParams) -> dict[str, Any] | None:
+        session_id = params.session_id
         self._check_auth()
         self._check_open()
         if session_id in self._records:
@@ -583,18 +498,8 @@ class AcpServer:
             self._update(record.id, update)
         return {}
 
-    async def _list(self, params: Any) -> dict[str, Any]:
-        params = _object(params, "session/list")
-        cwd = _absolute_path(params, "cwd", "session/list", required=False)
-        cursor = params.get("cursor")
-        if cursor is not None and not (
-            isinstance(cursor, str) and cursor.isascii() and cursor.isdigit() and len(cursor) < 10
-        ):
-            raise rpc.RpcError(
-                rpc.INVALID_PARAMS,
-                "invalid params for session/list: 'cursor' is not a cursor this server issued",
-                {"field": "cursor"},
-            )
+    async def _list(self, params: ListSessionsParams) -> dict[str, Any]:
+        cwd, cursor = params.cwd, params.cursor
         self._check_auth()
         sessions = self.harness.sessions
         headers: dict[str, SessionHeader] = {h.id: h for h in sessions.stored()}
@@ -623,8 +528,8 @@ class AcpServer:
             result["nextCursor"] = str(start + LIST_PAGE_SIZE)
         return result
 
-    def _take_for_close(self, params: Any) -> _SessionRecord:
-        record = self._record(_object(params, "session/close"), "session/close")
+    def _take_for_close(self, params: CloseSessionParams) -> _SessionRecord:
+        record = self._record(params.session_id)
         record.closing = True
         self._records.pop(record.id, None)
         return record
@@ -685,10 +590,9 @@ class AcpServer:
 
     # ------------------------------------------------------------ prompts
 
-    def _start_prompt(self, request: rpc.Request) -> None:
-        params = _object(request.params, "session/prompt")
-        record = self._record(params, "session/prompt")
-        text = _prompt_text(params)
+    def _start_prompt(self, request: rpc.Request, params: PromptParams) -> None:
+        record = self._record(params.session_id)
+        text = params.text
         self._check_auth()
         if record.prompt is not None:
             raise rpc.RpcError(
@@ -749,11 +653,9 @@ class AcpServer:
         data = {"code": failure.code} if failure is not None else None
         self._post_error(prompt.request_id, rpc.RpcError(rpc.INTERNAL_ERROR, message, data))
 
-    def _cancel(self, params: Any) -> None:
-        if not isinstance(params, dict):
-            return
-        session_id = params.get("sessionId")
-        record = self._records.get(session_id) if isinstance(session_id, str) else None
+    def _cancel(self, params: CancelParams) -> None:
+        session_id = params.session_id
+        record = self._records.get(session_id)
         if record is None:
             log.debug("acp: session/cancel for unknown session %r ignored", session_id)
             return

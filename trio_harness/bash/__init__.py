@@ -1,13 +1,13 @@
 """The bash executor: foreground runs and background processes in their own process groups."""
 
-from ._executor import BashError as BashError
+from .._errors import BashError as BashError
 from ._executor import BashExecutor as BashExecutor
 from ._executor import BashProcess as BashProcess
 from ._executor import BashProcessNotFoundError as BashProcessNotFoundError
-from ._executor import BashRequest as BashRequest
-from ._executor import BashResult as BashResult
-from ._executor import BashSpec as BashSpec
-from ._executor import ExitFacts as ExitFacts
 from ._executor import open_bash_executor as open_bash_executor
-from ._executor import render_result as render_result
+from ._records import BashRequest as BashRequest
+from ._records import BashResult as BashResult
+from ._records import BashSpec as BashSpec
+from ._records import ExitFacts as ExitFacts
+from ._render import render_result as render_result
 from ._tool import BashToolPlugin as BashToolPlugin

@@ -17,51 +17,39 @@ whose cursor fell behind the tail names that file.
 
 All control flow uses Trio time; the executor owns a nursery in which the
 supervisor, reader and escalation tasks of every process live.
+
+This module holds the executor and its handles.  The parts it is built from:
+output buffering in :mod:`._output`, process groups (spawning, signalling,
+supervision, the ``/proc`` scan) in :mod:`._process`, the model-facing text in
+:mod:`._render`, and the records in :mod:`._records`.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
-import fcntl
 import math
 import os
-import secrets
-import subprocess
 import tempfile
 import types
 from collections.abc import AsyncIterator, Callable, Mapping
-from signal import SIGKILL, SIGTERM, Signals
 
 import attrs
 import trio
 
 from .._errors import BashError
+from ._output import OutputStream
+from ._process import ProcessGroup, open_group, reap_unsupervised
+from ._records import BashRequest, BashResult, BashSpec, ExitFacts
+from ._render import format_seconds, render_read
 
 __all__ = [
-    "BashError",
     "BashExecutor",
     "BashProcess",
     "BashProcessNotFoundError",
-    "BashRequest",
-    "BashResult",
-    "BashSpec",
-    "ExitFacts",
     "open_bash_executor",
-    "render_result",
 ]
 
-# Size of one read from a pipe.
-_CHUNK = 256 * 1024
-# Capacity asked for the stdout pipe (Linux F_SETPIPE_SZ): fewer wakeups per byte.
-# Kept moderate because pipe pages count against a per-user soft limit.
-_PIPE_SIZE = 256 * 1024
-# Longest pause between two checks of whether a process group is still alive.
-_MAX_POLL = 0.1
-# Upper bound on reaping a SIGKILLed leader during a hard (cancelled) teardown.
-_REAP_BOUND = 5.0
-# Shortest time granted to drain the pipes once the group is gone.
-_MIN_DRAIN = 0.5
 # Safety bound, on top of the grace period, for awaiting processes at executor exit.
 _TEARDOWN_SLACK = 10.0
 
@@ -72,459 +60,6 @@ class BashProcessNotFoundError(BashError, KeyError):
     def __str__(self) -> str:
         # KeyError would quote the message; show it as written.
         return str(self.args[0]) if self.args else ""
-
-
-# ------------------------------------------------------------------ records
-
-
-@attrs.frozen
-class BashRequest:
-    """A command as asked for, before validation.
-
-    Attributes:
-        command: the shell command line, run as ``[shell, "-c", command]``.
-        workdir: the working directory; relative paths are taken from the
-            process's current directory; ``None`` means the current directory.
-        timeout: seconds a foreground run may take; ``None`` means the
-            executor's default.  Capped at the executor's ``max_timeout``.
-        owner: an opaque owner token.  The empty string is a real owner; only
-            ``None`` means unowned.
-        env: variables set for the command on top of the inherited environment.
-    """
-
-    command: str
-    workdir: str | None = None
-    timeout: float | None = None
-    owner: str | None = None
-    env: Mapping[str, str] | None = None
-
-
-@attrs.frozen
-class BashSpec:
-    """A validated, normalised command, produced by :meth:`BashExecutor.resolve`.
-
-    Attributes:
-        command: the shell command line (not empty, no NUL byte).
-        workdir: an absolute path to an existing directory.
-        timeout: seconds, positive and at most the executor's ``max_timeout``.
-        owner: the opaque owner token, or ``None`` for unowned.
-        env: variables set on top of the inherited environment, or ``None``.
-    """
-
-    command: str
-    workdir: str
-    timeout: float
-    owner: str | None
-    env: Mapping[str, str] | None = None
-
-
-@attrs.frozen
-class BashResult:
-    """The outcome of a foreground :meth:`BashExecutor.run`.
-
-    Attributes:
-        stdout: the retained tail of standard output, decoded as UTF-8
-            (undecodable bytes replaced).
-        stderr: the retained tail of standard error, decoded likewise.
-        exit_code: the shell's exit status, or ``None`` when it was killed by
-            a signal.
-        signal: the number of the signal that killed the shell, else ``None``.
-        timed_out: whether the run hit its timeout (and was killed).
-        stdout_dropped: bytes of standard output not retained (beyond the tail).
-        stderr_dropped: bytes of standard error not retained.
-        timeout: the timeout that applied, in seconds.
-    """
-
-    stdout: str
-    stderr: str
-    exit_code: int | None
-    signal: int | None
-    timed_out: bool
-    stdout_dropped: int
-    stderr_dropped: int
-    timeout: float | None = None
-
-
-@attrs.frozen
-class ExitFacts:
-    """How a process ended.
-
-    Attributes:
-        exit_code: the shell's exit status, or ``None`` when it was killed by
-            a signal (or could not be reaped).
-        signal: the number of the signal that killed the shell, else ``None``.
-        killed: whether a kill was requested (kill, timeout, cancellation,
-            release or executor exit) before the shell exited.
-        kill_reason: the reason given with that kill request, if any.
-    """
-
-    exit_code: int | None
-    signal: int | None
-    killed: bool
-    kill_reason: str | None
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def _format_seconds(seconds: float) -> str:
-    return f"{seconds:g}s"
-
-
-def render_result(result: BashResult) -> str:
-    """Render a foreground result as text for the model.
-
-    Standard output comes first, then standard error under a ``[stderr]``
-    marker line when there is any, then marker lines such as
-    ``[exit code: 1]``, ``[killed by signal SIGTERM]`` and
-    ``[timed out after 5s]``.  ``(no output)`` stands in for empty output.
-    A nonzero exit code is reported, not treated as an error.
-
-    Args:
-        result: the result of :meth:`BashExecutor.run`.
-
-    Returns:
-        The rendered text, without a trailing newline.
-    """
-    parts: list[str] = []
-
-    def add(text: str) -> None:
-        if text:
-            parts.append(text if text.endswith("\n") else text + "\n")
-
-    if result.stdout_dropped:
-        add(f"[output truncated: {result.stdout_dropped} earlier bytes of stdout not shown]")
-    add(result.stdout)
-    if result.stderr or result.stderr_dropped:
-        add("[stderr]")
-        if result.stderr_dropped:
-            add(f"[output truncated: {result.stderr_dropped} earlier bytes of stderr not shown]")
-        add(result.stderr)
-    if not parts:
-        add("(no output)")
-    if result.exit_code is not None and result.exit_code != 0:
-        add(f"[exit code: {result.exit_code}]")
-    if result.signal is not None:
-        add(f"[killed by signal {_signal_name(result.signal)}]")
-    if result.timed_out:
-        if result.timeout is not None:
-            add(f"[timed out after {_format_seconds(result.timeout)}]")
-        else:
-            add("[timed out]")
-    return "".join(parts).removesuffix("\n")
-
-
-# ------------------------------------------------------------------ streams
-
-
-def _incomplete_suffix(data: bytearray, start: int) -> int:
-    """Return how many trailing bytes of ``data[start:]`` form an incomplete UTF-8 character."""
-    end = len(data)
-    for i in range(end - 1, max(end - 4, start - 1), -1):
-        byte = data[i]
-        if byte & 0xC0 == 0x80:
-            continue  # continuation byte: keep looking for the lead byte
-        if byte >= 0xF0:
-            need = 4
-        elif byte >= 0xE0:
-            need = 3
-        elif byte >= 0xC0:
-            need = 2
-        else:
-            need = 1
-        return end - i if i + need > end else 0
-    return 0
-
-
-def _leading_continuations(data: bytearray, start: int) -> int:
-    """Return how many (at most 3) UTF-8 continuation bytes begin ``data[start:]``."""
-    count = 0
-    while count < 3 and start + count < len(data) and data[start + count] & 0xC0 == 0x80:
-        count += 1
-    return count
-
-
-@attrs.define(eq=False)
-class _Stream:
-    """One output stream: a bounded tail in memory, a read cursor, an optional spill file.
-
-    The buffer holds bytes ``[total - len(buf), total)`` of the stream.
-    """
-
-    name: str
-    limit: int
-    buf: bytearray = attrs.field(factory=bytearray)
-    total: int = 0
-    cursor: int = 0
-    eof: bool = False
-    spill_path: str | None = None
-    spill_fd: int = -1
-    spill_error: str | None = None
-    spill_removed: bool = False
-
-    def feed(self, chunk: bytes | bytearray) -> None:
-        size = len(chunk)
-        self.total += size
-        buf = self.buf
-        if size >= self.limit:
-            buf[:] = memoryview(chunk)[size - self.limit :]
-        else:
-            buf += chunk
-            excess = len(buf) - self.limit
-            if excess > 0:
-                del buf[:excess]
-        if self.spill_fd >= 0:
-            self._spill(chunk)
-
-    def _spill(self, chunk: bytes | bytearray) -> None:
-        view = memoryview(chunk)
-        try:
-            while view:
-                view = view[os.write(self.spill_fd, view) :]
-        except OSError as exc:
-            self.spill_error = f"{type(exc).__name__}: {exc}"
-            self.close_spill()
-
-    def take(self) -> tuple[str, int]:
-        """Consume everything new since the last take: (text, bytes dropped unread)."""
-        base = self.total - len(self.buf)
-        dropped = 0
-        if self.cursor < base:
-            dropped = base - self.cursor
-            self.cursor = base
-            skip = _leading_continuations(self.buf, 0)
-            dropped += skip
-            self.cursor += skip
-        start = self.cursor - base
-        end = len(self.buf)
-        if not self.eof:
-            end -= _incomplete_suffix(self.buf, start)
-        if end <= start:
-            return "", dropped
-        text = self.buf[start:end].decode("utf-8", "replace")
-        self.cursor = base + end
-        return text, dropped
-
-    def snapshot(self) -> tuple[str, int]:
-        """The whole retained tail, without consuming: (text, bytes not retained)."""
-        dropped = self.total - len(self.buf)
-        skip = _leading_continuations(self.buf, 0) if dropped else 0
-        return self.buf[skip:].decode("utf-8", "replace"), dropped + skip
-
-    def open_spill(self, directory: str, stem: str) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        while True:
-            path = os.path.join(directory, f"{stem}-{secrets.token_hex(6)}.{self.name}")
-            try:
-                fd = os.open(path, flags, 0o600)
-            except FileExistsError:
-                continue
-            break
-        try:
-            os.fchmod(fd, 0o600)  # the umask may have narrowed it; never wider
-        except OSError:
-            os.close(fd)
-            os.unlink(path)
-            raise
-        self.spill_path = path
-        self.spill_fd = fd
-
-    def close_spill(self) -> None:
-        if self.spill_fd >= 0:
-            fd, self.spill_fd = self.spill_fd, -1
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    def remove_spill(self) -> None:
-        self.close_spill()
-        if self.spill_path is not None and not self.spill_removed:
-            self.spill_removed = True
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.spill_path)
-
-    def truncation_line(self, dropped: int) -> str:
-        if self.spill_path is None:
-            where = f"{self.name} is not kept"
-        elif self.spill_removed:
-            where = f"the {self.name} spill file was removed"
-        elif self.spill_error is not None:
-            where = f"{self.name} spill file {self.spill_path} is incomplete ({self.spill_error})"
-        else:
-            where = f"full {self.name} in {self.spill_path}"
-        return f"[output truncated: {dropped} bytes not shown; {where}]\n"
-
-
-# ------------------------------------------------------------------ process groups
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of the group is alive (zombies waiting to be reaped do not count)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # The group exists, but orphaned members may be zombies that init has not
-    # reaped yet; only a member that still runs counts.
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return True
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            return True
-    return False
-
-
-@attrs.define(eq=False)
-class _Proc:
-    """The live machinery of one spawned command (foreground or background)."""
-
-    command: str
-    process: trio.Process
-    out_pipe: trio.abc.ReceiveStream
-    err_pipe: trio.abc.ReceiveStream
-    stdout: _Stream
-    stderr: _Stream
-    grace_period: float
-    nursery: trio.Nursery
-    on_settled: Callable[[_Proc], None]
-    done: trio.Event = attrs.field(factory=trio.Event)
-    settled: trio.Event = attrs.field(factory=trio.Event)
-    pipes_closed: trio.Event = attrs.field(factory=trio.Event)
-    exit: ExitFacts | None = None
-    leader_rc: int | None = None
-    killed: bool = False
-    kill_reason: str | None = None
-    terminating: bool = False
-    escalating: bool = False
-    open_pipes: int = 2
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def kill(self, reason: str | None) -> None:
-        if self.leader_rc is None and not self.killed:
-            self.killed = True
-            self.kill_reason = reason
-        self.terminate()
-
-    def terminate(self) -> None:
-        """SIGTERM the group now and SIGKILL it after the grace period (once)."""
-        if self.terminating:
-            return
-        self.terminating = True
-        if self.leader_rc is not None and not _group_alive(self.pid):
-            return
-        _signal_group(self.pid, SIGTERM)
-        self.escalating = True
-        try:
-            self.nursery.start_soon(self._escalate)
-        except RuntimeError:  # the executor's nursery is gone: no grace left to give
-            self.escalating = False
-            _signal_group(self.pid, SIGKILL)
-
-    async def _escalate(self) -> None:
-        try:
-            with trio.move_on_after(self.grace_period):
-                delay = 0.005
-                while _group_alive(self.pid):
-                    await trio.sleep(delay)
-                    delay = min(delay * 2, _MAX_POLL)
-                return
-            _signal_group(self.pid, SIGKILL)
-        except BaseException:
-            _signal_group(self.pid, SIGKILL)
-            raise
-        finally:
-            self.escalating = False
-            self._check_settled()
-
-    async def supervise(self) -> None:
-        try:
-            async with trio.open_nursery() as pumps:
-                pumps.start_soon(self._pump, self.out_pipe, self.stdout)
-                pumps.start_soon(self._pump, self.err_pipe, self.stderr)
-                self.leader_rc = await self.process.wait()
-                if _group_alive(self.pid):
-                    self.terminate()
-                await self._await_pipes()
-                pumps.cancel_scope.cancel()
-        finally:
-            if self.leader_rc is None:  # cancelled before the leader was reaped
-                _signal_group(self.pid, SIGKILL)
-                with trio.CancelScope(shield=True), trio.move_on_after(_REAP_BOUND):
-                    self.leader_rc = await self.process.wait()
-            self._finish()
-
-    async def _await_pipes(self) -> None:
-        """Wait for EOF on both pipes; abandon them shortly after the group is gone."""
-        delay = 0.01
-        while not self.pipes_closed.is_set():
-            with trio.move_on_after(delay):
-                await self.pipes_closed.wait()
-            delay = min(delay * 2, _MAX_POLL)
-            if not self.pipes_closed.is_set() and not _group_alive(self.pid):
-                # Whoever still holds a pipe is outside the group; give the pipes
-                # a moment to drain, then stop listening.
-                with trio.move_on_after(max(self.grace_period, _MIN_DRAIN)):
-                    await self.pipes_closed.wait()
-                return
-
-    async def _pump(self, pipe: trio.abc.ReceiveStream, sink: _Stream) -> None:
-        try:
-            while True:
-                chunk = await pipe.receive_some(_CHUNK)
-                if not chunk:
-                    break
-                sink.feed(chunk)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            sink.eof = True
-            sink.close_spill()
-            self.open_pipes -= 1
-            if self.open_pipes == 0:
-                self.pipes_closed.set()
-            await trio.aclose_forcefully(pipe)
-
-    def _finish(self) -> None:
-        rc = self.leader_rc
-        self.exit = ExitFacts(
-            exit_code=rc if rc is not None and rc >= 0 else None,
-            signal=-rc if rc is not None and rc < 0 else None,
-            killed=self.killed,
-            kill_reason=self.kill_reason,
-        )
-        self.stdout.eof = self.stderr.eof = True
-        self.stdout.close_spill()
-        self.stderr.close_spill()
-        self.done.set()
-        self._check_settled()
-
-    def _check_settled(self) -> None:
-        if self.done.is_set() and not self.escalating and not self.settled.is_set():
-            self.settled.set()
-            self.on_settled(self)
 
 
 # ------------------------------------------------------------------ public objects
@@ -552,7 +87,7 @@ class BashProcess:
     owner: str | None
     stdout_path: str
     stderr_path: str
-    _core: _Proc = attrs.field(repr=False)
+    _core: ProcessGroup = attrs.field(repr=False)
     _forget: Callable[[str], None] = attrs.field(repr=False)
 
     @property
@@ -588,21 +123,7 @@ class BashProcess:
         Returns:
             The new output; the empty string when there is none.
         """
-        core = self._core
-        out, out_dropped = core.stdout.take()
-        err, err_dropped = core.stderr.take()
-        parts: list[str] = []
-        if out_dropped:
-            parts.append(core.stdout.truncation_line(out_dropped))
-        parts.append(out)
-        if err or err_dropped:
-            if out and not out.endswith("\n"):
-                parts.append("\n")
-            parts.append("[stderr]\n")
-            if err_dropped:
-                parts.append(core.stderr.truncation_line(err_dropped))
-            parts.append(err)
-        return "".join(parts)
+        return render_read(self._core.stdout.take(), self._core.stderr.take())
 
     def kill(self, reason: str | None = None) -> None:
         """Ask the process group to stop: SIGTERM now, SIGKILL after the grace period.
@@ -667,7 +188,7 @@ class BashExecutor:
     spill_dir: str
     _nursery: trio.Nursery = attrs.field(repr=False)
     _procs: dict[str, BashProcess] = attrs.field(factory=dict, init=False, repr=False)
-    _live: set[_Proc] = attrs.field(factory=set, init=False, repr=False)
+    _live: set[ProcessGroup] = attrs.field(factory=set, init=False, repr=False)
     _counter: int = attrs.field(default=0, init=False)
     _closed: bool = attrs.field(default=False, init=False)
 
@@ -735,20 +256,12 @@ class BashExecutor:
 
     # ------------------------------------------------------------ running
 
-    async def _spawn(self, spec: BashSpec, stdout: _Stream, stderr: _Stream) -> _Proc:
+    async def _spawn(self, spec: BashSpec, stdout: OutputStream, stderr: OutputStream) -> ProcessGroup:
         if self._closed:
             raise BashError(f"the bash executor is closed; cannot run {spec.command!r}")
         env = None if spec.env is None else {**os.environ, **spec.env}
         try:
-            process = await trio.lowlevel.open_process(
-                [self.shell, "-c", spec.command],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=spec.workdir,
-                env=env,
-                start_new_session=True,
-            )
+            process = await open_group([self.shell, "-c", spec.command], spec.workdir, env)
         except OSError as exc:
             raise BashError(
                 f"could not start {self.shell!r} in workdir {spec.workdir!r} for {spec.command!r}: {exc}"
@@ -758,17 +271,9 @@ class BashExecutor:
         if self._is_closed():
             # Teardown began while the shell was being spawned; the nursery may be
             # gone, so nobody would supervise it: kill and reap it here.
-            _signal_group(process.pid, SIGKILL)
-            with trio.CancelScope(shield=True):
-                with trio.move_on_after(_REAP_BOUND):
-                    await process.wait()
-                await trio.aclose_forcefully(process.stdout)
-                await trio.aclose_forcefully(process.stderr)
+            await reap_unsupervised(process)
             raise BashError(f"the bash executor closed while starting {spec.command!r}")
-        if isinstance(process.stdout, trio.lowlevel.FdStream):
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(process.stdout.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
-        core = _Proc(
+        core = ProcessGroup(
             command=spec.command,
             process=process,
             out_pipe=process.stdout,
@@ -803,14 +308,14 @@ class BashExecutor:
                 the executor is closed.
         """
         spec = self._recheck(spec)
-        core = await self._spawn(spec, _Stream("stdout", self.tail_bytes), _Stream("stderr", self.tail_bytes))
+        core = await self._spawn(spec, OutputStream("stdout", self.tail_bytes), OutputStream("stderr", self.tail_bytes))
         timed_out = False
         try:
             with trio.move_on_after(spec.timeout):
                 await core.done.wait()
             if not core.done.is_set():
                 timed_out = True
-                core.kill(f"timed out after {_format_seconds(spec.timeout)}")
+                core.kill(f"timed out after {format_seconds(spec.timeout)}")
                 await core.done.wait()
         except BaseException:
             with trio.CancelScope(shield=True):
@@ -820,16 +325,16 @@ class BashExecutor:
             raise
         facts = core.exit
         assert facts is not None
-        stdout, stdout_dropped = core.stdout.snapshot()
-        stderr, stderr_dropped = core.stderr.snapshot()
+        stdout = core.stdout.snapshot()
+        stderr = core.stderr.snapshot()
         return BashResult(
-            stdout=stdout,
-            stderr=stderr,
+            stdout=stdout.text,
+            stderr=stderr.text,
             exit_code=facts.exit_code,
             signal=facts.signal,
             timed_out=timed_out,
-            stdout_dropped=stdout_dropped,
-            stderr_dropped=stderr_dropped,
+            stdout_dropped=stdout.dropped,
+            stderr_dropped=stderr.dropped,
             timeout=spec.timeout,
         )
 
@@ -853,8 +358,8 @@ class BashExecutor:
             raise BashError(f"the bash executor is closed; cannot start {spec.command!r}")
         self._counter += 1
         proc_id = f"proc-{self._counter}"
-        stdout = _Stream("stdout", self.tail_bytes)
-        stderr = _Stream("stderr", self.tail_bytes)
+        stdout = OutputStream("stdout", self.tail_bytes)
+        stderr = OutputStream("stderr", self.tail_bytes)
         stem = f"trio-harness-bash-{proc_id}"
         try:
             for stream in (stdout, stderr):

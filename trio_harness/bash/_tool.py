@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import trio
 
+from .._errors import BashError
 from ..agents._tools import Tool, ToolContext, ToolOutput
-from ._executor import BashError, BashRequest, render_result
+from ._records import BashRequest
+from ._render import render_result
 
 if TYPE_CHECKING:
     from .._harness import Harness

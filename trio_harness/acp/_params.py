@@ -1,0 +1,410 @@
+"""Typed parameters of the ACP methods the server answers, and their strict decoder.
+
+Each method's ``params`` object is decoded into a frozen record by a private
+cattrs converter before the server acts on it; anything that does not fit is a
+JSON-RPC ``-32602`` (invalid params) error whose message and ``data.field``
+name the offending field (``'cwd'``, ``prompt[1]``, ``prompt[0].text``).
+
+How strict, following the ACP schema (``schema/v1/schema.json`` of
+agentclientprotocol/agent-client-protocol):
+
+* Values are strict JSON types: a string is a string (``5`` is not ``"5"``),
+  an integer is not a boolean or a float, an array is a JSON array.
+* Keys the server does not read are ignored.  The schema declares no request
+  type closed (no ``additionalProperties: false``) and reserves every name for
+  future protocol versions, so a newer client's fields (``additionalDirectories``,
+  ``clientCapabilities``, ...) must not fail a request.
+* ``_meta`` is accepted everywhere and kept as :attr:`meta`; like the schema
+  says (``x-deserialize-default-on-error``), a ``_meta`` that is not an object
+  is read as absent rather than refused.
+* Beyond the schema, only what this server needs: ``cwd`` must be an absolute
+  path (the schema's description says so), a ``cursor`` must be one this
+  server issued, and a prompt must be non-empty and made of the blocks this
+  server reads (text, text resources, resource links).  ``mcpServers`` is
+  optional here although the schema requires it; the server connects to no
+  MCP server and does not read its entries.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, NewType, Protocol, TypeAlias, TypeVar
+
+import attrs
+import cattrs
+from cattrs.cols import homogenous_tuple_structure_factory
+from cattrs.gen import make_dict_structure_fn, override
+from cattrs.preconf.json import make_converter
+
+from . import _jsonrpc as rpc
+
+__all__ = [
+    "AbsolutePath",
+    "AuthenticateParams",
+    "CancelParams",
+    "CloseSessionParams",
+    "ContentBlock",
+    "InitializeParams",
+    "ListCursor",
+    "ListSessionsParams",
+    "LoadSessionParams",
+    "NewSessionParams",
+    "PromptParams",
+    "ProtocolVersion",
+    "ResourceBlock",
+    "ResourceLinkBlock",
+    "TextBlock",
+    "TextResource",
+    "decode_params",
+]
+
+AbsolutePath = NewType("AbsolutePath", str)
+"""A non-empty absolute path without NUL."""
+
+ProtocolVersion = NewType("ProtocolVersion", int)
+"""An ACP protocol version: an integer from 0 to 65535 (``uint16`` in the schema)."""
+
+ListCursor = NewType("ListCursor", str)
+"""A ``session/list`` cursor this server issued: a decimal offset, fewer than 10 digits."""
+
+Meta: TypeAlias = Mapping[str, Any] | None
+
+
+# ---------------------------------------------------------------- content blocks
+
+
+@attrs.frozen
+class TextBlock:
+    """A ``text`` content block."""
+
+    kind: ClassVar[str] = "text"
+    text: str
+    meta: Meta = None
+
+
+@attrs.frozen
+class TextResource:
+    """The embedded text of a ``resource`` block (a blob resource is refused)."""
+
+    uri: str
+    text: str
+    meta: Meta = None
+
+
+@attrs.frozen
+class ResourceBlock:
+    """A ``resource`` content block: embedded context."""
+
+    kind: ClassVar[str] = "resource"
+    resource: TextResource
+    meta: Meta = None
+
+
+@attrs.frozen
+class ResourceLinkBlock:
+    """A ``resource_link`` content block (``name`` is optional here; the ``uri`` stands in)."""
+
+    kind: ClassVar[str] = "resource_link"
+    uri: str
+    name: str | None = None
+    meta: Meta = None
+
+
+ContentBlock: TypeAlias = TextBlock | ResourceBlock | ResourceLinkBlock
+_BLOCKS: dict[str, type[ContentBlock]] = {cls.kind: cls for cls in (TextBlock, ResourceBlock, ResourceLinkBlock)}
+Prompt: TypeAlias = tuple[ContentBlock, ...]
+
+
+def prompt_text(blocks: Prompt) -> str:
+    """The text of a prompt for the agent: resources wrapped in ``<context>``, links as Markdown links."""
+    parts: list[str] = []
+    for block in blocks:
+        if isinstance(block, TextBlock):
+            parts.append(block.text)
+        elif isinstance(block, ResourceBlock):
+            parts.append(f'<context uri="{block.resource.uri}">\n{block.resource.text}\n</context>')
+        else:
+            parts.append(f"[{block.name or block.uri}]({block.uri})")
+    return "\n\n".join(parts)
+
+
+# ---------------------------------------------------------------- method params
+
+
+@attrs.frozen
+class InitializeParams:
+    """``initialize``: the client's protocol version (its capabilities are not read)."""
+
+    method: ClassVar[str] = "initialize"
+    protocol_version: ProtocolVersion
+    meta: Meta = None
+
+
+@attrs.frozen
+class AuthenticateParams:
+    """``authenticate``: one of the advertised auth method ids."""
+
+    method: ClassVar[str] = "authenticate"
+    method_id: str
+    meta: Meta = None
+
+
+@attrs.frozen
+class NewSessionParams:
+    """``session/new``: the session's working directory."""
+
+    method: ClassVar[str] = "session/new"
+    cwd: AbsolutePath
+    mcp_servers: tuple[object, ...] = ()
+    meta: Meta = None
+
+
+@attrs.frozen
+class LoadSessionParams:
+    """``session/load``: a stored session to resume."""
+
+    method: ClassVar[str] = "session/load"
+    session_id: str
+    cwd: AbsolutePath
+    mcp_servers: tuple[object, ...] = ()
+    meta: Meta = None
+
+
+@attrs.frozen
+class ListSessionsParams:
+    """``session/list``: an optional working-directory filter and page cursor."""
+
+    method: ClassVar[str] = "session/list"
+    cwd: AbsolutePath | None = None
+    cursor: ListCursor | None = None
+    meta: Meta = None
+
+
+@attrs.frozen
+class PromptParams:
+    """``session/prompt``: the session and the prompt's content blocks (at least one)."""
+
+    method: ClassVar[str] = "session/prompt"
+    session_id: str
+    prompt: Prompt
+    meta: Meta = None
+
+    @property
+    def text(self) -> str:
+        """The prompt as the text the agent receives (see :func:`prompt_text`)."""
+        return prompt_text(self.prompt)
+
+
+@attrs.frozen
+class CancelParams:
+    """``session/cancel``: the session whose turn to cancel."""
+
+    method: ClassVar[str] = "session/cancel"
+    session_id: str
+    meta: Meta = None
+
+
+@attrs.frozen
+class CloseSessionParams:
+    """``session/close``: the session to dispose."""
+
+    method: ClassVar[str] = "session/close"
+    session_id: str
+    meta: Meta = None
+
+
+_RECORDS: tuple[type, ...] = (
+    TextBlock,
+    TextResource,
+    ResourceBlock,
+    ResourceLinkBlock,
+    InitializeParams,
+    AuthenticateParams,
+    NewSessionParams,
+    LoadSessionParams,
+    ListSessionsParams,
+    PromptParams,
+    CancelParams,
+    CloseSessionParams,
+)
+
+# ---------------------------------------------------------------- the converter
+
+
+class _Invalid(Exception):
+    """A value that does not fit; the message completes ``"<field> ..."``."""
+
+
+def _shown(value: object, limit: int = 100) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _wire(name: str) -> str:
+    """The JSON key of an attribute: ``session_id`` -> ``sessionId``; ``meta`` -> ``_meta``."""
+    if name == "meta":
+        return "_meta"
+    head, *rest = name.split("_")
+    return head + "".join(word.capitalize() for word in rest)
+
+
+_converter = make_converter(detailed_validation=True, forbid_extra_keys=False)
+
+
+def _string(value: object, _: object) -> str:
+    if type(value) is not str:
+        raise _Invalid(f"must be a string, got {_shown(value)}")
+    return value
+
+
+def _absolute_path(value: object, _: object) -> AbsolutePath:
+    if type(value) is not str or not value or "\x00" in value or not os.path.isabs(value):
+        raise _Invalid(f"must be an absolute path, got {_shown(value)}")
+    return AbsolutePath(value)
+
+
+def _protocol_version(value: object, _: object) -> ProtocolVersion:
+    if type(value) is not int or not 0 <= value <= 0xFFFF:
+        raise _Invalid(f"must be an integer from 0 to 65535, got {_shown(value)}")
+    return ProtocolVersion(value)
+
+
+def _list_cursor(value: object, _: object) -> ListCursor:
+    if type(value) is not str or not (value.isascii() and value.isdigit() and len(value) < 10):
+        raise _Invalid(f"is not a cursor this server issued, got {_shown(value)}")
+    return ListCursor(value)
+
+
+def _meta(value: object, _: object) -> Mapping[str, Any] | None:
+    # The schema reads a malformed _meta as absent (x-deserialize-default-on-error).
+    return types.MappingProxyType(value) if type(value) is dict else None
+
+
+def _opaque_array(value: object, _: object) -> tuple[object, ...]:
+    # Entries the server does not read (mcpServers): only the array is checked.
+    if type(value) is not list:
+        raise _Invalid(f"must be an array, got {_shown(value)}")
+    return tuple(value)
+
+
+def _prompt_hook() -> Callable[[object, object], Prompt]:
+    # Built once the ContentBlock hook exists: the elements' hook is looked up now.
+    elements = homogenous_tuple_structure_factory(Prompt, _converter)
+
+    def structure(value: object, _: object) -> Prompt:
+        # Checked here: cattrs would turn any iterable into a tuple ("ab" -> ("a", "b")).
+        if type(value) is not list or not value:
+            raise _Invalid(f"must be a non-empty array of content blocks, got {_shown(value)}")
+        blocks: Prompt = elements(value, Prompt)
+        return blocks
+
+    return structure
+
+
+def _content_block(value: object, _: object) -> ContentBlock:
+    if type(value) is not dict:
+        raise _Invalid(f"must be an object, got {_shown(value)}")
+    kind = value.get("type")
+    cls = _BLOCKS.get(kind) if type(kind) is str else None
+    if cls is None:
+        raise _Invalid(f"has unsupported type {_shown(kind, 60)}; supported: text, resource (text), resource_link")
+    block: ContentBlock = _converter.structure(value, cls)
+    return block
+
+
+def _record_hook(cls: type) -> Callable[[object, object], Any]:
+    renames: dict[str, Any] = {field.name: override(rename=_wire(field.name)) for field in attrs.fields(cls)}
+    inner: Callable[[Mapping[str, Any], Any], Any] = make_dict_structure_fn(cls, _converter, **renames)
+    binary = cls is TextResource
+
+    def structure(value: object, _: object) -> Any:
+        if type(value) is not dict:
+            raise _Invalid(f"must be an object, got {_shown(value)}")
+        if binary and "text" not in value and "blob" in value:
+            raise _Invalid("is a binary resource; only text resources are supported")
+        return inner(value, cls)
+
+    return structure
+
+
+# Registration order matters: a hook built now looks up its fields' hooks now.
+_converter.register_structure_hook(str, _string)
+_converter.register_structure_hook(AbsolutePath, _absolute_path)
+_converter.register_structure_hook(ProtocolVersion, _protocol_version)
+_converter.register_structure_hook(ListCursor, _list_cursor)
+_converter.register_structure_hook_func(lambda kind: kind == Meta, _meta)
+_converter.register_structure_hook_func(lambda kind: kind == tuple[object, ...], _opaque_array)
+_converter.register_structure_hook_func(lambda kind: kind == ContentBlock, _content_block)
+_converter.register_structure_hook_func(lambda kind: kind == Prompt, _prompt_hook())
+for _cls in _RECORDS:
+    _converter.register_structure_hook(_cls, _record_hook(_cls))
+
+# ---------------------------------------------------------------- decoding
+
+_NEEDS: dict[object, str] = {
+    str: "a string",
+    AbsolutePath: "an absolute path",
+    ProtocolVersion: "an integer from 0 to 65535",
+    Prompt: "a non-empty array of content blocks",
+    TextResource: "an object",
+}
+
+
+class _Params(Protocol):
+    method: ClassVar[str]
+
+
+P = TypeVar("P", bound=_Params)
+
+
+def _first_problem(exc: BaseException) -> tuple[str, BaseException, object]:
+    """The path of the first field that failed (in field order), its error, and its declared type."""
+    path = ""
+    declared: object = None
+    while isinstance(exc, cattrs.ClassValidationError | cattrs.IterableValidationError):
+        with_notes, _without = exc.group_exceptions()
+        if not with_notes:
+            break
+        exc, note = with_notes[0]
+        if isinstance(note, cattrs.AttributeValidationNote):
+            path += ("." if path else "") + _wire(note.name)
+        else:
+            path += f"[{note.index}]"
+        declared = note.type
+    return path, exc, declared
+
+
+def decode_params(kind: type[P], params: object) -> P:
+    """Decode a request's ``params`` (``None`` for none) into the method's record.
+
+    Args:
+        kind: the method's record type, e.g. :class:`NewSessionParams`.
+        params: the ``params`` member as parsed from JSON.
+
+    Raises:
+        RpcError: ``-32602`` naming the first field that does not fit (in
+            ``data.field``), or saying the params are not an object.
+    """
+    method = kind.method
+    if params is None:
+        params = {}
+    if type(params) is not dict:
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f"invalid params for {method}: params must be an object")
+    try:
+        record: P = _converter.structure(params, kind)
+    except cattrs.BaseValidationError as exc:
+        path, problem, declared = _first_problem(exc)
+        if isinstance(problem, _Invalid):
+            what = str(problem)
+        elif isinstance(problem, KeyError):
+            needs = _NEEDS.get(declared)
+            what = f"is required ({needs})" if needs else "is required"
+        else:
+            what = f"is invalid ({type(problem).__name__}: {problem})"
+        shown = path if "[" in path or "." in path else f"'{path}'"
+        raise rpc.RpcError(
+            rpc.INVALID_PARAMS, f"invalid params for {method}: {shown} {what}", {"field": path}
+        ) from None
+    return record
