@@ -1,4 +1,7 @@
-"""The bash executor: foreground runs and background processes in their own process groups."""
+"""The bash executor: foreground runs and background processes in their own process groups.
+
+The ``bash`` tool that models call lives one layer up, in :mod:`trio_harness.tools`.
+"""
 
 from ._executor import BashError as BashError
 from ._executor import BashExecutor as BashExecutor
@@ -10,4 +13,4 @@ from ._executor import BashSpec as BashSpec
 from ._executor import ExitFacts as ExitFacts
 from ._executor import open_bash_executor as open_bash_executor
 from ._executor import render_result as render_result
-from ._tool import BashToolPlugin as BashToolPlugin
+from ._options import BashOptions as BashOptions
