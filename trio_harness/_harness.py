@@ -184,6 +184,10 @@ async def open_harness(
     """
     if isinstance(teardown_timeout, bool) or not isinstance(teardown_timeout, int | float) or not teardown_timeout > 0:
         raise ValueError(f"teardown_timeout must be a positive number of seconds, got {teardown_timeout!r}")
+    bash_settings = _option_record(BashOptions, bash_options, "bash_options")
+    task_settings = _option_record(TaskOptions, task_options, "task_options")
+    task_tool_settings = _option_record(TaskToolOptions, task_tool_options, "task_tool_options")
+    subagent_settings = _option_record(SubagentOptions, subagent_options, "subagent_options")
     provider: ModelProvider | None = None
     if isinstance(model, str):
         from .model._spec import resolve_model
@@ -193,10 +197,6 @@ async def open_harness(
         from .model._spec import resolve_model
 
         provider = resolve_model(model)  # checks it is a provider
-    bash_settings = _option_record(BashOptions, bash_options, "bash_options")
-    task_settings = _option_record(TaskOptions, task_options, "task_options")
-    task_tool_settings = _option_record(TaskToolOptions, task_tool_options, "task_tool_options")
-    subagent_settings = _option_record(SubagentOptions, subagent_options, "subagent_options")
     persistence = resolve_store(store)
     await persistence.check()  # a store path that is a file or not writable fails here, not at a flush
     if builtin_tools is True:
@@ -222,9 +222,9 @@ async def open_harness(
         sessions_scope = await root.open_child("sessions")
         sessions_scope.add_exit_callback(sessions.detach_all)
         bash_scope = await root.open_child("bash")
-        bash = await bash_scope.enter_async_context(open_bash_executor(**attrs.asdict(bash_settings)))
+        bash = await bash_scope.enter_async_context(open_bash_executor(**attrs.asdict(bash_settings, recurse=False)))
         tasks_scope = await root.open_child("tasks")
-        task_kwargs = attrs.asdict(task_settings)
+        task_kwargs = attrs.asdict(task_settings, recurse=False)
         if task_kwargs["teardown_timeout"] is None:
             task_kwargs["teardown_timeout"] = teardown_timeout
         tasks = await tasks_scope.enter_async_context(open_task_service(**task_kwargs))
