@@ -31,10 +31,11 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff (with the ASYNC rules) and the format check."""
-    session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
+    """ruff (with the ASYNC rules), the format check and the import layers (import-linter)."""
+    _install(session, "lint")  # lint-imports reads the installed package's import graph
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("lint-imports")
 
 
 @nox.session

@@ -10,7 +10,8 @@ What it shows:
   ``task_output`` (final-output task: the whole answer, once it has ended);
 * lineage: each child session records ``parent_session``; ownership: the
   registry knows the child's owner while it lives (``agents.owner_of``);
-* children use their own model through ``subagent_options`` (here a second
+* children use their own model through ``subagent_options`` (a
+  :class:`~trio_harness.SubagentOptions`; here a second
   scripted model, so the two scripts do not interleave).
 """
 
@@ -21,7 +22,7 @@ from typing import Any
 
 import trio
 
-from trio_harness import AgentOptions, Notice, ScriptedModel, open_harness
+from trio_harness import AgentOptions, Notice, ScriptedModel, SubagentOptions, open_harness
 from trio_harness import events as ev
 from trio_harness.model import ModelRequest, UserMessage
 
@@ -49,7 +50,7 @@ async def main() -> None:
     child_model = ScriptedModel([child_answer, child_answer])
     async with open_harness(
         model=parent_model,
-        subagent_options={"child_options": AgentOptions(model=child_model)},
+        subagent_options=SubagentOptions(child_options=AgentOptions(model=child_model)),
     ) as harness:
 
         def on_lifecycle(notice: Notice) -> None:

@@ -320,8 +320,9 @@ async def test_disconnect_disposes_every_session_including_a_racing_new() -> Non
             prompt = peer.request("session/prompt", {"sessionId": busy, "prompt": [{"type": "text", "text": "x"}]})
             await peer.send(prompt)
             await peer.call("initialize", {"protocolVersion": 1})
-            assert harness.agents.get(busy) is not None
-            assert harness.agents.get(busy).status == "running"  # type: ignore[union-attr]
+            busy_agent = harness.agents.get(busy)
+            assert busy_agent is not None
+            assert busy_agent.status == "running"
             # A session/new and the disconnect arrive together.
             await peer.send(peer.request("session/new", {"cwd": "/"}), peer.request("session/new", {"cwd": "/"}))
             await disconnect()

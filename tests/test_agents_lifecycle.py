@@ -22,7 +22,7 @@ from trio_harness._errors import (
     InvalidSessionIdError,
 )
 from trio_harness._harness import Harness
-from trio_harness.agents import Agent, AgentHandle, AgentOptions, ReactLoopFactory, Tool, ToolContext
+from trio_harness.agents import Agent, AgentHandle, AgentOptions, ReactAgent, ReactLoopFactory, Tool, ToolContext
 from trio_harness.model._scripted import ScriptedModel
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
@@ -79,7 +79,10 @@ async def test_setup_commit_runs_and_tools_are_installed_before_publication() ->
             return lambda: committed.append(True)
 
         seen_tools: list[bool] = []
-        h.bus.on("agent/created", lambda n: seen_tools.append(n.subject.tools.get("mine") is not None))
+        h.bus.on(
+            "agent/created",
+            lambda n: seen_tools.append(isinstance(n.subject, ReactAgent) and n.subject.tools.get("mine") is not None),
+        )
         async with h.agents.open(setup=setup) as agent:
             assert committed == [True] and seen_tools == [True]
             assert agent.tools.get("mine") is not None
@@ -214,9 +217,10 @@ async def test_factory_scope_closing_stops_every_agent_and_empties_the_slot() ->
     async with open_test_harness() as h:
         factory_scope = await h.scope.open_child("loop-v2")
         h.agents._factory = None  # the harness's own factory slot is released for this test
-        h.agents.register_factory(ReactLoopFactory(), factory_scope)
+        factory = ReactLoopFactory(bus=h.bus, tools=h.tools, agents=h.agents, model=h.model)
+        h.agents.register_factory(factory, factory_scope)
         with pytest.raises(FactoryError, match="already registered"):
-            h.agents.register_factory(ReactLoopFactory(), factory_scope)
+            h.agents.register_factory(factory, factory_scope)
         handles = [await h.agents.create() for _ in range(3)]
         await factory_scope.close()
         assert all(hd.disposed for hd in handles) and h.agents.list() == []
@@ -384,7 +388,8 @@ async def test_a_thousand_agents_created_and_disposed_concurrently_leave_nothing
                 nursery.start_soon(one, i)
         assert len(handles) == 1000 and all(hd.disposed for hd in handles)
         assert h.agents.list() == [] and h.sessions.list() == []
-        factory_scope = h.agents._factory[1]  # type: ignore[index]
+        assert h.agents._factory is not None
+        factory_scope = h.agents._factory[1]
         assert factory_scope.children == ()
         await trio.testing.wait_all_tasks_blocked()
         root_task = trio.lowlevel.current_root_task()

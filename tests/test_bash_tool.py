@@ -12,9 +12,11 @@ import trio.testing
 
 from trio_harness import AgentOptions, ScriptedModel
 from trio_harness._errors import TaskNotFoundError
-from trio_harness.bash import BashExecutor, BashProcess, BashSpec, BashToolPlugin
+from trio_harness.bash._executor import BashExecutor, BashProcess
+from trio_harness.bash._records import BashSpec
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
+from trio_harness.tools import BashToolPlugin, TaskToolsPlugin
 
 
 def results(session: Any) -> list[ev.ToolResult]:
@@ -74,7 +76,7 @@ async def test_background_disabled_removes_the_parameter_and_refuses_forced_call
         ]
     )
     async with open_test_harness(model, builtin_tools=["tasks"]) as h:
-        plugin = BashToolPlugin(h, run_in_background=False)
+        plugin = BashToolPlugin(h.bash, h.tasks, h.tools, run_in_background=False)
         assert "run_in_background" not in plugin.tool().parameters["properties"]
         await h.load(plugin)
         async with h.agents.open() as agent:
@@ -194,10 +196,8 @@ async def test_plugin_reload_keeps_the_task_running_and_private() -> None:
         owner.followup("go")
         with trio.fail_after(20):
             await owner.when_idle()
-        await h.reload(BashToolPlugin(h))
+        await h.reload(BashToolPlugin(h.bash, h.tasks, h.tools))
         await h.unload("task-tools")
-        from trio_harness.tasks import TaskToolsPlugin
-
         await h.load(TaskToolsPlugin(h.tasks, h.tools))
         snapshot = h.tasks.get("bash-1", owner)
         assert snapshot.status == "running"

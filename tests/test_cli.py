@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 import trio
 
+from trio_harness import _cli
+from trio_harness.agents import TurnOutcome
+from trio_harness.model import Failure
 from trio_harness.session import JsonlPersistence
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced
@@ -283,3 +286,38 @@ async def test_ctrl_c_cancels_the_turn_cleanly(tmp_path: Path) -> None:
     end = events[-1]
     assert isinstance(end, ev.TurnEnd)
     assert (end.reason, end.cause) == ("aborted", "user")
+
+
+@pytest.mark.parametrize(
+    ("end", "interrupted", "code", "stderr"),
+    [
+        (ev.TurnEnd(seq=0, ts=0.0, turn=1, reason="completed"), False, 0, ""),
+        (ev.TurnEnd(seq=0, ts=0.0, turn=1, reason="max-tokens"), False, 3, "[stopped] the model hit its token limit"),
+        (ev.TurnEnd(seq=0, ts=0.0, turn=1, reason="blocked"), False, 3, "[stopped] the turn hit max_steps"),
+        (ev.TurnEnd(seq=0, ts=0.0, turn=1, reason="aborted", cause="user"), True, 130, ""),
+        (ev.TurnEnd(seq=0, ts=0.0, turn=1, reason="aborted", cause="hook"), False, 1, "the turn was cancelled"),
+        (ev.TurnEnd(seq=0, ts=0.0, turn=1, reason="interrupted"), False, 1, "the turn was cancelled"),
+        (None, False, 1, "the turn was cancelled"),  # the message never ran
+        (None, True, 130, ""),
+        (
+            ev.TurnEnd(seq=0, ts=0.0, turn=1, reason="error", failure=Failure("http-529", "overloaded")),
+            False,
+            1,
+            "overloaded (http-529)",
+        ),
+        (
+            ev.TurnEnd(seq=0, ts=0.0, turn=1, reason="error", failure=Failure("refusal", "I will not")),
+            False,
+            1,
+            "I will not (refusal)",
+        ),
+        (ev.TurnEnd(seq=0, ts=0.0, turn=1, reason="error"), False, 1, "the turn failed without details (unknown)"),
+    ],
+)
+def test_run_maps_how_the_turn_ended_to_an_exit_code(
+    end: ev.TurnEnd | None, interrupted: bool, code: int, stderr: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command reads the turn's end itself (no ACP stop reasons involved)."""
+    assert _cli._exit_code(TurnOutcome(end), interrupted=interrupted) == code
+    assert stderr in capsys.readouterr().err
+    assert _cli._exit_code(None, interrupted=interrupted) == (130 if interrupted else 1)

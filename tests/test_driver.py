@@ -11,6 +11,7 @@ import trio.testing
 from trio_harness import _harness
 from trio_harness._bus import Notice
 from trio_harness.agents import AgentOptions, Tool, ToolContext, ToolOutput
+from trio_harness.model import UserMessage
 from trio_harness.model._scripted import ScriptedModel
 from trio_harness.session import _events as ev
 from trio_harness.testing import NOISE, assert_balanced, assert_events, open_test_harness
@@ -109,7 +110,7 @@ async def test_cancel_mid_step_drops_queued_prompts(autojump_clock: trio.testing
         # the next prompt is independent and runs
         agent.followup("fresh")
         await agent.when_idle()
-        assert model.requests[-1].messages[-1].text == "fresh"  # type: ignore[union-attr]
+        assert model.requests[-1].messages[-1] == UserMessage("fresh")
 
 
 async def test_keep_inbox_cancel_parks_prompts_until_next_wake(autojump_clock: trio.testing.MockClock) -> None:
@@ -151,7 +152,7 @@ async def test_waking_send_after_cancel_is_latched(autojump_clock: trio.testing.
         await agent.when_idle()
         turn_ends = [e for e in agent.session.events if isinstance(e, ev.TurnEnd)]
         assert [(e.reason, e.cause) for e in turn_ends] == [("aborted", "user"), ("completed", None)]
-        assert model.requests[-1].messages[-1].text == "after cancel"  # type: ignore[union-attr]
+        assert model.requests[-1].messages[-1] == UserMessage("after cancel")
         assert_balanced(agent.session)
 
 
@@ -322,7 +323,7 @@ async def test_tool_exception_and_tool_output_error() -> None:
         raise RuntimeError("disk on fire")
 
     async def soft(ctx: ToolContext, args: dict[str, Any]) -> ToolOutput:
-        assert ctx.agent.id == ctx.harness.agents.list()[0].id
+        assert ctx.agent.id == ctx.agents.list()[0].id
         return ToolOutput("bad input", is_error=True)
 
     model = ScriptedModel(
@@ -386,7 +387,7 @@ async def test_inject_joins_next_step_of_running_driver(autojump_clock: trio.tes
             gate.set()
             await agent.when_idle()
             second = model.requests[1].messages
-            assert second[-1].text == "context for step 2"  # type: ignore[union-attr]
+            assert second[-1] == UserMessage("context for step 2")
             steps = [(e.step, e.text) for e in agent.session.events if isinstance(e, ev.UserMessage)]
             assert steps == [(1, "go"), (2, "context for step 2")]
 
@@ -399,8 +400,7 @@ async def test_idle_inject_parks_and_steer_opens_a_turn(autojump_clock: trio.tes
         assert agent.status == "idle" and model.requests == [] and len(agent.inbox.next_step) == 1
         agent.steer("now")
         await agent.when_idle()
-        texts = [m.text for m in model.requests[0].messages]  # type: ignore[union-attr]
-        assert texts == ["parked", "now"]
+        assert list(model.requests[0].messages) == [UserMessage("parked"), UserMessage("now")]
 
 
 async def test_maintenance_holds_idle_and_defers_wakes(autojump_clock: trio.testing.MockClock) -> None:

@@ -32,6 +32,7 @@ PUBLIC_PACKAGES = (
     "trio_harness.model",
     "trio_harness.tasks",
     "trio_harness.bash",
+    "trio_harness.tools",
     "trio_harness.testing",
     "trio_harness.acp",
     "trio_harness.events",

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
 import trio
 
-from trio_harness import ScriptedModel, open_harness
+from trio_harness import BashOptions, ScriptedModel, SubagentOptions, TaskOptions, TaskToolOptions, open_harness
 from trio_harness._bus import Notice
-from trio_harness.tasks import TaskHooks, TaskOutcome, TaskSpec
+from trio_harness.agents import ToolSet
+from trio_harness.bash import open_bash_executor
+from trio_harness.tasks import TaskHooks, TaskOutcome, TaskSpec, open_task_service
+from trio_harness.tools import BashToolPlugin, SubagentToolPlugin, TaskToolsPlugin
 
 
 async def test_services_stop_in_reverse_dependency_order() -> None:
@@ -93,3 +100,76 @@ async def test_bad_store_and_model_objects_are_refused_clearly() -> None:
         with pytest.raises(ModelError, match="ModelProvider"):
             await h.agents.create(options=AgentOptions(model=object()))  # type: ignore[arg-type]
         assert h.agents.list() == [] and h.sessions.list() == []
+
+
+# ---------------------------------------------------------------- settings records
+
+
+async def test_settings_records_configure_each_service_and_plugin() -> None:
+    async with open_harness(
+        model=ScriptedModel([]),
+        teardown_timeout=7,
+        bash_options=BashOptions(grace_period=0.5, max_timeout=60.0),
+        task_options=TaskOptions(finished_cap=4),
+        task_tool_options=TaskToolOptions(quiet=True, output_limit_bytes=500),
+        subagent_options=SubagentOptions(max_depth=1, child_tools=["task_list"]),
+    ) as h:
+        assert (h.bash.grace_period, h.bash.max_timeout, h.bash.tail_bytes) == (0.5, 60.0, 64 * 1024)
+        assert (h.tasks.finished_cap, h.tasks.teardown_timeout) == (4, 7)  # None: the harness's timeout
+        plugins = {name: loaded.plugin for name, loaded in h.plugins_scope.plugins.items()}
+        task_tools, subagent = plugins["task-tools"], plugins["subagent"]
+        assert isinstance(task_tools, TaskToolsPlugin) and isinstance(subagent, SubagentToolPlugin)
+        assert (task_tools.quiet, task_tools.output_limit_bytes, task_tools.wake_budget) == (True, 500, 3)
+        assert (subagent.max_depth, subagent.child_tools, subagent.tasks) == (1, ["task_list"], h.tasks)
+        assert isinstance(plugins["bash"], BashToolPlugin) and plugins["bash"].bash is h.bash
+    async with open_harness(builtin_tools=False, task_options=TaskOptions(teardown_timeout=2.5)) as h:
+        assert h.tasks.teardown_timeout == 2.5
+
+
+async def test_settings_given_as_dicts_are_converted() -> None:
+    async with open_harness(bash_options={"grace_period": 0.25}, task_options={"per_owner_cap": 2}) as h:
+        assert (h.bash.grace_period, h.tasks.per_owner_cap) == (0.25, 2)
+
+
+@pytest.mark.parametrize(
+    ("parameter", "kind"),
+    [
+        ("bash_options", "BashOptions"),
+        ("task_options", "TaskOptions"),
+        ("task_tool_options", "TaskToolOptions"),
+        ("subagent_options", "SubagentOptions"),
+    ],
+)
+async def test_an_unknown_setting_is_refused_by_name_before_anything_opens(
+    parameter: str, kind: str, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    unknown: dict[str, Any] = {parameter: {"colour": "blue"}}
+    with pytest.raises(TypeError, match=rf"{parameter} has unknown option 'colour'; {kind} takes \w+"):
+        async with open_harness(store=store, **unknown):
+            pass  # pragma: no cover
+    assert not store.exists()  # refused before the store was even checked
+    wrong: dict[str, Any] = {parameter: ["grace_period"]}
+    with pytest.raises(TypeError, match=rf"{parameter} must be a {kind} \(or a dict of its fields\), got list"):
+        async with open_harness(**wrong):
+            pass  # pragma: no cover
+
+
+def _defaults(fn: Callable[..., object], skip: tuple[str, ...] = ()) -> dict[str, object]:
+    parameters = inspect.signature(fn).parameters.values()
+    return {p.name: p.default for p in parameters if p.kind is p.KEYWORD_ONLY and p.name not in skip}
+
+
+def test_settings_records_match_what_they_configure() -> None:
+    """Each record has the fields and defaults of the function or plugin it configures (no drift)."""
+    assert attrs.asdict(BashOptions()) == _defaults(open_bash_executor)
+    assert attrs.asdict(TaskOptions()) == {**_defaults(open_task_service), "teardown_timeout": None}
+    unset: Any = None  # the services are not settings
+    plugins = (
+        (TaskToolOptions(), TaskToolsPlugin(unset, ToolSet())),
+        (SubagentOptions(), SubagentToolPlugin(unset, ToolSet())),
+    )
+    for record, plugin in plugins:
+        settings = attrs.asdict(plugin, recurse=False)
+        del settings["tasks"], settings["tools"]
+        assert attrs.asdict(record, recurse=False) == settings

@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from trio_harness.agents import Agent, Tool, ToolContext
+from trio_harness.agents import Agent, AgentHandle, ReactAgent, Tool, ToolContext
 from trio_harness.model._scripted import ScriptedModel
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
@@ -70,8 +70,11 @@ async def test_resume_continues_and_rebuilds_the_same_request(tmp_path: Path, st
         await _finish(await h.agents.resume("s"), second, before, straight, straight_len)
 
 
-async def _finish(handle, second, before, straight, straight_len) -> None:  # type: ignore[no-untyped-def]
+async def _finish(
+    handle: AgentHandle, second: ScriptedModel, before: int, straight: ScriptedModel, straight_len: int
+) -> None:
     agent = handle.agent
+    assert isinstance(agent, ReactAgent)
     agent._provider = second
     assert len(agent.session) == before
     assert [m.text for m in agent.inbox.next_step] == ["parked note"]

@@ -8,9 +8,11 @@ import trio.testing
 
 from trio_harness import Agent, AgentOptions, ScriptedModel
 from trio_harness._harness import Harness
-from trio_harness.agents._subagent import SubagentToolPlugin, subagent_depth
+from trio_harness.agents import ReactAgent
+from trio_harness.model import UserMessage
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
+from trio_harness.tools import SubagentToolPlugin, subagent_depth
 
 
 def results(agent: Agent) -> list[ev.ToolResult]:
@@ -19,7 +21,7 @@ def results(agent: Agent) -> list[ev.ToolResult]:
 
 def created(h: Harness) -> list[Agent]:
     seen: list[Agent] = []
-    h.bus.on("agent/created", lambda n: seen.append(n.subject))
+    h.bus.on("agent/created", lambda n: seen.append(n.subject) if isinstance(n.subject, ReactAgent) else None)
     return seen
 
 
@@ -41,7 +43,7 @@ async def test_foreground_subagent_returns_final_text_and_is_disposed() -> None:
             assert child.session.header.parent_session == "parent"
             assert h.agents.get(child.id) is None  # always disposed
             assert_balanced(child.session)
-            assert [m.text for m in model.requests[1].messages] == ["count to 3"]  # type: ignore[union-attr]
+            assert list(model.requests[1].messages) == [UserMessage("count to 3")]
 
 
 async def test_child_failure_is_an_error_result() -> None:
@@ -63,9 +65,9 @@ async def test_depth_limit() -> None:
     call = {"tool_calls": [{"name": "subagent", "arguments": {"prompt": "deeper", "run_in_background": False}}]}
     model = ScriptedModel([call, call, {"text": "bottom"}, {"text": "mid"}, {"text": "top"}])
     async with open_test_harness(model, builtin_tools=False) as h:
-        await h.load(SubagentToolPlugin(h, max_depth=1))
+        await h.load(SubagentToolPlugin(h.tasks, h.tools, max_depth=1))
         depths: list[int] = []
-        h.bus.on("agent/created", lambda n: depths.append(subagent_depth(h, n.subject.id)))
+        h.bus.on("agent/created", lambda n: depths.append(subagent_depth(h.agents, n.subject.id)))
         async with h.agents.open() as agent:
             agent.followup("go")
             await agent.when_idle()
@@ -86,7 +88,7 @@ async def test_child_tool_set_can_be_filtered() -> None:
         ]
     )
     async with open_test_harness(model, builtin_tools=["tasks"]) as h:
-        await h.load(SubagentToolPlugin(h, child_tools=["task_list"]))
+        await h.load(SubagentToolPlugin(h.tasks, h.tools, child_tools=["task_list"]))
         async with h.agents.open() as agent:
             agent.followup("go")
             await agent.when_idle()

@@ -29,7 +29,6 @@ from trio_harness.tasks import (
     TaskSnapshot,
     TaskSpec,
     TaskStatus,
-    TaskToolsPlugin,
     cut_utf8,
     cut_utf8_tail,
     open_task_service,
@@ -37,10 +36,10 @@ from trio_harness.tasks import (
     render_notice,
     render_task_list,
     render_task_output,
-    task_tools,
     truncation_marker,
 )
 from trio_harness.testing import open_test_harness
+from trio_harness.tools import TaskToolsPlugin, task_tools
 
 # ---------------------------------------------------------------- fakes
 
@@ -132,7 +131,7 @@ async def call(toolset: ToolSet, agent: FakeOwner, name: str, **args: Any) -> To
     """Run a tool as the driver would: validate the JSON arguments, then call the handler."""
     tool = toolset.get(name)
     assert tool is not None, name
-    ctx = ToolContext(agent=cast(Any, agent), harness=cast(Any, None), call_id="call-1", turn=1, step=1)
+    ctx = ToolContext(agent=cast(Any, agent), agents=cast(Any, None), call_id="call-1", turn=1, step=1)
     result = await tool.handler(ctx, tool.validate(json.dumps(args)))
     return result if isinstance(result, ToolOutput) else ToolOutput(result)
 
@@ -673,7 +672,7 @@ async def test_an_unlimited_plugin_words_argument_errors_as_the_driver_does(
     with pytest.raises(ValueError, match=r"^arguments for tool 'task_kill' do not match its schema"):
         tool.validate("{}")
     limited = task_tools(tasks, output_limit_bytes=10_000)[2]
-    ctx = ToolContext(agent=cast(Any, None), harness=cast(Any, None), call_id="c", turn=1, step=1)
+    ctx = ToolContext(agent=cast(Any, None), agents=cast(Any, None), call_id="c", turn=1, step=1)
     result = await limited.handler(ctx, limited.validate("{}"))
     assert isinstance(result, ToolOutput) and result.is_error
     assert result.content == "error: arguments for tool 'task_kill' do not match its schema: " + (
@@ -702,7 +701,7 @@ async def _drive(toolset: ToolSet, agent: FakeOwner, name: str, raw: str) -> Too
         args = tool.validate(raw)
     except ValueError as exc:
         return ToolOutput(f"error: {exc}", is_error=True)
-    ctx = ToolContext(agent=cast(Any, agent), harness=cast(Any, None), call_id="c", turn=1, step=1)
+    ctx = ToolContext(agent=cast(Any, agent), agents=cast(Any, None), call_id="c", turn=1, step=1)
     result = await tool.handler(ctx, args)
     return result if isinstance(result, ToolOutput) else ToolOutput(result)
 

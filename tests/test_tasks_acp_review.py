@@ -13,11 +13,12 @@ from test_bash_tool import group_alive
 
 from trio_harness import AgentOptions, ScriptedModel
 from trio_harness.acp import _jsonrpc as rpc
-from trio_harness.agents._subagent import SubagentToolPlugin
-from trio_harness.bash import BashExecutor, BashProcess, BashSpec
+from trio_harness.bash._executor import BashExecutor, BashProcess
+from trio_harness.bash._records import BashSpec
 from trio_harness.session import _events as ev
 from trio_harness.tasks import TaskHooks, TaskOutcome, TaskSpec
 from trio_harness.testing import assert_balanced, open_test_harness
+from trio_harness.tools import SubagentToolPlugin
 
 WAIT = 20.0
 
@@ -175,10 +176,10 @@ async def test_parent_disposed_while_a_background_child_is_being_created(
     original = SubagentToolPlugin._create_child
     entered = trio.Event()
 
-    async def slow_create(self: SubagentToolPlugin, parent: Any) -> Any:
+    async def slow_create(self: SubagentToolPlugin, agents: Any, parent: Any) -> Any:
         entered.set()
         await trio.sleep(5)
-        return await original(self, parent)
+        return await original(self, agents, parent)
 
     monkeypatch.setattr(SubagentToolPlugin, "_create_child", slow_create)
     model = ScriptedModel(

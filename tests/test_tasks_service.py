@@ -981,15 +981,18 @@ async def test_harness_teardown_timeout_bounds_an_agents_disposal_and_reports_th
         assert trio.current_time() - began == 5
         assert cancels == ["owner disposed"]
         (notice,) = notices
+        assert isinstance(notice.subject, TaskSnapshot)
         assert notice.subject.id == "job-1"
         assert notice.subject.status == "failed"
-        assert "teardown timeout (5 s)" in notice.subject.error
+        assert notice.subject.error is not None and "teardown timeout (5 s)" in notice.subject.error
         exit_began = trio.current_time()
     # The service's exit gave up the unowned task after the same bound; its
     # shielded done then still held the exit (a nursery waits for its tasks).
     assert [n.subject.id for n in notices] == ["job-1", "job-2"]
-    assert notices[1].subject.status == "failed"
-    assert "task service's teardown" in notices[1].subject.error
+    second = notices[1].subject
+    assert isinstance(second, TaskSnapshot)
+    assert second.status == "failed"
+    assert second.error is not None and "task service's teardown" in second.error
     assert trio.current_time() - exit_began >= 5
 
 

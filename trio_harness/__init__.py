@@ -9,6 +9,7 @@ Agent Client Protocol bridge.  Start with :func:`open_harness`.
 from . import events as events
 from ._bus import EventBus as EventBus
 from ._bus import Notice as Notice
+from ._bus import NoticeSubject as NoticeSubject
 from ._errors import AgentDisposedError as AgentDisposedError
 from ._errors import AgentError as AgentError
 from ._errors import AgentExistsError as AgentExistsError
@@ -44,6 +45,7 @@ from ._scope import Plugin as Plugin
 from ._scope import Scope as Scope
 from ._scope import current_scope as current_scope
 from ._scope import open_scope as open_scope
+from ._version import __version__ as __version__
 from .agents import Agent as Agent
 from .agents import AgentHandle as AgentHandle
 from .agents import AgentOptions as AgentOptions
@@ -53,11 +55,13 @@ from .agents import Tool as Tool
 from .agents import ToolContext as ToolContext
 from .agents import ToolOutput as ToolOutput
 from .agents import tool as tool
+from .bash import BashOptions as BashOptions
 from .model import ModelProvider as ModelProvider
 from .model import ScriptedModel as ScriptedModel
 from .session import JsonlPersistence as JsonlPersistence
 from .session import MemoryPersistence as MemoryPersistence
 from .session import Session as Session
 from .session import SessionHeader as SessionHeader
-
-__version__ = "0.1.0"
+from .tasks import TaskOptions as TaskOptions
+from .tools import SubagentOptions as SubagentOptions
+from .tools import TaskToolOptions as TaskToolOptions

@@ -10,13 +10,31 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
-__all__ = ["EventBus", "Notice"]
+__all__ = ["EventBus", "Notice", "NoticeSubject"]
 
 log = logging.getLogger("trio_harness.bus")
+
+
+class NoticeSubject(Protocol):
+    """What a notice is about: anything with an ``id``.
+
+    The harness's subjects are a :class:`~trio_harness.Session`
+    (``session/*``, the id is the session id), an
+    :class:`~trio_harness.Agent` (``agent/*``, its id is its session's) and a
+    :class:`~trio_harness.tasks.TaskSnapshot` (``task/done``, the task id).
+    The bus sits below all three, so it names only what they share; a
+    listener that needs more narrows the subject (``isinstance(notice.subject,
+    TaskSnapshot)``) or knows it from the notice's name.
+    """
+
+    @property
+    def id(self) -> str:
+        """The subject's id."""
+        ...
 
 
 @attrs.frozen
@@ -26,11 +44,12 @@ class Notice:
     Attributes:
         name: the notification name, e.g. ``"agent/created"``.
         subject: the object concerned (a Session, an Agent, a task snapshot).
-        data: extra facts (e.g. ``{"source": "startup"}``).
+        data: extra facts (e.g. ``{"source": "startup"}``); their keys and
+            types depend on the notification.
     """
 
     name: str
-    subject: Any
+    subject: NoticeSubject
     data: Mapping[str, Any] = attrs.field(factory=dict)
 
 
@@ -54,7 +73,7 @@ class EventBus:
 
         return remove
 
-    def emit(self, name: str, subject: Any, **data: Any) -> None:
+    def emit(self, name: str, subject: NoticeSubject, **data: Any) -> None:
         """Deliver a notice to its listeners, in registration order."""
         specific = self._listeners.get(name)
         wildcard = self._listeners.get("*")

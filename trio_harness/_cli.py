@@ -35,8 +35,9 @@ import trio
 from ._errors import HarnessError, InvalidSessionIdError, ModelError, SessionNotFoundError, SessionStoreError
 
 if TYPE_CHECKING:
-    from .acp._updates import TurnOutcome
-    from .model._protocol import Failure, ModelProvider
+    from ._records import Failure
+    from .agents._turns import TurnOutcome
+    from .model._protocol import ModelProvider
     from .session._events import Event, SessionHeader
 
 __all__ = ["DEFAULT_MODEL", "build_parser", "default_store", "main", "transcript"]
@@ -89,7 +90,7 @@ def _positive_int(value: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``trio-harness`` command."""
-    from . import __version__
+    from ._version import __version__
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -265,7 +266,7 @@ def _cmd_acp(args: argparse.Namespace) -> int:
 
 async def _serve_acp(args: argparse.Namespace, provider: ModelProvider) -> int:
     from ._harness import open_harness
-    from .acp import serve_stdio
+    from .acp._server import serve_stdio
 
     options: dict[str, Any] = {}
     if args.max_line_bytes is not None:
@@ -348,9 +349,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 async def _run_prompt(args: argparse.Namespace, provider: ModelProvider, prompt: str) -> int:
     from ._harness import open_harness
-    from .acp._updates import TurnWatcher
     from .agents._inbox import new_message_id
     from .agents._options import AgentOptions
+    from .agents._turns import TurnWatcher
     from .session._events import InboxMessage
 
     printer = _Printer(sys.stdout, sys.stderr)
@@ -432,32 +433,36 @@ async def _run_prompt(args: argparse.Namespace, provider: ModelProvider, prompt:
 
 
 def _turn_failure(outcome: TurnOutcome | None) -> Failure | None:
-    if outcome is None or outcome.stop_reason is not None:
+    """The failure of a turn that ended in error, or None."""
+    from ._records import Failure
+
+    end = outcome.end if outcome is not None else None
+    if end is None or end.reason != "error":
         return None
-    if outcome.failure is not None:
-        return outcome.failure
-    return outcome.end.failure if outcome.end is not None else None
+    return end.failure or Failure("unknown", "the turn failed without details")
 
 
-def _exit_code(outcome: Any, *, interrupted: bool) -> int:
+def _exit_code(outcome: TurnOutcome | None, *, interrupted: bool) -> int:
+    """The exit code of a watched prompt (see the module docstring), reporting how it ended."""
     if outcome is None:
         return EXIT_INTERRUPTED if interrupted else EXIT_FAILED
     end = outcome.end
-    if outcome.stop_reason == "end_turn":
+    if end is not None and end.reason == "completed":
         return EXIT_OK
-    if outcome.stop_reason == "cancelled":
+    if end is None or end.reason in ("aborted", "interrupted"):
+        # The turn was cancelled, or the message never ran.
         if not interrupted:
             _error("the turn was cancelled")
         return EXIT_INTERRUPTED if interrupted else EXIT_FAILED
-    if outcome.stop_reason in ("max_tokens", "max_turn_requests"):
-        what = "the model hit its token limit" if outcome.stop_reason == "max_tokens" else "the turn hit max_steps"
+    if end.reason in ("max-tokens", "blocked"):
+        what = "the model hit its token limit" if end.reason == "max-tokens" else "the turn hit max_steps"
         print(f"[stopped] {what}", file=sys.stderr, flush=True)
         return EXIT_LIMIT
-    failure = outcome.failure if outcome.failure is not None else (end.failure if end is not None else None)
+    failure = _turn_failure(outcome)
     if failure is not None:
         _error(f"{failure.message} ({failure.code})")
     else:
-        _error(f"the turn ended: {outcome.stop_reason}")
+        _error(f"the turn ended: {end.reason}")
     return EXIT_FAILED
 
 

@@ -14,16 +14,22 @@ Child scopes close newest first, so on exit every agent is disposed first
 (its turn closed, its owned tasks stopped, its session flushed), then the
 plugins unload, then unowned tasks stop, then processes are killed, and the
 session store closes last.
+
+Each service is given the few services it uses (the registry the store and
+the bus; the agent factory the bus, the shared tool set, the registry and the
+default model; each tool plugin its services), never the :class:`Harness`:
+the harness is the top of the stack, built once every service is open
+(docs/architecture.rst, "Layers").
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -33,16 +39,39 @@ from ._scope import DEFAULT_TEARDOWN_TIMEOUT, LoadedPlugin, Plugin, Scope, open_
 from .agents._factory import ReactLoopFactory
 from .agents._registry import AgentRegistry
 from .agents._tools import ToolSet
+from .bash._executor import BashExecutor, open_bash_executor
+from .bash._options import BashOptions
 from .model._protocol import ModelProvider
 from .session._jsonl import JsonlPersistence
 from .session._persistence import MemoryPersistence, SessionPersistence
 from .session._store import SessionStore
-
-if TYPE_CHECKING:
-    from .bash import BashExecutor
-    from .tasks import TaskService
+from .tasks._options import TaskOptions
+from .tasks._service import TaskService, open_task_service
+from .tools._bash import BashToolPlugin
+from .tools._subagent import SubagentOptions, SubagentToolPlugin
+from .tools._tasks import TaskToolOptions, TaskToolsPlugin
 
 __all__ = ["Harness", "open_harness", "resolve_store"]
+
+_O = TypeVar("_O", BashOptions, TaskOptions, TaskToolOptions, SubagentOptions)
+
+
+def _option_record(kind: type[_O], value: _O | Mapping[str, Any] | None, parameter: str) -> _O:
+    """``value`` as a ``kind`` record; a mapping (the older form) is converted, its keys checked."""
+    if value is None:
+        return kind()
+    if isinstance(value, kind):
+        return value
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{parameter} must be a {kind.__name__} (or a dict of its fields), got {type(value).__name__}")
+    known = [field.name for field in attrs.fields(kind)]
+    unknown = sorted(str(key) for key in value if key not in known)
+    if unknown:
+        raise TypeError(
+            f"{parameter} has unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+            f"{kind.__name__} takes {', '.join(known)}"
+        )
+    return kind(**value)
 
 
 def resolve_store(store: SessionPersistence | str | os.PathLike[str]) -> SessionPersistence:
@@ -64,9 +93,12 @@ def resolve_store(store: SessionPersistence | str | os.PathLike[str]) -> Session
     return store
 
 
-@attrs.define(eq=False, repr=False)
+@attrs.frozen(eq=False, repr=False)
 class Harness:
     """The root of a running harness.  Obtain one from :func:`open_harness`.
+
+    Every service is open when the harness is made; none of them holds the
+    harness (each was given the services it uses).
 
     Attributes:
         scope: the root scope.
@@ -83,12 +115,12 @@ class Harness:
     scope: Scope
     bus: EventBus
     sessions: SessionStore
-    agents: AgentRegistry = attrs.field(init=False)
-    tasks: TaskService = attrs.field(init=False)
-    bash: BashExecutor = attrs.field(init=False)
-    tools: ToolSet = attrs.field(factory=ToolSet)
-    model: ModelProvider | None = None
-    plugins_scope: Scope = attrs.field(init=False)
+    agents: AgentRegistry
+    tasks: TaskService
+    bash: BashExecutor
+    tools: ToolSet
+    model: ModelProvider | None
+    plugins_scope: Scope
 
     def __repr__(self) -> str:
         return f"<Harness agents={len(self.agents.list())} sessions={len(self.sessions.list())}>"
@@ -114,12 +146,16 @@ async def open_harness(
     builtin_tools: bool | Sequence[str] = True,
     clock: Callable[[], float] = time.time,
     teardown_timeout: float = DEFAULT_TEARDOWN_TIMEOUT,
-    bash_options: dict[str, Any] | None = None,
-    task_options: dict[str, Any] | None = None,
-    task_tool_options: dict[str, Any] | None = None,
-    subagent_options: dict[str, Any] | None = None,
+    bash_options: BashOptions | Mapping[str, Any] | None = None,
+    task_options: TaskOptions | Mapping[str, Any] | None = None,
+    task_tool_options: TaskToolOptions | Mapping[str, Any] | None = None,
+    subagent_options: SubagentOptions | Mapping[str, Any] | None = None,
 ) -> AsyncIterator[Harness]:
     """Open a harness; every service stops (in reverse order) when the block exits.
+
+    The four settings arguments take their record (``bash_options=BashOptions(...)``)
+    or, as before the records existed, a dict of the record's fields; a dict is
+    converted here, and an unknown key raises :exc:`TypeError` naming it.
 
     Args:
         model: the default model: a provider object or a spec string
@@ -133,21 +169,25 @@ async def open_harness(
             step (an agent's disposal waiting for its tasks, the task
             service's exit); a task still live after it is force-settled
             ``failed`` and reported as ``task/done``.
-        bash_options: keyword arguments for the bash executor.
-        task_options: keyword arguments for the task service.
-        task_tool_options: keyword arguments for the task tools plugin.
-        subagent_options: keyword arguments for the subagent tool plugin.
+        bash_options: settings of the bash executor (:class:`~trio_harness.bash.BashOptions`).
+        task_options: settings of the task service (:class:`~trio_harness.tasks.TaskOptions`).
+        task_tool_options: settings of the task tools plugin
+            (:class:`~trio_harness.tools.TaskToolOptions`).
+        subagent_options: settings of the subagent tool plugin
+            (:class:`~trio_harness.tools.SubagentOptions`).
 
     Raises:
+        TypeError: a settings argument has an unknown key or the wrong type.
         SessionStoreError: at exit, when a session was closed with events its
             store did not take (every service still stopped).  When the block
             itself raised, its error propagates with a note naming them.
     """
-    from .bash import open_bash_executor
-    from .tasks import open_task_service
-
     if isinstance(teardown_timeout, bool) or not isinstance(teardown_timeout, int | float) or not teardown_timeout > 0:
         raise ValueError(f"teardown_timeout must be a positive number of seconds, got {teardown_timeout!r}")
+    bash_settings = _option_record(BashOptions, bash_options, "bash_options")
+    task_settings = _option_record(TaskOptions, task_options, "task_options")
+    task_tool_settings = _option_record(TaskToolOptions, task_tool_options, "task_tool_options")
+    subagent_settings = _option_record(SubagentOptions, subagent_options, "subagent_options")
     provider: ModelProvider | None = None
     if isinstance(model, str):
         from .model._spec import resolve_model
@@ -171,8 +211,8 @@ async def open_harness(
 
     bus = EventBus()
     sessions = SessionStore(persistence=persistence, bus=bus, clock=clock)
+    tools = ToolSet()
     async with _reporting_unstored(sessions), open_scope("harness", teardown_timeout=teardown_timeout) as root:
-        harness = Harness(scope=root, bus=bus, sessions=sessions, model=provider)
         if isinstance(model, str):
             # A provider we built from a spec is ours to close (its HTTP client), last.
             aclose = getattr(provider, "aclose", None)
@@ -182,29 +222,35 @@ async def open_harness(
         sessions_scope = await root.open_child("sessions")
         sessions_scope.add_exit_callback(sessions.detach_all)
         bash_scope = await root.open_child("bash")
-        harness.bash = await bash_scope.enter_async_context(open_bash_executor(**(bash_options or {})))
+        bash = await bash_scope.enter_async_context(open_bash_executor(**attrs.asdict(bash_settings, recurse=False)))
         tasks_scope = await root.open_child("tasks")
-        harness.tasks = await tasks_scope.enter_async_context(
-            open_task_service(**{"teardown_timeout": teardown_timeout, **(task_options or {})})
-        )
-        harness.tasks.on_task_done(lambda snapshot: bus.emit("task/done", snapshot), scope=tasks_scope)
-        harness.plugins_scope = await root.open_child("plugins")
+        task_kwargs = attrs.asdict(task_settings, recurse=False)
+        if task_kwargs["teardown_timeout"] is None:
+            task_kwargs["teardown_timeout"] = teardown_timeout
+        tasks = await tasks_scope.enter_async_context(open_task_service(**task_kwargs))
+        tasks.on_task_done(lambda snapshot: bus.emit("task/done", snapshot), scope=tasks_scope)
+        plugins_scope = await root.open_child("plugins")
         agents_scope = await root.open_child("agents")
-        harness.agents = AgentRegistry(harness=harness, sessions=sessions, bus=bus)
-        harness.agents.register_factory(ReactLoopFactory(), agents_scope)
+        agents = AgentRegistry(sessions=sessions, bus=bus)
+        agents.register_factory(ReactLoopFactory(bus=bus, tools=tools, agents=agents, model=provider), agents_scope)
+        harness = Harness(
+            scope=root,
+            bus=bus,
+            sessions=sessions,
+            agents=agents,
+            tasks=tasks,
+            bash=bash,
+            tools=tools,
+            model=provider,
+            plugins_scope=plugins_scope,
+        )
 
         if "tasks" in wanted:
-            from .tasks import TaskToolsPlugin
-
-            await harness.load(TaskToolsPlugin(harness.tasks, harness.tools, **(task_tool_options or {})))
+            await harness.load(TaskToolsPlugin(tasks, tools, **attrs.asdict(task_tool_settings, recurse=False)))
         if "bash" in wanted:
-            from .bash import BashToolPlugin
-
-            await harness.load(BashToolPlugin(harness))
+            await harness.load(BashToolPlugin(bash, tasks, tools))
         if "subagent" in wanted:
-            from .agents._subagent import SubagentToolPlugin
-
-            await harness.load(SubagentToolPlugin(harness, **(subagent_options or {})))
+            await harness.load(SubagentToolPlugin(tasks, tools, **attrs.asdict(subagent_settings, recurse=False)))
         yield harness
 
 

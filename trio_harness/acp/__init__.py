@@ -13,8 +13,6 @@ from ._jsonrpc import RpcError as RpcError
 from ._server import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._server import AcpServer as AcpServer
 from ._server import serve_stdio as serve_stdio
-from ._updates import TurnOutcome as TurnOutcome
-from ._updates import TurnWatcher as TurnWatcher
 from ._updates import live_update as live_update
 from ._updates import replay_updates as replay_updates
 from ._updates import stop_reason_for as stop_reason_for
@@ -24,8 +22,6 @@ __all__ = [
     "PROTOCOL_VERSION",
     "AcpServer",
     "RpcError",
-    "TurnOutcome",
-    "TurnWatcher",
     "live_update",
     "replay_updates",
     "serve_stdio",

@@ -24,10 +24,11 @@ that does not read its answers stops being read (docs/guarantees.rst, "The ACP
 bridge").
 
 Prompt mechanics: the prompt text is sent with ``agent.followup``; a
-:class:`~trio_harness.acp._updates.TurnWatcher` observes the session log,
+:class:`~trio_harness.agents.TurnWatcher` observes the session log,
 finds the turn that claims the message, streams that turn's events as
 ``session/update`` notifications, and answers at its ``turn/end`` (after
-flushing the log).  A message removed from the inbox by a cancel before any
+flushing the log) with the stop reason :func:`~trio_harness.acp.stop_reason_for`
+maps it to.  A message removed from the inbox by a cancel before any
 turn claimed it answers ``cancelled`` (same section).
 """
 
@@ -50,8 +51,9 @@ from .._errors import (
     SessionNotFoundError,
     SessionStoreError,
 )
+from .._records import Failure
 from ..agents._inbox import new_message_id
-from ..model._protocol import Failure
+from ..agents._turns import TurnOutcome, TurnWatcher
 from ..session import _events as ev
 from ..session._events import InboxMessage
 from . import _jsonrpc as rpc
@@ -67,13 +69,13 @@ from ._params import (
     decode_params,
 )
 from ._updates import (
-    TurnOutcome,
-    TurnWatcher,
+    StopReason,
     first_user_text,
     iso_time,
     live_update,
     replay_updates,
     shorten,
+    stop_reason_for,
 )
 
 if TYPE_CHECKING:
@@ -431,7 +433,7 @@ class AcpServer:
 
     def _initialize(self, params: InitializeParams) -> dict[str, Any]:
         # Whatever version the client speaks, the answer is the one this server speaks.
-        from .. import __version__
+        from .._version import __version__
 
         return {
             "protocolVersion": PROTOCOL_VERSION,
@@ -610,8 +612,9 @@ class AcpServer:
 
         def on_done(outcome: TurnOutcome) -> None:
             prompt.remove_observer()
-            if not self._spawn(self._answer_after_flush, record, prompt, outcome):
-                self._answer(record, prompt, outcome)
+            stop_reason, failure = stop_reason_for(outcome.end)
+            if not self._spawn(self._answer_after_flush, record, prompt, stop_reason, failure):
+                self._answer(record, prompt, stop_reason, failure)
 
         prompt = _Prompt(
             request_id=request.id, watcher=TurnWatcher(message.id, on_event, on_done), message_id=message.id
@@ -625,30 +628,33 @@ class AcpServer:
             record.prompt = None
             raise rpc.RpcError(rpc.INTERNAL_ERROR, f"session {record.id!r} cannot take a prompt: {exc}") from None
 
-    async def _answer_after_flush(self, record: _SessionRecord, prompt: _Prompt, outcome: TurnOutcome) -> None:
+    async def _answer_after_flush(
+        self, record: _SessionRecord, prompt: _Prompt, stop_reason: StopReason | None, failure: Failure | None
+    ) -> None:
         # A prompt is answered only once its turn is stored: a store failure
         # (or a store too slow to answer) is the prompt's error, never a
         # stopReason for a turn nobody kept (docs/guarantees.rst).
-        failure: str | None = None
+        unstored: str | None = None
         with trio.CancelScope(shield=True):
             with trio.move_on_after(FLUSH_TIMEOUT) as waited:
                 try:
                     await record.agent.session.flush()
                 except SessionStoreError as exc:
-                    failure = str(exc)
+                    unstored = str(exc)
             if waited.cancelled_caught:
-                failure = f"session {record.id!r} could not be stored within {FLUSH_TIMEOUT:g} s"
-        if failure is not None and outcome.stop_reason is not None:
-            outcome = attrs.evolve(outcome, stop_reason=None, failure=Failure("store-error", failure))
-        self._answer(record, prompt, outcome)
+                unstored = f"session {record.id!r} could not be stored within {FLUSH_TIMEOUT:g} s"
+        if unstored is not None and stop_reason is not None:
+            stop_reason, failure = None, Failure("store-error", unstored)
+        self._answer(record, prompt, stop_reason, failure)
 
-    def _answer(self, record: _SessionRecord, prompt: _Prompt, outcome: TurnOutcome) -> None:
+    def _answer(
+        self, record: _SessionRecord, prompt: _Prompt, stop_reason: StopReason | None, failure: Failure | None
+    ) -> None:
         if record.prompt is prompt:
             record.prompt = None
-        if outcome.stop_reason is not None:
-            self._post(rpc.result_response(prompt.request_id, {"stopReason": outcome.stop_reason}))
+        if stop_reason is not None:
+            self._post(rpc.result_response(prompt.request_id, {"stopReason": stop_reason}))
             return
-        failure = outcome.failure
         message = failure.message if failure is not None else "the turn failed"
         data = {"code": failure.code} if failure is not None else None
         self._post_error(prompt.request_id, rpc.RpcError(rpc.INTERNAL_ERROR, message, data))

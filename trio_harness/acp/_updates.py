@@ -1,8 +1,9 @@
-"""Session events -> ACP ``session/update`` payloads, and following one prompt's turn.
+"""Session events -> ACP ``session/update`` payloads, and turn ends -> ACP stop reasons.
 
 The live stream of a prompt is the translation of the events of the turn that
-claimed its message (:class:`TurnWatcher` finds that turn); a ``session/load``
-replays a whole stored log with :func:`replay_updates`.
+claimed its message (:class:`~trio_harness.agents.TurnWatcher` finds that
+turn; :func:`stop_reason_for` maps how it ended); a ``session/load`` replays a
+whole stored log with :func:`replay_updates`.
 
 Translation table (live):
 
@@ -25,18 +26,14 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Final, Literal, TypeAlias
 
-import attrs
-
-from ..model._protocol import Failure
+from .._records import Failure
 from ..session import _events as ev
 
 __all__ = [
     "StopReason",
-    "TurnOutcome",
-    "TurnWatcher",
     "first_user_text",
     "iso_time",
     "live_update",
@@ -112,14 +109,18 @@ def tool_title(name: str, arguments: str, limit: int = 80) -> str:
     return f"{name} {shorten(arguments, limit)}"
 
 
-def stop_reason_for(end: ev.TurnEnd) -> tuple[StopReason | None, Failure | None]:
+def stop_reason_for(end: ev.TurnEnd | None) -> tuple[StopReason | None, Failure | None]:
     """The ACP stop reason of a turn end, or ``(None, failure)`` for an error.
 
     ``completed`` -> ``end_turn``, ``max-tokens`` -> ``max_tokens``, ``blocked``
     -> ``max_turn_requests``, ``aborted`` / ``interrupted`` -> ``cancelled``,
     an error whose failure code is ``refusal`` -> ``refusal``; any other error
     gives no stop reason and its failure (the prompt answers with an error).
+    No end (``None``: the prompt's message never ran, see
+    :class:`~trio_harness.agents.TurnOutcome`) -> ``cancelled``.
     """
+    if end is None:
+        return "cancelled", None
     reason = end.reason
     if reason == "completed":
         return "end_turn", None
@@ -214,77 +215,3 @@ def first_user_text(events: Sequence[ev.Event]) -> str | None:
         if isinstance(event, ev.UserMessage):
             return event.text
     return None
-
-
-@attrs.frozen
-class TurnOutcome:
-    """How a watched prompt ended.
-
-    Attributes:
-        stop_reason: the ACP stop reason, or None when the turn failed.
-        failure: the failure of a failed turn (set exactly when ``stop_reason`` is None).
-        end: the ``turn/end`` event, or None when the message was canceled
-            before a turn claimed it.
-    """
-
-    stop_reason: StopReason | None
-    failure: Failure | None = None
-    end: ev.TurnEnd | None = None
-
-
-@attrs.define(eq=False)
-class TurnWatcher:
-    """Follows one followup message through a session log (a session observer).
-
-    Register it with ``session.observe(watcher)`` *before* sending the message.
-    It waits for the claim of ``message_id`` (which tells the turn), passes
-    every later event of that turn to ``on_event`` and reports the outcome to
-    ``on_done`` exactly once: at the turn's ``turn/end``, or as ``cancelled``
-    when an ``agent/inbox/spliced`` deletion marked canceled removes the
-    message before any turn claimed it.  :meth:`abandon` reports ``cancelled``
-    for a message that will never run (its agent was disposed).
-
-    Attributes:
-        message_id: the id of the watched message.
-        on_event: called with each event of the watched turn (except its end).
-        on_done: called once with the outcome.
-        turn: the turn that claimed the message, once known.
-        done: whether the outcome was reported.
-    """
-
-    message_id: str
-    on_event: Callable[[ev.Event], None]
-    on_done: Callable[[TurnOutcome], None]
-    turn: int | None = None
-    done: bool = False
-
-    def __call__(self, event: ev.Event) -> None:
-        """Observe one appended event."""
-        if self.done:
-            return
-        if self.turn is None:
-            if isinstance(event, ev.InboxSpliced) and self.message_id in event.removed:
-                if event.outcome == "claimed" and event.turn is not None:
-                    self.turn = event.turn
-                elif event.outcome == "canceled":
-                    self._finish(TurnOutcome("cancelled"))
-            elif isinstance(event, ev.UserMessage) and event.message_id == self.message_id:
-                self.turn = event.turn
-            return
-        if isinstance(event, ev.TurnEnd):
-            if event.turn == self.turn:
-                reason, failure = stop_reason_for(event)
-                self._finish(TurnOutcome(reason, failure, event))
-            return
-        if getattr(event, "turn", None) == self.turn:
-            self.on_event(event)
-
-    def abandon(self) -> None:
-        """Report ``cancelled`` unless the outcome is known already."""
-        self._finish(TurnOutcome("cancelled"))
-
-    def _finish(self, outcome: TurnOutcome) -> None:
-        if self.done:
-            return
-        self.done = True
-        self.on_done(outcome)

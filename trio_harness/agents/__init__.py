@@ -1,4 +1,8 @@
-"""Agents: the interface, registry, inbox, driver and tools."""
+"""Agents: the interface, registry, inbox, driver, tools and turn following.
+
+The built-in tool plugins (``subagent`` among them) live one layer up, in
+:mod:`trio_harness.tools`.
+"""
 
 from ._agent import Agent as Agent
 from ._agent import AgentStatus as AgentStatus
@@ -16,3 +20,5 @@ from ._tools import Tool as Tool
 from ._tools import ToolContext as ToolContext
 from ._tools import ToolOutput as ToolOutput
 from ._tools import ToolSet as ToolSet
+from ._turns import TurnOutcome as TurnOutcome
+from ._turns import TurnWatcher as TurnWatcher

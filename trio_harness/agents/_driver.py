@@ -49,9 +49,9 @@ from ._tools import Tool, ToolContext, ToolOutput, ToolSet
 
 if TYPE_CHECKING:
     from .._bus import EventBus
-    from .._harness import Harness
     from .._scope import Scope
     from ._agent import AgentStatus
+    from ._registry import AgentRegistry
 
 __all__ = ["ReactAgent"]
 
@@ -85,17 +85,21 @@ class ReactAgent:
     """The default :class:`~trio_harness.Agent`: a ReAct loop over a session.
 
     Built by the agent factory inside the create / resume pipeline; use
-    ``harness.agents.create`` rather than constructing one.
+    ``harness.agents.create`` rather than constructing one.  It is given the
+    few services it uses: the bus it reports to, the shared tool set it offers
+    beside its own, and the registry its tools see (:class:`ToolContext`).
     """
 
     _session: Session = attrs.field(alias="session")
     _options: AgentOptions = attrs.field(alias="options")
     _scope: Scope = attrs.field(alias="scope")
-    _harness: Harness = attrs.field(alias="harness")
     _provider: ModelProvider = attrs.field(alias="provider")
+    _bus: EventBus = attrs.field(alias="bus")
+    # Harness-wide tools and prompt sections; this agent's own win on a name clash.
+    _shared_tools: ToolSet = attrs.field(alias="shared_tools")
+    _agents: AgentRegistry = attrs.field(alias="agents")
     _parent_id: str | None = attrs.field(default=None, alias="parent_id")
     _tools: ToolSet = attrs.field(factory=ToolSet, init=False)
-    _bus: EventBus = attrs.field(init=False)
     _inbox: Inbox = attrs.field(init=False)
     _history: History = attrs.field(init=False)
     # idle | maintenance | running; only the drain task and maintenance() change it.
@@ -113,7 +117,6 @@ class ReactAgent:
     _last_turn: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._bus = self._harness.bus
         self._idle.set()
         self._inbox = Inbox.replay(self._session, notify=self._inbox_notice)
         # Once the agent has quiesced and its scope unwinds, the inbox is read
@@ -464,7 +467,7 @@ class ReactAgent:
             session.append(ev.StepEnd, turn=turn, step=step)
 
     def _available_tools(self) -> dict[str, Tool]:
-        tools = {tool.name: tool for tool in self._harness.tools.tools()}
+        tools = {tool.name: tool for tool in self._shared_tools.tools()}
         for tool in self._tools.tools():
             tools[tool.name] = tool
         keep = self._options.tool_filter
@@ -473,7 +476,7 @@ class ReactAgent:
         return tools
 
     def _build_request(self, tools: dict[str, Tool]) -> ModelRequest:
-        sections = (*self._harness.tools.prompt_sections(), *self._tools.prompt_sections())
+        sections = (*self._shared_tools.prompt_sections(), *self._tools.prompt_sections())
         system = "\n\n".join((self._options.system_prompt, *sections)) if sections else self._options.system_prompt
         return ModelRequest(
             model=self._options.model_name or getattr(self._provider, "model", "") or "",
@@ -501,15 +504,14 @@ class ReactAgent:
             nonlocal usage, finish
             if finish is not None:
                 return  # nothing counts after the finish
-            kind = type(chunk)
-            if kind is TextDelta:
-                text.append(chunk.text)  # type: ignore[union-attr]
-                session.append(ev.AssistantChunk, turn=turn, step=step, kind="text", text=chunk.text)  # type: ignore[union-attr]
-            elif kind is ReasoningDelta:
-                reasoning.append(chunk.text)  # type: ignore[union-attr]
-                session.append(ev.AssistantChunk, turn=turn, step=step, kind="reasoning", text=chunk.text)  # type: ignore[union-attr]
-            elif kind is ToolCallDelta:
-                assert isinstance(chunk, ToolCallDelta)
+            # ``type(chunk) is`` narrows like isinstance and is cheaper on this hot path.
+            if type(chunk) is TextDelta:
+                text.append(chunk.text)
+                session.append(ev.AssistantChunk, turn=turn, step=step, kind="text", text=chunk.text)
+            elif type(chunk) is ReasoningDelta:
+                reasoning.append(chunk.text)
+                session.append(ev.AssistantChunk, turn=turn, step=step, kind="reasoning", text=chunk.text)
+            elif type(chunk) is ToolCallDelta:
                 entry = pieces.setdefault(chunk.index, [None, None, []])
                 if chunk.id:
                     entry[0] = chunk.id
@@ -517,14 +519,11 @@ class ReactAgent:
                     entry[1] = chunk.name
                 if chunk.arguments:
                     entry[2].append(chunk.arguments)
-            elif kind is Usage:
-                assert isinstance(chunk, Usage)
+            elif type(chunk) is Usage:
                 usage = chunk
-            elif kind is Finish:
-                assert isinstance(chunk, Finish)
+            elif type(chunk) is Finish:
                 finish = chunk
-            elif kind is Retry:
-                assert isinstance(chunk, Retry)
+            elif type(chunk) is Retry:
                 session.append(
                     ev.RequestRetry,
                     turn=turn,
@@ -629,7 +628,7 @@ class ReactAgent:
             except ValueError as exc:
                 deliver(index, f"error: {exc}", True)
                 return
-            ctx = ToolContext(agent=self, harness=self._harness, call_id=call.id, turn=turn, step=step)
+            ctx = ToolContext(agent=self, agents=self._agents, call_id=call.id, turn=turn, step=step)
             try:
                 if limiter is None:
                     output = await tool.handler(ctx, args)

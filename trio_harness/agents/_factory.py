@@ -11,16 +11,37 @@ from ._driver import ReactAgent
 from ._options import AgentOptions
 
 if TYPE_CHECKING:
-    from .._harness import Harness
+    from .._bus import EventBus
     from .._scope import Scope
+    from ..model._protocol import ModelProvider
     from ..session._session import Session
+    from ._registry import AgentRegistry
+    from ._tools import ToolSet
 
 __all__ = ["ReactLoopFactory"]
 
 
 @attrs.define(eq=False)
 class ReactLoopFactory:
-    """Builds the default ReAct loop agent; resolves each agent's model route."""
+    """Builds the default ReAct loop agent; resolves each agent's model route.
+
+    It holds what every agent it builds shares; :func:`~trio_harness.open_harness`
+    builds one from the harness's services.
+
+    Attributes:
+        bus: where agents report live notifications (``agent/status``, ...).
+        tools: the shared tool set (harness-wide tools and prompt sections)
+            every agent sees beside its own.
+        agents: the registry the agents live in (handed to tools through
+            :class:`~trio_harness.agents.ToolContext`).
+        model: the default model provider, used when an agent's options name
+            none; None to require one per agent.
+    """
+
+    bus: EventBus
+    tools: ToolSet
+    agents: AgentRegistry
+    model: ModelProvider | None = None
 
     def build(
         self,
@@ -28,7 +49,6 @@ class ReactLoopFactory:
         session: Session,
         options: AgentOptions,
         scope: Scope,
-        harness: Harness,
         parent_id: str | None,
     ) -> ReactAgent:
         """Build a :class:`ReactAgent` (its inbox is replayed from the log here)."""
@@ -43,10 +63,17 @@ class ReactLoopFactory:
             from ..model._spec import resolve_model
 
             provider = resolve_model(options.model)  # checks it is a provider
-        elif harness.model is not None:
-            provider = harness.model
+        elif self.model is not None:
+            provider = self.model
         else:
             raise ModelError("no model: pass model=... to open_harness() or AgentOptions(model=...)")
         return ReactAgent(
-            session=session, options=options, scope=scope, harness=harness, provider=provider, parent_id=parent_id
+            session=session,
+            options=options,
+            scope=scope,
+            provider=provider,
+            bus=self.bus,
+            shared_tools=self.tools,
+            agents=self.agents,
+            parent_id=parent_id,
         )

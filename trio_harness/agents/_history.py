@@ -80,17 +80,15 @@ class History:
         out = self._messages
         for index in range(self._position, len(events)):
             event = events[index]
-            kind = type(event)
-            if kind is ev.UserMessage:
-                out.append(UserMessage(text=event.text))  # type: ignore[attr-defined]
-            elif kind is ev.AssistantMessage:
-                assert isinstance(event, ev.AssistantMessage)
+            # ``type(event) is`` narrows like isinstance, and is cheaper.
+            if type(event) is ev.UserMessage:
+                out.append(UserMessage(text=event.text))
+            elif type(event) is ev.AssistantMessage:
                 if event.text or event.tool_calls or event.reasoning:
                     out.append(
                         AssistantMessage(text=event.text, tool_calls=event.tool_calls, reasoning=event.reasoning)
                     )
-            elif kind is ev.ToolResult:
-                assert isinstance(event, ev.ToolResult)
+            elif type(event) is ev.ToolResult:
                 out.append(
                     ToolMessage(call_id=event.call_id, name=event.name, content=event.content, is_error=event.is_error)
                 )

@@ -116,10 +116,14 @@ class Inbox:
 
     def find(self, message_id: str) -> tuple[InboxQueue, int] | None:
         """Where a pending message is, or None."""
-        for queue, items in (("next-turn", self._next_turn), ("next-step", self._next_step)):
+        queues: tuple[tuple[InboxQueue, list[InboxMessage]], ...] = (
+            ("next-turn", self._next_turn),
+            ("next-step", self._next_step),
+        )
+        for queue, items in queues:
             for index, message in enumerate(items):
                 if message.id == message_id:
-                    return queue, index  # type: ignore[return-value]
+                    return queue, index
         return None
 
     # ------------------------------------------------------------ core
@@ -208,7 +212,8 @@ class Inbox:
         if self._sealed is not None:
             raise AgentDisposedError(self._sealed)
         if message is not None:
-            self._list(queue)  # type: ignore[arg-type]  # validates the queue name now
+            assert queue is not None  # append and prepend name their queue
+            self._list(queue)  # validates the queue name now
             if message.id in self._ids or any(m is not None and m.id == message.id for _, _, m in self._deferred):
                 raise InboxError(f"message id {message.id!r} is already pending")
         self._deferred.append((op, queue, message))
@@ -222,10 +227,12 @@ class Inbox:
             op, queue, message = self._deferred.pop(0)
             if op == "clear":
                 self.clear()
-            elif op == "append":
-                self.append(queue, message)  # type: ignore[arg-type]
             else:
-                self.prepend(queue, message)  # type: ignore[arg-type]
+                assert queue is not None and message is not None  # append and prepend carry both
+                if op == "append":
+                    self.append(queue, message)
+                else:
+                    self.prepend(queue, message)
 
     # ------------------------------------------------------------ operations
 

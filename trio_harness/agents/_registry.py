@@ -48,14 +48,13 @@ from .._errors import (
 )
 from .._scope import Scope, current_scope
 from ..session._session import validate_session_id
+from ._agent import Agent
 from ._options import AgentOptions
 
 if TYPE_CHECKING:
     from .._bus import EventBus
-    from .._harness import Harness
     from ..session._session import Session
     from ..session._store import SessionEntry, SessionStore
-    from ._agent import Agent
 
 __all__ = ["AgentFactory", "AgentHandle", "AgentRegistry", "LoopAgent", "Setup"]
 
@@ -63,14 +62,8 @@ Setup = Callable[["Agent"], Awaitable["Callable[[], None] | None"]]
 """``async def setup(agent) -> commit | None``: compose the agent's world (never drive it)."""
 
 
-class LoopAgent(Protocol):
-    """What a factory builds: an Agent plus the close hook that quiesces it."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def session(self) -> Session: ...
+class LoopAgent(Agent, Protocol):
+    """What a factory builds: an :class:`Agent` plus the close hook that quiesces it."""
 
     def dispose_hook(self) -> Awaitable[None] | None:
         """Cancel the driver with cause ``disposed``; the awaitable (if any) waits for quiescence."""
@@ -78,7 +71,13 @@ class LoopAgent(Protocol):
 
 
 class AgentFactory(Protocol):
-    """Builds agents for the registry (the loop implementation fills this slot)."""
+    """Builds agents for the registry (the loop implementation fills this slot).
+
+    A factory is given the services its agents use when it is made (the
+    default :class:`~trio_harness.agents.ReactLoopFactory` takes the bus, the
+    shared tool set, the registry and the default model); ``build`` receives
+    only what differs per agent.
+    """
 
     def build(
         self,
@@ -86,7 +85,6 @@ class AgentFactory(Protocol):
         session: Session,
         options: AgentOptions,
         scope: Scope,
-        harness: Harness,
         parent_id: str | None,
     ) -> LoopAgent:
         """Construct (but do not start) an agent around ``session`` in ``scope``."""
@@ -209,9 +207,13 @@ class AgentHandle:
 
 @attrs.define(eq=False)
 class AgentRegistry:
-    """Live agents of a harness and the create / resume pipeline."""
+    """Live agents of a harness and the create / resume pipeline.
 
-    _harness: Harness = attrs.field(alias="harness")
+    It uses two services: the session store (sessions are prepared, entered
+    and detached there) and the bus (``agent/*`` notices).  Agents are built
+    by the factory registered with :meth:`register_factory`.
+    """
+
     _sessions: SessionStore = attrs.field(alias="sessions")
     _bus: EventBus = attrs.field(alias="bus")
     _entries: dict[str, _AgentEntry] = attrs.field(factory=dict, init=False)
@@ -460,15 +462,13 @@ class AgentRegistry:
         agent_scope.add_exit_callback(detach_session)
         agent_scope.add_exit_callback(detach_agent)
         try:
-            built = factory.build(
+            agent = factory.build(
                 session=session,
                 options=options if options is not None else AgentOptions(),
                 scope=agent_scope,
-                harness=self._harness,
                 parent_id=parent.id if parent is not None else None,
             )
-            agent: Agent = built  # type: ignore[assignment]
-            agent_scope.add_close_hook(built.dispose_hook)
+            agent_scope.add_close_hook(agent.dispose_hook)
             commit: Callable[[], None] | None = None
             if setup is not None:
                 assert abort is not None

@@ -16,10 +16,10 @@ from .._errors import ToolError
 from ..model._protocol import ToolSpec
 
 if TYPE_CHECKING:
-    from .._harness import Harness
     from .._scope import Scope
     from ._agent import Agent
     from ._function_tools import FunctionTool
+    from ._registry import AgentRegistry
 
 __all__ = ["Tool", "ToolContext", "ToolOutput", "ToolSet", "parse_arguments"]
 
@@ -49,16 +49,21 @@ class ToolContext:
     The handler runs inside the turn's cancel scope: when the turn is cancelled
     the handler sees :class:`trio.Cancelled` at its next checkpoint.
 
+    A tool that needs another service (the task service, the bash executor)
+    receives it when it is built, as the built-in tool plugins do
+    (:mod:`trio_harness.tools`); the context carries only what every call has.
+
     Attributes:
-        agent: the calling agent.
-        harness: the harness the agent lives in.
+        agent: the calling agent (its session, scope, inbox and own tools).
+        agents: the registry the agent lives in (create, resume and look up
+            agents, e.g. to start a child agent).
         call_id: the model's id for this call.
         turn: the turn number.
         step: the step number.
     """
 
     agent: Agent
-    harness: Harness
+    agents: AgentRegistry
     call_id: str
     turn: int
     step: int

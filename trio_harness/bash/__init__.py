@@ -1,13 +1,16 @@
-"""The bash executor: foreground runs and background processes in their own process groups."""
+"""The bash executor: foreground runs and background processes in their own process groups.
+
+The ``bash`` tool that models call lives one layer up, in :mod:`trio_harness.tools`.
+"""
 
 from .._errors import BashError as BashError
 from ._executor import BashExecutor as BashExecutor
 from ._executor import BashProcess as BashProcess
 from ._executor import BashProcessNotFoundError as BashProcessNotFoundError
 from ._executor import open_bash_executor as open_bash_executor
+from ._options import BashOptions as BashOptions
 from ._records import BashRequest as BashRequest
 from ._records import BashResult as BashResult
 from ._records import BashSpec as BashSpec
 from ._records import ExitFacts as ExitFacts
 from ._render import render_result as render_result
-from ._tool import BashToolPlugin as BashToolPlugin

@@ -20,43 +20,14 @@ from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 import attrs
 
+from .._records import Failure as Failure
+from .._records import ToolCall as ToolCall
+from .._records import Usage as Usage
+
 FinishReason: TypeAlias = Literal["stop", "tool-calls", "max-tokens", "error", "aborted"]
 
 
-@attrs.frozen
-class Failure:
-    """A failure reported as a value.
-
-    Attributes:
-        code: a short stable code, e.g. ``"http-429"``, ``"connect"``, ``"timeout"``,
-            ``"malformed-stream"``, ``"no-finish"``, ``"scripted"``.
-        message: a human-readable explanation naming what went wrong.
-        retryable: whether retrying the same request may succeed.
-        retry_after: seconds the server asked us to wait, when it said so.
-    """
-
-    code: str
-    message: str
-    retryable: bool = False
-    retry_after: float | None = None
-
-
 # ---------------------------------------------------------------- requests
-
-
-@attrs.frozen
-class ToolCall:
-    """One complete tool call requested by the model.
-
-    Attributes:
-        id: the provider's call id, echoed back in the tool result.
-        name: the tool name.
-        arguments: the raw JSON text of the arguments, exactly as the model wrote it.
-    """
-
-    id: str
-    name: str
-    arguments: str
 
 
 @attrs.frozen
@@ -149,15 +120,6 @@ class ToolCallDelta:
     id: str | None = None
     name: str | None = None
     arguments: str = ""
-
-
-@attrs.frozen
-class Usage:
-    """Token usage of one model call."""
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_hit_tokens: int = 0
 
 
 @attrs.frozen

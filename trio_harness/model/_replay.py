@@ -21,9 +21,28 @@ import trio
 
 from .._errors import ModelError
 from ..session import _events as ev
-from ._protocol import Emit, Failure, Finish, ModelRequest, ReasoningDelta, TextDelta, ToolCallDelta, UserMessage
+from ._protocol import (
+    Emit,
+    Failure,
+    Finish,
+    FinishReason,
+    ModelRequest,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    UserMessage,
+)
 
 __all__ = ["ReplayModel"]
+
+
+def _replayed_finish(recorded: str) -> FinishReason:
+    """The finish reason to replay for a recorded one (``stop`` unless it asked for tools or hit a limit)."""
+    if recorded == "tool-calls":
+        return "tool-calls"
+    if recorded == "max-tokens":
+        return "max-tokens"
+    return "stop"
 
 
 @attrs.frozen
@@ -142,5 +161,4 @@ class ReplayModel:
             emit(ToolCallDelta(index=index, id=call.id, name=call.name, arguments=call.arguments))
         if message.usage is not None:
             emit(message.usage)
-        finish = message.finish if message.finish in ("stop", "tool-calls", "max-tokens") else "stop"
-        emit(Finish(finish))  # type: ignore[arg-type]
+        emit(Finish(_replayed_finish(message.finish)))

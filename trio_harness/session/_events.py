@@ -13,7 +13,7 @@ from typing import ClassVar, Literal, TypeAlias, get_args
 
 import attrs
 
-from ..model._protocol import Failure, ToolCall, Usage
+from .._records import Failure, ToolCall, Usage
 
 __all__ = [
     "EVENT_TYPES",

@@ -1,10 +1,13 @@
-"""Background tasks: the task service (``harness.tasks``), its rendering and control tools.
+"""Background tasks: the task service (``harness.tasks``) and its model-facing rendering.
 
-See :mod:`trio_harness.tasks._service` for the runtime contract.
+See :mod:`trio_harness.tasks._service` for the runtime contract.  The control
+tools (``task_output``, ``task_list``, ``task_kill``) and completion notices
+live one layer up, in :mod:`trio_harness.tools`.
 """
 
 from __future__ import annotations
 
+from ._options import TaskOptions as TaskOptions
 from ._render import TASKS_GUIDANCE as TASKS_GUIDANCE
 from ._render import bound_text as bound_text
 from ._render import cut_utf8 as cut_utf8
@@ -27,16 +30,12 @@ from ._service import TaskSpec as TaskSpec
 from ._service import TaskStatus as TaskStatus
 from ._service import TerminalStatus as TerminalStatus
 from ._service import open_task_service as open_task_service
-from ._tools import NoticeTarget as NoticeTarget
-from ._tools import TaskToolsPlugin as TaskToolsPlugin
-from ._tools import effective_limit as effective_limit
-from ._tools import task_tools as task_tools
 
 __all__ = [
     "TASKS_GUIDANCE",
-    "NoticeTarget",
     "TaskHooks",
     "TaskListener",
+    "TaskOptions",
     "TaskOutcome",
     "TaskOwner",
     "TaskRead",
@@ -44,19 +43,16 @@ __all__ = [
     "TaskSnapshot",
     "TaskSpec",
     "TaskStatus",
-    "TaskToolsPlugin",
     "TerminalStatus",
     "bound_text",
     "cut_utf8",
     "cut_utf8_tail",
-    "effective_limit",
     "open_task_service",
     "render_kill_result",
     "render_notice",
     "render_task_list",
     "render_task_output",
     "status_line",
-    "task_tools",
     "truncation_marker",
     "utf8_len",
 ]

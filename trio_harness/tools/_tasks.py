@@ -20,7 +20,7 @@ import trio
 
 from .._errors import TaskError, TaskNotFoundError
 from ..agents._tools import Tool, ToolContext, ToolHandler, ToolOutput, ToolSet
-from ._render import (
+from ..tasks._render import (
     TASKS_GUIDANCE,
     bound_text,
     render_kill_result,
@@ -28,12 +28,12 @@ from ._render import (
     render_task_list,
     render_task_output,
 )
-from ._service import TaskOwner, TaskService, TaskSnapshot
+from ..tasks._service import TaskOwner, TaskService, TaskSnapshot
 
 if TYPE_CHECKING:
     from .._scope import Scope
 
-__all__ = ["NoticeTarget", "TaskToolsPlugin", "effective_limit", "task_tools"]
+__all__ = ["NoticeTarget", "TaskToolOptions", "TaskToolsPlugin", "effective_limit", "task_tools"]
 
 log = logging.getLogger("trio_harness.tasks")
 
@@ -305,6 +305,30 @@ class _Notifier:
                 owner.inject(notice)
         except Exception:
             log.warning("could not deliver the completion notice of task %s", snapshot.id, exc_info=True)
+
+
+@attrs.frozen
+class TaskToolOptions:
+    """Settings of the task tools plugin that :func:`~trio_harness.open_harness`
+    loads (``task_tool_options=``): the option fields of :class:`TaskToolsPlugin`,
+    with the same defaults and meanings.
+
+    Attributes:
+        default_wait: seconds ``task_output(wait=true)`` waits by default.
+        max_wait: the longest wait a call may ask for, in seconds.
+        output_limit_bytes: a byte cap on every tool result and notice.
+        quiet: only inject notices (never wake an idle owner).
+        wake_budget: how many notices may wake one owner per ``wake_window``
+            seconds (Trio time); past the budget notices are injected.
+        wake_window: the budget window, in seconds.
+    """
+
+    default_wait: float = DEFAULT_WAIT
+    max_wait: float = MAX_WAIT
+    output_limit_bytes: int | None = None
+    quiet: bool = False
+    wake_budget: int = 3
+    wake_window: float = 60.0
 
 
 @attrs.define(eq=False)

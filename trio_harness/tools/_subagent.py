@@ -1,6 +1,6 @@
 """The ``subagent`` tool: run a child agent on a task prompt.
 
-The child is created through ``harness.agents`` with the calling agent as its
+The child is created through the agent registry with the calling agent as its
 runtime owner (so the parent's disposal disposes it) and its session records
 the parent as lineage.  Foreground calls return the child's final text;
 background calls register a final-output ``subagent`` task whose kill cancels
@@ -16,18 +16,17 @@ import attrs
 import trio
 
 from .._errors import AgentDisposedError
+from ..agents._options import AgentOptions
+from ..agents._tools import Tool, ToolContext, ToolOutput, ToolSet
 from ..session import _events as ev
-from ._options import AgentOptions
-from ._tools import Tool, ToolContext, ToolOutput
+from ..tasks._service import TaskHooks, TaskOutcome, TaskService, TaskSpec
 
 if TYPE_CHECKING:
-    from .._harness import Harness
     from .._scope import Scope
-    from ..tasks import TaskHooks, TaskOutcome
-    from ._agent import Agent
-    from ._registry import AgentHandle
+    from ..agents._agent import Agent
+    from ..agents._registry import AgentHandle, AgentRegistry
 
-__all__ = ["SubagentToolPlugin", "subagent_depth"]
+__all__ = ["SubagentOptions", "SubagentToolPlugin", "subagent_depth"]
 
 DESCRIPTION = (
     "Run a subagent: a fresh agent with its own context that works on the task you describe "
@@ -36,13 +35,13 @@ DESCRIPTION = (
 BACKGROUND_HELP = " With run_in_background=true it returns a task id at once; collect the answer with task_output."
 
 
-def subagent_depth(harness: Harness, agent_id: str) -> int:
-    """How many runtime owners stand above ``agent_id`` (0 for a root agent)."""
+def subagent_depth(agents: AgentRegistry, agent_id: str) -> int:
+    """How many runtime owners stand above ``agent_id`` in ``agents`` (0 for a root agent)."""
     depth = 0
-    current: str | None = harness.agents.owner_of(agent_id)
+    current: str | None = agents.owner_of(agent_id)
     while current is not None:
         depth += 1
-        current = harness.agents.owner_of(current)
+        current = agents.owner_of(current)
     return depth
 
 
@@ -79,12 +78,38 @@ def _stop_child(child: Agent) -> None:
         pass  # its disposal aborts its turn (cause disposed) and done() still reports it
 
 
-@attrs.define(eq=False)
-class SubagentToolPlugin:
-    """Registers the ``subagent`` tool into the harness-wide tool set.
+@attrs.frozen
+class SubagentOptions:
+    """Settings of the subagent tool plugin that :func:`~trio_harness.open_harness`
+    loads (``subagent_options=``): the option fields of
+    :class:`SubagentToolPlugin`, with the same defaults and meanings.
 
     Attributes:
-        harness: the harness whose agents and tasks the tool uses.
+        max_depth: how deep subagents may nest (a root agent has depth 0).
+        run_in_background: offer the ``run_in_background`` parameter.
+        background_default: whether a call runs in the background when the
+            model does not say.
+        child_tools: when set, the names of the tools the child may use.
+        child_options: options for child agents (model, prompt, limits).
+    """
+
+    max_depth: int = 3
+    run_in_background: bool = True
+    background_default: bool = False
+    child_tools: Collection[str] | None = None
+    child_options: AgentOptions = attrs.field(factory=AgentOptions)
+
+
+@attrs.define(eq=False)
+class SubagentToolPlugin:
+    """Registers the ``subagent`` tool into a tool set (normally the harness-wide one).
+
+    A child is created in the calling agent's registry (``ctx.agents``), with
+    the caller as its runtime owner.
+
+    Attributes:
+        tasks: the task service background children are registered in.
+        tools: the tool set to register into.
         max_depth: how deep subagents may nest (a root agent has depth 0).
         run_in_background: offer the ``run_in_background`` parameter
             (default on).  When off, the parameter is absent from the schema
@@ -97,7 +122,8 @@ class SubagentToolPlugin:
     """
 
     name: ClassVar[str] = "subagent"
-    harness: Harness
+    tasks: TaskService
+    tools: ToolSet
     max_depth: int = 3
     run_in_background: bool = True
     background_default: bool = False
@@ -124,7 +150,7 @@ class SubagentToolPlugin:
 
     async def apply(self, scope: Scope) -> None:
         """Register the tool, bound to ``scope``."""
-        self.harness.tools.add(self.tool(), scope=scope)
+        self.tools.add(self.tool(), scope=scope)
 
     def _options(self) -> AgentOptions:
         keep = self.child_tools
@@ -138,14 +164,14 @@ class SubagentToolPlugin:
 
         return attrs.evolve(self.child_options, tool_filter=tool_filter)
 
-    async def _create_child(self, parent: Agent) -> AgentHandle:
-        return await self.harness.agents.create(options=self._options(), parent=parent, cwd=parent.session.header.cwd)
+    async def _create_child(self, agents: AgentRegistry, parent: Agent) -> AgentHandle:
+        return await agents.create(options=self._options(), parent=parent, cwd=parent.session.header.cwd)
 
     async def _call(self, ctx: ToolContext, args: dict[str, Any]) -> str | ToolOutput:
         background = args.get("run_in_background", self.background_default if self.run_in_background else False)
         if "run_in_background" in args and not self.run_in_background and args["run_in_background"]:
             return ToolOutput("error: background subagents are disabled in this harness", is_error=True)
-        depth = subagent_depth(self.harness, ctx.agent.id) + 1
+        depth = subagent_depth(ctx.agents, ctx.agent.id) + 1
         if depth > self.max_depth:
             return ToolOutput(
                 f"error: subagent depth limit reached ({self.max_depth}); do this work yourself", is_error=True
@@ -153,8 +179,8 @@ class SubagentToolPlugin:
         prompt: str = args["prompt"]
         label: str = args.get("description") or (prompt.strip().splitlines()[0][:60] if prompt.strip() else "subagent")
         if background:
-            return await self._start_background(ctx.agent, prompt, label)
-        handle = await self._create_child(ctx.agent)
+            return await self._start_background(ctx, prompt, label)
+        handle = await self._create_child(ctx.agents, ctx.agent)
         try:
             handle.agent.followup(prompt)
             await handle.agent.when_idle()
@@ -171,11 +197,12 @@ class SubagentToolPlugin:
             return text or "(the subagent returned no text)"
         return ToolOutput(f"error: {_describe_end(end)}" + (f"\npartial answer: {text}" if text else ""), True)
 
-    async def _start_background(self, parent: Agent, prompt: str, label: str) -> str:
-        from ..tasks import TaskHooks, TaskOutcome, TaskSpec
+    async def _start_background(self, ctx: ToolContext, prompt: str, label: str) -> str:
+        parent = ctx.agent
+        agents = ctx.agents
 
         async def starter() -> TaskHooks:
-            handle = await self._create_child(parent)
+            handle = await self._create_child(agents, parent)
             child = handle.agent
             killed: list[str | None] = []
             child.followup(prompt)
@@ -201,5 +228,5 @@ class SubagentToolPlugin:
 
             return TaskHooks(cancel=cancel, done=done)
 
-        snapshot = await self.harness.tasks.start(TaskSpec(kind="subagent", label=label, owner=parent, run=starter))
+        snapshot = await self.tasks.start(TaskSpec(kind="subagent", label=label, owner=parent, run=starter))
         return f"started background task {snapshot.id}"

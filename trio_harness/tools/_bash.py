@@ -1,6 +1,6 @@
 """The ``bash`` tool: foreground commands, and background commands as ``bash-N`` tasks.
 
-Ownership lives in the executor (seed 001 §3): a background command is started
+Ownership lives in the executor: a background command is started
 with the calling agent's id as its owner token, and the task service records
 the agent as the task's owner.  Nothing about a running command lives in this
 plugin's scope, so reloading the plugin neither kills a task nor makes it
@@ -15,14 +15,14 @@ import attrs
 import trio
 
 from .._errors import BashError
-from ..agents._tools import Tool, ToolContext, ToolOutput
-from ._records import BashRequest
-from ._render import render_result
+from ..agents._tools import Tool, ToolContext, ToolOutput, ToolSet
+from ..bash._executor import BashExecutor
+from ..bash._records import BashRequest, BashSpec
+from ..bash._render import render_result
+from ..tasks._service import TaskHooks, TaskOutcome, TaskService, TaskSpec
 
 if TYPE_CHECKING:
-    from .._harness import Harness
     from .._scope import Scope
-    from ..tasks import TaskHooks, TaskOutcome
 
 __all__ = ["BashToolPlugin"]
 
@@ -39,10 +39,12 @@ BACKGROUND = (
 
 @attrs.define(eq=False)
 class BashToolPlugin:
-    """Registers the ``bash`` tool into the harness-wide tool set.
+    """Registers the ``bash`` tool into a tool set (normally the harness-wide one).
 
     Attributes:
-        harness: the harness whose executor and task service the tool uses.
+        bash: the executor that runs the commands.
+        tasks: the task service background commands are registered in.
+        tools: the tool set to register into.
         run_in_background: offer the ``run_in_background`` parameter (default
             on).  When off, the parameter is absent from the schema and a
             forced background call is refused.
@@ -53,7 +55,9 @@ class BashToolPlugin:
     """
 
     name: ClassVar[str] = "bash"
-    harness: Harness
+    bash: BashExecutor
+    tasks: TaskService
+    tools: ToolSet
     run_in_background: bool = True
     background_default: bool = False
     output_limit_bytes: int | None = None
@@ -85,7 +89,7 @@ class BashToolPlugin:
 
     async def apply(self, scope: Scope) -> None:
         """Register the tool, bound to ``scope``."""
-        self.harness.tools.add(self.tool(), scope=scope)
+        self.tools.add(self.tool(), scope=scope)
 
     async def _call(self, ctx: ToolContext, args: dict[str, Any]) -> str | ToolOutput:
         if not self.run_in_background and args.get("run_in_background"):
@@ -93,7 +97,7 @@ class BashToolPlugin:
         background = bool(args.get("run_in_background", self.background_default and self.run_in_background))
         timeout_ms = args.get("timeout_ms")
         workdir = args.get("workdir") or ctx.agent.session.header.cwd or None
-        executor = self.harness.bash
+        executor = self.bash
         try:
             spec = executor.resolve(
                 BashRequest(
@@ -111,10 +115,8 @@ class BashToolPlugin:
             return ToolOutput(render_result(result), is_error=result.exit_code != 0 or result.timed_out)
         return await self._start_background(ctx, spec, args.get("description") or args["command"])
 
-    async def _start_background(self, ctx: ToolContext, spec: Any, label: str) -> str:
-        from ..tasks import TaskHooks, TaskOutcome, TaskSpec
-
-        executor = self.harness.bash
+    async def _start_background(self, ctx: ToolContext, spec: BashSpec, label: str) -> str:
+        executor = self.bash
         agent = ctx.agent
 
         async def starter() -> TaskHooks:
@@ -146,7 +148,7 @@ class BashToolPlugin:
 
             return TaskHooks(cancel=process.kill, done=done, read_output=process.read_output, release=release)
 
-        snapshot = await self.harness.tasks.start(
+        snapshot = await self.tasks.start(
             TaskSpec(
                 kind="bash",
                 label=label,

@@ -1,0 +1,32 @@
+"""The bash executor's settings as one record (``open_harness(bash_options=...)``)."""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["BashOptions"]
+
+
+@attrs.frozen
+class BashOptions:
+    """Settings of the harness's bash executor: the keyword arguments of
+    :func:`~trio_harness.bash.open_bash_executor`, with the same defaults.
+
+    The executor checks them when the harness opens (a bad value raises
+    :exc:`~trio_harness.BashError` naming it).
+
+    Attributes:
+        tail_bytes: bytes of each output stream kept in memory per process.
+        grace_period: seconds between SIGTERM and SIGKILL.
+        default_timeout: foreground timeout (seconds) when a request names none.
+        max_timeout: cap (seconds) on any foreground timeout.
+        shell: the shell executable, run as ``[shell, "-c", command]``.
+        spill_dir: directory for spill files; None for the system's temporary directory.
+    """
+
+    tail_bytes: int = 64 * 1024
+    grace_period: float = 2.0
+    default_timeout: float = 120.0
+    max_timeout: float = 600.0
+    shell: str = "/bin/bash"
+    spill_dir: str | None = None
