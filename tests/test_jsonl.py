@@ -607,6 +607,7 @@ class CutExpectation:
         return max([self.header_end, *(end for end in self.line_ends if end <= offset)])
 
 
+@pytest.mark.slow  # ~35-50 s: runs with --run-slow, which `nox -s tests` (and so CI) passes
 @settings(
     max_examples=6,  # every example loads every cut twice: ~2,000-3,500 loads
     deadline=None,
