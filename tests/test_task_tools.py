@@ -11,7 +11,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from _task_fakes import FakeOwner
+from _fakes import FakeOwner, FakeProducer, make_owner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -41,52 +41,7 @@ from trio_harness.tasks import (
 from trio_harness.testing import open_test_harness
 from trio_harness.tools import TaskToolsPlugin, task_tools
 
-# ---------------------------------------------------------------- fakes
-
-
-@attrs.define(eq=False)
-class FakeProducer:
-    """A producer built on a trio.Event: finish() (or cancel) settles done."""
-
-    stream: bool = True
-    cancel_error: Exception | None = None
-    settle_on_cancel: bool = True
-    chunks: list[str] = attrs.field(factory=list)
-    cancels: list[str | None] = attrs.field(factory=list)
-    outcome: TaskOutcome | None = None
-    finished: trio.Event = attrs.field(factory=trio.Event)
-
-    def emit(self, text: str) -> None:
-        self.chunks.append(text)
-
-    def finish(self, outcome: TaskOutcome) -> None:
-        if self.outcome is None:
-            self.outcome = outcome
-            self.finished.set()
-
-    def cancel(self, reason: str | None) -> None:
-        self.cancels.append(reason)
-        if self.cancel_error is not None:
-            raise self.cancel_error
-        if self.settle_on_cancel:
-            self.finish(TaskOutcome("killed"))
-
-    async def done(self) -> TaskOutcome:
-        await self.finished.wait()
-        assert self.outcome is not None
-        return self.outcome
-
-    def read_output(self) -> str:
-        text = "".join(self.chunks)
-        self.chunks.clear()
-        return text
-
-    async def run(self) -> TaskHooks:
-        return TaskHooks(
-            cancel=self.cancel,
-            done=self.done,
-            read_output=self.read_output if self.stream else None,
-        )
+# ---------------------------------------------------------------- helpers
 
 
 def spec(
@@ -115,10 +70,6 @@ async def root(tasks: TaskService) -> AsyncIterator[Scope]:
 @pytest.fixture
 async def toolset() -> ToolSet:
     return ToolSet()
-
-
-async def make_owner(root: Scope, session_id: str = "s1") -> FakeOwner:
-    return FakeOwner(id=session_id, scope=await root.open_child(f"agent:{session_id}"))
 
 
 async def load(root: Scope, tasks: TaskService, toolset: ToolSet, **options: Any) -> TaskToolsPlugin:

@@ -11,7 +11,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from _task_fakes import FakeOwner
+from _fakes import FakeOwner, FakeProducer, make_owner
 
 from trio_harness._bus import Notice
 from trio_harness._errors import TaskError, TaskNotFoundError, TaskStartError
@@ -26,61 +26,7 @@ from trio_harness.tasks import (
 )
 from trio_harness.testing import open_test_harness
 
-# ---------------------------------------------------------------- fakes
-
-
-@attrs.define(eq=False)
-class FakeProducer:
-    """A producer built on a trio.Event: finish() (or cancel) settles done."""
-
-    stream: bool = True
-    cancel_error: Exception | None = None
-    settle_on_cancel: bool = True
-    cancel_outcome: TaskOutcome = attrs.field(factory=lambda: TaskOutcome("killed", detail={"signal": "SIGTERM"}))
-    chunks: list[str] = attrs.field(factory=list)
-    cancels: list[str | None] = attrs.field(factory=list)
-    runs: int = 0
-    released: bool = False
-    outcome: TaskOutcome | None = None
-    finished: trio.Event = attrs.field(factory=trio.Event)
-
-    def emit(self, text: str) -> None:
-        self.chunks.append(text)
-
-    def finish(self, outcome: TaskOutcome) -> None:
-        if self.outcome is None:
-            self.outcome = outcome
-            self.finished.set()
-
-    def cancel(self, reason: str | None) -> None:
-        self.cancels.append(reason)
-        if self.cancel_error is not None:
-            raise self.cancel_error
-        if self.settle_on_cancel:
-            self.finish(self.cancel_outcome)
-
-    async def done(self) -> TaskOutcome:
-        await self.finished.wait()
-        self.released = True
-        assert self.outcome is not None
-        return self.outcome
-
-    def read_output(self) -> str:
-        text = "".join(self.chunks)
-        self.chunks.clear()
-        return text
-
-    def hooks(self) -> TaskHooks:
-        return TaskHooks(
-            cancel=self.cancel,
-            done=self.done,
-            read_output=self.read_output if self.stream else None,
-        )
-
-    async def run(self) -> TaskHooks:
-        self.runs += 1
-        await trio.lowlevel.checkpoint()
-        return self.hooks()
+# ---------------------------------------------------------------- helpers
 
 
 def spec(
@@ -106,10 +52,6 @@ async def root(tasks: TaskService) -> AsyncIterator[Scope]:
     # Depends on `tasks`, so agent scopes close before the service does.
     async with open_scope("test") as scope:
         yield scope
-
-
-async def make_owner(root: Scope, session_id: str = "s1") -> FakeOwner:
-    return FakeOwner(id=session_id, scope=await root.open_child(f"agent:{session_id}"))
 
 
 def collect(tasks: TaskService) -> list[TaskSnapshot]:
