@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from _util import WAIT
 
 from trio_harness.session import JsonlPersistence
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced
-
-WAIT = 15.0  # bound on any single wait for the server (generous for slow CI)
 
 Msg = dict[str, Any]
 

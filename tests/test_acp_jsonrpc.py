@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from _util import WAIT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +28,6 @@ from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
 
 Msg = dict[str, Any]
-WAIT = 10.0
 
 
 def scripted(responses: list[Msg]) -> ScriptedModel:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from _util import WAIT
 
 from trio_harness import AgentOptions, ScriptedModel
 from trio_harness._errors import TaskNotFoundError
@@ -63,7 +64,7 @@ async def test_foreground_timeout_is_marked() -> None:
     model = ScriptedModel([{"tool_calls": calls}, {"text": "done"}])
     async with open_test_harness(model, builtin_tools=True) as h, h.agents.open() as agent:
         agent.followup("go")
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await agent.when_idle()
         assert "timed out" in results(agent.session)[0].content
 
@@ -120,7 +121,7 @@ async def test_scripted_background_scenario_with_completion_notices() -> None:
     )
     async with open_test_harness(model, builtin_tools=True) as h, h.agents.open() as agent:
         agent.followup("build it")
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await agent.when_idle()
             out = results(agent.session)
             assert out[0].content == "started background task bash-1"
@@ -151,12 +152,12 @@ async def test_disposing_the_owner_kills_the_whole_group() -> None:
     async with open_test_harness(model, builtin_tools=True) as h:
         handle = await h.agents.create()
         handle.agent.followup("start it")
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await handle.agent.when_idle()
         (process,) = h.bash.list()
         pgid = process.pid
         assert group_alive(pgid)
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await handle.dispose()
         assert not group_alive(pgid)
         assert h.tasks.list() == []
@@ -173,7 +174,7 @@ async def test_harness_exit_kills_unfinished_background_groups() -> None:
     async with open_test_harness(model, builtin_tools=True) as h:
         agent = (await h.agents.create()).agent
         agent.followup("go")
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await agent.when_idle()
         pgid = h.bash.list()[0].pid
     assert not group_alive(pgid)
@@ -194,14 +195,14 @@ async def test_plugin_reload_keeps_the_task_running_and_private() -> None:
         owner = (await h.agents.create(session_id="owner")).agent
         other = (await h.agents.create(session_id="other", options=AgentOptions(model=ScriptedModel([])))).agent
         owner.followup("go")
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await owner.when_idle()
         await h.reload(BashToolPlugin(h.bash, h.tasks, h.tools))
         await h.unload("task-tools")
         await h.load(TaskToolsPlugin(h.tasks, h.tools))
         snapshot = h.tasks.get("bash-1", owner)
         assert snapshot.status == "running"
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             while "ready" not in h.tasks.read("bash-1", owner).output:
                 await trio.sleep(0.02)
         for caller in (other, None):
@@ -209,7 +210,7 @@ async def test_plugin_reload_keeps_the_task_running_and_private() -> None:
                 h.tasks.get("bash-1", caller)
         assert h.bash.owner_of(h.bash.list()[0].id) == "owner"
         await h.tasks.kill("bash-1", owner)
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             final = await h.tasks.wait("bash-1", 10, owner)
         assert final.status == "killed"
         assert not group_alive(h.bash.list()[0].pid)
@@ -226,7 +227,7 @@ async def test_kill_sigterm_then_sigkill_for_a_stubborn_group() -> None:
     async with open_test_harness(model, builtin_tools=True, bash_options={"grace_period": 0.3}) as h:
         agent = (await h.agents.create()).agent
         agent.followup("go")
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await agent.when_idle()
             # Poll the real process until it says the trap is installed.
             output = h.tasks.read("bash-1", agent).output
@@ -266,7 +267,7 @@ async def test_a_cancel_landing_right_after_the_task_started_keeps_the_id_in_the
         handle = await h.agents.create()
         agent_box.append(handle.agent)
         handle.agent.followup("go")
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await handle.agent.when_idle()
         (result,) = results(handle.agent.session)
         assert result.content == "started background task bash-1"
@@ -275,7 +276,7 @@ async def test_a_cancel_landing_right_after_the_task_started_keeps_the_id_in_the
         # The model knows the id of the running task, and can stop it.
         assert h.tasks.get("bash-1", handle.agent).status == "running"
         (process,) = h.bash.list()
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await h.tasks.kill("bash-1", handle.agent)
             assert (await h.tasks.wait("bash-1", 10, handle.agent)).status == "killed"
         assert not group_alive(process.pid)
@@ -298,7 +299,7 @@ async def test_reported_finished_tasks_beyond_the_cap_are_pruned_with_their_spil
         agent = (await h.agents.create()).agent
         exit_callbacks = len([c for c in agent.scope._callbacks if c is not None])
         agent.followup("go")
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await agent.when_idle()
             await all_settled.wait()
         processes = {p.command.split(";")[0][-5:]: p for p in h.bash.list()}

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from _util import WAIT
 from test_acp_jsonrpc import assert_nothing_left, connected, scripted
 from test_bash_tool import group_alive
 
@@ -19,8 +20,6 @@ from trio_harness.session import _events as ev
 from trio_harness.tasks import TaskHooks, TaskOutcome, TaskSpec
 from trio_harness.testing import assert_balanced, open_test_harness
 from trio_harness.tools import SubagentToolPlugin
-
-WAIT = 20.0
 
 
 def results(session: Any) -> list[ev.ToolResult]:
