@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from _acp_clients import Msg, Peer, check_envelope, connected
 from _util import WAIT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,8 +24,6 @@ from trio_harness.acp import AcpServer
 from trio_harness.acp import _jsonrpc as rpc
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
-
-Msg = dict[str, Any]
 
 
 def scripted(responses: list[Msg]) -> ScriptedModel:
@@ -127,95 +123,6 @@ def test_encode_message_is_one_ascii_line() -> None:
 
 
 # ---------------------------------------------------------------- in-process server
-
-
-class Peer:
-    """The client end of an in-process connection."""
-
-    def __init__(self, stream: trio.abc.Stream) -> None:
-        self.stream = stream
-        self.received: list[Msg] = []
-        self._buffer = b""
-        self._next = 0
-
-    async def send_raw(self, data: bytes) -> None:
-        await self.stream.send_all(data)
-
-    async def send(self, *messages: Msg) -> None:
-        await self.send_raw(b"".join(json.dumps(m).encode() + b"\n" for m in messages))
-
-    def request(self, method: str, params: Any = None) -> Msg:
-        self._next += 1
-        return {"jsonrpc": "2.0", "id": f"r{self._next}", "method": method, "params": params or {}}
-
-    async def receive(self) -> Msg:
-        while b"\n" not in self._buffer:
-            data = await self.stream.receive_some(65536)
-            if not data:
-                raise EOFError("the server closed its output")
-            self._buffer += data
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        message: Msg = json.loads(line)
-        check_envelope(message)
-        self.received.append(message)
-        return message
-
-    async def response(self, request_id: Any) -> Msg:
-        with trio.fail_after(WAIT):
-            for message in self.received:
-                if message.get("id") == request_id and "method" not in message:
-                    return message
-            while True:
-                message = await self.receive()
-                if message.get("id") == request_id and "method" not in message:
-                    return message
-
-    async def call(self, method: str, params: Any = None) -> Any:
-        message = self.request(method, params)
-        await self.send(message)
-        reply = await self.response(message["id"])
-        assert "result" in reply, reply
-        return reply["result"]
-
-
-def check_envelope(message: Msg) -> None:
-    """Every server message is a well-formed JSON-RPC 2.0 response or notification."""
-    assert message["jsonrpc"] == "2.0"
-    if "method" in message:
-        assert message["method"] == "session/update"
-        assert isinstance(message["params"]["sessionId"], str)
-    else:
-        assert "id" in message
-        assert ("result" in message) != ("error" in message)
-        if "error" in message:
-            assert isinstance(message["error"]["code"], int)
-            assert isinstance(message["error"]["message"], str)
-
-
-@asynccontextmanager
-async def connected(
-    harness: Harness, **options: Any
-) -> AsyncIterator[tuple[Peer, AcpServer, Callable[[], Awaitable[None]]]]:
-    """Serve one in-process connection; yields the peer, the server and a disconnect function."""
-    client_stream, server_stream = trio.testing.memory_stream_pair()
-    server = AcpServer(harness, **options)
-    finished = trio.Event()
-
-    async def run() -> None:
-        try:
-            await server.serve(server_stream, server_stream)
-        finally:
-            finished.set()
-
-    async def disconnect() -> None:
-        await client_stream.send_stream.aclose()
-        with trio.fail_after(WAIT):
-            await finished.wait()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(run)
-        yield Peer(client_stream), server, disconnect
-        await disconnect()
 
 
 async def test_initialize_new_prompt_in_process() -> None:
