@@ -10,7 +10,7 @@ import trio
 import trio.testing
 from _acp_clients import connected
 from _util import WAIT
-from test_acp_jsonrpc import assert_nothing_left, scripted
+from test_acp_server import assert_nothing_left, scripted
 from test_bash_tool import group_alive
 
 from trio_harness import AgentOptions, ScriptedModel

@@ -1,9 +1,14 @@
-"""The ACP server in process: JSON-RPC framing, fuzzing, and ownership on disconnect.
+"""The ACP server in process: methods, races, ownership on disconnect, backpressure, fuzzing.
 
-The server runs over ``trio.testing.memory_stream_pair`` against a harness with
-an in-memory store and a scripted model; hypothesis feeds it random bytes and
-random JSON-RPC-shaped messages and checks that it answers or ignores every
-one of them, never dies, and still answers a valid ``initialize`` afterwards.
+The server runs over ``trio.testing.memory_stream_pair`` (or a real socket pair,
+for backpressure) against a harness with an in-memory store and a scripted
+model, driven by the ``Peer`` of ``tests/_acp_clients.py``; hypothesis feeds it
+random bytes and random JSON-RPC-shaped messages and checks that it answers or
+ignores every one of them, never dies, and still answers a valid ``initialize``
+afterwards.  The line framing itself (parsing, ``LineReader``, ``MessageWriter``,
+``Outbox``) is tested without a server in ``tests/test_acp_framing.py``; the
+server over real stdio in ``tests/test_acp_e2e.py``.  What a disconnect and
+backpressure promise: docs/guarantees.rst, "The ACP bridge".
 """
 
 from __future__ import annotations
@@ -31,98 +36,7 @@ def scripted(responses: list[Msg]) -> ScriptedModel:
     return ScriptedModel(responses)
 
 
-# ---------------------------------------------------------------- framing
-
-
-async def read_lines(data: list[bytes], *, limit: int, chunk: int = 7) -> list[object]:
-    send, receive = trio.testing.memory_stream_one_way_pair()
-    reader = rpc.LineReader(receive, max_line_bytes=limit, chunk_bytes=chunk)
-    for piece in data:
-        await send.send_all(piece)
-    await send.aclose()
-    out: list[object] = []
-    while (line := await reader.receive_line()) is not None:
-        out.append(line)
-    return out
-
-
-async def test_line_reader_splits_lines_across_chunks() -> None:
-    lines = await read_lines([b'{"a":1}\r\n{"b"', b":2}\n\n", b"tail-without-newline"], limit=100)
-    assert lines == [b'{"a":1}', b'{"b":2}', b"", b"tail-without-newline"]
-
-
-async def test_line_reader_refuses_oversized_lines_and_recovers() -> None:
-    data = [b"short\n", b"x" * 50, b"x" * 50, b"\nafter\n", b"y" * 30 + b"\nlast\n"]
-    lines = await read_lines(data, limit=20)
-    assert lines == [b"short", rpc.OVERSIZED, b"after", rpc.OVERSIZED, b"last"]
-
-
-async def test_line_reader_never_buffers_more_than_the_limit_plus_a_chunk() -> None:
-    send, receive = trio.testing.memory_stream_one_way_pair()
-    reader = rpc.LineReader(receive, max_line_bytes=64, chunk_bytes=16)
-    async with trio.open_nursery() as nursery:
-
-        async def feed() -> None:
-            for _ in range(1000):
-                await send.send_all(b"z" * 16)
-                assert len(reader._buffer) <= 64 + 16
-            await send.send_all(b"\nok\n")
-            await send.aclose()
-
-        nursery.start_soon(feed)
-        assert await reader.receive_line() is rpc.OVERSIZED
-        assert await reader.receive_line() == b"ok"
-        assert await reader.receive_line() is None
-
-
-@pytest.mark.parametrize(
-    ("line", "expected"),
-    [
-        (b"not json", (rpc.Invalid, rpc.PARSE_ERROR, None)),
-        (b"\xff\xfe", (rpc.Invalid, rpc.PARSE_ERROR, None)),
-        (b"[" * 100000, (rpc.Invalid, rpc.PARSE_ERROR, None)),
-        (b"[]", (rpc.Invalid, rpc.INVALID_REQUEST, None)),
-        (b"42", (rpc.Invalid, rpc.INVALID_REQUEST, None)),
-        (b'{"id": 3, "method": "x"}', (rpc.Invalid, rpc.INVALID_REQUEST, 3)),
-        (
-            b'{"jsonrpc": "2.0", "id": {"a": 1}, "method": "x"}',
-            (rpc.Invalid, rpc.INVALID_REQUEST, None),
-        ),
-        (
-            b'{"jsonrpc": "2.0", "id": true, "method": "x"}',
-            (rpc.Invalid, rpc.INVALID_REQUEST, None),
-        ),
-        (b'{"jsonrpc": "2.0", "id": 4, "method": 5}', (rpc.Invalid, rpc.INVALID_REQUEST, 4)),
-        (
-            b'{"jsonrpc": "2.0", "id": "s", "method": "m", "params": 1}',
-            (rpc.Invalid, rpc.INVALID_PARAMS, "s"),
-        ),
-        (b'{"jsonrpc": "2.0", "id": 5}', (rpc.Invalid, rpc.INVALID_REQUEST, 5)),
-        (b'{"jsonrpc": "2.0", "id": 6, "result": null}', (rpc.Response, None, 6)),
-        (b'{"jsonrpc": "2.0", "method": "m"}', (rpc.Notification, None, None)),
-        (b'{"jsonrpc": "2.0", "id": null, "method": "m", "params": []}', (rpc.Request, None, None)),
-    ],
-)
-def test_parse_message_classifies(line: bytes, expected: tuple[type, int | None, object]) -> None:
-    kind, code, request_id = expected
-    message = rpc.parse_message(line)
-    assert type(message) is kind
-    if isinstance(message, rpc.Invalid):
-        assert message.error.code == code
-    if not isinstance(message, rpc.Notification):
-        assert message.id == request_id
-
-
-def test_encode_message_is_one_ascii_line() -> None:
-    data = rpc.encode_message({"text": "line one\nline two \u2028 \ud800 ☃", "x": float("nan")})
-    assert data.endswith(b"\n")
-    assert data.count(b"\n") == 1
-    decoded = json.loads(data)
-    assert decoded["x"] is None
-    assert decoded["text"].startswith("line one\nline two")
-
-
-# ---------------------------------------------------------------- in-process server
+# ---------------------------------------------------------------- methods
 
 
 async def test_initialize_new_prompt_in_process() -> None:
@@ -206,6 +120,48 @@ async def test_session_list_pages_and_filters() -> None:
             message = peer.request("session/list", {"cursor": "bogus"})
             await peer.send(message)
             assert "cursor" in (await peer.response(message["id"]))["error"]["message"]
+
+
+async def test_session_ids_that_could_escape_the_store_are_invalid_params() -> None:
+    async with open_test_harness(scripted([])) as harness, connected(harness) as (peer, _, _d):
+        for bad in ["../etc", "", "a/b"]:
+            message = peer.request("session/load", {"sessionId": bad, "cwd": "/", "mcpServers": []})
+            await peer.send(message)
+            error = (await peer.response(message["id"]))["error"]
+            assert error["code"] == rpc.INVALID_PARAMS
+            assert "sessionId" in error["message"]
+        message = peer.request("session/load", {"sessionId": 5, "cwd": "/"})
+        await peer.send(message)
+        error = (await peer.response(message["id"]))["error"]
+        assert error["code"] == rpc.INVALID_PARAMS
+        assert "sessionId" in error["message"]
+
+
+async def test_turns_the_agent_starts_by_itself_are_streamed() -> None:
+    """A turn nobody prompted (e.g. a completion notice woke the agent) reaches the client."""
+    model = scripted([{"text": "prompted answer"}, {"text": "noticed it"}])
+    async with open_test_harness(model) as harness, connected(harness) as (peer, _server, _):
+        session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+        reply = await peer.call("session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "hi"}]})
+        assert reply == {"stopReason": "end_turn"}
+        prompted = [m for m in peer.received if m.get("method") == "session/update"]
+        # the prompted turn is streamed once (no duplicate from the unsolicited path)
+        assert "".join(m["params"]["update"]["content"]["text"] for m in prompted) == "prompted answer"
+        agent = harness.agents.get(session_id)
+        assert agent is not None
+        agent.followup("background task bash-1 completed")
+        await agent.when_idle()
+        with trio.fail_after(WAIT):
+            while True:
+                updates = [m["params"]["update"] for m in peer.received if m.get("method") == "session/update"]
+                texts = [u["content"]["text"] for u in updates if u["sessionUpdate"] == "agent_message_chunk"]
+                if "".join(texts) == "prompted answernoticed it":
+                    break
+                await peer.receive()
+        kinds = [u["sessionUpdate"] for u in updates[len(prompted) :]]
+        assert kinds[0] == "user_message_chunk"
+        assert updates[len(prompted)]["content"]["text"] == "background task bash-1 completed"
+        assert set(kinds[1:]) == {"agent_message_chunk"}
 
 
 # ---------------------------------------------------------------- ownership on disconnect
@@ -415,35 +371,6 @@ async def test_a_turn_streams_past_the_outbox_limit_without_deadlock(reads_along
             await client.send_eof()
 
 
-async def test_outbox_counts_owed_answers_and_waits_only_when_full() -> None:
-    outbox = rpc.Outbox(2)
-    outbox.put({"n": 1})
-    outbox.reserve()  # a handler task will answer once
-    assert outbox.used == 2
-    async with trio.open_nursery() as nursery:
-        waited = trio.Event()
-
-        async def reader() -> None:
-            await outbox.wait_for_space()
-            waited.set()
-
-        nursery.start_soon(reader)
-        await trio.testing.wait_all_tasks_blocked()
-        assert not waited.is_set()
-        assert await outbox.get() == {"n": 1}
-        await trio.testing.wait_all_tasks_blocked()
-        assert waited.is_set()
-    outbox.put({"n": 2})  # the handler answers...
-    outbox.release()  # ...and is done
-    assert (len(outbox), outbox.used) == (1, 1)
-    outbox.close()
-    assert not outbox.put({"n": 3})
-    assert await outbox.get() == {"n": 2}
-    assert await outbox.get() is None
-    with pytest.raises(ValueError, match="at least 1"):
-        rpc.Outbox(0)
-
-
 # ---------------------------------------------------------------- fuzz
 
 METHODS = [
@@ -536,45 +463,3 @@ def test_fuzzed_input_is_answered_or_ignored_and_never_kills_the_server(
             assert harness.sessions.list() == []
 
     trio.run(scenario)
-
-
-async def test_session_ids_that_could_escape_the_store_are_invalid_params() -> None:
-    async with open_test_harness(scripted([])) as harness, connected(harness) as (peer, _, _d):
-        for bad in ["../etc", "", "a/b"]:
-            message = peer.request("session/load", {"sessionId": bad, "cwd": "/", "mcpServers": []})
-            await peer.send(message)
-            error = (await peer.response(message["id"]))["error"]
-            assert error["code"] == rpc.INVALID_PARAMS
-            assert "sessionId" in error["message"]
-        message = peer.request("session/load", {"sessionId": 5, "cwd": "/"})
-        await peer.send(message)
-        error = (await peer.response(message["id"]))["error"]
-        assert error["code"] == rpc.INVALID_PARAMS
-        assert "sessionId" in error["message"]
-
-
-async def test_turns_the_agent_starts_by_itself_are_streamed() -> None:
-    """A turn nobody prompted (e.g. a completion notice woke the agent) reaches the client."""
-    model = scripted([{"text": "prompted answer"}, {"text": "noticed it"}])
-    async with open_test_harness(model) as harness, connected(harness) as (peer, _server, _):
-        session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
-        reply = await peer.call("session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "hi"}]})
-        assert reply == {"stopReason": "end_turn"}
-        prompted = [m for m in peer.received if m.get("method") == "session/update"]
-        # the prompted turn is streamed once (no duplicate from the unsolicited path)
-        assert "".join(m["params"]["update"]["content"]["text"] for m in prompted) == "prompted answer"
-        agent = harness.agents.get(session_id)
-        assert agent is not None
-        agent.followup("background task bash-1 completed")
-        await agent.when_idle()
-        with trio.fail_after(WAIT):
-            while True:
-                updates = [m["params"]["update"] for m in peer.received if m.get("method") == "session/update"]
-                texts = [u["content"]["text"] for u in updates if u["sessionUpdate"] == "agent_message_chunk"]
-                if "".join(texts) == "prompted answernoticed it":
-                    break
-                await peer.receive()
-        kinds = [u["sessionUpdate"] for u in updates[len(prompted) :]]
-        assert kinds[0] == "user_message_chunk"
-        assert updates[len(prompted)]["content"]["text"] == "background task bash-1 completed"
-        assert set(kinds[1:]) == {"agent_message_chunk"}
