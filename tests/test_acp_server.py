@@ -164,6 +164,100 @@ async def test_turns_the_agent_starts_by_itself_are_streamed() -> None:
         assert set(kinds[1:]) == {"agent_message_chunk"}
 
 
+@pytest.mark.parametrize("request_id", [{"a": 1}, [1], True, 1.5])
+async def test_acp_request_with_a_bad_id_type_is_answered_with_null(request_id: object) -> None:
+    async with open_test_harness(scripted([])) as harness:
+        async with connected(harness) as (peer, _server, _disconnect):
+            await peer.send({"jsonrpc": "2.0", "id": request_id, "method": "initialize", "params": {}})
+            reply = await peer.response(None)
+            assert reply["error"]["code"] == rpc.INVALID_REQUEST
+            assert await peer.call("initialize", {"protocolVersion": 1})
+
+
+# ---------------------------------------------------------------- prompts racing close, cancel and load
+
+
+async def test_acp_prompt_immediately_followed_by_close() -> None:
+    """The prompt is answered exactly once (cancelled), the close answers, nothing is left."""
+    async with open_test_harness(scripted([{"hang": True}])) as harness:
+        async with connected(harness) as (peer, server, _disconnect):
+            session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+            prompt = peer.request(
+                "session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "x"}]}
+            )
+            close = peer.request("session/close", {"sessionId": session_id})
+            await peer.send(prompt, close)
+            assert (await peer.response(close["id"]))["result"] == {}
+            assert (await peer.response(prompt["id"]))["result"] == {"stopReason": "cancelled"}
+            await peer.call("initialize", {"protocolVersion": 1})
+            answers = [m for m in peer.received if m.get("id") == prompt["id"]]
+            assert len(answers) == 1
+            assert server.session_ids == []
+            assert harness.agents.get(session_id) is None
+            # A prompt for the closed session is refused.
+            late = peer.request("session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "y"}]})
+            await peer.send(late)
+            assert (await peer.response(late["id"]))["error"]["code"] == rpc.RESOURCE_NOT_FOUND
+        await assert_nothing_left(harness, [session_id])
+
+
+async def test_acp_prompt_running_then_close() -> None:
+    async with open_test_harness(scripted([{"hang": True}])) as harness:
+        async with connected(harness) as (peer, _server, _disconnect):
+            session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+            prompt = peer.request(
+                "session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "x"}]}
+            )
+            await peer.send(prompt)
+            with trio.fail_after(WAIT):
+                while (agent := harness.agents.get(session_id)) is None or agent.status != "running":
+                    await trio.sleep(0)
+            assert await peer.call("session/close", {"sessionId": session_id}) == {}
+            assert (await peer.response(prompt["id"]))["result"] == {"stopReason": "cancelled"}
+            await peer.call("initialize", {"protocolVersion": 1})
+            assert len([m for m in peer.received if m.get("id") == prompt["id"]]) == 1
+        await assert_nothing_left(harness, [session_id])
+
+
+async def test_acp_cancel_after_the_prompt_finished_is_harmless() -> None:
+    async with open_test_harness(scripted([{"text": "one"}, {"text": "two"}])) as harness:
+        async with connected(harness) as (peer, _server, _disconnect):
+            session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+            text = [{"type": "text", "text": "x"}]
+            assert await peer.call("session/prompt", {"sessionId": session_id, "prompt": text}) == {
+                "stopReason": "end_turn"
+            }
+            await peer.send({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session_id}})
+            assert await peer.call("session/cancel", {"sessionId": session_id}) is None
+            assert await peer.call("session/prompt", {"sessionId": session_id, "prompt": text}) == {
+                "stopReason": "end_turn"
+            }
+            agent = harness.agents.get(session_id)
+            assert agent is not None
+            assert_balanced(agent.session)
+
+
+async def test_acp_load_of_a_session_live_on_the_same_connection() -> None:
+    async with open_test_harness(scripted([{"text": "one"}])) as harness:
+        async with connected(harness) as (peer, server, _disconnect):
+            session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+            text = [{"type": "text", "text": "x"}]
+            await peer.call("session/prompt", {"sessionId": session_id, "prompt": text})
+            load = peer.request("session/load", {"sessionId": session_id, "cwd": "/"})
+            await peer.send(load)
+            assert (await peer.response(load["id"]))["error"]["code"] == rpc.INVALID_PARAMS
+            assert server.session_ids == [session_id]
+            # Two loads of a closed session racing each other: exactly one wins.
+            assert await peer.call("session/close", {"sessionId": session_id}) == {}
+            one = peer.request("session/load", {"sessionId": session_id, "cwd": "/"})
+            two = peer.request("session/load", {"sessionId": session_id, "cwd": "/"})
+            await peer.send(one, two)
+            replies = [await peer.response(one["id"]), await peer.response(two["id"])]
+            assert sorted("result" in r for r in replies) == [False, True]
+            assert server.session_ids == [session_id]
+        await assert_nothing_left(harness, [session_id])
+
+
 # ---------------------------------------------------------------- ownership on disconnect
 
 

@@ -87,6 +87,27 @@ async def test_background_disabled_removes_the_parameter_and_refuses_forced_call
             assert result.is_error and "disabled" in result.content
 
 
+async def test_background_bash_with_a_blank_description_is_a_tool_error_not_a_crash() -> None:
+    model = ScriptedModel(
+        [
+            {
+                "tool_calls": [
+                    {"name": "bash", "arguments": {"command": "true", "description": "   ", "run_in_background": True}}
+                ]
+            },
+            {"text": "ok"},
+        ]
+    )
+    async with open_test_harness(model, builtin_tools=True) as h, h.agents.open() as agent:
+        agent.followup("go")
+        with trio.fail_after(WAIT):
+            await agent.when_idle()
+        (result,) = results(agent.session)
+        assert result.is_error and "label" in result.content
+        assert h.bash.list() == []
+        assert_balanced(agent.session)
+
+
 async def test_scripted_background_scenario_with_completion_notices() -> None:
     """Start background commands, keep working, list, read with wait; notices arrive."""
     model = ScriptedModel(
@@ -178,6 +199,78 @@ async def test_harness_exit_kills_unfinished_background_groups() -> None:
             await agent.when_idle()
         pgid = h.bash.list()[0].pid
     assert not group_alive(pgid)
+
+
+async def test_bash_spawn_racing_owner_disposal_leaves_no_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shell is spawned (uncancellably) while the owner starts closing: it must not survive."""
+    gate = trio.Event()
+    entered = trio.Event()
+    original = BashExecutor.start
+
+    async def slow_start(self: BashExecutor, spec: BashSpec) -> BashProcess:
+        # trio.lowlevel.open_process runs Popen in a thread that cannot be cancelled.
+        with trio.CancelScope(shield=True):
+            entered.set()
+            await gate.wait()
+            process = await original(self, spec)
+        return process
+
+    monkeypatch.setattr(BashExecutor, "start", slow_start)
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 300", "run_in_background": True}}]},
+            {"text": "x"},
+        ]
+    )
+    async with open_test_harness(model, builtin_tools=True) as h:
+        handle = await h.agents.create()
+        handle.agent.followup("go")
+        with trio.fail_after(WAIT):
+            await entered.wait()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(handle.dispose)
+                while not handle.agent.scope.closing:
+                    await trio.sleep(0.01)
+                gate.set()
+        processes = h.bash.list()
+        pgids = [p.pid for p in processes]
+        assert processes == [], "a background shell outlived its owner"
+        assert h.tasks.list() == []
+    for pgid in pgids:
+        assert not group_alive(pgid)
+
+
+async def test_owner_disposed_during_a_task_output_wait_on_background_bash() -> None:
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 300 & wait", "run_in_background": True}}]},
+            {
+                "tool_calls": [
+                    {"name": "task_output", "arguments": {"task_id": "bash-1", "wait": True, "timeout_ms": 300000}}
+                ]
+            },
+            {"text": "never"},
+        ]
+    )
+    async with open_test_harness(model, builtin_tools=True) as h:
+        handle = await h.agents.create()
+        handle.agent.followup("go")
+        with trio.fail_after(WAIT):
+            # Poll until the task_output call is requested, then let it park in its wait.
+            while not any(
+                isinstance(e, ev.ToolCallRequested) and e.name == "task_output" for e in handle.agent.session.events
+            ):
+                await trio.sleep(0.01)
+            await trio.testing.wait_all_tasks_blocked()
+            (process,) = h.bash.list()
+            await handle.dispose()
+        assert not group_alive(process.pid)
+        assert not os.path.exists(process.stdout_path) and not os.path.exists(process.stderr_path)
+        assert h.tasks.list() == [] and h.bash.list() == []
+        events = handle.agent.session.events
+        assert_balanced(events)
+        end = events[-1]
+        assert isinstance(end, ev.TurnEnd) and (end.reason, end.cause) == ("aborted", "disposed")
 
 
 async def test_plugin_reload_keeps_the_task_running_and_private() -> None:

@@ -281,6 +281,31 @@ async def test_task_kill_whose_cancel_raises_is_an_error(tasks: TaskService, roo
     assert tasks.get("bash-1", owner).status == "running"
 
 
+async def test_task_list_with_unicode_labels_respects_the_byte_limit(autojump_clock: object) -> None:
+    async def run() -> TaskHooks:
+        stop = trio.Event()
+
+        async def done() -> TaskOutcome:
+            await stop.wait()
+            return TaskOutcome("killed")
+
+        return TaskHooks(cancel=lambda reason: stop.set(), done=done)
+
+    model = ScriptedModel([{"tool_calls": [{"name": "task_list", "arguments": {}}]}, {"text": "ok"}])
+    async with (
+        open_test_harness(model, builtin_tools=["tasks"], task_tool_options={"output_limit_bytes": 61}) as h,
+        h.agents.open() as agent,
+    ):
+        for label in ("☃☃☃☃☃ 日本語のラベル", "🎉" * 20, "a\nb\u2028c\ud800"):
+            await h.tasks.start(TaskSpec(kind="job", label=label, owner=agent, run=run))
+        agent.followup("go")
+        await agent.when_idle()
+        (listing,) = [e for e in agent.session.events if isinstance(e, ev.ToolResult)]
+        data = listing.content.encode("utf-8")
+        assert len(data) <= 61
+        assert listing.content.startswith("job-1 [job] running — ☃")
+
+
 # ---------------------------------------------------------------- notices
 
 
