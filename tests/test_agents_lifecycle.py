@@ -1,4 +1,5 @@
-"""Create / resume publication, handles and the three teardown owners (invariants 1-8)."""
+"""Create / resume publication, handles and the three teardown owners
+(docs/guarantees.rst, "Publication")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The bash tool and background bash tasks, with real processes (invariants 36, 38)."""
+"""The bash tool and background bash tasks, with real processes
+(docs/guarantees.rst, "Bash" and "Background tasks")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The turn driver: turns, steps, statuses, cancellation, tools (invariants 13-22)."""
+"""The turn driver: turns, steps, statuses, cancellation, tools (docs/guarantees.rst, "The driver")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The durable inbox (invariants 9-12)."""
+"""The durable inbox (docs/guarantees.rst, "The inbox")."""
 
 from __future__ import annotations
 

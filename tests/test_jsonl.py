@@ -1,5 +1,5 @@
-"""The JSONL directory store (invariants 23-27): layout, appends, torn tails,
-corruption, id escaping, every-byte cut recovery, and a real SIGKILL.
+"""The JSONL directory store: layout, appends, torn tails, corruption, id escaping,
+every-byte cut recovery, and a real SIGKILL (docs/guarantees.rst, "Sessions").
 """
 
 from __future__ import annotations

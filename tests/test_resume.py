@@ -1,4 +1,4 @@
-"""Resume: turns and seqs continue, inbox kept, identical requests (invariant 28)."""
+"""Resume: turns and seqs continue, inbox kept, identical requests (docs/guarantees.rst, "Sessions")."""
 
 from __future__ import annotations
 

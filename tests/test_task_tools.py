@@ -1,4 +1,5 @@
-"""The task controller: task_output / task_list / task_kill, notices and rendering (seed 003)."""
+"""The task controller: task_output / task_list / task_kill, notices and rendering
+(docs/guarantees.rst, "Background tasks")."""
 
 from __future__ import annotations
 
@@ -716,7 +717,7 @@ def test_task_tool_results_never_exceed_the_limit(plugin_limit: int, task_limit:
     trio.run(scenario)
 
 
-# ---------------------------------------------------------------- plugin reload (36)
+# ---------------------------------------------------------------- plugin reload
 
 
 async def test_plugin_reload_keeps_tasks_and_isolation(tasks: TaskService, root: Scope, toolset: ToolSet) -> None:

@@ -1,4 +1,4 @@
-"""The background task runtime (seed 003, invariants 30-37): TaskService."""
+"""The background task runtime: TaskService (docs/guarantees.rst, "Background tasks")."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def collect(tasks: TaskService) -> list[TaskSnapshot]:
     return seen
 
 
-# ---------------------------------------------------------------- ids and preflight (30, 31)
+# ---------------------------------------------------------------- ids and preflight
 
 
 async def test_ids_count_per_kind(tasks: TaskService) -> None:
@@ -201,7 +201,7 @@ async def test_closing_owner_scope_is_refused(tasks: TaskService, root: Scope) -
     assert producer.runs == 0
 
 
-# ---------------------------------------------------------------- authorization (32)
+# ---------------------------------------------------------------- authorization
 
 
 async def test_owned_task_visible_only_to_owning_session(tasks: TaskService, root: Scope) -> None:
@@ -246,7 +246,7 @@ async def test_unknown_id_has_the_same_message(tasks: TaskService, root: Scope) 
         assert isinstance(info.value, LookupError)
 
 
-# ---------------------------------------------------------------- reads (33)
+# ---------------------------------------------------------------- reads
 
 
 async def test_stream_reads_consume(tasks: TaskService) -> None:
@@ -317,7 +317,7 @@ async def test_read_output_error_is_a_task_error(tasks: TaskService) -> None:
         tasks.read("bash-1")
 
 
-# ---------------------------------------------------------------- waits (34)
+# ---------------------------------------------------------------- waits
 
 
 async def test_wait_returns_terminal_snapshot(tasks: TaskService, autojump_clock: object) -> None:
@@ -518,7 +518,7 @@ async def test_kill_whose_cancel_raises_fails_and_leaves_the_task_running(
     assert not snap.reported
 
 
-# ---------------------------------------------------------------- settlement (35)
+# ---------------------------------------------------------------- settlement
 
 
 async def test_first_outcome_wins_after_forced_failure(
@@ -570,7 +570,7 @@ async def test_done_that_raises_is_contained_as_failed(tasks: TaskService, caplo
     assert "contract violation" in snap.error
 
 
-# ---------------------------------------------------------------- owner lifecycle (36)
+# ---------------------------------------------------------------- owner lifecycle
 
 
 async def test_owner_disposal_cancels_awaits_and_forgets_its_tasks(
