@@ -24,9 +24,13 @@ def _install(session: nox.Session, *groups: str) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the test suite."""
+    """Run the whole test suite, the slow exhaustive tests included (``--run-slow``).
+
+    This is the command CI runs (``.ci/run``); plain ``pytest`` skips the tests
+    marked slow, for a quick loop while working.
+    """
     _install(session, "tests")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", "--run-slow", *session.posargs)
 
 
 @nox.session

@@ -2,192 +2,21 @@
 
 Each test writes a scripted model file to ``tmp_path``, spawns the server with
 ``--model scripted:PATH --store DIR`` and speaks JSON-RPC to it with the small
-Trio client below.  Every wait is bounded with ``trio.fail_after``; nothing
+Trio client of ``tests/_acp_clients.py``.  Every wait is bounded with ``trio.fail_after``; nothing
 sleeps on the real clock except while waiting for the subprocess.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import trio
+from _acp_clients import Msg, open_server
+from _util import WAIT
 
 from trio_harness.session import JsonlPersistence
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced
-
-WAIT = 15.0  # bound on any single wait for the server (generous for slow CI)
-
-Msg = dict[str, Any]
-
-
-class AcpClient:
-    """A minimal ACP client over a subprocess's pipes (Trio only)."""
-
-    def __init__(self, process: trio.Process) -> None:
-        assert process.stdin is not None
-        assert process.stdout is not None
-        self.process = process
-        self.stdin = process.stdin
-        self.stdout = process.stdout
-        self.received: list[Msg] = []
-        self.eof = False
-        self._changed = trio.Event()
-        self._next_id = 0
-
-    async def pump(self) -> None:
-        """Read server messages until end of output (run as a background task)."""
-        buffer = b""
-        while True:
-            data = await self.stdout.receive_some(65536)
-            if not data:
-                break
-            buffer += data
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                self.received.append(json.loads(line))
-                self._changed.set()
-                self._changed = trio.Event()
-        self.eof = True
-        self._changed.set()
-
-    async def wait_for(self, predicate: Callable[[Msg], bool]) -> Msg:
-        """The first received message matching ``predicate`` (waits for it)."""
-        with trio.fail_after(WAIT):
-            while True:
-                for message in self.received:
-                    if predicate(message):
-                        return message
-                if self.eof:
-                    raise AssertionError(f"the server closed its output; received: {self.received}")
-                await self._changed.wait()
-
-    async def send_raw(self, data: bytes) -> None:
-        """Write raw bytes to the server's stdin."""
-        await self.stdin.send_all(data)
-
-    async def send(self, *messages: Msg) -> None:
-        """Write messages (in one write, so they arrive together)."""
-        await self.send_raw(b"".join(json.dumps(m).encode() + b"\n" for m in messages))
-
-    def request(self, method: str, params: Any = None) -> Msg:
-        """A request message with a fresh id."""
-        self._next_id += 1
-        message: Msg = {"jsonrpc": "2.0", "id": self._next_id, "method": method}
-        if params is not None:
-            message["params"] = params
-        return message
-
-    async def response(self, request_id: Any) -> Msg:
-        """The response to ``request_id``."""
-        return await self.wait_for(lambda m: m.get("id") == request_id and "method" not in m)
-
-    async def call(self, method: str, params: Any = None) -> Any:
-        """Send a request and return its result (fails on an error response)."""
-        message = self.request(method, params)
-        await self.send(message)
-        reply = await self.response(message["id"])
-        assert "result" in reply, f"{method} failed: {reply}"
-        return reply["result"]
-
-    async def error(self, message: Msg) -> Msg:
-        """Send ``message`` and return the ``error`` of its response."""
-        await self.send(message)
-        reply = await self.response(message["id"])
-        assert "error" in reply, f"expected an error for {message}, got {reply}"
-        error: Msg = reply["error"]
-        return error
-
-    def updates(self, session_id: str) -> list[Msg]:
-        """Every ``session/update`` received so far for ``session_id``."""
-        return [
-            m["params"]["update"]
-            for m in self.received
-            if m.get("method") == "session/update" and m["params"]["sessionId"] == session_id
-        ]
-
-    def position(self, message: Msg) -> int:
-        """Where ``message`` is in the received order."""
-        return next(i for i, m in enumerate(self.received) if m is message)
-
-    async def initialize(self) -> Msg:
-        result: Msg = await self.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
-        return result
-
-    async def new_session(self, cwd: Path) -> str:
-        result = await self.call("session/new", {"cwd": str(cwd), "mcpServers": []})
-        session_id: str = result["sessionId"]
-        return session_id
-
-    def prompt(self, session_id: str, text: str) -> Msg:
-        return self.request("session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": text}]})
-
-    def cancel(self, session_id: str) -> Msg:
-        return {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session_id}}
-
-    async def close_input(self) -> None:
-        await self.stdin.aclose()
-
-    async def wait_exit(self) -> int:
-        with trio.fail_after(WAIT):
-            return await self.process.wait()
-
-
-def write_script(path: Path, responses: list[Msg]) -> Path:
-    path.write_text(json.dumps({"responses": responses}), encoding="utf-8")
-    return path
-
-
-@asynccontextmanager
-async def open_server(
-    tmp_path: Path,
-    responses: list[Msg],
-    *,
-    store: Path | None = None,
-    name: str = "script",
-    extra: tuple[str, ...] = (),
-) -> AsyncIterator[AcpClient]:
-    """Spawn the ACP server; on exit close its stdin and wait for it to exit."""
-    script = write_script(tmp_path / f"{name}.json", responses)
-    store = store if store is not None else tmp_path / "store"
-    stderr_path = tmp_path / f"{name}.stderr"
-    command = [
-        sys.executable,
-        "-m",
-        "trio_harness",
-        "acp",
-        "--model",
-        f"scripted:{script}",
-        "--store",
-        str(store),
-        "--tools",
-        "tasks,bash",
-        *extra,
-    ]
-    with stderr_path.open("wb") as stderr:
-        process = await trio.lowlevel.open_process(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, cwd=tmp_path
-        )
-    client = AcpClient(process)
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(client.pump)
-            yield client
-            await client.close_input()  # idempotent
-            await client.wait_exit()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            with trio.CancelScope(shield=True):
-                await process.wait()
-    errors = stderr_path.read_text(encoding="utf-8", errors="replace")
-    assert "Traceback" not in errors, errors
 
 
 async def stored_events(store: Path, session_id: str) -> tuple[ev.Event, ...]:

@@ -15,10 +15,9 @@ from typing import Any
 
 import pytest
 import trio
+from _util import WAIT
 
 pytest.importorskip("acp")
-
-WAIT = 60.0
 
 CLIENT_SCRIPT = r'''
 """An ACP SDK client: spawns the trio-harness agent and records what it sees."""

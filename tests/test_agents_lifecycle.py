@@ -1,14 +1,17 @@
-"""Create / resume publication, handles and the three teardown owners (invariants 1-8)."""
+"""Create / resume publication, handles and the three teardown owners
+(docs/guarantees.rst, "Publication")."""
 
 from __future__ import annotations
 
 import gc
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from _util import turn_ends
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -112,6 +115,30 @@ async def test_failed_setup_or_commit_publishes_nothing_and_frees_the_id(where: 
         await handle.dispose()
 
 
+async def test_setup_error_after_registering_tools_rolls_back(autojump_clock: trio.testing.MockClock) -> None:
+    async def noop(ctx: ToolContext, args: dict[str, Any]) -> str:
+        return "ok"
+
+    events: list[str] = []
+    async with open_test_harness() as h:
+        h.bus.on("*", lambda n: events.append(n.name))
+
+        async def setup(agent: Agent) -> None:
+            agent.tools.add(Tool("mine", "m", {"type": "object"}, noop), scope=agent.scope)
+            h.tools.add(Tool("global", "g", {"type": "object"}, noop), scope=agent.scope)
+            child = await agent.scope.open_child("plugin")
+            child.spawn(trio.sleep_forever)
+            raise RuntimeError("setup failed")
+
+        with pytest.raises(RuntimeError, match="setup failed"):
+            await h.agents.create(session_id="z", setup=setup)
+        assert h.tools.get("global") is None
+        assert h.agents.get("z") is None and h.sessions.get("z") is None
+        assert not any(name in events for name in ("agent/created", "agent/disposed", "session/disposed"))
+        async with h.agents.open(session_id="z") as agent:
+            assert agent.id == "z"
+
+
 async def test_owner_closing_during_setup_publishes_nothing() -> None:
     async with open_test_harness() as h:
         seen = record(h)
@@ -201,6 +228,27 @@ async def test_caller_scope_closing_disposes_its_agents() -> None:
         await owner.close()
         assert handle.disposed and seen == ["agent/disposed", "session/disposed"]
         assert h.agents.list() == []
+
+
+async def test_tool_that_closes_its_own_owner_scope(autojump_clock: trio.testing.MockClock) -> None:
+    model = ScriptedModel([{"tool_calls": [{"name": "quit", "arguments": {}}]}, {"text": "never"}])
+    async with open_test_harness(model) as h:
+        owner = await h.scope.open_child("owner")
+
+        async def quit_(ctx: ToolContext, args: dict[str, Any]) -> str:
+            await owner.close()
+            return "closed"
+
+        h.tools.add(Tool("quit", "q", {"type": "object"}, quit_))
+        handle = await h.agents.create(owner=owner)
+        agent = handle.agent
+        agent.followup("go")
+        with trio.fail_after(5):
+            await owner.close()
+        assert handle.disposed
+        assert turn_ends(agent) == [(1, "aborted", "disposed")]
+        assert_balanced(agent.session)
+        assert h.agents.list() == [] and h.sessions.list() == []
 
 
 async def test_disposing_first_releases_the_owner_callback() -> None:
@@ -492,6 +540,58 @@ async def test_cancel_while_disposal_runs_is_refused_and_the_turn_ends_disposed(
         assert isinstance(end, ev.TurnEnd) and (end.reason, end.cause) == ("aborted", "disposed")
 
 
+async def test_dispose_while_maintenance_held_waits_for_it(autojump_clock: trio.testing.MockClock) -> None:
+    model = ScriptedModel([{"text": "never"}])
+    async with open_test_harness(model) as h:
+        handle = await h.agents.create()
+        agent = handle.agent
+        release = trio.Event()
+        order: list[str] = []
+
+        async def hold() -> None:
+            async with agent.maintenance():
+                await release.wait()
+                order.append("maintenance done")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hold)
+            await trio.testing.wait_all_tasks_blocked()
+
+            async def dispose() -> None:
+                await handle.dispose()
+                order.append("disposed")
+
+            nursery.start_soon(dispose)
+            await trio.testing.wait_all_tasks_blocked()  # dispose is parked on the maintenance
+            assert order == []
+            release.set()
+        assert order == ["maintenance done", "disposed"]
+        assert model.requests == []
+
+
+async def test_maintenance_exit_after_dispose_started_does_not_start_a_driver(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Whether the close hook runs before the maintenance block exits depends on
+    # Trio's (randomised) scheduling order, so try several times.
+    model = ScriptedModel([{"text": "never"}])
+    async with open_test_harness(model) as h:
+        for _ in range(12):
+            handle = await h.agents.create()
+            agent = handle.agent
+            async with agent.maintenance():
+                agent.followup("during maintenance")
+                with trio.move_on_after(0):
+                    await handle.dispose()  # teardown requested, not yet awaited
+            start = trio.current_time()
+            await handle.dispose()
+            assert trio.current_time() == start  # no teardown timeout was needed
+            assert agent.status == "idle"
+            await agent.when_idle()
+        assert model.requests == []
+        assert h.agents.list() == [] and h.sessions.list() == []
+
+
 # ---------------------------------------------------------------- the owner closing during setup
 
 
@@ -614,6 +714,28 @@ async def test_harness_exit_cancels_a_slow_setup_promptly(autojump_clock: trio.t
             await trio.sleep(1)
         assert trio.current_time() == 1 and len(outcome) == 1
         assert "unloaded during setup" in str(outcome[0])
+
+
+async def test_create_racing_harness_exit(autojump_clock: trio.testing.MockClock) -> None:
+    results: list[object] = []
+    gate = trio.Event()
+
+    async def setup(agent: Agent) -> None:
+        await gate.wait()
+
+    async with open_test_harness() as h:
+
+        async def create() -> None:
+            try:
+                results.append(await h.agents.create(session_id="r", setup=setup))
+            except BaseException as exc:
+                results.append(exc)
+                raise
+
+        h.scope.spawn(create)
+        await trio.testing.wait_all_tasks_blocked()
+    assert len(results) == 1 and isinstance(results[0], BaseException)
+    assert h.agents.list() == [] and h.sessions.list() == []
 
 
 # ---------------------------------------------------------------- the caller's scope as default owner

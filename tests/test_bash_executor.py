@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from _util import WAIT
 
 from trio_harness._errors import BashError as BaseBashError
 from trio_harness._errors import HarnessError
@@ -33,12 +34,6 @@ from trio_harness.bash import (
     open_bash_executor,
     render_result,
 )
-
-# Generous bounds: the suite must pass on a loaded 2-core machine.
-BOUND = 20.0
-# init may reap orphaned zombies late; this bounds waiting for that.
-REAP_BOUND = 30.0
-
 
 # ------------------------------------------------------------------ helpers
 
@@ -67,7 +62,7 @@ def group_exists(pgid: int) -> bool:
     return True
 
 
-async def wait_until(predicate: Callable[[], bool], bound: float = BOUND) -> None:
+async def wait_until(predicate: Callable[[], bool], bound: float = WAIT) -> None:
     """Poll a condition about a real process, within a bound."""
     with trio.fail_after(bound):
         while not predicate():
@@ -77,7 +72,7 @@ async def wait_until(predicate: Callable[[], bool], bound: float = BOUND) -> Non
 async def assert_group_gone(pgid: int) -> None:
     """Nothing of the group runs now, and the group disappears once init reaps zombies."""
     await wait_until(lambda: not running_members(pgid), bound=5.0)
-    await wait_until(lambda: not group_exists(pgid), bound=REAP_BOUND)
+    await wait_until(lambda: not group_exists(pgid))  # init may reap orphaned zombies late
     with pytest.raises(ProcessLookupError):
         os.killpg(pgid, 0)
 
@@ -198,7 +193,7 @@ async def test_open_rejects_bad_settings(tmp_path: Path) -> None:
 
 
 async def test_run_collects_stdout_stderr_and_exit_code(executor: BashExecutor) -> None:
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         result = await run(executor, "echo out; echo err >&2; exit 3")
     assert result == BashResult(
         stdout="out\n",
@@ -214,7 +209,7 @@ async def test_run_collects_stdout_stderr_and_exit_code(executor: BashExecutor) 
 
 
 async def test_run_success_renders_plain_output(executor: BashExecutor) -> None:
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         result = await run(executor, "printf 'a\\nb'")
         empty = await run(executor, "true")
     assert result.exit_code == 0
@@ -223,7 +218,7 @@ async def test_run_success_renders_plain_output(executor: BashExecutor) -> None:
 
 
 async def test_run_reports_death_by_signal(executor: BashExecutor) -> None:
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         result = await run(executor, "echo before; kill -TERM $$; echo after")
     assert result.exit_code is None
     assert result.signal == signal.SIGTERM
@@ -233,7 +228,7 @@ async def test_run_reports_death_by_signal(executor: BashExecutor) -> None:
 async def test_run_keeps_bounded_tails(tmp_path: Path) -> None:
     expected = "".join(f"{i}\n" for i in range(1, 2001))
     async with open_bash_executor(tail_bytes=100, spill_dir=str(tmp_path)) as ex:
-        with trio.fail_after(BOUND):
+        with trio.fail_after(WAIT):
             result = await run(ex, "seq 1 2000; seq 1 2000 >&2")
     assert result.stdout == expected[-100:]
     assert result.stderr == expected[-100:]
@@ -246,7 +241,7 @@ async def test_run_keeps_bounded_tails(tmp_path: Path) -> None:
 
 async def test_run_timeout_kills_the_whole_group(executor: BashExecutor, tmp_path: Path) -> None:
     pid_file = tmp_path / "pgid"
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         result = await run(executor, f"echo $$ > {pid_file}; sleep 300 & sleep 300 & wait", timeout=2.0)
     assert result.timed_out
     assert result.exit_code is None
@@ -266,7 +261,7 @@ async def test_run_cancellation_kills_the_group(executor: BashExecutor, tmp_path
             finished = True
 
     scope = trio.CancelScope()
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(runner, scope)
             pgid = await read_pid_file(pid_file)
@@ -286,7 +281,7 @@ async def test_start_reads_are_incremental_and_consuming(executor: BashExecutor,
     assert proc.id == "proc-1"
     running_at_start = proc.running
     assert running_at_start
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         await wait_until(lambda: proc.stdout_bytes == 4)
         assert proc.read_output() == "one\n"
         assert proc.read_output() == ""
@@ -302,7 +297,7 @@ async def test_start_reads_are_incremental_and_consuming(executor: BashExecutor,
 
 async def test_start_stderr_marker(executor: BashExecutor) -> None:
     proc = await start(executor, "printf out; echo err >&2")
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         await proc.wait()
     assert proc.read_output() == "out\n[stderr]\nerr\n"
     assert proc.read_output() == ""
@@ -310,7 +305,7 @@ async def test_start_stderr_marker(executor: BashExecutor) -> None:
 
 async def test_start_only_stderr_has_marker(executor: BashExecutor) -> None:
     proc = await start(executor, "echo err >&2")
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         await proc.wait()
     assert proc.read_output() == "[stderr]\nerr\n"
 
@@ -319,7 +314,7 @@ async def test_utf8_char_split_across_chunks_is_held_back(executor: BashExecutor
     go = tmp_path / "go"
     # "€" is e2 82 ac: the first two bytes arrive, then, later, the last one.
     proc = await start(executor, f"printf 'a\\342\\202'; while [ ! -e {go} ]; do sleep 0.01; done; printf '\\254b'")
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         await wait_until(lambda: proc.stdout_bytes == 3)
         assert proc.read_output() == "a"
         assert proc.read_output() == ""
@@ -330,7 +325,7 @@ async def test_utf8_char_split_across_chunks_is_held_back(executor: BashExecutor
 
 async def test_incomplete_utf8_at_eof_is_replaced(executor: BashExecutor) -> None:
     proc = await start(executor, "printf 'x\\342\\202'")
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         await proc.wait()
     assert proc.read_output() == "x\ufffd"
 
@@ -338,7 +333,7 @@ async def test_incomplete_utf8_at_eof_is_replaced(executor: BashExecutor) -> Non
 async def test_lossy_read_with_small_tail_keeps_utf8_boundaries(tmp_path: Path) -> None:
     async with open_bash_executor(tail_bytes=4, spill_dir=str(tmp_path)) as ex:
         proc = await start(ex, "printf '€€€€'")
-        with trio.fail_after(BOUND):
+        with trio.fail_after(WAIT):
             await proc.wait()
         # The tail holds ac e2 82 ac: the orphan continuation byte is dropped too.
         assert proc.read_output() == (f"[output truncated: 9 bytes not shown; full stdout in {proc.stdout_path}]\n€")
@@ -349,7 +344,7 @@ async def test_lossy_read_names_spill_file_with_full_stream(tmp_path: Path) -> N
     expected = "".join(f"{i}\n" for i in range(1, 20001))
     async with open_bash_executor(tail_bytes=1024, spill_dir=str(tmp_path)) as ex:
         proc = await start(ex, "seq 1 20000; echo done >&2")
-        with trio.fail_after(BOUND):
+        with trio.fail_after(WAIT):
             await proc.wait()
         assert proc.stdout_bytes == len(expected)
         dropped = len(expected) - 1024
@@ -367,7 +362,7 @@ async def test_spill_files_are_private_and_removed_on_release(executor: BashExec
     proc = await start(executor, "echo hi")
     for path in (proc.stdout_path, proc.stderr_path):
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         await proc.wait()
     assert Path(proc.stdout_path).read_text() == "hi\n"
     proc.release()
@@ -382,7 +377,7 @@ async def test_spill_files_removed_on_executor_exit(tmp_path: Path) -> None:
     async with open_bash_executor(spill_dir=str(tmp_path), grace_period=0.5) as ex:
         done = await start(ex, "echo hi")
         running = await start(ex, "sleep 300")
-        with trio.fail_after(BOUND):
+        with trio.fail_after(WAIT):
             await done.wait()
         paths = [done.stdout_path, done.stderr_path, running.stdout_path, running.stderr_path]
         assert all(os.path.exists(p) for p in paths)
@@ -396,7 +391,7 @@ async def test_spill_files_removed_on_executor_exit(tmp_path: Path) -> None:
 async def test_kill_leaves_nothing_of_the_group(executor: BashExecutor) -> None:
     proc = await start(executor, "sleep 300 & sleep 300 & wait")
     pgid = proc.pid
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         await wait_until(lambda: len(running_members(pgid)) >= 3)
         proc.kill("no longer needed")
         proc.kill("again")  # idempotent
@@ -413,7 +408,7 @@ async def test_kill_leaves_nothing_of_the_group(executor: BashExecutor) -> None:
 async def test_sigterm_ignored_is_escalated_to_sigkill(tmp_path: Path) -> None:
     async with open_bash_executor(spill_dir=str(tmp_path), grace_period=0.2) as ex:
         proc = await start(ex, "trap '' TERM; echo ready; sleep 300 & sleep 300; wait")
-        with trio.fail_after(BOUND):
+        with trio.fail_after(WAIT):
             await wait_until(lambda: proc.stdout_bytes == 6 and len(running_members(proc.pid)) >= 3)
             proc.kill()
             facts = await proc.wait()
@@ -427,7 +422,7 @@ async def test_leftover_group_members_are_killed_when_leader_exits(
     executor: BashExecutor,
 ) -> None:
     proc = await start(executor, "sleep 300 & echo started")
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         facts = await proc.wait()
     assert facts.exit_code == 0
     assert not facts.killed
@@ -446,7 +441,7 @@ async def test_pipe_held_outside_the_group_is_abandoned(executor: BashExecutor) 
     )
     escaped = 0
     try:
-        with trio.fail_after(BOUND):
+        with trio.fail_after(WAIT):
             facts = await proc.wait()
         escaped = int(proc.read_output())
         assert facts.exit_code == 0
@@ -462,7 +457,7 @@ async def test_executor_exit_kills_processes_and_grandchildren(tmp_path: Path) -
     async with open_bash_executor(spill_dir=str(tmp_path), grace_period=0.5) as ex:
         proc = await start(ex, "sleep 300 & echo $!; sleep 300 & echo $!; wait")
         simple = await start(ex, "sleep 300")
-        with trio.fail_after(BOUND):
+        with trio.fail_after(WAIT):
             await wait_until(lambda: Path(proc.stdout_path).read_text().count("\n") == 2)
             await wait_until(lambda: len(running_members(proc.pid)) >= 3)
         grandchildren = [int(line) for line in Path(proc.stdout_path).read_text().split()]
@@ -536,7 +531,7 @@ async def test_owner_of_get_list_release(executor: BashExecutor) -> None:
     assert executor.owner_of("proc-1") == "alice"
     assert executor.owner_of("proc-2") == ""
     assert executor.owner_of("proc-3") is None
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         for proc in (alice, empty, nobody):
             await proc.wait()
     # Finished but not released: still known.
@@ -552,7 +547,7 @@ async def test_owner_of_get_list_release(executor: BashExecutor) -> None:
 
 async def test_aclose_kills_waits_and_forgets(executor: BashExecutor) -> None:
     proc = await start(executor, "sleep 300")
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         await proc.aclose()
     assert proc.exit is not None
     assert proc.exit.killed

@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 import trio
+from _util import WAIT
 
 from trio_harness.bash._process import group_alive, open_group, reap_unsupervised, signal_group
 
-BOUND = 20.0
-
 
 async def wait_until(predicate: Callable[[], bool]) -> None:
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         while not predicate():
             await trio.sleep(0.01)
 
@@ -38,7 +37,7 @@ async def test_open_group_leads_a_new_session_and_group(tmp_path: Path) -> None:
         assert os.getsid(process.pid) == process.pid
         assert process.stdout is not None
         assert process.stderr is not None
-        with trio.fail_after(BOUND):
+        with trio.fail_after(WAIT):
             assert await process.wait() == 0
             assert await process.stdout.receive_some() == b"got:\n"  # stdin is /dev/null
             assert await process.stderr.receive_some() == b"err\n"
@@ -50,7 +49,7 @@ async def test_open_group_sets_cwd_and_env(tmp_path: Path) -> None:
     env = {**os.environ, "GROUP_TEST_VAR": "v"}
     process = await open_group(["/bin/sh", "-c", 'echo "$PWD $GROUP_TEST_VAR"'], str(tmp_path), env)
     assert process.stdout is not None
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         await process.wait()
         assert await process.stdout.receive_some() == f"{tmp_path} v\n".encode()
     await reap_unsupervised(process)
@@ -71,11 +70,11 @@ async def test_group_alive_ignores_zombies(tmp_path: Path) -> None:
 async def test_signal_group_reaches_every_member(tmp_path: Path) -> None:
     process = await open_group(["/bin/sh", "-c", "sleep 300 & echo $!; wait"], str(tmp_path), None)
     assert process.stdout is not None
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         child = int(await process.stdout.receive_some())
     assert group_alive(process.pid)
     signal_group(process.pid, signal.SIGKILL)
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         assert await process.wait() == -signal.SIGKILL
     await wait_until(lambda: not group_alive(process.pid))
     assert not os.path.exists(f"/proc/{child}") or state(child) in (b"Z", b"X")
@@ -91,7 +90,7 @@ async def test_signal_group_of_a_gone_group_is_ignored(tmp_path: Path) -> None:
 
 async def test_reap_unsupervised_kills_reaps_and_closes_pipes(tmp_path: Path) -> None:
     process = await open_group(["/bin/sh", "-c", "sleep 300"], str(tmp_path), None)
-    with trio.fail_after(BOUND):
+    with trio.fail_after(WAIT):
         await reap_unsupervised(process)
     assert process.returncode == -signal.SIGKILL
     assert process.stdout is not None

@@ -1,4 +1,5 @@
-"""The bash tool and background bash tasks, with real processes (invariants 36, 38)."""
+"""The bash tool and background bash tasks, with real processes
+(docs/guarantees.rst, "Bash" and "Background tasks")."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from _util import WAIT
 
 from trio_harness import AgentOptions, ScriptedModel
 from trio_harness._errors import TaskNotFoundError
@@ -63,7 +65,7 @@ async def test_foreground_timeout_is_marked() -> None:
     model = ScriptedModel([{"tool_calls": calls}, {"text": "done"}])
     async with open_test_harness(model, builtin_tools=True) as h, h.agents.open() as agent:
         agent.followup("go")
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await agent.when_idle()
         assert "timed out" in results(agent.session)[0].content
 
@@ -84,6 +86,27 @@ async def test_background_disabled_removes_the_parameter_and_refuses_forced_call
             await agent.when_idle()
             (result,) = results(agent.session)
             assert result.is_error and "disabled" in result.content
+
+
+async def test_background_bash_with_a_blank_description_is_a_tool_error_not_a_crash() -> None:
+    model = ScriptedModel(
+        [
+            {
+                "tool_calls": [
+                    {"name": "bash", "arguments": {"command": "true", "description": "   ", "run_in_background": True}}
+                ]
+            },
+            {"text": "ok"},
+        ]
+    )
+    async with open_test_harness(model, builtin_tools=True) as h, h.agents.open() as agent:
+        agent.followup("go")
+        with trio.fail_after(WAIT):
+            await agent.when_idle()
+        (result,) = results(agent.session)
+        assert result.is_error and "label" in result.content
+        assert h.bash.list() == []
+        assert_balanced(agent.session)
 
 
 async def test_scripted_background_scenario_with_completion_notices() -> None:
@@ -120,7 +143,7 @@ async def test_scripted_background_scenario_with_completion_notices() -> None:
     )
     async with open_test_harness(model, builtin_tools=True) as h, h.agents.open() as agent:
         agent.followup("build it")
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await agent.when_idle()
             out = results(agent.session)
             assert out[0].content == "started background task bash-1"
@@ -151,12 +174,12 @@ async def test_disposing_the_owner_kills_the_whole_group() -> None:
     async with open_test_harness(model, builtin_tools=True) as h:
         handle = await h.agents.create()
         handle.agent.followup("start it")
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await handle.agent.when_idle()
         (process,) = h.bash.list()
         pgid = process.pid
         assert group_alive(pgid)
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await handle.dispose()
         assert not group_alive(pgid)
         assert h.tasks.list() == []
@@ -173,10 +196,82 @@ async def test_harness_exit_kills_unfinished_background_groups() -> None:
     async with open_test_harness(model, builtin_tools=True) as h:
         agent = (await h.agents.create()).agent
         agent.followup("go")
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await agent.when_idle()
         pgid = h.bash.list()[0].pid
     assert not group_alive(pgid)
+
+
+async def test_bash_spawn_racing_owner_disposal_leaves_no_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shell is spawned (uncancellably) while the owner starts closing: it must not survive."""
+    gate = trio.Event()
+    entered = trio.Event()
+    original = BashExecutor.start
+
+    async def slow_start(self: BashExecutor, spec: BashSpec) -> BashProcess:
+        # trio.lowlevel.open_process runs Popen in a thread that cannot be cancelled.
+        with trio.CancelScope(shield=True):
+            entered.set()
+            await gate.wait()
+            process = await original(self, spec)
+        return process
+
+    monkeypatch.setattr(BashExecutor, "start", slow_start)
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 300", "run_in_background": True}}]},
+            {"text": "x"},
+        ]
+    )
+    async with open_test_harness(model, builtin_tools=True) as h:
+        handle = await h.agents.create()
+        handle.agent.followup("go")
+        with trio.fail_after(WAIT):
+            await entered.wait()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(handle.dispose)
+                while not handle.agent.scope.closing:
+                    await trio.sleep(0.01)
+                gate.set()
+        processes = h.bash.list()
+        pgids = [p.pid for p in processes]
+        assert processes == [], "a background shell outlived its owner"
+        assert h.tasks.list() == []
+    for pgid in pgids:
+        assert not group_alive(pgid)
+
+
+async def test_owner_disposed_during_a_task_output_wait_on_background_bash() -> None:
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 300 & wait", "run_in_background": True}}]},
+            {
+                "tool_calls": [
+                    {"name": "task_output", "arguments": {"task_id": "bash-1", "wait": True, "timeout_ms": 300000}}
+                ]
+            },
+            {"text": "never"},
+        ]
+    )
+    async with open_test_harness(model, builtin_tools=True) as h:
+        handle = await h.agents.create()
+        handle.agent.followup("go")
+        with trio.fail_after(WAIT):
+            # Poll until the task_output call is requested, then let it park in its wait.
+            while not any(
+                isinstance(e, ev.ToolCallRequested) and e.name == "task_output" for e in handle.agent.session.events
+            ):
+                await trio.sleep(0.01)
+            await trio.testing.wait_all_tasks_blocked()
+            (process,) = h.bash.list()
+            await handle.dispose()
+        assert not group_alive(process.pid)
+        assert not os.path.exists(process.stdout_path) and not os.path.exists(process.stderr_path)
+        assert h.tasks.list() == [] and h.bash.list() == []
+        events = handle.agent.session.events
+        assert_balanced(events)
+        end = events[-1]
+        assert isinstance(end, ev.TurnEnd) and (end.reason, end.cause) == ("aborted", "disposed")
 
 
 async def test_plugin_reload_keeps_the_task_running_and_private() -> None:
@@ -194,14 +289,14 @@ async def test_plugin_reload_keeps_the_task_running_and_private() -> None:
         owner = (await h.agents.create(session_id="owner")).agent
         other = (await h.agents.create(session_id="other", options=AgentOptions(model=ScriptedModel([])))).agent
         owner.followup("go")
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await owner.when_idle()
         await h.reload(BashToolPlugin(h.bash, h.tasks, h.tools))
         await h.unload("task-tools")
         await h.load(TaskToolsPlugin(h.tasks, h.tools))
         snapshot = h.tasks.get("bash-1", owner)
         assert snapshot.status == "running"
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             while "ready" not in h.tasks.read("bash-1", owner).output:
                 await trio.sleep(0.02)
         for caller in (other, None):
@@ -209,7 +304,7 @@ async def test_plugin_reload_keeps_the_task_running_and_private() -> None:
                 h.tasks.get("bash-1", caller)
         assert h.bash.owner_of(h.bash.list()[0].id) == "owner"
         await h.tasks.kill("bash-1", owner)
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             final = await h.tasks.wait("bash-1", 10, owner)
         assert final.status == "killed"
         assert not group_alive(h.bash.list()[0].pid)
@@ -226,7 +321,7 @@ async def test_kill_sigterm_then_sigkill_for_a_stubborn_group() -> None:
     async with open_test_harness(model, builtin_tools=True, bash_options={"grace_period": 0.3}) as h:
         agent = (await h.agents.create()).agent
         agent.followup("go")
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await agent.when_idle()
             # Poll the real process until it says the trap is installed.
             output = h.tasks.read("bash-1", agent).output
@@ -266,7 +361,7 @@ async def test_a_cancel_landing_right_after_the_task_started_keeps_the_id_in_the
         handle = await h.agents.create()
         agent_box.append(handle.agent)
         handle.agent.followup("go")
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await handle.agent.when_idle()
         (result,) = results(handle.agent.session)
         assert result.content == "started background task bash-1"
@@ -275,7 +370,7 @@ async def test_a_cancel_landing_right_after_the_task_started_keeps_the_id_in_the
         # The model knows the id of the running task, and can stop it.
         assert h.tasks.get("bash-1", handle.agent).status == "running"
         (process,) = h.bash.list()
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await h.tasks.kill("bash-1", handle.agent)
             assert (await h.tasks.wait("bash-1", 10, handle.agent)).status == "killed"
         assert not group_alive(process.pid)
@@ -298,7 +393,7 @@ async def test_reported_finished_tasks_beyond_the_cap_are_pruned_with_their_spil
         agent = (await h.agents.create()).agent
         exit_callbacks = len([c for c in agent.scope._callbacks if c is not None])
         agent.followup("go")
-        with trio.fail_after(20):
+        with trio.fail_after(WAIT):
             await agent.when_idle()
             await all_settled.wait()
         processes = {p.command.split(";")[0][-5:]: p for p in h.bash.list()}

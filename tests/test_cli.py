@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import trio
+from _util import WAIT
 
 from trio_harness import _cli
 from trio_harness.agents import TurnOutcome
@@ -19,8 +20,6 @@ from trio_harness.model import Failure
 from trio_harness.session import JsonlPersistence
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced
-
-WAIT = 30.0
 
 
 def cli_env(**extra: str) -> dict[str, str]:

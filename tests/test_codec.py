@@ -1,4 +1,4 @@
-"""The session event codec: exact round trips, strict rejections (invariant 23)."""
+"""The session event codec: exact round trips, strict rejections (docs/guarantees.rst, "Sessions")."""
 
 from __future__ import annotations
 
@@ -150,7 +150,8 @@ def test_the_header_round_trips_exactly(header: SessionHeader) -> None:
 
 @pytest.mark.parametrize("text", ["\ud800", "a\udfff b ü", "\udc00\ud800", "😀 \ud83d", "\ude00 x"])
 def test_lone_surrogates_encode_as_utf8_and_round_trip(text: str) -> None:
-    # A half of a split emoji must not make the line unwritable (invariant 24).
+    # A half of a split emoji must not make the line unwritable: every event round-trips
+    # through the codec exactly (docs/guarantees.rst, "Sessions").
     event = AssistantMessage(seq=0, ts=1.0, turn=1, step=1, text=text, tool_calls=(ToolCall("c", "bash", text),))
     line = encode_event(event)
     data = line.encode("utf-8")  # does not raise

@@ -1,17 +1,19 @@
-"""The turn driver: turns, steps, statuses, cancellation, tools (invariants 13-22)."""
+"""The turn driver: turns, steps, statuses, cancellation, tools (docs/guarantees.rst, "The driver")."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import trio
 import trio.testing
+from _util import turn_ends
 
 from trio_harness import _harness
 from trio_harness._bus import Notice
-from trio_harness.agents import AgentOptions, Tool, ToolContext, ToolOutput
+from trio_harness.agents import Agent, AgentOptions, ReactAgent, Tool, ToolContext, ToolOutput
 from trio_harness.model import UserMessage
+from trio_harness.model._protocol import Emit, Finish, ModelRequest, TextDelta, ToolCallDelta
 from trio_harness.model._scripted import ScriptedModel
 from trio_harness.session import _events as ev
 from trio_harness.testing import NOISE, assert_balanced, assert_events, open_test_harness
@@ -168,6 +170,24 @@ async def test_first_cancel_cause_wins(autojump_clock: trio.testing.MockClock) -
         assert isinstance(end, ev.TurnEnd) and end.cause == "parent"
 
 
+async def test_replacement_activity_records_its_own_cause(autojump_clock: trio.testing.MockClock) -> None:
+    model = ScriptedModel([{"hang": True}, {"hang": True}, {"text": "third"}])
+    async with open_test_harness(model) as h, h.agents.open() as agent:
+        agent.followup("first")
+        await trio.testing.wait_all_tasks_blocked()
+        agent.cancel("parent")
+        agent.followup("latched")
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(model.requests) == 2
+        agent.cancel("hook")
+        await agent.when_idle()
+        assert turn_ends(agent) == [(1, "aborted", "parent"), (2, "aborted", "hook")]
+        agent.followup("third")
+        await agent.when_idle()
+        assert turn_ends(agent)[-1] == (3, "completed", None)
+        assert_balanced(agent.session)
+
+
 async def test_dispose_mid_turn_ends_aborted_disposed(autojump_clock: trio.testing.MockClock) -> None:
     model = ScriptedModel([{"hang": True}])
     async with open_test_harness(model) as h:
@@ -282,6 +302,117 @@ async def test_abort_gives_synthetic_results_for_unstarted_calls(autojump_clock:
             assert [m.role for m in msgs] == ["user", "assistant", "tool", "tool", "user"]
 
 
+async def test_parallel_tools_one_raises_another_cancelled(autojump_clock: trio.testing.MockClock) -> None:
+    async def boom(ctx: ToolContext, args: dict[str, Any]) -> str:
+        await trio.sleep(1)
+        raise RuntimeError("boom")
+
+    async def slow(ctx: ToolContext, args: dict[str, Any]) -> str:
+        await trio.sleep(100)
+        return "slow"
+
+    calls = [{"name": "boom", "arguments": {}}, {"name": "slow", "arguments": {}}]
+    model = ScriptedModel([{"tool_calls": calls}, {"text": "after"}])
+    async with open_test_harness(model) as h:
+        h.tools.add(Tool("boom", "b", {"type": "object"}, boom))
+        h.tools.add(Tool("slow", "s", {"type": "object"}, slow))
+        async with h.agents.open() as agent:
+            agent.followup("go")
+            await trio.sleep(2)
+            agent.cancel("hook")
+            await agent.when_idle()
+            results = [(e.name, e.is_error, e.content) for e in agent.session.events if isinstance(e, ev.ToolResult)]
+            assert [r[:2] for r in results] == [("boom", True), ("slow", True)]
+            assert "boom" in results[0][2] and "cause: hook" in results[1][2]
+            assert turn_ends(agent) == [(1, "aborted", "hook")]
+            assert_balanced(agent.session)
+
+
+async def test_cancel_racing_finishing_tool(autojump_clock: trio.testing.MockClock) -> None:
+    """Cancel lands exactly when the tool result is logged (before the next checkpoint)."""
+
+    async def quick(ctx: ToolContext, args: dict[str, Any]) -> str:
+        await trio.sleep(1)
+        return "finished"
+
+    model = ScriptedModel([{"tool_calls": [{"name": "quick", "arguments": {}}]}, {"text": "never"}])
+    async with open_test_harness(model) as h:
+        h.tools.add(Tool("quick", "q", {"type": "object"}, quick))
+        async with h.agents.open() as agent:
+
+            def observer(event: ev.Event) -> None:
+                if isinstance(event, ev.ToolResult):
+                    agent.cancel()
+
+            agent.session.observe(observer)
+            agent.followup("go")
+            await agent.when_idle()
+            results = [(e.content, e.is_error) for e in agent.session.events if isinstance(e, ev.ToolResult)]
+            assert results == [("finished", False)]
+            assert turn_ends(agent) == [(1, "aborted", "user")]
+            assert len(model.requests) == 1
+            assert_balanced(agent.session)
+
+
+async def test_cancel_reaching_a_tool_through_its_own_nursery_reports_cancelled(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Cancellation wrapped in an exception group still reads as 'cancelled'."""
+
+    async def with_nursery(ctx: ToolContext, args: dict[str, Any]) -> NoReturn:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.sleep_forever)
+            await trio.sleep_forever()
+
+    model = ScriptedModel([{"tool_calls": [{"name": "nested", "arguments": {}}]}])
+    async with open_test_harness(model) as h:
+        h.tools.add(Tool("nested", "n", {"type": "object"}, with_nursery))
+        async with h.agents.open() as agent:
+            agent.followup("go")
+            await trio.testing.wait_all_tasks_blocked()  # the tool is running
+            agent.cancel()
+            await agent.when_idle()
+            (result,) = [e for e in agent.session.events if isinstance(e, ev.ToolResult)]
+            assert result.is_error and "cancelled" in result.content
+            end = agent.session.events[-1]
+            assert isinstance(end, ev.TurnEnd) and (end.reason, end.cause) == ("aborted", "user")
+
+
+async def test_tool_error_raised_while_cancelled_does_not_crash_the_harness(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A group mixing Cancelled with the tool's own error: logged as a failure, turn aborted."""
+
+    async def fails_on_cancel() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            raise ValueError("cleanup broke")
+
+    async def tool(ctx: ToolContext, args: dict[str, Any]) -> NoReturn:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fails_on_cancel)
+            await trio.sleep_forever()
+
+    model = ScriptedModel([{"tool_calls": [{"name": "fragile", "arguments": {}}]}, {"text": "next"}])
+    async with open_test_harness(model) as h:
+        h.tools.add(Tool("fragile", "f", {"type": "object"}, tool))
+        async with h.agents.open() as agent:
+            agent.followup("go")
+            await trio.testing.wait_all_tasks_blocked()  # the tool is running
+            agent.cancel()
+            await agent.when_idle()
+            (result,) = [e for e in agent.session.events if isinstance(e, ev.ToolResult)]
+            assert result.is_error and "cleanup broke" in result.content
+            end = agent.session.events[-1]
+            assert isinstance(end, ev.TurnEnd) and (end.reason, end.cause) == ("aborted", "user")
+            assert_balanced(agent.session)
+            agent.followup("still alive?")
+            await agent.when_idle()
+            last = agent.session.events[-1]
+            assert isinstance(last, ev.TurnEnd) and last.reason == "completed"
+
+
 async def test_bad_arguments_and_unknown_tool_become_error_results() -> None:
     seen: list[dict[str, Any]] = []
 
@@ -340,6 +471,34 @@ async def test_tool_exception_and_tool_output_error() -> None:
             assert (results[1].content, results[1].is_error) == ("bad input", True)
 
 
+async def test_tool_filter_that_raises_fails_the_turn_not_the_harness() -> None:
+    broken = [True]
+
+    def flaky_filter(tool: Tool) -> bool:
+        if broken:
+            raise RuntimeError("filter broke")
+        return True
+
+    async def noop(ctx: ToolContext, args: dict[str, Any]) -> str:
+        return "ok"
+
+    model = ScriptedModel([{"text": "fine"}])
+    async with open_test_harness(model) as h:
+        h.tools.add(Tool("noop", "n", {"type": "object"}, noop))
+        async with h.agents.open(options=AgentOptions(tool_filter=flaky_filter)) as agent:
+            agent.followup("go")
+            await agent.when_idle()
+            end = agent.session.events[-1]
+            assert isinstance(end, ev.TurnEnd) and end.reason == "error"
+            assert end.failure is not None and "filter broke" in end.failure.message
+            assert_balanced(agent.session)
+            assert agent.status == "idle" and not agent.scope.closing
+            broken.clear()
+            agent.followup("again")
+            await agent.when_idle()
+            assert turn_ends(agent)[-1] == (2, "completed", None)
+
+
 async def test_model_error_and_max_tokens_end_reasons() -> None:
     model = ScriptedModel([{"error": {"message": "overloaded", "code": "http-529"}}])
     async with open_test_harness(model) as h, h.agents.open() as agent:
@@ -355,6 +514,57 @@ async def test_model_error_and_max_tokens_end_reasons() -> None:
         assert end.failure.code == "script-exhausted" and "in-process script" in end.failure.message
 
 
+class RaisingProvider:
+    name = "raising"
+
+    async def stream(self, request: ModelRequest, emit: Emit) -> None:
+        emit(TextDelta("partial"))
+        emit(ToolCallDelta(index=0, id="c1", name="noop", arguments="{"))
+        await trio.lowlevel.checkpoint()
+        raise ConnectionError("reset")
+
+
+class LateChunksProvider:
+    name = "late"
+
+    async def stream(self, request: ModelRequest, emit: Emit) -> None:
+        emit(TextDelta("done"))
+        emit(Finish("stop"))
+        emit(TextDelta(" extra"))
+        emit(ToolCallDelta(index=0, id="c1", name="noop", arguments="{}"))
+
+
+class NoFinishProvider:
+    name = "nofinish"
+
+    async def stream(self, request: ModelRequest, emit: Emit) -> None:
+        emit(TextDelta("half"))
+
+
+@pytest.mark.parametrize(
+    ("provider", "reason", "code"),
+    [
+        (RaisingProvider(), "error", "provider-crashed"),
+        (LateChunksProvider(), "completed", None),
+        (NoFinishProvider(), "error", "no-finish"),
+    ],
+)
+async def test_misbehaving_providers_give_balanced_logs(provider: Any, reason: str, code: str | None) -> None:
+    async def noop(ctx: ToolContext, args: dict[str, Any]) -> str:
+        return "ok"
+
+    async with open_test_harness(provider) as h:
+        h.tools.add(Tool("noop", "n", {"type": "object"}, noop))
+        async with h.agents.open() as agent:
+            agent.followup("go")
+            await agent.when_idle()
+            end = agent.session.events[-1]
+            assert isinstance(end, ev.TurnEnd) and end.reason == reason
+            assert (end.failure.code if end.failure else None) == code
+            assert not any(isinstance(e, ev.ToolCallRequested) for e in agent.session.events)
+            assert_balanced(agent.session)
+
+
 async def test_max_steps_blocks_the_turn() -> None:
     async def noop(ctx: ToolContext, args: dict[str, Any]) -> str:
         return "again"
@@ -368,6 +578,20 @@ async def test_max_steps_blocks_the_turn() -> None:
             end = agent.session.events[-1]
             assert isinstance(end, ev.TurnEnd) and end.reason == "blocked"
             assert len(model.requests) == 2
+
+
+async def test_max_steps_after_tool_calls_is_balanced() -> None:
+    async def noop(ctx: ToolContext, args: dict[str, Any]) -> str:
+        return "ok"
+
+    model = ScriptedModel([{"tool_calls": [{"name": "noop", "arguments": {}}] * 2}])
+    async with open_test_harness(model) as h:
+        h.tools.add(Tool("noop", "n", {"type": "object"}, noop))
+        async with h.agents.open(options=AgentOptions(max_steps=1)) as agent:
+            agent.followup("go")
+            await agent.when_idle()
+            assert turn_ends(agent) == [(1, "blocked", None)]
+            assert_balanced(agent.session)
 
 
 async def test_inject_joins_next_step_of_running_driver(autojump_clock: trio.testing.MockClock) -> None:
@@ -390,6 +614,30 @@ async def test_inject_joins_next_step_of_running_driver(autojump_clock: trio.tes
             assert second[-1] == UserMessage("context for step 2")
             steps = [(e.step, e.text) for e in agent.session.events if isinstance(e, ev.UserMessage)]
             assert steps == [(1, "go"), (2, "context for step 2")]
+
+
+async def test_steer_between_finish_and_tool_dispatch_joins_next_step(autojump_clock: trio.testing.MockClock) -> None:
+    steered: list[str] = []
+    agent_box: list[Agent] = []
+
+    def observer(event: ev.Event) -> None:
+        if isinstance(event, ev.AssistantMessage) and event.tool_calls and not steered:
+            steered.append(agent_box[0].steer("mid"))
+
+    async def noop(ctx: ToolContext, args: dict[str, Any]) -> str:
+        return "ok"
+
+    model = ScriptedModel([{"tool_calls": [{"name": "noop", "arguments": {}}]}, {"text": "end"}])
+    async with open_test_harness(model) as h:
+        h.tools.add(Tool("noop", "n", {"type": "object"}, noop))
+        async with h.agents.open() as agent:
+            agent_box.append(agent)
+            agent.session.observe(observer)
+            agent.followup("go")
+            await agent.when_idle()
+            users = [(e.turn, e.step, e.text) for e in agent.session.events if isinstance(e, ev.UserMessage)]
+            assert users == [(1, 1, "go"), (1, 2, "mid")]
+            assert turn_ends(agent) == [(1, "completed", None)]
 
 
 async def test_idle_inject_parks_and_steer_opens_a_turn(autojump_clock: trio.testing.MockClock) -> None:
@@ -426,6 +674,53 @@ async def test_when_idle_follows_replacement_work(autojump_clock: trio.testing.M
         assert agent.status == "idle"
         end = agent.session.events[-1]
         assert isinstance(end, ev.TurnEnd) and end.reason == "completed"
+
+
+async def test_status_listener_followup_on_idle_does_not_break_when_idle() -> None:
+    """A listener that queues more work when the agent goes idle (a pump).
+
+    Before the fix the old activity set the *new* activity's idle event, so
+    ``when_idle()`` spun on a set event (and under an autojump clock, forever).
+    """
+    model = ScriptedModel([{"text": "one"}, {"hang": True}])
+    async with open_test_harness(model) as h, h.agents.open() as agent:
+        pumped: list[str] = []
+
+        def pump(notice: Any) -> None:
+            if notice.data["status"] == "idle" and not pumped:
+                pumped.append(agent.followup("pumped"))
+
+        h.bus.on("agent/status", pump)
+        returned: list[bool] = []
+        async with trio.open_nursery() as nursery:
+
+            async def watcher() -> None:
+                await agent.when_idle()
+                returned.append(True)
+
+            agent.followup("first")
+            nursery.start_soon(watcher)
+            for _ in range(50):  # bounded: the first turn ends, the pumped one hangs
+                await trio.lowlevel.checkpoint()
+            assert pumped and len(model.requests) == 2
+            assert agent.status == "running" and returned == []
+            assert isinstance(agent, ReactAgent)
+            assert not agent._idle.is_set()  # else when_idle() busy-loops
+            agent.cancel()
+        assert returned == [True]
+        assert turn_ends(agent) == [(1, "completed", None), (2, "aborted", "user")]
+        assert_balanced(agent.session)
+
+
+async def test_when_idle_waiter_cancelled_does_not_disturb_agent(autojump_clock: trio.testing.MockClock) -> None:
+    model = ScriptedModel([{"text": "x", "delay": 10}])
+    async with open_test_harness(model) as h, h.agents.open() as agent:
+        agent.followup("go")
+        with trio.move_on_after(1):
+            await agent.when_idle()
+        assert agent.status == "running"
+        await agent.when_idle()
+        assert turn_ends(agent) == [(1, "completed", None)]
 
 
 async def test_reasoning_and_usage_are_logged() -> None:

@@ -1,18 +1,22 @@
-"""The durable inbox (invariants 9-12)."""
+"""The durable inbox (docs/guarantees.rst, "The inbox")."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import pytest
+import trio
+import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
 from trio_harness._errors import AgentDisposedError, InboxError
 from trio_harness.agents import Inbox
+from trio_harness.model._scripted import ScriptedModel
 from trio_harness.session import Session, SessionHeader
 from trio_harness.session import _events as ev
 from trio_harness.session._events import InboxMessage
+from trio_harness.testing import open_test_harness
 
 
 def new_session() -> Session:
@@ -214,3 +218,70 @@ def test_a_sealed_empty_inbox_clears_and_claims_nothing_without_error() -> None:
     inbox.seal("sealed")
     assert inbox.clear() == [] and inbox.claim(1, turn_boundary=True) == []
     assert len(session) == 0
+
+
+# ---------------------------------------------------------------- an observer sending while a splice is logged
+
+
+async def test_session_observer_steer_during_claim_keeps_log_replayable() -> None:
+    """A session observer that steers while the inbox appends its own splice."""
+    model = ScriptedModel([{"text": "a"}, {"text": "b"}, {"text": "c"}])
+    async with open_test_harness(model) as h, h.agents.open() as agent:
+        sent: list[str] = []
+
+        def observer(event: ev.Event) -> None:
+            if isinstance(event, ev.InboxSpliced) and event.outcome == "claimed" and not sent:
+                sent.append(agent.steer("from observer"))
+
+        agent.session.observe(observer)
+        agent.followup("first")
+        await agent.when_idle()
+        # the durable projection equals the live one
+        replayed = Inbox.replay(agent.session)
+        assert [m.id for m in replayed.next_turn] == [m.id for m in agent.inbox.next_turn]
+        assert [m.id for m in replayed.next_step] == [m.id for m in agent.inbox.next_step]
+        texts = [e.text for e in agent.session.events if isinstance(e, ev.UserMessage)]
+        assert "from observer" in texts
+
+
+async def test_session_observer_steer_during_step_claim_keeps_log_replayable(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Steering from an observer of a next-step claim must not corrupt the durable inbox."""
+    model = ScriptedModel([{"hang": True}, {"text": "b"}, {"text": "c"}])
+    async with open_test_harness(model) as h, h.agents.open() as agent:
+        sent: list[str] = []
+
+        def observer(event: ev.Event) -> None:
+            if (
+                isinstance(event, ev.InboxSpliced)
+                and event.queue == "next-step"
+                and event.outcome == "claimed"
+                and not sent
+            ):
+                sent.append(agent.steer("from observer"))
+
+        agent.session.observe(observer)
+        agent.inject("parked")
+        agent.followup("first")  # step 1 claims the parked inject: the observer steers
+        await trio.testing.wait_all_tasks_blocked()
+        agent.cancel(keep_inbox=True)
+        await agent.when_idle()
+        replayed = Inbox.replay(agent.session)  # raised InboxError: splice outside next-step
+        assert [m.id for m in replayed.next_step] == [m.id for m in agent.inbox.next_step] == sent
+
+
+async def test_session_observer_followup_on_insert_keeps_order() -> None:
+    model = ScriptedModel([])
+    async with open_test_harness(model) as h, h.agents.open() as agent:
+        sent: list[str] = []
+
+        def observer(event: ev.Event) -> None:
+            if isinstance(event, ev.InboxSpliced) and event.inserted and not sent:
+                sent.append("x")
+                agent.inject("second")
+
+        agent.session.observe(observer)
+        agent.inject("first")
+        replayed = Inbox.replay(agent.session)
+        assert [m.text for m in replayed.next_step] == [m.text for m in agent.inbox.next_step]

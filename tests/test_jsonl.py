@@ -1,5 +1,5 @@
-"""The JSONL directory store (invariants 23-27): layout, appends, torn tails,
-corruption, id escaping, every-byte cut recovery, and a real SIGKILL.
+"""The JSONL directory store: layout, appends, torn tails, corruption, id escaping,
+every-byte cut recovery, and a real SIGKILL (docs/guarantees.rst, "Sessions").
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from _util import WAIT
 from _writer_proc import CYCLE, expected_event
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
@@ -607,6 +608,7 @@ class CutExpectation:
         return max([self.header_end, *(end for end in self.line_ends if end <= offset)])
 
 
+@pytest.mark.slow  # ~35-50 s: runs with --run-slow, which `nox -s tests` (and so CI) passes
 @settings(
     max_examples=6,  # every example loads every cut twice: ~2,000-3,500 loads
     deadline=None,
@@ -700,7 +702,7 @@ async def test_a_flushed_event_survives_sigkill_right_after_the_flush(tmp_path: 
     )
     assert process.stdout is not None
     try:
-        with trio.fail_after(60):  # a bound on a real process, not a sleep
+        with trio.fail_after(WAIT):  # a bound on a real process, not a sleep
             reported = await read_reports(process.stdout, 3)
             process.send_signal(signal.SIGKILL)  # right after a flush was reported
             await process.wait()
@@ -738,7 +740,7 @@ async def start_holder(root: Path, session_id: str, events: int) -> trio.Process
         [sys.executable, str(script), str(root), session_id, str(events), str(events)], stdout=subprocess.PIPE
     )
     assert process.stdout is not None
-    with trio.fail_after(60):  # a bound on a real process, not a sleep
+    with trio.fail_after(WAIT):  # a bound on a real process, not a sleep
         assert await read_reports(process.stdout, 1) == events
     return process
 
@@ -952,7 +954,7 @@ async def test_a_special_file_planted_as_the_log_is_refused_before_any_read(
     store = SessionStore(persistence, clock=fixed_clock)
     caplog.set_level(logging.WARNING, logger="trio_harness.session.jsonl")
     # A real deadline only as a bound: a read of a FIFO or of /dev/zero would never end.
-    with trio.fail_after(10):
+    with trio.fail_after(WAIT):
         for attempt in (persistence.load("s1"), store.prepare_resume("s1")):
             with pytest.raises(SessionStoreError, match=expected):
                 await attempt
@@ -982,7 +984,7 @@ async def test_list_does_not_follow_planted_links(tmp_path: Path, caplog: pytest
     (persistence.root / "fifo").mkdir()
     os.mkfifo(persistence.root / "fifo" / LOG_NAME)
     caplog.set_level(logging.WARNING, logger="trio_harness.session.jsonl")
-    with trio.fail_after(10):
+    with trio.fail_after(WAIT):
         assert [h.id for h in persistence.list()] == ["good"]
     warned = " ".join(r.getMessage() for r in caplog.records)
     assert "root/linked" in warned and "a symbolic link" in warned and "a FIFO" in warned

@@ -58,6 +58,7 @@ def _fresh_copy(destination: Path) -> None:
             shutil.copy2(source, target)
 
 
+@pytest.mark.slow  # builds a virtual environment: about 20 s
 def test_every_other_block_runs_verbatim_on_a_fresh_copy(tmp_path: Path) -> None:
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.fail("this test needs a git checkout (it copies the tracked files)")

@@ -1,4 +1,4 @@
-"""Resume: turns and seqs continue, inbox kept, identical requests (invariant 28)."""
+"""Resume: turns and seqs continue, inbox kept, identical requests (docs/guarantees.rst, "Sessions")."""
 
 from __future__ import annotations
 
@@ -124,6 +124,34 @@ async def test_resume_after_crash_mid_turn_closes_the_turn(
             await agent.when_idle()
             assert [e.turn for e in agent.session.events if isinstance(e, ev.TurnStart)] == [1, 2, 3]
             assert_balanced(agent.session)
+
+
+async def test_keep_inbox_cancel_dispose_resume_keeps_pending_and_turn_numbers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    model = ScriptedModel([{"text": "one"}, {"hang": True}, {"text": "parked ran"}, {"text": "wake ran"}])
+    async with open_test_harness(model) as h:
+        handle = await h.agents.create(session_id="s1")
+        agent = handle.agent
+        agent.followup("one")
+        await agent.when_idle()
+        agent.followup("two")
+        parked = agent.followup("parked")
+        await trio.testing.wait_all_tasks_blocked()
+        agent.inject("mid-turn inject")
+        agent.cancel(keep_inbox=True)
+        await agent.when_idle()
+        await handle.dispose()
+        handle2 = await h.agents.resume("s1")
+        again = handle2.agent
+        assert parked in again.inbox and len(again.inbox.next_step) == 1
+        assert again.status == "idle"
+        again.followup("wake")
+        await again.when_idle()
+        starts = [e.turn for e in again.session.events if isinstance(e, ev.TurnStart)]
+        assert starts == [1, 2, 3, 4]
+        assert_balanced(again.session)
+        await handle2.dispose()
 
 
 # ---------------------------------------------------------------- the resume pipeline

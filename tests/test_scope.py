@@ -1,4 +1,4 @@
-"""Lifecycle scopes (``trio_harness._scope``) and the event bus (``trio_harness._bus``).
+"""Lifecycle scopes (``trio_harness._scope``); the event bus is in ``tests/test_bus.py``.
 
 Every wait is on Trio's clock: ``autojump_clock`` where virtual time must pass,
 ``wait_all_tasks_blocked`` where a test needs everything else to be parked.
@@ -18,7 +18,6 @@ import pytest
 import trio
 import trio.testing
 
-from trio_harness._bus import EventBus, Notice
 from trio_harness._errors import PluginError, ScopeClosedError
 from trio_harness._harness import open_harness
 from trio_harness._scope import Scope, current_scope, open_scope
@@ -30,13 +29,6 @@ from trio_harness.model._scripted import ScriptedModel
 def state(scope: Scope) -> str:
     """``open``, ``closing`` or ``closed`` (a function, so type checkers do not narrow it)."""
     return "closed" if scope.closed else "closing" if scope.closing else "open"
-
-
-@attrs.frozen
-class Subject:
-    """A notice subject: the bus needs only an id."""
-
-    id: str
 
 
 @attrs.define
@@ -617,54 +609,6 @@ async def test_a_duplicate_plugin_name_is_refused_without_applying_it() -> None:
         assert second.applied == []
         assert root.plugins == {"tools": first}
         assert list(root.children) == [first.scope] and state(first.scope) == "open"
-
-
-# ------------------------------------------------------------------ event bus
-
-
-def test_a_throwing_listener_is_logged_and_the_next_listener_still_runs(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    bus = EventBus()
-    got: list[str] = []
-
-    def boom(notice: Notice) -> None:
-        raise RuntimeError("listener failed")
-
-    bus.on("session/created", boom)
-    bus.on("session/created", lambda n: got.append(f"specific {n.subject.id}"))
-    bus.on("*", lambda n: got.append(f"wildcard {n.name} {dict(n.data)}"))
-    caplog.set_level(logging.ERROR, logger="trio_harness.bus")
-    bus.emit("session/created", Subject("s1"), source="startup")
-    assert got == ["specific s1", "wildcard session/created {'source': 'startup'}"]
-    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(errors) == 1
-    assert "session/created" in errors[0].getMessage()
-    assert errors[0].exc_info is not None and str(errors[0].exc_info[1]) == "listener failed"
-
-
-def test_bus_remover_unsubscribes_only_that_listener() -> None:
-    bus = EventBus()
-    got: list[str] = []
-    remove_a = bus.on("x", lambda n: got.append("a"))
-    bus.on("x", lambda n: got.append("b"))
-    remove_any = bus.on("*", lambda n: got.append("any"))
-    bus.emit("x", Subject("s"))
-    remove_a()
-    remove_a()  # idempotent
-    remove_any()
-    bus.emit("x", Subject("s"))
-    bus.emit("y", Subject("s"))  # nobody listens
-    assert got == ["a", "b", "any", "b"]
-
-
-def test_notice_carries_name_subject_and_data() -> None:
-    bus = EventBus()
-    got: list[Notice] = []
-    bus.on("agent/status", got.append)
-    subject = Subject("a")
-    bus.emit("agent/status", subject, status="running")
-    assert got == [Notice("agent/status", subject, {"status": "running"})]
 
 
 async def test_open_child_cancelled_while_opening_leaves_no_child() -> None:

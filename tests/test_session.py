@@ -1,4 +1,4 @@
-"""The session log (``Session``) and session id validation (invariants 23, 26)."""
+"""The session log (``Session``) and session id validation (docs/guarantees.rst, "Sessions")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The session store: prepare / enter / announce / detach, resume, recovery, fork.
 
 Every test runs against both persistence providers (in memory and JSONL on
-``tmp_path``); invariants 5, 6, 7, 27 and 29.
+``tmp_path``).  What they pin: docs/guarantees.rst, "Publication" and "Sessions".
 """
 
 from __future__ import annotations

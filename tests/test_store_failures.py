@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+from _util import WAIT
 
 from trio_harness import JsonlPersistence, ScriptedModel, Session, SessionStoreError, open_harness
 from trio_harness.session import _events as ev
@@ -29,8 +30,6 @@ from trio_harness.session._events import Event, SessionHeader
 from trio_harness.session._persistence import LoadedSession, MemoryPersistence
 from trio_harness.session._session import SessionWriter
 from trio_harness.testing import assert_balanced
-
-WAIT = 30.0
 
 
 def break_store(root: Path) -> None:

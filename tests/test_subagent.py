@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 import trio.testing
@@ -158,6 +160,31 @@ async def test_background_subagent_completion_is_readable(autojump_clock: trio.t
             assert read.content.startswith("42\n[status: completed")
 
 
+async def test_kill_of_a_background_child_that_already_answered(autojump_clock: object) -> None:
+    """A child that finished its turn and is only being disposed: the kill must not fail or hang."""
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "subagent", "arguments": {"prompt": "compute", "run_in_background": True}}]},
+            {"text": "waiting"},
+        ]
+    )
+    child_model = ScriptedModel([{"text": "42", "delay": 1}])
+    async with open_test_harness(
+        model,
+        builtin_tools=["tasks", "subagent"],
+        task_tool_options={"quiet": True},
+        subagent_options={"child_options": AgentOptions(model=child_model)},
+    ) as h:
+        async with h.agents.open() as agent:
+            agent.followup("go")
+            await agent.when_idle()
+            await trio.sleep(10)
+            snap = await h.tasks.kill("subagent-1", agent)
+            assert snap.status == "completed"
+            read = h.tasks.read("subagent-1", agent)
+            assert read.output == "42"
+
+
 async def test_parent_disposal_disposes_a_background_child(autojump_clock: trio.testing.MockClock) -> None:
     model = ScriptedModel(
         [
@@ -174,6 +201,58 @@ async def test_parent_disposal_disposes_a_background_child(autojump_clock: trio.
         await handle.dispose()
         assert h.agents.list() == [] and h.sessions.list() == []
         assert h.tasks.list() == []
+
+
+async def test_parent_disposed_while_a_background_child_is_being_created(
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: object
+) -> None:
+    original = SubagentToolPlugin._create_child
+    entered = trio.Event()
+
+    async def slow_create(self: SubagentToolPlugin, agents: Any, parent: Any) -> Any:
+        entered.set()
+        await trio.sleep(5)
+        return await original(self, agents, parent)
+
+    monkeypatch.setattr(SubagentToolPlugin, "_create_child", slow_create)
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "subagent", "arguments": {"prompt": "job", "run_in_background": True}}]},
+            {"text": "ok"},
+        ]
+    )
+    options = {"child_options": AgentOptions(model=ScriptedModel([{"hang": True}]))}
+    async with open_test_harness(model, builtin_tools=["tasks", "subagent"], subagent_options=options) as h:
+        handle = await h.agents.create()
+        handle.agent.followup("go")
+        await entered.wait()
+        await handle.dispose()
+        assert h.agents.list() == [] and h.sessions.list() == []
+        assert h.tasks.list() == []
+        await trio.sleep(10)
+        assert h.agents.list() == []
+
+
+async def test_parent_disposal_of_a_running_background_child_is_clean(
+    autojump_clock: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "subagent", "arguments": {"prompt": "forever", "run_in_background": True}}]},
+            {"text": "ok"},
+        ]
+    )
+    options = {"child_options": AgentOptions(model=ScriptedModel([{"hang": True}]))}
+    async with open_test_harness(model, builtin_tools=["tasks", "subagent"], subagent_options=options) as h:
+        seen: list[Any] = []
+        h.tasks.on_task_done(seen.append)
+        handle = await h.agents.create()
+        handle.agent.followup("go")
+        await handle.agent.when_idle()
+        await handle.dispose()
+        assert [s.status for s in seen] == ["killed"]
+        assert seen[0].error is None
+    assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
 
 
 @pytest.mark.parametrize("stop", ["cancel", "dispose"])

@@ -1,4 +1,5 @@
-"""The task controller: task_output / task_list / task_kill, notices and rendering (seed 003)."""
+"""The task controller: task_output / task_list / task_kill, notices and rendering
+(docs/guarantees.rst, "Background tasks")."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from _task_fakes import FakeOwner
+from _fakes import FakeOwner, FakeProducer, make_owner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -41,52 +42,7 @@ from trio_harness.tasks import (
 from trio_harness.testing import open_test_harness
 from trio_harness.tools import TaskToolsPlugin, task_tools
 
-# ---------------------------------------------------------------- fakes
-
-
-@attrs.define(eq=False)
-class FakeProducer:
-    """A producer built on a trio.Event: finish() (or cancel) settles done."""
-
-    stream: bool = True
-    cancel_error: Exception | None = None
-    settle_on_cancel: bool = True
-    chunks: list[str] = attrs.field(factory=list)
-    cancels: list[str | None] = attrs.field(factory=list)
-    outcome: TaskOutcome | None = None
-    finished: trio.Event = attrs.field(factory=trio.Event)
-
-    def emit(self, text: str) -> None:
-        self.chunks.append(text)
-
-    def finish(self, outcome: TaskOutcome) -> None:
-        if self.outcome is None:
-            self.outcome = outcome
-            self.finished.set()
-
-    def cancel(self, reason: str | None) -> None:
-        self.cancels.append(reason)
-        if self.cancel_error is not None:
-            raise self.cancel_error
-        if self.settle_on_cancel:
-            self.finish(TaskOutcome("killed"))
-
-    async def done(self) -> TaskOutcome:
-        await self.finished.wait()
-        assert self.outcome is not None
-        return self.outcome
-
-    def read_output(self) -> str:
-        text = "".join(self.chunks)
-        self.chunks.clear()
-        return text
-
-    async def run(self) -> TaskHooks:
-        return TaskHooks(
-            cancel=self.cancel,
-            done=self.done,
-            read_output=self.read_output if self.stream else None,
-        )
+# ---------------------------------------------------------------- helpers
 
 
 def spec(
@@ -115,10 +71,6 @@ async def root(tasks: TaskService) -> AsyncIterator[Scope]:
 @pytest.fixture
 async def toolset() -> ToolSet:
     return ToolSet()
-
-
-async def make_owner(root: Scope, session_id: str = "s1") -> FakeOwner:
-    return FakeOwner(id=session_id, scope=await root.open_child(f"agent:{session_id}"))
 
 
 async def load(root: Scope, tasks: TaskService, toolset: ToolSet, **options: Any) -> TaskToolsPlugin:
@@ -328,6 +280,31 @@ async def test_task_kill_whose_cancel_raises_is_an_error(tasks: TaskService, roo
     assert result.is_error
     assert "EPERM" in result.content
     assert tasks.get("bash-1", owner).status == "running"
+
+
+async def test_task_list_with_unicode_labels_respects_the_byte_limit(autojump_clock: object) -> None:
+    async def run() -> TaskHooks:
+        stop = trio.Event()
+
+        async def done() -> TaskOutcome:
+            await stop.wait()
+            return TaskOutcome("killed")
+
+        return TaskHooks(cancel=lambda reason: stop.set(), done=done)
+
+    model = ScriptedModel([{"tool_calls": [{"name": "task_list", "arguments": {}}]}, {"text": "ok"}])
+    async with (
+        open_test_harness(model, builtin_tools=["tasks"], task_tool_options={"output_limit_bytes": 61}) as h,
+        h.agents.open() as agent,
+    ):
+        for label in ("☃☃☃☃☃ 日本語のラベル", "🎉" * 20, "a\nb\u2028c\ud800"):
+            await h.tasks.start(TaskSpec(kind="job", label=label, owner=agent, run=run))
+        agent.followup("go")
+        await agent.when_idle()
+        (listing,) = [e for e in agent.session.events if isinstance(e, ev.ToolResult)]
+        data = listing.content.encode("utf-8")
+        assert len(data) <= 61
+        assert listing.content.startswith("job-1 [job] running — ☃")
 
 
 # ---------------------------------------------------------------- notices
@@ -740,7 +717,7 @@ def test_task_tool_results_never_exceed_the_limit(plugin_limit: int, task_limit:
     trio.run(scenario)
 
 
-# ---------------------------------------------------------------- plugin reload (36)
+# ---------------------------------------------------------------- plugin reload
 
 
 async def test_plugin_reload_keeps_tasks_and_isolation(tasks: TaskService, root: Scope, toolset: ToolSet) -> None:

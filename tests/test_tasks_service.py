@@ -1,4 +1,4 @@
-"""The background task runtime (seed 003, invariants 30-37): TaskService."""
+"""The background task runtime: TaskService (docs/guarantees.rst, "Background tasks")."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from _task_fakes import FakeOwner
+from _fakes import FakeOwner, FakeProducer, make_owner
 
 from trio_harness._bus import Notice
 from trio_harness._errors import TaskError, TaskNotFoundError, TaskStartError
@@ -26,61 +26,7 @@ from trio_harness.tasks import (
 )
 from trio_harness.testing import open_test_harness
 
-# ---------------------------------------------------------------- fakes
-
-
-@attrs.define(eq=False)
-class FakeProducer:
-    """A producer built on a trio.Event: finish() (or cancel) settles done."""
-
-    stream: bool = True
-    cancel_error: Exception | None = None
-    settle_on_cancel: bool = True
-    cancel_outcome: TaskOutcome = attrs.field(factory=lambda: TaskOutcome("killed", detail={"signal": "SIGTERM"}))
-    chunks: list[str] = attrs.field(factory=list)
-    cancels: list[str | None] = attrs.field(factory=list)
-    runs: int = 0
-    released: bool = False
-    outcome: TaskOutcome | None = None
-    finished: trio.Event = attrs.field(factory=trio.Event)
-
-    def emit(self, text: str) -> None:
-        self.chunks.append(text)
-
-    def finish(self, outcome: TaskOutcome) -> None:
-        if self.outcome is None:
-            self.outcome = outcome
-            self.finished.set()
-
-    def cancel(self, reason: str | None) -> None:
-        self.cancels.append(reason)
-        if self.cancel_error is not None:
-            raise self.cancel_error
-        if self.settle_on_cancel:
-            self.finish(self.cancel_outcome)
-
-    async def done(self) -> TaskOutcome:
-        await self.finished.wait()
-        self.released = True
-        assert self.outcome is not None
-        return self.outcome
-
-    def read_output(self) -> str:
-        text = "".join(self.chunks)
-        self.chunks.clear()
-        return text
-
-    def hooks(self) -> TaskHooks:
-        return TaskHooks(
-            cancel=self.cancel,
-            done=self.done,
-            read_output=self.read_output if self.stream else None,
-        )
-
-    async def run(self) -> TaskHooks:
-        self.runs += 1
-        await trio.lowlevel.checkpoint()
-        return self.hooks()
+# ---------------------------------------------------------------- helpers
 
 
 def spec(
@@ -108,17 +54,13 @@ async def root(tasks: TaskService) -> AsyncIterator[Scope]:
         yield scope
 
 
-async def make_owner(root: Scope, session_id: str = "s1") -> FakeOwner:
-    return FakeOwner(id=session_id, scope=await root.open_child(f"agent:{session_id}"))
-
-
 def collect(tasks: TaskService) -> list[TaskSnapshot]:
     seen: list[TaskSnapshot] = []
     tasks.on_task_done(seen.append)
     return seen
 
 
-# ---------------------------------------------------------------- ids and preflight (30, 31)
+# ---------------------------------------------------------------- ids and preflight
 
 
 async def test_ids_count_per_kind(tasks: TaskService) -> None:
@@ -259,7 +201,7 @@ async def test_closing_owner_scope_is_refused(tasks: TaskService, root: Scope) -
     assert producer.runs == 0
 
 
-# ---------------------------------------------------------------- authorization (32)
+# ---------------------------------------------------------------- authorization
 
 
 async def test_owned_task_visible_only_to_owning_session(tasks: TaskService, root: Scope) -> None:
@@ -304,7 +246,7 @@ async def test_unknown_id_has_the_same_message(tasks: TaskService, root: Scope) 
         assert isinstance(info.value, LookupError)
 
 
-# ---------------------------------------------------------------- reads (33)
+# ---------------------------------------------------------------- reads
 
 
 async def test_stream_reads_consume(tasks: TaskService) -> None:
@@ -375,7 +317,7 @@ async def test_read_output_error_is_a_task_error(tasks: TaskService) -> None:
         tasks.read("bash-1")
 
 
-# ---------------------------------------------------------------- waits (34)
+# ---------------------------------------------------------------- waits
 
 
 async def test_wait_returns_terminal_snapshot(tasks: TaskService, autojump_clock: object) -> None:
@@ -576,7 +518,7 @@ async def test_kill_whose_cancel_raises_fails_and_leaves_the_task_running(
     assert not snap.reported
 
 
-# ---------------------------------------------------------------- settlement (35)
+# ---------------------------------------------------------------- settlement
 
 
 async def test_first_outcome_wins_after_forced_failure(
@@ -628,7 +570,7 @@ async def test_done_that_raises_is_contained_as_failed(tasks: TaskService, caplo
     assert "contract violation" in snap.error
 
 
-# ---------------------------------------------------------------- owner lifecycle (36)
+# ---------------------------------------------------------------- owner lifecycle
 
 
 async def test_owner_disposal_cancels_awaits_and_forgets_its_tasks(

@@ -1,11 +1,11 @@
 """The session store service (``harness.sessions``).
 
-Publication is split the way seed 002 requires: *prepare* builds a session that
-nobody can see (a fresh one, or one loaded and recovered from persistence);
-*enter* makes it live under its id (the authoritative same-id arbitration:
-a second live session with the same id is refused); *announce* emits
-``session/created``; *detach* flushes, removes exactly that entry and emits
-``session/disposed`` if it had been announced.
+Publication is split in steps (docs/guarantees.rst, "Publication"): *prepare*
+builds a session that nobody can see (a fresh one, or one loaded and recovered
+from persistence); *enter* makes it live under its id (the authoritative same-id
+arbitration: a second live session with the same id is refused); *announce*
+emits ``session/created``; *detach* flushes, removes exactly that entry and
+emits ``session/disposed`` if it had been announced.
 """
 
 from __future__ import annotations
