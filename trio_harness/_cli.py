@@ -384,9 +384,11 @@ class _TerminalApprover:
         title = tool_title(request.tool, request.raw_arguments, limit=200)
         if self._tty is None:
             self.printer.break_line()
-            _error(
-                f"denied {title}: it needs approval and there is no terminal to ask on; "
-                "run with --yes to allow tool calls without asking"
+            print(
+                f"{PROG}: denied {title}: it needs approval and there is no terminal to ask on; "
+                "run with --yes to allow tool calls without asking",
+                file=sys.stderr,
+                flush=True,
             )
             return ApprovalDecision.deny(
                 "there is no terminal to ask the user for approval; "

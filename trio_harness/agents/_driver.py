@@ -644,8 +644,9 @@ class ReactAgent:
         session = self._session
         where = {"turn": turn, "step": step, "call_id": call.id, "name": call.name}
         try:
-            if asked is not None and index > 0:
-                await asked[index - 1].wait()  # the previous call has had its answer
+            if asked is not None:
+                for earlier in asked[:index]:  # every earlier call has had its answer
+                    await earlier.wait()
             try:
                 needed = tool.needs_approval(args)
             except Exception as exc:
@@ -734,7 +735,7 @@ class ReactAgent:
         logged = 0
         approver = self._approver
         # Approval asks are sequential, in model order, also for calls that run in
-        # parallel: call i asks once call i-1 is past its approval (docs/approval.rst).
+        # parallel: call i asks once every earlier call is past its approval (docs/approval.rst).
         asked = [trio.Event() for _ in range(count)] if approver is not None and count > 1 else None
 
         def deliver(index: int, content: str, is_error: bool) -> None:
