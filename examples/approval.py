@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -51,15 +52,15 @@ async def approver(request: ApprovalRequest) -> ApprovalDecision:
     return ApprovalDecision.allow_once()
 
 
-def bash(command: str) -> dict[str, object]:
+def bash(command: str) -> dict[str, Any]:
     return {"tool_calls": [{"name": "bash", "arguments": {"command": command}}]}
 
 
-def email(to: str, subject: str) -> dict[str, object]:
+def email(to: str, subject: str) -> dict[str, Any]:
     return {"tool_calls": [{"name": "send_email", "arguments": {"to": to, "subject": subject}}]}
 
 
-SCRIPT = [
+SCRIPT: list[dict[str, Any]] = [
     bash("echo hello"),  # on the allow-list: runs without asking
     bash("echo hello > greeting.txt"),  # a redirection: asked, allowed once
     bash("rm greeting.txt"),  # asked, denied with a message

@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
+from trio_harness.acp._jsonrpc import OutgoingRequests, PeerGoneError, Response
 from trio_harness.session import JsonlPersistence
 from trio_harness.session import _events as ev
 
@@ -274,3 +276,45 @@ async def test_a_disconnect_during_the_request_ends_it_as_cancelled(tmp_path: Pa
     assert (decided.outcome, decided.source, decided.cause) == ("cancelled", "cancelled", "disposed")
     end = events[-1]
     assert isinstance(end, ev.TurnEnd) and (end.reason, end.cause) == ("aborted", "disposed")
+
+
+# ---------------------------------------------------------------- outgoing requests (no I/O)
+
+
+async def test_outgoing_requests_route_responses_and_forget_cancelled_waits() -> None:
+    sent: list[dict[str, Any]] = []
+    requests = OutgoingRequests()
+    answers: list[Response] = []
+
+    async def ask(method: str) -> None:
+        answers.append(await requests.call(sent.append, method, {"q": method}))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask, "first")
+        await trio.testing.wait_all_tasks_blocked()
+        assert sent == [{"jsonrpc": "2.0", "id": 1, "method": "first", "params": {"q": "first"}}]
+        assert requests.resolve(Response(1, result={"ok": True}))
+    assert answers == [Response(1, result={"ok": True})] and len(requests) == 0
+
+    # A cancelled wait stops at once, tells the peer, and ignores the late answer.
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await requests.call(sent.append, "second", None)
+    assert sent[-2:] == [
+        {"jsonrpc": "2.0", "id": 2, "method": "second", "params": None},
+        {"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": 2}},
+    ]
+    assert not requests.resolve(Response(2, result={"late": True}))
+
+    # Closing the connection ends every wait with PeerGoneError; later calls fail at once.
+    async with trio.open_nursery() as nursery:
+
+        async def gone() -> None:
+            with pytest.raises(PeerGoneError, match="disconnected before answering third"):
+                await requests.call(sent.append, "third", None)
+
+        nursery.start_soon(gone)
+        await trio.testing.wait_all_tasks_blocked()
+        requests.close()
+    with pytest.raises(PeerGoneError, match="connection is closed"):
+        await requests.call(sent.append, "fourth", None)

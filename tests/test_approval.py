@@ -244,11 +244,12 @@ async def test_deny_always_is_remembered_and_rebuilt_after_resume(tmp_path: Path
                 "approved, so it did not run; message: never in this project"
             )
             assert second.content == (
-                "error: denied: calls to 'danger' were denied for this session, so this call did not run"
+                "error: denied: calls to 'danger' were denied for this session, so this call did not run; "
+                "message: never in this project"
             )
-            assert [(d.outcome, d.source) for d in of(agent, ev.ApprovalDecided)] == [
-                ("deny_always", "approver"),
-                ("deny_always", "remembered"),
+            assert [(d.outcome, d.source, d.message) for d in of(agent, ev.ApprovalDecided)] == [
+                ("deny_always", "approver", "never in this project"),
+                ("deny_always", "remembered", "never in this project"),
             ]
     again = ScriptedModel([{"tool_calls": [call("danger", "3")]}, {"text": "ok"}])
     async with open_harness(model=again, store=tmp_path, builtin_tools=False, approver=refuse_to_be_asked) as h:
@@ -256,7 +257,10 @@ async def test_deny_always_is_remembered_and_rebuilt_after_resume(tmp_path: Path
         async with h.agents.open(session_id="s", resume=True) as agent:
             agent.followup("again")
             await agent.when_idle()
-            assert results(agent)[-1].content.startswith("error: denied: calls to 'danger' were denied")
+            assert results(agent)[-1].content == (
+                "error: denied: calls to 'danger' were denied for this session, so this call did not run; "
+                "message: never in this project"
+            )
     assert ran.calls == []
 
 

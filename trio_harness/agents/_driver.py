@@ -113,8 +113,9 @@ class ReactAgent:
     _parent_id: str | None = attrs.field(default=None, alias="parent_id")
     # Asked before calls of tools that require approval; None: they run without asking.
     _approver: Approver | None = attrs.field(default=None, alias="approver")
-    # allow_always / deny_always decisions of this session, per tool name (rebuilt from the log).
-    _standing: dict[str, ApprovalOutcome] = attrs.field(factory=dict, init=False)
+    # allow_always / deny_always decisions of this session and their messages, per tool
+    # name (rebuilt from the log).
+    _standing: dict[str, tuple[ApprovalOutcome, str | None]] = attrs.field(factory=dict, init=False)
     _tools: ToolSet = attrs.field(factory=ToolSet, init=False)
     _inbox: Inbox = attrs.field(init=False)
     _history: History = attrs.field(init=False)
@@ -202,7 +203,7 @@ class ReactAgent:
     @property
     def standing_decisions(self) -> dict[str, ApprovalOutcome]:
         """The ``allow_always`` / ``deny_always`` decisions of this session, by tool name (a copy)."""
-        return dict(self._standing)
+        return {name: outcome for name, (outcome, _) in self._standing.items()}
 
     @property
     def turn(self) -> int:
@@ -622,7 +623,7 @@ class ReactAgent:
         for index in range(self._session.header.seed_length, len(events)):
             event = events[index]
             if type(event) is ev.ApprovalDecided and event.outcome in ("allow_always", "deny_always"):
-                self._standing[event.name] = event.outcome
+                self._standing[event.name] = (event.outcome, event.message)
 
     async def _approve(
         self,
@@ -658,10 +659,13 @@ class ReactAgent:
                 return None
             standing = self._standing.get(call.name)
             if standing is not None:
-                session.append(ev.ApprovalDecided, **where, outcome=standing, source="remembered")
-                if standing == "allow_always":
+                outcome, remembered_message = standing
+                session.append(
+                    ev.ApprovalDecided, **where, outcome=outcome, source="remembered", message=remembered_message
+                )
+                if outcome == "allow_always":
                     return None
-                return _denied_text(call.name, standing, None, remembered=True)
+                return _denied_text(call.name, outcome, remembered_message, remembered=True)
             session.append(ev.ApprovalRequested, **where, arguments=call.arguments)
             request = ApprovalRequest(
                 tool=call.name,
@@ -718,7 +722,7 @@ class ReactAgent:
                 await trio.lowlevel.checkpoint()  # raises Cancelled
             session.append(ev.ApprovalDecided, **where, outcome=verdict, source="approver", message=decision.message)
             if verdict == "allow_always" or verdict == "deny_always":
-                self._standing[call.name] = verdict
+                self._standing[call.name] = (verdict, decision.message)
             if not decision.allowed:
                 return _denied_text(call.name, verdict, decision.message)
             return None
