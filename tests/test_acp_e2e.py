@@ -47,7 +47,7 @@ async def test_prompt_with_tool_calls_streams_updates(tmp_path: Path) -> None:
         },
         {"text": "All done here.", "reasoning": "The tools ran."},
     ]
-    async with open_server(tmp_path, script) as client:
+    async with open_server(tmp_path, script, extra=("--yes",)) as client:
         await client.initialize()
         session_id = await client.new_session(tmp_path)
         prompt = client.prompt(session_id, "list my tasks, then say hi")
@@ -104,7 +104,9 @@ async def test_failing_tool_calls_are_failed_live_and_in_replay(tmp_path: Path) 
         {"name": "bash", "arguments": {"command": "kill -TERM $$", "run_in_background": False}},
     ]
     expected = ["failed", "failed", "completed", "failed"]
-    async with open_server(tmp_path, [{"tool_calls": calls}, {"text": "ok"}], store=store, name="live") as client:
+    async with open_server(
+        tmp_path, [{"tool_calls": calls}, {"text": "ok"}], store=store, name="live", extra=("--yes",)
+    ) as client:
         session_id = await client.new_session(tmp_path)
         prompt = client.prompt(session_id, "go")
         await client.send(prompt)
@@ -405,7 +407,7 @@ async def test_disconnect_kills_background_processes_of_its_sessions(tmp_path: P
         },
         {"hang": True},
     ]
-    async with open_server(tmp_path, script) as client:
+    async with open_server(tmp_path, script, extra=("--yes",)) as client:
         session_id = await client.new_session(tmp_path)
         prompt = client.prompt(session_id, "start something long")
         await client.send(prompt)

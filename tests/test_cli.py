@@ -87,7 +87,7 @@ async def test_run_streams_the_answer_and_shows_tool_calls(tmp_path: Path) -> No
         ],
     )
     store = tmp_path / "store"
-    result = await cli("run", "what is the answer?", "--model", model, "--store", str(store), cwd=tmp_path)
+    result = await cli("run", "what is the answer?", "--model", model, "--store", str(store), "--yes", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.decode() == "The answer is 42.\n"
     err = result.stderr.decode().splitlines()
@@ -188,7 +188,7 @@ async def test_sessions_show_truncates_long_tool_output(tmp_path: Path) -> None:
             {"text": "done"},
         ],
     )
-    result = await cli("run", "count", "--model", model, "--store", store, cwd=tmp_path)
+    result = await cli("run", "count", "--model", model, "--store", store, "--yes", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     session_id = session_line(result.stderr)
     tool_lines = [line for line in result.stderr.decode().splitlines() if line.startswith("[tool result]")]

@@ -15,6 +15,10 @@ from trio_harness.model._protocol import Failure, ToolCall, Usage
 from trio_harness.session import FORMAT_VERSION, SessionHeader, decode_event, decode_header, encode_event, encode_header
 from trio_harness.session._events import (
     EVENT_TYPES,
+    ApprovalDecided,
+    ApprovalOutcome,
+    ApprovalRequested,
+    ApprovalSource,
     AssistantChunk,
     AssistantMessage,
     CancelCause,
@@ -90,6 +94,16 @@ EVENT_FIELDS: dict[type[Event], dict[str, st.SearchStrategy[Any]]] = {
         "inserted": st.lists(inbox_messages, max_size=3).map(tuple),
         "outcome": st.none() | st.sampled_from(["canceled", "claimed"]),
         "turn": st.none() | ints,
+    },
+    ApprovalRequested: {**_STEP, "call_id": texts, "name": texts, "arguments": texts},
+    ApprovalDecided: {
+        **_STEP,
+        "call_id": texts,
+        "name": texts,
+        "outcome": st.sampled_from(get_args(ApprovalOutcome)),
+        "source": st.sampled_from(get_args(ApprovalSource)),
+        "message": st.none() | texts,
+        "cause": st.none() | st.sampled_from(get_args(CancelCause)),
     },
 }
 

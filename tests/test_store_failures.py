@@ -229,7 +229,18 @@ async def test_cli_run_exits_non_zero_with_one_line_when_the_turn_cannot_be_stor
     script = _breaking_script(tmp_path, store)
     with trio.fail_after(WAIT):
         result = await trio.run_process(
-            [sys.executable, "-m", "trio_harness", "run", "go", "--model", f"scripted:{script}", "--store", str(store)],
+            [
+                sys.executable,
+                "-m",
+                "trio_harness",
+                "run",
+                "go",
+                "--yes",
+                "--model",
+                f"scripted:{script}",
+                "--store",
+                store,
+            ],
             cwd=tmp_path,
             capture_stdout=True,
             capture_stderr=True,
@@ -248,6 +259,7 @@ async def test_acp_answers_a_prompt_whose_turn_cannot_be_stored_with_an_error(tm
     store = tmp_path / "store"
     script = _breaking_script(tmp_path, store)
     command = [sys.executable, "-m", "trio_harness", "acp", "--model", f"scripted:{script}", "--store", str(store)]
+    command.append("--yes")
     process = await trio.lowlevel.open_process(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=tmp_path)
     assert process.stdin is not None
     assert process.stdout is not None

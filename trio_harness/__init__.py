@@ -49,6 +49,9 @@ from ._version import __version__ as __version__
 from .agents import Agent as Agent
 from .agents import AgentHandle as AgentHandle
 from .agents import AgentOptions as AgentOptions
+from .agents import ApprovalDecision as ApprovalDecision
+from .agents import ApprovalRequest as ApprovalRequest
+from .agents import Approver as Approver
 from .agents import FunctionTool as FunctionTool
 from .agents import Inbox as Inbox
 from .agents import Tool as Tool
@@ -63,5 +66,6 @@ from .session import MemoryPersistence as MemoryPersistence
 from .session import Session as Session
 from .session import SessionHeader as SessionHeader
 from .tasks import TaskOptions as TaskOptions
+from .tools import BashToolOptions as BashToolOptions
 from .tools import SubagentOptions as SubagentOptions
 from .tools import TaskToolOptions as TaskToolOptions

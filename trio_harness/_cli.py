@@ -15,6 +15,12 @@ Exit codes: 0 success; 1 a failed turn or an unreadable session; 2 a usage
 error (bad ``--model``, missing API key, unknown session); 3 a turn stopped by
 a limit (max tokens, max steps); 130 interrupted (Ctrl-C, after cancelling
 the turn cleanly).
+
+Approval (docs/approval.rst): ``run`` asks ``y / n / always`` on the terminal
+before each call that requires approval (``bash`` commands); without a
+terminal it denies them and says so on stderr; ``--yes`` runs them without
+asking.  ``acp`` asks the client with ``session/request_permission``;
+``acp --yes`` turns asking off.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from ._errors import HarnessError, InvalidSessionIdError, ModelError, SessionNot
 
 if TYPE_CHECKING:
     from ._records import Failure
+    from .agents._approval import ApprovalDecision, ApprovalRequest
     from .agents._turns import TurnOutcome
     from .model._protocol import ModelProvider
     from .session._events import Event, SessionHeader
@@ -137,6 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="longest accepted message line (default: 8 MiB)",
     )
+    acp.add_argument(
+        "--yes",
+        action="store_true",
+        help="run tool calls that require approval without asking the client (session/request_permission)",
+    )
     acp.set_defaults(handler=_cmd_acp)
 
     run = commands.add_parser(
@@ -155,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=None,
         help="model requests per turn before it stops (exit code 3)",
+    )
+    run.add_argument(
+        "--yes",
+        action="store_true",
+        help="run tool calls that require approval (bash commands) without asking; without it they are "
+        "asked y / n / always on the terminal, and denied when there is no terminal",
     )
     run.set_defaults(handler=_cmd_run)
 
@@ -268,7 +286,7 @@ async def _serve_acp(args: argparse.Namespace, provider: ModelProvider) -> int:
     from ._harness import open_harness
     from .acp._server import serve_stdio
 
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {"ask_permission": not args.yes}
     if args.max_line_bytes is not None:
         options["max_line_bytes"] = args.max_line_bytes
     signalled: int | None = None
@@ -334,6 +352,81 @@ class _Printer:
             print(f"{label} {_shorten(event.content, 200)}", file=self.err, flush=True)
 
 
+class _TerminalApprover:
+    """The approver of ``run``: asks ``y / n / always`` on the terminal.
+
+    The question goes to stderr and the answer is read from the controlling
+    terminal (``/dev/tty``), never from stdin, which may carry the prompt.
+    Without a terminal (stderr is not one, or there is no controlling
+    terminal) every call that requires approval is denied, with a line on
+    stderr saying how to allow it (``--yes``).  One question at a time.
+    """
+
+    def __init__(self, printer: _Printer) -> None:
+        self.printer = printer
+        self._lock = trio.Lock()
+        self._tty: trio.lowlevel.FdStream | None = None
+        self._buffer = b""
+        if sys.stderr.isatty():
+            try:
+                self._tty = trio.lowlevel.FdStream(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC))
+            except OSError:
+                self._tty = None
+
+    async def aclose(self) -> None:
+        if self._tty is not None:
+            await self._tty.aclose()
+
+    async def __call__(self, request: ApprovalRequest) -> ApprovalDecision:
+        from .acp._updates import tool_title
+        from .agents._approval import ApprovalDecision
+
+        title = tool_title(request.tool, request.raw_arguments, limit=200)
+        if self._tty is None:
+            self.printer.break_line()
+            print(
+                f"{PROG}: denied {title}: it needs approval and there is no terminal to ask on; "
+                "run with --yes to allow tool calls without asking",
+                file=sys.stderr,
+                flush=True,
+            )
+            return ApprovalDecision.deny(
+                "there is no terminal to ask the user for approval; "
+                "the user can rerun trio-harness with --yes to allow tool calls"
+            )
+        async with self._lock:
+            while True:
+                self.printer.break_line()
+                print(f"[approve] {title}: allow? [y]es / [n]o / [a]lways: ", end="", file=sys.stderr, flush=True)
+                line = await self._read_line()
+                if line is None:
+                    print(file=sys.stderr, flush=True)
+                    return ApprovalDecision.deny("no answer: the terminal reached end of input")
+                word, _, rest = line.strip().partition(" ")
+                word = word.lower()
+                if word in ("y", "yes"):
+                    return ApprovalDecision.allow_once()
+                if word in ("a", "always"):
+                    return ApprovalDecision.allow_always()
+                if word in ("n", "no"):
+                    return ApprovalDecision.deny(rest.strip() or None)
+                print("please answer y (yes), n (no, optionally followed by a reason) or a (always)", file=sys.stderr)
+
+    async def _read_line(self) -> str | None:
+        assert self._tty is not None
+        while b"\n" not in self._buffer:
+            try:
+                data = await self._tty.receive_some(4096)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                data = b""
+            if not data:
+                line, self._buffer = self._buffer, b""
+                return line.decode("utf-8", "replace") if line else None
+            self._buffer += data
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode("utf-8", "replace")
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     prompt: str = args.prompt
     if prompt == "-":
@@ -357,8 +450,11 @@ async def _run_prompt(args: argparse.Namespace, provider: ModelProvider, prompt:
     printer = _Printer(sys.stdout, sys.stderr)
     entered = False
     outcome: TurnOutcome | None = None
+    approver = None if args.yes else _TerminalApprover(printer)
     try:
-        async with open_harness(model=provider, store=args.store, builtin_tools=args.tools) as harness:
+        async with open_harness(
+            model=provider, store=args.store, builtin_tools=args.tools, approver=approver
+        ) as harness:
             entered = True
             options = AgentOptions(max_steps=args.max_steps) if args.max_steps else None
             try:
@@ -428,6 +524,8 @@ async def _run_prompt(args: argparse.Namespace, provider: ModelProvider, prompt:
             _error(str(exc))
         return EXIT_FAILED
     finally:
+        if approver is not None:
+            await approver.aclose()
         await _close_provider(provider)
     return _exit_code(outcome, interrupted=interrupts > 0)
 
@@ -564,6 +662,13 @@ def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 5
         elif isinstance(event, ev.ToolResult):
             label = "[tool error]" if event.is_error else "[tool result]"
             lines.append(f"  {label} {_shorten(event.content, width)}")
+        elif isinstance(event, ev.ApprovalDecided):
+            decided = f"  [approval] {event.name}: {event.outcome.replace('_', ' ')} ({event.source})"
+            if event.cause is not None:
+                decided += f" (cause: {event.cause})"
+            if event.message:
+                decided += f": {_shorten(event.message, width)}"
+            lines.append(decided)
         elif isinstance(event, ev.RequestRetry):
             lines.append(f"  [retry {event.attempt}] {event.failure.message} ({event.failure.code})")
         elif isinstance(event, ev.TurnEnd):

@@ -36,6 +36,7 @@ import attrs
 from ._bus import EventBus
 from ._errors import SessionStoreError
 from ._scope import DEFAULT_TEARDOWN_TIMEOUT, LoadedPlugin, Plugin, Scope, open_scope
+from .agents._approval import Approver
 from .agents._factory import ReactLoopFactory
 from .agents._registry import AgentRegistry
 from .agents._tools import ToolSet
@@ -47,13 +48,13 @@ from .session._persistence import MemoryPersistence, SessionPersistence
 from .session._store import SessionStore
 from .tasks._options import TaskOptions
 from .tasks._service import TaskService, open_task_service
-from .tools._bash import BashToolPlugin
+from .tools._bash import BashToolOptions, BashToolPlugin
 from .tools._subagent import SubagentOptions, SubagentToolPlugin
 from .tools._tasks import TaskToolOptions, TaskToolsPlugin
 
 __all__ = ["Harness", "open_harness", "resolve_store"]
 
-_O = TypeVar("_O", BashOptions, TaskOptions, TaskToolOptions, SubagentOptions)
+_O = TypeVar("_O", BashOptions, TaskOptions, TaskToolOptions, SubagentOptions, BashToolOptions)
 
 
 def _option_record(kind: type[_O], value: _O | Mapping[str, Any] | None, parameter: str) -> _O:
@@ -150,6 +151,8 @@ async def open_harness(
     task_options: TaskOptions | Mapping[str, Any] | None = None,
     task_tool_options: TaskToolOptions | Mapping[str, Any] | None = None,
     subagent_options: SubagentOptions | Mapping[str, Any] | None = None,
+    approver: Approver | None = None,
+    bash_tool_options: BashToolOptions | Mapping[str, Any] | None = None,
 ) -> AsyncIterator[Harness]:
     """Open a harness; every service stops (in reverse order) when the block exits.
 
@@ -175,6 +178,13 @@ async def open_harness(
             (:class:`~trio_harness.tools.TaskToolOptions`).
         subagent_options: settings of the subagent tool plugin
             (:class:`~trio_harness.tools.SubagentOptions`).
+        approver: asked before every call of a tool that requires approval
+            (``bash`` by default), for every agent whose options name no
+            approver of their own (:doc:`/approval`).  None (the default):
+            such calls run without asking, as before approval existed.
+        bash_tool_options: settings of the ``bash`` tool plugin
+            (:class:`~trio_harness.tools.BashToolOptions`): whether commands
+            require approval, and the command prefixes that never ask.
 
     Raises:
         TypeError: a settings argument has an unknown key or the wrong type.
@@ -188,6 +198,9 @@ async def open_harness(
     task_settings = _option_record(TaskOptions, task_options, "task_options")
     task_tool_settings = _option_record(TaskToolOptions, task_tool_options, "task_tool_options")
     subagent_settings = _option_record(SubagentOptions, subagent_options, "subagent_options")
+    bash_tool_settings = _option_record(BashToolOptions, bash_tool_options, "bash_tool_options")
+    if approver is not None and not callable(approver):
+        raise TypeError(f"approver must be an async callable or None, got {type(approver).__name__}")
     provider: ModelProvider | None = None
     if isinstance(model, str):
         from .model._spec import resolve_model
@@ -232,7 +245,9 @@ async def open_harness(
         plugins_scope = await root.open_child("plugins")
         agents_scope = await root.open_child("agents")
         agents = AgentRegistry(sessions=sessions, bus=bus)
-        agents.register_factory(ReactLoopFactory(bus=bus, tools=tools, agents=agents, model=provider), agents_scope)
+        agents.register_factory(
+            ReactLoopFactory(bus=bus, tools=tools, agents=agents, model=provider, approver=approver), agents_scope
+        )
         harness = Harness(
             scope=root,
             bus=bus,
@@ -248,7 +263,7 @@ async def open_harness(
         if "tasks" in wanted:
             await harness.load(TaskToolsPlugin(tasks, tools, **attrs.asdict(task_tool_settings, recurse=False)))
         if "bash" in wanted:
-            await harness.load(BashToolPlugin(bash, tasks, tools))
+            await harness.load(BashToolPlugin(bash, tasks, tools, **attrs.asdict(bash_tool_settings, recurse=False)))
         if "subagent" in wanted:
             await harness.load(SubagentToolPlugin(tasks, tools, **attrs.asdict(subagent_settings, recurse=False)))
         yield harness

@@ -7,6 +7,8 @@ variable that is its wire tag (e.g. ``"turn/start"``).
 """
 
 from .session._events import EVENT_TYPES as EVENT_TYPES
+from .session._events import ApprovalDecided as ApprovalDecided
+from .session._events import ApprovalRequested as ApprovalRequested
 from .session._events import AssistantChunk as AssistantChunk
 from .session._events import AssistantMessage as AssistantMessage
 from .session._events import Event as Event

@@ -6,7 +6,9 @@ limit is never buffered whole; it is reported once as :data:`OVERSIZED` and
 the rest of it is discarded up to the next newline.  :func:`parse_message`
 classifies one line without ever raising; :class:`MessageWriter` writes one
 message per line, serialized by a lock; :class:`Outbox` queues outgoing
-messages in order and tells the reader when to stop reading (backpressure).
+messages in order and tells the reader when to stop reading (backpressure);
+:class:`OutgoingRequests` numbers the requests this side sends and routes the
+peer's responses back to the task that waits for each.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import collections
 import json
 import math
+from collections.abc import Callable
 from typing import Any, Final, TypeAlias
 
 import attrs
@@ -29,6 +32,7 @@ __all__ = [
     "METHOD_NOT_FOUND",
     "OVERSIZED",
     "PARSE_ERROR",
+    "REQUEST_CANCELLED",
     "RESOURCE_NOT_FOUND",
     "SESSION_BUSY",
     "Invalid",
@@ -37,6 +41,8 @@ __all__ = [
     "MessageWriter",
     "Notification",
     "Outbox",
+    "OutgoingRequests",
+    "PeerGoneError",
     "Request",
     "RequestId",
     "Response",
@@ -45,6 +51,7 @@ __all__ = [
     "error_response",
     "notification",
     "parse_message",
+    "request",
     "result_response",
 ]
 
@@ -64,6 +71,8 @@ RESOURCE_NOT_FOUND: Final = -32002
 """ACP: the named resource (e.g. a session id) does not exist."""
 SESSION_BUSY: Final = -32003
 """A prompt is already in flight on this session."""
+REQUEST_CANCELLED: Final = -32800
+"""ACP: the request was cancelled (``$/cancel_request``)."""
 
 DEFAULT_MAX_LINE_BYTES: Final = 8 * 1024 * 1024
 """The default limit on one incoming message line (8 MiB)."""
@@ -127,7 +136,7 @@ class Notification:
 
 @attrs.frozen
 class Response:
-    """A response from the peer (the server sends no requests, so these are ignored).
+    """A response from the peer to a request this side sent (see :class:`OutgoingRequests`).
 
     Attributes:
         id: the id of the request answered.
@@ -259,6 +268,81 @@ def error_response(request_id: RequestId, error: RpcError) -> dict[str, Any]:
 def notification(method: str, params: Any) -> dict[str, Any]:
     """A notification message."""
     return {"jsonrpc": "2.0", "method": method, "params": params}
+
+
+def request(request_id: RequestId, method: str, params: Any) -> dict[str, Any]:
+    """A request message."""
+    return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+
+
+class PeerGoneError(Exception):
+    """The peer disconnected (or the connection closed) before answering a request."""
+
+
+@attrs.define(eq=False)
+class _Waiter:
+    done: trio.Event = attrs.field(factory=trio.Event)
+    response: Response | None = None
+
+
+@attrs.define(eq=False)
+class OutgoingRequests:
+    """Requests this side sent to the peer, each waiting for its response.
+
+    :meth:`call` numbers a request (ids ``1, 2, ...``: the peer numbers its own
+    requests independently), queues it with ``send`` and waits for the
+    response that :meth:`resolve` routes to it.  A waiter that is cancelled
+    stops waiting at once: its id is forgotten (a late answer is ignored) and
+    ``$/cancel_request`` tells the peer it may stop asking (ACP
+    "Cancellation").  :meth:`close` ends every wait with :exc:`PeerGoneError`.
+    """
+
+    _next_id: int = attrs.field(default=1, init=False)
+    _waiting: dict[RequestId, _Waiter] = attrs.field(factory=dict, init=False)
+    _closed: bool = attrs.field(default=False, init=False)
+
+    def __len__(self) -> int:
+        """The number of requests waiting for a response."""
+        return len(self._waiting)
+
+    async def call(self, send: Callable[[dict[str, Any]], None], method: str, params: Any) -> Response:
+        """Send a request with ``send`` and wait for its response (an error response included).
+
+        Raises:
+            PeerGoneError: the connection closed before the peer answered.
+        """
+        if self._closed:
+            raise PeerGoneError(f"cannot send {method}: the connection is closed")
+        request_id = self._next_id
+        self._next_id += 1
+        waiter = self._waiting[request_id] = _Waiter()
+        try:
+            send(request(request_id, method, params))
+            await waiter.done.wait()
+        except BaseException:
+            if self._waiting.pop(request_id, None) is not None and not self._closed:
+                send(notification("$/cancel_request", {"requestId": request_id}))
+            raise
+        if waiter.response is None:
+            raise PeerGoneError(f"the peer disconnected before answering {method}")
+        return waiter.response
+
+    def resolve(self, response: Response) -> bool:
+        """Hand ``response`` to the request it answers; False when no request waits for its id."""
+        waiter = self._waiting.pop(response.id, None)
+        if waiter is None:
+            return False
+        waiter.response = response
+        waiter.done.set()
+        return True
+
+    def close(self) -> None:
+        """End every wait with :exc:`PeerGoneError`; later calls fail at once."""
+        self._closed = True
+        waiting = list(self._waiting.values())
+        self._waiting.clear()
+        for waiter in waiting:
+            waiter.done.set()
 
 
 @attrs.define(eq=False)

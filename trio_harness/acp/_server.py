@@ -30,6 +30,15 @@ finds the turn that claims the message, streams that turn's events as
 flushing the log) with the stop reason :func:`~trio_harness.acp.stop_reason_for`
 maps it to.  A message removed from the inbox by a cancel before any
 turn claimed it answers ``cancelled`` (same section).
+
+Approval: unless ``ask_permission`` is off (``trio-harness acp --yes``), every
+agent of the connection gets an approver that sends ``session/request_permission``
+to the client (the tool call and the options allow once / allow always /
+reject once / reject always) and waits for the choice; the request is one of
+:class:`~trio_harness.acp._jsonrpc.OutgoingRequests`, whose responses the
+reader routes back.  ``session/cancel``, ``session/close`` or a disconnect
+during the request cancel the turn, which ends the wait at once
+(docs/approval.rst).
 """
 
 from __future__ import annotations
@@ -52,7 +61,9 @@ from .._errors import (
     SessionStoreError,
 )
 from .._records import Failure
+from ..agents._approval import ApprovalDecision, ApprovalRequest
 from ..agents._inbox import new_message_id
+from ..agents._options import AgentOptions
 from ..agents._turns import TurnOutcome, TurnWatcher
 from ..session import _events as ev
 from ..session._events import InboxMessage
@@ -73,16 +84,19 @@ from ._updates import (
     first_user_text,
     iso_time,
     live_update,
+    raw_input,
     replay_updates,
     shorten,
     stop_reason_for,
+    tool_call_id,
+    tool_kind,
+    tool_title,
 )
 
 if TYPE_CHECKING:
     from .._harness import Harness
     from .._scope import Scope
     from ..agents._agent import Agent
-    from ..agents._options import AgentOptions
     from ..agents._registry import AgentHandle
     from ..session._events import Event, SessionHeader
 
@@ -96,6 +110,21 @@ PROTOCOL_VERSION: Final = 1
 LIST_PAGE_SIZE: Final = 50
 FLUSH_TIMEOUT: Final = 30.0
 DRAIN_TIMEOUT: Final = 5.0
+
+PERMISSION_OPTIONS: Final = (
+    {"optionId": "allow_once", "name": "Allow once", "kind": "allow_once"},
+    {"optionId": "allow_always", "name": "Allow always (this session, this tool)", "kind": "allow_always"},
+    {"optionId": "reject_once", "name": "Reject", "kind": "reject_once"},
+    {"optionId": "reject_always", "name": "Reject always (this session, this tool)", "kind": "reject_always"},
+)
+"""The options of every ``session/request_permission`` (ids equal the ACP option kinds)."""
+
+_VERDICT_OF_OPTION: Final = {
+    "allow_once": ApprovalDecision.allow_once(),
+    "allow_always": ApprovalDecision.allow_always(),
+    "reject_once": ApprovalDecision.deny(),
+    "reject_always": ApprovalDecision.deny_always(),
+}
 
 _P = TypeVar("_P")
 _Ts = TypeVarTuple("_Ts")
@@ -172,6 +201,12 @@ class AcpServer:
             input until the client has read some (backpressure).  The updates
             of a turn already running are queued regardless, so a turn never
             waits for its client.
+        ask_permission: give every agent of the connection an approver that
+            asks the client (``session/request_permission``) before each call
+            that requires approval (default on).  Off (``trio-harness acp
+            --yes``), the approver of ``agent_options`` or of the harness
+            applies, and with none such calls run without asking.  An
+            approver set in ``agent_options`` wins either way.
     """
 
     harness: Harness
@@ -180,6 +215,7 @@ class AcpServer:
     auth_methods: Sequence[Mapping[str, Any]] = ()
     authenticator: Callable[[str], bool] | None = None
     outbox_limit: int = rpc.DEFAULT_OUTBOX_LIMIT
+    ask_permission: bool = True
     _records: dict[str, _SessionRecord] = attrs.field(factory=dict, init=False)
     _scope: Scope | None = attrs.field(default=None, init=False)
     _outbox: rpc.Outbox | None = attrs.field(default=None, init=False)
@@ -192,6 +228,8 @@ class AcpServer:
     _unstored: list[SessionStoreError] = attrs.field(factory=list, init=False)
     _broken: bool = attrs.field(default=False, init=False)
     _authenticated: bool = attrs.field(default=False, init=False)
+    # Requests sent to the client (session/request_permission), waiting for answers.
+    _requests: rpc.OutgoingRequests = attrs.field(factory=rpc.OutgoingRequests, init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.max_line_bytes <= 0:
@@ -350,7 +388,9 @@ class AcpServer:
         if isinstance(message, rpc.Invalid):
             self._post_error(message.id, message.error)
         elif isinstance(message, rpc.Response):
-            log.debug("acp: ignoring a response to id %r (the server sends no requests)", message.id)
+            if not self._requests.resolve(message):
+                # The wait already ended (a cancel), or the id is not ours.
+                log.debug("acp: ignoring a response to id %r, which no request waits for", message.id)
         elif isinstance(message, rpc.Notification):
             if message.method == "session/cancel":
                 try:
@@ -466,7 +506,7 @@ class AcpServer:
     async def _new(self, params: NewSessionParams) -> dict[str, Any]:
         self._check_auth()
         self._check_open()
-        handle = await self.harness.agents.create(owner=self._scope, cwd=params.cwd, options=self.agent_options)
+        handle = await self.harness.agents.create(owner=self._scope, cwd=params.cwd, options=self._agent_options())
         record = await self._adopt(handle)
         return {"sessionId": record.id}
 
@@ -481,7 +521,7 @@ class AcpServer:
                 {"sessionId": session_id},
             )
         try:
-            handle = await self.harness.agents.resume(session_id, owner=self._scope, options=self.agent_options)
+            handle = await self.harness.agents.resume(session_id, owner=self._scope, options=self._agent_options())
         except SessionNotFoundError:
             raise rpc.RpcError(
                 rpc.RESOURCE_NOT_FOUND,
@@ -674,6 +714,75 @@ class AcpServer:
         except HarnessError:
             log.exception("acp: cancelling session %r failed", record.id)
 
+    # ------------------------------------------------------------ approval
+
+    def _agent_options(self) -> AgentOptions | None:
+        """The options of a new or loaded session's agent: with the asking approver unless told otherwise."""
+        options = self.agent_options
+        if not self.ask_permission or (options is not None and options.approver is not None):
+            return options
+        return attrs.evolve(options or AgentOptions(), approver=self._request_permission)
+
+    def _session_of(self, agent: Agent) -> str | None:
+        """The id of this connection's session that ``agent`` (or the agent that started it) serves."""
+        seen: set[str] = set()
+        current: Agent | None = agent
+        while current is not None and current.id not in seen:
+            if current.id in self._records:
+                return current.id
+            seen.add(current.id)
+            parent = current.parent_id
+            current = self.harness.agents.get(parent) if parent is not None else None
+        return None
+
+    async def _request_permission(self, request: ApprovalRequest) -> ApprovalDecision:
+        """The approver of this connection's agents: ask the client (``session/request_permission``)."""
+        session_id = self._session_of(request.agent)
+        if session_id is None:
+            return ApprovalDecision.deny(
+                f"no ACP session of this connection serves agent {request.agent_id!r}, so nobody can approve the call"
+            )
+        call_id = tool_call_id(request.turn, request.call_id)
+        if request.agent_id != session_id:  # a subagent's call: name the child
+            call_id = f"{request.agent_id}/{call_id}"
+        params = {
+            "sessionId": session_id,
+            "toolCall": {
+                "toolCallId": call_id,
+                "title": tool_title(request.tool, request.raw_arguments),
+                "kind": tool_kind(request.tool),
+                "status": "pending",
+                "rawInput": raw_input(request.raw_arguments),
+            },
+            "options": [dict(option) for option in PERMISSION_OPTIONS],
+        }
+        response = await self._requests.call(self._post, "session/request_permission", params)
+        if response.error is not None:
+            error = response.error
+            detail = error.get("message") if isinstance(error, dict) else None
+            text = detail if isinstance(detail, str) and detail else shorten(repr(error), 200)
+            return ApprovalDecision.deny(f"the client answered the permission request with an error: {text}")
+        result = response.result
+        outcome = result.get("outcome") if isinstance(result, dict) else None
+        kind = outcome.get("outcome") if isinstance(outcome, dict) else None
+        if kind == "cancelled":
+            # ACP: "the prompt turn was cancelled before the user responded".
+            # Cancel the asking agent's turn; the cancel ends this wait at once.
+            try:
+                cancelled = request.agent.cancel("user")
+            except AgentDisposedError:
+                cancelled = True  # its disposal aborts the turn
+            if cancelled:
+                await trio.sleep_forever()
+            return ApprovalDecision.deny("the client cancelled the permission request")
+        option = outcome.get("optionId") if isinstance(outcome, dict) and kind == "selected" else None
+        decision = _VERDICT_OF_OPTION.get(option) if isinstance(option, str) else None
+        if decision is None:
+            return ApprovalDecision.deny(
+                f"the client's answer to the permission request is not a known choice: {shorten(repr(result), 200)}"
+            )
+        return decision
+
     # ------------------------------------------------------------ teardown
 
     async def _dispose_record(self, record: _SessionRecord) -> SessionStoreError | None:
@@ -706,6 +815,9 @@ class AcpServer:
                     nursery.start_soon(self._dispose_record, record)
         if self._scope is not None:
             await self._scope.close()
+        # Nothing of this connection asks any more; a wait left (an agent of
+        # another owner using this approver) ends with PeerGoneError: denied.
+        self._requests.close()
 
 
 async def serve_stdio(harness: Harness, **options: Any) -> None:

@@ -14,6 +14,8 @@ session event                          ACP update
 ``assistant/chunk`` (kind reasoning)   ``agent_thought_chunk``
 ``tool/call``                          ``tool_call`` (status ``in_progress``)
 ``tool/result``                        ``tool_call_update`` (``completed`` / ``failed``)
+``approval/requested``                 ``tool_call_update`` (status ``pending``)
+``approval/decided`` (allowed)         ``tool_call_update`` (status ``in_progress``)
 =====================================  ==============================================
 
 A replay also sends every claimed user message as ``user_message_chunk`` and
@@ -37,6 +39,7 @@ __all__ = [
     "first_user_text",
     "iso_time",
     "live_update",
+    "raw_input",
     "replay_updates",
     "shorten",
     "stop_reason_for",
@@ -82,6 +85,11 @@ def _parse_arguments(arguments: str) -> Any:
         return json.loads(arguments) if arguments.strip() else {}
     except (ValueError, RecursionError):
         return arguments
+
+
+def raw_input(arguments: str) -> Any:
+    """The ACP ``rawInput`` of a tool call: its JSON arguments parsed (the text itself when not JSON)."""
+    return _parse_arguments(arguments)
 
 
 def tool_call_id(turn: int, call_id: str) -> str:
@@ -167,6 +175,19 @@ def live_update(event: ev.Event) -> Update | None:
         return _tool_call(event)
     if isinstance(event, ev.ToolResult):
         return _tool_result(event)
+    if isinstance(event, ev.ApprovalRequested):
+        # ACP: "pending" covers a call awaiting approval (docs/approval.rst).
+        return {
+            "sessionUpdate": "tool_call_update",
+            "toolCallId": tool_call_id(event.turn, event.call_id),
+            "status": "pending",
+        }
+    if isinstance(event, ev.ApprovalDecided) and event.source == "approver" and event.outcome.startswith("allow"):
+        return {
+            "sessionUpdate": "tool_call_update",
+            "toolCallId": tool_call_id(event.turn, event.call_id),
+            "status": "in_progress",
+        }
     return None
 
 

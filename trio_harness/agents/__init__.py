@@ -6,6 +6,10 @@ The built-in tool plugins (``subagent`` among them) live one layer up, in
 
 from ._agent import Agent as Agent
 from ._agent import AgentStatus as AgentStatus
+from ._approval import ApprovalDecision as ApprovalDecision
+from ._approval import ApprovalRequest as ApprovalRequest
+from ._approval import Approver as Approver
+from ._approval import Verdict as Verdict
 from ._driver import ReactAgent as ReactAgent
 from ._factory import ReactLoopFactory as ReactLoopFactory
 from ._function_tools import FunctionTool as FunctionTool

@@ -17,6 +17,7 @@ whatever interrupted it.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal
@@ -40,8 +41,9 @@ from ..model._protocol import (
     Usage,
 )
 from ..session import _events as ev
-from ..session._events import CancelCause, InboxMessage, SendMode, TurnEndReason
+from ..session._events import ApprovalOutcome, CancelCause, InboxMessage, SendMode, TurnEndReason
 from ..session._session import Session
+from ._approval import ApprovalDecision, ApprovalRequest, Approver
 from ._history import History
 from ._inbox import Inbox
 from ._options import AgentOptions
@@ -80,6 +82,16 @@ def _aborted_text(cause: CancelCause | None) -> str:
     return f"error: not run: the turn was aborted (cause: {cause or 'cancelled'})"
 
 
+def _denied_text(name: str, outcome: ApprovalOutcome, message: str | None, *, remembered: bool = False) -> str:
+    """The error result of a call that was not approved (docs/approval.rst)."""
+    if remembered:
+        text = f"error: denied: calls to {name!r} were denied for this session, so this call did not run"
+    else:
+        always = " (and later calls of this tool in this session)" if outcome == "deny_always" else ""
+        text = f"error: denied: the call to {name!r}{always} was not approved, so it did not run"
+    return f"{text}; message: {message}" if message else text
+
+
 @attrs.define(eq=False, repr=False)
 class ReactAgent:
     """The default :class:`~trio_harness.Agent`: a ReAct loop over a session.
@@ -99,6 +111,11 @@ class ReactAgent:
     _shared_tools: ToolSet = attrs.field(alias="shared_tools")
     _agents: AgentRegistry = attrs.field(alias="agents")
     _parent_id: str | None = attrs.field(default=None, alias="parent_id")
+    # Asked before calls of tools that require approval; None: they run without asking.
+    _approver: Approver | None = attrs.field(default=None, alias="approver")
+    # allow_always / deny_always decisions of this session and their messages, per tool
+    # name (rebuilt from the log).
+    _standing: dict[str, tuple[ApprovalOutcome, str | None]] = attrs.field(factory=dict, init=False)
     _tools: ToolSet = attrs.field(factory=ToolSet, init=False)
     _inbox: Inbox = attrs.field(init=False)
     _history: History = attrs.field(init=False)
@@ -126,6 +143,7 @@ class ReactAgent:
         for event in self._session.events:
             if isinstance(event, ev.TurnStart):
                 self._last_turn = event.turn
+        self._rebuild_standing()
 
     def __repr__(self) -> str:
         return f"<ReactAgent {self.id!r} {self._phase}>"
@@ -176,6 +194,16 @@ class ReactAgent:
     def provider(self) -> ModelProvider:
         """The model provider this instance calls."""
         return self._provider
+
+    @property
+    def approver(self) -> Approver | None:
+        """The approver asked before calls that require approval (None: they run without asking)."""
+        return self._approver
+
+    @property
+    def standing_decisions(self) -> dict[str, ApprovalOutcome]:
+        """The ``allow_always`` / ``deny_always`` decisions of this session, by tool name (a copy)."""
+        return {name: outcome for name, (outcome, _) in self._standing.items()}
 
     @property
     def turn(self) -> int:
@@ -587,6 +615,121 @@ class ReactAgent:
                 finish="aborted",
             )
 
+    # ------------------------------------------------------------ approval
+
+    def _rebuild_standing(self) -> None:
+        """Remember the ``*_always`` decisions of this session's log (a fork's copied events excluded)."""
+        events = self._session.events
+        for index in range(self._session.header.seed_length, len(events)):
+            event = events[index]
+            if type(event) is ev.ApprovalDecided and event.outcome in ("allow_always", "deny_always"):
+                self._standing[event.name] = (event.outcome, event.message)
+
+    async def _approve(
+        self,
+        approver: Approver,
+        tool: Tool,
+        call: ToolCall,
+        args: dict[str, Any],
+        turn: int,
+        step: int,
+        asked: list[trio.Event] | None,
+        index: int,
+    ) -> str | None:
+        """Decide whether ``call`` runs: None to run it, else the error result to give the model.
+
+        Runs in the turn's cancel scope: a cancel or a disposal while waiting
+        raises :class:`trio.Cancelled` here, after ``approval/decided`` records
+        it, and the call gets the synthetic "not run" result of an aborted turn.
+        """
+        session = self._session
+        where = {"turn": turn, "step": step, "call_id": call.id, "name": call.name}
+        try:
+            if asked is not None:
+                for earlier in asked[:index]:  # every earlier call has had its answer
+                    await earlier.wait()
+            try:
+                needed = tool.needs_approval(args)
+            except Exception as exc:
+                log.debug("tool %s: requires_approval raised", call.name, exc_info=True)
+                message = f"deciding whether the call needs approval failed: {_describe(exc)}"
+                session.append(ev.ApprovalDecided, **where, outcome="deny", source="error", message=message)
+                return f"error: denied: {message}; the call to {call.name!r} did not run"
+            if not needed:
+                return None
+            standing = self._standing.get(call.name)
+            if standing is not None:
+                outcome, remembered_message = standing
+                session.append(
+                    ev.ApprovalDecided, **where, outcome=outcome, source="remembered", message=remembered_message
+                )
+                if outcome == "allow_always":
+                    return None
+                return _denied_text(call.name, outcome, remembered_message, remembered=True)
+            session.append(ev.ApprovalRequested, **where, arguments=call.arguments)
+            request = ApprovalRequest(
+                tool=call.name,
+                arguments=args,
+                raw_arguments=call.arguments,
+                call_id=call.id,
+                agent_id=self.id,
+                turn=turn,
+                step=step,
+                agent=self,
+            )
+            try:
+                decision: object = await approver(request)
+            except BaseException as exc:
+                cancelled, failed = _split_cancelled(exc)
+                if cancelled is None:
+                    if not isinstance(failed, Exception):
+                        raise
+                    log.debug("agent %s: the approver raised", self.id, exc_info=True)
+                    message = f"the approver failed: {_describe(failed)}"
+                    session.append(ev.ApprovalDecided, **where, outcome="deny", source="error", message=message)
+                    return f"error: denied: approval could not be obtained ({message}); the call did not run"
+                # The wait ended by a cancel or a disposal: the call does not run.
+                note = f"the approver also raised: {_describe(failed)}" if failed is not None else None
+                session.append(
+                    ev.ApprovalDecided,
+                    **where,
+                    outcome="cancelled",
+                    source="cancelled",
+                    message=note,
+                    cause=self._cause,
+                )
+                if cancelled is exc:
+                    raise
+                raise cancelled from None
+            if not isinstance(decision, ApprovalDecision):
+                message = f"the approver returned {type(decision).__name__} {decision!r:.80}, not an ApprovalDecision"
+                session.append(ev.ApprovalDecided, **where, outcome="deny", source="error", message=message)
+                return f"error: denied: approval could not be obtained ({message}); the call did not run"
+            verdict = decision.verdict
+            if trio.current_effective_deadline() == -math.inf:
+                # The decision arrived in the instant the turn was cancelled: the
+                # cancel wins, nothing of the decision applies, and the call ends
+                # "not run" like every call that had not started.
+                late = f"the decision {verdict} arrived after the cancel and was not applied"
+                session.append(
+                    ev.ApprovalDecided,
+                    **where,
+                    outcome="cancelled",
+                    source="cancelled",
+                    message=late,
+                    cause=self._cause,
+                )
+                await trio.lowlevel.checkpoint()  # raises Cancelled
+            session.append(ev.ApprovalDecided, **where, outcome=verdict, source="approver", message=decision.message)
+            if verdict == "allow_always" or verdict == "deny_always":
+                self._standing[call.name] = (verdict, decision.message)
+            if not decision.allowed:
+                return _denied_text(call.name, verdict, decision.message)
+            return None
+        finally:
+            if asked is not None:
+                asked[index].set()
+
     # ------------------------------------------------------------ tools
 
     async def _run_tools(self, turn: int, step: int, calls: list[ToolCall], tools: dict[str, Tool]) -> None:
@@ -594,6 +737,10 @@ class ReactAgent:
         count = len(calls)
         results: list[tuple[str, bool] | None] = [None] * count
         logged = 0
+        approver = self._approver
+        # Approval asks are sequential, in model order, also for calls that run in
+        # parallel: call i asks once every earlier call is past its approval (docs/approval.rst).
+        asked = [trio.Event() for _ in range(count)] if approver is not None and count > 1 else None
 
         def deliver(index: int, content: str, is_error: bool) -> None:
             nonlocal logged
@@ -622,12 +769,23 @@ class ReactAgent:
             if tool is None:
                 known = ", ".join(sorted(tools)) or "none"
                 deliver(index, f"error: unknown tool {call.name!r}; available tools: {known}", True)
+                if asked is not None:
+                    asked[index].set()
                 return
             try:
                 args = tool.validate(call.arguments)
             except ValueError as exc:
                 deliver(index, f"error: {exc}", True)
+                if asked is not None:
+                    asked[index].set()
                 return
+            if approver is not None and tool.requires_approval is not False:
+                refusal = await self._approve(approver, tool, call, args, turn, step, asked, index)
+                if refusal is not None:
+                    deliver(index, refusal, True)
+                    return
+            elif asked is not None:
+                asked[index].set()
             ctx = ToolContext(agent=self, agents=self._agents, call_id=call.id, turn=turn, step=step)
             try:
                 if limiter is None:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .._scope import Scope
     from ..model._protocol import ModelProvider
     from ..session._session import Session
+    from ._approval import Approver
     from ._registry import AgentRegistry
     from ._tools import ToolSet
 
@@ -36,12 +37,16 @@ class ReactLoopFactory:
             :class:`~trio_harness.agents.ToolContext`).
         model: the default model provider, used when an agent's options name
             none; None to require one per agent.
+        approver: the default approver (``open_harness(approver=...)``), used
+            when an agent's options name none; None: calls that require
+            approval run without asking.
     """
 
     bus: EventBus
     tools: ToolSet
     agents: AgentRegistry
     model: ModelProvider | None = None
+    approver: Approver | None = None
 
     def build(
         self,
@@ -76,4 +81,5 @@ class ReactLoopFactory:
             shared_tools=self.tools,
             agents=self.agents,
             parent_id=parent_id,
+            approver=options.approver or self.approver,
         )

@@ -111,7 +111,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     parallel_safe: bool = True,
-    requires_approval: bool = False,
+    requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
     thread: bool = False,
 ) -> Callable[[Callable[P, R]], FunctionTool[P, R]]: ...
 
@@ -123,7 +123,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     parallel_safe: bool = True,
-    requires_approval: bool = False,
+    requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
     thread: bool = False,
 ) -> FunctionTool[P, R] | Callable[[Callable[P, R]], FunctionTool[P, R]]:
     """Make a :class:`Tool` from a typed function; usable bare (``@tool``) or with arguments.
@@ -201,7 +201,7 @@ def function_tool(
     name: str | None = None,
     description: str | None = None,
     parallel_safe: bool = True,
-    requires_approval: bool = False,
+    requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
     thread: bool = False,
     localns: Mapping[str, Any] | None = None,
 ) -> FunctionTool[P, R]:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 if TYPE_CHECKING:
     from ..model._protocol import ModelProvider
+    from ._approval import Approver
     from ._tools import Tool
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "AgentOptions"]
@@ -26,6 +27,11 @@ def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> 
         raise ValueError(f"{attribute.name} must be a positive integer, got {value!r}")
 
 
+def _callable_or_none(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not callable(value):
+        raise TypeError(f"{attribute.name} must be callable or None, got {type(value).__name__}")
+
+
 @attrs.frozen
 class AgentOptions:
     """How one agent instance runs.  Not part of the durable history: a resume may
@@ -40,6 +46,11 @@ class AgentOptions:
         tool_concurrency: parallel-safe tool calls run at once in one step.
         tool_filter: when set, only tools for which it returns True are offered
             (used to restrict a subagent's tool set).
+        approver: asked before each call of a tool that requires approval
+            (:doc:`/approval`); it wins over the harness's
+            ``open_harness(approver=...)``.  None uses the harness's; with
+            neither, such calls run without asking.  A subagent inherits its
+            parent's approver unless its own options name one.
     """
 
     model: ModelProvider | str | None = None
@@ -49,3 +60,4 @@ class AgentOptions:
     max_steps: int = attrs.field(default=50, validator=_positive)
     tool_concurrency: int = attrs.field(default=10, validator=_positive)
     tool_filter: Callable[[Tool], bool] | None = None
+    approver: Approver | None = attrs.field(default=None, validator=_callable_or_none)

@@ -86,6 +86,13 @@ def _check_schema(instance: object, attribute: attrs.Attribute[Mapping[str, Any]
         raise ToolError('tool parameters schema must have "type": "object"')
 
 
+def _check_requires_approval(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, bool) and not callable(value):
+        raise ToolError(
+            f"requires_approval must be a bool or a predicate taking the arguments, got {type(value).__name__}"
+        )
+
+
 @attrs.frozen(eq=False)
 class Tool:
     """A tool the model can call.
@@ -101,7 +108,10 @@ class Tool:
             parallel-safe calls of the same step; ``False`` makes each call a
             barrier that runs alone, in model order.
         requires_approval: whether a call is asked before running when an
-            approver is configured (without an approver, calls run as usual).
+            approver is configured (without an approver, calls run as
+            usual): a bool, or a predicate given the validated arguments that
+            says whether this call needs asking (the ``bash`` tool's
+            allow-list of command prefixes is one).  See :doc:`/approval`.
 
     A typed function makes a tool without a hand-written schema: see
     :meth:`from_function` and :func:`~trio_harness.tool`.
@@ -112,7 +122,9 @@ class Tool:
     parameters: Mapping[str, Any] = attrs.field(validator=_check_schema)
     handler: ToolHandler
     parallel_safe: bool = True
-    requires_approval: bool = False
+    requires_approval: bool | Callable[[Mapping[str, Any]], bool] = attrs.field(
+        default=False, validator=_check_requires_approval
+    )
     _validator: jsonschema.Draft202012Validator = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -126,7 +138,7 @@ class Tool:
         name: str | None = None,
         description: str | None = None,
         parallel_safe: bool = True,
-        requires_approval: bool = False,
+        requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
         thread: bool = False,
     ) -> FunctionTool[_P, _R]:
         """Make a tool from a typed function: name, description and schema come from it.
@@ -154,6 +166,18 @@ class Tool:
     def spec(self) -> ToolSpec:
         """What the model is told about this tool."""
         return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
+
+    def needs_approval(self, arguments: Mapping[str, Any]) -> bool:
+        """Whether a call with these (validated) arguments must be asked before it runs.
+
+        Raises:
+            Exception: whatever the ``requires_approval`` predicate raises (the
+                driver then refuses the call, naming the error).
+        """
+        rule = self.requires_approval
+        if isinstance(rule, bool):
+            return rule
+        return bool(rule(arguments))
 
     def validate(self, arguments: str) -> dict[str, Any]:
         """Parse and validate raw JSON arguments.

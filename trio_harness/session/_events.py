@@ -18,6 +18,10 @@ from .._records import Failure, ToolCall, Usage
 __all__ = [
     "EVENT_TYPES",
     "AnyEvent",
+    "ApprovalDecided",
+    "ApprovalOutcome",
+    "ApprovalRequested",
+    "ApprovalSource",
     "AssistantChunk",
     "AssistantMessage",
     "Event",
@@ -87,6 +91,8 @@ TurnEndReason: TypeAlias = Literal["completed", "max-tokens", "blocked", "aborte
 CancelCause: TypeAlias = Literal["user", "parent", "hook", "disposed"]
 InboxQueue: TypeAlias = Literal["next-turn", "next-step"]
 SendMode: TypeAlias = Literal["followup", "steer", "inject"]
+ApprovalOutcome: TypeAlias = Literal["allow_once", "allow_always", "deny", "deny_always", "cancelled"]
+ApprovalSource: TypeAlias = Literal["approver", "remembered", "error", "cancelled", "interrupted"]
 _SEND_MODES: tuple[str, ...] = get_args(SendMode)
 
 
@@ -223,6 +229,61 @@ class ToolResult(Event):
 
 
 @attrs.frozen
+class ApprovalRequested(Event):
+    """A tool call that requires approval is waiting for the approver's decision.
+
+    Logged after the call's ``tool/call`` and before it runs; its
+    ``approval/decided`` follows (docs/approval.rst).
+
+    Attributes:
+        call_id: the model's id of the call.
+        name: the tool name.
+        arguments: the raw JSON arguments, exactly as the model sent them.
+    """
+
+    type: ClassVar[str] = "approval/requested"
+    turn: int
+    step: int
+    call_id: str
+    name: str
+    arguments: str
+
+
+@attrs.frozen
+class ApprovalDecided(Event):
+    """How a call that requires approval was decided.
+
+    Attributes:
+        call_id: the model's id of the call.
+        name: the tool name.
+        outcome: ``allow_once`` / ``allow_always`` (the call runs), ``deny`` /
+            ``deny_always`` (it does not; the model reads an error result), or
+            ``cancelled`` (the wait ended without a decision: the call did not
+            run).  ``allow_always`` and ``deny_always`` are remembered for this
+            session and tool, also across a resume.
+        source: who decided: ``approver`` (it answered), ``remembered`` (an
+            earlier ``*_always`` decision; nobody was asked), ``error`` (the
+            approver failed, so the call is denied; ``message`` says how),
+            ``cancelled`` (the turn was cancelled or the agent disposed while
+            waiting; ``cause`` says which) or ``interrupted`` (written on
+            resume: the process stopped while waiting).
+        message: the approver's message for the model (a denial's reason), or
+            the error of a failed approver.
+        cause: the cancel cause of a ``cancelled`` wait, when the turn recorded one.
+    """
+
+    type: ClassVar[str] = "approval/decided"
+    turn: int
+    step: int
+    call_id: str
+    name: str
+    outcome: ApprovalOutcome
+    source: ApprovalSource
+    message: str | None = None
+    cause: CancelCause | None = None
+
+
+@attrs.frozen
 class StepEnd(Event):
     """A step ended."""
 
@@ -278,6 +339,8 @@ AnyEvent: TypeAlias = (
     | StepEnd
     | TurnEnd
     | InboxSpliced
+    | ApprovalRequested
+    | ApprovalDecided
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -293,8 +356,16 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     StepEnd,
     TurnEnd,
     InboxSpliced,
+    ApprovalRequested,
+    ApprovalDecided,
 )
-"""Every event class, in a stable order."""
+"""Every event class, in a stable order.
+
+New types are only ever added (``approval/requested`` and ``approval/decided``
+came after the first release): every log written before them still reads, so
+the format version stays the same.  A log that uses them cannot be read by an
+older library (it refuses the unknown type with a clear error).
+"""
 
 
 FORMAT_VERSION = 1

@@ -5,11 +5,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ._events import AssistantMessage, Event, StepEnd, StepStart, ToolResult, TurnEnd, TurnStart
+from ._events import (
+    ApprovalDecided,
+    ApprovalRequested,
+    AssistantMessage,
+    Event,
+    StepEnd,
+    StepStart,
+    ToolResult,
+    TurnEnd,
+    TurnStart,
+)
 
-__all__ = ["INTERRUPTED_TOOL_RESULT", "closers_for", "open_turn_at"]
+__all__ = ["INTERRUPTED_APPROVAL_RESULT", "INTERRUPTED_TOOL_RESULT", "closers_for", "open_turn_at"]
 
 INTERRUPTED_TOOL_RESULT = "error: the tool call was interrupted before it returned a result (the process stopped)"
+
+INTERRUPTED_APPROVAL_RESULT = "error: not run: the process stopped while the call was waiting for approval"
 
 
 def open_turn_at(events: Sequence[Event], boundary: int) -> int | None:
@@ -28,6 +40,10 @@ def closers_for(events: Sequence[Event]) -> list[tuple[type[Event], dict[str, An
 
     Unanswered tool calls of the open step get error results, the open step a
     ``step/end`` and the open turn a ``turn/end`` with reason ``interrupted``.
+    A call that was still waiting for approval (``approval/requested`` without
+    ``approval/decided``) first gets an ``approval/decided`` with outcome
+    ``cancelled`` (source ``interrupted``), and its result says that it did not
+    run (docs/approval.rst).
 
     Returns:
         ``(event class, fields)`` pairs to pass to :meth:`Session.append`, in order.
@@ -35,38 +51,47 @@ def closers_for(events: Sequence[Event]) -> list[tuple[type[Event], dict[str, An
     turn: int | None = None
     step: int | None = None
     pending: dict[str, str] = {}
+    asking: set[str] = set()
     for event in events:
         if isinstance(event, TurnStart):
-            turn, step, pending = event.turn, None, {}
+            turn, step, pending, asking = event.turn, None, {}, set()
         elif isinstance(event, StepStart):
-            step, pending = event.step, {}
+            step, pending, asking = event.step, {}, set()
         elif isinstance(event, AssistantMessage):
             for call in event.tool_calls:
                 pending[call.id] = call.name
+        elif isinstance(event, ApprovalRequested):
+            asking.add(event.call_id)
+        elif isinstance(event, ApprovalDecided):
+            asking.discard(event.call_id)
         elif isinstance(event, ToolResult):
             pending.pop(event.call_id, None)
         elif isinstance(event, StepEnd):
-            step, pending = None, {}
+            step, pending, asking = None, {}, set()
         elif isinstance(event, TurnEnd):
-            turn, step, pending = None, None, {}
+            turn, step, pending, asking = None, None, {}, set()
     closers: list[tuple[type[Event], dict[str, Any]]] = []
     if turn is None:
         return closers
     if step is not None:
         for call_id, name in pending.items():
-            closers.append(
-                (
-                    ToolResult,
-                    {
-                        "turn": turn,
-                        "step": step,
-                        "call_id": call_id,
-                        "name": name,
-                        "content": INTERRUPTED_TOOL_RESULT,
-                        "is_error": True,
-                    },
+            where = {"turn": turn, "step": step, "call_id": call_id, "name": name}
+            if call_id in asking:
+                closers.append(
+                    (
+                        ApprovalDecided,
+                        {
+                            **where,
+                            "outcome": "cancelled",
+                            "source": "interrupted",
+                            "message": "the process stopped while waiting for the decision",
+                        },
+                    )
                 )
-            )
+                content = INTERRUPTED_APPROVAL_RESULT
+            else:
+                content = INTERRUPTED_TOOL_RESULT
+            closers.append((ToolResult, {**where, "content": content, "is_error": True}))
         closers.append((StepEnd, {"turn": turn, "step": step}))
     closers.append((TurnEnd, {"turn": turn, "reason": "interrupted"}))
     return closers

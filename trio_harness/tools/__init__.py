@@ -12,7 +12,10 @@ into a scope, and removes them when that scope closes::
     await harness.load(SubagentToolPlugin(harness.tasks, harness.tools))
 """
 
+from ._bash import SHELL_METACHARACTERS as SHELL_METACHARACTERS
+from ._bash import BashToolOptions as BashToolOptions
 from ._bash import BashToolPlugin as BashToolPlugin
+from ._bash import command_allowed as command_allowed
 from ._subagent import SubagentOptions as SubagentOptions
 from ._subagent import SubagentToolPlugin as SubagentToolPlugin
 from ._subagent import subagent_depth as subagent_depth
@@ -23,12 +26,15 @@ from ._tasks import effective_limit as effective_limit
 from ._tasks import task_tools as task_tools
 
 __all__ = [
+    "SHELL_METACHARACTERS",
+    "BashToolOptions",
     "BashToolPlugin",
     "NoticeTarget",
     "SubagentOptions",
     "SubagentToolPlugin",
     "TaskToolOptions",
     "TaskToolsPlugin",
+    "command_allowed",
     "effective_limit",
     "subagent_depth",
     "task_tools",

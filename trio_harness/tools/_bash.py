@@ -5,10 +5,16 @@ with the calling agent's id as its owner token, and the task service records
 the agent as the task's owner.  Nothing about a running command lives in this
 plugin's scope, so reloading the plugin neither kills a task nor makes it
 visible to another session.
+
+Approval: a ``bash`` call requires approval by default (it is asked when an
+approver is configured), except a command that :func:`command_allowed` finds
+on the plugin's allow-list of command prefixes (docs/approval.rst).
 """
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -24,7 +30,96 @@ from ..tasks._service import TaskHooks, TaskOutcome, TaskService, TaskSpec
 if TYPE_CHECKING:
     from .._scope import Scope
 
-__all__ = ["BashToolPlugin"]
+__all__ = ["SHELL_METACHARACTERS", "BashToolOptions", "BashToolPlugin", "command_allowed"]
+
+SHELL_METACHARACTERS: frozenset[str] = frozenset(";&|<>()$`\\{}*?[]")
+"""Characters that keep a command off the allow-list of command prefixes.
+
+They chain commands (``;`` ``&`` ``|``), redirect (``<`` ``>``), open subshells
+or substitutions (``(`` ``)`` ``$`` `````), escape (``\\``), or expand words
+(``{`` ``}`` ``*`` ``?`` ``[`` ``]``: a glob can turn a planted file name into
+an option).  A command containing any of them, anywhere, even quoted, is asked
+(see :func:`command_allowed`)."""
+
+
+def _words(command: str) -> list[str] | None:
+    """The words of a plain command line, or None when it is not plain."""
+    if any(char in SHELL_METACHARACTERS or char < " " or char == "\x7f" for char in command):
+        return None
+    try:
+        return shlex.split(command)
+    except ValueError:  # an unbalanced quote
+        return None
+
+
+def command_allowed(command: object, prefixes: Collection[str]) -> bool:
+    """Whether ``command`` runs without asking because it starts with an allowed prefix.
+
+    A command matches a prefix when it is plain and its first words are the
+    prefix's words.  Plain means: it contains no character of
+    :data:`SHELL_METACHARACTERS` and no control character (newline, tab, ...)
+    anywhere, even inside quotes, and its quotes are balanced.  Words are split
+    as the shell splits them (``shlex``, POSIX rules; quotes are removed), so
+    ``git status --short`` and ``git 'status'`` match the prefix ``git
+    status``, while ``git statusx``, ``git status; rm -rf /``, ``git status &&
+    rm x``, ``git status $(rm x)``, ``git status > ~/.bashrc`` and ``FOO=1 git
+    status`` do not.  A prefix allows any further arguments: list commands
+    whose arguments cannot do harm.
+    """
+    if not isinstance(command, str) or not prefixes:
+        return False
+    words = _words(command)
+    if not words:
+        return False
+    for prefix in prefixes:
+        expected = prefix.split()
+        if expected and words[: len(expected)] == expected:
+            return True
+    return False
+
+
+def _prefix_tuple(value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Collection):
+        raise TypeError(
+            f"allow_prefixes must be a list of command prefixes (e.g. ['git status']), got {type(value).__name__}"
+        )
+    return tuple(value)
+
+
+def _check_prefixes(instance: object, attribute: attrs.Attribute[Any], value: tuple[object, ...]) -> None:
+    for prefix in value:
+        if not isinstance(prefix, str) or not prefix.split():
+            raise ValueError(f"{attribute.name}: {prefix!r} is not a command prefix (a non-empty string of words)")
+        if _words(prefix) != prefix.split() or any(char in "\"'" for char in prefix):
+            raise ValueError(
+                f"{attribute.name}: the prefix {prefix!r} must be plain words: no quotes, control characters "
+                f"or shell metacharacters ({''.join(sorted(SHELL_METACHARACTERS))})"
+            )
+
+
+@attrs.frozen
+class BashToolOptions:
+    """Settings of the ``bash`` tool plugin that :func:`~trio_harness.open_harness`
+    loads (``bash_tool_options=``): the option fields of :class:`BashToolPlugin`,
+    with the same defaults and meanings.
+
+    Attributes:
+        run_in_background: offer the ``run_in_background`` parameter.
+        background_default: whether a call runs in the background when the
+            model does not say.
+        output_limit_bytes: a byte cap on the model-facing text of background tasks.
+        requires_approval: ask the approver before each command (default on;
+            without an approver configured, commands run without asking).
+        allow_prefixes: command prefixes that never ask, e.g. ``["git status",
+            "ls"]`` (matched by :func:`command_allowed`).
+    """
+
+    run_in_background: bool = True
+    background_default: bool = False
+    output_limit_bytes: int | None = None
+    requires_approval: bool = True
+    allow_prefixes: tuple[str, ...] = attrs.field(default=(), converter=_prefix_tuple, validator=_check_prefixes)
+
 
 DESCRIPTION = (
     "Run a shell command with bash. Output is stdout, then stderr under a [stderr] line, then "
@@ -52,6 +147,10 @@ class BashToolPlugin:
             model does not say.
         output_limit_bytes: a byte cap on the model-facing text of background
             tasks (projected into their snapshots).
+        requires_approval: ask the approver before each command (default
+            on); without an approver configured, commands run without asking.
+        allow_prefixes: command prefixes that never ask (see
+            :func:`command_allowed` for the exact rule).
     """
 
     name: ClassVar[str] = "bash"
@@ -61,6 +160,12 @@ class BashToolPlugin:
     run_in_background: bool = True
     background_default: bool = False
     output_limit_bytes: int | None = None
+    requires_approval: bool = True
+    allow_prefixes: tuple[str, ...] = attrs.field(default=(), converter=_prefix_tuple, validator=_check_prefixes)
+
+    def needs_approval(self, args: Mapping[str, Any]) -> bool:
+        """Whether a call with these arguments is asked (its command is not on the allow-list)."""
+        return not command_allowed(args.get("command"), self.allow_prefixes)
 
     def tool(self) -> Tool:
         """The ``bash`` tool definition."""
@@ -85,6 +190,9 @@ class BashToolPlugin:
             parameters={"type": "object", "properties": properties, "required": ["command"]},
             handler=self._call,
             parallel_safe=False,
+            requires_approval=(self.needs_approval if self.allow_prefixes else True)
+            if self.requires_approval
+            else False,
         )
 
     async def apply(self, scope: Scope) -> None:

@@ -165,7 +165,14 @@ class SubagentToolPlugin:
         return attrs.evolve(self.child_options, tool_filter=tool_filter)
 
     async def _create_child(self, agents: AgentRegistry, parent: Agent) -> AgentHandle:
-        return await agents.create(options=self._options(), parent=parent, cwd=parent.session.header.cwd)
+        options = self._options()
+        if options.approver is None:
+            # A child asks whoever its parent asks (docs/approval.rst): the
+            # approval the parent's user gave is not bypassed by delegating.
+            inherited = getattr(parent, "approver", None)
+            if inherited is not None:
+                options = attrs.evolve(options, approver=inherited)
+        return await agents.create(options=options, parent=parent, cwd=parent.session.header.cwd)
 
     async def _call(self, ctx: ToolContext, args: dict[str, Any]) -> str | ToolOutput:
         background = args.get("run_in_background", self.background_default if self.run_in_background else False)

@@ -1,0 +1,175 @@
+"""``trio-harness run`` and approval: ``--yes``, no terminal, and the ``y / n / always`` prompt on a pty.
+
+Every run is a real subprocess (``python -m trio_harness``); the terminal is a
+real pseudo-terminal made with the :mod:`pty` module (docs/approval.rst).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from trio_harness.session import JsonlPersistence
+from trio_harness.session import _events as ev
+
+WAIT = 30.0
+PROMPT = b"allow? [y]es / [n]o / [a]lways: "
+ONE = "echo one >> out.txt"
+TWO = "echo two >> out.txt"
+
+
+def cli_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "TRIO_HARNESS_MODEL"}
+
+
+def two_commands(tmp_path: Path) -> str:
+    responses: list[dict[str, Any]] = [
+        {"tool_calls": [{"name": "bash", "arguments": {"command": ONE}}]},
+        {"tool_calls": [{"name": "bash", "arguments": {"command": TWO}}]},
+        {"text": "done"},
+    ]
+    path = tmp_path / "script.json"
+    path.write_text(json.dumps({"responses": responses}), encoding="utf-8")
+    return f"scripted:{path}"
+
+
+def written(tmp_path: Path) -> str | None:
+    out = tmp_path / "out.txt"
+    return out.read_text() if out.exists() else None
+
+
+async def decisions(store: Path) -> list[tuple[str, str, str | None]]:
+    persistence = JsonlPersistence(store)
+    (header,) = persistence.list()
+    events = (await persistence.load(header.id)).events
+    return [(e.outcome, e.source, e.message) for e in events if isinstance(e, ev.ApprovalDecided)]
+
+
+async def run_without_terminal(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[bytes]:
+    command = [sys.executable, "-m", "trio_harness", "run", "go", "--model", two_commands(tmp_path)]
+    with trio.fail_after(WAIT):
+        return await trio.run_process(
+            [*command, "--store", str(tmp_path / "store"), "--tools", "bash", *extra],
+            cwd=tmp_path,
+            env=cli_env(),
+            stdin=b"",
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            start_new_session=True,  # no controlling terminal, even when the tests run in one
+        )
+
+
+async def test_yes_runs_every_command_without_asking(tmp_path: Path) -> None:
+    result = await run_without_terminal(tmp_path, "--yes")
+    assert result.returncode == 0, result.stderr
+    assert written(tmp_path) == "one\ntwo\n"
+    assert b"denied" not in result.stderr
+    assert await decisions(tmp_path / "store") == []
+
+
+async def test_without_a_terminal_commands_are_denied_with_a_line_naming_yes(tmp_path: Path) -> None:
+    result = await run_without_terminal(tmp_path)
+    assert result.returncode == 0, result.stderr  # the turn completed; the model was told
+    assert written(tmp_path) is None
+    lines = result.stderr.decode().splitlines()
+    denied = [line for line in lines if line.startswith("trio-harness: denied")]
+    assert denied == [
+        f"trio-harness: denied bash: {command}: it needs approval and there is no terminal to ask on; "
+        "run with --yes to allow tool calls without asking"
+        for command in (ONE, TWO)
+    ]
+    assert result.stdout.decode() == "done\n"
+    outcomes = await decisions(tmp_path / "store")
+    assert [(outcome, source) for outcome, source, _ in outcomes] == [("deny", "approver"), ("deny", "approver")]
+    assert all("--yes" in (message or "") for _, _, message in outcomes)
+
+
+# Runs the command with stdout and stderr on a pty that is its controlling
+# terminal, and the prompt on stdin (a pipe): answers can only come from the terminal.
+WRAPPER = (
+    "import fcntl, os, sys, termios; fcntl.ioctl(2, termios.TIOCSCTTY, 0); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'trio_harness', *sys.argv[1:]])"
+)
+
+
+async def run_on_a_terminal(tmp_path: Path, answers: list[str]) -> tuple[int, str, int]:
+    """Run ``trio-harness run -`` on a pty, answering each approval question in turn."""
+    model = two_commands(tmp_path)
+    master, slave = pty.openpty()
+    try:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-c", WRAPPER, "run", "-", "--model", model, "--store", str(tmp_path / "store")],
+            cwd=tmp_path,
+            env=cli_env(),
+            stdin=subprocess.PIPE,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+        )
+    finally:
+        os.close(slave)
+    terminal = trio.lowlevel.FdStream(master)
+    output = b""
+    asked = 0
+    try:
+        with trio.fail_after(WAIT):
+            assert process.stdin is not None
+            await process.stdin.send_all(b"please write the two lines")
+            await process.stdin.aclose()
+            while True:
+                try:
+                    data = await terminal.receive_some()
+                except (trio.BrokenResourceError, OSError):  # EIO: the other side is closed
+                    data = b""
+                if not data:
+                    break
+                output += data
+                while output.count(PROMPT) > asked:
+                    await terminal.send_all(answers[asked].encode() + b"\n")
+                    asked += 1
+            code = await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+        with trio.CancelScope(shield=True):
+            await process.wait()
+            await terminal.aclose()
+    return code, output.decode().replace("\r\n", "\n"), asked
+
+
+@pytest.mark.parametrize(
+    ("answers", "lines", "outcomes"),
+    [
+        (["y", "yes"], "one\ntwo\n", [("allow_once", "approver", None), ("allow_once", "approver", None)]),
+        (
+            ["n not now", "no"],
+            None,
+            [("deny", "approver", "not now"), ("deny", "approver", None)],
+        ),
+        (["always"], "one\ntwo\n", [("allow_always", "approver", None), ("allow_always", "remembered", None)]),
+        (["maybe", "a"], "one\ntwo\n", [("allow_always", "approver", None), ("allow_always", "remembered", None)]),
+    ],
+    ids=["yes", "no", "always", "asks-again"],
+)
+async def test_on_a_terminal_each_command_is_asked_y_n_always(
+    tmp_path: Path, answers: list[str], lines: str | None, outcomes: list[tuple[str, str, str | None]]
+) -> None:
+    code, output, asked = await run_on_a_terminal(tmp_path, answers)
+    assert code == 0, output
+    assert asked == len(answers)
+    assert f"[approve] bash: {ONE}: allow? [y]es / [n]o / [a]lways: " in output
+    if answers[0] == "maybe":
+        assert "please answer y (yes), n (no, optionally followed by a reason) or a (always)" in output
+    assert written(tmp_path) == lines
+    assert await decisions(tmp_path / "store") == outcomes
+    if lines is None:
+        assert "message: not now" in output  # the model's error result, shown as [tool error]
