@@ -75,11 +75,11 @@ async def main() -> None:
             print(f"skipping the sandboxed part: {exc}")
             return
         assert [r.is_error for r in results] == [False, True, False, True]
-        with open(os.path.join(project, "build.log")) as log:
-            print(f"on the host, {project}/build.log holds: {log.read().strip()!r}")
+        log = await trio.Path(project, "build.log").read_text()
+        print(f"on the host, {project}/build.log holds: {log.strip()!r}")
     assert "Read-only file system" in results[1].content
-    assert not os.path.exists("/etc/trio-harness-example")
-    assert not os.path.exists(f"/tmp/{scratch}")
+    assert not await trio.Path("/etc/trio-harness-example").exists()
+    assert not await trio.Path("/tmp", scratch).exists()
     print(f"on the host, /etc/trio-harness-example and /tmp/{scratch} do not exist")
 
 
