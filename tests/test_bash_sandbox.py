@@ -144,6 +144,13 @@ async def test_writable_dir_not_workdir_decides_what_is_writable(tmp_path: Path,
         assert (tmp_path / "kept").exists()
         with pytest.raises(BashError, match="writable_dir"):
             executor.resolve(BashRequest("true", workdir=str(outside), writable_dir=str(tmp_path / "missing")))
+        with pytest.raises(BashError, match="cannot make '/' writable"):
+            executor.resolve(BashRequest("true", workdir="/"))
+        with pytest.raises(BashError, match="cannot make '/' writable"):
+            executor.resolve(BashRequest("true", workdir=str(outside), writable_dir="/"))
+    with pytest.raises(BashError, match="cannot make '/' writable"):
+        async with open_bash_executor(sandbox=SandboxPolicy(writable=["/"])):
+            pass
     async with open_bash_executor() as executor:  # without a sandbox it is ignored
         assert executor.resolve(BashRequest("true", writable_dir=str(tmp_path / "missing"))).writable_dir is None
 

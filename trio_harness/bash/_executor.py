@@ -268,6 +268,11 @@ class BashExecutor:
             writable_dir = os.path.abspath(writable_dir)
             if not os.path.isdir(writable_dir):
                 raise BashError(f"writable_dir {writable_dir!r} is not an existing directory")
+        if self._checked is not None and os.path.realpath(writable_dir or workdir) == "/":
+            raise BashError(
+                "the sandbox cannot make '/' writable (that is the whole file system): run the command "
+                "from a project directory, or open the executor without a sandbox"
+            )
 
         return BashSpec(
             command=command, workdir=workdir, timeout=timeout, owner=owner, env=env, writable_dir=writable_dir

@@ -200,6 +200,8 @@ def check_sandbox(policy: SandboxPolicy) -> Sandbox:
         full = os.path.realpath(os.path.expanduser(path))
         if not os.path.exists(full):
             raise BashError(f"sandbox writable path {path!r} does not exist; create it or remove it from the policy")
+        if full == "/":
+            raise BashError("a sandbox cannot make '/' writable (that is the whole file system); run without one")
         writable.append(full)
     hidden = tuple(os.path.abspath(os.path.expanduser(path)) for path in policy.hidden)
     return Sandbox(policy=policy, bwrap=os.path.abspath(found), writable=tuple(writable), hidden=hidden)
