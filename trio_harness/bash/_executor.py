@@ -225,8 +225,9 @@ class BashExecutor:
         Raises:
             BashError: the command is empty or contains a NUL byte; the workdir
                 (or, with a sandbox, the writable directory) does not exist or
-                is not a directory; the timeout is not a positive number; an
-                environment name or value is unusable.
+                is not a directory; with a sandbox, the writable directory is
+                ``/``; the timeout is not a positive number; an environment
+                name or value is unusable.
         """
         command = request.command
         if not isinstance(command, str) or not command.strip():
