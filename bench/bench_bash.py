@@ -7,7 +7,11 @@ Figures:
 * peak RSS growth of this process during that run (``ru_maxrss``, KiB): memory
   must stay bounded by the tail size, not grow with the stream;
 * start -> kill -> exit latency of ``sleep 300``: :meth:`BashExecutor.start`,
-  then :meth:`BashProcess.kill`, then :meth:`BashProcess.wait` returning.
+  then :meth:`BashProcess.kill`, then :meth:`BashProcess.wait` returning;
+* start -> exit latency of ``true`` (a foreground :meth:`BashExecutor.run`)
+  without and with the bubblewrap sandbox, rounds interleaved in the same run,
+  and their ratio (docs/sandbox.rst).  Without a working ``bwrap`` the sandbox
+  rows say why instead of a figure.
 
 Run with ``python bench/bench_bash.py``.
 """
@@ -22,11 +26,12 @@ import tempfile
 
 import trio
 
-from trio_harness.bash import BashRequest, open_bash_executor
+from trio_harness.bash import BashRequest, SandboxUnavailableError, open_bash_executor
 
 _GIB = 1 << 30
 _POLL = 0.01
 _LATENCY_ROUNDS = 20
+_SANDBOX_ROUNDS = 40
 
 
 async def _throughput(spill_dir: str) -> tuple[float, float]:
@@ -69,6 +74,25 @@ async def _kill_latency() -> list[float]:
     return latencies
 
 
+async def _sandbox_latency() -> tuple[list[float], list[float] | str]:
+    """Return start -> exit latencies (ms) of ``true`` without and with the sandbox (or why not)."""
+    plain: list[float] = []
+    boxed: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as workdir:
+        try:
+            async with open_bash_executor() as bare, open_bash_executor(sandbox=True) as sandboxed:
+                for _ in range(_SANDBOX_ROUNDS):  # interleaved, so both see the same machine load
+                    for executor, latencies in ((bare, plain), (sandboxed, boxed)):
+                        started = trio.current_time()
+                        result = await executor.run(executor.resolve(BashRequest("true", workdir=workdir)))
+                        latencies.append((trio.current_time() - started) * 1e3)
+                        if result.exit_code != 0:
+                            raise RuntimeError(f"bad run: {result}")
+        except SandboxUnavailableError as exc:
+            return plain, f"unavailable: {exc}"
+    return plain, boxed
+
+
 async def bench() -> list[dict[str, object]]:
     """Run the bash executor benchmarks.
 
@@ -78,6 +102,32 @@ async def bench() -> list[dict[str, object]]:
     with tempfile.TemporaryDirectory(prefix="bench-bash-") as spill_dir:
         mb_per_s, rss_growth = await _throughput(spill_dir)
     latencies = await _kill_latency()
+    plain, boxed = await _sandbox_latency()
+    if isinstance(boxed, str):
+        sandbox_rows: list[dict[str, object]] = [
+            {"figure": "sandboxed bash: start -> exit latency of true", "value": boxed, "unit": "", "target": "report"}
+        ]
+    else:
+        sandbox_rows = [
+            {
+                "figure": f"start -> exit latency of true, no sandbox (median of {len(plain)})",
+                "value": round(statistics.median(plain), 2),
+                "unit": "ms",
+                "target": "report",
+            },
+            {
+                "figure": f"start -> exit latency of true, bubblewrap sandbox (median of {len(boxed)})",
+                "value": round(statistics.median(boxed), 2),
+                "unit": "ms",
+                "target": "report",
+            },
+            {
+                "figure": "sandbox / no sandbox latency ratio (medians, same run)",
+                "value": round(statistics.median(boxed) / statistics.median(plain), 2),
+                "unit": "x",
+                "target": "report",
+            },
+        ]
     return [
         {
             "figure": "background bash throughput via read_output (1 GiB of /dev/zero)",
@@ -103,6 +153,7 @@ async def bench() -> list[dict[str, object]]:
             "unit": "ms",
             "target": "report",
         },
+        *sandbox_rows,
     ]
 
 

@@ -8,6 +8,7 @@ sleeps on the real clock except while waiting for the subprocess.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import trio
@@ -498,3 +499,33 @@ async def test_bad_params_are_invalid_params_for_requests_and_ignored_in_notific
         assert error["data"] == {"field": "prompt[0].text"}
         # Nothing above stopped the server.
         assert (await client.initialize())["protocolVersion"] == 1
+
+
+async def test_sandbox_is_advertised_in_session_new_and_load_and_confines_bash(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    work = tmp_path / "work"
+    work.mkdir()
+    calls: list[Msg] = [
+        {"name": "bash", "arguments": {"command": "echo made > made.txt"}},
+        {"name": "bash", "arguments": {"command": "touch /etc/trio-harness-sandbox-test"}},
+    ]
+    advertised = {"trio-harness/sandbox": {"network": False, "writable": [str(work)], "hidden": []}}
+    script: list[Msg] = [{"tool_calls": calls}, {"text": "ok"}]
+    async with open_server(tmp_path, script, store=store, extra=("--sandbox", "--yes")) as client:
+        result = await client.call("session/new", {"cwd": str(work), "mcpServers": []})
+        assert result["_meta"] == advertised
+        session_id = result["sessionId"]
+        prompt = client.prompt(session_id, "go")
+        await client.send(prompt)
+        assert (await client.response(prompt["id"]))["result"] == {"stopReason": "end_turn"}
+        updates = [u for u in client.updates(session_id) if u["sessionUpdate"] == "tool_call_update"]
+    assert [u["status"] for u in updates] == ["completed", "failed"]
+    assert "Read-only file system" in updates[1]["content"][0]["content"]["text"]
+    assert (work / "made.txt").read_text() == "made\n"
+    assert not os.path.exists("/etc/trio-harness-sandbox-test")
+
+    async with open_server(tmp_path, [], store=store, name="load", extra=("--sandbox",)) as client:
+        loaded = await client.call("session/load", {"sessionId": session_id, "cwd": str(work), "mcpServers": []})
+        assert loaded == {"_meta": advertised}
+    async with open_server(tmp_path, [], store=store, name="plain") as client:
+        assert "_meta" not in await client.call("session/new", {"cwd": str(work), "mcpServers": []})

@@ -320,3 +320,30 @@ def test_run_maps_how_the_turn_ended_to_an_exit_code(
     assert _cli._exit_code(TurnOutcome(end), interrupted=interrupted) == code
     assert stderr in capsys.readouterr().err
     assert _cli._exit_code(None, interrupted=interrupted) == (130 if interrupted else 1)
+
+
+async def test_run_sandbox_confines_bash_to_the_working_directory(tmp_path: Path) -> None:
+    calls = [
+        {"name": "bash", "arguments": {"command": "echo made > made.txt"}},
+        {"name": "bash", "arguments": {"command": "touch /etc/trio-harness-sandbox-test"}},
+    ]
+    model = script(tmp_path, [{"tool_calls": calls}, {"text": "done"}])
+    result = await cli(
+        "run", "go", "--sandbox", "--yes", "--model", model, "--store", str(tmp_path / "store"), cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "made.txt").read_text() == "made\n"
+    assert "Read-only file system" in result.stderr.decode()
+    assert not os.path.exists("/etc/trio-harness-sandbox-test")
+
+
+@pytest.mark.parametrize("command", ["run", "acp"])
+async def test_sandbox_without_bwrap_exits_2_naming_the_cause(tmp_path: Path, command: str) -> None:
+    model = script(tmp_path, [{"text": "never"}])
+    args = [command, "--sandbox", "--model", model, "--store", str(tmp_path / "store")]
+    result = await cli(*args, *(["hi"] if command == "run" else []), cwd=tmp_path, env=cli_env(PATH=str(tmp_path)))
+    assert result.returncode == 2
+    err = result.stderr.decode()
+    assert err.startswith("trio-harness: error: the bash sandbox needs bubblewrap")
+    assert "apt-get install bubblewrap" in err and "Traceback" not in err
+    assert len(err.splitlines()) == 1

@@ -12,7 +12,8 @@ Every subcommand takes ``--model SPEC`` (default: ``$TRIO_HARNESS_MODEL`` or
 directory's ``sessions``).  ``sessions`` never needs a model.
 
 Exit codes: 0 success; 1 a failed turn or an unreadable session; 2 a usage
-error (bad ``--model``, missing API key, unknown session); 3 a turn stopped by
+error (bad ``--model``, missing API key, unknown session, ``--sandbox`` without
+a working bubblewrap); 3 a turn stopped by
 a limit (max tokens, max steps); 130 interrupted (Ctrl-C, after cancelling
 the turn cleanly).
 
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 import trio
 
 from ._errors import HarnessError, InvalidSessionIdError, ModelError, SessionNotFoundError, SessionStoreError
+from .bash._sandbox import SandboxUnavailableError
 
 if TYPE_CHECKING:
     from ._records import Failure
@@ -121,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_tools_arg,
         default=True,
         help="built-in tools to offer: all (default), none, or a comma list of tasks,bash,subagent",
+    )
+    tools.add_argument(
+        "--sandbox",
+        action="store_true",
+        help="run bash commands in a bubblewrap sandbox: only the session's directory writable, "
+        "a private /tmp, no network (needs bwrap)",
     )
 
     parser = argparse.ArgumentParser(
@@ -219,6 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except SandboxUnavailableError as exc:  # --sandbox on a machine where bwrap cannot run
+        _error(str(exc))
+        return EXIT_USAGE
 
 
 # ---------------------------------------------------------------- helpers
@@ -236,6 +247,11 @@ def _resolve_model(spec: str) -> ModelProvider | None:
     except ModelError as exc:
         _error(str(exc))
         return None
+
+
+def _bash_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The executor settings the flags ask for (``--sandbox``)."""
+    return {"sandbox": True} if args.sandbox else {}
 
 
 async def _close_provider(provider: object) -> None:
@@ -292,7 +308,9 @@ async def _serve_acp(args: argparse.Namespace, provider: ModelProvider) -> int:
     signalled: int | None = None
     try:
         async with (
-            open_harness(model=provider, store=args.store, builtin_tools=args.tools) as harness,
+            open_harness(
+                model=provider, store=args.store, builtin_tools=args.tools, bash_options=_bash_options(args)
+            ) as harness,
             trio.open_nursery() as nursery,
         ):
 
@@ -453,7 +471,11 @@ async def _run_prompt(args: argparse.Namespace, provider: ModelProvider, prompt:
     approver = None if args.yes else _TerminalApprover(printer)
     try:
         async with open_harness(
-            model=provider, store=args.store, builtin_tools=args.tools, approver=approver
+            model=provider,
+            store=args.store,
+            builtin_tools=args.tools,
+            approver=approver,
+            bash_options=_bash_options(args),
         ) as harness:
             entered = True
             options = AgentOptions(max_steps=args.max_steps) if args.max_steps else None

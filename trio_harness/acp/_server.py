@@ -142,6 +142,16 @@ def _harness_error(exc: HarnessError) -> rpc.RpcError:
     return rpc.RpcError(rpc.INTERNAL_ERROR, str(exc), {"error": type(exc).__name__})
 
 
+def _sandbox_meta(harness: Harness, cwd: str | None) -> dict[str, Any]:
+    """``_meta`` of session/new and session/load naming the bash sandbox, if any (docs/acp.rst)."""
+    policy = harness.bash.sandbox
+    if policy is None:
+        return {}
+    writable = [cwd or os.getcwd(), *policy.writable]
+    sandbox = {"network": policy.network, "writable": writable, "hidden": list(policy.hidden)}
+    return {"_meta": {"trio-harness/sandbox": sandbox}}
+
+
 # ---------------------------------------------------------------- records
 
 
@@ -508,7 +518,7 @@ class AcpServer:
         self._check_open()
         handle = await self.harness.agents.create(owner=self._scope, cwd=params.cwd, options=self._agent_options())
         record = await self._adopt(handle)
-        return {"sessionId": record.id}
+        return {"sessionId": record.id, **_sandbox_meta(self.harness, record.agent.session.header.cwd)}
 
     async def _load(self, params: LoadSessionParams) -> dict[str, Any] | None:
         session_id = params.session_id
@@ -538,7 +548,7 @@ class AcpServer:
         # Synchronous from here: the replay is queued before the answer and before any new event.
         for update in replay_updates(record.agent.session.events):
             self._update(record.id, update)
-        return {}
+        return _sandbox_meta(self.harness, record.agent.session.header.cwd)
 
     async def _list(self, params: ListSessionsParams) -> dict[str, Any]:
         cwd, cursor = params.cwd, params.cursor

@@ -18,10 +18,15 @@ whose cursor fell behind the tail names that file.
 All control flow uses Trio time; the executor owns a nursery in which the
 supervisor, reader and escalation tasks of every process live.
 
+With a sandbox policy (``sandbox=SandboxPolicy(...)``) every command runs
+under bubblewrap, which leads the group in the shell's place; everything above
+holds inside the sandbox too (docs/sandbox.rst).
+
 This module holds the executor and its handles.  The parts it is built from:
 output buffering in :mod:`._output`, process groups (spawning, signalling,
 supervision, the ``/proc`` scan) in :mod:`._process`, the model-facing text in
-:mod:`._render`, and the records in :mod:`._records`.
+:mod:`._render`, the records in :mod:`._records`, and the sandbox's command
+line in :mod:`._sandbox`.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import os
 import tempfile
 import types
 from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 import attrs
 import trio
@@ -42,6 +48,15 @@ from ._output import OutputStream
 from ._process import ProcessGroup, open_group, reap_unsupervised
 from ._records import BashRequest, BashResult, BashSpec, ExitFacts
 from ._render import format_seconds, render_read
+from ._sandbox import (
+    INSTALL_HINT,
+    Sandbox,
+    SandboxPolicy,
+    SandboxUnavailableError,
+    check_sandbox,
+    probe_sandbox,
+    to_policy,
+)
 
 __all__ = [
     "BashExecutor",
@@ -75,7 +90,8 @@ class BashProcess:
     Attributes:
         id: the executor-local id, ``proc-N``.
         command: the command line.
-        pid: the shell's pid, which is also the process group id.
+        pid: the shell's pid (with a sandbox, the pid of ``bwrap``), which is
+            also the process group id.
         owner: the opaque owner token given at start (``None`` for unowned).
         stdout_path: the spill file holding the full standard output.
         stderr_path: the spill file holding the full standard error.
@@ -178,6 +194,7 @@ class BashExecutor:
         max_timeout: the cap on any foreground timeout.
         shell: the shell executable.
         spill_dir: the directory holding background spill files.
+        sandbox: the sandbox policy every command runs under, or ``None``.
     """
 
     tail_bytes: int
@@ -186,6 +203,8 @@ class BashExecutor:
     max_timeout: float
     shell: str
     spill_dir: str
+    sandbox: SandboxPolicy | None
+    _checked: Sandbox | None = attrs.field(repr=False)
     _nursery: trio.Nursery = attrs.field(repr=False)
     _procs: dict[str, BashProcess] = attrs.field(factory=dict, init=False, repr=False)
     _live: set[ProcessGroup] = attrs.field(factory=set, init=False, repr=False)
@@ -205,8 +224,10 @@ class BashExecutor:
 
         Raises:
             BashError: the command is empty or contains a NUL byte; the workdir
-                does not exist or is not a directory; the timeout is not a
-                positive number; an environment name or value is unusable.
+                (or, with a sandbox, the writable directory) does not exist or
+                is not a directory; with a sandbox, the writable directory is
+                ``/``; the timeout is not a positive number; an environment
+                name or value is unusable.
         """
         command = request.command
         if not isinstance(command, str) or not command.strip():
@@ -241,7 +262,22 @@ class BashExecutor:
                     raise BashError(f"env value for {key!r} must be a string without NUL, got {value!r}")
             env = types.MappingProxyType(dict(request.env))
 
-        return BashSpec(command=command, workdir=workdir, timeout=timeout, owner=owner, env=env)
+        writable_dir = request.writable_dir if self._checked is not None else None  # only a sandbox uses it
+        if writable_dir is not None:
+            if not isinstance(writable_dir, str) or not writable_dir or "\0" in writable_dir:
+                raise BashError(f"writable_dir must be a directory path, got {writable_dir!r}")
+            writable_dir = os.path.abspath(writable_dir)
+            if not os.path.isdir(writable_dir):
+                raise BashError(f"writable_dir {writable_dir!r} is not an existing directory")
+        if self._checked is not None and os.path.realpath(writable_dir or workdir) == "/":
+            raise BashError(
+                "the sandbox cannot make '/' writable (that is the whole file system): run the command "
+                "from a project directory, or open the executor without a sandbox"
+            )
+
+        return BashSpec(
+            command=command, workdir=workdir, timeout=timeout, owner=owner, env=env, writable_dir=writable_dir
+        )
 
     def _recheck(self, spec: BashSpec) -> BashSpec:
         return self.resolve(
@@ -251,6 +287,7 @@ class BashExecutor:
                 timeout=spec.timeout,
                 owner=spec.owner,
                 env=spec.env,
+                writable_dir=spec.writable_dir,
             )
         )
 
@@ -260,9 +297,18 @@ class BashExecutor:
         if self._closed:
             raise BashError(f"the bash executor is closed; cannot run {spec.command!r}")
         env = None if spec.env is None else {**os.environ, **spec.env}
+        argv = [self.shell, "-c", spec.command]
+        if self._checked is not None:
+            writable = spec.workdir if spec.writable_dir is None else spec.writable_dir
+            argv = self._checked.argv(argv, workdir=spec.workdir, writable_dir=writable)
         try:
-            process = await open_group([self.shell, "-c", spec.command], spec.workdir, env)
+            process = await open_group(argv, spec.workdir, env)
         except OSError as exc:
+            if self._checked is not None:
+                raise SandboxUnavailableError(
+                    f"could not start the bash sandbox {self._checked.bwrap!r} for {spec.command!r}: {exc}; "
+                    f"{INSTALL_HINT}"
+                ) from exc
             raise BashError(
                 f"could not start {self.shell!r} in workdir {spec.workdir!r} for {spec.command!r}: {exc}"
             ) from exc
@@ -484,6 +530,7 @@ async def open_bash_executor(
     max_timeout: float = 600.0,
     shell: str = "/bin/bash",
     spill_dir: str | None = None,
+    sandbox: SandboxPolicy | Mapping[str, Any] | bool | None = None,
 ) -> AsyncIterator[BashExecutor]:
     """Open a bash executor; on exit, kill and await every process it started.
 
@@ -498,14 +545,27 @@ async def open_bash_executor(
         max_timeout: cap (seconds) on any foreground timeout.
         shell: the shell executable, run as ``[shell, "-c", command]``.
         spill_dir: directory for spill files; default :func:`tempfile.gettempdir`.
+        sandbox: run every command under bubblewrap with this
+            :class:`~trio_harness.bash.SandboxPolicy` (a dict of its fields,
+            or True for the defaults); None for no sandbox.  The policy is
+            checked and ``bwrap`` run once here (docs/sandbox.rst).
 
     Yields:
         The executor.
 
     Raises:
+        SandboxUnavailableError: a sandbox was asked for and ``bwrap`` is
+            missing or cannot create its namespaces (never a silent fall-back).
         BashError: a setting is invalid.
     """
     directory = _check_settings(tail_bytes, grace_period, default_timeout, max_timeout, shell, spill_dir)
+    try:
+        policy = to_policy(sandbox)
+    except TypeError as exc:
+        raise BashError(str(exc)) from exc
+    checked = None if policy is None else check_sandbox(policy)
+    if checked is not None:
+        await probe_sandbox(checked, shell)
 
     body_error: BaseException | None = None
     unwrapped: BaseException | None = None
@@ -518,6 +578,8 @@ async def open_bash_executor(
                 max_timeout=float(max_timeout),
                 shell=shell,
                 spill_dir=directory,
+                sandbox=policy,
+                checked=checked,
                 nursery=nursery,
             )
             try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import attrs
 
+from ._sandbox import SandboxPolicy, to_policy
+
 __all__ = ["BashOptions"]
 
 
@@ -22,6 +24,10 @@ class BashOptions:
         max_timeout: cap (seconds) on any foreground timeout.
         shell: the shell executable, run as ``[shell, "-c", command]``.
         spill_dir: directory for spill files; None for the system's temporary directory.
+        sandbox: run every command in a bubblewrap sandbox with this policy
+            (:class:`~trio_harness.bash.SandboxPolicy`; a dict of its fields or
+            True for the defaults are converted); None (the default) for no
+            sandbox.  See docs/sandbox.rst.
     """
 
     tail_bytes: int = 64 * 1024
@@ -30,3 +36,4 @@ class BashOptions:
     max_timeout: float = 600.0
     shell: str = "/bin/bash"
     spill_dir: str | None = None
+    sandbox: SandboxPolicy | None = attrs.field(default=None, converter=to_policy)

@@ -26,6 +26,11 @@ class BashRequest:
         owner: an opaque owner token.  The empty string is a real owner; only
             ``None`` means unowned.
         env: variables set for the command on top of the inherited environment.
+        writable_dir: with a sandbox, the directory the command may write
+            (besides the policy's extra paths); ``None`` means its workdir.
+            The ``bash`` tool passes the session's working directory, so the
+            model's ``workdir`` does not choose what is writable.  Ignored
+            without a sandbox.
     """
 
     command: str
@@ -33,6 +38,7 @@ class BashRequest:
     timeout: float | None = None
     owner: str | None = None
     env: Mapping[str, str] | None = None
+    writable_dir: str | None = None
 
 
 @attrs.frozen
@@ -45,6 +51,9 @@ class BashSpec:
         timeout: seconds, positive and at most the executor's ``max_timeout``.
         owner: the opaque owner token, or ``None`` for unowned.
         env: variables set on top of the inherited environment, or ``None``.
+        writable_dir: an absolute path to an existing directory a sandboxed
+            command may write, or ``None`` for its workdir (always ``None``
+            without a sandbox).
     """
 
     command: str
@@ -52,6 +61,7 @@ class BashSpec:
     timeout: float
     owner: str | None
     env: Mapping[str, str] | None = None
+    writable_dir: str | None = None
 
 
 @attrs.frozen

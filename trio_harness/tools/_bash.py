@@ -25,6 +25,7 @@ from ..agents._tools import Tool, ToolContext, ToolOutput, ToolSet
 from ..bash._executor import BashExecutor
 from ..bash._records import BashRequest, BashSpec
 from ..bash._render import render_result
+from ..bash._sandbox import describe_sandbox
 from ..tasks._service import TaskHooks, TaskOutcome, TaskService, TaskSpec
 
 if TYPE_CHECKING:
@@ -186,7 +187,9 @@ class BashToolPlugin:
             }
         return Tool(
             name="bash",
-            description=DESCRIPTION + (BACKGROUND if self.run_in_background else ""),
+            description=DESCRIPTION
+            + (BACKGROUND if self.run_in_background else "")
+            + (describe_sandbox(self.bash.sandbox) if self.bash.sandbox is not None else ""),
             parameters={"type": "object", "properties": properties, "required": ["command"]},
             handler=self._call,
             parallel_safe=False,
@@ -213,6 +216,8 @@ class BashToolPlugin:
                     workdir=workdir,
                     timeout=timeout_ms / 1000 if timeout_ms is not None else None,
                     owner=ctx.agent.id,
+                    # A sandbox lets the command write the session's directory, whatever workdir the model picks.
+                    writable_dir=ctx.agent.session.header.cwd or ".",
                 )
             )
         except BashError as exc:
