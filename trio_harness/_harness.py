@@ -8,11 +8,12 @@ order they depend on each other::
       bash       the bash executor (kills every process group it started)
       tasks      the task service (cancels and awaits every live task)
       plugins    tool plugins (task tools, bash, subagent, yours)
+      mcp        harness-wide MCP servers (``mcp_servers=``), one child scope each
       agents     the agent factory; every agent scope is a child of it
 
 Child scopes close newest first, so on exit every agent is disposed first
 (its turn closed, its owned tasks stopped, its session flushed), then the
-plugins unload, then unowned tasks stop, then processes are killed, and the
+MCP servers stop, then the plugins unload, then unowned tasks stop, then processes are killed, and the
 session store closes last.
 
 Each service is given the few services it uses (the registry the store and
@@ -48,6 +49,8 @@ from .session._store import SessionStore
 from .tasks._options import TaskOptions
 from .tasks._service import TaskService, open_task_service
 from .tools._bash import BashToolPlugin
+from .tools._mcp import connect_mcp_servers
+from .tools._mcp_config import McpServerConfig
 from .tools._subagent import SubagentOptions, SubagentToolPlugin
 from .tools._tasks import TaskToolOptions, TaskToolsPlugin
 
@@ -150,6 +153,7 @@ async def open_harness(
     task_options: TaskOptions | Mapping[str, Any] | None = None,
     task_tool_options: TaskToolOptions | Mapping[str, Any] | None = None,
     subagent_options: SubagentOptions | Mapping[str, Any] | None = None,
+    mcp_servers: Sequence[McpServerConfig] = (),
 ) -> AsyncIterator[Harness]:
     """Open a harness; every service stops (in reverse order) when the block exits.
 
@@ -175,9 +179,17 @@ async def open_harness(
             (:class:`~trio_harness.tools.TaskToolOptions`).
         subagent_options: settings of the subagent tool plugin
             (:class:`~trio_harness.tools.SubagentOptions`).
+        mcp_servers: MCP servers whose tools every agent gets
+            (:class:`~trio_harness.McpStdioServer`, :class:`~trio_harness.McpHttpServer`,
+            or :func:`~trio_harness.load_mcp_config` of a file), started at once
+            in the harness's ``mcp`` scope and stopped after every agent
+            (docs/mcp.rst).
 
     Raises:
         TypeError: a settings argument has an unknown key or the wrong type.
+        McpConfigError: two MCP servers have the same name.
+        McpStartError: an MCP server could not be started (the message names
+            it and why); every service was stopped again.
         SessionStoreError: at exit, when a session was closed with events its
             store did not take (every service still stopped).  When the block
             itself raised, its error propagates with a note naming them.
@@ -209,6 +221,7 @@ async def open_harness(
         if unknown:
             raise ValueError(f"unknown built-in tools {sorted(unknown)}; choose from bash, subagent, tasks")
 
+    servers = tuple(mcp_servers)
     bus = EventBus()
     sessions = SessionStore(persistence=persistence, bus=bus, clock=clock)
     tools = ToolSet()
@@ -230,6 +243,8 @@ async def open_harness(
         tasks = await tasks_scope.enter_async_context(open_task_service(**task_kwargs))
         tasks.on_task_done(lambda snapshot: bus.emit("task/done", snapshot), scope=tasks_scope)
         plugins_scope = await root.open_child("plugins")
+        # Opened before the agents' scope, so it closes after every agent (their calls end first).
+        mcp_scope = await root.open_child("mcp")
         agents_scope = await root.open_child("agents")
         agents = AgentRegistry(sessions=sessions, bus=bus)
         agents.register_factory(ReactLoopFactory(bus=bus, tools=tools, agents=agents, model=provider), agents_scope)
@@ -251,6 +266,8 @@ async def open_harness(
             await harness.load(BashToolPlugin(bash, tasks, tools))
         if "subagent" in wanted:
             await harness.load(SubagentToolPlugin(tasks, tools, **attrs.asdict(subagent_settings, recurse=False)))
+        if servers:
+            await connect_mcp_servers(mcp_scope, tools, servers)
         yield harness
 
 

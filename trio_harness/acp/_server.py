@@ -30,6 +30,11 @@ finds the turn that claims the message, streams that turn's events as
 flushing the log) with the stop reason :func:`~trio_harness.acp.stop_reason_for`
 maps it to.  A message removed from the inbox by a cancel before any
 turn claimed it answers ``cancelled`` (same section).
+
+The MCP servers a client lists in ``session/new`` or ``session/load`` are
+started by the agent's ``setup``, in the agent's scope: their tools are that
+session's alone and they stop when it is disposed; one that fails to start
+fails the request with an error naming it (docs/mcp.rst, "ACP").
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from .._errors import (
     AgentExistsError,
     HarnessError,
     InvalidSessionIdError,
+    McpStartError,
     SessionNotFoundError,
     SessionStoreError,
 )
@@ -56,6 +62,7 @@ from ..agents._inbox import new_message_id
 from ..agents._turns import TurnOutcome, TurnWatcher
 from ..session import _events as ev
 from ..session._events import InboxMessage
+from ..tools._mcp import connect_mcp_servers
 from . import _jsonrpc as rpc
 from ._params import (
     AuthenticateParams,
@@ -83,8 +90,9 @@ if TYPE_CHECKING:
     from .._scope import Scope
     from ..agents._agent import Agent
     from ..agents._options import AgentOptions
-    from ..agents._registry import AgentHandle
+    from ..agents._registry import AgentHandle, Setup
     from ..session._events import Event, SessionHeader
+    from ..tools._mcp_config import McpServerConfig
 
 __all__ = ["PROTOCOL_VERSION", "AcpServer", "serve_stdio"]
 
@@ -106,6 +114,9 @@ _Result = dict[str, Any] | None
 
 
 def _harness_error(exc: HarnessError) -> rpc.RpcError:
+    if isinstance(exc, McpStartError):  # reported to the client, naming the servers (docs/mcp.rst)
+        data = {"error": type(exc).__name__, "mcpServers": list(exc.servers)}
+        return rpc.RpcError(rpc.INTERNAL_ERROR, str(exc), data)
     if isinstance(exc, SessionNotFoundError):
         return rpc.RpcError(rpc.RESOURCE_NOT_FOUND, str(exc))
     if isinstance(exc, InvalidSessionIdError):
@@ -440,7 +451,7 @@ class AcpServer:
             "agentCapabilities": {
                 "loadSession": True,
                 "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
-                "mcpCapabilities": {"http": False, "sse": False},
+                "mcpCapabilities": {"http": True, "sse": False},
                 "sessionCapabilities": {"list": {}, "close": {}},
             },
             "authMethods": [dict(method) for method in self.auth_methods],
@@ -466,7 +477,9 @@ class AcpServer:
     async def _new(self, params: NewSessionParams) -> dict[str, Any]:
         self._check_auth()
         self._check_open()
-        handle = await self.harness.agents.create(owner=self._scope, cwd=params.cwd, options=self.agent_options)
+        handle = await self.harness.agents.create(
+            owner=self._scope, cwd=params.cwd, options=self.agent_options, setup=_mcp_setup(params.mcp_configs())
+        )
         record = await self._adopt(handle)
         return {"sessionId": record.id}
 
@@ -480,8 +493,11 @@ class AcpServer:
                 f"session {shorten(session_id, 200)!r} is already open on this connection",
                 {"sessionId": session_id},
             )
+        setup = _mcp_setup(params.mcp_configs())
         try:
-            handle = await self.harness.agents.resume(session_id, owner=self._scope, options=self.agent_options)
+            handle = await self.harness.agents.resume(
+                session_id, owner=self._scope, options=self.agent_options, setup=setup
+            )
         except SessionNotFoundError:
             raise rpc.RpcError(
                 rpc.RESOURCE_NOT_FOUND,
@@ -706,6 +722,17 @@ class AcpServer:
                     nursery.start_soon(self._dispose_record, record)
         if self._scope is not None:
             await self._scope.close()
+
+
+def _mcp_setup(servers: Sequence[McpServerConfig]) -> Setup | None:
+    """The agent setup that starts a session's MCP servers in the agent's scope (tools for it alone)."""
+    if not servers:
+        return None
+
+    async def setup(agent: Agent) -> None:
+        await connect_mcp_servers(agent.scope, agent.tools, servers)
+
+    return setup
 
 
 async def serve_stdio(harness: Harness, **options: Any) -> None:
