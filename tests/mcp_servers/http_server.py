@@ -79,6 +79,7 @@ def main() -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
+    sock.listen(128)  # connections wait in the backlog until uvicorn accepts them
     print(f"port {sock.getsockname()[1]}", flush=True)
     asgi = RequireToken(app.streamable_http_app(host="127.0.0.1"), options.token)
     server = uvicorn.Server(uvicorn.Config(asgi, log_level="warning", lifespan="on"))

@@ -86,6 +86,8 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _STDERR_TAIL = 4096
 # A line from a server longer than this is refused (and dropped).
 _MAX_LINE = 64 * 1024 * 1024
+# How long an exit waits for the rest of the server's stderr (a child may hold it open).
+_STDERR_DRAIN = 0.5
 # How long a call that saw the connection close waits to learn the exit status.
 _EXIT_WAIT = 2.0
 # Bound on the polite end of an HTTP session (its DELETE) before it is abandoned.
@@ -225,6 +227,11 @@ class _ProcessFacts:
     returncode: int | None = None
     exited: trio.Event = attrs.field(factory=trio.Event)
     stderr: bytearray = attrs.field(factory=bytearray)
+    # The stderr reader is shielded from the connection's cancellation, so the
+    # last lines of a dying server are read; it stops at end of file, or when
+    # cancelled through this scope once the process is gone.
+    stderr_scope: trio.CancelScope = attrs.field(factory=lambda: trio.CancelScope(shield=True))
+    stderr_done: trio.Event = attrs.field(factory=trio.Event)
     # Set once the connection asked the process to stop: an exit is no longer news.
     stopping: bool = False
     on_exit: Callable[[], None] = lambda: None
@@ -368,19 +375,31 @@ async def _pump_stdin(
 
 async def _pump_stderr(stderr: trio.abc.ReceiveStream, facts: _ProcessFacts, name: str) -> None:
     try:
-        while chunk := await stderr.receive_some(65536):
-            facts.feed_stderr(chunk)
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("MCP server %r stderr: %s", name, chunk.decode("utf-8", "replace").rstrip())
+        with facts.stderr_scope:
+            while chunk := await stderr.receive_some(65536):
+                facts.feed_stderr(chunk)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("MCP server %r stderr: %s", name, chunk.decode("utf-8", "replace").rstrip())
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
+    finally:
+        facts.stderr_done.set()
+
+
+async def _settle_exit(facts: _ProcessFacts, returncode: int) -> None:
+    """Record the exit once the rest of stderr is read (bounded): the error message quotes it."""
+    with trio.move_on_after(_STDERR_DRAIN):
+        await facts.stderr_done.wait()
+    facts.set_exit(returncode)
 
 
 async def _wait_exit(process: trio.Process, facts: _ProcessFacts, bound: float) -> bool:
     with trio.move_on_after(bound):
-        facts.set_exit(await process.wait())
-        return True
-    return False
+        await process.wait()
+    if process.returncode is None:
+        return False
+    await _settle_exit(facts, process.returncode)
+    return True
 
 
 async def _stop_group(pgid: int, grace: float) -> None:
@@ -398,7 +417,7 @@ async def _stop_group(pgid: int, grace: float) -> None:
 
 
 async def _reap(process: trio.Process, facts: _ProcessFacts, grace: float) -> None:
-    facts.set_exit(await process.wait())
+    await _settle_exit(facts, await process.wait())
     # A server that exited by itself may leave children in its group: they go too.
     await _stop_group(process.pid, grace)
 
@@ -451,10 +470,12 @@ async def _open_stdio(config: McpStdioServer, facts: _ProcessFacts) -> AsyncIter
             finally:
                 with trio.CancelScope(shield=True):
                     await _stop_process(process, facts, config.grace_period)
+                facts.stderr_scope.cancel()
                 nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
             facts.stopping = True
+            facts.stderr_scope.cancel()
             if process.returncode is None:  # not stopped above (the spawn's nursery failed)
                 signal_group(process.pid, signal.SIGKILL)
                 await _wait_exit(process, facts, REAP_BOUND)
@@ -625,13 +646,16 @@ class McpConnection:
         config = self.config
         if isinstance(exc, trio.TooSlowError):
             reason = f"it did not complete the MCP handshake and list its tools within {config.startup_timeout:g} s"
-        elif isinstance(exc, McpError) and not isinstance(exc, McpStartError):
+        elif isinstance(exc, McpError):
             reason = str(exc)
+        elif self._failure is not None:  # the process exited, the transport failed: more than "connection closed"
+            reason = self._failure
         else:
             reason = _describe(exc)
-        if self._process is not None and self._process.pid is not None:
-            reason += f" ({self._process.summary()})"
-        if self._http is not None and self._http.last_error is not None:
+        facts = self._process
+        if facts is not None and facts.pid is not None and facts.summary() not in reason:
+            reason += f" ({facts.summary()})"
+        if self._http is not None and self._http.last_error is not None and self._http.last_error not in reason:
             reason += f" ({self._http.last_error})"
         what = f"{config.command!r}" if isinstance(config, McpStdioServer) else config.url
         return f"MCP server {self.name!r} ({what}) failed to start: {reason}"
@@ -805,7 +829,8 @@ class McpConnection:
             finally:
                 self._calls.discard(call_scope)
                 if not self._calls:
-                    self._calls_done.set()
+                    done, self._calls_done = self._calls_done, trio.Event()
+                    done.set()
         if call_scope.cancelled_caught:
             return ToolOutput(
                 f"error: MCP server {self.name!r} was disconnected during the call to {tool!r}; "
@@ -845,7 +870,8 @@ class McpConnection:
     def _on_process_exit(self) -> None:
         assert self._process is not None
         self._lose(f"the server process exited ({self._process.summary()})")
-        log.warning("MCP server %r: %s", self.name, self._failure)
+        if self._session is not None:  # while starting, McpStartError says it
+            log.warning("MCP server %r: %s", self.name, self._failure)
 
     def _lose(self, reason: str) -> None:
         if self._failure is None and not self._closing:
@@ -870,8 +896,7 @@ class McpConnection:
         for call_scope in list(self._calls):
             call_scope.cancel()
         while self._calls:
-            done, self._calls_done = self._calls_done, trio.Event()
-            await done.wait()
+            await self._calls_done.wait()
         self._stop.set()
         bound = _HTTP_STOP_BOUND if isinstance(self.config, McpHttpServer) else math.inf
         with trio.move_on_after(bound):
