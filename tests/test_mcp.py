@@ -193,8 +193,25 @@ async def test_a_scripted_model_calls_an_mcp_tool_end_to_end(tmp_path: Path) -> 
         assert "mcp__calc__legacy_tool" in [tool.name for tool in model.requests[0].tools]
         pid = server_pid(record)
         assert group_alive(pid)
+        (connection,) = h.mcp_connections
+        assert connection.pid == pid and connection.name == "calc"
+        # The servers' scope closes after the agents' (their calls end first), before the plugins'.
+        names = [child.name for child in h.scope.children]
+        assert names[-3:] == ["harness/plugins", "harness/mcp", "harness/agents"]
     assert not group_alive(pid)
     assert [tool.name for tool in h.tools.tools()] == []
+
+
+async def test_harness_exit_mid_call_cancels_the_call_over_mcp_before_the_server_stops(tmp_path: Path) -> None:
+    record = tmp_path / "record.txt"
+    model = ScriptedModel([{"tool_calls": [call("mcp__calc__slow", tag="exit")]}])
+    async with open_test_harness(model, mcp_servers=[calc(record)]) as h:
+        agent = (await h.agents.create()).agent
+        agent.followup("be slow")
+        await wait_recorded(record, "started exit")
+    # The agent was disposed (its call cancelled over MCP) while the server still ran.
+    assert recorded(record)[-1] == "cancelled exit"
+    assert not group_alive(server_pid(record))
 
 
 async def test_results_map_faithfully_from_a_real_server(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ order they depend on each other::
       bash       the bash executor (kills every process group it started)
       tasks      the task service (cancels and awaits every live task)
       plugins    tool plugins (task tools, bash, subagent, yours)
-      mcp        harness-wide MCP servers (``mcp_servers=``), one child scope each
+      mcp        harness-wide MCP servers (only with ``mcp_servers=``), a child scope each
       agents     the agent factory; every agent scope is a child of it
 
 Child scopes close newest first, so on exit every agent is disposed first
@@ -49,7 +49,7 @@ from .session._store import SessionStore
 from .tasks._options import TaskOptions
 from .tasks._service import TaskService, open_task_service
 from .tools._bash import BashToolPlugin
-from .tools._mcp import connect_mcp_servers
+from .tools._mcp import McpConnection, connect_mcp_servers
 from .tools._mcp_config import McpServerConfig
 from .tools._subagent import SubagentOptions, SubagentToolPlugin
 from .tools._tasks import TaskToolOptions, TaskToolsPlugin
@@ -113,6 +113,7 @@ class Harness:
         tools: harness-wide tools and prompt sections.
         model: the default model provider (None if not configured).
         plugins_scope: the scope tool plugins are loaded into.
+        mcp_connections: the harness-wide MCP servers (``mcp_servers=``), connected.
     """
 
     scope: Scope
@@ -124,6 +125,13 @@ class Harness:
     tools: ToolSet
     model: ModelProvider | None
     plugins_scope: Scope
+    # Filled once the servers are connected, before the harness is handed out.
+    _mcp_connections: list[McpConnection] = attrs.field(factory=list, alias="_mcp_connections")
+
+    @property
+    def mcp_connections(self) -> tuple[McpConnection, ...]:
+        """The harness-wide MCP server connections, in configuration order."""
+        return tuple(self._mcp_connections)
 
     def __repr__(self) -> str:
         return f"<Harness agents={len(self.agents.list())} sessions={len(self.sessions.list())}>"
@@ -243,8 +251,9 @@ async def open_harness(
         tasks = await tasks_scope.enter_async_context(open_task_service(**task_kwargs))
         tasks.on_task_done(lambda snapshot: bus.emit("task/done", snapshot), scope=tasks_scope)
         plugins_scope = await root.open_child("plugins")
-        # Opened before the agents' scope, so it closes after every agent (their calls end first).
-        mcp_scope = await root.open_child("mcp")
+        # Opened (when there are servers) before the agents' scope, so it closes after
+        # every agent: their calls end first.
+        mcp_scope = await root.open_child("mcp") if servers else None
         agents_scope = await root.open_child("agents")
         agents = AgentRegistry(sessions=sessions, bus=bus)
         agents.register_factory(ReactLoopFactory(bus=bus, tools=tools, agents=agents, model=provider), agents_scope)
@@ -266,8 +275,8 @@ async def open_harness(
             await harness.load(BashToolPlugin(bash, tasks, tools))
         if "subagent" in wanted:
             await harness.load(SubagentToolPlugin(tasks, tools, **attrs.asdict(subagent_settings, recurse=False)))
-        if servers:
-            await connect_mcp_servers(mcp_scope, tools, servers)
+        if mcp_scope is not None:
+            harness._mcp_connections.extend(await connect_mcp_servers(mcp_scope, tools, servers))
         yield harness
 
 
