@@ -19,7 +19,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
@@ -33,7 +33,7 @@ from trio_harness import (
     ScriptedModel,
     connect_mcp,
 )
-from trio_harness.agents import ToolSet
+from trio_harness.agents import ToolContext, ToolOutput, ToolSet
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
 from trio_harness.tools import McpConnection, connect_mcp_servers, mcp_tool_name, render_mcp_result
@@ -106,8 +106,8 @@ def alive(pid: int) -> bool:
 
 
 @asynccontextmanager
-async def http_server(tmp_path: Path, token: str = "s3cret") -> AsyncIterator[tuple[str, Path]]:
-    """Run tests/mcp_servers/http_server.py on 127.0.0.1; yields its MCP URL and record file."""
+async def http_server(tmp_path: Path, token: str = "s3cret") -> AsyncIterator[tuple[str, Path, trio.Process]]:
+    """Run tests/mcp_servers/http_server.py on 127.0.0.1; yields its MCP URL, record file and process."""
     record = tmp_path / "http-record.txt"
     with (tmp_path / "http-server.stderr").open("wb") as stderr:
         process = await trio.lowlevel.open_process(
@@ -124,9 +124,10 @@ async def http_server(tmp_path: Path, token: str = "s3cret") -> AsyncIterator[tu
                 assert chunk, "the HTTP test server exited before listening"
                 line += chunk
         port = int(line.split()[1])
-        yield f"http://127.0.0.1:{port}/mcp", record
+        yield f"http://127.0.0.1:{port}/mcp", record, process
     finally:
-        process.terminate()
+        if process.returncode is None:
+            process.terminate()
         with trio.CancelScope(shield=True):
             await process.wait()
             await process.stdout.aclose()
@@ -163,6 +164,31 @@ def test_results_map_every_content_kind() -> None:
     assert not output.is_error
     empty = render_mcp_result(CallToolResult(content=[], is_error=True))
     assert (empty.content, empty.is_error) == ("(no content)", True)
+
+
+async def test_tool_definitions_follow_the_listing() -> None:
+    from mcp.types import Tool as McpTool
+    from mcp.types import ToolAnnotations
+
+    server = McpStdioServer("srv", "unused", requires_approval=True)
+    async with open_test_harness() as h:
+        connection = McpConnection(server, h.scope, ToolSet())
+        listed = McpTool(
+            name="read",
+            description=None,
+            title="Read a file",
+            input_schema={"properties": {"path": {"type": "string"}}},  # no "type": object is implied
+            annotations=ToolAnnotations(read_only_hint=True),
+        )
+        tool = connection._tool("mcp__srv__read", listed)
+        assert tool.description == "Read a file"
+        assert dict(tool.parameters) == {"type": "object", "properties": {"path": {"type": "string"}}}
+        assert tool.parallel_safe and tool.requires_approval
+        broken = McpTool(name="odd", input_schema={"type": "object", "properties": {"a": {"type": 5}}})
+        odd = connection._tool("mcp__srv__odd", broken)
+        assert dict(odd.parameters) == {"type": "object"}  # offered anyway; the server checks arguments
+        assert not odd.parallel_safe
+        assert odd.description == "The 'odd' tool of MCP server 'srv'."
 
 
 # ------------------------------------------------------------------ end to end over stdio
@@ -478,7 +504,7 @@ sdk_http_iterators = pytest.mark.filterwarnings(
 
 @sdk_http_iterators
 async def test_an_http_server_with_headers_end_to_end(tmp_path: Path) -> None:
-    async with http_server(tmp_path) as (url, record):
+    async with http_server(tmp_path) as (url, record, _):
         server = McpHttpServer("web", url, headers={"Authorization": "Bearer s3cret", "X-Client": "trio-harness"})
         model = ScriptedModel(
             [
@@ -502,7 +528,7 @@ async def test_an_http_server_with_headers_end_to_end(tmp_path: Path) -> None:
 
 @sdk_http_iterators
 async def test_an_http_server_refusing_the_headers_fails_to_start_with_the_status(tmp_path: Path) -> None:
-    async with http_server(tmp_path) as (url, record):
+    async with http_server(tmp_path) as (url, record, _):
         server = McpHttpServer("web", url, headers={"Authorization": "Bearer wrong"}, startup_timeout=10)
         async with open_test_harness() as h:
             with pytest.raises(McpStartError) as info:
@@ -515,6 +541,22 @@ async def test_an_http_server_refusing_the_headers_fails_to_start_with_the_statu
             await connect_mcp(h.scope, h.tools, McpHttpServer("gone", url, startup_timeout=10))
 
 
+@sdk_http_iterators
+async def test_an_http_server_going_away_gives_error_results_naming_it(tmp_path: Path) -> None:
+    async with open_test_harness() as h, http_server(tmp_path) as (url, _, process):
+        server = McpHttpServer("web", url, headers={"Authorization": "Bearer s3cret"})
+        connection = await connect_mcp(h.scope, h.tools, server)
+        assert (await connection.call("add", {"a": 1, "b": 2})).content == "3"
+        process.kill()
+        await process.wait()
+        lost = await connection.call("add", {"a": 1, "b": 2})
+        assert lost.is_error
+        assert lost.content.startswith("error: MCP server 'web' stopped during the call to 'add': the connection ")
+        later = await connection.call("add", {"a": 1, "b": 2})
+        assert later.content.startswith("error: MCP server 'web' is not available: the connection ")
+        assert connection.failure is not None and connection.failure in later.content
+
+
 # ------------------------------------------------------------------ agent-local use from setup
 
 
@@ -525,18 +567,13 @@ async def test_connect_mcp_into_any_tool_set_and_scope(tmp_path: Path) -> None:
         child = await h.scope.open_child("mine")
         connection = await connect_mcp(child, tools, calc(record))
         assert connection.tool_names["mcp__calc__legacy_tool"] == "legacy.tool"
-        output = await tools.get("mcp__calc__add").handler(None, {"a": 4, "b": 5})  # type: ignore[union-attr, arg-type]
-        assert output == render_mcp_result(_text_result("9"))
+        add = tools.get("mcp__calc__add")
+        assert add is not None
+        assert await add.handler(cast(ToolContext, None), {"a": 4, "b": 5}) == ToolOutput("9")
         assert repr(connection) == "<McpConnection 'calc' stdio open tools=11>"
         await child.close()
         assert connection.scope.closed and tools.tools() == ()
         assert not group_alive(server_pid(record))
-
-
-def _text_result(text: str) -> Any:
-    from mcp.types import CallToolResult, TextContent
-
-    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content={"result": 9})
 
 
 async def test_refresh_on_demand_and_on_list_changed(tmp_path: Path) -> None:
@@ -762,7 +799,7 @@ async def test_acp_a_server_that_fails_to_start_fails_session_new_naming_it(tmp_
 
 @sdk_http_iterators
 async def test_acp_an_http_server_in_session_new(tmp_path: Path) -> None:
-    async with http_server(tmp_path) as (url, record):
+    async with http_server(tmp_path) as (url, record, _):
         web = {
             "type": "http",
             "name": "web",

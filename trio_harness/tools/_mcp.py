@@ -858,9 +858,11 @@ class McpConnection:
     async def _loss_reason(self) -> str:
         """Why the connection closed under a call; learns the exit status (bounded) first."""
         facts = self._process
-        if facts is not None and self._failure is None:
+        if self._failure is None:
+            # The process's exit, or the transport's own error (a refused HTTP
+            # connection), usually follows the closed connection by a moment.
             with trio.move_on_after(_EXIT_WAIT):
-                await facts.exited.wait()
+                await (facts.exited if facts is not None else self._held).wait()
         if self._failure is None:
             detail = f" ({self._http.last_error})" if self._http is not None and self._http.last_error else ""
             self._lose(f"the connection closed{detail}")
