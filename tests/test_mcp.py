@@ -491,6 +491,23 @@ async def test_several_servers_start_together_all_or_none(tmp_path: Path) -> Non
             await connect_mcp(h.scope, h.tools, calc(tmp_path / "three.txt", name="good"))
 
 
+async def test_cancelling_a_start_of_several_servers_leaves_none_running(tmp_path: Path) -> None:
+    pidfile = tmp_path / "silent.pid"
+    good = calc(tmp_path / "good.txt", name="good")
+    silent = McpStdioServer("silent", "sh", args=("-c", f"echo $$ > {pidfile}; exec sleep 300"), grace_period=0.2)
+    async with open_test_harness() as h:
+        with trio.CancelScope() as cancel_scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(connect_mcp_servers, h.scope, h.tools, [good, silent])
+                with trio.fail_after(WAIT):  # one server is up, the other still starting
+                    while h.tools.get("mcp__good__add") is None or not pidfile.exists():
+                        await trio.sleep(0.01)
+                cancel_scope.cancel()
+        assert [tool.name for tool in h.tools.tools()] == []
+        assert not group_alive(server_pid(tmp_path / "good.txt"))
+        assert not group_alive(int(pidfile.read_text()))
+
+
 # ------------------------------------------------------------------ streamable HTTP
 
 # The SDK's streamable HTTP client leaves httpx2's response and SSE iterators

@@ -981,9 +981,16 @@ async def connect_mcp_servers(
         except McpStartError as exc:
             results[index] = exc
 
-    async with trio.open_nursery() as nursery:
-        for index in range(len(servers)):
-            nursery.start_soon(connect_one, index)
+    try:
+        async with trio.open_nursery() as nursery:
+            for index in range(len(servers)):
+                nursery.start_soon(connect_one, index)
+    except BaseException:  # cancelled: none of them stays
+        with trio.CancelScope(shield=True):
+            for result in results:
+                if isinstance(result, McpConnection):
+                    await result.close()
+        raise
     failures = [result for result in results if isinstance(result, McpStartError)]
     connections = tuple(result for result in results if isinstance(result, McpConnection))
     if failures:
