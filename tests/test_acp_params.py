@@ -31,6 +31,7 @@ from trio_harness.acp._params import (
     ProtocolVersion,
     ResourceBlock,
     ResourceLinkBlock,
+    StdioMcpServer,
     TextBlock,
     TextResource,
     decode_params,
@@ -75,9 +76,9 @@ def test_valid_params_decode_into_records() -> None:
         protocol_version=ProtocolVersion(1)
     )
     assert decode_params(AuthenticateParams, {"methodId": "t"}) == AuthenticateParams(method_id="t")
-    assert decode_params(NewSessionParams, {"cwd": "/w", "mcpServers": [{"name": "fs"}]}) == NewSessionParams(
-        cwd=AbsolutePath("/w"), mcp_servers=({"name": "fs"},)
-    )
+    assert decode_params(
+        NewSessionParams, {"cwd": "/w", "mcpServers": [{"name": "fs", "command": "mcp-fs", "args": [], "env": []}]}
+    ) == NewSessionParams(cwd=AbsolutePath("/w"), mcp_servers=(StdioMcpServer(name="fs", command="mcp-fs"),))
     assert decode_params(LoadSessionParams, {"sessionId": "s", "cwd": "/w"}) == LoadSessionParams(
         session_id="s", cwd=AbsolutePath("/w")
     )

@@ -389,7 +389,14 @@ async def test_reported_finished_tasks_beyond_the_cap_are_pruned_with_their_spil
     ) as h:
         h.tasks.attach_controller("test")  # no notices: tasks stay unreported until read
         all_settled = trio.Event()
-        h.tasks.on_task_done(lambda snapshot: all_settled.set() if snapshot.id == "bash-5" else None)
+        settled: set[str] = set()
+
+        def on_done(snapshot: Any) -> None:
+            settled.add(snapshot.id)
+            if len(settled) == 5:  # the five run in parallel: any one may settle last
+                all_settled.set()
+
+        h.tasks.on_task_done(on_done)
         agent = (await h.agents.create()).agent
         exit_callbacks = len([c for c in agent.scope._callbacks if c is not None])
         agent.followup("go")

@@ -21,6 +21,9 @@ from ._errors import ForkBoundaryError as ForkBoundaryError
 from ._errors import HarnessError as HarnessError
 from ._errors import InboxError as InboxError
 from ._errors import InvalidSessionIdError as InvalidSessionIdError
+from ._errors import McpConfigError as McpConfigError
+from ._errors import McpError as McpError
+from ._errors import McpStartError as McpStartError
 from ._errors import ModelError as ModelError
 from ._errors import PluginError as PluginError
 from ._errors import ScopeClosedError as ScopeClosedError
@@ -67,5 +70,9 @@ from .session import Session as Session
 from .session import SessionHeader as SessionHeader
 from .tasks import TaskOptions as TaskOptions
 from .tools import BashToolOptions as BashToolOptions
+from .tools import McpHttpServer as McpHttpServer
+from .tools import McpStdioServer as McpStdioServer
 from .tools import SubagentOptions as SubagentOptions
 from .tools import TaskToolOptions as TaskToolOptions
+from .tools import connect_mcp as connect_mcp
+from .tools import load_mcp_config as load_mcp_config

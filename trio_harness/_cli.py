@@ -7,13 +7,17 @@ Subcommands:
   stream the answer to stdout, tool calls to stderr;
 * ``sessions list`` / ``sessions show ID``: inspect the session store.
 
+``acp`` and ``run`` take ``--mcp-config FILE``: MCP servers (the
+``mcpServers`` JSON users already have) whose tools every agent gets.
+
 Every subcommand takes ``--model SPEC`` (default: ``$TRIO_HARNESS_MODEL`` or
 ``deepseek:deepseek-chat``) and ``--store DIR`` (default: the per-user data
 directory's ``sessions``).  ``sessions`` never needs a model.
 
 Exit codes: 0 success; 1 a failed turn or an unreadable session; 2 a usage
 error (bad ``--model``, missing API key, unknown session, ``--sandbox`` without
-a working bubblewrap); 3 a turn stopped by
+a working bubblewrap, a bad ``--mcp-config`` or an MCP server that does not
+start); 3 a turn stopped by
 a limit (max tokens, max steps); 130 interrupted (Ctrl-C, after cancelling
 the turn cleanly).
 
@@ -39,7 +43,15 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import trio
 
-from ._errors import HarnessError, InvalidSessionIdError, ModelError, SessionNotFoundError, SessionStoreError
+from ._errors import (
+    HarnessError,
+    InvalidSessionIdError,
+    McpConfigError,
+    McpStartError,
+    ModelError,
+    SessionNotFoundError,
+    SessionStoreError,
+)
 from .bash._sandbox import SandboxUnavailableError
 
 if TYPE_CHECKING:
@@ -48,6 +60,7 @@ if TYPE_CHECKING:
     from .agents._turns import TurnOutcome
     from .model._protocol import ModelProvider
     from .session._events import Event, SessionHeader
+    from .tools._mcp_config import McpServerConfig
 
 __all__ = ["DEFAULT_MODEL", "build_parser", "default_store", "main", "transcript"]
 
@@ -129,6 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run bash commands in a bubblewrap sandbox: only the session's directory writable, "
         "a private /tmp, no network (needs bwrap)",
+    )
+    tools.add_argument(
+        "--mcp-config",
+        metavar="FILE",
+        type=Path,
+        default=None,
+        help='MCP servers whose tools the agents get: a JSON file, {"mcpServers": {NAME: {"command": ...}}} '
+        'or {NAME: {"type": "http", "url": ...}}',
     )
 
     parser = argparse.ArgumentParser(
@@ -254,6 +275,19 @@ def _bash_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"sandbox": True} if args.sandbox else {}
 
 
+def _mcp_servers(args: argparse.Namespace) -> tuple[McpServerConfig, ...] | None:
+    """The servers of ``--mcp-config`` (none without it); None after reporting a bad file."""
+    if args.mcp_config is None:
+        return ()
+    from .tools._mcp_config import load_mcp_config
+
+    try:
+        return load_mcp_config(args.mcp_config)
+    except McpConfigError as exc:
+        _error(str(exc))
+        return None
+
+
 async def _close_provider(provider: object) -> None:
     aclose = getattr(provider, "aclose", None)
     if aclose is not None:
@@ -287,18 +321,21 @@ def _compact_arguments(arguments: str) -> str:
 
 def _cmd_acp(args: argparse.Namespace) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
+    servers = _mcp_servers(args)
+    if servers is None:
+        return EXIT_USAGE
     provider = _resolve_model(args.model)
     if provider is None:
         return EXIT_USAGE
     saved = sys.stdout
     sys.stdout = sys.stderr  # stray prints must never reach the protocol stream
     try:
-        return trio.run(_serve_acp, args, provider)
+        return trio.run(_serve_acp, args, provider, servers)
     finally:
         sys.stdout = saved
 
 
-async def _serve_acp(args: argparse.Namespace, provider: ModelProvider) -> int:
+async def _serve_acp(args: argparse.Namespace, provider: ModelProvider, servers: Sequence[McpServerConfig] = ()) -> int:
     from ._harness import open_harness
     from .acp._server import serve_stdio
 
@@ -309,7 +346,11 @@ async def _serve_acp(args: argparse.Namespace, provider: ModelProvider) -> int:
     try:
         async with (
             open_harness(
-                model=provider, store=args.store, builtin_tools=args.tools, bash_options=_bash_options(args)
+                model=provider,
+                store=args.store,
+                builtin_tools=args.tools,
+                bash_options=_bash_options(args),
+                mcp_servers=servers,
             ) as harness,
             trio.open_nursery() as nursery,
         ):
@@ -325,6 +366,9 @@ async def _serve_acp(args: argparse.Namespace, provider: ModelProvider) -> int:
             nursery.start_soon(stop_on_signal)
             await serve_stdio(harness, **options)
             nursery.cancel_scope.cancel()
+    except McpStartError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
     except SessionStoreError as exc:
         _error(str(exc))
         return EXIT_FAILED
@@ -452,13 +496,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not prompt.strip():
         _error("the prompt is empty")
         return EXIT_USAGE
+    servers = _mcp_servers(args)
+    if servers is None:
+        return EXIT_USAGE
     provider = _resolve_model(args.model)
     if provider is None:
         return EXIT_USAGE
-    return trio.run(_run_prompt, args, provider, prompt)
+    return trio.run(_run_prompt, args, provider, prompt, servers)
 
 
-async def _run_prompt(args: argparse.Namespace, provider: ModelProvider, prompt: str) -> int:
+async def _run_prompt(
+    args: argparse.Namespace, provider: ModelProvider, prompt: str, servers: Sequence[McpServerConfig] = ()
+) -> int:
     from ._harness import open_harness
     from .agents._inbox import new_message_id
     from .agents._options import AgentOptions
@@ -476,6 +525,7 @@ async def _run_prompt(args: argparse.Namespace, provider: ModelProvider, prompt:
             builtin_tools=args.tools,
             approver=approver,
             bash_options=_bash_options(args),
+            mcp_servers=servers,
         ) as harness:
             entered = True
             options = AgentOptions(max_steps=args.max_steps) if args.max_steps else None
@@ -532,6 +582,11 @@ async def _run_prompt(args: argparse.Namespace, provider: ModelProvider, prompt:
                 remove()
                 with trio.CancelScope(shield=True):
                     await handle.dispose()
+    except McpStartError as exc:
+        if entered:
+            raise
+        _error(str(exc))
+        return EXIT_USAGE
     except SessionStoreError as exc:
         # Either the store is unusable (refused before any model call) or the
         # session could not be stored: never an exit 0 with nothing saved.

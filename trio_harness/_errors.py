@@ -142,3 +142,42 @@ class TaskStartError(TaskError):
 
 class BashError(HarnessError):
     """A bash command or process request is invalid, or a process id is unknown."""
+
+
+class McpError(HarnessError):
+    """Base class of the errors about MCP servers used as tool sources."""
+
+
+class McpConfigError(McpError, ValueError):
+    """An MCP server configuration (a file, a record, ACP params) is invalid.
+
+    Attributes:
+        server: the server whose entry is wrong (None for the file as a whole).
+        field: the offending field of that entry (``"command"``,
+            ``"headers.Authorization"``), or None.
+        source: where the configuration came from (a file path), or None.
+    """
+
+    def __init__(
+        self, message: str, *, server: str | None = None, field: str | None = None, source: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.server = server
+        self.field = field
+        self.source = source
+
+
+class McpStartError(McpError):
+    """One or more MCP servers could not be started or did not complete the handshake.
+
+    The message names each server and why (the command was not found, the
+    process exited and what it wrote to stderr, the handshake timed out, an
+    HTTP status).
+
+    Attributes:
+        servers: the names of the servers that failed, in configuration order.
+    """
+
+    def __init__(self, message: str, *, servers: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.servers = servers

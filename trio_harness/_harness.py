@@ -8,11 +8,12 @@ order they depend on each other::
       bash       the bash executor (kills every process group it started)
       tasks      the task service (cancels and awaits every live task)
       plugins    tool plugins (task tools, bash, subagent, yours)
+      mcp        harness-wide MCP servers (only with ``mcp_servers=``), a child scope each
       agents     the agent factory; every agent scope is a child of it
 
 Child scopes close newest first, so on exit every agent is disposed first
 (its turn closed, its owned tasks stopped, its session flushed), then the
-plugins unload, then unowned tasks stop, then processes are killed, and the
+MCP servers stop, then the plugins unload, then unowned tasks stop, then processes are killed, and the
 session store closes last.
 
 Each service is given the few services it uses (the registry the store and
@@ -49,6 +50,8 @@ from .session._store import SessionStore
 from .tasks._options import TaskOptions
 from .tasks._service import TaskService, open_task_service
 from .tools._bash import BashToolOptions, BashToolPlugin
+from .tools._mcp import McpConnection, connect_mcp_servers
+from .tools._mcp_config import McpServerConfig
 from .tools._subagent import SubagentOptions, SubagentToolPlugin
 from .tools._tasks import TaskToolOptions, TaskToolsPlugin
 
@@ -111,6 +114,7 @@ class Harness:
         tools: harness-wide tools and prompt sections.
         model: the default model provider (None if not configured).
         plugins_scope: the scope tool plugins are loaded into.
+        mcp_connections: the harness-wide MCP servers (``mcp_servers=``), connected.
     """
 
     scope: Scope
@@ -122,6 +126,13 @@ class Harness:
     tools: ToolSet
     model: ModelProvider | None
     plugins_scope: Scope
+    # Filled once the servers are connected, before the harness is handed out.
+    _mcp_connections: list[McpConnection] = attrs.field(factory=list, alias="_mcp_connections")
+
+    @property
+    def mcp_connections(self) -> tuple[McpConnection, ...]:
+        """The harness-wide MCP server connections, in configuration order."""
+        return tuple(self._mcp_connections)
 
     def __repr__(self) -> str:
         return f"<Harness agents={len(self.agents.list())} sessions={len(self.sessions.list())}>"
@@ -153,6 +164,7 @@ async def open_harness(
     subagent_options: SubagentOptions | Mapping[str, Any] | None = None,
     approver: Approver | None = None,
     bash_tool_options: BashToolOptions | Mapping[str, Any] | None = None,
+    mcp_servers: Sequence[McpServerConfig] = (),
 ) -> AsyncIterator[Harness]:
     """Open a harness; every service stops (in reverse order) when the block exits.
 
@@ -185,9 +197,17 @@ async def open_harness(
         bash_tool_options: settings of the ``bash`` tool plugin
             (:class:`~trio_harness.tools.BashToolOptions`): whether commands
             require approval, and the command prefixes that never ask.
+        mcp_servers: MCP servers whose tools every agent gets
+            (:class:`~trio_harness.McpStdioServer`, :class:`~trio_harness.McpHttpServer`,
+            or :func:`~trio_harness.load_mcp_config` of a file), started at once
+            in the harness's ``mcp`` scope and stopped after every agent
+            (docs/mcp.rst).
 
     Raises:
         TypeError: a settings argument has an unknown key or the wrong type.
+        McpConfigError: two MCP servers have the same name.
+        McpStartError: an MCP server could not be started (the message names
+            it and why); every service was stopped again.
         SessionStoreError: at exit, when a session was closed with events its
             store did not take (every service still stopped).  When the block
             itself raised, its error propagates with a note naming them.
@@ -222,6 +242,7 @@ async def open_harness(
         if unknown:
             raise ValueError(f"unknown built-in tools {sorted(unknown)}; choose from bash, subagent, tasks")
 
+    servers = tuple(mcp_servers)
     bus = EventBus()
     sessions = SessionStore(persistence=persistence, bus=bus, clock=clock)
     tools = ToolSet()
@@ -243,6 +264,9 @@ async def open_harness(
         tasks = await tasks_scope.enter_async_context(open_task_service(**task_kwargs))
         tasks.on_task_done(lambda snapshot: bus.emit("task/done", snapshot), scope=tasks_scope)
         plugins_scope = await root.open_child("plugins")
+        # Opened (when there are servers) before the agents' scope, so it closes after
+        # every agent: their calls end first.
+        mcp_scope = await root.open_child("mcp") if servers else None
         agents_scope = await root.open_child("agents")
         agents = AgentRegistry(sessions=sessions, bus=bus)
         agents.register_factory(
@@ -266,6 +290,8 @@ async def open_harness(
             await harness.load(BashToolPlugin(bash, tasks, tools, **attrs.asdict(bash_tool_settings, recurse=False)))
         if "subagent" in wanted:
             await harness.load(SubagentToolPlugin(tasks, tools, **attrs.asdict(subagent_settings, recurse=False)))
+        if mcp_scope is not None:
+            harness._mcp_connections.extend(await connect_mcp_servers(mcp_scope, tools, servers))
         yield harness
 
 

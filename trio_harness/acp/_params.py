@@ -21,8 +21,12 @@ agentclientprotocol/agent-client-protocol):
   path (the schema's description says so), a ``cursor`` must be one this
   server issued, and a prompt must be non-empty and made of the blocks this
   server reads (text, text resources, resource links).  ``mcpServers`` is
-  optional here although the schema requires it; the server connects to no
-  MCP server and does not read its entries.
+  optional here although the schema requires it, and so are the ``args``,
+  ``env`` and ``headers`` arrays of its entries; an entry is a stdio server
+  (no ``type``, or ``"stdio"``) or an ``"http"`` one (the server advertises
+  ``mcpCapabilities.http``, not ``sse``).  :meth:`NewSessionParams.mcp_configs`
+  turns the entries into the harness's server records (checked there: names,
+  URLs, duplicates).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from cattrs.cols import homogenous_tuple_structure_factory
 from cattrs.gen import make_dict_structure_fn, override
 from cattrs.preconf.json import make_converter
 
+from .._errors import McpConfigError
+from ..tools._mcp_config import McpHttpServer, McpServerConfig, McpStdioServer
 from . import _jsonrpc as rpc
 
 __all__ = [
@@ -46,15 +52,20 @@ __all__ = [
     "CancelParams",
     "CloseSessionParams",
     "ContentBlock",
+    "EnvVariable",
+    "HttpHeader",
+    "HttpMcpServer",
     "InitializeParams",
     "ListCursor",
     "ListSessionsParams",
     "LoadSessionParams",
+    "McpServerParams",
     "NewSessionParams",
     "PromptParams",
     "ProtocolVersion",
     "ResourceBlock",
     "ResourceLinkBlock",
+    "StdioMcpServer",
     "TextBlock",
     "TextResource",
     "decode_params",
@@ -130,6 +141,91 @@ def prompt_text(blocks: Prompt) -> str:
     return "\n\n".join(parts)
 
 
+# ---------------------------------------------------------------- MCP servers
+
+
+@attrs.frozen
+class EnvVariable:
+    """An environment variable of a stdio MCP server: ``{name, value}``."""
+
+    name: str
+    value: str
+    meta: Meta = None
+
+
+@attrs.frozen
+class HttpHeader:
+    """An HTTP header of an HTTP MCP server: ``{name, value}``."""
+
+    name: str
+    value: str
+    meta: Meta = None
+
+
+@attrs.frozen
+class StdioMcpServer:
+    """An MCP server the client asks the session to run: a command spoken to over stdio."""
+
+    kind: ClassVar[str] = "stdio"
+    name: str
+    command: str
+    args: tuple[str, ...] = ()
+    env: tuple[EnvVariable, ...] = ()
+    meta: Meta = None
+
+
+@attrs.frozen
+class HttpMcpServer:
+    """An MCP server the client asks the session to use over streamable HTTP (``"type": "http"``)."""
+
+    kind: ClassVar[str] = "http"
+    name: str
+    url: str
+    headers: tuple[HttpHeader, ...] = ()
+    meta: Meta = None
+
+
+McpServerParams: TypeAlias = StdioMcpServer | HttpMcpServer
+McpServers: TypeAlias = tuple[McpServerParams, ...]
+_MCP_KINDS: dict[str, type[McpServerParams]] = {"stdio": StdioMcpServer, "http": HttpMcpServer}
+
+
+def mcp_configs(servers: McpServers, cwd: str, method: str) -> tuple[McpServerConfig, ...]:
+    """The harness's records for a session's ``mcpServers`` (stdio servers run in ``cwd``).
+
+    Raises:
+        RpcError: ``-32602`` naming the entry and field that is invalid, or a
+            name used twice.
+    """
+    configs: list[McpServerConfig] = []
+    names: set[str] = set()
+    for index, server in enumerate(servers):
+        where = f"mcpServers[{index}]"
+        try:
+            if server.name in names:
+                raise McpConfigError(f"the name {server.name!r} is used by two servers", field="name")
+            names.add(server.name)
+            if isinstance(server, StdioMcpServer):
+                configs.append(
+                    McpStdioServer(
+                        name=server.name,
+                        command=server.command,
+                        args=server.args,
+                        env={variable.name: variable.value for variable in server.env},
+                        cwd=cwd,
+                    )
+                )
+            else:
+                headers = {header.name: header.value for header in server.headers}
+                configs.append(McpHttpServer(name=server.name, url=server.url, headers=headers))
+        except McpConfigError as exc:
+            field = where + (f".{exc.field}" if exc.field else "")
+            raise rpc.RpcError(
+                rpc.INVALID_PARAMS, f"invalid params for {method}: {where}: {exc}", {"field": field}
+            ) from None
+    return tuple(configs)
+
+
 # ---------------------------------------------------------------- method params
 
 
@@ -157,8 +253,12 @@ class NewSessionParams:
 
     method: ClassVar[str] = "session/new"
     cwd: AbsolutePath
-    mcp_servers: tuple[object, ...] = ()
+    mcp_servers: McpServers = ()
     meta: Meta = None
+
+    def mcp_configs(self) -> tuple[McpServerConfig, ...]:
+        """The session's MCP servers as harness records (see :func:`mcp_configs`)."""
+        return mcp_configs(self.mcp_servers, self.cwd, self.method)
 
 
 @attrs.frozen
@@ -168,8 +268,12 @@ class LoadSessionParams:
     method: ClassVar[str] = "session/load"
     session_id: str
     cwd: AbsolutePath
-    mcp_servers: tuple[object, ...] = ()
+    mcp_servers: McpServers = ()
     meta: Meta = None
+
+    def mcp_configs(self) -> tuple[McpServerConfig, ...]:
+        """The session's MCP servers as harness records (see :func:`mcp_configs`)."""
+        return mcp_configs(self.mcp_servers, self.cwd, self.method)
 
 
 @attrs.frozen
@@ -216,6 +320,10 @@ class CloseSessionParams:
 
 
 _RECORDS: tuple[type, ...] = (
+    EnvVariable,
+    HttpHeader,
+    StdioMcpServer,
+    HttpMcpServer,
     TextBlock,
     TextResource,
     ResourceBlock,
@@ -282,11 +390,30 @@ def _meta(value: object, _: object) -> Mapping[str, Any] | None:
     return types.MappingProxyType(value) if type(value) is dict else None
 
 
-def _opaque_array(value: object, _: object) -> tuple[object, ...]:
-    # Entries the server does not read (mcpServers): only the array is checked.
-    if type(value) is not list:
-        raise _Invalid(f"must be an array, got {_shown(value)}")
-    return tuple(value)
+def _array_hook(kind: Any) -> Callable[[object, object], Any]:
+    """A strict JSON array of ``kind``'s elements (built once the element hook exists)."""
+    elements = homogenous_tuple_structure_factory(kind, _converter)
+
+    def structure(value: object, _: object) -> Any:
+        # Checked here: cattrs would turn any iterable into a tuple ("ab" -> ("a", "b")).
+        if type(value) is not list:
+            raise _Invalid(f"must be an array, got {_shown(value)}")
+        return elements(value, kind)
+
+    return structure
+
+
+def _mcp_server(value: object, _: object) -> McpServerParams:
+    if type(value) is not dict:
+        raise _Invalid(f"must be an object, got {_shown(value)}")
+    kind = value.get("type", "stdio")
+    if kind == "sse":
+        raise _Invalid("has type 'sse', which this agent does not support (mcpCapabilities.sse is false); use http")
+    cls = _MCP_KINDS.get(kind) if type(kind) is str else None
+    if cls is None:
+        raise _Invalid(f"has unsupported type {_shown(kind, 60)}; supported: stdio (no type), http")
+    server: McpServerParams = _converter.structure(value, cls)
+    return server
 
 
 def _prompt_hook() -> Callable[[object, object], Prompt]:
@@ -335,10 +462,25 @@ _converter.register_structure_hook(AbsolutePath, _absolute_path)
 _converter.register_structure_hook(ProtocolVersion, _protocol_version)
 _converter.register_structure_hook(ListCursor, _list_cursor)
 _converter.register_structure_hook_func(lambda kind: kind == Meta, _meta)
-_converter.register_structure_hook_func(lambda kind: kind == tuple[object, ...], _opaque_array)
+_converter.register_structure_hook_func(lambda kind: kind == tuple[str, ...], _array_hook(tuple[str, ...]))
+_converter.register_structure_hook_func(lambda kind: kind == McpServerParams, _mcp_server)
 _converter.register_structure_hook_func(lambda kind: kind == ContentBlock, _content_block)
 _converter.register_structure_hook_func(lambda kind: kind == Prompt, _prompt_hook())
-for _cls in _RECORDS:
+
+# The MCP server entries, innermost first: each array after its elements' hook,
+# the server records after their arrays, the list of servers before the params.
+_converter.register_structure_hook(EnvVariable, _record_hook(EnvVariable))
+_converter.register_structure_hook(HttpHeader, _record_hook(HttpHeader))
+_converter.register_structure_hook_func(
+    lambda kind: kind == tuple[EnvVariable, ...], _array_hook(tuple[EnvVariable, ...])
+)
+_converter.register_structure_hook_func(
+    lambda kind: kind == tuple[HttpHeader, ...], _array_hook(tuple[HttpHeader, ...])
+)
+_converter.register_structure_hook(StdioMcpServer, _record_hook(StdioMcpServer))
+_converter.register_structure_hook(HttpMcpServer, _record_hook(HttpMcpServer))
+_converter.register_structure_hook_func(lambda kind: kind == McpServers, _array_hook(McpServers))
+for _cls in _RECORDS[4:]:
     _converter.register_structure_hook(_cls, _record_hook(_cls))
 
 # ---------------------------------------------------------------- decoding

@@ -39,6 +39,11 @@ reject once / reject always) and waits for the choice; the request is one of
 reader routes back.  ``session/cancel``, ``session/close`` or a disconnect
 during the request cancel the turn, which ends the wait at once
 (docs/approval.rst).
+
+The MCP servers a client lists in ``session/new`` or ``session/load`` are
+started by the agent's ``setup``, in the agent's scope: their tools are that
+session's alone and they stop when it is disposed; one that fails to start
+fails the request with an error naming it (docs/mcp.rst, "ACP").
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from .._errors import (
     AgentExistsError,
     HarnessError,
     InvalidSessionIdError,
+    McpStartError,
     SessionNotFoundError,
     SessionStoreError,
 )
@@ -67,6 +73,7 @@ from ..agents._options import AgentOptions
 from ..agents._turns import TurnOutcome, TurnWatcher
 from ..session import _events as ev
 from ..session._events import InboxMessage
+from ..tools._mcp import connect_mcp_servers
 from . import _jsonrpc as rpc
 from ._params import (
     AuthenticateParams,
@@ -97,8 +104,10 @@ if TYPE_CHECKING:
     from .._harness import Harness
     from .._scope import Scope
     from ..agents._agent import Agent
-    from ..agents._registry import AgentHandle
+    from ..agents._options import AgentOptions
+    from ..agents._registry import AgentHandle, Setup
     from ..session._events import Event, SessionHeader
+    from ..tools._mcp_config import McpServerConfig
 
 __all__ = ["PROTOCOL_VERSION", "AcpServer", "serve_stdio"]
 
@@ -135,6 +144,9 @@ _Result = dict[str, Any] | None
 
 
 def _harness_error(exc: HarnessError) -> rpc.RpcError:
+    if isinstance(exc, McpStartError):  # reported to the client, naming the servers (docs/mcp.rst)
+        data = {"error": type(exc).__name__, "mcpServers": list(exc.servers)}
+        return rpc.RpcError(rpc.INTERNAL_ERROR, str(exc), data)
     if isinstance(exc, SessionNotFoundError):
         return rpc.RpcError(rpc.RESOURCE_NOT_FOUND, str(exc))
     if isinstance(exc, InvalidSessionIdError):
@@ -490,7 +502,7 @@ class AcpServer:
             "agentCapabilities": {
                 "loadSession": True,
                 "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
-                "mcpCapabilities": {"http": False, "sse": False},
+                "mcpCapabilities": {"http": True, "sse": False},
                 "sessionCapabilities": {"list": {}, "close": {}},
             },
             "authMethods": [dict(method) for method in self.auth_methods],
@@ -516,7 +528,9 @@ class AcpServer:
     async def _new(self, params: NewSessionParams) -> dict[str, Any]:
         self._check_auth()
         self._check_open()
-        handle = await self.harness.agents.create(owner=self._scope, cwd=params.cwd, options=self._agent_options())
+        handle = await self.harness.agents.create(
+            owner=self._scope, cwd=params.cwd, options=self._agent_options(), setup=_mcp_setup(params.mcp_configs())
+        )
         record = await self._adopt(handle)
         return {"sessionId": record.id, **_sandbox_meta(self.harness, record.agent.session.header.cwd)}
 
@@ -530,8 +544,11 @@ class AcpServer:
                 f"session {shorten(session_id, 200)!r} is already open on this connection",
                 {"sessionId": session_id},
             )
+        setup = _mcp_setup(params.mcp_configs())
         try:
-            handle = await self.harness.agents.resume(session_id, owner=self._scope, options=self._agent_options())
+            handle = await self.harness.agents.resume(
+                session_id, owner=self._scope, options=self._agent_options(), setup=setup
+            )
         except SessionNotFoundError:
             raise rpc.RpcError(
                 rpc.RESOURCE_NOT_FOUND,
@@ -828,6 +845,17 @@ class AcpServer:
         # Nothing of this connection asks any more; a wait left (an agent of
         # another owner using this approver) ends with PeerGoneError: denied.
         self._requests.close()
+
+
+def _mcp_setup(servers: Sequence[McpServerConfig]) -> Setup | None:
+    """The agent setup that starts a session's MCP servers in the agent's scope (tools for it alone)."""
+    if not servers:
+        return None
+
+    async def setup(agent: Agent) -> None:
+        await connect_mcp_servers(agent.scope, agent.tools, servers)
+
+    return setup
 
 
 async def serve_stdio(harness: Harness, **options: Any) -> None:

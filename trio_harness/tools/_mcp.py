@@ -1,0 +1,1005 @@
+"""MCP servers as tool sources: a connection owned by a scope, its tools in a tool set.
+
+:func:`connect_mcp` opens a child scope of the scope it is given (the
+harness's ``mcp`` scope, an agent's scope, an ACP session's agent scope),
+starts the server there (a child process in its own process group, or a
+streamable HTTP client), runs the MCP handshake with the official SDK's
+:class:`~mcp.client.session.ClientSession`, and registers every tool of the
+server into a :class:`~trio_harness.agents.ToolSet` as ``mcp__<server>__<tool>``
+with the server's JSON schema.  The scope owns all of it:
+
+* closing the scope first ends the calls still in flight (each sends the MCP
+  ``notifications/cancelled``), removes the tools, closes the client session,
+  then stops the server: stdin closed, SIGTERM to its process group after the
+  grace period, SIGKILL after another (docs/mcp.rst, "Lifetime");
+* ``notifications/tools/list_changed`` refreshes the registered tools; it is
+  noticed on the receive path, in wire order, so a call whose answer follows
+  the notification returns only once the new tools are registered;
+* a call ends within the server's ``call_timeout``, when its turn is cancelled
+  (the SDK sends ``notifications/cancelled``), or when the server goes away;
+  every failure is an error result naming the server (docs/mcp.rst, "Results
+  and failures").
+
+The process handling is ours rather than the SDK's ``stdio_client`` because
+the harness guarantees more than it does: the whole process group goes (also
+children a server leaves behind when it exits by itself), the grace period is
+configurable, and a crashed server's exit status and last stderr lines reach
+the error the model and the user read.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import logging
+import math
+import re
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+import trio
+
+from .._errors import McpConfigError, McpError, McpStartError, ToolError
+from .._version import __version__
+from ..agents._tools import Tool, ToolContext, ToolOutput, ToolSet
+from ..bash._process import REAP_BOUND, group_alive, signal_group
+from ._mcp_config import McpHttpServer, McpServerConfig, McpStdioServer
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+    from mcp.client.session import ClientSession, IncomingMessage
+    from mcp.shared.exceptions import MCPError
+    from mcp.shared.message import SessionMessage
+    from mcp.types import CallToolResult, LoggingMessageNotificationParams
+    from mcp.types import Tool as McpTool
+
+    from .._scope import Scope
+
+# The MCP SDK (and anyio, httpx2 and starlette with it) is imported when a
+# server is connected, not with the package: it would double the import time
+# of ``import trio_harness`` for programs that use no MCP server.
+
+__all__ = [
+    "McpConnection",
+    "connect_mcp",
+    "connect_mcp_servers",
+    "mcp_tool_name",
+    "render_mcp_result",
+]
+
+log = logging.getLogger("trio_harness.mcp")
+
+MAX_TOOL_NAME: Final = 64
+"""The longest tool name the model APIs accept (OpenAI: 64 characters of ``[A-Za-z0-9_-]``)."""
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+# What is kept of a server's stderr for error messages.
+_STDERR_TAIL = 4096
+# A line from a server longer than this is refused (and dropped).
+_MAX_LINE = 64 * 1024 * 1024
+# How long an exit waits for the rest of the server's stderr (a child may hold it open).
+_STDERR_DRAIN = 0.5
+# How long a call that saw the connection close waits to learn the exit status.
+_EXIT_WAIT = 2.0
+# Bound on the polite end of an HTTP session (its DELETE) before it is abandoned.
+_HTTP_STOP_BOUND = 5.0
+
+# ---------------------------------------------------------------- names and results
+
+
+def mcp_tool_name(server: str, tool: str) -> str:
+    """The name the model sees for ``tool`` of ``server``: ``mcp__<server>__<tool>``.
+
+    Characters the model APIs refuse (anything but ``A-Z a-z 0-9 _ -``) become
+    ``_``; a name longer than 64 characters is cut and ends with 8 hex digits
+    of a hash of the original names, so it stays unique.  (Two tools of one
+    server whose names differ only in such characters are told apart the same
+    way when they are registered.)
+    """
+    name = f"mcp__{_UNSAFE.sub('_', server)}__{_UNSAFE.sub('_', tool)}"
+    if len(name) > MAX_TOOL_NAME:
+        name = name[: MAX_TOOL_NAME - 9] + "_" + _digest(server, tool)
+    return name
+
+
+def _digest(server: str, tool: str) -> str:
+    return hashlib.sha256(f"{server}\x00{tool}".encode()).hexdigest()[:8]
+
+
+def _model_names(server: str, tools: Sequence[str]) -> dict[str, str]:
+    """Model-facing name -> server tool name, unique even where sanitising made names collide."""
+    base = {tool: mcp_tool_name(server, tool) for tool in tools}
+    claims: dict[str, list[str]] = {}
+    for tool, name in base.items():
+        claims.setdefault(name, []).append(tool)
+    names: dict[str, str] = {}
+    for name, owners in claims.items():
+        for tool in owners:
+            exact = name == f"mcp__{_UNSAFE.sub('_', server)}__{tool}"
+            if len(owners) == 1 or exact:
+                names[name] = tool
+            else:  # renamed by sanitising and ambiguous: tell it apart by a hash of the real name
+                names[name[: MAX_TOOL_NAME - 9] + "_" + _digest(server, tool)] = tool
+    return names
+
+
+def _decoded_size(data: str) -> int | None:
+    try:
+        return len(base64.b64decode(data, validate=True))
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _size_text(size: int | None) -> str:
+    return f"{size} bytes" if size is not None else "size unknown"
+
+
+def render_mcp_result(result: CallToolResult) -> ToolOutput:
+    """The tool result the model reads for an MCP ``tools/call`` answer.
+
+    Text blocks are kept as they are; images and audio are described (type,
+    MIME type, size); a resource link by its name, URI, MIME type and size; an
+    embedded resource by its URI and MIME type, followed by its text when it is
+    a text resource (its size when it is binary).  ``structuredContent`` is
+    given as JSON text when the answer has no text block.  ``isError`` makes
+    it an error result.
+    """
+    from mcp.types import (
+        AudioContent,
+        BlobResourceContents,
+        EmbeddedResource,
+        ImageContent,
+        ResourceLink,
+        TextContent,
+        TextResourceContents,
+    )
+
+    parts: list[str] = []
+    has_text = False
+    for block in result.content:
+        if isinstance(block, TextContent):
+            parts.append(block.text)
+            has_text = True
+        elif isinstance(block, ImageContent):
+            parts.append(f"[image: {block.mime_type}, {_size_text(_decoded_size(block.data))}]")
+        elif isinstance(block, AudioContent):
+            parts.append(f"[audio: {block.mime_type}, {_size_text(_decoded_size(block.data))}]")
+        elif isinstance(block, ResourceLink):
+            details = ", ".join(
+                [str(block.uri)]
+                + ([block.mime_type] if block.mime_type else [])
+                + ([_size_text(block.size)] if block.size is not None else [])
+            )
+            line = f"[resource link: {block.name} ({details})]"
+            if block.description:
+                line += f" {block.description}"
+            parts.append(line)
+        elif isinstance(block, EmbeddedResource):
+            resource = block.resource
+            mime = resource.mime_type or "no MIME type"
+            if isinstance(resource, TextResourceContents):
+                parts.append(f"[resource: {resource.uri}, {mime}]\n{resource.text}")
+            elif isinstance(resource, BlobResourceContents):
+                parts.append(f"[resource: {resource.uri}, {mime}, {_size_text(_decoded_size(resource.blob))}]")
+    if result.structured_content is not None and not has_text:
+        parts.append(json.dumps(result.structured_content, ensure_ascii=False))
+    return ToolOutput("\n".join(parts) if parts else "(no content)", is_error=bool(result.is_error))
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` of an error, through exception groups, on one line."""
+    from mcp.shared.exceptions import MCPError
+
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(inner) for inner in exc.exceptions)
+    if isinstance(exc, MCPError):
+        return exc.message
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _one_line(text: str, limit: int = 300, lines: int | None = None) -> str:
+    """``text`` on one line (lines joined by `` | ``): its last ``lines`` lines, its last ``limit`` characters."""
+    kept = [line.strip() for line in text.splitlines() if line.strip()]
+    if lines is not None:
+        kept = kept[-lines:]
+    joined = " | ".join(kept)
+    return joined if len(joined) <= limit else "…" + joined[-(limit - 1) :]
+
+
+# ---------------------------------------------------------------- transports
+
+
+@attrs.define(eq=False)
+class _ProcessFacts:
+    """What is known about a stdio server's process: pid, exit status, last stderr."""
+
+    pid: int | None = None
+    returncode: int | None = None
+    exited: trio.Event = attrs.field(factory=trio.Event)
+    stderr: bytearray = attrs.field(factory=bytearray)
+    # The stderr reader is shielded from the connection's cancellation, so the
+    # last lines of a dying server are read; it stops at end of file, or when
+    # cancelled through this scope once the process is gone.
+    stderr_scope: trio.CancelScope = attrs.field(factory=lambda: trio.CancelScope(shield=True))
+    stderr_done: trio.Event = attrs.field(factory=trio.Event)
+    # Set once the connection asked the process to stop: an exit is no longer news.
+    stopping: bool = False
+    on_exit: Callable[[], None] = lambda: None
+
+    def set_exit(self, returncode: int) -> None:
+        if self.exited.is_set():
+            return
+        self.returncode = returncode
+        self.exited.set()
+        if not self.stopping:
+            self.on_exit()
+
+    def feed_stderr(self, data: bytes | bytearray) -> None:
+        self.stderr += data
+        if len(self.stderr) > _STDERR_TAIL:
+            del self.stderr[: len(self.stderr) - _STDERR_TAIL]
+
+    def summary(self) -> str:
+        """The exit status and the end of stderr, on one line."""
+        code = self.returncode
+        if code is None:
+            status = "the process is still running"
+        elif code >= 0:
+            status = f"exit code {code}"
+        else:
+            try:
+                status = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                status = f"killed by signal {-code}"
+        tail = _one_line(self.stderr.decode("utf-8", errors="replace"), lines=3)
+        return f"{status}; stderr: {tail}" if tail else f"{status}; nothing on stderr"
+
+
+@attrs.define(eq=False)
+class _HttpFacts:
+    """The last HTTP error status an HTTP server answered with."""
+
+    last_error: str | None = None
+
+
+class _WatchedStream:
+    """The session's read stream, watched for ``tools/list_changed`` in wire order.
+
+    The SDK hands notifications to callbacks in tasks of their own, so a
+    notification sent just before a call's answer may be handled after it.
+    Seen here, where the dispatcher reads messages one by one, it is noticed
+    before the answer is.
+    """
+
+    def __init__(self, inner: Any, on_list_changed: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_list_changed = on_list_changed
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._inner, "last_context", None)
+
+    def _see(self, item: SessionMessage | Exception) -> SessionMessage | Exception:
+        from mcp.shared.message import SessionMessage
+        from mcp.types import JSONRPCNotification
+
+        if (
+            isinstance(item, SessionMessage)
+            and isinstance(item.message, JSONRPCNotification)
+            and item.message.method == "notifications/tools/list_changed"
+        ):
+            self._on_list_changed()
+        return item
+
+    async def receive(self) -> SessionMessage | Exception:
+        return self._see(await self._inner.receive())
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        return self._see(await self._inner.__anext__())
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc_val: BaseException | None, exc_tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+def _parse_line(line: bytes) -> SessionMessage | Exception:
+    from mcp.shared.message import SessionMessage
+    from mcp.types import jsonrpc_message_adapter
+
+    try:
+        return SessionMessage(jsonrpc_message_adapter.validate_json(line, by_name=False))
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        return ValueError(f"not a JSON-RPC message: {_one_line(line.decode('utf-8', 'replace'), 200)} ({exc!r:.200})")
+
+
+async def _pump_stdout(
+    stdout: trio.abc.ReceiveStream, writer: MemoryObjectSendStream[SessionMessage | Exception]
+) -> None:
+    import anyio
+
+    buffer = bytearray()
+    scanned = 0
+    try:
+        async with writer:  # closing it is the end of the connection for the session
+            while chunk := await stdout.receive_some(65536):
+                buffer += chunk
+                while (end := buffer.find(b"\n", scanned)) >= 0:
+                    line = bytes(buffer[:end])
+                    del buffer[: end + 1]
+                    scanned = 0
+                    if line.strip():
+                        await writer.send(_parse_line(line))
+                scanned = len(buffer)
+                if len(buffer) > _MAX_LINE:
+                    await writer.send(ValueError(f"the server sent a line longer than {_MAX_LINE} bytes; dropped"))
+                    buffer.clear()
+                    scanned = 0
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError, trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+async def _pump_stdin(
+    stdin: trio.abc.SendStream,
+    reader: MemoryObjectReceiveStream[SessionMessage],
+    read_writer: MemoryObjectSendStream[SessionMessage | Exception],
+) -> None:
+    try:
+        async with reader:
+            async for message in reader:
+                data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+                await stdin.send_all(data.encode("utf-8"))
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        # The server stopped reading: end the connection rather than leave requests waiting.
+        await read_writer.aclose()
+
+
+async def _pump_stderr(stderr: trio.abc.ReceiveStream, facts: _ProcessFacts, name: str) -> None:
+    try:
+        with facts.stderr_scope:
+            while chunk := await stderr.receive_some(65536):
+                facts.feed_stderr(chunk)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("MCP server %r stderr: %s", name, chunk.decode("utf-8", "replace").rstrip())
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    finally:
+        facts.stderr_done.set()
+
+
+async def _settle_exit(facts: _ProcessFacts, returncode: int) -> None:
+    """Record the exit once the rest of stderr is read (bounded): the error message quotes it."""
+    with trio.move_on_after(_STDERR_DRAIN):
+        await facts.stderr_done.wait()
+    facts.set_exit(returncode)
+
+
+async def _wait_exit(process: trio.Process, facts: _ProcessFacts, bound: float) -> bool:
+    with trio.move_on_after(bound):
+        await process.wait()
+    if process.returncode is None:
+        return False
+    await _settle_exit(facts, process.returncode)
+    return True
+
+
+async def _stop_group(pgid: int, grace: float) -> None:
+    """SIGTERM what is left of the process group, SIGKILL it after ``grace``."""
+    if not group_alive(pgid):
+        return
+    signal_group(pgid, signal.SIGTERM)
+    with trio.move_on_after(grace):
+        delay = 0.005
+        while group_alive(pgid):
+            await trio.sleep(delay)
+            delay = min(delay * 2, 0.1)
+        return
+    signal_group(pgid, signal.SIGKILL)
+
+
+async def _reap(process: trio.Process, facts: _ProcessFacts, grace: float) -> None:
+    await _settle_exit(facts, await process.wait())
+    # A server that exited by itself may leave children in its group: they go too.
+    await _stop_group(process.pid, grace)
+
+
+async def _stop_process(process: trio.Process, facts: _ProcessFacts, grace: float) -> None:
+    """The MCP stdio shutdown, escalated: close stdin, then SIGTERM, then SIGKILL the group."""
+    facts.stopping = True
+    if process.stdin is not None:
+        await trio.aclose_forcefully(process.stdin)
+    if not await _wait_exit(process, facts, grace):
+        signal_group(process.pid, signal.SIGTERM)
+        if not await _wait_exit(process, facts, grace):
+            signal_group(process.pid, signal.SIGKILL)
+            await _wait_exit(process, facts, REAP_BOUND)
+    await _stop_group(process.pid, grace)
+
+
+@asynccontextmanager
+async def _open_stdio(config: McpStdioServer, facts: _ProcessFacts) -> AsyncIterator[tuple[Any, Any]]:
+    """Start the server process (its own session and group) and bridge its pipes to the session."""
+    import anyio
+    from mcp.client.stdio import get_default_environment
+    from mcp.shared.message import SessionMessage
+
+    try:
+        process = await trio.lowlevel.open_process(
+            [config.command, *config.args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=config.cwd,
+            env=get_default_environment() | dict(config.env),
+            start_new_session=True,
+        )
+    except OSError as exc:
+        where = f" in {config.cwd!r}" if config.cwd is not None else ""
+        raise McpError(f"cannot run {config.command!r}{where}: {exc.strerror or exc}") from exc
+    facts.pid = process.pid
+    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+    read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_pump_stdout, process.stdout, read_writer)
+            nursery.start_soon(_pump_stdin, process.stdin, write_reader, read_writer)
+            nursery.start_soon(_pump_stderr, process.stderr, facts, config.name)
+            nursery.start_soon(_reap, process, facts, config.grace_period)
+            try:
+                yield read_stream, write_stream
+            finally:
+                with trio.CancelScope(shield=True):
+                    await _stop_process(process, facts, config.grace_period)
+                facts.stderr_scope.cancel()
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            facts.stopping = True
+            facts.stderr_scope.cancel()
+            if process.returncode is None:  # not stopped above (the spawn's nursery failed)
+                signal_group(process.pid, signal.SIGKILL)
+                await _wait_exit(process, facts, REAP_BOUND)
+            for stream in (read_writer, read_stream, write_stream, write_reader):
+                stream.close()
+            for pipe in (process.stdin, process.stdout, process.stderr):
+                await trio.aclose_forcefully(pipe)
+
+
+@asynccontextmanager
+async def _open_http(config: McpHttpServer, facts: _HttpFacts) -> AsyncIterator[tuple[Any, Any]]:
+    """A streamable HTTP client with the configured headers; error statuses are kept for messages."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def note_status(response: httpx2.Response) -> None:
+        if response.status_code >= 400:
+            facts.last_error = f"HTTP {response.status_code} {response.reason_phrase} from {response.request.url}"
+
+    # The SDK's defaults: 30 s to connect or write, 300 s between bytes of a held stream.
+    client = httpx2.AsyncClient(
+        headers=dict(config.headers),
+        timeout=httpx2.Timeout(30.0, read=300.0),
+        event_hooks={"response": [note_status]},
+    )
+    async with client, streamable_http_client(config.url, http_client=client) as (read_stream, write_stream):
+        yield read_stream, write_stream
+
+
+# ---------------------------------------------------------------- the connection
+
+
+@attrs.define(eq=False, repr=False)
+class McpConnection:
+    """A live connection to one MCP server, owned by its own scope.
+
+    Obtain one from :func:`connect_mcp`.  Its scope is a child of the scope
+    given there; closing either (or :meth:`close`) ends the connection: calls
+    in flight are cancelled over MCP, the tools leave the tool set, the client
+    session closes and the server stops.
+
+    Attributes:
+        config: the server's configuration.
+        scope: the connection's own scope.
+    """
+
+    config: McpServerConfig
+    scope: Scope
+    _tools: ToolSet
+    _session: ClientSession | None = attrs.field(default=None, init=False)
+    _process: _ProcessFacts | None = attrs.field(default=None, init=False)
+    _http: _HttpFacts | None = attrs.field(default=None, init=False)
+    # Model-facing name -> (server tool name, registered tool, its remover).
+    _registered: dict[str, tuple[str, Tool, Callable[[], None]]] = attrs.field(factory=dict, init=False)
+    _failure: str | None = attrs.field(default=None, init=False)
+    _closing: bool = attrs.field(default=False, init=False)
+    _calls: set[trio.CancelScope] = attrs.field(factory=set, init=False)
+    _calls_done: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _stop: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _held: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _refresh_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    # list_changed notifications seen / refreshes finished (counted, so a call can wait for its own).
+    _changes_seen: int = attrs.field(default=0, init=False)
+    _changes_applied: int = attrs.field(default=0, init=False)
+    _change_signal: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _applied_signal: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _refresh_failure: str | None = attrs.field(default=None, init=False)
+
+    def __repr__(self) -> str:
+        state = "failed" if self._failure else "closing" if self._closing else "open"
+        return f"<McpConnection {self.name!r} {self.config.transport} {state} tools={len(self._registered)}>"
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def name(self) -> str:
+        """The server's name (from its configuration)."""
+        return self.config.name
+
+    @property
+    def tool_names(self) -> dict[str, str]:
+        """The registered tools: model-facing name -> the server's name for it."""
+        return {name: entry[0] for name, entry in self._registered.items()}
+
+    @property
+    def failure(self) -> str | None:
+        """Why the server cannot be used any more (it exited, the connection failed), or None."""
+        return self._failure
+
+    @property
+    def refresh_failure(self) -> str | None:
+        """Why the last refresh of the tool list failed (the previous tools stay), or None."""
+        return self._refresh_failure
+
+    @property
+    def pid(self) -> int | None:
+        """The server process's id (a stdio server; it leads its own process group), else None."""
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        """The server process's exit status once it exited (negative: the signal), else None."""
+        return self._process.returncode if self._process is not None else None
+
+    @property
+    def instructions(self) -> str | None:
+        """The server's ``instructions`` from the handshake, if it gave any."""
+        return self._session.instructions if self._session is not None else None
+
+    # ------------------------------------------------------------ opening
+
+    def _transport(self) -> AbstractAsyncContextManager[tuple[Any, Any]]:
+        config = self.config
+        if isinstance(config, McpStdioServer):
+            self._process = _ProcessFacts(on_exit=self._on_process_exit)
+            return _open_stdio(config, self._process)
+        self._http = _HttpFacts()
+        return _open_http(config, self._http)
+
+    async def _hold(self, task_status: trio.TaskStatus[ClientSession]) -> None:
+        """Own the transport and the client session until the connection stops."""
+        from mcp.client.session import ClientSession
+        from mcp.types import Implementation
+
+        started = False
+        try:
+            async with self._transport() as (read_stream, write_stream):
+                session = ClientSession(
+                    _WatchedStream(read_stream, self._on_list_changed),
+                    write_stream,
+                    message_handler=self._on_message,
+                    logging_callback=self._on_log,
+                    client_info=Implementation(name="trio-harness", version=__version__),
+                )
+                async with session:
+                    started = True
+                    task_status.started(session)
+                    await self._stop.wait()
+        except BaseException as exc:
+            if not started:
+                raise
+            # The transport failed under a live session (a dropped HTTP connection):
+            # calls end with this reason; nothing escapes into the owner's scope.
+            cancelled, failed = _split_cancelled(exc)
+            if failed is not None:
+                log.warning("MCP server %r: the connection failed: %s", self.name, _describe(failed))
+                self._lose(f"the connection failed: {_describe(failed)}")
+            if cancelled is not None:
+                raise cancelled from None
+        finally:
+            self._held.set()
+
+    async def _open(self) -> None:
+        """Start the server, shake hands and register its tools (bounded by ``startup_timeout``)."""
+        config = self.config
+        with trio.fail_after(config.startup_timeout):
+            session = await self.scope.start(self._hold, name=f"mcp server {self.name}")
+            await session.initialize()
+            listing = await self._list_tools(session)
+        self._session = session
+        self.scope.add_exit_callback(self._unregister)  # whatever happens next, the tools go with the scope
+        self._apply(listing, strict=True)
+        self.scope.add_close_hook(self._on_close)
+        self.scope.spawn(self._refresher, name=f"mcp refresher {self.name}")
+
+    def _start_error(self, exc: BaseException) -> str:
+        """Why the server did not start, for :class:`~trio_harness.McpStartError`."""
+        config = self.config
+        if isinstance(exc, trio.TooSlowError):
+            reason = f"it did not complete the MCP handshake and list its tools within {config.startup_timeout:g} s"
+        elif isinstance(exc, McpError):
+            reason = str(exc)
+        elif self._failure is not None:  # the process exited, the transport failed: more than "connection closed"
+            reason = self._failure
+        else:
+            reason = _describe(exc)
+        facts = self._process
+        if facts is not None and facts.pid is not None and facts.summary() not in reason:
+            reason += f" ({facts.summary()})"
+        if self._http is not None and self._http.last_error is not None and self._http.last_error not in reason:
+            reason += f" ({self._http.last_error})"
+        what = f"{config.command!r}" if isinstance(config, McpStdioServer) else config.url
+        return f"MCP server {self.name!r} ({what}) failed to start: {reason}"
+
+    async def _list_tools(self, session: ClientSession) -> list[McpTool]:
+        from mcp.types import PaginatedRequestParams
+
+        tools: list[McpTool] = []
+        cursor: str | None = None
+        while True:
+            params = PaginatedRequestParams(cursor=cursor) if cursor is not None else None
+            result = await session.list_tools(params=params)
+            tools.extend(result.tools)
+            cursor = result.next_cursor
+            if not cursor:
+                return tools
+
+    # ------------------------------------------------------------ tools
+
+    def _tool(self, model_name: str, listed: McpTool) -> Tool:
+        server_name = listed.name
+        parameters: dict[str, Any] = dict(listed.input_schema or {})
+        parameters.setdefault("type", "object")
+        description = listed.description or listed.title or f"The {server_name!r} tool of MCP server {self.name!r}."
+        annotations = listed.annotations
+        read_only = bool(annotations is not None and annotations.read_only_hint)
+
+        async def handler(ctx: ToolContext, args: dict[str, Any]) -> ToolOutput:
+            return await self.call(server_name, args)
+
+        def make(schema: Mapping[str, Any]) -> Tool:
+            return Tool(
+                name=model_name,
+                description=description,
+                parameters=schema,
+                handler=handler,
+                parallel_safe=read_only,
+                requires_approval=self.config.requires_approval,
+            )
+
+        try:
+            return make(parameters)
+        except ToolError as exc:
+            # The model still gets the tool; the server checks the arguments itself.
+            log.warning(
+                "MCP server %r: tool %r has an unusable input schema (%s); offering it with any arguments",
+                self.name,
+                server_name,
+                exc,
+            )
+            return make({"type": "object"})
+
+    def _apply(self, listing: Sequence[McpTool], *, strict: bool) -> None:
+        """Replace the registered tools with ``listing`` (no checkpoint: no step sees half of it)."""
+        unique: dict[str, McpTool] = {}
+        for listed in listing:
+            if listed.name in unique:
+                log.warning("MCP server %r lists the tool %r twice; the first is used", self.name, listed.name)
+                continue
+            unique[listed.name] = listed
+        names = _model_names(self.name, list(unique))
+        for _, _, remove in self._registered.values():
+            remove()
+        self._registered.clear()
+        clashes: list[str] = []
+        for model_name, server_name in names.items():
+            tool = self._tool(model_name, unique[server_name])
+            try:
+                remove = self._tools.add(tool)
+            except ToolError:
+                clashes.append(model_name)
+                continue
+            self._registered[model_name] = (server_name, tool, remove)
+        if clashes:
+            message = (
+                f"MCP server {self.name!r}: the tool name{'s' if len(clashes) > 1 else ''} "
+                f"{', '.join(map(repr, clashes))} {'are' if len(clashes) > 1 else 'is'} already registered "
+                "(another server with a similar name, or another tool); give the server another name"
+            )
+            if strict:
+                raise McpError(message)
+            log.warning("%s; those tools are not offered", message)
+
+    def _unregister(self) -> None:
+        for _, _, remove in self._registered.values():
+            remove()
+        self._registered.clear()
+
+    async def refresh(self) -> None:
+        """List the server's tools again and register what changed (also on ``list_changed``).
+
+        Raises:
+            McpError: the server did not answer the listing within its
+                ``startup_timeout`` or refused it; the previous tools stay.
+        """
+        session = self._session
+        if session is None or self._closing:
+            return
+        async with self._refresh_lock:
+            try:
+                with trio.fail_after(self.config.startup_timeout):
+                    listing = await self._list_tools(session)
+            except trio.TooSlowError:
+                raise McpError(
+                    f"MCP server {self.name!r} did not list its tools within {self.config.startup_timeout:g} s"
+                ) from None
+            except Exception as exc:
+                raise McpError(f"MCP server {self.name!r} could not list its tools: {_describe(exc)}") from exc
+            if not self._closing:
+                self._apply(listing, strict=False)
+
+    def _on_list_changed(self) -> None:
+        self._changes_seen += 1
+        self._change_signal.set()
+
+    async def _refresher(self) -> None:
+        while True:
+            while self._changes_applied >= self._changes_seen:
+                signal_ = self._change_signal
+                await signal_.wait()
+                if self._change_signal is signal_:
+                    self._change_signal = trio.Event()
+            target = self._changes_seen
+            try:
+                await self.refresh()
+            except McpError as exc:
+                self._refresh_failure = str(exc)
+                log.warning("%s; the previous tools stay", exc)
+            else:
+                self._refresh_failure = None
+            self._changes_applied = target
+            applied, self._applied_signal = self._applied_signal, trio.Event()
+            applied.set()
+
+    async def _await_refresh(self) -> None:
+        """Wait (bounded) until every list_changed seen so far is applied."""
+        target = self._changes_seen
+        with trio.move_on_after(self.config.startup_timeout):
+            while self._changes_applied < target and not self._closing:
+                await self._applied_signal.wait()
+
+    # ------------------------------------------------------------ calls
+
+    async def call(self, tool: str, arguments: Mapping[str, Any]) -> ToolOutput:
+        """Call ``tool`` (the server's name for it) and map the answer (see :func:`render_mcp_result`).
+
+        Never raises for the server's failures: a timeout, a crash, a refused
+        call or a closed connection is an error result naming the server.  A
+        cancellation of the caller propagates (the SDK sends
+        ``notifications/cancelled`` first).
+        """
+        from mcp.shared.exceptions import MCPError
+
+        session = self._session
+        if self._failure is not None or session is None or self._closing:
+            reason = self._failure or "its connection is closed"
+            return ToolOutput(f"error: MCP server {self.name!r} is not available: {reason}", is_error=True)
+        timeout = self.config.call_timeout
+        with trio.CancelScope() as call_scope:
+            self._calls.add(call_scope)
+            try:
+                result = await session.call_tool(tool, dict(arguments), read_timeout_seconds=timeout)
+            except MCPError as exc:
+                return await self._call_error(tool, exc)
+            except Exception as exc:
+                log.debug("MCP server %r: calling %r failed", self.name, tool, exc_info=True)
+                return ToolOutput(
+                    f"error: MCP server {self.name!r} gave an unusable answer to {tool!r}: {_describe(exc)}",
+                    is_error=True,
+                )
+            finally:
+                self._calls.discard(call_scope)
+                if not self._calls:
+                    done, self._calls_done = self._calls_done, trio.Event()
+                    done.set()
+        if call_scope.cancelled_caught:
+            return ToolOutput(
+                f"error: MCP server {self.name!r} was disconnected during the call to {tool!r}; "
+                "the call was cancelled over MCP",
+                is_error=True,
+            )
+        await self._await_refresh()
+        return render_mcp_result(result)
+
+    async def _call_error(self, tool: str, exc: MCPError) -> ToolOutput:
+        from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+
+        if exc.code == REQUEST_TIMEOUT:
+            text = (
+                f"error: MCP server {self.name!r} did not answer the call to {tool!r} within "
+                f"{self.config.call_timeout:g} s; the call was cancelled (the server may be hung)"
+            )
+        elif exc.code == CONNECTION_CLOSED:
+            reason = await self._loss_reason()
+            text = f"error: MCP server {self.name!r} stopped during the call to {tool!r}: {reason}"
+        else:
+            text = f"error: MCP server {self.name!r} refused the call to {tool!r}: {exc.message} (code {exc.code})"
+        return ToolOutput(text, is_error=True)
+
+    async def _loss_reason(self) -> str:
+        """Why the connection closed under a call; learns the exit status (bounded) first."""
+        facts = self._process
+        if self._failure is None:
+            # The process's exit, or the transport's own error (a refused HTTP
+            # connection), usually follows the closed connection by a moment.
+            with trio.move_on_after(_EXIT_WAIT):
+                await (facts.exited if facts is not None else self._held).wait()
+        if self._failure is None:
+            detail = f" ({self._http.last_error})" if self._http is not None and self._http.last_error else ""
+            self._lose(f"the connection closed{detail}")
+        assert self._failure is not None
+        return self._failure
+
+    def _on_process_exit(self) -> None:
+        assert self._process is not None
+        self._lose(f"the server process exited ({self._process.summary()})")
+        if self._session is not None:  # while starting, McpStartError says it
+            log.warning("MCP server %r: %s", self.name, self._failure)
+
+    def _lose(self, reason: str) -> None:
+        if self._failure is None and not self._closing:
+            self._failure = reason
+
+    # ------------------------------------------------------------ notifications
+
+    async def _on_message(self, message: IncomingMessage) -> None:
+        if isinstance(message, Exception):
+            log.warning("MCP server %r sent something unreadable: %s", self.name, _describe(message))
+
+    async def _on_log(self, params: LoggingMessageNotificationParams) -> None:
+        levels = {"debug": logging.DEBUG, "info": logging.INFO, "notice": logging.INFO, "warning": logging.WARNING}
+        log.log(levels.get(params.level, logging.ERROR), "MCP server %r: %s", self.name, params.data)
+
+    # ------------------------------------------------------------ closing
+
+    async def _on_close(self) -> None:
+        """Close hook: end the calls in flight (over MCP), remove the tools, stop the server."""
+        self._closing = True
+        self._unregister()
+        for call_scope in list(self._calls):
+            call_scope.cancel()
+        while self._calls:
+            await self._calls_done.wait()
+        self._stop.set()
+        bound = _HTTP_STOP_BOUND if isinstance(self.config, McpHttpServer) else math.inf
+        with trio.move_on_after(bound):
+            await self._held.wait()
+
+    async def close(self) -> None:
+        """Close the connection (its scope) and wait until the server has stopped (idempotent)."""
+        await self.scope.close()
+
+
+def _split_cancelled(exc: BaseException) -> tuple[BaseException | None, BaseException | None]:
+    if isinstance(exc, trio.Cancelled):
+        return exc, None
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)
+    return None, exc
+
+
+# ---------------------------------------------------------------- connecting
+
+
+async def connect_mcp(scope: Scope, tools: ToolSet, server: McpServerConfig) -> McpConnection:
+    """Start ``server`` in a child scope of ``scope`` and register its tools into ``tools``.
+
+    Harness-wide servers are given to :func:`~trio_harness.open_harness`
+    (``mcp_servers=``); for an agent's own servers call this from its
+    ``setup``::
+
+        async def setup(agent):
+            await connect_mcp(agent.scope, agent.tools, McpStdioServer("files", "mcp-files"))
+
+        await harness.agents.create(setup=setup)
+
+    Returns:
+        The connection; it lives until ``scope`` (or the connection) closes.
+
+    Raises:
+        McpStartError: the server could not be started, did not answer the
+            handshake or its tool listing within ``startup_timeout``, or a
+            tool name is already taken; the message names the server and why
+            (its exit status and last stderr lines for a process).  Nothing
+            is left running.
+        ScopeClosedError: ``scope`` is closing.
+    """
+    if not isinstance(server, McpStdioServer | McpHttpServer):
+        raise TypeError(f"server must be an McpStdioServer or McpHttpServer, got {type(server).__name__}")
+    child = await scope.open_child(f"mcp:{server.name}")
+    connection = McpConnection(server, child, tools)
+    try:
+        await connection._open()
+    except BaseException as exc:
+        with trio.CancelScope(shield=True):
+            await child.close()
+        if isinstance(exc, Exception):
+            raise McpStartError(connection._start_error(exc), servers=(server.name,)) from exc
+        raise
+    return connection
+
+
+async def connect_mcp_servers(
+    scope: Scope, tools: ToolSet, servers: Sequence[McpServerConfig]
+) -> tuple[McpConnection, ...]:
+    """Start several servers at once (see :func:`connect_mcp`); all of them or none.
+
+    Raises:
+        McpConfigError: two servers have the same name.
+        McpStartError: naming every server that failed; the others were
+            stopped again.
+    """
+    seen: set[str] = set()
+    for server in servers:
+        if server.name in seen:
+            raise McpConfigError(f"MCP server {server.name!r} is configured twice", server=server.name, field="name")
+        seen.add(server.name)
+    results: list[McpConnection | McpStartError | None] = [None] * len(servers)
+
+    async def connect_one(index: int) -> None:
+        try:
+            results[index] = await connect_mcp(scope, tools, servers[index])
+        except McpStartError as exc:
+            results[index] = exc
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for index in range(len(servers)):
+                nursery.start_soon(connect_one, index)
+    except BaseException:  # cancelled: none of them stays
+        with trio.CancelScope(shield=True):
+            for result in results:
+                if isinstance(result, McpConnection):
+                    await result.close()
+        raise
+    failures = [result for result in results if isinstance(result, McpStartError)]
+    connections = tuple(result for result in results if isinstance(result, McpConnection))
+    if failures:
+        with trio.CancelScope(shield=True):
+            for connection in connections:
+                await connection.close()
+        error = McpStartError(
+            "; ".join(str(failure) for failure in failures),
+            servers=tuple(name for failure in failures for name in failure.servers),
+        )
+        raise error from failures[0]
+    return connections
