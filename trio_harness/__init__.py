@@ -53,6 +53,7 @@ from .agents import ToolContext as ToolContext
 from .agents import ToolOutput as ToolOutput
 from .model import ModelProvider as ModelProvider
 from .model import ScriptedModel as ScriptedModel
+from .model import open_model as open_model
 from .session import JsonlPersistence as JsonlPersistence
 from .session import MemoryPersistence as MemoryPersistence
 from .session import Session as Session

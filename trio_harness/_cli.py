@@ -20,13 +20,15 @@ the turn cleanly).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import functools
 import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
@@ -209,24 +211,17 @@ def _error(message: str) -> None:
     print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
 
 
-def _resolve_model(spec: str) -> ModelProvider | None:
-    from .model._spec import resolve_model
+async def _with_model(spec: str, main: Callable[[ModelProvider], Awaitable[int]]) -> int:
+    """Run ``main`` with the provider ``spec`` names, closed after it; a bad spec is one line and exit 2."""
+    from .model._spec import open_model
 
-    try:
-        return resolve_model(spec)
-    except ModelError as exc:
-        _error(str(exc))
-        return None
-
-
-async def _close_provider(provider: object) -> None:
-    aclose = getattr(provider, "aclose", None)
-    if aclose is not None:
-        with trio.CancelScope(shield=True):
-            try:
-                await aclose()
-            except Exception:
-                logging.getLogger("trio_harness.cli").debug("closing the model provider failed", exc_info=True)
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            provider = await stack.enter_async_context(open_model(spec))
+        except ModelError as exc:
+            _error(str(exc))
+            return EXIT_USAGE
+        return await main(provider)
 
 
 def _shorten(text: str, limit: int) -> str:
@@ -252,13 +247,10 @@ def _compact_arguments(arguments: str) -> str:
 
 def _cmd_acp(args: argparse.Namespace) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
-    provider = _resolve_model(args.model)
-    if provider is None:
-        return EXIT_USAGE
     saved = sys.stdout
     sys.stdout = sys.stderr  # stray prints must never reach the protocol stream
     try:
-        return trio.run(_serve_acp, args, provider)
+        return trio.run(_with_model, args.model, functools.partial(_serve_acp, args))
     finally:
         sys.stdout = saved
 
@@ -291,8 +283,6 @@ async def _serve_acp(args: argparse.Namespace, provider: ModelProvider) -> int:
     except SessionStoreError as exc:
         _error(str(exc))
         return EXIT_FAILED
-    finally:
-        await _close_provider(provider)
     return 128 + signalled if signalled is not None else EXIT_OK
 
 
@@ -340,10 +330,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not prompt.strip():
         _error("the prompt is empty")
         return EXIT_USAGE
-    provider = _resolve_model(args.model)
-    if provider is None:
-        return EXIT_USAGE
-    return trio.run(_run_prompt, args, provider, prompt)
+    return trio.run(_with_model, args.model, functools.partial(_run_prompt, args, prompt=prompt))
 
 
 async def _run_prompt(args: argparse.Namespace, provider: ModelProvider, prompt: str) -> int:
@@ -426,8 +413,6 @@ async def _run_prompt(args: argparse.Namespace, provider: ModelProvider, prompt:
         if failure is None or failure.code != "store-error":
             _error(str(exc))
         return EXIT_FAILED
-    finally:
-        await _close_provider(provider)
     return _exit_code(outcome, interrupted=interrupts > 0)
 
 

@@ -144,19 +144,11 @@ async def open_harness(
             itself raised, its error propagates with a note naming them.
     """
     from .bash import open_bash_executor
+    from .model._spec import open_model
     from .tasks import open_task_service
 
     if isinstance(teardown_timeout, bool) or not isinstance(teardown_timeout, int | float) or not teardown_timeout > 0:
         raise ValueError(f"teardown_timeout must be a positive number of seconds, got {teardown_timeout!r}")
-    provider: ModelProvider | None = None
-    if isinstance(model, str):
-        from .model._spec import resolve_model
-
-        provider = resolve_model(model)
-    elif model is not None:
-        from .model._spec import resolve_model
-
-        provider = resolve_model(model)  # checks it is a provider
     persistence = resolve_store(store)
     await persistence.check()  # a store path that is a file or not writable fails here, not at a flush
     if builtin_tools is True:
@@ -172,12 +164,9 @@ async def open_harness(
     bus = EventBus()
     sessions = SessionStore(persistence=persistence, bus=bus, clock=clock)
     async with _reporting_unstored(sessions), open_scope("harness", teardown_timeout=teardown_timeout) as root:
+        # A provider built from a spec is held by the root scope: closed after every child scope.
+        provider = None if model is None else await root.enter_async_context(open_model(model))
         harness = Harness(scope=root, bus=bus, sessions=sessions, model=provider)
-        if isinstance(model, str):
-            # A provider we built from a spec is ours to close (its HTTP client), last.
-            aclose = getattr(provider, "aclose", None)
-            if aclose is not None:
-                root.add_exit_callback(aclose)
 
         sessions_scope = await root.open_child("sessions")
         sessions_scope.add_exit_callback(sessions.detach_all)

@@ -22,7 +22,7 @@ __all__ = ["ReactLoopFactory"]
 class ReactLoopFactory:
     """Builds the default ReAct loop agent; resolves each agent's model route."""
 
-    def build(
+    async def build(
         self,
         *,
         session: Session,
@@ -31,14 +31,15 @@ class ReactLoopFactory:
         harness: Harness,
         parent_id: str | None,
     ) -> ReactAgent:
-        """Build a :class:`ReactAgent` (its inbox is replayed from the log here)."""
-        if isinstance(options.model, str):
-            from ..model._spec import resolve_model
+        """Build a :class:`ReactAgent` (its inbox is replayed from the log here).
 
-            provider = resolve_model(options.model)
-            aclose = getattr(provider, "aclose", None)
-            if aclose is not None:  # built here from a spec: ours to close, with the agent
-                scope.add_exit_callback(aclose)
+        A model given as a spec string is opened for this agent alone: held by
+        its scope and closed when the agent is disposed.
+        """
+        if isinstance(options.model, str):
+            from ..model._spec import open_model
+
+            provider = await scope.enter_async_context(open_model(options.model))
         elif options.model is not None:
             from ..model._spec import resolve_model
 

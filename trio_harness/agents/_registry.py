@@ -80,7 +80,7 @@ class LoopAgent(Protocol):
 class AgentFactory(Protocol):
     """Builds agents for the registry (the loop implementation fills this slot)."""
 
-    def build(
+    async def build(
         self,
         *,
         session: Session,
@@ -89,7 +89,11 @@ class AgentFactory(Protocol):
         harness: Harness,
         parent_id: str | None,
     ) -> LoopAgent:
-        """Construct (but do not start) an agent around ``session`` in ``scope``."""
+        """Construct (but do not start) an agent around ``session`` in ``scope``.
+
+        Resources the agent alone uses (e.g. a model built from a spec) are
+        entered into ``scope``, which closes them with the agent.
+        """
         ...
 
 
@@ -460,7 +464,7 @@ class AgentRegistry:
         agent_scope.add_exit_callback(detach_session)
         agent_scope.add_exit_callback(detach_agent)
         try:
-            built = factory.build(
+            built = await factory.build(
                 session=session,
                 options=options if options is not None else AgentOptions(),
                 scope=agent_scope,
