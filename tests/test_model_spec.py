@@ -179,6 +179,7 @@ def test_not_a_spec_at_all() -> None:
 
 
 # ---------------------------------------------------------------- open_model
+# docs/guarantees.rst, "Models: one owner per provider".
 
 OK_STREAM = Stream([sse_text("ok"), sse_finish("stop"), DONE])
 REQUEST = ModelRequest(model="", system="", messages=(UserMessage("hi"),))
