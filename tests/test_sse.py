@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trio_harness.model import _sse
-from trio_harness.model._sse import SSEDecoder, SSEEnd, SSEError, SSEEvent
+from trio_harness.model._sse import SSEDecoder, SSEEnd, SSEError, SSEEvent, SSEMessages
 
 
 def decode(*pieces: str) -> tuple[list[SSEEvent], SSEEnd]:
@@ -214,6 +214,29 @@ def test_an_event_longer_than_the_limit(monkeypatch: pytest.MonkeyPatch) -> None
         decoder.feed("x" * 20)
     # A long event that ends is fine; only what waits for its end counts.
     assert SSEDecoder().feed("data: " + "y" * 200 + "\n\n") == [SSEEvent("y" * 200)]
+
+
+def test_plain_events_come_as_their_data_strings() -> None:
+    decoder = SSEDecoder()
+    decoder.feed("id: 9\n\n")
+    plain = decoder.feed("data: a\n\ndata: b\n\ndata: {")
+    assert isinstance(plain, SSEMessages)
+    assert plain.data == ["a", "b"]
+    assert plain == [SSEEvent("a", "message", "9"), SSEEvent("b", "message", "9")]
+    assert [SSEEvent("a", "message", "9"), SSEEvent("b", "message", "9")] == plain
+    assert len(plain) == 2
+    assert plain[1] == SSEEvent("b", "message", "9")
+    assert plain[-1:] == [SSEEvent("b", "message", "9")]
+    assert list(plain) == [plain[0], plain[1]]
+    assert plain != [SSEEvent("a", "message", "9")]
+    assert plain != "ab"
+    assert repr(plain) == "SSEMessages(['a', 'b'], id='9')"
+    with pytest.raises(TypeError):
+        hash(plain)
+    # Any other shape of event in the piece: a list of events.
+    mixed = decoder.feed('"}\n\nevent: x\ndata: c\n\n')
+    assert type(mixed) is list
+    assert mixed == [SSEEvent('{"}', "message", "9"), SSEEvent("c", "x", "9")]
 
 
 def test_events_compare_by_value() -> None:

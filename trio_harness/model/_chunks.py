@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping
+from itertools import repeat
 from typing import Any, Final
 
 import attrs
@@ -36,7 +37,7 @@ from ._protocol import (
     ToolCallDelta,
     Usage,
 )
-from ._sse import SSEEnd, SSEEvent
+from ._sse import SSEEnd, SSEEvent, SSEMessages
 
 __all__ = ["ChunkParser"]
 
@@ -143,27 +144,44 @@ class ChunkParser:
 
     def feed(self, event: SSEEvent) -> list[Chunk]:
         """Take one event; return its chunks (none once :attr:`done`)."""
-        return self.feed_all((event,))
+        chunks: list[Chunk] = []
+        self.feed_into((event,), chunks.append)
+        return chunks
 
     def feed_all(self, events: Iterable[SSEEvent]) -> list[Chunk]:
-        """Take events in order; return their chunks (the hot path).
+        """Take events in order; return their chunks.
 
         Stops at ``[DONE]`` or at the first failure (the chunks of the events
         before it are returned); events after that are ignored.
         """
         chunks: list[Chunk] = []
+        self.feed_into(events, chunks.append)
+        return chunks
+
+    def feed_into(self, events: Iterable[SSEEvent], emit: Callable[[Chunk], None]) -> None:
+        """Take events in order, passing each chunk to ``emit`` at once (the hot path).
+
+        Like :meth:`feed_all`, without collecting the chunks; an
+        :class:`~trio_harness.model._sse.SSEMessages` is read as its data
+        strings.  Nothing is made per event but what ``emit`` receives, so a
+        caller that lets the chunks go keeps the garbage collector idle.
+        """
         if self._done:
-            return chunks
-        append = chunks.append
+            return
+        pairs: Iterable[tuple[str, str]]
+        if type(events) is SSEMessages:
+            pairs = zip(events.data, repeat("message"))
+        else:
+            pairs = ((event.data, event.type) for event in events)
         scan = _SCAN
         new = _new
         set_text = _set_text
+        emitted = False
         try:
-            for event in events:
-                data = event.data
+            for data, kind in pairs:
                 if data[:1] == "{":
-                    # Inlined for speed: parse, and take plain text deltas (the
-                    # bulk of every stream) without further calls.
+                    # Inlined for speed: parse, and pass plain text deltas (the
+                    # bulk of every stream) on without further calls.
                     try:
                         obj, end = scan(data, 0)
                     except (StopIteration, ValueError):
@@ -180,23 +198,24 @@ class ChunkParser:
                         and type(content := delta.get("content")) is str
                         and choice.get("finish_reason") is None
                         and obj.get("usage") is None
-                        and event.type == "message"
+                        and kind == "message"
                     ):
                         if content:
                             delta = new(TextDelta)
                             set_text(delta, content)
-                            append(delta)
+                            emitted = True
+                            emit(delta)
                     else:
-                        self._on_object(obj, data, event.type, append)
-                elif self._on_data(data, event.type, append):
+                        self._on_object(obj, data, kind, emit)
+                elif self._on_data(data, kind, emit):
                     self._done = True
                     break
         except _StreamFailure as exc:
             self._failure = exc.failure
             self._done = True
-        if chunks:
-            self._emitted = True
-        return chunks
+        finally:
+            if emitted:
+                self._emitted = True
 
     def feed_body(self, body: bytes) -> list[Chunk]:
         """Take a whole JSON chat completion (a server that did not stream).
@@ -235,8 +254,6 @@ class ChunkParser:
             self._on_object(chunk, excerpt, "message", chunks.append)
         except _StreamFailure as exc:
             self._failure = exc.failure
-        if chunks:
-            self._emitted = True
         return chunks
 
     def feed_end(self, end: SSEEnd) -> list[Chunk]:
@@ -338,11 +355,13 @@ class ChunkParser:
         if reasoning:
             if type(reasoning) is not str:
                 raise self._malformed(f"reasoning is not a string: {payload[:200]!r}")
+            self._emitted = True
             emit(ReasoningDelta(reasoning))
         content = delta.get("content")
         if content:
             if type(content) is not str:
                 raise self._malformed(f"'content' is not a string: {payload[:200]!r}")
+            self._emitted = True
             emit(TextDelta(content))
         calls = delta.get("tool_calls")
         if calls:
@@ -385,6 +404,7 @@ class ChunkParser:
         self._last_index = index
         if call_id is None and name is None and not arguments:
             return
+        self._emitted = True
         emit(ToolCallDelta(index=index, id=call_id, name=name, arguments=arguments))
 
     # ------------------------------------------------------------ failures

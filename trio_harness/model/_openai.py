@@ -400,7 +400,7 @@ class OpenAIProvider:
         """Read the event stream of a successful response and feed it to the parsers (the hot path)."""
         decoder = SSEDecoder()
         feed_bytes = decoder.feed_bytes
-        feed_all = parser.feed_all
+        feed_into = parser.feed_into
         body = response.aiter_bytes()
         finished = False  # the body iterator ran to its end (or raised)
         try:
@@ -418,8 +418,7 @@ class OpenAIProvider:
                 except SSEError as exc:
                     return Failure("malformed-stream", f"{self.name}: {exc}")
                 if events:
-                    for chunk in feed_all(events):
-                        emit(chunk)
+                    feed_into(events, emit)
                     if parser.done:
                         if parser.failure is not None:
                             return parser.failure  # the connection is closed, not reused

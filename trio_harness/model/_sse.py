@@ -20,16 +20,25 @@ lines were complete but its blank line never came (a browser discards it;
 many servers end the body right after the last ``data`` line, so it is handed
 back and the caller decides), and the start of a line cut off by the end of
 the stream, which means the stream was truncated.
+
+A piece of stream made only of plain events (one ``data: ...`` line each, the
+bulk of any model stream) comes back as :class:`SSEMessages`: one object
+holding their data strings, read as :class:`SSEEvent` objects on demand.  The
+hot path (:meth:`ChunkParser.feed_into
+<trio_harness.model._chunks.ChunkParser.feed_into>`) reads the strings
+directly, so it makes no object per event and leaves the garbage collector
+nothing to do.
 """
 
 from __future__ import annotations
 
 import codecs
-from typing import Final
+from collections.abc import Iterator, Sequence
+from typing import Final, overload
 
 import attrs
 
-__all__ = ["MAX_EVENT_CHARS", "SSEDecoder", "SSEEnd", "SSEError", "SSEEvent"]
+__all__ = ["MAX_EVENT_CHARS", "SSEDecoder", "SSEEnd", "SSEError", "SSEEvent", "SSEMessages"]
 
 MAX_EVENT_CHARS: Final = 16 * 1024 * 1024
 """The longest event (in characters) a decoder buffers before giving up."""
@@ -69,6 +78,54 @@ class SSEEvent:
 
     def __repr__(self) -> str:
         return f"SSEEvent(data={self.data!r}, type={self.type!r}, id={self.id!r})"
+
+
+class SSEMessages(Sequence[SSEEvent]):
+    """Plain events in a row (type ``"message"``, one last event id), kept as their data strings.
+
+    A sequence of :class:`SSEEvent`: indexing or iterating makes the event
+    objects; :attr:`data` is the list of data strings, which the hot path
+    reads without making them.  Equal to any sequence of the same events.
+
+    Attributes:
+        data: each event's data, in order.
+        id: the last event id of every one of them.
+    """
+
+    __slots__ = ("data", "id")
+
+    def __init__(self, data: list[str], id: str = "") -> None:
+        self.data = data
+        self.id = id
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    @overload
+    def __getitem__(self, index: int) -> SSEEvent: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[SSEEvent]: ...
+
+    def __getitem__(self, index: int | slice) -> SSEEvent | list[SSEEvent]:
+        if isinstance(index, slice):
+            return [SSEEvent(data, "message", self.id) for data in self.data[index]]
+        return SSEEvent(self.data[index], "message", self.id)
+
+    def __iter__(self) -> Iterator[SSEEvent]:
+        ident = self.id
+        for data in self.data:
+            yield SSEEvent(data, "message", ident)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like a list
+
+    def __repr__(self) -> str:
+        return f"SSEMessages({self.data!r}, id={self.id!r})"
 
 
 @attrs.frozen
@@ -116,7 +173,7 @@ class SSEDecoder:
         self._closed = False
         self._decode = codecs.getincrementaldecoder("utf-8")().decode
 
-    def feed_bytes(self, data: bytes) -> list[SSEEvent]:
+    def feed_bytes(self, data: bytes) -> Sequence[SSEEvent]:
         """Decode ``data`` as the next UTF-8 bytes of the stream and :meth:`feed` the text.
 
         Raises:
@@ -128,8 +185,11 @@ class SSEDecoder:
             raise SSEError(f"stream is not UTF-8: {exc}") from None
         return self.feed(text)
 
-    def feed(self, text: str) -> list[SSEEvent]:
+    def feed(self, text: str) -> Sequence[SSEEvent]:
         """Take the next piece of the stream's text; return the events it completed, in order.
+
+        The events are a list, or an :class:`SSEMessages` when they are all
+        plain ``data: ...`` events.
 
         Raises:
             SSEError: an event is longer than :data:`MAX_EVENT_CHARS`.
@@ -168,8 +228,7 @@ class SSEDecoder:
             # Nearly every piece: events that are each a single "data: ..." line
             # (every newline is in an event separator, each event starts with
             # "data: "), taken in one split.
-            ident = self.last_event_id
-            return [SSEEvent(data, "message", ident) for data in region[6:].split("\n\ndata: ")]
+            return SSEMessages(region[6:].split("\n\ndata: "), self.last_event_id)
         events: list[SSEEvent] = []
         for block in region.split("\n\n"):
             event = self._parse(block)
