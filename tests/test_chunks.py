@@ -297,6 +297,18 @@ def test_events_after_done_are_ignored() -> None:
     assert parser.conclude() == Finish("stop")
 
 
+def test_a_failure_found_outside_the_events() -> None:
+    # An HTTP status or undecodable bytes: the outcome, whatever the caller concludes with later.
+    parser = ChunkParser(NAME)
+    parser.feed_all([text("a"), finish()])
+    status = Failure("http-503", "busy", retryable=True)
+    assert parser.fail(status) is status
+    assert parser.done
+    assert parser.feed(text("b")) == []
+    assert parser.fail(Failure("later", "x")) is status  # the first one stays
+    assert parser.conclude(Failure("timeout", "late", retryable=True)) is status
+
+
 def test_emitted_says_whether_any_delta_was_returned() -> None:
     parser = ChunkParser(NAME)
     parser.feed_all([text(""), usage(1, 2), delta(role="assistant")])

@@ -274,6 +274,17 @@ class ChunkParser:
             return []
         return self.feed(end.event) if end.event is not None else []
 
+    def fail(self, failure: Failure) -> Failure:
+        """Record a failure found outside the events (an HTTP status, bytes that are not UTF-8).
+
+        It becomes the outcome, as a failure the stream carried would: the
+        parser is :attr:`done`.  Returns ``failure``.
+        """
+        if self._failure is None:
+            self._failure = failure
+        self._done = True
+        return self._failure
+
     # ------------------------------------------------------------ outcome
 
     def conclude(self, failure: Failure | None = None) -> Finish | Failure:

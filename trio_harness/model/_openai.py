@@ -383,7 +383,8 @@ class OpenAIProvider:
                 status = response.status_code
                 if not 200 <= status < 300:
                     body = await _read_limited(response, _ERROR_BODY_LIMIT)
-                    return self._http_failure(response, body)
+                    # Kept by the parser too: a deadline while the response closes keeps it.
+                    return parser.fail(self._http_failure(response, body))
                 ctype = response.headers.get("content-type", "")
                 if "json" in ctype and "event-stream" not in ctype:
                     body = await _read_limited(response, 16 * 1024 * 1024)
@@ -416,7 +417,7 @@ class OpenAIProvider:
                 try:
                     events = feed_bytes(raw)
                 except SSEError as exc:
-                    return Failure("malformed-stream", f"{self.name}: {exc}")
+                    return parser.fail(Failure("malformed-stream", f"{self.name}: {exc}"))
                 if events:
                     feed_into(events, emit)
                     if parser.done:
