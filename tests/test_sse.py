@@ -243,7 +243,6 @@ def test_events_compare_by_value() -> None:
     event = SSEEvent("d", "t", "i")
     assert event == SSEEvent("d", "t", "i")
     assert event != SSEEvent("d", "t", "j")
-    assert event != ("d", "t", "i")
     assert hash(event) == hash(SSEEvent("d", "t", "i"))
     assert repr(event) == "SSEEvent(data='d', type='t', id='i')"
 

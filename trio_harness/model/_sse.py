@@ -48,12 +48,9 @@ class SSEError(ValueError):
     """The input is not an event stream the decoder can read (not UTF-8, an event too long)."""
 
 
+@attrs.frozen
 class SSEEvent:
     """One dispatched event.
-
-    A plain slotted class rather than an attrs record: the decoder makes one
-    per event, on the hot path of every model stream, and this is the
-    cheapest object Python can build.  Treat it as immutable.
 
     Attributes:
         data: the event's data lines joined with LF.
@@ -61,23 +58,9 @@ class SSEEvent:
         id: the last event id when the event was dispatched (``""`` if none).
     """
 
-    __slots__ = ("data", "id", "type")
-
-    def __init__(self, data: str, type: str = "message", id: str = "") -> None:
-        self.data = data
-        self.type = type
-        self.id = id
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not SSEEvent:
-            return NotImplemented
-        return self.data == other.data and self.type == other.type and self.id == other.id
-
-    def __hash__(self) -> int:
-        return hash((self.data, self.type, self.id))
-
-    def __repr__(self) -> str:
-        return f"SSEEvent(data={self.data!r}, type={self.type!r}, id={self.id!r})"
+    data: str
+    type: str = "message"
+    id: str = ""
 
 
 class SSEMessages(Sequence[SSEEvent]):
