@@ -74,7 +74,7 @@ if (
     or _TEXT_FIELDS[0].converter is not None
     or hasattr(TextDelta, "__attrs_post_init__")
 ):  # pragma: no cover - a guard for whoever changes TextDelta
-    raise ImportError("TextDelta changed: update the fast path of trio_harness/model/_chunks.py (ChunkParser.feed_all)")
+    raise ImportError("TextDelta changed: update the fast path of ChunkParser.feed_into in model/_chunks.py")
 
 
 class _StreamFailure(Exception):
