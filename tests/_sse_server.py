@@ -15,7 +15,9 @@ and ``Content-Length`` body), records it, and plays the next scripted
 While a response is being played, a watcher task reads the socket so the
 server notices a client that hangs up early (EOF or reset): it is counted in
 :attr:`ScriptedServer.disconnects` and :attr:`ScriptedServer.client_disconnected`
-is set, and the rest of the response is abandoned.
+is set, and the rest of the response is abandoned.  A client closing a
+kept-alive connection between requests (as closing its connection pool does) is
+counted in :attr:`ScriptedServer.idle_closes`.
 
 Typical use::
 
@@ -213,6 +215,8 @@ class ScriptedServer:
         connections: how many TCP connections were accepted.
         disconnects: how many times the client hung up before a response ended.
         client_disconnected: set the first time the client hangs up early.
+        idle_closes: how many times the client closed a connection between requests.
+        client_closed_idle: set the first time it does.
         port: the listening port, once started.
     """
 
@@ -221,6 +225,8 @@ class ScriptedServer:
     connections: int = 0
     disconnects: int = 0
     client_disconnected: trio.Event = attrs.field(factory=trio.Event)
+    idle_closes: int = 0
+    client_closed_idle: trio.Event = attrs.field(factory=trio.Event)
     port: int = 0
 
     @property
@@ -255,6 +261,8 @@ class ScriptedServer:
                     self._record_disconnect()
                     return
                 if request is None:
+                    self.idle_closes += 1
+                    self.client_closed_idle.set()
                     return
                 self.requests.append(request)
                 behaviour = self._behaviour(len(self.requests) - 1)

@@ -1,4 +1,10 @@
-"""resolve_model: every spec form, API keys from the environment, bad specs."""
+"""resolve_model: every spec form, API keys from the environment, bad specs.
+
+open_model: a provider built from a spec is closed when its block, harness or
+agent ends (however it ends); a provider object passed in is left open.  The
+witness is a real loopback server seeing the client close its kept-alive
+connection.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
+from _sse_server import DONE, ScriptedServer, Stream, sse_finish, sse_text, start_server
 
+from trio_harness import AgentOptions, open_harness, open_model
 from trio_harness._errors import ModelError
 from trio_harness.model._openai import OpenAIProvider
-from trio_harness.model._protocol import Emit, ModelProvider, ModelRequest
+from trio_harness.model._protocol import Emit, Finish, ModelProvider, ModelRequest, TextDelta, UserMessage
 from trio_harness.model._spec import DEEPSEEK_BASE_URL, OPENAI_BASE_URL, resolve_model
 
 
@@ -166,3 +176,137 @@ def test_bad_specs(spec: str, needle: str) -> None:
 def test_not_a_spec_at_all() -> None:
     with pytest.raises(ModelError, match="accepted forms"):
         resolve_model(42, env={})  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- open_model
+# docs/guarantees.rst, "Models: one owner per provider".
+
+OK_STREAM = Stream([sse_text("ok"), sse_finish("stop"), DONE])
+REQUEST = ModelRequest(model="", system="", messages=(UserMessage("hi"),))
+
+
+async def ask(provider: ModelProvider) -> list[object]:
+    """One request; leaves a kept-alive connection in the provider's pool."""
+    chunks: list[object] = []
+    with trio.fail_after(10):
+        await provider.stream(REQUEST, chunks.append)
+    return chunks
+
+
+async def closed_by_client(server: ScriptedServer) -> bool:
+    """Whether the client closed its idle connection (checked once every task is blocked)."""
+    await trio.testing.wait_all_tasks_blocked()
+    return server.client_closed_idle.is_set()
+
+
+async def test_open_model_closes_the_provider_it_built(nursery: trio.Nursery) -> None:
+    server = await start_server(nursery, OK_STREAM)
+    async with open_model(f"openai:m@{server.base_url}", env={}) as provider:
+        assert isinstance(provider, OpenAIProvider)
+        assert await ask(provider) == [TextDelta("ok"), Finish("stop")]
+        assert not await closed_by_client(server)  # open for the whole block
+    with trio.fail_after(10):
+        await server.client_closed_idle.wait()
+    assert server.idle_closes == 1
+
+
+async def test_open_model_closes_on_error(nursery: trio.Nursery) -> None:
+    server = await start_server(nursery, OK_STREAM)
+
+    class Boom(Exception):
+        pass
+
+    async def fail_inside() -> None:
+        async with open_model(f"openai:m@{server.base_url}", env={}) as provider:
+            await ask(provider)
+            raise Boom
+
+    with pytest.raises(Boom):
+        await fail_inside()
+    with trio.fail_after(10):
+        await server.client_closed_idle.wait()
+
+
+async def test_open_model_closes_on_cancel(nursery: trio.Nursery) -> None:
+    server = await start_server(nursery, OK_STREAM)
+    with trio.CancelScope() as scope:
+        async with open_model(f"openai:m@{server.base_url}", env={}) as provider:
+            await ask(provider)
+            scope.cancel()
+            await trio.sleep_forever()
+    assert scope.cancelled_caught
+    with trio.fail_after(10):
+        await server.client_closed_idle.wait()
+
+
+async def test_open_model_leaves_a_provider_object_open(nursery: trio.Nursery) -> None:
+    server = await start_server(nursery, OK_STREAM)
+    async with OpenAIProvider(model="m", base_url=server.base_url) as mine:
+        async with open_model(mine) as provider:
+            assert provider is mine
+            await ask(provider)
+        assert not await closed_by_client(server)
+        # Still usable, on the same connection.
+        assert await ask(mine) == [TextDelta("ok"), Finish("stop")]
+        assert server.connections == 1
+    with trio.fail_after(10):
+        await server.client_closed_idle.wait()  # closed by its owner, here
+
+
+async def test_open_model_refuses_a_bad_spec_on_entering() -> None:
+    with pytest.raises(ModelError, match="DEEPSEEK_API_KEY"):
+        async with open_model("deepseek:deepseek-chat", env={}):
+            pytest.fail("entered")  # pragma: no cover
+    with pytest.raises(ModelError, match="ModelProvider"):
+        async with open_model(object(), env={}):  # type: ignore[arg-type]
+            pytest.fail("entered")  # pragma: no cover
+
+
+async def test_a_harness_closes_the_model_it_built_from_a_spec(nursery: trio.Nursery) -> None:
+    server = await start_server(nursery, OK_STREAM)
+    async with open_harness(model=f"openai:m@{server.base_url}", builtin_tools=False) as harness:
+        assert harness.model is not None
+        await ask(harness.model)
+        assert not await closed_by_client(server)
+    with trio.fail_after(10):
+        await server.client_closed_idle.wait()
+
+
+async def test_a_harness_leaves_a_provider_object_open(nursery: trio.Nursery) -> None:
+    server = await start_server(nursery, OK_STREAM)
+    async with OpenAIProvider(model="m", base_url=server.base_url) as mine:
+        async with open_harness(model=mine, builtin_tools=False) as harness:
+            assert harness.model is mine
+            await ask(mine)
+        assert not await closed_by_client(server)
+        assert await ask(mine) == [TextDelta("ok"), Finish("stop")]
+
+
+async def test_an_agent_closes_the_model_it_built_from_a_spec(nursery: trio.Nursery) -> None:
+    server = await start_server(nursery, OK_STREAM)
+    async with open_harness(builtin_tools=False) as harness:
+        handle = await harness.agents.create(options=AgentOptions(model=f"openai:m@{server.base_url}"))
+        provider = handle.agent.provider  # type: ignore[attr-defined]
+        assert isinstance(provider, OpenAIProvider)
+        await ask(provider)
+        assert not await closed_by_client(server)
+        await handle.dispose()
+        with trio.fail_after(10):
+            await server.client_closed_idle.wait()
+
+
+async def test_an_agent_whose_creation_fails_closes_the_model_it_built(nursery: trio.Nursery) -> None:
+    server = await start_server(nursery, OK_STREAM)
+    built: list[ModelProvider] = []
+
+    async def setup(agent: Any) -> None:
+        built.append(agent.provider)
+        await ask(agent.provider)
+        raise RuntimeError("setup failed")
+
+    async with open_harness(builtin_tools=False) as harness:
+        with pytest.raises(RuntimeError, match="setup failed"):
+            await harness.agents.create(options=AgentOptions(model=f"openai:m@{server.base_url}"), setup=setup)
+        assert len(built) == 1
+        with trio.fail_after(10):
+            await server.client_closed_idle.wait()

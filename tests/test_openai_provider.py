@@ -1,5 +1,9 @@
 """OpenAIProvider against a real HTTP server on 127.0.0.1 (tests/_sse_server.py).
 
+The parsing itself is tested without I/O in tests/test_sse.py (the event
+stream) and tests/test_chunks.py (the chunks, and any split of the bytes);
+the tests here check the HTTP loop around them end to end.
+
 Clock policy, to keep these deterministic on a loaded machine:
 
 * Most tests use the real clock and involve no timing at all; each is guarded
@@ -15,8 +19,6 @@ from __future__ import annotations
 
 import email.utils
 import gc
-import itertools
-import json
 import math
 import random
 import time
@@ -43,8 +45,6 @@ from _sse_server import (
     sse_usage,
     start_server,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from trio_harness._errors import ModelError
 from trio_harness.model._openai import OpenAIProvider, _retry_after
@@ -1202,60 +1202,3 @@ async def test_default_name_and_client_ownership(nursery: trio.Nursery) -> None:
     # Usable again after aclose (a new client is created).
     async with own:
         assert await collect(own) == [TextDelta("ok"), Finish("stop")]
-
-
-# ---------------------------------------------------------------- property
-
-
-def _reference_stream() -> bytes:
-    return b"".join(
-        [
-            sse_delta(role="assistant", content="", reasoning_content="\u00fcber "),
-            b": keep-alive\r\n\r\n",
-            sse_text("caf\u00e9 \U0001f600"),
-            tool_delta(0, id="c0", name="f", args='{"a":'),
-            tool_delta(0, args=' "\u00df"}'),
-            sse_finish("tool_calls"),
-            sse_usage(9, 8, prompt_cache_hit_tokens=4),
-            DONE,
-        ]
-    )
-
-
-REFERENCE_CHUNKS: list[Chunk] = [
-    ReasoningDelta("\u00fcber "),
-    TextDelta("caf\u00e9 \U0001f600"),
-    ToolCallDelta(0, "c0", "f", '{"a":'),
-    ToolCallDelta(0, None, None, ' "\u00df"}'),
-    Usage(9, 8, 4),
-    Finish("tool-calls"),
-]
-
-
-@settings(
-    max_examples=25,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
-@given(cuts=st.lists(st.integers(min_value=1, max_value=len(_reference_stream()) - 1), max_size=12))
-async def test_any_split_gives_the_same_chunks(cuts: list[int]) -> None:
-    data = _reference_stream()
-    bounds = [0, *sorted(set(cuts)), len(data)]
-    pieces: list[bytes | Pause] = []
-    for start, end in itertools.pairwise(bounds):
-        pieces += [data[start:end], Pause(0.001)]
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            server = await start_server(nursery, Stream(pieces))
-            async with OpenAIProvider(model="m", base_url=server.base_url) as provider:
-                chunks: list[Chunk] = []
-                await provider.stream(REQUEST, chunks.append)
-            nursery.cancel_scope.cancel()
-    assert chunks == REFERENCE_CHUNKS
-
-
-def test_reference_stream_is_json() -> None:
-    # Guard the property test's fixture: every data line but [DONE] is JSON.
-    for line in _reference_stream().split(b"\n"):
-        if line.startswith(b"data: ") and line != b"data: [DONE]":
-            json.loads(line[6:])

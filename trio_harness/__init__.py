@@ -64,6 +64,7 @@ from .agents import tool as tool
 from .bash import BashOptions as BashOptions
 from .model import ModelProvider as ModelProvider
 from .model import ScriptedModel as ScriptedModel
+from .model import open_model as open_model
 from .session import JsonlPersistence as JsonlPersistence
 from .session import MemoryPersistence as MemoryPersistence
 from .session import Session as Session

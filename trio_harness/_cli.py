@@ -31,13 +31,15 @@ asking.  ``acp`` asks the client with ``session/request_permission``;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import functools
 import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
@@ -260,14 +262,17 @@ def _error(message: str) -> None:
     print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
 
 
-def _resolve_model(spec: str) -> ModelProvider | None:
-    from .model._spec import resolve_model
+async def _with_model(spec: str, main: Callable[[ModelProvider], Awaitable[int]]) -> int:
+    """Run ``main`` with the provider ``spec`` names, closed after it; a bad spec is one line and exit 2."""
+    from .model._spec import open_model
 
-    try:
-        return resolve_model(spec)
-    except ModelError as exc:
-        _error(str(exc))
-        return None
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            provider = await stack.enter_async_context(open_model(spec))
+        except ModelError as exc:
+            _error(str(exc))
+            return EXIT_USAGE
+        return await main(provider)
 
 
 def _bash_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -286,16 +291,6 @@ def _mcp_servers(args: argparse.Namespace) -> tuple[McpServerConfig, ...] | None
     except McpConfigError as exc:
         _error(str(exc))
         return None
-
-
-async def _close_provider(provider: object) -> None:
-    aclose = getattr(provider, "aclose", None)
-    if aclose is not None:
-        with trio.CancelScope(shield=True):
-            try:
-                await aclose()
-            except Exception:
-                logging.getLogger("trio_harness.cli").debug("closing the model provider failed", exc_info=True)
 
 
 def _shorten(text: str, limit: int) -> str:
@@ -324,13 +319,10 @@ def _cmd_acp(args: argparse.Namespace) -> int:
     servers = _mcp_servers(args)
     if servers is None:
         return EXIT_USAGE
-    provider = _resolve_model(args.model)
-    if provider is None:
-        return EXIT_USAGE
     saved = sys.stdout
     sys.stdout = sys.stderr  # stray prints must never reach the protocol stream
     try:
-        return trio.run(_serve_acp, args, provider, servers)
+        return trio.run(_with_model, args.model, functools.partial(_serve_acp, args, servers=servers))
     finally:
         sys.stdout = saved
 
@@ -372,8 +364,6 @@ async def _serve_acp(args: argparse.Namespace, provider: ModelProvider, servers:
     except SessionStoreError as exc:
         _error(str(exc))
         return EXIT_FAILED
-    finally:
-        await _close_provider(provider)
     return 128 + signalled if signalled is not None else EXIT_OK
 
 
@@ -499,10 +489,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     servers = _mcp_servers(args)
     if servers is None:
         return EXIT_USAGE
-    provider = _resolve_model(args.model)
-    if provider is None:
-        return EXIT_USAGE
-    return trio.run(_run_prompt, args, provider, prompt, servers)
+    return trio.run(_with_model, args.model, functools.partial(_run_prompt, args, prompt=prompt, servers=servers))
 
 
 async def _run_prompt(
@@ -603,7 +590,6 @@ async def _run_prompt(
     finally:
         if approver is not None:
             await approver.aclose()
-        await _close_provider(provider)
     return _exit_code(outcome, interrupted=interrupts > 0)
 
 

@@ -44,6 +44,7 @@ from .agents._tools import ToolSet
 from .bash._executor import BashExecutor, open_bash_executor
 from .bash._options import BashOptions
 from .model._protocol import ModelProvider
+from .model._spec import open_model
 from .session._jsonl import JsonlPersistence
 from .session._persistence import MemoryPersistence, SessionPersistence
 from .session._store import SessionStore
@@ -221,15 +222,6 @@ async def open_harness(
     bash_tool_settings = _option_record(BashToolOptions, bash_tool_options, "bash_tool_options")
     if approver is not None and not callable(approver):
         raise TypeError(f"approver must be an async callable or None, got {type(approver).__name__}")
-    provider: ModelProvider | None = None
-    if isinstance(model, str):
-        from .model._spec import resolve_model
-
-        provider = resolve_model(model)
-    elif model is not None:
-        from .model._spec import resolve_model
-
-        provider = resolve_model(model)  # checks it is a provider
     persistence = resolve_store(store)
     await persistence.check()  # a store path that is a file or not writable fails here, not at a flush
     if builtin_tools is True:
@@ -247,11 +239,8 @@ async def open_harness(
     sessions = SessionStore(persistence=persistence, bus=bus, clock=clock)
     tools = ToolSet()
     async with _reporting_unstored(sessions), open_scope("harness", teardown_timeout=teardown_timeout) as root:
-        if isinstance(model, str):
-            # A provider we built from a spec is ours to close (its HTTP client), last.
-            aclose = getattr(provider, "aclose", None)
-            if aclose is not None:
-                root.add_exit_callback(aclose)
+        # A provider built from a spec is held by the root scope: closed after every child scope.
+        provider = None if model is None else await root.enter_async_context(open_model(model))
 
         sessions_scope = await root.open_child("sessions")
         sessions_scope.add_exit_callback(sessions.detach_all)

@@ -48,7 +48,7 @@ class ReactLoopFactory:
     model: ModelProvider | None = None
     approver: Approver | None = None
 
-    def build(
+    async def build(
         self,
         *,
         session: Session,
@@ -56,14 +56,15 @@ class ReactLoopFactory:
         scope: Scope,
         parent_id: str | None,
     ) -> ReactAgent:
-        """Build a :class:`ReactAgent` (its inbox is replayed from the log here)."""
-        if isinstance(options.model, str):
-            from ..model._spec import resolve_model
+        """Build a :class:`ReactAgent` (its inbox is replayed from the log here).
 
-            provider = resolve_model(options.model)
-            aclose = getattr(provider, "aclose", None)
-            if aclose is not None:  # built here from a spec: ours to close, with the agent
-                scope.add_exit_callback(aclose)
+        A model given as a spec string is opened for this agent alone: held by
+        its scope and closed when the agent is disposed.
+        """
+        if isinstance(options.model, str):
+            from ..model._spec import open_model
+
+            provider = await scope.enter_async_context(open_model(options.model))
         elif options.model is not None:
             from ..model._spec import resolve_model
 

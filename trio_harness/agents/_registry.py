@@ -79,7 +79,7 @@ class AgentFactory(Protocol):
     only what differs per agent.
     """
 
-    def build(
+    async def build(
         self,
         *,
         session: Session,
@@ -87,7 +87,11 @@ class AgentFactory(Protocol):
         scope: Scope,
         parent_id: str | None,
     ) -> LoopAgent:
-        """Construct (but do not start) an agent around ``session`` in ``scope``."""
+        """Construct (but do not start) an agent around ``session`` in ``scope``.
+
+        Resources the agent alone uses (e.g. a model built from a spec) are
+        entered into ``scope``, which closes them with the agent.
+        """
         ...
 
 
@@ -462,7 +466,7 @@ class AgentRegistry:
         agent_scope.add_exit_callback(detach_session)
         agent_scope.add_exit_callback(detach_agent)
         try:
-            agent = factory.build(
+            agent = await factory.build(
                 session=session,
                 options=options if options is not None else AgentOptions(),
                 scope=agent_scope,

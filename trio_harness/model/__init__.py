@@ -20,4 +20,5 @@ from ._protocol import Usage as Usage
 from ._protocol import UserMessage as UserMessage
 from ._replay import ReplayModel as ReplayModel
 from ._scripted import ScriptedModel as ScriptedModel
+from ._spec import open_model as open_model
 from ._spec import resolve_model as resolve_model

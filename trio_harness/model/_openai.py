@@ -8,16 +8,19 @@ status, refused connection, timeout, malformed or truncated stream) as a
 ``Finish(reason="error")`` value, retrying transient failures only while
 nothing has been emitted yet.
 
-The event stream is parsed by a small hand-written decoder working directly on
-``response.aiter_bytes()``: on the many tiny events a model streams it is about
-twice as fast as ``httpx_sse`` (see ``bench/bench_provider.py``), and it lets
-the provider stop reading without leaving httpx's internal async generators
-suspended (Trio warns about those when they are garbage collected).
+The protocol work is done without I/O by two parsers this module only feeds:
+:class:`~trio_harness.model._sse.SSEDecoder` (bytes to server-sent events) and
+:class:`~trio_harness.model._chunks.ChunkParser` (events to chunks and the
+outcome); the HTTP loop here reads bytes, feeds them, emits what comes out and
+decides about retries.  Reading ``response.aiter_bytes()`` directly (rather
+than through ``httpx_sse``, about half as fast on the many tiny events a model
+streams, see ``bench/bench_provider.py``) also lets the provider stop reading
+without leaving httpx's internal async generators suspended (Trio warns about
+those when they are garbage collected).
 """
 
 from __future__ import annotations
 
-import codecs
 import email.utils
 import json
 import math
@@ -32,21 +35,18 @@ import httpx
 import trio
 
 from .._errors import ModelError
+from ._chunks import ChunkParser, message_of
 from ._protocol import (
     AssistantMessage,
     Emit,
     Failure,
     Finish,
-    FinishReason,
     ModelRequest,
-    ReasoningDelta,
     Retry,
-    TextDelta,
-    ToolCallDelta,
     ToolMessage,
-    Usage,
     UserMessage,
 )
+from ._sse import SSEDecoder, SSEError
 
 __all__ = ["OpenAIProvider"]
 
@@ -59,27 +59,6 @@ _DRAIN_GRACE: Final = 0.5
 Reading the body to its end lets httpx return the connection to its pool; a
 server that keeps the body open after ``[DONE]`` only costs this much.
 """
-
-_DECODER: Final = json.JSONDecoder()
-
-# The decoder's C scanner, called directly: ``raw_decode`` minus a Python-level
-# wrapper (a third of the parse time of a tiny chunk).  It raises StopIteration
-# or JSONDecodeError (a ValueError) on bad JSON.
-_SCAN: Final[Callable[[str, int], tuple[Any, int]]] = getattr(_DECODER, "scan_once", _DECODER.raw_decode)
-
-_MAX_EVENT: Final = 16 * 1024 * 1024
-"""The longest event (in characters) the parser buffers before giving up."""
-
-_FINISH_REASONS: Final[Mapping[str, FinishReason]] = {
-    "stop": "stop",
-    "eos": "stop",
-    "end_turn": "stop",
-    "tool_calls": "tool-calls",
-    "function_call": "tool-calls",
-    "tool_use": "tool-calls",
-    "length": "max-tokens",
-    "max_tokens": "max-tokens",
-}
 
 
 def _make_rng(rng: random.Random | None) -> random.Random:
@@ -94,30 +73,6 @@ def _json_default(value: object) -> object:
     if isinstance(value, Mapping):
         return dict(value)
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-class _StreamFailure(Exception):
-    """Internal: the stream is unusable; carries the failure to report."""
-
-    def __init__(self, failure: Failure) -> None:
-        super().__init__(failure.message)
-        self.failure = failure
-
-
-class _State:
-    """What one attempt has seen so far (a plain slotted class: it is on the hot path)."""
-
-    __slots__ = ("emitted", "finish_reason", "ids", "last_index", "outcome", "usage")
-
-    def __init__(self) -> None:
-        self.emitted = False
-        self.finish_reason: str | None = None
-        self.usage: Mapping[str, Any] | None = None
-        self.ids: dict[str, int] = {}
-        self.last_index: int | None = None
-        # Set once the outcome of the attempt is known: a Finish to report, or a
-        # Failure (which may still be retried).
-        self.outcome: Finish | Failure | None = None
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -375,26 +330,25 @@ class OpenAIProvider:
         client = self._client()
         attempt = 0
         while True:
-            state = _State()
+            parser = ChunkParser(self.name)
+            outcome: Finish | Failure | None = None
             with trio.move_on_after(self.request_timeout):
-                await self._attempt(client, content, headers, state, emit)
-            outcome = state.outcome
+                outcome = await self._attempt(client, content, headers, parser, emit)
             if outcome is None:
                 # The overall deadline expired before the outcome was known.
-                outcome = self._conclude(
-                    state,
+                outcome = parser.conclude(
                     Failure(
                         "timeout",
                         f"{self.name}: no complete response within request_timeout={self.request_timeout:g}s",
                         retryable=True,
-                    ),
+                    )
                 )
             if isinstance(outcome, Finish):
-                self._emit_usage(state, emit)
+                self._emit_usage(parser, emit)
                 emit(outcome)
                 return
             failure = outcome
-            if failure.retryable and not state.emitted and attempt < self.max_retries:
+            if failure.retryable and not parser.emitted and attempt < self.max_retries:
                 delay, refusal = self._retry_delay(failure, attempt + 1)
                 if refusal is None:
                     attempt += 1
@@ -403,11 +357,11 @@ class OpenAIProvider:
                     continue
                 verdict = f"gave up after {attempt} retries" if attempt else "not retried"
                 failure = attrs.evolve(failure, message=f"{failure.message} ({verdict}: {refusal})")
-            elif failure.retryable and state.emitted:
+            elif failure.retryable and parser.emitted:
                 failure = attrs.evolve(failure, message=failure.message + " (not retried: output was already emitted)")
             elif failure.retryable and attempt:
                 failure = attrs.evolve(failure, message=f"{failure.message} (gave up after {attempt} retries)")
-            self._emit_usage(state, emit)
+            self._emit_usage(parser, emit)
             emit(Finish(reason="error", failure=failure))
             return
 
@@ -418,10 +372,10 @@ class OpenAIProvider:
         client: httpx.AsyncClient,
         content: bytes,
         headers: dict[str, str],
-        state: _State,
+        parser: ChunkParser,
         emit: Emit,
-    ) -> None:
-        """Make one HTTP request; leaves its outcome in ``state.outcome``."""
+    ) -> Finish | Failure:
+        """Make one HTTP request and return its outcome (the parser keeps what it saw)."""
         try:
             async with client.stream(
                 "POST", self._url, content=content, headers=headers, timeout=self._timeout
@@ -429,33 +383,25 @@ class OpenAIProvider:
                 status = response.status_code
                 if not 200 <= status < 300:
                     body = await _read_limited(response, _ERROR_BODY_LIMIT)
-                    state.outcome = self._http_failure(response, body)
-                    return
+                    # Kept by the parser too: a deadline while the response closes keeps it.
+                    return parser.fail(self._http_failure(response, body))
                 ctype = response.headers.get("content-type", "")
                 if "json" in ctype and "event-stream" not in ctype:
                     body = await _read_limited(response, 16 * 1024 * 1024)
-                    self._whole_json(body, state, emit)
-                    return
-                await self._read_stream(response, ctype, state, emit)
-        except _StreamFailure as exc:
-            if state.outcome is None:
-                state.outcome = exc.failure
+                    for chunk in parser.feed_body(body):
+                        emit(chunk)
+                    return parser.conclude()
+                return await self._read_stream(response, ctype, parser, emit)
         except httpx.HTTPError as exc:
-            if state.outcome is None:
-                state.outcome = self._conclude(state, self._transport_failure(exc))
+            return parser.conclude(self._transport_failure(exc))
 
-    async def _read_stream(self, response: httpx.Response, ctype: str, state: _State, emit: Emit) -> None:
-        """Parse the event stream of a successful response (the hot path).
-
-        The text is cut into events at blank lines; an event that is a single
-        ``data: {...}`` line (nearly all of them) is handled inline, and a plain
-        text delta is emitted without any further call.
-        """
-        decode = codecs.getincrementaldecoder("utf-8")().decode
-        on_data = self._on_data
-        on_object = self._on_object
-        scan = _SCAN
-        pending = ""  # the text of an event not yet ended by a blank line
+    async def _read_stream(
+        self, response: httpx.Response, ctype: str, parser: ChunkParser, emit: Emit
+    ) -> Finish | Failure:
+        """Read the event stream of a successful response and feed it to the parsers (the hot path)."""
+        decoder = SSEDecoder()
+        feed_bytes = decoder.feed_bytes
+        feed_into = parser.feed_into
         body = response.aiter_bytes()
         finished = False  # the body iterator ran to its end (or raised)
         try:
@@ -469,64 +415,16 @@ class OpenAIProvider:
                     finished = True
                     raise
                 try:
-                    text = decode(raw)
-                except UnicodeDecodeError as exc:
-                    raise _StreamFailure(
-                        Failure("malformed-stream", f"{self.name}: stream is not UTF-8: {exc}")
-                    ) from None
-                if pending:
-                    text = pending + text
-                if "\r" in text:
-                    # Hold back a trailing CR: its LF may be in the next read.
-                    held = text.endswith("\r")
-                    if held:
-                        text = text[:-1]
-                    text = text.replace("\r\n", "\n").replace("\r", "\n")
-                    blocks = text.split("\n\n")
-                    pending = blocks.pop() + ("\r" if held else "")
-                else:
-                    blocks = text.split("\n\n")
-                    pending = blocks.pop()
-                if len(pending) > _MAX_EVENT:
-                    raise self._malformed(f"an event is longer than {_MAX_EVENT} characters")
-                for block in blocks:
-                    if block[:6] == "data: " and "\n" not in block:
-                        payload = block[6:]
-                        event = ""
-                    else:
-                        parsed, event = _parse_block(block)
-                        if parsed is None:
-                            continue  # comments, blank lines, fields without data
-                        payload = parsed
-                    if payload[:1] == "{":
-                        # Inlined for speed: parse, and emit plain text deltas
-                        # (the bulk of every stream) without further calls.
-                        try:
-                            obj, end = scan(payload, 0)
-                        except (StopIteration, ValueError):
-                            raise self._bad_json(payload) from None
-                        if end != len(payload) and not payload[end:].isspace():
-                            raise self._bad_json(payload)
-                        choices = obj.get("choices")
-                        if (
-                            type(choices) is list
-                            and len(choices) == 1
-                            and type(choice := choices[0]) is dict
-                            and type(delta := choice.get("delta")) is dict
-                            and len(delta) == 1
-                            and type(content := delta.get("content")) is str
-                            and choice.get("finish_reason") is None
-                            and obj.get("usage") is None
-                            and not event
-                        ):
-                            if content:
-                                state.emitted = True
-                                emit(TextDelta(content))
-                        else:
-                            on_object(obj, payload, event, state, emit)
-                    elif on_data(payload, event, state, emit):
-                        state.outcome = self._conclude(state, None)
-                        # Let the body end so the connection can be reused.
+                    events = feed_bytes(raw)
+                except SSEError as exc:
+                    return parser.fail(Failure("malformed-stream", f"{self.name}: {exc}"))
+                if events:
+                    feed_into(events, emit)
+                    if parser.done:
+                        if parser.failure is not None:
+                            return parser.failure  # the connection is closed, not reused
+                        # [DONE]: let the body end so the connection can be reused.
+                        outcome = parser.conclude()
                         with trio.move_on_after(_DRAIN_GRACE):
                             while True:
                                 try:
@@ -534,201 +432,26 @@ class OpenAIProvider:
                                 except StopAsyncIteration:
                                     break
                         finished = True
-                        return
-            # End of body: an event may lack its final blank line.
-            rest = pending.replace("\r", "\n")
-            if rest and not rest.endswith("\n") and state.finish_reason is None:
-                raise _StreamFailure(
-                    Failure(
-                        "truncated-stream",
-                        f"{self.name}: stream ended in the middle of a line",
-                        retryable=True,
-                    )
-                )
-            last, event = _parse_block(rest.rpartition("\n")[0])
-            if last is not None and on_data(last, event, state, emit):
-                state.outcome = self._conclude(state, None)
-                return
-            state.outcome = self._conclude(
-                state,
+                        return outcome
+            for chunk in parser.feed_end(decoder.close()):
+                emit(chunk)
+            return parser.conclude(
                 Failure(
                     "no-finish",
                     f"{self.name}: stream ended without a finish_reason or [DONE]"
                     + ("" if "event-stream" in ctype else f" (content-type {ctype!r})"),
-                ),
+                )
             )
         finally:
             if not finished:
                 await _abandon(body)
 
-    def _on_data(self, payload: str, event: str, state: _State, emit: Emit) -> bool:
-        """Handle one event's data; return True at ``[DONE]``."""
-        if payload == "[DONE]":
-            return True
-        if not payload or payload.isspace():
-            return False
-        try:
-            obj = json.loads(payload)
-        except ValueError:
-            raise self._bad_json(payload) from None
-        if type(obj) is not dict:
-            raise self._malformed(f"a data line is not a JSON object: {payload[:200]!r}")
-        self._on_object(obj, payload, event, state, emit)
-        return False
-
-    def _on_object(self, obj: dict[str, Any], payload: str, event: str, state: _State, emit: Emit) -> None:
-        """Handle one parsed chunk object."""
-        choices = obj.get("choices")
-        if choices:
-            if type(choices) is not list or type(choice := choices[0]) is not dict:
-                raise self._malformed(f"'choices' is not a list of objects: {payload[:200]!r}")
-            delta = choice.get("delta")
-            if delta:
-                if type(delta) is not dict:
-                    raise self._malformed(f"'delta' is not an object: {payload[:200]!r}")
-                self._on_delta(delta, payload, state, emit)
-            reason = choice.get("finish_reason")
-            if reason:
-                if type(reason) is not str:
-                    raise self._malformed(f"'finish_reason' is not a string: {payload[:200]!r}")
-                if reason == "error":
-                    raise _StreamFailure(self._error_object(obj.get("error"), payload))
-                state.finish_reason = reason
-        elif event == "error" or "error" in obj:
-            raise _StreamFailure(self._error_object(obj.get("error", obj), payload))
-        usage = obj.get("usage")
-        if usage:
-            if type(usage) is not dict:
-                raise self._malformed(f"'usage' is not an object: {payload[:200]!r}")
-            state.usage = usage
-
-    def _on_delta(self, delta: dict[str, Any], payload: str, state: _State, emit: Emit) -> None:
-        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-        if reasoning:
-            if type(reasoning) is not str:
-                raise self._malformed(f"reasoning is not a string: {payload[:200]!r}")
-            state.emitted = True
-            emit(ReasoningDelta(reasoning))
-        content = delta.get("content")
-        if content:
-            if type(content) is not str:
-                raise self._malformed(f"'content' is not a string: {payload[:200]!r}")
-            state.emitted = True
-            emit(TextDelta(content))
-        calls = delta.get("tool_calls")
-        if calls:
-            if type(calls) is not list:
-                raise self._malformed(f"'tool_calls' is not a list: {payload[:200]!r}")
-            for position, call in enumerate(calls):
-                self._on_tool_call(call, position, payload, state, emit)
-
-    def _on_tool_call(self, call: object, position: int, payload: str, state: _State, emit: Emit) -> None:
-        if type(call) is not dict:
-            raise self._malformed(f"a tool call delta is not an object: {payload[:200]!r}")
-        function = call.get("function") or {}
-        if type(function) is not dict:
-            raise self._malformed(f"a tool call 'function' is not an object: {payload[:200]!r}")
-        call_id = call.get("id") or None
-        name = function.get("name") or None
-        arguments = function.get("arguments") or ""
-        if type(arguments) is dict:  # some servers send parsed arguments
-            arguments = json.dumps(arguments, ensure_ascii=False)
-        if (
-            not (call_id is None or type(call_id) is str)
-            or not (name is None or type(name) is str)
-            or type(arguments) is not str
-        ):
-            raise self._malformed(f"a tool call delta has the wrong shape: {payload[:200]!r}")
-        index = call.get("index")
-        if type(index) is not int:
-            if index is not None:
-                raise self._malformed(f"a tool call index is not an integer: {payload[:200]!r}")
-            # Servers that omit the index: a new id starts a new call, a piece
-            # without an id continues the last call (or is the n-th of a list).
-            if call_id is not None:
-                index = state.ids.setdefault(call_id, len(state.ids))
-            elif position == 0 and state.last_index is not None:
-                index = state.last_index
-            else:
-                index = position
-        elif call_id is not None:
-            state.ids.setdefault(call_id, index)
-        state.last_index = index
-        if call_id is None and name is None and not arguments:
-            return
-        state.emitted = True
-        emit(ToolCallDelta(index=index, id=call_id, name=name, arguments=arguments))
-
-    def _whole_json(self, body: bytes, state: _State, emit: Emit) -> None:
-        """Handle a server that answered with one JSON document instead of a stream."""
-        try:
-            obj = json.loads(body)
-        except ValueError:
-            obj = None
-        if type(obj) is dict and "error" in obj:
-            raise _StreamFailure(self._error_object(obj["error"], body.decode(errors="replace")))
-        choices = obj.get("choices") if type(obj) is dict else None
-        if (
-            type(obj) is not dict
-            or type(choices) is not list
-            or not choices
-            or type(choices[0]) is not dict
-            or type(choices[0].get("message")) is not dict
-        ):
-            raise self._malformed("expected an event stream, got a JSON body: " + body[:200].decode(errors="replace"))
-        choice = choices[0]
-        # A complete message has the same fields as a delta.
-        chunk: dict[str, Any] = {
-            "choices": [{"delta": choice["message"], "finish_reason": choice.get("finish_reason")}]
-        }
-        if "usage" in obj:
-            chunk["usage"] = obj["usage"]
-        self._on_object(chunk, body[:200].decode(errors="replace"), "", state, emit)
-        state.outcome = self._conclude(state, None)
-
     # ------------------------------------------------------------ outcomes
 
-    def _bad_json(self, payload: str) -> _StreamFailure:
-        return self._malformed(f"bad JSON in a data line: {payload[:200]!r}")
-
-    def _malformed(self, message: str) -> _StreamFailure:
-        return _StreamFailure(Failure("malformed-stream", f"{self.name}: {message}"))
-
-    def _conclude(self, state: _State, failure: Failure | None) -> Finish | Failure:
-        """The outcome once the stream is over: ``failure`` applies only without a finish_reason.
-
-        Once the server has sent a finish_reason the answer is complete; losing
-        the connection afterwards only loses trailing usage, so it is not an error.
-        """
-        reason = state.finish_reason
-        if reason is None:
-            return failure or Failure("no-finish", f"{self.name}: stream sent [DONE] without a finish_reason")
-        if reason == "content_filter":
-            return Finish(
-                reason="error",
-                failure=Failure("refusal", f"{self.name}: the response was stopped by the content filter"),
-            )
-        mapped = _FINISH_REASONS.get(reason, "stop")
-        if mapped == "stop" and state.last_index is not None:
-            # Some local servers say "stop" after streaming tool calls.
-            mapped = "tool-calls"
-        return Finish(reason=mapped)
-
-    def _emit_usage(self, state: _State, emit: Emit) -> None:
-        usage = state.usage
-        if usage is None:
-            return
-        cached = usage.get("prompt_cache_hit_tokens")
-        if type(cached) is not int:
-            details = usage.get("prompt_tokens_details")
-            cached = details.get("cached_tokens") if type(details) is dict else 0
-        emit(
-            Usage(
-                input_tokens=_count(usage.get("prompt_tokens")),
-                output_tokens=_count(usage.get("completion_tokens")),
-                cache_hit_tokens=_count(cached),
-            )
-        )
+    def _emit_usage(self, parser: ChunkParser, emit: Emit) -> None:
+        usage = parser.usage
+        if usage is not None:
+            emit(usage)
 
     def _http_failure(self, response: httpx.Response, body: bytes) -> Failure:
         status = response.status_code
@@ -745,20 +468,6 @@ class OpenAIProvider:
             retryable=retryable,
             retry_after=_retry_after(response.headers, self._wall_clock) if retryable else None,
         )
-
-    def _error_object(self, error: object, payload: str) -> Failure:
-        """A failure for an error object the server sent inside the stream."""
-        message = _message_of(error) or payload[:200]
-        code = error.get("code") if isinstance(error, dict) else None
-        if type(code) is str and code.isdigit():
-            code = int(code)
-        if type(code) is int and 400 <= code <= 599:
-            return Failure(
-                f"http-{code}",
-                f"{self.name}: error {code} in the stream: {message}",
-                retryable=code == 429 or code >= 500,
-            )
-        return Failure("stream-error", f"{self.name}: error in the stream: {message}")
 
     def _transport_failure(self, exc: httpx.HTTPError) -> Failure:
         detail = str(exc) or type(exc).__name__
@@ -783,26 +492,6 @@ class OpenAIProvider:
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def _parse_block(block: str) -> tuple[str | None, str]:
-    """Parse the lines of one event (no blank line inside): ``(data, event type)``.
-
-    ``data`` is None when the event has no data line (only comments or fields).
-    """
-    data: list[str] = []
-    event = ""
-    for line in block.split("\n"):
-        if not line or line[0] == ":":
-            continue  # a leading blank line, or a comment
-        field, _, value = line.partition(":")
-        if value[:1] == " ":
-            value = value[1:]
-        if field == "data":
-            data.append(value)
-        elif field == "event":
-            event = value
-    return ("\n".join(data) if data else None), event
 
 
 async def _abandon(body: AsyncIterator[bytes]) -> None:
@@ -844,21 +533,6 @@ def _seconds(value: float) -> str:
     return f"{value:.0f}s" if value >= 100 else f"{value:.3g}s"
 
 
-def _count(value: object) -> int:
-    return value if type(value) is int and value >= 0 else 0
-
-
-def _message_of(error: object) -> str:
-    if isinstance(error, str):
-        return error
-    if isinstance(error, dict):
-        for key in ("message", "detail", "error", "msg"):
-            found = error.get(key)
-            if found:
-                return _message_of(found) if isinstance(found, dict) else str(found)
-    return ""
-
-
 def _error_message(body: bytes) -> str:
     """The server's explanation in an error body: ``error.message`` or a text excerpt."""
     text = body.decode(errors="replace").strip()
@@ -869,7 +543,7 @@ def _error_message(body: bytes) -> str:
     except ValueError:
         obj = None
     if isinstance(obj, dict):
-        found = _message_of(obj.get("error", obj))
+        found = message_of(obj.get("error", obj))
         if found:
             return found
     return text[:500]

@@ -11,20 +11,27 @@ Accepted forms:
 * ``replay:PATH`` - a :class:`~trio_harness.model._replay.ReplayModel`
   answering from a recorded session log (``session.jsonl``), offline;
 * a :class:`~trio_harness.model.ModelProvider` object, returned unchanged.
+
+:func:`open_model` is the one owner of what a spec builds: it yields the
+provider for an ``async with`` block and closes it at the block's end when it
+built it (a provider object passed in stays the caller's).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Final
+
+import trio
 
 from .._errors import ModelError
 from ._openai import OpenAIProvider
 from ._protocol import ModelProvider
 
-__all__ = ["DEEPSEEK_BASE_URL", "OPENAI_BASE_URL", "resolve_model"]
+__all__ = ["DEEPSEEK_BASE_URL", "OPENAI_BASE_URL", "open_model", "resolve_model"]
 
 DEEPSEEK_BASE_URL: Final = "https://api.deepseek.com"
 """The base URL of ``deepseek:`` specs."""
@@ -118,6 +125,49 @@ def resolve_model(spec: str | ModelProvider, *, env: Mapping[str, str] | None = 
         api_key=_key(environ, "OPENAI_API_KEY", spec, required=True),
         name=f"openai:{model}",
     )
+
+
+@asynccontextmanager
+async def open_model(
+    spec: str | ModelProvider, *, env: Mapping[str, str] | None = None
+) -> AsyncIterator[ModelProvider]:
+    """Hold the provider a model spec names for the ``async with`` block.
+
+    A spec string is resolved as :func:`resolve_model` does, and the provider
+    built from it is the block's: when the block exits, however it exits (its
+    end, an error, a cancellation), the provider's ``aclose()`` is awaited,
+    shielded from the cancellation, which closes, e.g., the HTTP connections
+    of an :class:`~trio_harness.model.OpenAIProvider`.  A provider object
+    passed in belongs to the caller: it is yielded as it is and not closed.
+
+    Example::
+
+        async with open_model("deepseek:deepseek-chat") as model:
+            async with open_harness(model=model) as harness:
+                ...
+
+    Args:
+        spec: a spec string (see :func:`resolve_model`) or a provider.
+        env: where API keys are read from; defaults to ``os.environ``.
+
+    Yields:
+        The provider.
+
+    Raises:
+        ModelError: on entering, the spec is malformed or a required API key
+            is not set (nothing was built, so nothing is closed).
+    """
+    provider = resolve_model(spec, env=env)
+    if provider is spec:
+        yield provider  # the caller's: not ours to close
+        return
+    try:
+        yield provider
+    finally:
+        aclose = getattr(provider, "aclose", None)
+        if aclose is not None:
+            with trio.CancelScope(shield=True):
+                await aclose()
 
 
 def _check_model(spec: str, model: str) -> None:
