@@ -116,7 +116,7 @@ def fill(session: Session, turns: int, first_turn: int = 1) -> None:
 async def appends_per_second(directory: Path, *, fsync: bool, inline_fsync: bool = False) -> float:
     """Events/s appended with a flush after every turn (15 events)."""
     store = SessionStore(JsonlPersistence(directory, fsync=fsync, inline_fsync=inline_fsync))
-    session = store.prepare_new("bench-append", cwd="/bench")
+    session = await store.prepare_new("bench-append", cwd="/bench")
     entry = store.enter(session)
     turns = APPEND_EVENTS // TURN_LENGTH
     prepared = [turn_events(turn) for turn in range(1, turns + 1)]
@@ -136,7 +136,7 @@ async def resume_seconds(directory: Path) -> tuple[float, int]:
     """Seconds to resume a stored 100,000-event session; returns (seconds, bytes)."""
     persistence = JsonlPersistence(directory, fsync=False)
     writer_store = SessionStore(persistence)
-    session = writer_store.prepare_new("bench-load", cwd="/bench")
+    session = await writer_store.prepare_new("bench-load", cwd="/bench")
     entry = writer_store.enter(session)
     fill(session, LOAD_EVENTS // TURN_LENGTH)
     while len(session) < LOAD_EVENTS:  # pad to exactly 100,000 with balanced events
@@ -152,7 +152,7 @@ async def resume_seconds(directory: Path) -> tuple[float, int]:
         best = min(best, time.perf_counter() - started)
         if len(resumed) != LOAD_EVENTS:
             raise RuntimeError(f"resumed {len(resumed)} events")
-        store.discard(resumed)
+        await store.discard(resumed)
     return best, size
 
 

@@ -291,7 +291,7 @@ class AgentRegistry:
             raise AgentExistsError(f"agent {session_id!r} already exists")
         await self._sessions.check()  # a store that cannot be written fails before any model call
         try:
-            session = self._sessions.prepare_new(
+            session = await self._sessions.prepare_new(
                 session_id, cwd=cwd, parent_session=parent.id if parent is not None else None
             )
         except SessionExistsError as exc:
@@ -341,7 +341,7 @@ class AgentRegistry:
             raise AgentExistsError(str(exc)) from exc
         except BaseException:
             if session is not None:
-                self._sessions.discard(session)
+                await self._sessions.discard(session)
             abort.finish()
             raise
         return await self._publish(session, "resume", options, setup, owner, parent, abort)
@@ -440,7 +440,7 @@ class AgentRegistry:
                 abort = self._watch(owner, factory_scope)
             agent_scope = await factory_scope.open_child(f"agent:{session.id}")
         except BaseException:
-            sessions.discard(session)
+            await sessions.discard(session)
             if abort is not None:
                 abort.finish()
             raise
@@ -501,7 +501,7 @@ class AgentRegistry:
             try:
                 with trio.CancelScope(shield=True):
                     await agent_scope.close()
-                sessions.discard(session)
+                await sessions.discard(session)
             finally:
                 if abort is not None:
                     abort.finish()

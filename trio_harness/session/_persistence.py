@@ -48,12 +48,12 @@ class SessionPersistence(Protocol):
         """
         ...
 
-    def exists(self, session_id: str) -> bool:
+    async def exists(self, session_id: str) -> bool:
         """Whether a session with this id is stored."""
         ...
 
-    def list(self) -> list[SessionHeader]:
-        """The headers of every stored session, sorted by creation time."""
+    async def list(self) -> list[SessionHeader]:
+        """The headers of every stored session, sorted by creation time (then id)."""
         ...
 
     async def load(self, session_id: str) -> LoadedSession:
@@ -65,7 +65,7 @@ class SessionPersistence(Protocol):
         """
         ...
 
-    def open_writer(self, header: SessionHeader) -> SessionWriter:
+    async def open_writer(self, header: SessionHeader) -> SessionWriter:
         """A writer for a new session; nothing is stored before its first flush.
 
         That flush stores the header and the buffered events together, or
@@ -77,8 +77,9 @@ class SessionPersistence(Protocol):
     async def resume(self, session_id: str) -> tuple[LoadedSession, SessionWriter]:
         """Take a stored session for writing and read it.
 
-        The returned writer holds the session until it is closed; the log is
-        read after the session was taken, so nobody can append in between.
+        The returned writer holds the session until it is closed
+        (:meth:`SessionWriter.aclose`); the log is read after the session was
+        taken, so nobody can append in between.
 
         Raises:
             SessionLockedError: another writer holds the session (it is live
@@ -126,7 +127,7 @@ class _MemoryWriter:
             self._record.extend(self._buffer)
         self._buffer = []
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         self._closed = True
         self._buffer = []
         if self.store._held.get(self.header.id) is self:
@@ -149,11 +150,11 @@ class MemoryPersistence:
     async def check(self) -> None:
         """Nothing to check: memory is always writable."""
 
-    def exists(self, session_id: str) -> bool:
+    async def exists(self, session_id: str) -> bool:
         """Whether a session with this id is stored."""
         return session_id in self._sessions
 
-    def list(self) -> list[SessionHeader]:
+    async def list(self) -> list[SessionHeader]:
         """The stored headers, oldest first."""
         return sorted((h for h, _ in self._sessions.values()), key=lambda h: (h.created_at, h.id))
 
@@ -165,7 +166,7 @@ class MemoryPersistence:
             raise SessionNotFoundError(f"no stored session {session_id!r}")
         return LoadedSession(header=record[0], events=tuple(record[1]))
 
-    def open_writer(self, header: SessionHeader) -> SessionWriter:
+    async def open_writer(self, header: SessionHeader) -> SessionWriter:
         """A writer buffering in memory; the record is created at its first flush."""
         return _MemoryWriter(self, header, None)
 

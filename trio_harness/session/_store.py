@@ -63,7 +63,7 @@ class SessionStore:
         """
         await self.persistence.check()
 
-    def prepare_new(
+    async def prepare_new(
         self, session_id: str | None = None, *, cwd: str | None = None, parent_session: str | None = None
     ) -> Session:
         """Build a fresh session that is not live yet.
@@ -77,15 +77,17 @@ class SessionStore:
         session_id = validate_session_id(session_id if session_id is not None else uuid.uuid4().hex)
         if session_id in self._live:
             raise SessionExistsError(f"session {session_id!r} already exists (it is live)")
-        if self.persistence.exists(session_id):
+        if await self.persistence.exists(session_id):
             raise SessionExistsError(f"session {session_id!r} already exists in the store; resume it instead")
+        if session_id in self._live:  # went live while the store answered
+            raise SessionExistsError(f"session {session_id!r} already exists (it is live)")
         header = SessionHeader(
             id=session_id,
             created_at=self.clock(),
             cwd=cwd if cwd is not None else os.getcwd(),
             parent_session=parent_session,
         )
-        writer = self.persistence.open_writer(header)
+        writer = await self.persistence.open_writer(header)
         session = Session(header=header, events=[], writer=writer, clock=self.clock)
         self._writers[session] = writer
         return session
@@ -112,16 +114,21 @@ class SessionStore:
             for cls, fields in closers_for(session.events):
                 session.append(cls, **fields)
         except BaseException:
-            writer.close()  # releases the session's lock
+            with trio.CancelScope(shield=True):
+                await writer.aclose()  # releases the session's lock
             raise
         self._writers[session] = writer
         return session
 
-    def discard(self, session: Session) -> None:
-        """Drop a prepared session that will never be entered (releasing its lock; nothing is stored)."""
+    async def discard(self, session: Session) -> None:
+        """Drop a prepared session that will never be entered (releasing its lock; nothing is stored).
+
+        Runs shielded: a cancelled caller still releases the session.
+        """
         writer = self._writers.pop(session, None)
         if writer is not None:
-            writer.close()
+            with trio.CancelScope(shield=True):
+                await writer.aclose()
 
     # ------------------------------------------------------------ publish
 
@@ -174,7 +181,7 @@ class SessionStore:
                 self._unreported[entry] = failure
                 raise failure from exc
             finally:
-                entry.writer.close()
+                await entry.writer.aclose()
                 if self._live.get(entry.session.id) is entry:
                     del self._live[entry.session.id]
                 if entry.announced:
@@ -213,9 +220,9 @@ class SessionStore:
         """The live sessions, in publication order."""
         return [entry.session for entry in self._live.values()]
 
-    def stored(self) -> builtins.list[SessionHeader]:
-        """The headers of every stored session."""
-        return self.persistence.list()
+    async def stored(self) -> builtins.list[SessionHeader]:
+        """The headers of every stored session, oldest first."""
+        return await self.persistence.list()
 
     async def load_events(self, session_id: str) -> tuple[SessionHeader, tuple[Event, ...]]:
         """The header and events of a live or stored session (read-only)."""
@@ -249,7 +256,7 @@ class SessionStore:
                 f"fork boundary {boundary} of session {source!r} falls inside open turn {turn}; "
                 "pick a boundary at a turn end"
             )
-        if child_id in self._live or self.persistence.exists(child_id):
+        if child_id in self._live or await self.persistence.exists(child_id):
             raise SessionExistsError(f"cannot fork into {child_id!r}: that session already exists")
         child = SessionHeader(
             id=child_id,
