@@ -218,7 +218,9 @@ def _store_name(store: str | Path) -> str:
     """The store for a message: a directory as given, a URL without its password."""
     if isinstance(store, Path):
         return str(store.expanduser().resolve())
-    return store
+    from .session._postgres import redact_dsn
+
+    return redact_dsn(store)
 
 
 def _error(message: str) -> None:

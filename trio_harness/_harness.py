@@ -83,6 +83,10 @@ def resolve_store(store: SessionPersistence | str | os.PathLike[str]) -> Session
             the PostgreSQL driver is not installed (``trio-harness[postgres]``).
         TypeError: ``store`` is none of these.
     """
+    if isinstance(store, str) and store.startswith(("postgresql://", "postgres://")):
+        from .session._postgres import PostgresPersistence
+
+        return PostgresPersistence(store)
     if isinstance(store, str | os.PathLike):
         if os.fspath(store) == ":memory:":
             return MemoryPersistence()

@@ -29,6 +29,7 @@ unwind (tools, owned tasks); then the agent leaves the registry
 from __future__ import annotations
 
 import builtins
+import functools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -47,6 +48,7 @@ from .._errors import (
     SessionStoreError,
 )
 from .._scope import Scope, current_scope
+from ..session._events import InboxMessage
 from ..session._session import validate_session_id
 from ._agent import Agent
 from ._options import AgentOptions
@@ -97,6 +99,11 @@ class _AgentEntry:
     owner: Agent | None
     announced: bool = False
     detached: bool = False
+
+
+def _deliver(agent: Agent, message: InboxMessage) -> None:
+    """Splice a message posted to the agent's session into its inbox (``SessionStore.post``)."""
+    agent.send(message, mode=message.mode)
 
 
 def _text_path(cwd: object) -> str:
@@ -497,6 +504,7 @@ class AgentRegistry:
                 raise AgentExistsError(f"agent {session.id!r} already exists: {exc}") from exc
             agent_entry = _AgentEntry(agent=agent, owner=parent)
             self._entries[agent.id] = agent_entry
+            sessions.receive(session_entry, functools.partial(_deliver, agent))
         except BaseException:
             try:
                 with trio.CancelScope(shield=True):

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol, runtime_checkable
 
 import attrs
 
 from .._errors import SessionExistsError, SessionLockedError, SessionNotFoundError, SessionStoreError
-from ._events import Event, SessionHeader
+from ._events import Event, InboxMessage, SessionHeader
 from ._session import SessionWriter, validate_session_id
 
-__all__ = ["LoadedSession", "MemoryPersistence", "SessionPersistence"]
+__all__ = ["LoadedSession", "MailboxWriter", "MemoryPersistence", "RemoteInbox", "ServerSideFork", "SessionPersistence"]
 
 
 @attrs.frozen
@@ -33,7 +33,7 @@ class LoadedSession:
 
 
 class SessionPersistence(Protocol):
-    """Where sessions are stored.  Implementations: memory and JSONL directory.
+    """Where sessions are stored.  Implementations: memory, JSONL directory, PostgreSQL.
 
     One writer at a time: a session is *held* by the writer that created it
     (from its first successful flush) or resumed it (from :meth:`resume`) until
@@ -94,6 +94,57 @@ class SessionPersistence(Protocol):
 
         Raises:
             SessionExistsError: a session with this id is already stored.
+        """
+        ...
+
+
+@runtime_checkable
+class RemoteInbox(Protocol):
+    """A store that keeps messages posted to a session until its holder takes them (PostgreSQL).
+
+    :meth:`SessionStore.post <trio_harness.session.SessionStore.post>` uses
+    it; a store without it delivers only to agents live in this process.
+    """
+
+    async def post(self, session_id: str, message: InboxMessage) -> None:
+        """Store ``message`` for the session and wake whoever holds it.
+
+        Raises:
+            SessionNotFoundError: nothing is stored under this id.
+        """
+        ...
+
+
+@runtime_checkable
+class MailboxWriter(Protocol):
+    """A writer that receives the messages posted to its session (see :class:`RemoteInbox`)."""
+
+    def receive(self, on_mail: Callable[[], Awaitable[None]]) -> None:
+        """Call ``on_mail`` (in the store's service) now and whenever messages may be waiting."""
+        ...
+
+    async def take_mail(self) -> list[tuple[int, InboxMessage]]:
+        """The waiting messages not taken yet, oldest first, with their mailbox ids."""
+        ...
+
+    def ack_mail(self, mail_ids: Sequence[int]) -> None:
+        """These were spliced into the inbox: remove them in the transaction of the next flush."""
+        ...
+
+    def release_mail(self, mail_ids: Sequence[int]) -> None:
+        """These were not delivered: leave them for later."""
+        ...
+
+
+@runtime_checkable
+class ServerSideFork(Protocol):
+    """A store that copies a fork's events itself instead of being sent them (PostgreSQL)."""
+
+    async def copy_prefix(self, source: str, boundary: int, child: SessionHeader) -> bool:
+        """Store ``child`` with ``source``'s first ``boundary`` stored events; False if fewer are stored.
+
+        Raises:
+            SessionExistsError: ``child`` is already stored.
         """
         ...
 

@@ -1,0 +1,217 @@
+"""A throwaway PostgreSQL cluster for the tests (and the example and the benchmark).
+
+:func:`start_cluster` runs ``initdb --no-sync`` into a fresh temporary
+directory and starts the server on a Unix socket in that directory (no TCP
+port, so clusters of parallel runs never collide).  ``initdb`` and ``pg_ctl``
+refuse to run as root, so as root they run as the ``postgres`` user
+(``runuser -u postgres``), which owns the directory.
+
+A machine without the server binaries is a test *failure*, not a skip: CI
+installs PostgreSQL when it is missing (``.ci/run``).
+
+Each test gets its own schema (:func:`fresh_schema`), so tests share the
+cluster without seeing each other's sessions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import urllib.parse
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import attrs
+
+SERVER_MISSING = (
+    "PostgreSQL server binaries (initdb, pg_ctl) were not found under /usr/lib/postgresql/*/bin or on PATH; "
+    "install them (Debian: apt-get install --no-install-recommends postgresql; .ci/run does this) -- "
+    "the PostgreSQL store tests need a real server"
+)
+
+
+class ServerMissing(RuntimeError):
+    """No PostgreSQL server binaries on this machine."""
+
+
+def find_bindir() -> Path:
+    """The directory holding ``initdb`` and ``pg_ctl`` (the newest installed version).
+
+    Raises:
+        ServerMissing: none is installed.
+    """
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0,
+    )
+    if found:
+        return Path(found[-1]).parent
+    initdb = shutil.which("initdb")
+    if initdb is not None and shutil.which("pg_ctl") is not None:
+        return Path(initdb).resolve().parent
+    raise ServerMissing(SERVER_MISSING)
+
+
+def _as_server_user(argv: Sequence[str]) -> list[str]:
+    if os.geteuid() == 0:
+        return ["runuser", "-u", "postgres", "--", *argv]
+    return list(argv)
+
+
+@attrs.define
+class Cluster:
+    """A running throwaway cluster; :meth:`stop` removes it."""
+
+    bindir: Path
+    directory: Path
+    port: int = 5432
+    user: str = "postgres"
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.directory / "sock"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.directory / "data"
+
+    def dsn(self, dbname: str = "postgres", user: str | None = None) -> str:
+        """A ``postgresql://`` URL reaching this cluster over its Unix socket."""
+        query = urllib.parse.urlencode({"host": str(self.socket_dir), "port": str(self.port)})
+        return f"postgresql://{user or self.user}@/{dbname}?{query}"
+
+    def psql(self, sql: str, dbname: str = "postgres") -> str:
+        """Run ``sql`` as the superuser; returns psql's output."""
+        result = subprocess.run(
+            [
+                str(self.bindir / "psql"),
+                "-X",
+                "-q",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                str(self.socket_dir),
+                "-p",
+                str(self.port),
+                "-U",
+                self.user,
+                "-d",
+                dbname,
+                "-c",
+                sql,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"psql failed: {result.stderr.strip()}")
+        return result.stdout
+
+    def stop(self) -> None:
+        """Stop the server at once and remove its directory."""
+        try:
+            subprocess.run(
+                _as_server_user([str(self.bindir / "pg_ctl"), "-D", str(self.data_dir), "-m", "immediate", "stop"]),
+                capture_output=True,
+                check=False,
+                timeout=60,
+            )
+        finally:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def start_cluster(*, durable: bool = False, settings: Sequence[str] = ()) -> Cluster:
+    """Create and start a cluster in a new temporary directory.
+
+    Args:
+        durable: keep PostgreSQL's default durability (``fsync``); the tests
+            turn it off for speed, the benchmark keeps it.
+        settings: extra ``name=value`` server settings.
+
+    Raises:
+        ServerMissing: no server binaries.
+        RuntimeError: ``initdb`` or ``pg_ctl`` failed (their output attached).
+    """
+    bindir = find_bindir()
+    # Directly under the system temporary directory: the postgres user must be
+    # able to reach it (pytest's per-user base directory is private).
+    directory = Path(tempfile.mkdtemp(prefix="trio-harness-pg-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    if os.geteuid() == 0:
+        entry = pwd.getpwnam("postgres")
+        os.chown(directory, entry.pw_uid, entry.pw_gid)
+    cluster = Cluster(bindir=bindir, directory=directory)
+    try:
+        _run(
+            [
+                str(bindir / "initdb"),
+                "--no-sync",
+                "-D",
+                str(cluster.data_dir),
+                "-A",
+                "trust",
+                "-U",
+                cluster.user,
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ]
+        )
+        _run(["mkdir", "-m", "0700", str(cluster.socket_dir)])
+        options = [
+            f"-k {cluster.socket_dir}",
+            f"-p {cluster.port}",
+            "-c listen_addresses=''",
+            "-c max_connections=200",
+        ]
+        if not durable:
+            options += ["-c fsync=off", "-c full_page_writes=off"]
+        options += [f"-c {setting}" for setting in settings]
+        _run(
+            [
+                str(bindir / "pg_ctl"),
+                "-D",
+                str(cluster.data_dir),
+                "-l",
+                str(directory / "server.log"),
+                "-o",
+                " ".join(options),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ]
+        )
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _run(argv: list[str]) -> None:
+    result = subprocess.run(_as_server_user(argv), capture_output=True, text=True, check=False, timeout=120)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr.strip() or result.stdout}")
+
+
+@contextlib.contextmanager
+def running_cluster(*, durable: bool = False, settings: Sequence[str] = ()) -> Iterator[Cluster]:
+    """``start_cluster`` as a context manager."""
+    cluster = start_cluster(durable=durable, settings=settings)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def fresh_schema() -> str:
+    """A schema name no other test uses."""
+    return f"t_{uuid.uuid4().hex[:16]}"
