@@ -17,17 +17,21 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 import urllib.parse
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
+import pytest
 
 SERVER_MISSING = (
     "PostgreSQL server binaries (initdb, pg_ctl) were not found under /usr/lib/postgresql/*/bin or on PATH; "
@@ -215,3 +219,123 @@ def running_cluster(*, durable: bool = False, settings: Sequence[str] = ()) -> I
 def fresh_schema() -> str:
     """A schema name no other test uses."""
     return f"t_{uuid.uuid4().hex[:16]}"
+
+
+# ---------------------------------------------------------------- pytest fixtures
+
+_shared: list[Cluster] = []
+_users = [0]
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[Cluster]:
+    """One throwaway cluster per test run, shared by every module that imports this fixture.
+
+    A missing server fails the test (never a skip).
+    """
+    if not _shared:
+        try:
+            _shared.append(start_cluster())
+        except ServerMissing as exc:
+            pytest.fail(str(exc), pytrace=False)
+    _users[0] += 1
+    try:
+        yield _shared[0]
+    finally:
+        _users[0] -= 1
+        if _users[0] == 0:
+            _shared.pop().stop()
+
+
+# ---------------------------------------------------------------- worker processes
+
+
+def worker_argv(command: str, dsn: str, schema: str, session_id: str, *options: str) -> list[str]:
+    """The command line of a worker process (see :func:`_worker`)."""
+    return [sys.executable, str(Path(__file__).resolve()), command, dsn, schema, session_id, *options]
+
+
+def _emit(**fields: Any) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+async def _worker(command: str, dsn: str, schema: str, session_id: str, options: list[str]) -> None:
+    """A worker process holding one session, driven over stdin / stdout (one JSON object a line).
+
+    Commands:
+        hold: resume the session (``--create``: create it) and hold it,
+            printing ``{"held": ...}``, until stdin closes.
+        race: wait for a line on stdin, then try to resume; print
+            ``{"won": true}`` and hold until stdin closes, or
+            ``{"won": false, "error": ...}``.
+        serve: hold the session's agent (scripted answers), print every
+            ``user/message`` it claims as ``{"message": ..., "mode": ...}``.
+    """
+    import trio
+
+    from trio_harness import SessionLockedError, open_harness
+    from trio_harness.model import ScriptedModel
+    from trio_harness.session import PostgresPersistence
+    from trio_harness.session import _events as ev
+
+    settings: dict[str, float] = {}
+    for option in options:
+        if option.startswith("--") and "=" in option:
+            name, value = option[2:].split("=", 1)
+            settings[name] = float(value)
+    persistence = PostgresPersistence(
+        dsn,
+        schema=schema,
+        lock_timeout=settings.get("lock-timeout", 0.0),
+        heartbeat=settings.get("heartbeat", 0.4),
+        idle_session_timeout=settings.get("idle-session-timeout", 2.0),
+    )
+    model = ScriptedModel([{"text": f"answer {n}"} for n in range(1000)])
+    stdin = trio.lowlevel.FdStream(os.dup(0))
+
+    async def wait_for_stdin_line() -> bytes:
+        return await stdin.receive_some()
+
+    async def until_stdin_closes() -> None:
+        while await stdin.receive_some():
+            pass
+
+    async with open_harness(model=model, store=persistence, builtin_tools=False) as harness:
+        if command == "race":
+            await wait_for_stdin_line()
+            try:
+                handle = await harness.agents.resume(session_id)
+            except Exception as exc:
+                cause = exc.__cause__ if exc.__cause__ is not None else exc
+                _emit(
+                    won=False,
+                    error=type(cause).__name__,
+                    message=str(cause),
+                    locked=isinstance(cause, SessionLockedError),
+                )
+                return
+            async with handle:
+                _emit(won=True, pid=os.getpid())
+                await until_stdin_closes()
+            return
+        if "--create" in options:
+            handle = await harness.agents.create(session_id=session_id)
+        else:
+            handle = await harness.agents.resume(session_id)
+        async with handle as agent:
+            if command == "serve":
+
+                def on_event(event: ev.Event) -> None:
+                    if isinstance(event, ev.UserMessage):
+                        _emit(message=event.text, mode=event.mode, message_id=event.message_id)
+
+                agent.session.observe(on_event)
+            await agent.session.flush()
+            _emit(held=session_id, pid=os.getpid(), events=len(agent.session.events))
+            await until_stdin_closes()
+
+
+if __name__ == "__main__":
+    import trio
+
+    trio.run(_worker, sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])

@@ -202,8 +202,12 @@ class MemoryPersistence:
         """Nothing to check: memory is always writable."""
 
     async def exists(self, session_id: str) -> bool:
-        """Whether a session with this id is stored."""
-        return session_id in self._sessions
+        """Whether a session with this id is stored.
+
+        Raises:
+            InvalidSessionIdError: the id is unusable (as in every store).
+        """
+        return validate_session_id(session_id) in self._sessions
 
     async def list(self) -> list[SessionHeader]:
         """The stored headers, oldest first."""
