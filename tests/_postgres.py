@@ -262,18 +262,24 @@ def _emit(**fields: Any) -> None:
 async def _worker(command: str, dsn: str, schema: str, session_id: str, options: list[str]) -> None:
     """A worker process holding one session, driven over stdin / stdout (one JSON object a line).
 
+    Every worker prints ``{"ready": pid}`` once its harness is open.
+
     Commands:
-        hold: resume the session (``--create``: create it) and hold it,
-            printing ``{"held": ...}``, until stdin closes.
-        race: wait for a line on stdin, then try to resume; print
-            ``{"won": true}`` and hold until stdin closes, or
-            ``{"won": false, "error": ...}``.
-        serve: hold the session's agent (scripted answers), print every
-            ``user/message`` it claims as ``{"message": ..., "mode": ...}``.
+        race: wait for a line on stdin, then try to resume the session; print
+            ``{"won": true}`` and hold it until stdin closes, or ``{"won":
+            false, "error": ..., "locked": ...}``.
+        hold: resume the session (``--create``: create it), print ``{"held":
+            ...}``; then every stdin line ``{"followup": TEXT}`` runs a turn
+            and prints ``{"turn_end": REASON, "failure": CODE}``; every
+            ``user/message`` the agent claims (posted ones included) prints
+            ``{"message": TEXT, "mode": ..., "message_id": ...}``.  Exits
+            when stdin closes.
+
+    Options: ``--lock-timeout=S``, ``--heartbeat=S``, ``--idle-session-timeout=S``.
     """
     import trio
 
-    from trio_harness import SessionLockedError, open_harness
+    from trio_harness import SessionLockedError, SessionStoreError, open_harness
     from trio_harness.model import ScriptedModel
     from trio_harness.session import PostgresPersistence
     from trio_harness.session import _events as ev
@@ -292,47 +298,57 @@ async def _worker(command: str, dsn: str, schema: str, session_id: str, options:
     )
     model = ScriptedModel([{"text": f"answer {n}"} for n in range(1000)])
     stdin = trio.lowlevel.FdStream(os.dup(0))
+    pending = bytearray()
 
-    async def wait_for_stdin_line() -> bytes:
-        return await stdin.receive_some()
-
-    async def until_stdin_closes() -> None:
-        while await stdin.receive_some():
-            pass
+    async def read_line() -> bytes | None:
+        while b"\n" not in pending:
+            chunk = await stdin.receive_some()
+            if not chunk:
+                return None
+            pending.extend(chunk)
+        line, _, rest = bytes(pending).partition(b"\n")
+        pending[:] = rest
+        return line
 
     async with open_harness(model=model, store=persistence, builtin_tools=False) as harness:
+        _emit(ready=os.getpid())
         if command == "race":
-            await wait_for_stdin_line()
+            await read_line()
             try:
                 handle = await harness.agents.resume(session_id)
             except Exception as exc:
                 cause = exc.__cause__ if exc.__cause__ is not None else exc
-                _emit(
-                    won=False,
-                    error=type(cause).__name__,
-                    message=str(cause),
-                    locked=isinstance(cause, SessionLockedError),
-                )
+                _emit(won=False, error=type(cause).__name__, locked=isinstance(cause, SessionLockedError))
                 return
             async with handle:
                 _emit(won=True, pid=os.getpid())
-                await until_stdin_closes()
+                while await read_line() is not None:
+                    pass
             return
         if "--create" in options:
             handle = await harness.agents.create(session_id=session_id)
         else:
             handle = await harness.agents.resume(session_id)
-        async with handle as agent:
-            if command == "serve":
+        try:
+            async with handle as agent:
 
                 def on_event(event: ev.Event) -> None:
                     if isinstance(event, ev.UserMessage):
                         _emit(message=event.text, mode=event.mode, message_id=event.message_id)
+                    elif isinstance(event, ev.TurnEnd):
+                        _emit(turn_end=event.reason, failure=event.failure.code if event.failure else None)
 
                 agent.session.observe(on_event)
-            await agent.session.flush()
-            _emit(held=session_id, pid=os.getpid(), events=len(agent.session.events))
-            await until_stdin_closes()
+                await agent.session.flush()
+                _emit(held=session_id, pid=os.getpid(), events=len(agent.session.events))
+                while (line := await read_line()) is not None:
+                    agent.followup(json.loads(line)["followup"])
+                    try:
+                        await agent.when_idle()
+                    except SessionStoreError as exc:
+                        _emit(store_error=str(exc))
+        except SessionStoreError as exc:  # the final flush (dispose)
+            _emit(store_error=str(exc))
 
 
 if __name__ == "__main__":

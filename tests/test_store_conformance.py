@@ -172,6 +172,10 @@ def turn(number: int, text: str = "do it") -> list[tuple[type[Event], dict[str, 
     ]
 
 
+def store_failure_of(session: Session) -> SessionStoreError | None:
+    return session.store_failure
+
+
 def append(session: Session, steps: list[tuple[type[Event], dict[str, Any]]]) -> None:
     for cls, fields in steps:
         session.append(cls, **fields)
@@ -463,11 +467,11 @@ async def test_a_failed_flush_is_reported_keeps_its_events_and_a_retry_stores_th
     with pytest.raises(SessionStoreError) as caught:
         await session.flush()
     assert caught.value.session_id == "s1"
-    assert session.store_failure is caught.value
+    assert store_failure_of(session) is caught.value
     kit.mends()
     assert not await kit.persistence.exists("s1")
     await session.flush()  # the retry stores the whole batch
-    assert session.store_failure is None
+    assert store_failure_of(session) is None
     assert (await kit.persistence.load("s1")).events == tuple(session.events)
     await store.detach(entry)
 
@@ -488,6 +492,16 @@ async def test_a_message_posted_to_a_live_agent_is_spliced_into_its_inbox_and_st
             assert [(e.text, e.message_id) for e in claimed][-1] == ("posted", message_id)
     stored = (await kit.persistence.load("agent")).events
     assert [e.text for e in stored if isinstance(e, ev.UserMessage)] == ["hello", "posted"]
+
+
+async def test_a_message_posted_to_a_fresh_agent_with_nothing_stored_yet_is_delivered(kit: Kit) -> None:
+    async with open_harness(model=ScriptedModel([{"text": "ok"}]), store=kit.persistence, builtin_tools=False) as h:
+        async with h.agents.open(session_id="fresh") as agent:
+            message_id = await h.sessions.post("fresh", "the very first message")
+            await appended(agent.session, lambda e: isinstance(e, ev.TurnEnd))
+            await agent.when_idle()
+    claimed = [e for e in (await kit.persistence.load("fresh")).events if isinstance(e, ev.UserMessage)]
+    assert [(e.text, e.message_id) for e in claimed] == [("the very first message", message_id)]
 
 
 async def test_a_message_posted_to_a_session_nobody_holds(kit: Kit) -> None:

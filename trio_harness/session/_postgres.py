@@ -541,6 +541,7 @@ class _PgWriter:
             raise self._lost("another writer appended to the session after this one lost it")
         self._conn, self._held = conn, True
         log.info("session %r: taken again after a lost connection", sid)
+        self.wake_mail()  # what was posted meanwhile
         if outcome == "stored":
             settle(None)
             return True
@@ -635,13 +636,23 @@ class _PgWriter:
             if conn is None or self._closed or self._broken is not None:
                 return []
             sql, sid = self.store._sql, self.header.id
-            rows = await _call(
-                conn,
-                lambda: conn.execute(
-                    f"SELECT id, body FROM {sql.s}.mailbox WHERE session_id = %s ORDER BY id", (sid,)
-                ).fetchall(),
-            )
-            self._last_used = trio.current_time()
+            try:
+                rows = await _call(
+                    conn,
+                    lambda: conn.execute(
+                        f"SELECT id, body FROM {sql.s}.mailbox WHERE session_id = %s ORDER BY id", (sid,)
+                    ).fetchall(),
+                )
+            except _psycopg().Error as exc:
+                if not (conn.broken or conn.closed):
+                    raise self._failure(exc, "read the mailbox of") from exc
+                # The next flush or heartbeat takes the session again (or finds it
+                # lost); the messages wait in the mailbox meanwhile.
+                self._drop_connection()
+                log.warning("session %r: the connection was lost while reading its mailbox (%s)", sid, exc)
+                return []
+            finally:
+                self._last_used = trio.current_time()
         mail: list[tuple[int, InboxMessage]] = []
         for mail_id, body in rows:
             if mail_id in self._taken:
@@ -843,20 +854,34 @@ class PostgresPersistence:
             finally:
                 self._depth -= 1
             return
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            self._pool = _Pool(self, self.pool_size)
-            try:
-                yield self
-            finally:
-                with trio.CancelScope(shield=True):
-                    for writer in list(self._writers.values()):
-                        await writer.aclose()
-                self._pool.close()
-                self._pool = None
-                self._nursery = None
-                self._listening = False
-                nursery.cancel_scope.cancel()
+        body_error: BaseException | None = None
+        unwrapped: BaseException | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                pool = self._pool = _Pool(self, self.pool_size)
+                try:
+                    yield self
+                except BaseException as exc:
+                    body_error = exc
+                    raise
+                finally:
+                    with trio.CancelScope(shield=True):
+                        for writer in list(self._writers.values()):
+                            await writer.aclose()
+                    pool.close()
+                    self._pool = None
+                    self._nursery = None
+                    self._listening = False
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The block's own exception comes back wrapped by the nursery: give
+            # the caller what it raised when nothing else failed.
+            if body_error is None or len(group.exceptions) != 1 or group.exceptions[0] is not body_error:
+                raise
+            unwrapped = body_error
+        if unwrapped is not None:
+            raise unwrapped
 
     def _require_pool(self) -> _Pool:
         if self._pool is None or self._nursery is None:

@@ -246,6 +246,11 @@ class SessionStore:
         if isinstance(self.persistence, RemoteInbox):
             if entry is not None:
                 await entry.session.flush()  # a new session is stored at its first flush
+                if not entry.session.events and entry.receiver is not None and not entry.detached:
+                    # Live here and not stored yet (no event at all): nobody else can post to it.
+                    entry.receiver(message)
+                    await entry.session.flush()
+                    return message.id
             await self.persistence.post(session_id, message)
             return message.id
         if entry is None or entry.receiver is None or entry.detached:
