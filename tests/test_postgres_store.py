@@ -523,7 +523,7 @@ async def test_posted_messages_reach_a_live_agent_once_and_in_order(store: Postg
             ids += [await harness.sessions.post("agent", f"note {n}", mode="inject") for n in range(20)]
             with trio.fail_after(WAIT):
                 await done.wait()
-            await trio.testing.wait_all_tasks_blocked()
+            await agent.session.flush()  # after the flush that removes them from the mailbox (or as it)
             assert spliced == ids
             assert await store.pending_mail("agent") == []
     stored = (await store.load("agent")).events
