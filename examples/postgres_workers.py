@@ -244,6 +244,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
-        trio.run(worker, *sys.argv[2:6])
+        trio.run(worker, sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
     else:
         main()
