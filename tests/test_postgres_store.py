@@ -245,6 +245,42 @@ async def test_a_frozen_holder_is_evicted_within_its_idle_timeout_and_can_never_
     assert held["events"] <= len(stored)
 
 
+async def test_an_idle_holder_keeps_its_session_past_the_idle_timeout_through_its_heartbeat(
+    postgres_cluster: Cluster, schema: str, store: PostgresPersistence
+) -> None:
+    await stored_session(store, "s1")
+    quick = PostgresPersistence(postgres_cluster.dsn(), schema=schema, heartbeat=0.1, idle_session_timeout=0.5)
+    async with quick:
+        sessions = SessionStore(quick)
+        entry = sessions.enter(await sessions.prepare_resume("s1"))
+        pid = backend_pid(entry)
+        await trio.sleep(1.5)  # the server's timer is real time: three idle timeouts pass
+        with pytest.raises(SessionLockedError):
+            await SessionStore(store).prepare_resume("s1")
+        one_turn(entry.session, 2)
+        await entry.session.flush()
+        assert backend_pid(entry) == pid  # the same connection: never dropped, never taken again
+        await sessions.detach(entry)
+
+
+async def test_an_unsynced_flush_is_made_durable_by_the_next_synced_one_even_without_new_events(
+    store: PostgresPersistence,
+) -> None:
+    sessions = SessionStore(store)
+    entry = sessions.enter(await sessions.prepare_new("s1"))
+    one_turn(entry.session, 1)
+    await entry.session.flush()
+    one_turn(entry.session, 2)
+    writer: Any = entry.writer
+    await entry.session.flush(sync=False)  # committed with synchronous_commit off
+    assert writer._unsynced
+    assert (await store.load("s1")).events == tuple(entry.session.events)
+    await entry.session.flush()  # nothing new: one more commit, which waits for the WAL up to it
+    assert not writer._unsynced
+    await entry.session.flush()  # synced already: nothing to do
+    await sessions.detach(entry)
+
+
 # ------------------------------------------------------------------ lost locks in one process
 
 
