@@ -42,7 +42,7 @@ from typing import Any
 import trio
 
 from trio_harness.model._protocol import ToolCall, Usage
-from trio_harness.session import JsonlPersistence, Session, SessionStore
+from trio_harness.session import JsonlPersistence, Session, SessionStore, encode_event
 from trio_harness.session._events import (
     AssistantChunk,
     AssistantMessage,
@@ -224,6 +224,23 @@ def postgres_server() -> Iterator[str]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def raw_appends(dsn: str, schema: str, lines: list[str]) -> float:
+    """The floor: the same batches inserted through psycopg directly (pre-encoded, one transaction each)."""
+    import psycopg
+
+    query = (
+        f'INSERT INTO "{schema}".events (session_id, seq, body) '
+        "SELECT %s, %s + o - 1, b FROM unnest(%s::text[]) WITH ORDINALITY AS t(b, o)"
+    )
+    batches = POSTGRES_APPEND_EVENTS // POSTGRES_BATCH
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        started = time.perf_counter()
+        for number in range(batches):
+            with conn.pipeline(), conn.transaction():
+                conn.execute(query, ("bench-floor", number * len(lines), lines), binary=True)
+        return batches * len(lines) / (time.perf_counter() - started)
+
+
 _HOLDER = """
 import sys, trio
 from trio_harness.session import PostgresPersistence, SessionStore
@@ -259,6 +276,9 @@ async def postgres_figures(dsn: str) -> dict[str, float]:
             await session.flush()
         figures["appends"] = len(session) / (time.perf_counter() - started)
         await store.detach(entry)
+        figures["floor"] = await trio.to_thread.run_sync(
+            raw_appends, dsn, schema, [encode_event(event) for event in session.events[:POSTGRES_BATCH]]
+        )
 
         # Resume of 100,000 events.
         session = await store.prepare_new("bench-load", cwd="/bench")
@@ -314,6 +334,7 @@ async def postgres_figures(dsn: str) -> dict[str, float]:
 async def postgres_rows() -> list[dict[str, object]]:
     names = (
         f"PostgreSQL appends, flush every {POSTGRES_BATCH} events (one transaction each, durable commit)",
+        "  the same batches through psycopg directly, pre-encoded (the floor on this machine)",
         f"PostgreSQL: resume a {LOAD_EVENTS:,}-event session via prepare_resume (best of 3)",
         f"PostgreSQL: another worker takes a session over after kill -9 of its holder (median of {TAKEOVERS})",
     )
@@ -327,8 +348,9 @@ async def postgres_rows() -> list[dict[str, object]]:
         return [{"figure": name, "value": reason, "unit": "", "target": "report"} for name in names]
     return [
         {"figure": names[0], "value": round(figures["appends"]), "unit": "events/s", "target": ">= 40,000 events/s"},
-        {"figure": names[1], "value": round(figures["resume"], 3), "unit": "s", "target": "< 1.5 s"},
-        {"figure": names[2], "value": round(figures["takeover"] * 1000, 1), "unit": "ms", "target": "< 100 ms"},
+        {"figure": names[1], "value": round(figures["floor"]), "unit": "events/s", "target": "report"},
+        {"figure": names[2], "value": round(figures["resume"], 3), "unit": "s", "target": "< 1.5 s"},
+        {"figure": names[3], "value": round(figures["takeover"] * 1000, 1), "unit": "ms", "target": "< 100 ms"},
     ]
 
 
