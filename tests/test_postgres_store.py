@@ -353,6 +353,20 @@ async def test_a_batch_committed_before_the_connection_died_is_not_stored_twice(
     await sessions.detach(entry)
 
 
+async def test_fork_copies_the_events_on_the_server(
+    store: PostgresPersistence, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = await stored_session(store, "parent", turns=2)
+
+    async def no_save(self: object, header: object, events: object) -> None:
+        raise AssertionError("the events were sent back to the server")
+
+    monkeypatch.setattr(PostgresPersistence, "save", no_save)
+    child = await SessionStore(store).fork("parent", len(events) // 2, "child")
+    assert (await store.load("child")).events == events[: len(events) // 2]
+    assert child.seed_length == len(events) // 2
+
+
 # ------------------------------------------------------------------ cancellation
 
 
