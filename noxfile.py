@@ -52,7 +52,8 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def examples(session: nox.Session) -> None:
     """Run every example offline (scripted model), each with a timeout."""
-    _install(session)
+    # The postgres extra: examples/postgres_workers.py (it says why it is skipped when no server is installed).
+    session.install("-e", ".[postgres]")
     scripts = sorted((ROOT / "examples").glob("*.py"))
     if not scripts:
         session.error("no examples found")

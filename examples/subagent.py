@@ -77,7 +77,7 @@ async def main() -> None:
 
             assert [s.status for s in harness.tasks.list(parent)] == ["completed"]
             assert harness.agents.list() == [parent]  # every child was disposed
-            children = [h for h in harness.sessions.stored() if h.parent_session == parent.id]
+            children = [h for h in await harness.sessions.stored() if h.parent_session == parent.id]
             print(f"stored child sessions of {parent.id[:8]}:")
             for header in children:
                 print(f"    {header.id[:8]} parent_session={str(header.parent_session)[:8]}")

@@ -74,7 +74,7 @@ def expected_event(index: int) -> Event:
 
 async def main(root: str, session_id: str, every: int, limit: int | None) -> None:
     store = SessionStore(JsonlPersistence(root), clock=lambda: TS)
-    session = store.prepare_new(session_id, cwd="/")
+    session = await store.prepare_new(session_id, cwd="/")
     store.enter(session)
     count = 0
     while limit is None or count < limit:

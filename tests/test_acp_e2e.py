@@ -323,7 +323,7 @@ async def test_disconnect_racing_session_new_leaves_a_clean_store(tmp_path: Path
         await client.send(new)
         await client.close_input()
         assert await client.wait_exit() == 0
-    for header in JsonlPersistence(tmp_path / "store").list():
+    for header in await JsonlPersistence(tmp_path / "store").list():
         assert_balanced(await stored_events(tmp_path / "store", header.id))
 
 

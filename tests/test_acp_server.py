@@ -265,7 +265,7 @@ async def assert_nothing_left(harness: Harness, session_ids: list[str]) -> None:
     assert harness.agents.list() == []
     assert harness.sessions.list() == []
     for session_id in session_ids:
-        if harness.sessions.persistence.exists(session_id):
+        if await harness.sessions.persistence.exists(session_id):
             assert_balanced((await harness.sessions.persistence.load(session_id)).events)
 
 

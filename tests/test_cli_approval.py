@@ -48,7 +48,7 @@ def written(tmp_path: Path) -> str | None:
 
 async def decisions(store: Path) -> list[tuple[str, str, str | None]]:
     persistence = JsonlPersistence(store)
-    (header,) = persistence.list()
+    (header,) = await persistence.list()
     events = (await persistence.load(header.id)).events
     return [(e.outcome, e.source, e.message) for e in events if isinstance(e, ev.ApprovalDecided)]
 

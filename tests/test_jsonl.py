@@ -98,11 +98,11 @@ def turn_steps(turn: int, calls: int = 1) -> list[Step]:
 
 async def write_log(persistence: JsonlPersistence, events: list[Event], session_id: str = "s1") -> Path:
     """Write a new session through the writer (one flush); returns the log path."""
-    writer = persistence.open_writer(header(session_id))
+    writer = await persistence.open_writer(header(session_id))
     for event in events:
         writer.write(event)
     await writer.flush()
-    writer.close()
+    await writer.aclose()
     return persistence.path_of(session_id)
 
 
@@ -124,20 +124,20 @@ def persistence(tmp_path: Path) -> JsonlPersistence:
 
 
 async def test_no_file_or_directory_before_the_first_flush(persistence: JsonlPersistence) -> None:
-    writer = persistence.open_writer(header())
+    writer = await persistence.open_writer(header())
     await writer.flush()  # nothing written: nothing created
     assert not persistence.root.exists()
-    assert not persistence.exists("s1")
+    assert not await persistence.exists("s1")
 
     store = SessionStore(persistence, clock=fixed_clock)
-    session = store.prepare_new("s2")
+    session = await store.prepare_new("s2")
     entry = store.enter(session)
     session.append(TurnStart, turn=1)  # buffered, not flushed
     assert not persistence.root.exists()
     await session.flush()
-    assert persistence.exists("s2")
+    assert await persistence.exists("s2")
     await store.detach(entry)
-    writer.close()
+    await writer.aclose()
     assert sorted(p.name for p in persistence.root.iterdir()) == ["s2"]
 
 
@@ -170,7 +170,7 @@ async def test_the_log_is_a_header_line_then_one_event_per_line(persistence: Jso
 
 async def test_the_writer_only_appends(persistence: JsonlPersistence) -> None:
     store = SessionStore(persistence, clock=fixed_clock)
-    session = store.prepare_new("s1")
+    session = await store.prepare_new("s1")
     entry = store.enter(session)
     path = persistence.path_of("s1")
     sizes = []
@@ -207,7 +207,7 @@ async def test_flush_without_fsync_writes_the_same_bytes(tmp_path: Path) -> None
 
 async def test_a_lone_surrogate_does_not_poison_the_writer(persistence: JsonlPersistence) -> None:
     store = SessionStore(persistence, clock=fixed_clock)
-    session = store.prepare_new("s1")
+    session = await store.prepare_new("s1")
     entry = store.enter(session)
     session.append(TurnStart, turn=1)
     session.append(AssistantChunk, turn=1, step=1, kind="text", text="half an emoji: \ud83d")
@@ -235,9 +235,9 @@ async def test_a_second_writer_of_the_same_log_is_refused_at_prepare(tmp_path: P
     await first.detach(entry_a)  # flushes, then releases the lock
     b = await second.prepare_resume("s1")
     assert list(b.events) == list(a.events)  # read after the lock was taken: a's flush included
-    second.discard(b)  # a discarded preparation releases the lock too
+    await second.discard(b)  # a discarded preparation releases the lock too
     c = await first.prepare_resume("s1")
-    first.discard(c)
+    await first.discard(c)
 
 
 async def test_a_prepared_resume_in_this_process_holds_the_session(persistence: JsonlPersistence) -> None:
@@ -246,18 +246,18 @@ async def test_a_prepared_resume_in_this_process_holds_the_session(persistence: 
     held = await store.prepare_resume("s1")  # prepared, not live yet (setup running)
     with pytest.raises(SessionLockedError, match="being resumed in this process"):
         await store.prepare_resume("s1")
-    store.discard(held)
-    store.discard(await store.prepare_resume("s1"))
+    await store.discard(held)
+    await store.discard(await store.prepare_resume("s1"))
 
 
 async def test_a_new_session_never_overwrites_a_stored_one(persistence: JsonlPersistence) -> None:
     path = await write_log(persistence, build(turn_steps(1)))
     before = path.read_bytes()
-    writer = persistence.open_writer(header())
+    writer = await persistence.open_writer(header())
     writer.write(build(turn_steps(9))[0])
     with pytest.raises(SessionExistsError, match="already stored"):
         await writer.flush()
-    writer.close()
+    await writer.aclose()
     assert path.read_bytes() == before
 
 
@@ -289,9 +289,9 @@ async def test_list_returns_readable_headers_and_skips_damaged_ones(
     (bad / LOG_NAME).write_bytes(b"not json\n")
     (persistence.root / "stray-file").write_bytes(b"")
     caplog.set_level(logging.WARNING, logger="trio_harness.session.jsonl")
-    assert [h.id for h in persistence.list()] == ["a", "b"]
+    assert [h.id for h in (await persistence.list())] == ["a", "b"]
     assert any("bad" in r.getMessage() for r in caplog.records)
-    assert JsonlPersistence(persistence.root / "missing").list() == []
+    assert (await JsonlPersistence(persistence.root / "missing").list()) == []
 
 
 # ------------------------------------------------------------------ ids
@@ -354,7 +354,7 @@ async def test_lookalike_ids_get_separate_directories(persistence: JsonlPersiste
     await write_log(persistence, build(turn_steps(1) + turn_steps(2)), b)
     assert len((await persistence.load(a)).events) == len(turn_steps(1))
     assert len((await persistence.load(b)).events) == len(turn_steps(1) + turn_steps(2))
-    assert sorted(h.id for h in persistence.list()) == sorted([a, b])
+    assert sorted(h.id for h in (await persistence.list())) == sorted([a, b])
 
 
 @pytest.mark.parametrize("session_id", ["/", "a/b", "..", ".", "a\x00b", "", "../../etc", "a\\b", "x" * 201, "\ud800"])
@@ -364,13 +364,13 @@ async def test_ids_that_could_escape_the_root_are_rejected(
     with pytest.raises(InvalidSessionIdError):
         persistence.path_of(session_id)
     with pytest.raises(InvalidSessionIdError):
-        persistence.exists(session_id)
+        await persistence.exists(session_id)
     with pytest.raises(InvalidSessionIdError):
         await persistence.load(session_id)
     with pytest.raises(InvalidSessionIdError):
-        persistence.open_writer(SessionHeader(id=session_id, created_at=TS))
+        await persistence.open_writer(SessionHeader(id=session_id, created_at=TS))
     with pytest.raises(InvalidSessionIdError):
-        SessionStore(persistence).prepare_new(session_id)
+        await SessionStore(persistence).prepare_new(session_id)
     assert sorted(os.listdir(tmp_path)) == []
 
 
@@ -641,7 +641,7 @@ async def test_a_log_cut_at_any_byte_loads_exactly_its_complete_lines(tmp_path: 
                 outcomes[offset] = ("corrupt", exc.line, again.line)
             return
         session = await store.prepare_resume("s1")
-        store.discard(session)
+        await store.discard(session)
         unchanged = cut.read_bytes() == data[:offset]
         outcomes[offset] = (
             list(loaded.events),
@@ -813,7 +813,7 @@ async def test_a_failed_first_flush_leaves_nothing_and_a_retry_stores_every_even
     persistence: JsonlPersistence, monkeypatch: pytest.MonkeyPatch, step: str
 ) -> None:
     store = SessionStore(persistence, clock=fixed_clock)
-    session = store.prepare_new("s1", cwd="/work")
+    session = await store.prepare_new("s1", cwd="/work")
     entry = store.enter(session)
     for cls, fields in turn_steps(1):
         session.append(cls, **fields)
@@ -829,7 +829,7 @@ async def test_a_failed_first_flush_leaves_nothing_and_a_retry_stores_every_even
     assert isinstance(error.__cause__, OSError) and error.__cause__.errno == errno.ENOSPC
     # Nothing left behind: no log, no temporary file, no directory, no descriptor.
     assert list(persistence.root.iterdir()) == []
-    assert not persistence.exists("s1")
+    assert not await persistence.exists("s1")
     assert open_fds() == fds
     with pytest.raises(SessionNotFoundError):
         await persistence.load("s1")
@@ -848,7 +848,7 @@ async def test_a_failed_later_flush_is_cut_back_and_retried_without_duplicates(
     persistence: JsonlPersistence, monkeypatch: pytest.MonkeyPatch, step: str
 ) -> None:
     store = SessionStore(persistence, clock=fixed_clock)
-    session = store.prepare_new("s1", cwd="/work")
+    session = await store.prepare_new("s1", cwd="/work")
     entry = store.enter(session)
     for cls, fields in turn_steps(1):
         session.append(cls, **fields)
@@ -872,7 +872,7 @@ async def test_a_header_that_cannot_be_encoded_is_refused_before_anything_is_sto
     store = SessionStore(persistence, clock=lambda: float("nan"))
     # The header record refuses a non-finite timestamp before the store sees it.
     with pytest.raises(ValueError, match="created_at must be finite"):
-        store.prepare_new("s1")
+        await store.prepare_new("s1")
     assert not persistence.root.exists() and store.list() == []
 
 
@@ -904,7 +904,7 @@ async def test_a_symlink_planted_as_a_session_directory_is_never_followed(tmp_pa
             await h.agents.resume("evil")
 
         # Planted after the session was prepared: the first flush refuses it.
-        session = h.sessions.prepare_new("late")
+        session = await h.sessions.prepare_new("late")
         entry = h.sessions.enter(session)
         session.append(TurnStart, turn=1)
         (root / "late").symlink_to(outside, target_is_directory=True)
@@ -929,7 +929,7 @@ async def test_a_symlinked_log_is_never_read_or_appended_through(tmp_path: Path)
     for attempt in (persistence.load("s1"), store.prepare_resume("s1")):
         with pytest.raises(SessionStoreError, match=r"root/s1/session.jsonl is a symbolic link; refusing to follow"):
             await attempt
-    assert persistence.list() == []
+    assert (await persistence.list()) == []
     assert (outside / LOG_NAME).read_bytes() == before
 
 
@@ -958,7 +958,7 @@ async def test_a_special_file_planted_as_the_log_is_refused_before_any_read(
         for attempt in (persistence.load("s1"), store.prepare_resume("s1")):
             with pytest.raises(SessionStoreError, match=expected):
                 await attempt
-        assert persistence.list() == []
+        assert (await persistence.list()) == []
     assert open_fds_of(log_path) == 0
 
 
@@ -985,10 +985,10 @@ async def test_list_does_not_follow_planted_links(tmp_path: Path, caplog: pytest
     os.mkfifo(persistence.root / "fifo" / LOG_NAME)
     caplog.set_level(logging.WARNING, logger="trio_harness.session.jsonl")
     with trio.fail_after(WAIT):
-        assert [h.id for h in persistence.list()] == ["good"]
+        assert [h.id for h in (await persistence.list())] == ["good"]
     warned = " ".join(r.getMessage() for r in caplog.records)
     assert "root/linked" in warned and "a symbolic link" in warned and "a FIFO" in warned
-    assert not persistence.exists("linked")
+    assert not await persistence.exists("linked")
 
 
 async def test_a_log_above_the_size_limit_is_refused_naming_the_limit(tmp_path: Path) -> None:
@@ -1041,11 +1041,11 @@ async def test_a_cancelled_resume_abandons_a_blocked_read_without_leaking_the_lo
     release.set()
     await trio.to_thread.run_sync(closed.wait)  # closed by the reader when its read returned
     assert open_fds_of(path) == 0
-    store.discard(await store.prepare_resume("s1"))
+    await store.discard(await store.prepare_resume("s1"))
 
     # Cancelled before the reader started: closed at once.
     with trio.CancelScope() as scope:
         scope.cancel()
         await store.prepare_resume("s1")
     assert open_fds_of(path) == 0
-    store.discard(await store.prepare_resume("s1"))
+    await store.discard(await store.prepare_resume("s1"))

@@ -98,7 +98,7 @@ async def test_resume_after_crash_mid_turn_closes_the_turn(
 
     store = JsonlPersistence(tmp_path)
     header = SessionHeader(id="crashed", created_at=1.0)
-    writer = store.open_writer(header)
+    writer = await store.open_writer(header)
     from trio_harness.session import Session
 
     session = Session(header=header, events=[], writer=writer)
@@ -110,7 +110,7 @@ async def test_resume_after_crash_mid_turn_closes_the_turn(
     session.append(ev.UserMessage, turn=1, step=1, message_id="m1", text="run it")
     session.append(ev.AssistantMessage, turn=1, step=1, text="", tool_calls=(ToolCall("c1", "bash", "{}"),))
     await session.flush()
-    writer.close()
+    await writer.aclose()
 
     model = ScriptedModel([{"text": "resumed"}])
     async with open_test_harness(model, store=tmp_path) as h:
@@ -227,12 +227,12 @@ async def test_a_failing_setup_on_resume_leaves_the_stored_log_untouched(
         from trio_harness.session import JsonlPersistence, Session, SessionHeader
 
         header = SessionHeader(id="kept", created_at=1.0)
-        writer = JsonlPersistence(tmp_path).open_writer(header)
+        writer = await JsonlPersistence(tmp_path).open_writer(header)
         session = Session(header=header, events=[], writer=writer)
         session.append(ev.TurnStart, turn=1)
         session.append(ev.StepStart, turn=1, step=1)
         await session.flush()
-        writer.close()
+        await writer.aclose()
     path = tmp_path / "kept" / "session.jsonl"
     before = path.read_bytes()
     listing = sorted(p.name for p in (tmp_path / "kept").iterdir())

@@ -37,7 +37,7 @@ class RecordingWriter:
     async def flush(self, *, sync: bool = True) -> None:
         self.flushes += 1
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         self.closed = True
 
 

@@ -125,7 +125,7 @@ def append_all(session: Session, steps: list[Step]) -> None:
 
 async def store_session(store: SessionStore, session_id: str, steps: list[Step]) -> tuple[Event, ...]:
     """Create, publish, fill and detach a session; returns its events."""
-    session = store.prepare_new(session_id, cwd="/work")
+    session = await store.prepare_new(session_id, cwd="/work")
     entry = store.enter(session)
     store.announce(entry)
     append_all(session, steps)
@@ -143,10 +143,10 @@ async def stored_events(persistence: SessionPersistence, session_id: str) -> tup
 async def test_prepare_enter_announce_publishes_in_steps(
     store: SessionStore, persistence: SessionPersistence, notices: list[tuple[str, str]]
 ) -> None:
-    session = store.prepare_new("s1", cwd="/work")
+    session = await store.prepare_new("s1", cwd="/work")
     assert session.id == "s1" and session.header.cwd == "/work" and len(session) == 0
     assert store.get("s1") is None and store.list() == []
-    assert not persistence.exists("s1")
+    assert not await persistence.exists("s1")
 
     entry = store.enter(session)
     assert entry.session is session and entry.announced is False
@@ -163,14 +163,14 @@ async def test_prepare_enter_announce_publishes_in_steps(
 async def test_a_second_live_session_with_the_same_id_is_refused(
     store: SessionStore, persistence: SessionPersistence, notices: list[tuple[str, str]]
 ) -> None:
-    winner = store.prepare_new("s1")
-    loser = store.prepare_new("s1")  # both prepared while neither is live
+    winner = await store.prepare_new("s1")
+    loser = await store.prepare_new("s1")  # both prepared while neither is live
     entry = store.enter(winner)
     with pytest.raises(SessionExistsError, match="session 's1' already exists"):
         store.enter(loser)
-    store.discard(loser)
+    await store.discard(loser)
     with pytest.raises(SessionExistsError, match="'s1' already exists"):
-        store.prepare_new("s1")
+        await store.prepare_new("s1")
     assert store.get("s1") is winner and store.list() == [winner]
 
     store.announce(entry)
@@ -181,8 +181,8 @@ async def test_a_second_live_session_with_the_same_id_is_refused(
 
 
 async def test_enter_refuses_a_session_this_store_did_not_prepare(store: SessionStore) -> None:
-    session = store.prepare_new("s1")
-    store.discard(session)
+    session = await store.prepare_new("s1")
+    await store.discard(session)
     with pytest.raises(SessionExistsError, match="not prepared by this store or was discarded"):
         store.enter(session)
     assert store.get("s1") is None
@@ -193,7 +193,7 @@ async def test_detach_removes_the_entry_and_emits_disposed_after_removal(
 ) -> None:
     live_at_dispatch: list[Session | None] = []
     store.bus.on("session/disposed", lambda n: live_at_dispatch.append(store.get(n.subject.id)))
-    entry = store.enter(store.prepare_new("s1"))
+    entry = store.enter(await store.prepare_new("s1"))
     store.announce(entry)
     await store.detach(entry)
     await store.detach(entry)  # idempotent
@@ -206,7 +206,7 @@ async def test_detach_removes_the_entry_and_emits_disposed_after_removal(
 async def test_a_stale_detach_does_not_remove_a_later_entry_with_the_same_id(
     store: SessionStore, notices: list[tuple[str, str]]
 ) -> None:
-    first = store.enter(store.prepare_new("s1"))
+    first = store.enter(await store.prepare_new("s1"))
     store.announce(first)
     first.session.append(TurnStart, turn=1)
     first.session.append(TurnEnd, turn=1, reason="completed")
@@ -230,7 +230,7 @@ async def test_a_stale_entry_object_cannot_remove_the_live_entry(
 ) -> None:
     # Detach is bound to the entry object, not the id: a foreign entry for the
     # same session neither removes the live one nor announces anything.
-    live = store.enter(store.prepare_new("s1"))
+    live = store.enter(await store.prepare_new("s1"))
     store.announce(live)
     notices.clear()
     impostor = SessionEntry(session=live.session, writer=live.writer)
@@ -244,7 +244,7 @@ async def test_a_stale_entry_object_cannot_remove_the_live_entry(
 async def test_detaching_a_never_announced_entry_emits_no_disposed(
     store: SessionStore, notices: list[tuple[str, str]]
 ) -> None:
-    entry = store.enter(store.prepare_new("s1"))
+    entry = store.enter(await store.prepare_new("s1"))
     await store.detach(entry)
     assert store.get("s1") is None
     assert notices == []
@@ -255,28 +255,28 @@ async def test_detaching_a_never_announced_entry_emits_no_disposed(
 async def test_detach_flushes_even_when_the_caller_is_cancelled(
     store: SessionStore, persistence: SessionPersistence
 ) -> None:
-    session = store.prepare_new("s1")
+    session = await store.prepare_new("s1")
     entry = store.enter(session)
     append_all(session, balanced_turn(1))
     with trio.CancelScope() as cancelled:
         cancelled.cancel()
         await store.detach(entry)
     assert store.get("s1") is None
-    assert persistence.exists("s1")
+    assert await persistence.exists("s1")
     assert await stored_events(persistence, "s1") == tuple(session.events)
 
 
 async def test_prepare_new_of_a_stored_id_is_refused(store: SessionStore) -> None:
     await store_session(store, "s1", balanced_turn(1))
     with pytest.raises(SessionExistsError, match="'s1' already exists in the store; resume it instead"):
-        store.prepare_new("s1")
+        await store.prepare_new("s1")
 
 
 async def test_prepare_new_records_lineage_without_ownership(
     store: SessionStore, persistence: SessionPersistence
 ) -> None:
-    parent = store.enter(store.prepare_new("parent"))
-    child = store.prepare_new("child", parent_session="parent")
+    parent = store.enter(await store.prepare_new("parent"))
+    child = await store.prepare_new("child", parent_session="parent")
     assert child.header.parent_session == "parent"
     child_entry = store.enter(child)
     child.append(TurnStart, turn=1)
@@ -287,7 +287,7 @@ async def test_prepare_new_records_lineage_without_ownership(
 
 
 async def test_prepare_new_without_an_id_makes_a_fresh_one(store: SessionStore) -> None:
-    first, second = store.prepare_new(), store.prepare_new()
+    first, second = await store.prepare_new(), await store.prepare_new()
     assert first.id != second.id and first.id and second.id
 
 
@@ -310,7 +310,7 @@ async def test_resume_reads_a_balanced_log_back_without_closers(
 
 
 async def test_prepare_resume_of_a_live_session_is_refused(store: SessionStore) -> None:
-    entry = store.enter(store.prepare_new("s1"))
+    entry = store.enter(await store.prepare_new("s1"))
     with pytest.raises(SessionExistsError, match="'s1' is live"):
         await store.prepare_resume("s1")
     assert store.get("s1") is entry.session
@@ -344,7 +344,7 @@ async def test_resume_of_a_log_that_died_mid_turn_appends_closers(
     assert await stored_events(persistence, "s1") == tuple(session.events)
     again = await store.prepare_resume("s1")
     assert tuple(again.events) == tuple(session.events)
-    store.discard(again)
+    await store.discard(again)
 
 
 @pytest.mark.parametrize(
@@ -377,7 +377,7 @@ async def test_recovery_closes_exactly_what_is_open(
     assert all(getattr(e, "turn", None) == 2 for e in closers)
     results = [e for e in closers if isinstance(e, ToolResult)]
     assert [r.call_id for r in results] == [c.id for c in CALLS][: len(results)]
-    store.discard(session)
+    await store.discard(session)
 
 
 # ------------------------------------------------------------------ fork
@@ -405,7 +405,7 @@ async def test_fork_copies_events_up_to_the_boundary_with_lineage(
 async def test_fork_of_a_live_session_and_resume_of_the_child_as_an_independent_root(
     store: SessionStore, persistence: SessionPersistence
 ) -> None:
-    parent = store.prepare_new("parent", cwd="/work")
+    parent = await store.prepare_new("parent", cwd="/work")
     parent_entry = store.enter(parent)
     append_all(parent, balanced_turn(1))
     await store.fork("parent", len(parent), "child")
@@ -426,7 +426,7 @@ async def test_fork_refusals_are_distinct(store: SessionStore, persistence: Sess
     written = await store_session(store, "src", balanced_turn(1) + died_mid_turn(2))
     inside = len(balanced_turn(1)) + 2  # after turn/start and step/start of turn 2
     await store_session(store, "taken", balanced_turn(1))
-    live = store.enter(store.prepare_new("live-one"))
+    live = store.enter(await store.prepare_new("live-one"))
 
     with pytest.raises(SessionNotFoundError, match="cannot fork unknown session 'ghost'"):
         await store.fork("ghost", 0, "c1")
@@ -444,7 +444,7 @@ async def test_fork_refusals_are_distinct(store: SessionStore, persistence: Sess
         await store.fork("src", 0, "live-one")
     with pytest.raises(InvalidSessionIdError):
         await store.fork("src", 0, "a/b")
-    assert not persistence.exists("c1")
+    assert not await persistence.exists("c1")
     await store.detach(live)
 
 
@@ -455,10 +455,10 @@ async def test_fork_boundary_errors_are_value_errors(store: SessionStore) -> Non
 
 
 async def test_a_session_without_events_is_never_stored(store: SessionStore, persistence: SessionPersistence) -> None:
-    entry = store.enter(store.prepare_new("empty"))
+    entry = store.enter(await store.prepare_new("empty"))
     store.announce(entry)
     await store.detach(entry)
-    assert not persistence.exists("empty")
+    assert not await persistence.exists("empty")
     with pytest.raises(SessionNotFoundError):
         await store.prepare_resume("empty")
 
@@ -469,13 +469,13 @@ async def test_a_session_without_events_is_never_stored(store: SessionStore, per
 async def test_stored_lists_headers_oldest_first(store: SessionStore) -> None:
     await store_session(store, "b", balanced_turn(1))
     await store_session(store, "a", balanced_turn(1))
-    headers = store.stored()
+    headers = await store.stored()
     assert [h.id for h in headers] == ["b", "a"]
     assert headers[0].created_at < headers[1].created_at
 
 
 async def test_load_events_reads_the_live_log_then_the_stored_one(store: SessionStore) -> None:
-    session = store.prepare_new("s1")
+    session = await store.prepare_new("s1")
     entry = store.enter(session)
     append_all(session, balanced_turn(1))  # not flushed yet
     header, events = await store.load_events("s1")
@@ -490,7 +490,7 @@ async def test_load_events_reads_the_live_log_then_the_stored_one(store: Session
 async def test_listeners_see_the_session_in_notices(store: SessionStore) -> None:
     got: list[Notice] = []
     store.bus.on("session/created", got.append)
-    entry = store.enter(store.prepare_new("s1"))
+    entry = store.enter(await store.prepare_new("s1"))
     store.announce(entry)
     assert [n.subject for n in got] == [entry.session]
     await store.detach(entry)
@@ -506,7 +506,7 @@ async def test_a_session_held_by_one_store_cannot_be_resumed_through_another(per
     held = await first.prepare_resume("s1")  # prepared only: not live yet
     with pytest.raises(SessionLockedError, match=r"'s1' is (already )?live"):
         await second.prepare_resume("s1")
-    first.discard(held)  # a discarded preparation releases the session
+    await first.discard(held)  # a discarded preparation releases the session
     entry = second.enter(await second.prepare_resume("s1"))
     with pytest.raises(SessionLockedError):
         await first.prepare_resume("s1")
@@ -514,13 +514,13 @@ async def test_a_session_held_by_one_store_cannot_be_resumed_through_another(per
     await second.detach(entry)  # detach releases it
     resumed = await first.prepare_resume("s1")
     assert list(resumed.events) == list(entry.session.events)
-    first.discard(resumed)
+    await first.discard(resumed)
 
 
 async def test_a_created_session_is_held_from_its_first_flush(persistence: SessionPersistence) -> None:
     first, second = SessionStore(persistence, clock=FakeClock()), SessionStore(persistence, clock=FakeClock())
-    entry = first.enter(first.prepare_new("s1"))
-    rival = second.enter(second.prepare_new("s1"))  # nothing stored yet: both may prepare
+    entry = first.enter(await first.prepare_new("s1"))
+    rival = second.enter(await second.prepare_new("s1"))  # nothing stored yet: both may prepare
     append_all(entry.session, balanced_turn(1))
     await entry.session.flush()
     with pytest.raises(SessionLockedError):
@@ -536,10 +536,10 @@ async def test_a_created_session_is_held_from_its_first_flush(persistence: Sessi
 
 
 async def test_a_discarded_preparation_stores_nothing(store: SessionStore, persistence: SessionPersistence) -> None:
-    session = store.prepare_new("s1")
+    session = await store.prepare_new("s1")
     append_all(session, balanced_turn(1))
-    store.discard(session)
-    assert not persistence.exists("s1") and persistence.list() == []
+    await store.discard(session)
+    assert not await persistence.exists("s1") and (await persistence.list()) == []
     await store_session(store, "s1", balanced_turn(1))  # the id is free
     assert [e.seq for e in await stored_events(persistence, "s1")] == list(range(len(balanced_turn(1))))
 
@@ -575,7 +575,7 @@ async def test_racing_creates_on_the_memory_store_never_mix_their_events(first_t
             nursery.start_soon(create, "b", 1)
         loser = "b" if first_to_publish == "a" else "a"
         assert isinstance(results[loser], AgentExistsError)
-        assert not h.sessions.persistence.exists("same")  # nothing stored before the first flush
+        assert not await h.sessions.persistence.exists("same")  # nothing stored before the first flush
         winner = results[first_to_publish]
         assert isinstance(winner, AgentHandle) and h.agents.list() == [winner.agent]
         await winner.dispose()  # the first flush: the record appears now, the winner's events only
@@ -594,7 +594,7 @@ async def test_a_failed_setup_on_the_memory_store_leaves_the_id_free() -> None:
 
         with pytest.raises(RuntimeError, match="setup broke"):
             await h.agents.create(session_id="x", setup=setup)
-        assert not h.sessions.persistence.exists("x")
+        assert not await h.sessions.persistence.exists("x")
         with pytest.raises(SessionNotFoundError):
             await h.agents.resume("x")
         async with h.agents.open(session_id="x") as agent:

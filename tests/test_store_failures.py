@@ -165,8 +165,8 @@ class _SyncFailingWriter:
             raise OSError(5, "Input/output error")
         await self.inner.flush(sync=sync)
 
-    def close(self) -> None:
-        self.inner.close()
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 @attrs.define(eq=False)
@@ -174,17 +174,17 @@ class _SyncFailingStore:
     inner: MemoryPersistence = attrs.field(factory=MemoryPersistence)
     failing: list[bool] = attrs.field(factory=lambda: [True])
 
-    def exists(self, session_id: str) -> bool:
-        return self.inner.exists(session_id)
+    async def exists(self, session_id: str) -> bool:
+        return await self.inner.exists(session_id)
 
-    def list(self) -> list[SessionHeader]:
-        return self.inner.list()
+    async def list(self) -> list[SessionHeader]:
+        return await self.inner.list()
 
     async def load(self, session_id: str) -> LoadedSession:
         return await self.inner.load(session_id)
 
-    def open_writer(self, header: SessionHeader) -> SessionWriter:
-        return _SyncFailingWriter(self.inner.open_writer(header), self.failing)
+    async def open_writer(self, header: SessionHeader) -> SessionWriter:
+        return _SyncFailingWriter(await self.inner.open_writer(header), self.failing)
 
     async def resume(self, session_id: str) -> tuple[LoadedSession, SessionWriter]:
         loaded, writer = await self.inner.resume(session_id)

@@ -74,7 +74,7 @@ async def test_depth_limit() -> None:
             agent.followup("go")
             await agent.when_idle()
         assert depths == [0, 1]
-        nested = h.sessions.stored()
+        nested = await h.sessions.stored()
         assert len(nested) == 2
         child_events = (await h.sessions.persistence.load(nested[1].id)).events
         limited = [e for e in child_events if isinstance(e, ev.ToolResult)]

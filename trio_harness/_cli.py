@@ -11,8 +11,9 @@ Subcommands:
 ``mcpServers`` JSON users already have) whose tools every agent gets.
 
 Every subcommand takes ``--model SPEC`` (default: ``$TRIO_HARNESS_MODEL`` or
-``deepseek:deepseek-chat``) and ``--store DIR`` (default: the per-user data
-directory's ``sessions``).  ``sessions`` never needs a model.
+``deepseek:deepseek-chat``) and ``--store DIR`` or ``--store postgresql://...``
+(default: the per-user data directory's ``sessions``).  ``sessions`` never
+needs a model.
 
 Exit codes: 0 success; 1 a failed turn or an unreadable session; 2 a usage
 error (bad ``--model``, missing API key, unknown session, ``--sandbox`` without
@@ -126,10 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common.add_argument(
         "--store",
-        metavar="DIR",
-        type=Path,
+        metavar="DIR|URL",
+        type=_store_arg,
         default=None,
-        help=f"session store directory (default: {default_store()})",
+        help=f"session store: a directory, or a postgresql:// URL (default: {default_store()})",
     )
     tools = argparse.ArgumentParser(add_help=False)
     tools.add_argument(
@@ -256,6 +257,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _store_arg(value: str) -> str | Path:
+    """``--store``: a ``postgresql://`` URL stays a string, anything else is a directory path."""
+    if value.startswith(("postgresql://", "postgres://")):
+        return value
+    return Path(value)
+
+
+def _store_name(store: str | Path) -> str:
+    """The store for a message: a directory as given, a URL without its password."""
+    if isinstance(store, Path):
+        return str(store.expanduser().resolve())
+    from .session._postgres import redact_dsn
+
+    return redact_dsn(store)
 
 
 def _error(message: str) -> None:
@@ -631,27 +648,31 @@ def _exit_code(outcome: TurnOutcome | None, *, interrupted: bool) -> int:
 
 
 def _cmd_sessions_list(args: argparse.Namespace) -> int:
-    from .session._jsonl import JsonlPersistence
-
-    persistence = JsonlPersistence(args.store)
-    headers = persistence.list()
-    if not headers:
-        print(f"no sessions in {persistence.root}")
-        return EXIT_OK
+    from ._harness import open_store
 
     async def load_all() -> list[tuple[SessionHeader, tuple[Event, ...] | str]]:
         rows: list[tuple[SessionHeader, tuple[Event, ...] | str]] = []
-        for header in headers:
-            try:
-                rows.append((header, (await persistence.load(header.id)).events))
-            except HarnessError as exc:
-                rows.append((header, f"unreadable: {exc}"))
+        async with open_store(args.store) as persistence:
+            for header in await persistence.list():
+                try:
+                    rows.append((header, (await persistence.load(header.id)).events))
+                except HarnessError as exc:
+                    rows.append((header, f"unreadable: {exc}"))
         return rows
+
+    try:
+        listed = trio.run(load_all)
+    except HarnessError as exc:
+        _error(str(exc))
+        return EXIT_FAILED
+    if not listed:
+        print(f"no sessions in {_store_name(args.store)}")
+        return EXIT_OK
 
     from .acp._updates import first_user_text
 
     table: list[tuple[str, str, str, str, str]] = []
-    for header, events in trio.run(load_all):
+    for header, events in listed:
         if isinstance(events, str):
             table.append((header.id, _local_time(header.created_at), "?", "?", _shorten(events, 60)))
             continue
@@ -676,11 +697,15 @@ def _cmd_sessions_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_sessions_show(args: argparse.Namespace) -> int:
-    from .session._jsonl import JsonlPersistence
+    from ._harness import open_store
+    from .session._persistence import LoadedSession
 
-    persistence = JsonlPersistence(args.store)
+    async def load() -> LoadedSession:
+        async with open_store(args.store) as persistence:
+            return await persistence.load(args.session_id)
+
     try:
-        loaded = trio.run(persistence.load, args.session_id)
+        loaded = trio.run(load)
     except (SessionNotFoundError, InvalidSessionIdError) as exc:
         _error(str(exc))
         return EXIT_USAGE

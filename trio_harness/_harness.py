@@ -25,10 +25,11 @@ the harness is the top of the stack, built once every service is open
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -56,7 +57,7 @@ from .tools._mcp_config import McpServerConfig
 from .tools._subagent import SubagentOptions, SubagentToolPlugin
 from .tools._tasks import TaskToolOptions, TaskToolsPlugin
 
-__all__ = ["Harness", "open_harness", "resolve_store"]
+__all__ = ["Harness", "open_harness", "open_store", "resolve_store"]
 
 _O = TypeVar("_O", BashOptions, TaskOptions, TaskToolOptions, SubagentOptions, BashToolOptions)
 
@@ -80,7 +81,17 @@ def _option_record(kind: type[_O], value: _O | Mapping[str, Any] | None, paramet
 
 
 def resolve_store(store: SessionPersistence | str | os.PathLike[str]) -> SessionPersistence:
-    """Turn ``":memory:"``, a directory path or a persistence object into a provider."""
+    """Turn ``":memory:"``, a directory path, a ``postgresql://`` URL or a persistence object into a provider.
+
+    Raises:
+        SessionStoreError: a ``postgresql://`` URL that cannot be parsed, or
+            the PostgreSQL driver is not installed (``trio-harness[postgres]``).
+        TypeError: ``store`` is none of these.
+    """
+    if isinstance(store, str) and store.startswith(("postgresql://", "postgres://")):
+        from .session._postgres import PostgresPersistence
+
+        return PostgresPersistence(store)
     if isinstance(store, str | os.PathLike):
         if os.fspath(store) == ":memory:":
             return MemoryPersistence()
@@ -96,6 +107,35 @@ def resolve_store(store: SessionPersistence | str | os.PathLike[str]) -> Session
             f"{store!r} has no {', '.join(missing)}"
         )
     return store
+
+
+def _store_service(persistence: SessionPersistence) -> AbstractAsyncContextManager[object]:
+    """The store's own service (a PostgreSQL store's heartbeats and listener), or nothing.
+
+    A provider with an ``open_service()`` method is opened for as long as it is
+    used; opening it again while it is open is allowed (the outermost opening
+    owns it).
+    """
+    open_service: Callable[[], AbstractAsyncContextManager[object]] | None = getattr(persistence, "open_service", None)
+    if open_service is None:
+        return contextlib.nullcontext()
+    return open_service()
+
+
+@asynccontextmanager
+async def open_store(store: SessionPersistence | str | os.PathLike[str]) -> AsyncIterator[SessionPersistence]:
+    """Resolve and check a store, and keep it open for the block (no harness).
+
+    The command line's ``sessions list|show`` read stores this way.
+
+    Raises:
+        SessionStoreError: the store cannot be used (see :func:`resolve_store`
+            and ``check()``).
+    """
+    persistence = resolve_store(store)
+    await persistence.check()
+    async with _store_service(persistence):
+        yield persistence
 
 
 @attrs.frozen(eq=False, repr=False)
@@ -176,8 +216,13 @@ async def open_harness(
     Args:
         model: the default model: a provider object or a spec string
             (``scripted:PATH``, ``deepseek:MODEL``, ``openai:MODEL@BASE_URL``).
-        store: ``":memory:"``, a directory for the JSONL store, or a provider;
-            checked at once (:exc:`SessionStoreError` when it cannot be written).
+        store: ``":memory:"``, a directory for the JSONL store, a
+            ``postgresql://`` URL for the PostgreSQL store, or a provider;
+            checked at once (:exc:`SessionStoreError` when it cannot be
+            written).  A provider with a service of its own
+            (:class:`~trio_harness.session.PostgresPersistence`) is opened
+            before the services start and closed after the sessions are
+            detached.
         builtin_tools: load the built-in tool plugins (``"tasks"``, ``"bash"``,
             ``"subagent"``): True for all, False for none, or a list of names.
         clock: wall clock for event timestamps (injectable for tests).
@@ -238,7 +283,11 @@ async def open_harness(
     bus = EventBus()
     sessions = SessionStore(persistence=persistence, bus=bus, clock=clock)
     tools = ToolSet()
-    async with _reporting_unstored(sessions), open_scope("harness", teardown_timeout=teardown_timeout) as root:
+    async with (
+        _reporting_unstored(sessions),
+        _store_service(persistence),
+        open_scope("harness", teardown_timeout=teardown_timeout) as root,
+    ):
         # A provider built from a spec is held by the root scope: closed after every child scope.
         provider = None if model is None else await root.enter_async_context(open_model(model))
 

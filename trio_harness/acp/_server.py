@@ -571,7 +571,7 @@ class AcpServer:
         cwd, cursor = params.cwd, params.cursor
         self._check_auth()
         sessions = self.harness.sessions
-        headers: dict[str, SessionHeader] = {h.id: h for h in sessions.stored()}
+        headers: dict[str, SessionHeader] = {h.id: h for h in await sessions.stored()}
         for live in sessions.list():
             headers.setdefault(live.id, live.header)
         ordered = sorted(headers.values(), key=lambda h: (-h.created_at, h.id))

@@ -29,6 +29,7 @@ unwind (tools, owned tasks); then the agent leaves the registry
 from __future__ import annotations
 
 import builtins
+import functools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -47,6 +48,7 @@ from .._errors import (
     SessionStoreError,
 )
 from .._scope import Scope, current_scope
+from ..session._events import InboxMessage
 from ..session._session import validate_session_id
 from ._agent import Agent
 from ._options import AgentOptions
@@ -101,6 +103,11 @@ class _AgentEntry:
     owner: Agent | None
     announced: bool = False
     detached: bool = False
+
+
+def _deliver(agent: Agent, message: InboxMessage) -> None:
+    """Splice a message posted to the agent's session into its inbox (``SessionStore.post``)."""
+    agent.send(message, mode=message.mode)
 
 
 def _text_path(cwd: object) -> str:
@@ -295,7 +302,7 @@ class AgentRegistry:
             raise AgentExistsError(f"agent {session_id!r} already exists")
         await self._sessions.check()  # a store that cannot be written fails before any model call
         try:
-            session = self._sessions.prepare_new(
+            session = await self._sessions.prepare_new(
                 session_id, cwd=cwd, parent_session=parent.id if parent is not None else None
             )
         except SessionExistsError as exc:
@@ -345,7 +352,7 @@ class AgentRegistry:
             raise AgentExistsError(str(exc)) from exc
         except BaseException:
             if session is not None:
-                self._sessions.discard(session)
+                await self._sessions.discard(session)
             abort.finish()
             raise
         return await self._publish(session, "resume", options, setup, owner, parent, abort)
@@ -444,7 +451,7 @@ class AgentRegistry:
                 abort = self._watch(owner, factory_scope)
             agent_scope = await factory_scope.open_child(f"agent:{session.id}")
         except BaseException:
-            sessions.discard(session)
+            await sessions.discard(session)
             if abort is not None:
                 abort.finish()
             raise
@@ -501,11 +508,12 @@ class AgentRegistry:
                 raise AgentExistsError(f"agent {session.id!r} already exists: {exc}") from exc
             agent_entry = _AgentEntry(agent=agent, owner=parent)
             self._entries[agent.id] = agent_entry
+            sessions.receive(session_entry, functools.partial(_deliver, agent))
         except BaseException:
             try:
                 with trio.CancelScope(shield=True):
                     await agent_scope.close()
-                sessions.discard(session)
+                await sessions.discard(session)
             finally:
                 if abort is not None:
                     abort.finish()

@@ -308,7 +308,7 @@ class _JsonlWriter:
                 "resume the session to continue from what is stored"
             )
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         self._closed = True
         self._buffer = []
         if self._fd is not None:
@@ -384,7 +384,7 @@ class JsonlPersistence:
                 path=str(self.root),
             )
 
-    def exists(self, session_id: str) -> bool:
+    async def exists(self, session_id: str) -> bool:
         """Whether something is stored as this id's log (in a real directory)."""
         path = self.path_of(session_id)
         try:
@@ -399,7 +399,7 @@ class JsonlPersistence:
             ) from exc
         return True
 
-    def list(self) -> list[SessionHeader]:
+    async def list(self) -> list[SessionHeader]:
         """Headers of every stored session, oldest first; unreadable ones are logged and skipped.
 
         Symbolic links and special files are skipped (and logged), never followed or read.
@@ -481,7 +481,7 @@ class JsonlPersistence:
         os.close(fd)
         return self._parse(data, str(path), session_id)
 
-    def open_writer(self, header: SessionHeader) -> SessionWriter:
+    async def open_writer(self, header: SessionHeader) -> SessionWriter:
         """A writer for a new session; the log appears, whole and locked, at its first flush.
 
         Raises:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol, runtime_checkable
 
 import attrs
 
 from .._errors import SessionExistsError, SessionLockedError, SessionNotFoundError, SessionStoreError
-from ._events import Event, SessionHeader
+from ._events import Event, InboxMessage, SessionHeader
 from ._session import SessionWriter, validate_session_id
 
-__all__ = ["LoadedSession", "MemoryPersistence", "SessionPersistence"]
+__all__ = ["LoadedSession", "MailboxWriter", "MemoryPersistence", "RemoteInbox", "ServerSideFork", "SessionPersistence"]
 
 
 @attrs.frozen
@@ -33,7 +33,7 @@ class LoadedSession:
 
 
 class SessionPersistence(Protocol):
-    """Where sessions are stored.  Implementations: memory and JSONL directory.
+    """Where sessions are stored.  Implementations: memory, JSONL directory, PostgreSQL.
 
     One writer at a time: a session is *held* by the writer that created it
     (from its first successful flush) or resumed it (from :meth:`resume`) until
@@ -48,12 +48,12 @@ class SessionPersistence(Protocol):
         """
         ...
 
-    def exists(self, session_id: str) -> bool:
+    async def exists(self, session_id: str) -> bool:
         """Whether a session with this id is stored."""
         ...
 
-    def list(self) -> list[SessionHeader]:
-        """The headers of every stored session, sorted by creation time."""
+    async def list(self) -> list[SessionHeader]:
+        """The headers of every stored session, sorted by creation time (then id)."""
         ...
 
     async def load(self, session_id: str) -> LoadedSession:
@@ -65,7 +65,7 @@ class SessionPersistence(Protocol):
         """
         ...
 
-    def open_writer(self, header: SessionHeader) -> SessionWriter:
+    async def open_writer(self, header: SessionHeader) -> SessionWriter:
         """A writer for a new session; nothing is stored before its first flush.
 
         That flush stores the header and the buffered events together, or
@@ -77,8 +77,9 @@ class SessionPersistence(Protocol):
     async def resume(self, session_id: str) -> tuple[LoadedSession, SessionWriter]:
         """Take a stored session for writing and read it.
 
-        The returned writer holds the session until it is closed; the log is
-        read after the session was taken, so nobody can append in between.
+        The returned writer holds the session until it is closed
+        (:meth:`SessionWriter.aclose`); the log is read after the session was
+        taken, so nobody can append in between.
 
         Raises:
             SessionLockedError: another writer holds the session (it is live
@@ -93,6 +94,57 @@ class SessionPersistence(Protocol):
 
         Raises:
             SessionExistsError: a session with this id is already stored.
+        """
+        ...
+
+
+@runtime_checkable
+class RemoteInbox(Protocol):
+    """A store that keeps messages posted to a session until its holder takes them (PostgreSQL).
+
+    :meth:`SessionStore.post <trio_harness.session.SessionStore.post>` uses
+    it; a store without it delivers only to agents live in this process.
+    """
+
+    async def post(self, session_id: str, message: InboxMessage) -> None:
+        """Store ``message`` for the session and wake whoever holds it.
+
+        Raises:
+            SessionNotFoundError: nothing is stored under this id.
+        """
+        ...
+
+
+@runtime_checkable
+class MailboxWriter(Protocol):
+    """A writer that receives the messages posted to its session (see :class:`RemoteInbox`)."""
+
+    def receive(self, on_mail: Callable[[], Awaitable[None]]) -> None:
+        """Call ``on_mail`` (in the store's service) now and whenever messages may be waiting."""
+        ...
+
+    async def take_mail(self) -> list[tuple[int, InboxMessage]]:
+        """The waiting messages not taken yet, oldest first, with their mailbox ids."""
+        ...
+
+    def ack_mail(self, mail_ids: Sequence[int]) -> None:
+        """These were spliced into the inbox: remove them in the transaction of the next flush."""
+        ...
+
+    def release_mail(self, mail_ids: Sequence[int]) -> None:
+        """These were not delivered: leave them for later."""
+        ...
+
+
+@runtime_checkable
+class ServerSideFork(Protocol):
+    """A store that copies a fork's events itself instead of being sent them (PostgreSQL)."""
+
+    async def copy_prefix(self, source: str, boundary: int, child: SessionHeader) -> bool:
+        """Store ``child`` with ``source``'s first ``boundary`` stored events; False if fewer are stored.
+
+        Raises:
+            SessionExistsError: ``child`` is already stored.
         """
         ...
 
@@ -126,7 +178,7 @@ class _MemoryWriter:
             self._record.extend(self._buffer)
         self._buffer = []
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         self._closed = True
         self._buffer = []
         if self.store._held.get(self.header.id) is self:
@@ -149,11 +201,15 @@ class MemoryPersistence:
     async def check(self) -> None:
         """Nothing to check: memory is always writable."""
 
-    def exists(self, session_id: str) -> bool:
-        """Whether a session with this id is stored."""
-        return session_id in self._sessions
+    async def exists(self, session_id: str) -> bool:
+        """Whether a session with this id is stored.
 
-    def list(self) -> list[SessionHeader]:
+        Raises:
+            InvalidSessionIdError: the id is unusable (as in every store).
+        """
+        return validate_session_id(session_id) in self._sessions
+
+    async def list(self) -> list[SessionHeader]:
         """The stored headers, oldest first."""
         return sorted((h for h, _ in self._sessions.values()), key=lambda h: (h.created_at, h.id))
 
@@ -165,7 +221,7 @@ class MemoryPersistence:
             raise SessionNotFoundError(f"no stored session {session_id!r}")
         return LoadedSession(header=record[0], events=tuple(record[1]))
 
-    def open_writer(self, header: SessionHeader) -> SessionWriter:
+    async def open_writer(self, header: SessionHeader) -> SessionWriter:
         """A writer buffering in memory; the record is created at its first flush."""
         return _MemoryWriter(self, header, None)
 

@@ -76,8 +76,13 @@ class SessionWriter(Protocol):
         """
         ...
 
-    def close(self) -> None:
-        """Release the writer's resources (after a final flush)."""
+    async def aclose(self) -> None:
+        """Release the writer's resources and the session it holds (after a final flush).
+
+        Never fails and returns promptly: a store that must reach a server to
+        release the session (PostgreSQL) does so within a bounded time and
+        otherwise drops the connection, which releases it as well.
+        """
         ...
 
 

@@ -11,6 +11,8 @@ emits ``session/disposed`` if it had been announced.
 from __future__ import annotations
 
 import builtins
+import functools
+import logging
 import os
 import time
 import uuid
@@ -20,13 +22,24 @@ import attrs
 import trio
 
 from .._bus import EventBus
-from .._errors import ForkBoundaryError, SessionExistsError, SessionNotFoundError, SessionStoreError
-from ._events import Event, SessionHeader
-from ._persistence import SessionPersistence
+from .._errors import (
+    AgentNotFoundError,
+    ForkBoundaryError,
+    HarnessError,
+    SessionExistsError,
+    SessionNotFoundError,
+    SessionStoreError,
+)
+from ._events import Event, InboxMessage, SendMode, SessionHeader
+from ._persistence import MailboxWriter, RemoteInbox, ServerSideFork, SessionPersistence
 from ._recovery import closers_for, open_turn_at
 from ._session import Session, SessionWriter, validate_session_id
 
 __all__ = ["SessionEntry", "SessionStore"]
+
+log = logging.getLogger("trio_harness.session")
+
+_SEND_MODES = ("followup", "steer", "inject")
 
 
 @attrs.define(eq=False)
@@ -39,6 +52,8 @@ class SessionEntry:
     announced: bool = False
     # Set when detach started; a second detach is a no-op.
     detached: bool = False
+    # Splices a posted message into the live agent's inbox (set by the agent registry).
+    receiver: Callable[[InboxMessage], object] | None = None
 
 
 @attrs.define(eq=False)
@@ -63,7 +78,7 @@ class SessionStore:
         """
         await self.persistence.check()
 
-    def prepare_new(
+    async def prepare_new(
         self, session_id: str | None = None, *, cwd: str | None = None, parent_session: str | None = None
     ) -> Session:
         """Build a fresh session that is not live yet.
@@ -77,15 +92,17 @@ class SessionStore:
         session_id = validate_session_id(session_id if session_id is not None else uuid.uuid4().hex)
         if session_id in self._live:
             raise SessionExistsError(f"session {session_id!r} already exists (it is live)")
-        if self.persistence.exists(session_id):
+        if await self.persistence.exists(session_id):
             raise SessionExistsError(f"session {session_id!r} already exists in the store; resume it instead")
+        if session_id in self._live:  # went live while the store answered
+            raise SessionExistsError(f"session {session_id!r} already exists (it is live)")
         header = SessionHeader(
             id=session_id,
             created_at=self.clock(),
             cwd=cwd if cwd is not None else os.getcwd(),
             parent_session=parent_session,
         )
-        writer = self.persistence.open_writer(header)
+        writer = await self.persistence.open_writer(header)
         session = Session(header=header, events=[], writer=writer, clock=self.clock)
         self._writers[session] = writer
         return session
@@ -112,16 +129,21 @@ class SessionStore:
             for cls, fields in closers_for(session.events):
                 session.append(cls, **fields)
         except BaseException:
-            writer.close()  # releases the session's lock
+            with trio.CancelScope(shield=True):
+                await writer.aclose()  # releases the session's lock
             raise
         self._writers[session] = writer
         return session
 
-    def discard(self, session: Session) -> None:
-        """Drop a prepared session that will never be entered (releasing its lock; nothing is stored)."""
+    async def discard(self, session: Session) -> None:
+        """Drop a prepared session that will never be entered (releasing its lock; nothing is stored).
+
+        Runs shielded: a cancelled caller still releases the session.
+        """
         writer = self._writers.pop(session, None)
         if writer is not None:
-            writer.close()
+            with trio.CancelScope(shield=True):
+                await writer.aclose()
 
     # ------------------------------------------------------------ publish
 
@@ -139,6 +161,108 @@ class SessionStore:
         entry = SessionEntry(session=session, writer=writer)
         self._live[session.id] = entry
         return entry
+
+    def receive(self, entry: SessionEntry, deliver: Callable[[InboxMessage], object]) -> None:
+        """Route messages posted to ``entry``'s session (:meth:`post`) to ``deliver``.
+
+        The agent registry passes the live agent's ``send``.  With a store that
+        keeps posted messages (PostgreSQL), the ones waiting for the session
+        (posted while nobody held it) are delivered now, in order, and later
+        ones as they are posted.
+        """
+        entry.receiver = deliver
+        if isinstance(entry.writer, MailboxWriter):
+            entry.writer.receive(functools.partial(self._deliver_mail, entry))
+
+    async def _deliver_mail(self, entry: SessionEntry) -> None:
+        """Splice the messages waiting in the store into the live agent's inbox, durably and once.
+
+        Each message is removed from the store's mailbox in the transaction
+        that stores its splice; a message the agent could not take (it is
+        being disposed) stays there for the next resume.
+        """
+        writer, deliver = entry.writer, entry.receiver
+        if entry.detached or deliver is None or not isinstance(writer, MailboxWriter):
+            return
+        mail = await writer.take_mail()
+        if self._live.get(entry.session.id) is not entry:  # detached meanwhile: the next resume delivers them
+            writer.release_mail([mail_id for mail_id, _ in mail])
+            return
+        delivered: list[int] = []
+        try:
+            for mail_id, message in mail:
+                try:
+                    deliver(message)
+                except HarnessError as exc:
+                    log.info("session %r: posted message %s stays queued: %s", entry.session.id, message.id, exc)
+                    break
+                delivered.append(mail_id)
+        finally:
+            writer.ack_mail(delivered)
+            writer.release_mail([mail_id for mail_id, _ in mail if mail_id not in delivered])
+        if delivered:
+            try:
+                await entry.session.flush()
+            except SessionStoreError as exc:
+                # Kept on session.store_failure and retried by the next flush,
+                # which removes the messages from the mailbox with it.
+                log.warning(
+                    "session %r: posted messages are in the inbox but not stored yet: %s", entry.session.id, exc
+                )
+
+    async def post(self, session_id: str, text: str, *, mode: SendMode = "followup") -> str:
+        """Deliver a message to the agent of ``session_id`` wherever it is live.
+
+        With a store that keeps posted messages (PostgreSQL), the message is
+        stored in the session's mailbox and the worker holding the session
+        splices it into its agent's inbox within milliseconds; if nobody holds
+        the session, it is delivered when the session is next resumed.
+        Exactly once, in the order of the posts.  With the in-memory and JSONL
+        stores, the agent must be live in this process: the message is
+        spliced into its inbox and flushed before this returns.
+
+        Args:
+            session_id: the session (agent) to deliver to.
+            text: the message.
+            mode: ``followup`` (a new turn), ``steer`` (the next step of the
+                running turn) or ``inject`` (the next step, without waking the agent).
+
+        Returns:
+            The message id (the ``message_id`` of the ``user/message`` that
+            claims it).
+
+        Raises:
+            SessionNotFoundError: nothing is stored (or live) under this id.
+            AgentNotFoundError: the store cannot keep messages and no agent of
+                this session is live in this process.
+            AgentDisposedError: the local agent is being disposed.
+            SessionStoreError: the store did not take the message.
+        """
+        validate_session_id(session_id)
+        if mode not in _SEND_MODES:
+            raise ValueError(f"unknown send mode {mode!r}; use followup, steer or inject")
+        message = InboxMessage(id=f"msg-{uuid.uuid4().hex}", text=text, mode=mode)
+        entry = self._live.get(session_id)
+        if isinstance(self.persistence, RemoteInbox):
+            if entry is not None:
+                await entry.session.flush()  # a new session is stored at its first flush
+                if not entry.session.events and entry.receiver is not None and not entry.detached:
+                    # Live here and not stored yet (no event at all): nobody else can post to it.
+                    entry.receiver(message)
+                    await entry.session.flush()
+                    return message.id
+            await self.persistence.post(session_id, message)
+            return message.id
+        if entry is None or entry.receiver is None or entry.detached:
+            if not await self.persistence.exists(session_id):
+                raise SessionNotFoundError(f"no live or stored session {session_id!r} to post to")
+            raise AgentNotFoundError(
+                f"session {session_id!r} is not live in this process, and this store cannot keep messages "
+                "for a session nobody holds; resume its agent first (the PostgreSQL store keeps them until then)"
+            )
+        entry.receiver(message)
+        await entry.session.flush()
+        return message.id
 
     def announce(self, entry: SessionEntry) -> None:
         """Emit ``session/created`` once, for the current live entry only."""
@@ -174,7 +298,7 @@ class SessionStore:
                 self._unreported[entry] = failure
                 raise failure from exc
             finally:
-                entry.writer.close()
+                await entry.writer.aclose()
                 if self._live.get(entry.session.id) is entry:
                     del self._live[entry.session.id]
                 if entry.announced:
@@ -213,9 +337,9 @@ class SessionStore:
         """The live sessions, in publication order."""
         return [entry.session for entry in self._live.values()]
 
-    def stored(self) -> builtins.list[SessionHeader]:
-        """The headers of every stored session."""
-        return self.persistence.list()
+    async def stored(self) -> builtins.list[SessionHeader]:
+        """The headers of every stored session, oldest first."""
+        return await self.persistence.list()
 
     async def load_events(self, session_id: str) -> tuple[SessionHeader, tuple[Event, ...]]:
         """The header and events of a live or stored session (read-only)."""
@@ -249,7 +373,7 @@ class SessionStore:
                 f"fork boundary {boundary} of session {source!r} falls inside open turn {turn}; "
                 "pick a boundary at a turn end"
             )
-        if child_id in self._live or self.persistence.exists(child_id):
+        if child_id in self._live or await self.persistence.exists(child_id):
             raise SessionExistsError(f"cannot fork into {child_id!r}: that session already exists")
         child = SessionHeader(
             id=child_id,
@@ -258,5 +382,7 @@ class SessionStore:
             parent_session=source,
             seed_length=boundary,
         )
+        if isinstance(self.persistence, ServerSideFork) and await self.persistence.copy_prefix(source, boundary, child):
+            return child
         await self.persistence.save(child, events[:boundary])
         return child

@@ -1,0 +1,357 @@
+"""A throwaway PostgreSQL cluster for the tests (and the example and the benchmark).
+
+:func:`start_cluster` runs ``initdb --no-sync`` into a fresh temporary
+directory and starts the server on a Unix socket in that directory (no TCP
+port, so clusters of parallel runs never collide).  ``initdb`` and ``pg_ctl``
+refuse to run as root, so as root they run as the ``postgres`` user
+(``runuser -u postgres``), which owns the directory.
+
+A machine without the server binaries is a test *failure*, not a skip: CI
+installs PostgreSQL when it is missing (``.ci/run``).
+
+Each test gets its own schema (:func:`fresh_schema`), so tests share the
+cluster without seeing each other's sessions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.parse
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+SERVER_MISSING = (
+    "PostgreSQL server binaries (initdb, pg_ctl) were not found under /usr/lib/postgresql/*/bin or on PATH; "
+    "install them (Debian: apt-get install --no-install-recommends postgresql; .ci/run does this) -- "
+    "the PostgreSQL store tests need a real server"
+)
+
+
+class ServerMissing(RuntimeError):
+    """No PostgreSQL server binaries on this machine."""
+
+
+def find_bindir() -> Path:
+    """The directory holding ``initdb`` and ``pg_ctl`` (the newest installed version).
+
+    Raises:
+        ServerMissing: none is installed.
+    """
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0,
+    )
+    if found:
+        return Path(found[-1]).parent
+    initdb = shutil.which("initdb")
+    if initdb is not None and shutil.which("pg_ctl") is not None:
+        return Path(initdb).resolve().parent
+    raise ServerMissing(SERVER_MISSING)
+
+
+def _as_server_user(argv: Sequence[str]) -> list[str]:
+    if os.geteuid() == 0:
+        return ["runuser", "-u", "postgres", "--", *argv]
+    return list(argv)
+
+
+@attrs.define
+class Cluster:
+    """A running throwaway cluster; :meth:`stop` removes it."""
+
+    bindir: Path
+    directory: Path
+    port: int = 5432
+    user: str = "postgres"
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.directory / "sock"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.directory / "data"
+
+    def dsn(self, dbname: str = "postgres", user: str | None = None) -> str:
+        """A ``postgresql://`` URL reaching this cluster over its Unix socket."""
+        query = urllib.parse.urlencode({"host": str(self.socket_dir), "port": str(self.port)})
+        return f"postgresql://{user or self.user}@/{dbname}?{query}"
+
+    def psql(self, sql: str, dbname: str = "postgres") -> str:
+        """Run ``sql`` as the superuser; returns psql's output."""
+        result = subprocess.run(
+            [
+                str(self.bindir / "psql"),
+                "-X",
+                "-q",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                str(self.socket_dir),
+                "-p",
+                str(self.port),
+                "-U",
+                self.user,
+                "-d",
+                dbname,
+                "-c",
+                sql,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"psql failed: {result.stderr.strip()}")
+        return result.stdout
+
+    def stop(self) -> None:
+        """Stop the server at once and remove its directory."""
+        try:
+            subprocess.run(
+                _as_server_user([str(self.bindir / "pg_ctl"), "-D", str(self.data_dir), "-m", "immediate", "stop"]),
+                capture_output=True,
+                check=False,
+                timeout=60,
+            )
+        finally:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def start_cluster(*, durable: bool = False, settings: Sequence[str] = ()) -> Cluster:
+    """Create and start a cluster in a new temporary directory.
+
+    Args:
+        durable: keep PostgreSQL's default durability (``fsync``); the tests
+            turn it off for speed, the benchmark keeps it.
+        settings: extra ``name=value`` server settings.
+
+    Raises:
+        ServerMissing: no server binaries.
+        RuntimeError: ``initdb`` or ``pg_ctl`` failed (their output attached).
+    """
+    bindir = find_bindir()
+    # Directly under the system temporary directory: the postgres user must be
+    # able to reach it (pytest's per-user base directory is private).
+    directory = Path(tempfile.mkdtemp(prefix="trio-harness-pg-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    if os.geteuid() == 0:
+        entry = pwd.getpwnam("postgres")
+        os.chown(directory, entry.pw_uid, entry.pw_gid)
+    cluster = Cluster(bindir=bindir, directory=directory)
+    try:
+        _run(
+            [
+                str(bindir / "initdb"),
+                "--no-sync",
+                "-D",
+                str(cluster.data_dir),
+                "-A",
+                "trust",
+                "-U",
+                cluster.user,
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ]
+        )
+        _run(["mkdir", "-m", "0700", str(cluster.socket_dir)])
+        options = [
+            f"-k {cluster.socket_dir}",
+            f"-p {cluster.port}",
+            "-c listen_addresses=''",
+            "-c max_connections=200",
+        ]
+        if not durable:
+            options += ["-c fsync=off", "-c full_page_writes=off"]
+        options += [f"-c {setting}" for setting in settings]
+        _run(
+            [
+                str(bindir / "pg_ctl"),
+                "-D",
+                str(cluster.data_dir),
+                "-l",
+                str(directory / "server.log"),
+                "-o",
+                " ".join(options),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ]
+        )
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _run(argv: list[str]) -> None:
+    result = subprocess.run(_as_server_user(argv), capture_output=True, text=True, check=False, timeout=120)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr.strip() or result.stdout}")
+
+
+@contextlib.contextmanager
+def running_cluster(*, durable: bool = False, settings: Sequence[str] = ()) -> Iterator[Cluster]:
+    """``start_cluster`` as a context manager."""
+    cluster = start_cluster(durable=durable, settings=settings)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def fresh_schema() -> str:
+    """A schema name no other test uses."""
+    return f"t_{uuid.uuid4().hex[:16]}"
+
+
+# ---------------------------------------------------------------- pytest fixtures
+
+_shared: list[Cluster] = []
+_users = [0]
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[Cluster]:
+    """One throwaway cluster per test run, shared by every module that imports this fixture.
+
+    A missing server fails the test (never a skip).
+    """
+    if not _shared:
+        try:
+            _shared.append(start_cluster())
+        except ServerMissing as exc:
+            pytest.fail(str(exc), pytrace=False)
+    _users[0] += 1
+    try:
+        yield _shared[0]
+    finally:
+        _users[0] -= 1
+        if _users[0] == 0:
+            _shared.pop().stop()
+
+
+# ---------------------------------------------------------------- worker processes
+
+
+def worker_argv(command: str, dsn: str, schema: str, session_id: str, *options: str) -> list[str]:
+    """The command line of a worker process (see :func:`_worker`)."""
+    return [sys.executable, str(Path(__file__).resolve()), command, dsn, schema, session_id, *options]
+
+
+def _emit(**fields: Any) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+async def _worker(command: str, dsn: str, schema: str, session_id: str, options: list[str]) -> None:
+    """A worker process holding one session, driven over stdin / stdout (one JSON object a line).
+
+    Every worker prints ``{"ready": pid}`` once its harness is open.
+
+    Commands:
+        race: wait for a line on stdin, then try to resume the session; print
+            ``{"won": true}`` and hold it until stdin closes, or ``{"won":
+            false, "error": ..., "locked": ...}``.
+        hold: resume the session (``--create``: create it), print ``{"held":
+            ...}``; then every stdin line ``{"followup": TEXT}`` runs a turn
+            and prints ``{"turn_end": REASON, "failure": CODE}``; every
+            ``user/message`` the agent claims (posted ones included) prints
+            ``{"message": TEXT, "mode": ..., "message_id": ...}``.  Exits
+            when stdin closes.
+
+    Options: ``--lock-timeout=S``, ``--heartbeat=S``, ``--idle-session-timeout=S``.
+    """
+    import trio
+
+    from trio_harness import SessionLockedError, SessionStoreError, open_harness
+    from trio_harness.model import ScriptedModel
+    from trio_harness.session import PostgresPersistence
+    from trio_harness.session import _events as ev
+
+    settings: dict[str, float] = {}
+    for option in options:
+        if option.startswith("--") and "=" in option:
+            name, value = option[2:].split("=", 1)
+            settings[name] = float(value)
+    persistence = PostgresPersistence(
+        dsn,
+        schema=schema,
+        lock_timeout=settings.get("lock-timeout", 0.0),
+        heartbeat=settings.get("heartbeat", 0.4),
+        idle_session_timeout=settings.get("idle-session-timeout", 2.0),
+    )
+    model = ScriptedModel([{"text": f"answer {n}"} for n in range(1000)])
+    stdin = trio.lowlevel.FdStream(os.dup(0))
+    pending = bytearray()
+
+    async def read_line() -> bytes | None:
+        while b"\n" not in pending:
+            chunk = await stdin.receive_some()
+            if not chunk:
+                return None
+            pending.extend(chunk)
+        line, _, rest = bytes(pending).partition(b"\n")
+        pending[:] = rest
+        return line
+
+    async with open_harness(model=model, store=persistence, builtin_tools=False) as harness:
+        _emit(ready=os.getpid())
+        if command == "race":
+            await read_line()
+            try:
+                handle = await harness.agents.resume(session_id)
+            except Exception as exc:
+                cause = exc.__cause__ if exc.__cause__ is not None else exc
+                _emit(won=False, error=type(cause).__name__, locked=isinstance(cause, SessionLockedError))
+                return
+            async with handle:
+                _emit(won=True, pid=os.getpid())
+                while await read_line() is not None:
+                    pass
+            return
+        if "--create" in options:
+            handle = await harness.agents.create(session_id=session_id)
+        else:
+            handle = await harness.agents.resume(session_id)
+        try:
+            async with handle as agent:
+
+                def on_event(event: ev.Event) -> None:
+                    if isinstance(event, ev.UserMessage):
+                        _emit(message=event.text, mode=event.mode, message_id=event.message_id)
+                    elif isinstance(event, ev.TurnEnd):
+                        _emit(turn_end=event.reason, failure=event.failure.code if event.failure else None)
+
+                agent.session.observe(on_event)
+                await agent.session.flush()
+                _emit(held=session_id, pid=os.getpid(), events=len(agent.session.events))
+                while (line := await read_line()) is not None:
+                    agent.followup(json.loads(line)["followup"])
+                    try:
+                        await agent.when_idle()
+                    except SessionStoreError as exc:
+                        _emit(store_error=str(exc))
+        except SessionStoreError as exc:  # the final flush (dispose)
+            _emit(store_error=str(exc))
+
+
+if __name__ == "__main__":
+    import trio
+
+    trio.run(_worker, sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])
