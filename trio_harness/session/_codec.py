@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import types
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -211,10 +212,161 @@ def _dumps(data: Any) -> str:
     return line
 
 
-def encode_event(event: Event) -> str:
-    """Encode an event as one JSON line (without the newline)."""
+def _encode_general(event: Event) -> str:
+    """The general encoder: cattrs unstructures, :mod:`json` writes the line."""
     data = _unstructure[type(event)](event)
     return _dumps({"type": event.type, **data})
+
+
+# ---------------------------------------------------------------- fast encoding
+#
+# Every append encodes its event, so each event class gets a generated
+# straight-line encoder: the JSON text of the keys is precomputed, strings go
+# through json's own C string encoder, numbers through the ``repr`` json uses,
+# and the line is built by one f-string.  The output is the general encoder's,
+# byte for byte (tests/test_codec.py compares them): a value of an unexpected
+# type (a bool where an int belongs, a list for a tuple, a subclass of a
+# record) or a non-finite float makes the fast encoder decline, and the
+# general encoder writes the line (or raises) as it always did.
+
+_encode_string: Any = json.encoder.encode_basestring  # the C encoder json.dumps(ensure_ascii=False) uses
+
+
+class _EncoderGen:
+    """Generates one encoder function per record type (see above)."""
+
+    def __init__(self) -> None:
+        self.namespace: dict[str, Any] = {
+            "_Fallback": _Fallback,
+            "_isfinite": math.isfinite,
+            "_str": _encode_string,
+            "_repr": repr,
+            "_bools": ("false", "true"),
+        }
+        self.lines: list[str] = []
+        self.counter = 0
+        self.cache: dict[Any, str] = {}
+
+    def name(self, prefix: str) -> str:
+        self.counter += 1
+        return f"_{prefix}{self.counter}"
+
+    def value(self, kind: Any, v: str, bad: list[str], out: list[str], indent: str, *, text: bool) -> str:
+        """The expression of the JSON text of variable ``v`` of type ``kind``.
+
+        Conditions under which the fast encoder declines go to ``bad``
+        (checked together, before ``out``); statements the expression needs go
+        to ``out``.  With ``text`` the expression is a str; without, it may be
+        a number, which an f-string formats as json does (``repr``).  A str is
+        not checked: json's string encoder raises TypeError for anything else.
+        """
+        if kind is int:
+            bad.append(f"type({v}) is not int")
+            return f"_repr({v})" if text else v
+        if kind is float:
+            bad.append(f"((type({v}) is not float or not _isfinite({v})) and type({v}) is not int)")
+            return f"_repr({v})" if text else v
+        if kind is bool:
+            bad.append(f"({v} is not True and {v} is not False)")
+            return f"_bools[{v}]"
+        origin, args = get_origin(kind), get_args(kind)
+        if kind is str or (origin is Literal and all(type(a) is str for a in args)):
+            return f"_str({v})"
+        if origin in (Union, types.UnionType):
+            options = [a for a in args if a is not type(None)]
+            if len(options) != 1 or len(args) != 2:
+                raise TypeError(f"no fast encoder for {kind!r}")
+            inner_bad: list[str] = []
+            inner: list[str] = []
+            expr = self.value(options[0], v, inner_bad, inner, indent + "    ", text=True)
+            out.append(f"{indent}if {v} is None:")
+            out.append(f'{indent}    {v} = "null"')
+            out.append(f"{indent}else:")
+            if inner_bad:
+                out.append(f"{indent}    if {' or '.join(inner_bad)}: raise _Fallback")
+            out.extend(inner)
+            out.append(f"{indent}    {v} = {expr}")
+            return v
+        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+            item = "_str" if args[0] is str else self.function(args[0])
+            bad.append(f"type({v}) is not tuple")
+            out.append(f'{indent}{v} = "[" + ",".join(map({item}, {v})) + "]" if {v} else "[]"')
+            return v
+        if attrs.has(kind):
+            return f"{self.function(kind)}({v})"
+        raise TypeError(f"no fast encoder for {kind!r}")
+
+    def function(self, kind: Any) -> str:
+        """The name of a function returning the JSON text of one record of type ``kind``."""
+        if kind in self.cache:
+            return self.cache[kind]
+        if not attrs.has(kind):
+            raise TypeError(f"no fast encoder for {kind!r}")
+        fn = self.name("enc")
+        self.cache[kind] = fn
+        attrs.resolve_types(kind)
+        fields = attrs.fields(kind)
+        if not all(f.init for f in fields):
+            raise TypeError(f"no fast encoder for {kind!r}: it has fields outside __init__")
+        cls = self.name("cls")
+        self.namespace[cls] = kind
+        # The exact type: a subclass may carry more, or differently encoded, fields.
+        bad: list[str] = []
+        loads: list[str] = []
+        out: list[str] = []
+        parts: list[str] = []
+        tag = getattr(kind, "type", None)
+        prefix = f'{{"type":{_encode_string(tag)},' if isinstance(tag, str) else "{"
+        for index, f in enumerate(fields):
+            v = f"v{index}"
+            seen = len(bad), len(out)
+            expr = self.value(f.type, v, bad, out, "    ", text=False)
+            used = re.compile(rf"\b{v}\b")
+            if expr == v or any(map(used.search, bad[seen[0] :] + out[seen[1] :])):
+                loads.append(f"    {v} = d.{f.name}")
+            else:  # used once, in the line itself
+                expr = used.sub(f"d.{f.name}", expr)
+            key = _encode_string(f.name)
+            constant = (prefix if index == 0 else ",") + f"{key}:"
+            parts.append(constant.replace("{", "{{").replace("}", "}}") + f"{{{expr}}}")
+        if not fields:
+            parts.append(prefix.rstrip(","))
+        parts.append("}}")
+        template = "".join(parts)
+        if "'" in template or "\\" in template:
+            raise TypeError(f"no fast encoder for {kind!r}: a key or tag needs quoting")
+        self.lines.append(f"def {fn}(d):")
+        self.lines.append(f"    if type(d) is not {cls}: raise _Fallback")
+        self.lines.extend(loads)
+        if bad:
+            self.lines.append(f"    if {' or '.join(bad)}: raise _Fallback")
+        self.lines.extend(out)
+        self.lines.append(f"    return f'{template}'")
+        self.lines.append("")
+        return fn
+
+    def compile(self, kinds: tuple[type[Any], ...]) -> dict[type[Any], Any]:
+        names = {kind: self.function(kind) for kind in kinds}
+        exec(compile("\n".join(self.lines), "<trio_harness event encoders>", "exec"), self.namespace)
+        return {kind: self.namespace[name] for kind, name in names.items()}
+
+
+_encoders: dict[type[Any], Any] = _EncoderGen().compile(EVENT_TYPES)
+
+
+def encode_event(event: Event) -> str:
+    """Encode an event as one JSON line (without the newline)."""
+    try:
+        line: str = _encoders[type(event)](event)
+    except (_Fallback, TypeError, KeyError):
+        # An unexpected value or type: the general encoder writes it or explains.
+        return _encode_general(event)
+    if not line.isascii():
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:
+            return _encode_general(event)  # a lone surrogate: an escaped line
+    return line
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
