@@ -122,13 +122,16 @@ class Session:
         Returns:
             The appended event, with ``seq`` equal to its index.
         """
-        event = cls(seq=len(self._events), ts=self._clock(), **fields)
-        if self._writer is not None:
-            self._writer.write(event)
-        self._events.append(event)
-        if not self._observers:
+        events = self._events
+        event = cls(seq=len(events), ts=self._clock(), **fields)
+        writer = self._writer
+        if writer is not None:
+            writer.write(event)
+        events.append(event)
+        observers = self._observers
+        if not observers:
             return event
-        for observer in tuple(self._observers):
+        for observer in tuple(observers):
             try:
                 observer(event)
             except Exception:
