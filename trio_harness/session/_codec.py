@@ -12,6 +12,7 @@ import json
 import math
 import re
 import types
+from collections.abc import Callable
 from typing import Any, Literal, Union, get_args, get_origin
 
 import attrs
@@ -242,6 +243,8 @@ class _EncoderGen:
             "_str": _encode_string,
             "_repr": repr,
             "_bools": ("false", "true"),
+            "_general": _encode_general,
+            "_utf8_or_general": _utf8_or_general,
         }
         self.lines: list[str] = []
         self.counter = 0
@@ -320,10 +323,10 @@ class _EncoderGen:
         for index, f in enumerate(fields):
             v = f"v{index}"
             seen = len(bad), len(out)
-            expr = self.value(f.type, v, bad, out, "    ", text=False)
+            expr = self.value(f.type, v, bad, out, "", text=False)
             used = re.compile(rf"\b{v}\b")
             if expr == v or any(map(used.search, bad[seen[0] :] + out[seen[1] :])):
-                loads.append(f"    {v} = d.{f.name}")
+                loads.append(f"{v} = d.{f.name}")
             else:  # used once, in the line itself
                 expr = used.sub(f"d.{f.name}", expr)
             key = _encode_string(f.name)
@@ -335,37 +338,56 @@ class _EncoderGen:
         template = "".join(parts)
         if "'" in template or "\\" in template:
             raise TypeError(f"no fast encoder for {kind!r}: a key or tag needs quoting")
+        body = [*loads, f"if {' or '.join(bad)}: raise _Fallback"] if bad else loads
+        body.extend(out)
         self.lines.append(f"def {fn}(d):")
-        self.lines.append(f"    if type(d) is not {cls}: raise _Fallback")
-        self.lines.extend(loads)
-        if bad:
-            self.lines.append(f"    if {' or '.join(bad)}: raise _Fallback")
-        self.lines.extend(out)
-        self.lines.append(f"    return f'{template}'")
+        if isinstance(tag, str):
+            # An event: the encoder is complete (the general encoder takes over
+            # when it declines), and only ever called for its exact class.
+            self.lines.append("    try:")
+            self.lines.extend(f"        {line}" for line in body)
+            self.lines.append(f"        line = f'{template}'")
+            self.lines.append("    except (_Fallback, TypeError):  # json's str encoder refuses what is not a str")
+            self.lines.append("        return _general(d)")
+            self.lines.append("    return line if line.isascii() else _utf8_or_general(line, d)")
+        else:
+            # A record inside an event: the exact type (a subclass may carry more fields).
+            self.lines.append(f"    if type(d) is not {cls}: raise _Fallback")
+            self.lines.extend(f"    {line}" for line in body)
+            self.lines.append(f"    return f'{template}'")
         self.lines.append("")
         return fn
 
     def compile(self, kinds: tuple[type[Any], ...]) -> dict[type[Any], Any]:
-        names = {kind: self.function(kind) for kind in kinds}
+        for kind in kinds:
+            self.function(kind)
         exec(compile("\n".join(self.lines), "<trio_harness event encoders>", "exec"), self.namespace)
-        return {kind: self.namespace[name] for kind, name in names.items()}
+        return {kind: self.namespace[self.cache[kind]] for kind in kinds}
 
 
-_encoders: dict[type[Any], Any] = _EncoderGen().compile(EVENT_TYPES)
+def _utf8_or_general(line: str, event: Event) -> str:
+    """``line``, unless it cannot be written as UTF-8 (a lone surrogate): then the escaped line."""
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        return _encode_general(event)
+    return line
+
+
+class _EncoderTable(dict[type[Any], Any]):
+    def __missing__(self, kind: type[Any]) -> Any:
+        return _encode_general  # not an event class: the general encoder explains
+
+
+_encoders = _EncoderTable(_EncoderGen().compile(EVENT_TYPES))
+
+encoder_of: Callable[[type[Event]], Callable[[Event], str]] = _encoders.__getitem__
+"""The encoder of events of a class (:func:`encode_event` without its call, for the log writer)."""
 
 
 def encode_event(event: Event) -> str:
     """Encode an event as one JSON line (without the newline)."""
-    try:
-        line: str = _encoders[type(event)](event)
-    except (_Fallback, TypeError, KeyError):
-        # An unexpected value or type: the general encoder writes it or explains.
-        return _encode_general(event)
-    if not line.isascii():
-        try:
-            line.encode("utf-8")
-        except UnicodeEncodeError:
-            return _encode_general(event)  # a lone surrogate: an escaped line
+    line: str = _encoders[type(event)](event)
     return line
 
 
