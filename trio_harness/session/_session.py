@@ -11,7 +11,7 @@ from typing import Any, Protocol, TypeVar
 import attrs
 
 from .._errors import HarnessError, InvalidSessionIdError, SessionStoreError
-from ._events import Event, SessionHeader
+from ._events import EVENT_TYPES, Event, SessionHeader
 
 __all__ = ["Session", "SessionWriter", "validate_session_id"]
 
@@ -20,6 +20,14 @@ log = logging.getLogger("trio_harness.session")
 E = TypeVar("E", bound=Event)
 
 MAX_SESSION_ID_LENGTH = 200
+
+# Event classes whose first two parameters are seq and ts (all of the library's):
+# append passes those two by position, which is cheaper than by keyword.
+_SEQ_TS_FIRST = frozenset(
+    cls
+    for cls in EVENT_TYPES
+    if [(f.name, f.kw_only) for f in attrs.fields(cls)[:2]] == [("seq", False), ("ts", False)]
+)
 
 # Ids made only of these characters need no per-character checks.
 _PLAIN_ID = re.compile(r"[A-Za-z0-9_.:@+=-]+")
@@ -123,7 +131,10 @@ class Session:
             The appended event, with ``seq`` equal to its index.
         """
         events = self._events
-        event = cls(seq=len(events), ts=self._clock(), **fields)
+        if cls in _SEQ_TS_FIRST:
+            event = cls(len(events), self._clock(), **fields)
+        else:
+            event = cls(seq=len(events), ts=self._clock(), **fields)
         writer = self._writer
         if writer is not None:
             writer.write(event)
