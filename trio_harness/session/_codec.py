@@ -241,7 +241,6 @@ class _EncoderGen:
             "_Fallback": _Fallback,
             "_isfinite": math.isfinite,
             "_str": _encode_string,
-            "_repr": repr,
             "_bools": ("false", "true"),
             "_general": _encode_general,
             "_utf8_or_general": _utf8_or_general,
@@ -254,21 +253,21 @@ class _EncoderGen:
         self.counter += 1
         return f"_{prefix}{self.counter}"
 
-    def value(self, kind: Any, v: str, bad: list[str], out: list[str], indent: str, *, text: bool) -> str:
+    def value(self, kind: Any, v: str, bad: list[str], out: list[str], indent: str) -> str:
         """The expression of the JSON text of variable ``v`` of type ``kind``.
 
         Conditions under which the fast encoder declines go to ``bad``
         (checked together, before ``out``); statements the expression needs go
-        to ``out``.  With ``text`` the expression is a str; without, it may be
-        a number, which an f-string formats as json does (``repr``).  A str is
-        not checked: json's string encoder raises TypeError for anything else.
+        to ``out``.  The expression is a str, or a number, which the f-string
+        writing the line formats as json does (``repr``).  A str is not
+        checked: json's string encoder raises TypeError for anything else.
         """
         if kind is int:
             bad.append(f"type({v}) is not int")
-            return f"_repr({v})" if text else v
+            return v
         if kind is float:
             bad.append(f"((type({v}) is not float or not _isfinite({v})) and type({v}) is not int)")
-            return f"_repr({v})" if text else v
+            return v
         if kind is bool:
             bad.append(f"({v} is not True and {v} is not False)")
             return f"_bools[{v}]"
@@ -281,14 +280,16 @@ class _EncoderGen:
                 raise TypeError(f"no fast encoder for {kind!r}")
             inner_bad: list[str] = []
             inner: list[str] = []
-            expr = self.value(options[0], v, inner_bad, inner, indent + "    ", text=True)
+            expr = self.value(options[0], v, inner_bad, inner, indent + "    ")
             out.append(f"{indent}if {v} is None:")
             out.append(f'{indent}    {v} = "null"')
-            out.append(f"{indent}else:")
-            if inner_bad:
-                out.append(f"{indent}    if {' or '.join(inner_bad)}: raise _Fallback")
-            out.extend(inner)
-            out.append(f"{indent}    {v} = {expr}")
+            if inner_bad or inner or expr != v:
+                out.append(f"{indent}else:")
+                if inner_bad:
+                    out.append(f"{indent}    if {' or '.join(inner_bad)}: raise _Fallback")
+                out.extend(inner)
+                if expr != v:
+                    out.append(f"{indent}    {v} = {expr}")
             return v
         if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
             item = "_str" if args[0] is str else self.function(args[0])
@@ -323,7 +324,7 @@ class _EncoderGen:
         for index, f in enumerate(fields):
             v = f"v{index}"
             seen = len(bad), len(out)
-            expr = self.value(f.type, v, bad, out, "", text=False)
+            expr = self.value(f.type, v, bad, out, "")
             used = re.compile(rf"\b{v}\b")
             if expr == v or any(map(used.search, bad[seen[0] :] + out[seen[1] :])):
                 loads.append(f"{v} = d.{f.name}")
