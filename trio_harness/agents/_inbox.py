@@ -153,9 +153,11 @@ class Inbox:
             raise InboxError(f"splice at {start} removing {len(removed)} is outside {queue} of length {len(items)}")
         remaining = self._ids
         if removed:
-            actual = [m.id for m in items[start : start + len(removed)]]
-            if actual != list(removed):
-                raise InboxError(f"splice expected to remove {list(removed)} from {queue} but found {actual}")
+            end = start + len(removed)
+            for message, message_id in zip(items[start:end], removed):
+                if message.id != message_id:
+                    actual = [m.id for m in items[start:end]]
+                    raise InboxError(f"splice expected to remove {list(removed)} from {queue} but found {actual}")
             remaining = remaining.difference(removed)
         if not inserted:
             return
@@ -174,8 +176,8 @@ class Inbox:
         items[start:end] = inserted
         if removed:
             self._ids.difference_update(removed)
-        if inserted:
-            self._ids.update([m.id for m in inserted])
+        for message in inserted:
+            self._ids.add(message.id)
         return gone
 
     def _splice(
