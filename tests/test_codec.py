@@ -6,8 +6,9 @@ import json
 from typing import Any, get_args
 
 import attrs
+import cattrs.preconf.json
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trio_harness._errors import EventDecodeError, UnsupportedFormatError
@@ -184,6 +185,103 @@ def test_a_split_surrogate_pair_decodes_as_its_character() -> None:
 def test_plain_non_ascii_text_is_written_as_utf8_not_escaped() -> None:
     line = encode_event(TurnEnd(seq=0, ts=1.0, turn=1, reason="error", failure=Failure("c", "überlastet ✓")))
     assert "überlastet ✓" in line
+
+
+# ------------------------------------------------------------------ the on-disk bytes
+#
+# encode_event is a generated fast encoder; the log format is what the general
+# encoder below (cattrs + json, the codec's encoder before the fast one) wrote.
+# Every line must stay byte-identical to it, odd values included.
+
+_reference_converter = cattrs.preconf.json.make_converter(forbid_extra_keys=True)
+_reference_utf8 = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_reference_ascii = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode
+
+
+def reference_encode(event: Event) -> str:
+    data = {"type": event.type, **_reference_converter.unstructure(event, type(event))}
+    line = _reference_utf8(data)
+    if not line.isascii():
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:
+            return _reference_ascii(data)
+    return line
+
+
+def _outcome(encode: Any, event: Event) -> tuple[str, str]:
+    try:
+        return "line", encode(event)
+    except Exception as exc:  # the same error type and message, or the same line
+        return type(exc).__name__, str(exc)
+
+
+@pytest.mark.parametrize("cls", EVENT_TYPES, ids=lambda cls: cls.type)
+@given(data=st.data())
+def test_every_event_type_encodes_byte_identical_to_the_reference(cls: type[Event], data: st.DataObject) -> None:
+    event = data.draw(EVENT_STRATEGIES[cls])
+    assert encode_event(event) == reference_encode(event)
+
+
+class _Text(str):
+    pass
+
+
+class _Number(int):
+    pass
+
+
+class _SubCall(ToolCall):
+    pass
+
+
+# Values of the wrong type, or that the general encoder refuses.
+odd_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    ints,
+    st.floats(),  # NaN and infinities included
+    st.integers().map(float),
+    texts,
+    texts.map(_Text),
+    st.integers().map(_Number),
+    st.text(max_size=3),  # lone surrogates included
+    st.lists(texts, max_size=2),
+    st.lists(tool_calls, max_size=2).map(tuple),
+    st.lists(inbox_messages, max_size=2),
+    tool_calls,
+    st.builds(_SubCall, id=texts, name=texts, arguments=texts),
+    usages,
+    failures,
+    st.builds(object),
+)
+
+
+@pytest.mark.parametrize("cls", EVENT_TYPES, ids=lambda cls: cls.type)
+@settings(max_examples=300)
+@given(data=st.data())
+def test_an_odd_field_value_encodes_or_fails_exactly_as_the_reference(cls: type[Event], data: st.DataObject) -> None:
+    event = data.draw(EVENT_STRATEGIES[cls])
+    name = data.draw(st.sampled_from(sorted(EVENT_FIELDS[cls])))
+    odd = attrs.evolve(event, **{name: data.draw(odd_values)})
+    assert _outcome(encode_event, odd) == _outcome(reference_encode, odd)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        AssistantMessage(seq=1, ts=2, turn=1, step=1, text="\ud800 ü", tool_calls=(_SubCall("c", "n", "{}"),)),
+        RequestHeader(seq=True, ts=1.0, turn=1, step=1, provider="p", model="m", tools=["a"]),  # type: ignore[arg-type]
+        TurnEnd(seq=0, ts=float("inf"), turn=1, reason="error"),
+        RequestRetry(seq=0, ts=1.0, turn=1, step=1, attempt=1, delay=1.0, failure=Failure("c", "m", retry_after=-0.0)),
+        ToolResult(seq=0, ts=1e300, turn=-(2**70), step=0, call_id=_Text("c"), name="n", content='\x00\x1f"\\'),
+        ToolResult(seq=0, ts=1.0, turn=1, step=1, call_id="c", name="n", content="x", is_error=1),  # type: ignore[arg-type]
+        TurnEnd(seq=0, ts=1.0, turn=1.0, reason="error", failure=Failure("c", "m", retryable=0)),  # type: ignore[arg-type]
+        StepEnd(seq=0, ts=float("nan"), turn=1, step=1),
+    ],
+)
+def test_examples_of_odd_values_encode_as_the_reference(event: Event) -> None:
+    assert _outcome(encode_event, event) == _outcome(reference_encode, event)
 
 
 # ------------------------------------------------------------------ rejections

@@ -510,7 +510,7 @@ class ReactAgent:
             model=self._options.model_name or getattr(self._provider, "model", "") or "",
             system=system,
             messages=self._history.messages(),
-            tools=tuple(tool.spec for tool in tools.values()),
+            tools=tuple([tool.spec for tool in tools.values()]),
             max_tokens=self._options.max_tokens,
         )
 
@@ -830,5 +830,6 @@ class ReactAgent:
                             nursery.start_soon(run_one, i, limiter)
                 index = end
         finally:
-            for index in range(count):
-                deliver(index, _aborted_text(self._cause), True)
+            if logged < count:  # some call has no result yet: it did not run to the end
+                for index in range(count):
+                    deliver(index, _aborted_text(self._cause), True)

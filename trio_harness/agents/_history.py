@@ -76,10 +76,9 @@ class History:
 
     def messages(self) -> Sequence[Message]:
         """The conversation so far (a view that does not change later)."""
-        events = self.session.events
+        new = self.session.events[self._position :]
         out = self._messages
-        for index in range(self._position, len(events)):
-            event = events[index]
+        for event in new:
             # ``type(event) is`` narrows like isinstance, and is cheaper.
             if type(event) is ev.UserMessage:
                 out.append(UserMessage(text=event.text))
@@ -92,5 +91,5 @@ class History:
                 out.append(
                     ToolMessage(call_id=event.call_id, name=event.name, content=event.content, is_error=event.is_error)
                 )
-        self._position = len(events)
+        self._position += len(new)
         return MessagesView(out, len(out))

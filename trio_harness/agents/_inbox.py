@@ -155,10 +155,16 @@ class Inbox:
         items = self._list(queue)
         if not 0 <= start <= len(items) or start + len(removed) > len(items):
             raise InboxError(f"splice at {start} removing {len(removed)} is outside {queue} of length {len(items)}")
-        actual = [m.id for m in items[start : start + len(removed)]]
-        if actual != list(removed):
-            raise InboxError(f"splice expected to remove {list(removed)} from {queue} but found {actual}")
-        remaining = self._ids.difference(removed)
+        remaining = self._ids
+        if removed:
+            end = start + len(removed)
+            for message, message_id in zip(items[start:end], removed):
+                if message.id != message_id:
+                    actual = [m.id for m in items[start:end]]
+                    raise InboxError(f"splice expected to remove {list(removed)} from {queue} but found {actual}")
+            remaining = remaining.difference(removed)
+        if not inserted:
+            return
         seen: set[str] = set()
         for message in inserted:
             if message.id in remaining or message.id in seen:
@@ -169,10 +175,13 @@ class Inbox:
         self, queue: InboxQueue, start: int, removed: Sequence[str], inserted: Sequence[InboxMessage]
     ) -> list[InboxMessage]:
         items = self._list(queue)
-        gone = items[start : start + len(removed)]
-        items[start : start + len(removed)] = inserted
-        self._ids.difference_update(removed)
-        self._ids.update(m.id for m in inserted)
+        end = start + len(removed)
+        gone = items[start:end]
+        items[start:end] = inserted
+        if removed:
+            self._ids.difference_update(removed)
+        for message in inserted:
+            self._ids.add(message.id)
         return gone
 
     def _splice(
@@ -200,12 +209,15 @@ class Inbox:
         finally:
             self._splicing = False
         gone = self._apply(queue, start, removed, inserted)
-        kind = "claimed" if outcome == "claimed" else "discarded"
-        for message in gone:
-            self._notify(kind, message, turn)
+        notify = self._notify
+        if gone:
+            kind = "claimed" if outcome == "claimed" else "discarded"
+            for message in gone:
+                notify(kind, message, turn)
         for message in inserted:
-            self._notify("inserted", message, None)
-        self._run_deferred()
+            notify("inserted", message, None)
+        if self._deferred:
+            self._run_deferred()
         return gone
 
     def _defer(self, op: str, queue: InboxQueue | None, message: InboxMessage | None) -> None:

@@ -14,6 +14,7 @@ import jsonschema.exceptions
 
 from .._errors import ToolError
 from ..model._protocol import ToolSpec
+from ._schema_check import SchemaValidator
 
 if TYPE_CHECKING:
     from .._scope import Scope
@@ -125,10 +126,10 @@ class Tool:
     requires_approval: bool | Callable[[Mapping[str, Any]], bool] = attrs.field(
         default=False, validator=_check_requires_approval
     )
-    _validator: jsonschema.Draft202012Validator = attrs.field(init=False, repr=False)
+    _validator: SchemaValidator = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "_validator", jsonschema.Draft202012Validator(self.parameters))
+        object.__setattr__(self, "_validator", SchemaValidator(self.parameters))
 
     @classmethod
     def from_function(

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import types
+from collections.abc import Callable
 from typing import Any, Literal, Union, get_args, get_origin
 
 import attrs
@@ -211,10 +213,183 @@ def _dumps(data: Any) -> str:
     return line
 
 
-def encode_event(event: Event) -> str:
-    """Encode an event as one JSON line (without the newline)."""
+def _encode_general(event: Event) -> str:
+    """The general encoder: cattrs unstructures, :mod:`json` writes the line."""
     data = _unstructure[type(event)](event)
     return _dumps({"type": event.type, **data})
+
+
+# ---------------------------------------------------------------- fast encoding
+#
+# Every append encodes its event, so each event class gets a generated
+# straight-line encoder: the JSON text of the keys is precomputed, strings go
+# through json's own C string encoder, numbers through the ``repr`` json uses,
+# and the line is built by one f-string.  The output is the general encoder's,
+# byte for byte (tests/test_codec.py compares them): a value of an unexpected
+# type (a bool where an int belongs, a list for a tuple, a subclass of a
+# record) or a non-finite float makes the fast encoder decline, and the
+# general encoder writes the line (or raises) as it always did.
+
+_encode_string: Any = json.encoder.encode_basestring  # the C encoder json.dumps(ensure_ascii=False) uses
+
+
+class _EncoderGen:
+    """Generates one encoder function per record type (see above)."""
+
+    def __init__(self) -> None:
+        self.namespace: dict[str, Any] = {
+            "_Fallback": _Fallback,
+            "_isfinite": math.isfinite,
+            "_str": _encode_string,
+            "_bools": ("false", "true"),
+            "_general": _encode_general,
+            "_utf8_or_general": _utf8_or_general,
+        }
+        self.lines: list[str] = []
+        self.counter = 0
+        self.cache: dict[Any, str] = {}
+
+    def name(self, prefix: str) -> str:
+        self.counter += 1
+        return f"_{prefix}{self.counter}"
+
+    def value(self, kind: Any, v: str, bad: list[str], out: list[str], indent: str) -> str:
+        """The expression of the JSON text of variable ``v`` of type ``kind``.
+
+        Conditions under which the fast encoder declines go to ``bad``
+        (checked together, before ``out``); statements the expression needs go
+        to ``out``.  The expression is a str, or a number, which the f-string
+        writing the line formats as json does (``repr``).  A str is not
+        checked: json's string encoder raises TypeError for anything else.
+        """
+        if kind is int:
+            bad.append(f"type({v}) is not int")
+            return v
+        if kind is float:
+            bad.append(f"((type({v}) is not float or not _isfinite({v})) and type({v}) is not int)")
+            return v
+        if kind is bool:
+            bad.append(f"({v} is not True and {v} is not False)")
+            return f"_bools[{v}]"
+        origin, args = get_origin(kind), get_args(kind)
+        if kind is str or (origin is Literal and all(type(a) is str for a in args)):
+            return f"_str({v})"
+        if origin in (Union, types.UnionType):
+            options = [a for a in args if a is not type(None)]
+            if len(options) != 1 or len(args) != 2:
+                raise TypeError(f"no fast encoder for {kind!r}")
+            inner_bad: list[str] = []
+            inner: list[str] = []
+            expr = self.value(options[0], v, inner_bad, inner, indent + "    ")
+            out.append(f"{indent}if {v} is None:")
+            out.append(f'{indent}    {v} = "null"')
+            if inner_bad or inner or expr != v:
+                out.append(f"{indent}else:")
+                if inner_bad:
+                    out.append(f"{indent}    if {' or '.join(inner_bad)}: raise _Fallback")
+                out.extend(inner)
+                if expr != v:
+                    out.append(f"{indent}    {v} = {expr}")
+            return v
+        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+            item = "_str" if args[0] is str else self.function(args[0])
+            bad.append(f"type({v}) is not tuple")
+            out.append(f'{indent}{v} = "[" + ",".join(map({item}, {v})) + "]" if {v} else "[]"')
+            return v
+        if attrs.has(kind):
+            return f"{self.function(kind)}({v})"
+        raise TypeError(f"no fast encoder for {kind!r}")
+
+    def function(self, kind: Any) -> str:
+        """The name of a function returning the JSON text of one record of type ``kind``."""
+        if kind in self.cache:
+            return self.cache[kind]
+        if not attrs.has(kind):
+            raise TypeError(f"no fast encoder for {kind!r}")
+        fn = self.name("enc")
+        self.cache[kind] = fn
+        attrs.resolve_types(kind)
+        fields = attrs.fields(kind)
+        if not all(f.init for f in fields):
+            raise TypeError(f"no fast encoder for {kind!r}: it has fields outside __init__")
+        cls = self.name("cls")
+        self.namespace[cls] = kind
+        # The exact type: a subclass may carry more, or differently encoded, fields.
+        bad: list[str] = []
+        loads: list[str] = []
+        out: list[str] = []
+        parts: list[str] = []
+        tag = getattr(kind, "type", None)
+        prefix = f'{{"type":{_encode_string(tag)},' if isinstance(tag, str) else "{"
+        for index, f in enumerate(fields):
+            v = f"v{index}"
+            seen = len(bad), len(out)
+            expr = self.value(f.type, v, bad, out, "")
+            used = re.compile(rf"\b{v}\b")
+            if expr == v or any(map(used.search, bad[seen[0] :] + out[seen[1] :])):
+                loads.append(f"{v} = d.{f.name}")
+            else:  # used once, in the line itself
+                expr = used.sub(f"d.{f.name}", expr)
+            key = _encode_string(f.name)
+            constant = (prefix if index == 0 else ",") + f"{key}:"
+            parts.append(constant.replace("{", "{{").replace("}", "}}") + f"{{{expr}}}")
+        if not fields:
+            parts.append(prefix.rstrip(","))
+        parts.append("}}")
+        template = "".join(parts)
+        if "'" in template or "\\" in template:
+            raise TypeError(f"no fast encoder for {kind!r}: a key or tag needs quoting")
+        body = [*loads, f"if {' or '.join(bad)}: raise _Fallback"] if bad else loads
+        body.extend(out)
+        self.lines.append(f"def {fn}(d):")
+        if isinstance(tag, str):
+            # An event: the encoder is complete (the general encoder takes over
+            # when it declines), and only ever called for its exact class.
+            self.lines.append("    try:")
+            self.lines.extend(f"        {line}" for line in body)
+            self.lines.append(f"        line = f'{template}'")
+            self.lines.append("    except (_Fallback, TypeError):  # json's str encoder refuses what is not a str")
+            self.lines.append("        return _general(d)")
+            self.lines.append("    return line if line.isascii() else _utf8_or_general(line, d)")
+        else:
+            # A record inside an event: the exact type (a subclass may carry more fields).
+            self.lines.append(f"    if type(d) is not {cls}: raise _Fallback")
+            self.lines.extend(f"    {line}" for line in body)
+            self.lines.append(f"    return f'{template}'")
+        self.lines.append("")
+        return fn
+
+    def compile(self, kinds: tuple[type[Any], ...]) -> dict[type[Any], Any]:
+        for kind in kinds:
+            self.function(kind)
+        exec(compile("\n".join(self.lines), "<trio_harness event encoders>", "exec"), self.namespace)
+        return {kind: self.namespace[self.cache[kind]] for kind in kinds}
+
+
+def _utf8_or_general(line: str, event: Event) -> str:
+    """``line``, unless it cannot be written as UTF-8 (a lone surrogate): then the escaped line."""
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        return _encode_general(event)
+    return line
+
+
+class _EncoderTable(dict[type[Any], Any]):
+    def __missing__(self, kind: type[Any]) -> Any:
+        return _encode_general  # not an event class: the general encoder explains
+
+
+_encoders = _EncoderTable(_EncoderGen().compile(EVENT_TYPES))
+
+encoder_of: Callable[[type[Event]], Callable[[Event], str]] = _encoders.__getitem__
+"""The encoder of events of a class (:func:`encode_event` without its call, for the log writer)."""
+
+
+def encode_event(event: Event) -> str:
+    """Encode an event as one JSON line (without the newline)."""
+    line: str = _encoders[type(event)](event)
+    return line
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:

@@ -56,7 +56,7 @@ from .._errors import (
     SessionNotFoundError,
     SessionStoreError,
 )
-from ._codec import decode_event, decode_event_line, decode_header, encode_event, encode_header
+from ._codec import decode_event, decode_event_line, decode_header, encode_event, encode_header, encoder_of
 from ._events import Event, SessionHeader, TurnEnd
 from ._persistence import LoadedSession
 from ._session import SessionWriter, validate_session_id
@@ -222,7 +222,7 @@ class _JsonlWriter:
     _synced_length: int = attrs.field(default=0, init=False)
 
     def write(self, event: Event) -> None:
-        self._buffer.append(encode_event(event))
+        self._buffer.append(encoder_of(type(event))(event))  # encode_event(event), one call less
 
     async def flush(self, *, sync: bool = True) -> None:
         inline = self.store.fsync and self.store.inline_fsync

@@ -11,7 +11,7 @@ from typing import Any, Protocol, TypeVar
 import attrs
 
 from .._errors import HarnessError, InvalidSessionIdError, SessionStoreError
-from ._events import Event, SessionHeader
+from ._events import EVENT_TYPES, Event, SessionHeader
 
 __all__ = ["Session", "SessionWriter", "validate_session_id"]
 
@@ -20,6 +20,14 @@ log = logging.getLogger("trio_harness.session")
 E = TypeVar("E", bound=Event)
 
 MAX_SESSION_ID_LENGTH = 200
+
+# Event classes whose first two parameters are seq and ts (all of the library's):
+# append passes those two by position, which is cheaper than by keyword.
+_SEQ_TS_FIRST = frozenset(
+    cls
+    for cls in EVENT_TYPES
+    if [(f.name, f.kw_only) for f in attrs.fields(cls)[:2]] == [("seq", False), ("ts", False)]
+)
 
 # Ids made only of these characters need no per-character checks.
 _PLAIN_ID = re.compile(r"[A-Za-z0-9_.:@+=-]+")
@@ -127,13 +135,19 @@ class Session:
         Returns:
             The appended event, with ``seq`` equal to its index.
         """
-        event = cls(seq=len(self._events), ts=self._clock(), **fields)
-        if self._writer is not None:
-            self._writer.write(event)
-        self._events.append(event)
-        if not self._observers:
+        events = self._events
+        if cls in _SEQ_TS_FIRST:
+            event = cls(len(events), self._clock(), **fields)
+        else:
+            event = cls(seq=len(events), ts=self._clock(), **fields)
+        writer = self._writer
+        if writer is not None:
+            writer.write(event)
+        events.append(event)
+        observers = self._observers
+        if not observers:
             return event
-        for observer in tuple(self._observers):
+        for observer in tuple(observers):
             try:
                 observer(event)
             except Exception:
