@@ -57,7 +57,9 @@ from .agents import ToolOutput as ToolOutput
 from .agents import tool as tool
 from .bash import BashOptions as BashOptions
 from .model import ModelProvider as ModelProvider
+from .model import ModelSettings as ModelSettings
 from .model import ScriptedModel as ScriptedModel
+from .model import UsageTotals as UsageTotals
 from .session import JsonlPersistence as JsonlPersistence
 from .session import MemoryPersistence as MemoryPersistence
 from .session import Session as Session

@@ -9,12 +9,15 @@ Subcommands:
 
 Every subcommand takes ``--model SPEC`` (default: ``$TRIO_HARNESS_MODEL`` or
 ``deepseek:deepseek-chat``) and ``--store DIR`` (default: the per-user data
-directory's ``sessions``).  ``sessions`` never needs a model.
+directory's ``sessions``).  ``sessions`` never needs a model.  ``acp`` and
+``run`` take ``--temperature T`` and ``--max-tokens N`` (model settings of
+every request) and ``--system TEXT`` or ``--system-file PATH`` (the system
+prompt).
 
 Exit codes: 0 success; 1 a failed turn or an unreadable session; 2 a usage
-error (bad ``--model``, missing API key, unknown session); 3 a turn stopped by
-a limit (max tokens, max steps); 130 interrupted (Ctrl-C, after cancelling
-the turn cleanly).
+error (bad ``--model``, missing API key, unknown session, unreadable
+``--system-file``); 3 a turn stopped by a limit (max tokens, max steps, a
+budget); 130 interrupted (Ctrl-C, after cancelling the turn cleanly).
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ import trio
 from ._errors import HarnessError, InvalidSessionIdError, ModelError, SessionNotFoundError, SessionStoreError
 
 if TYPE_CHECKING:
-    from ._records import Failure
+    from ._records import Failure, ModelSettings
+    from .agents._options import AgentOptions
     from .agents._turns import TurnOutcome
     from .model._protocol import ModelProvider
     from .session._events import Event, SessionHeader
@@ -88,6 +92,16 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _temperature(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not 0 <= number <= 2:
+        raise argparse.ArgumentTypeError(f"{value!r} must be within [0, 2]")
+    return number
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``trio-harness`` command."""
     from ._version import __version__
@@ -116,6 +130,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="built-in tools to offer: all (default), none, or a comma list of tasks,bash,subagent",
     )
 
+    model_flags = argparse.ArgumentParser(add_help=False)
+    model_flags.add_argument(
+        "--temperature", metavar="T", type=_temperature, default=None, help="sampling temperature, within [0, 2]"
+    )
+    model_flags.add_argument(
+        "--max-tokens",
+        metavar="N",
+        type=_positive_int,
+        default=None,
+        help="cap on the tokens generated per model request (a turn that hits it exits with code 3)",
+    )
+    system = model_flags.add_mutually_exclusive_group()
+    system.add_argument("--system", metavar="TEXT", default=None, help="the system prompt")
+    system.add_argument(
+        "--system-file", metavar="PATH", type=Path, default=None, help="read the system prompt from a UTF-8 file"
+    )
+
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="A Trio runtime for LLM agents: serve ACP, run a prompt, inspect sessions.",
@@ -125,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     acp = commands.add_parser(
         "acp",
-        parents=[common, tools],
+        parents=[common, tools, model_flags],
         help="serve the Agent Client Protocol on stdin/stdout",
         description="Serve the Agent Client Protocol (JSON-RPC, one message per line) on "
         "stdin/stdout until stdin closes.  Logs go to stderr.",
@@ -141,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "run",
-        parents=[common, tools],
+        parents=[common, tools, model_flags],
         help="send one prompt and stream the answer",
         description="Send one prompt to a new agent (or resume --session ID), stream the answer "
         "to stdout and tool calls to stderr.  Exit 0 when the turn completes, 1 on an error, "
@@ -220,6 +251,44 @@ def _resolve_model(spec: str) -> ModelProvider | None:
         return None
 
 
+def _model_settings(args: argparse.Namespace) -> ModelSettings | None:
+    """The harness-wide model settings the flags ask for (None: none)."""
+    from ._records import ModelSettings
+
+    if args.temperature is None and args.max_tokens is None:
+        return None
+    return ModelSettings(temperature=args.temperature, max_tokens=args.max_tokens)
+
+
+def _system_prompt(args: argparse.Namespace) -> str | None:
+    """The ``--system`` text or the ``--system-file`` contents; raises OSError / UnicodeError for a bad file."""
+    if args.system is not None:
+        return str(args.system)
+    if args.system_file is not None:
+        return Path(args.system_file).read_text(encoding="utf-8")
+    return None
+
+
+def _agent_options(args: argparse.Namespace, system: str | None) -> AgentOptions | None:
+    from .agents._options import AgentOptions
+
+    fields: dict[str, Any] = {}
+    if getattr(args, "max_steps", None):
+        fields["max_steps"] = args.max_steps
+    if system is not None:
+        fields["system_prompt"] = system
+    return AgentOptions(**fields) if fields else None
+
+
+def _read_system(args: argparse.Namespace) -> tuple[bool, str | None]:
+    """``(ok, system prompt)``; not ok after reporting an unreadable ``--system-file``."""
+    try:
+        return True, _system_prompt(args)
+    except (OSError, UnicodeError) as exc:
+        _error(f"cannot read --system-file {str(args.system_file)!r}: {exc}")
+        return False, None
+
+
 async def _close_provider(provider: object) -> None:
     aclose = getattr(provider, "aclose", None)
     if aclose is not None:
@@ -253,6 +322,9 @@ def _compact_arguments(arguments: str) -> str:
 
 def _cmd_acp(args: argparse.Namespace) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
+    ok, args.system_prompt = _read_system(args)
+    if not ok:
+        return EXIT_USAGE
     provider = _resolve_model(args.model)
     if provider is None:
         return EXIT_USAGE
@@ -271,10 +343,15 @@ async def _serve_acp(args: argparse.Namespace, provider: ModelProvider) -> int:
     options: dict[str, Any] = {}
     if args.max_line_bytes is not None:
         options["max_line_bytes"] = args.max_line_bytes
+    agent_options = _agent_options(args, args.system_prompt)
+    if agent_options is not None:
+        options["agent_options"] = agent_options
     signalled: int | None = None
     try:
         async with (
-            open_harness(model=provider, store=args.store, builtin_tools=args.tools) as harness,
+            open_harness(
+                model=provider, store=args.store, builtin_tools=args.tools, model_settings=_model_settings(args)
+            ) as harness,
             trio.open_nursery() as nursery,
         ):
 
@@ -341,6 +418,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not prompt.strip():
         _error("the prompt is empty")
         return EXIT_USAGE
+    ok, args.system_prompt = _read_system(args)
+    if not ok:
+        return EXIT_USAGE
     provider = _resolve_model(args.model)
     if provider is None:
         return EXIT_USAGE
@@ -350,7 +430,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 async def _run_prompt(args: argparse.Namespace, provider: ModelProvider, prompt: str) -> int:
     from ._harness import open_harness
     from .agents._inbox import new_message_id
-    from .agents._options import AgentOptions
     from .agents._turns import TurnWatcher
     from .session._events import InboxMessage
 
@@ -358,9 +437,11 @@ async def _run_prompt(args: argparse.Namespace, provider: ModelProvider, prompt:
     entered = False
     outcome: TurnOutcome | None = None
     try:
-        async with open_harness(model=provider, store=args.store, builtin_tools=args.tools) as harness:
+        async with open_harness(
+            model=provider, store=args.store, builtin_tools=args.tools, model_settings=_model_settings(args)
+        ) as harness:
             entered = True
-            options = AgentOptions(max_steps=args.max_steps) if args.max_steps else None
+            options = _agent_options(args, args.system_prompt)
             try:
                 if args.session:
                     handle = await harness.agents.resume(args.session, options=options)

@@ -41,7 +41,7 @@ from .agents._registry import AgentRegistry
 from .agents._tools import ToolSet
 from .bash._executor import BashExecutor, open_bash_executor
 from .bash._options import BashOptions
-from .model._protocol import ModelProvider
+from .model._protocol import ModelProvider, ModelSettings
 from .session._jsonl import JsonlPersistence
 from .session._persistence import MemoryPersistence, SessionPersistence
 from .session._store import SessionStore
@@ -150,6 +150,7 @@ async def open_harness(
     task_options: TaskOptions | Mapping[str, Any] | None = None,
     task_tool_options: TaskToolOptions | Mapping[str, Any] | None = None,
     subagent_options: SubagentOptions | Mapping[str, Any] | None = None,
+    model_settings: ModelSettings | None = None,
 ) -> AsyncIterator[Harness]:
     """Open a harness; every service stops (in reverse order) when the block exits.
 
@@ -175,6 +176,10 @@ async def open_harness(
             (:class:`~trio_harness.tools.TaskToolOptions`).
         subagent_options: settings of the subagent tool plugin
             (:class:`~trio_harness.tools.SubagentOptions`).
+        model_settings: model settings for every agent of the harness
+            (:class:`~trio_harness.ModelSettings`); an agent's
+            (``AgentOptions.model_settings``) and a turn's
+            (``followup(text, settings=...)``) win over them, field by field.
 
     Raises:
         TypeError: a settings argument has an unknown key or the wrong type.
@@ -184,6 +189,8 @@ async def open_harness(
     """
     if isinstance(teardown_timeout, bool) or not isinstance(teardown_timeout, int | float) or not teardown_timeout > 0:
         raise ValueError(f"teardown_timeout must be a positive number of seconds, got {teardown_timeout!r}")
+    if model_settings is not None and not isinstance(model_settings, ModelSettings):
+        raise TypeError(f"model_settings must be a ModelSettings, got {type(model_settings).__name__}")
     bash_settings = _option_record(BashOptions, bash_options, "bash_options")
     task_settings = _option_record(TaskOptions, task_options, "task_options")
     task_tool_settings = _option_record(TaskToolOptions, task_tool_options, "task_tool_options")
@@ -232,7 +239,8 @@ async def open_harness(
         plugins_scope = await root.open_child("plugins")
         agents_scope = await root.open_child("agents")
         agents = AgentRegistry(sessions=sessions, bus=bus)
-        agents.register_factory(ReactLoopFactory(bus=bus, tools=tools, agents=agents, model=provider), agents_scope)
+        factory = ReactLoopFactory(bus=bus, tools=tools, agents=agents, model=provider, model_settings=model_settings)
+        agents.register_factory(factory, agents_scope)
         harness = Harness(
             scope=root,
             bus=bus,

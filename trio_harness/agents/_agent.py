@@ -6,6 +6,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
+    from .._records import ModelSettings
     from .._scope import Scope
     from ..session._events import CancelCause, InboxMessage
     from ..session._session import Session
@@ -69,12 +70,26 @@ class Agent(Protocol):
         """The runtime owner agent's id (set for subagents), else None."""
         ...
 
-    def send(self, message: str | InboxMessage, *, mode: Literal["followup", "steer", "inject"]) -> str:
-        """Queue a message with the given mode; returns its message id."""
+    def send(
+        self,
+        message: str | InboxMessage,
+        *,
+        mode: Literal["followup", "steer", "inject"],
+        settings: ModelSettings | None = None,
+    ) -> str:
+        """Queue a message with the given mode; returns its message id.
+
+        ``settings`` are the model settings of the turn the message opens,
+        stored with the message in the log.
+        """
         ...
 
-    def followup(self, message: str | InboxMessage) -> str:
-        """Queue a message for a new turn, waking the agent; returns its id."""
+    def followup(self, message: str | InboxMessage, *, settings: ModelSettings | None = None) -> str:
+        """Queue a message for a new turn, waking the agent; returns its id.
+
+        ``settings`` apply to that turn only (they win over the agent's and
+        the harness's, field by field).
+        """
         ...
 
     def steer(self, message: str | InboxMessage) -> str:

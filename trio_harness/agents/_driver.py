@@ -32,6 +32,7 @@ from ..model._protocol import (
     Finish,
     ModelProvider,
     ModelRequest,
+    ModelSettings,
     ReasoningDelta,
     Retry,
     TextDelta,
@@ -76,6 +77,9 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+_NO_SETTINGS = ModelSettings()
+
+
 def _aborted_text(cause: CancelCause | None) -> str:
     return f"error: not run: the turn was aborted (cause: {cause or 'cancelled'})"
 
@@ -99,6 +103,8 @@ class ReactAgent:
     _shared_tools: ToolSet = attrs.field(alias="shared_tools")
     _agents: AgentRegistry = attrs.field(alias="agents")
     _parent_id: str | None = attrs.field(default=None, alias="parent_id")
+    # Harness-wide model settings (open_harness(model_settings=...)).
+    _harness_settings: ModelSettings | None = attrs.field(default=None, alias="model_settings")
     _tools: ToolSet = attrs.field(factory=ToolSet, init=False)
     _inbox: Inbox = attrs.field(init=False)
     _history: History = attrs.field(init=False)
@@ -115,6 +121,10 @@ class ReactAgent:
     # Set by the disposal close hook; no wake is ever latched after it.
     _disposing: bool = attrs.field(default=False, init=False)
     _last_turn: int = attrs.field(default=0, init=False)
+    # The model settings of the running turn (from the message that opened it).
+    _turn_settings: ModelSettings | None = attrs.field(default=None, init=False)
+    # Provider, harness and agent settings merged (they do not change); built on first use.
+    _base_settings: ModelSettings | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._idle.set()
@@ -182,8 +192,14 @@ class ReactAgent:
         """The number of the latest turn (0 before the first)."""
         return self._last_turn
 
-    def send(self, message: str | InboxMessage, *, mode: SendMode) -> str:
+    def send(self, message: str | InboxMessage, *, mode: SendMode, settings: ModelSettings | None = None) -> str:
         """Persist ``message`` into the inbox, then wake the driver unless ``mode`` is inject.
+
+        Args:
+            message: text, or a message object.
+            mode: followup, steer or inject.
+            settings: model settings for the turn the message opens (stored
+                with the message, so a resumed agent uses them too).
 
         Returns:
             The message id.
@@ -194,9 +210,13 @@ class ReactAgent:
         self._check_live("send it a message")
         if mode not in ("followup", "steer", "inject"):
             raise ValueError(f"unknown send mode {mode!r}; use followup, steer or inject")
+        if settings is not None and not isinstance(settings, ModelSettings):
+            raise TypeError(f"settings must be a ModelSettings or None, got {type(settings).__name__}")
         msg = Inbox.message(message, mode)
         if msg.mode != mode:
             msg = attrs.evolve(msg, mode=mode)
+        if settings is not None:
+            msg = attrs.evolve(msg, settings=settings)
         queue: ev.InboxQueue = "next-turn" if mode == "followup" else "next-step"
         if mode == "steer" and self._phase == "running" and self._cause is not None:
             queue = "next-turn"  # never join a converging, cancelled turn
@@ -205,9 +225,9 @@ class ReactAgent:
             self._wake()
         return msg.id
 
-    def followup(self, message: str | InboxMessage) -> str:
-        """Queue ``message`` for a new turn and wake the agent."""
-        return self.send(message, mode="followup")
+    def followup(self, message: str | InboxMessage, *, settings: ModelSettings | None = None) -> str:
+        """Queue ``message`` for a new turn and wake the agent (``settings``: that turn's model settings)."""
+        return self.send(message, mode="followup", settings=settings)
 
     def steer(self, message: str | InboxMessage) -> str:
         """Queue ``message`` for the next step and wake the agent."""
@@ -387,6 +407,7 @@ class ReactAgent:
     async def _run_turn(self) -> None:
         turn = self._last_turn = self._last_turn + 1
         session = self._session
+        self._turn_settings = None
         session.append(ev.TurnStart, turn=turn)
         reason: TurnEndReason = "completed"
         failure: Failure | None = None
@@ -443,6 +464,8 @@ class ReactAgent:
                 session.append(
                     ev.UserMessage, turn=turn, step=step, message_id=message.id, text=message.text, mode=message.mode
                 )
+                if message.settings is not None and self._turn_settings is None:
+                    self._turn_settings = message.settings
             tools = self._available_tools()
             request = self._build_request(tools)
             session.append(
@@ -453,6 +476,7 @@ class ReactAgent:
                 model=request.model,
                 tools=tuple(tools),
                 max_tokens=request.max_tokens,
+                settings=None if request.settings.empty else request.settings,
             )
             finish, calls = await self._stream(request, turn, step)
             if finish.reason == "error":
@@ -478,13 +502,27 @@ class ReactAgent:
     def _build_request(self, tools: dict[str, Tool]) -> ModelRequest:
         sections = (*self._shared_tools.prompt_sections(), *self._tools.prompt_sections())
         system = "\n\n".join((self._options.system_prompt, *sections)) if sections else self._options.system_prompt
+        settings = self._model_settings()
         return ModelRequest(
             model=self._options.model_name or getattr(self._provider, "model", "") or "",
             system=system,
             messages=self._history.messages(),
             tools=tuple(tool.spec for tool in tools.values()),
-            max_tokens=self._options.max_tokens,
+            max_tokens=settings.max_tokens,
+            settings=settings,
         )
+
+    def _model_settings(self) -> ModelSettings:
+        """The merged settings of the next request: turn > agent > harness > the provider's (its spec)."""
+        base = self._base_settings
+        if base is None:
+            provider = getattr(self._provider, "settings", None)
+            base = provider if isinstance(provider, ModelSettings) else _NO_SETTINGS
+            base = base.merge(self._harness_settings)
+            if self._options.max_tokens is not None:
+                base = base.merge(ModelSettings(max_tokens=self._options.max_tokens))
+            base = self._base_settings = base.merge(self._options.model_settings)
+        return base.merge(self._turn_settings)
 
     def build_request(self) -> ModelRequest:
         """The request the next step would send (for inspection and tests)."""

@@ -13,7 +13,7 @@ from ._options import AgentOptions
 if TYPE_CHECKING:
     from .._bus import EventBus
     from .._scope import Scope
-    from ..model._protocol import ModelProvider
+    from ..model._protocol import ModelProvider, ModelSettings
     from ..session._session import Session
     from ._registry import AgentRegistry
     from ._tools import ToolSet
@@ -36,12 +36,15 @@ class ReactLoopFactory:
             :class:`~trio_harness.agents.ToolContext`).
         model: the default model provider, used when an agent's options name
             none; None to require one per agent.
+        model_settings: harness-wide model settings (an agent's and a turn's
+            win over them, field by field).
     """
 
     bus: EventBus
     tools: ToolSet
     agents: AgentRegistry
     model: ModelProvider | None = None
+    model_settings: ModelSettings | None = None
 
     def build(
         self,
@@ -76,4 +79,5 @@ class ReactLoopFactory:
             shared_tools=self.tools,
             agents=self.agents,
             parent_id=parent_id,
+            model_settings=self.model_settings,
         )

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from .._records import ModelSettings
+
 if TYPE_CHECKING:
     from ..model._protocol import ModelProvider
     from ._tools import Tool
@@ -19,6 +21,11 @@ DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Use the tools you are give
 def _positive_or_none(instance: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
     if value is not None and (not isinstance(value, int) or value <= 0):
         raise ValueError(f"{attribute.name} must be a positive integer or None, got {value!r}")
+
+
+def _settings_or_none(instance: object, attribute: attrs.Attribute[ModelSettings | None], value: object) -> None:
+    if value is not None and not isinstance(value, ModelSettings):
+        raise TypeError(f"{attribute.name} must be a ModelSettings or None, got {type(value).__name__}")
 
 
 def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -40,6 +47,11 @@ class AgentOptions:
         tool_concurrency: parallel-safe tool calls run at once in one step.
         tool_filter: when set, only tools for which it returns True are offered
             (used to restrict a subagent's tool set).
+        model_settings: this agent's model settings; a turn's settings win
+            over them, they win over the harness's (field by field, see
+            :class:`~trio_harness.model.ModelSettings`).  ``max_tokens`` above
+            is the same as ``model_settings.max_tokens``, which wins when both
+            are set.
     """
 
     model: ModelProvider | str | None = None
@@ -49,3 +61,4 @@ class AgentOptions:
     max_steps: int = attrs.field(default=50, validator=_positive)
     tool_concurrency: int = attrs.field(default=10, validator=_positive)
     tool_filter: Callable[[Tool], bool] | None = None
+    model_settings: ModelSettings | None = attrs.field(default=None, validator=_settings_or_none)
