@@ -18,6 +18,7 @@ from trio_harness.session._events import (
     AssistantChunk,
     AssistantMessage,
     CancelCause,
+    ContextCompacted,
     Event,
     InboxMessage,
     InboxQueue,
@@ -116,6 +117,15 @@ EVENT_FIELDS: dict[type[Event], dict[str, st.SearchStrategy[Any]]] = {
         "inserted": st.lists(inbox_messages, max_size=3).map(tuple),
         "outcome": st.none() | st.sampled_from(["canceled", "claimed"]),
         "turn": st.none() | ints,
+    },
+    ContextCompacted: {
+        **_BASE,
+        "boundary": ints,
+        "summary": texts,
+        "reason": st.sampled_from(["threshold", "overflow", "manual"]),
+        "turn": st.none() | ints,
+        "tokens_before": ints,
+        "usage": st.none() | totals,
     },
 }
 

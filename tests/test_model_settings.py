@@ -136,7 +136,10 @@ async def test_a_queued_turn_keeps_its_settings_across_a_restart(tmp_path: Path)
         assert len(hanging.requests) == 1
         await handle.dispose()  # the running turn is aborted; "second" stays queued in the log
     resumed_model = ScriptedModel([{"text": "done"}])
-    async with open_test_harness(resumed_model, store=tmp_path) as h, h.agents.open(session_id="s", resume=True) as agent:
+    async with (
+        open_test_harness(resumed_model, store=tmp_path) as h,
+        h.agents.open(session_id="s", resume=True) as agent,
+    ):
         assert [m.text for m in agent.inbox.next_turn] == ["second"]
         agent.followup("third")
         resumed_model.push({"text": "third done"})

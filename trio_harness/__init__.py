@@ -49,6 +49,7 @@ from ._version import __version__ as __version__
 from .agents import Agent as Agent
 from .agents import AgentHandle as AgentHandle
 from .agents import AgentOptions as AgentOptions
+from .agents import Budget as Budget
 from .agents import FunctionTool as FunctionTool
 from .agents import Inbox as Inbox
 from .agents import Tool as Tool

@@ -535,8 +535,11 @@ def _exit_code(outcome: TurnOutcome | None, *, interrupted: bool) -> int:
         if not interrupted:
             _error("the turn was cancelled")
         return EXIT_INTERRUPTED if interrupted else EXIT_FAILED
-    if end.reason in ("max-tokens", "blocked"):
-        what = "the model hit its token limit" if end.reason == "max-tokens" else "the turn hit max_steps"
+    if end.reason in ("max-tokens", "blocked", "budget"):
+        if end.reason == "budget":
+            what = end.failure.message if end.failure is not None else "a budget was used up"
+        else:
+            what = "the model hit its token limit" if end.reason == "max-tokens" else "the turn hit max_steps"
         print(f"[stopped] {what}", file=sys.stderr, flush=True)
         return EXIT_LIMIT
     failure = _turn_failure(outcome)

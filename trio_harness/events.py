@@ -9,6 +9,7 @@ variable that is its wire tag (e.g. ``"turn/start"``).
 from .session._events import EVENT_TYPES as EVENT_TYPES
 from .session._events import AssistantChunk as AssistantChunk
 from .session._events import AssistantMessage as AssistantMessage
+from .session._events import ContextCompacted as ContextCompacted
 from .session._events import Event as Event
 from .session._events import InboxMessage as InboxMessage
 from .session._events import InboxSpliced as InboxSpliced

@@ -6,7 +6,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
-    from .._records import ModelSettings
+    from .._records import ModelSettings, UsageTotals
     from .._scope import Scope
     from ..session._events import CancelCause, InboxMessage
     from ..session._session import Session
@@ -68,6 +68,11 @@ class Agent(Protocol):
     @property
     def parent_id(self) -> str | None:
         """The runtime owner agent's id (set for subagents), else None."""
+        ...
+
+    @property
+    def usage(self) -> UsageTotals:
+        """The session's model usage so far: tokens and requests, rebuilt from the log on resume."""
         ...
 
     def send(

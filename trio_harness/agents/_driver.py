@@ -39,10 +39,12 @@ from ..model._protocol import (
     ToolCall,
     ToolCallDelta,
     Usage,
+    UsageTotals,
 )
 from ..session import _events as ev
 from ..session._events import CancelCause, InboxMessage, SendMode, TurnEndReason
 from ..session._session import Session
+from ._budget import UsageCounter, budget_failure
 from ._history import History
 from ._inbox import Inbox
 from ._options import AgentOptions
@@ -125,6 +127,9 @@ class ReactAgent:
     _turn_settings: ModelSettings | None = attrs.field(default=None, init=False)
     # Provider, harness and agent settings merged (they do not change); built on first use.
     _base_settings: ModelSettings | None = attrs.field(default=None, init=False)
+    _usage: UsageCounter = attrs.field(init=False)
+    # The session's usage when the running turn started.
+    _turn_start_usage: UsageTotals = attrs.field(factory=UsageTotals, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._idle.set()
@@ -133,6 +138,7 @@ class ReactAgent:
         # only: the session's final flush is next, and nothing may follow it.
         self._scope.add_exit_callback(self._seal_inbox)
         self._history = History(self._session)
+        self._usage = UsageCounter(self._session)
         for event in self._session.events:
             if isinstance(event, ev.TurnStart):
                 self._last_turn = event.turn
@@ -191,6 +197,11 @@ class ReactAgent:
     def turn(self) -> int:
         """The number of the latest turn (0 before the first)."""
         return self._last_turn
+
+    @property
+    def usage(self) -> UsageTotals:
+        """The session's model usage so far (folded from its log, so a resumed agent has the same)."""
+        return self._usage.totals
 
     def send(self, message: str | InboxMessage, *, mode: SendMode, settings: ModelSettings | None = None) -> str:
         """Persist ``message`` into the inbox, then wake the driver unless ``mode`` is inject.
@@ -408,6 +419,7 @@ class ReactAgent:
         turn = self._last_turn = self._last_turn + 1
         session = self._session
         self._turn_settings = None
+        self._turn_start_usage = self._usage.totals
         session.append(ev.TurnStart, turn=turn)
         reason: TurnEndReason = "completed"
         failure: Failure | None = None
@@ -444,7 +456,8 @@ class ReactAgent:
                     await session.flush(sync=False)
                 except SessionStoreError as exc:
                     reason, failure = "error", Failure("store-error", str(exc))
-                session.append(ev.TurnEnd, turn=turn, reason=reason, cause=cause, failure=failure)
+                usage = self._usage.totals - self._turn_start_usage
+                session.append(ev.TurnEnd, turn=turn, reason=reason, cause=cause, failure=failure, usage=usage)
                 try:
                     await session.flush()
                 except SessionStoreError:
@@ -466,6 +479,9 @@ class ReactAgent:
                 )
                 if message.settings is not None and self._turn_settings is None:
                     self._turn_settings = message.settings
+            exhausted = self._budget_failure()
+            if exhausted is not None:
+                return "budget", exhausted
             tools = self._available_tools()
             request = self._build_request(tools)
             session.append(
@@ -510,6 +526,16 @@ class ReactAgent:
             tools=tuple(tool.spec for tool in tools.values()),
             max_tokens=settings.max_tokens,
             settings=settings,
+        )
+
+    def _budget_failure(self) -> Failure | None:
+        """Why the next request must not be made: a turn or session budget is used up (else None)."""
+        options = self._options
+        if options.turn_budget is None and options.session_budget is None:
+            return None
+        totals = self._usage.totals
+        return budget_failure(options.turn_budget, totals - self._turn_start_usage, "turn") or budget_failure(
+            options.session_budget, totals, "session"
         )
 
     def _model_settings(self) -> ModelSettings:

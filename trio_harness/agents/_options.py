@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from .._records import ModelSettings
+from ._budget import Budget
 
 if TYPE_CHECKING:
     from ..model._protocol import ModelProvider
@@ -52,6 +53,10 @@ class AgentOptions:
             :class:`~trio_harness.model.ModelSettings`).  ``max_tokens`` above
             is the same as ``model_settings.max_tokens``, which wins when both
             are set.
+        turn_budget: limits on one turn's model usage; reaching one ends the
+            turn with reason ``budget`` before its next request.
+        session_budget: limits on the whole session's model usage (its log,
+            across resumes); reaching one ends each turn the same way.
     """
 
     model: ModelProvider | str | None = None
@@ -62,3 +67,9 @@ class AgentOptions:
     tool_concurrency: int = attrs.field(default=10, validator=_positive)
     tool_filter: Callable[[Tool], bool] | None = None
     model_settings: ModelSettings | None = attrs.field(default=None, validator=_settings_or_none)
+    turn_budget: Budget | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Budget))
+    )
+    session_budget: Budget | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Budget))
+    )

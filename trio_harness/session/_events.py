@@ -20,6 +20,8 @@ __all__ = [
     "AnyEvent",
     "AssistantChunk",
     "AssistantMessage",
+    "CompactionReason",
+    "ContextCompacted",
     "Event",
     "InboxMessage",
     "InboxSpliced",
@@ -95,6 +97,7 @@ TurnEndReason: TypeAlias = Literal["completed", "max-tokens", "blocked", "budget
 CancelCause: TypeAlias = Literal["user", "parent", "hook", "disposed"]
 InboxQueue: TypeAlias = Literal["next-turn", "next-step"]
 SendMode: TypeAlias = Literal["followup", "steer", "inject"]
+CompactionReason: TypeAlias = Literal["threshold", "overflow", "manual"]
 _SEND_MODES: tuple[str, ...] = get_args(SendMode)
 
 
@@ -288,6 +291,36 @@ class InboxSpliced(Event):
     turn: int | None = None
 
 
+@attrs.frozen
+class ContextCompacted(Event):
+    """The older part of the conversation was replaced by a summary.
+
+    Model requests after this event are built from the system prompt, this
+    ``summary`` and the events from seq ``boundary`` on (always a
+    ``turn/start``: no turn and no tool call is ever cut).  Logged only once
+    the summary is complete, so a cancelled compaction leaves no trace.
+
+    Attributes:
+        boundary: the seq of the first event kept as it is.
+        summary: the summary of everything before ``boundary`` (including
+            any earlier summary).
+        reason: ``threshold`` (the request estimate passed the threshold),
+            ``overflow`` (the provider refused a request as too long) or
+            ``manual`` (``agent.compact()``).
+        turn: the turn during which it ran, None between turns.
+        tokens_before: the estimated tokens of the request before compacting.
+        usage: the usage of the summary requests.
+    """
+
+    type: ClassVar[str] = "context/compacted"
+    boundary: int
+    summary: str
+    reason: CompactionReason
+    turn: int | None = None
+    tokens_before: int = 0
+    usage: UsageTotals | None = None
+
+
 AnyEvent: TypeAlias = (
     TurnStart
     | StepStart
@@ -301,6 +334,7 @@ AnyEvent: TypeAlias = (
     | StepEnd
     | TurnEnd
     | InboxSpliced
+    | ContextCompacted
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -316,6 +350,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     StepEnd,
     TurnEnd,
     InboxSpliced,
+    ContextCompacted,
 )
 """Every event class, in a stable order."""
 
