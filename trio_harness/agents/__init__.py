@@ -17,6 +17,9 @@ from ._registry import AgentFactory as AgentFactory
 from ._registry import AgentHandle as AgentHandle
 from ._registry import AgentRegistry as AgentRegistry
 from ._registry import Setup as Setup
+from ._stream import EventStream as EventStream
+from ._stream import StreamGap as StreamGap
+from ._stream import StreamItem as StreamItem
 from ._tools import Tool as Tool
 from ._tools import ToolContext as ToolContext
 from ._tools import ToolOutput as ToolOutput

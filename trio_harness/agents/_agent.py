@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from ..session._session import Session
     from ._inbox import Inbox
     from ._options import AgentOptions
+    from ._stream import EventStream
     from ._tools import ToolSet
 
 __all__ = ["Agent", "AgentStatus"]
@@ -123,6 +124,14 @@ class Agent(Protocol):
         Raises:
             SessionStoreError: the session's events could not be stored (the
                 flush is retried first).
+        """
+        ...
+
+    def events(self, *, buffer: int = 256) -> AbstractAsyncContextManager[EventStream]:
+        """A bounded stream of the session's events: ``async with agent.events() as stream: async for ...``.
+
+        A slow consumer gets counted gaps (:class:`~trio_harness.agents.StreamGap`),
+        never blocks the agent; the stream ends when the agent is disposed.
         """
         ...
 

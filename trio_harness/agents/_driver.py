@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -48,6 +48,7 @@ from ._budget import UsageCounter, budget_failure
 from ._history import History
 from ._inbox import Inbox
 from ._options import AgentOptions
+from ._stream import DEFAULT_STREAM_BUFFER, EventStream, StreamRegistry
 from ._tools import Tool, ToolContext, ToolOutput, ToolSet
 
 if TYPE_CHECKING:
@@ -128,6 +129,7 @@ class ReactAgent:
     # Provider, harness and agent settings merged (they do not change); built on first use.
     _base_settings: ModelSettings | None = attrs.field(default=None, init=False)
     _usage: UsageCounter = attrs.field(init=False)
+    _streams: StreamRegistry = attrs.field(factory=StreamRegistry, init=False)
     # The session's usage when the running turn started.
     _turn_start_usage: UsageTotals = attrs.field(factory=UsageTotals, init=False)
 
@@ -137,6 +139,8 @@ class ReactAgent:
         # Once the agent has quiesced and its scope unwinds, the inbox is read
         # only: the session's final flush is next, and nothing may follow it.
         self._scope.add_exit_callback(self._seal_inbox)
+        # Streams end once the agent quiesced (they saw its last events), before the seal.
+        self._scope.add_exit_callback(self._streams.close_all)
         self._history = History(self._session)
         self._usage = UsageCounter(self._session)
         for event in self._session.events:
@@ -321,6 +325,21 @@ class ReactAgent:
             self._idle.set()
             if self._wake_requested and self._has_work():
                 self._start_activity()
+
+    def events(self, *, buffer: int = DEFAULT_STREAM_BUFFER) -> AbstractAsyncContextManager[EventStream]:
+        """Stream this agent's session events from now on: ``async with agent.events() as stream:``.
+
+        The stream holds at most ``buffer`` events; a consumer that falls
+        behind gets a counted :class:`~trio_harness.agents.StreamGap` instead
+        of the events it missed, and the agent never waits for it
+        (docs/long-sessions.rst, "Event streams").  It ends when the block
+        exits or the agent is disposed.
+
+        Raises:
+            AgentDisposedError: the agent is disposed or being disposed.
+            ValueError: ``buffer`` is not a positive int.
+        """
+        return self._streams.open(self._session, buffer, lambda: self._check_live("stream its events"))
 
     def _check_live(self, what: str) -> None:
         """Refuse an operation once disposal started (docs/guarantees.rst, "The driver")."""
