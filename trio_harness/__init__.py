@@ -15,6 +15,7 @@ from ._errors import AgentError as AgentError
 from ._errors import AgentExistsError as AgentExistsError
 from ._errors import AgentNotFoundError as AgentNotFoundError
 from ._errors import BashError as BashError
+from ._errors import CompactionError as CompactionError
 from ._errors import EventDecodeError as EventDecodeError
 from ._errors import FactoryError as FactoryError
 from ._errors import ForkBoundaryError as ForkBoundaryError
@@ -22,7 +23,9 @@ from ._errors import HarnessError as HarnessError
 from ._errors import InboxError as InboxError
 from ._errors import InvalidSessionIdError as InvalidSessionIdError
 from ._errors import ModelError as ModelError
+from ._errors import OutputValidationError as OutputValidationError
 from ._errors import PluginError as PluginError
+from ._errors import RunError as RunError
 from ._errors import ScopeClosedError as ScopeClosedError
 from ._errors import SessionCorruptError as SessionCorruptError
 from ._errors import SessionError as SessionError
@@ -52,6 +55,7 @@ from .agents import AgentOptions as AgentOptions
 from .agents import Budget as Budget
 from .agents import FunctionTool as FunctionTool
 from .agents import Inbox as Inbox
+from .agents import RunResult as RunResult
 from .agents import Tool as Tool
 from .agents import ToolContext as ToolContext
 from .agents import ToolOutput as ToolOutput

@@ -17,6 +17,7 @@ from ._registry import AgentFactory as AgentFactory
 from ._registry import AgentHandle as AgentHandle
 from ._registry import AgentRegistry as AgentRegistry
 from ._registry import Setup as Setup
+from ._run import RunResult as RunResult
 from ._stream import EventStream as EventStream
 from ._stream import StreamGap as StreamGap
 from ._stream import StreamItem as StreamItem

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 
 if TYPE_CHECKING:
     from .._records import ModelSettings, UsageTotals
@@ -12,10 +12,13 @@ if TYPE_CHECKING:
     from ..session._session import Session
     from ._inbox import Inbox
     from ._options import AgentOptions
+    from ._run import RunResult
     from ._stream import EventStream
     from ._tools import ToolSet
 
 __all__ = ["Agent", "AgentStatus"]
+
+T = TypeVar("T")
 
 AgentStatus = Literal["idle", "running"]
 """The public status of an agent: ``"running"`` while its driver drains work, else ``"idle"``."""
@@ -115,6 +118,33 @@ class Agent(Protocol):
         Raises:
             AgentDisposedError: the agent is disposed or being disposed (its
                 disposal aborts the turn; queued messages stay in its session).
+        """
+        ...
+
+    @overload
+    async def run(
+        self, prompt: str, *, output: None = None, retries: int = 2, settings: ModelSettings | None = None
+    ) -> RunResult[str]: ...
+
+    @overload
+    async def run(
+        self, prompt: str, *, output: type[T], retries: int = 2, settings: ModelSettings | None = None
+    ) -> RunResult[T]: ...
+
+    @overload
+    async def run(
+        self, prompt: str, *, output: Any, retries: int = 2, settings: ModelSettings | None = None
+    ) -> RunResult[Any]: ...
+
+    async def run(
+        self, prompt: str, *, output: Any = None, retries: int = 2, settings: ModelSettings | None = None
+    ) -> RunResult[Any]:
+        """Send ``prompt`` as a followup and await the end of its turn.
+
+        Returns the final text (or, with ``output=TYPE``, the answer validated
+        as ``TYPE``, retried with the validation errors up to ``retries``
+        times) and the turn's usage; raises :class:`~trio_harness.RunError`
+        when the turn does not complete.
         """
         ...
 

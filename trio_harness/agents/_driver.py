@@ -17,9 +17,10 @@ whatever interrupted it.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import attrs
 import trio
@@ -45,9 +46,11 @@ from ..session import _events as ev
 from ..session._events import CancelCause, InboxMessage, SendMode, TurnEndReason
 from ..session._session import Session
 from ._budget import UsageCounter, budget_failure
+from ._function_tools import caller_namespace, output_adapter
 from ._history import History
 from ._inbox import Inbox
 from ._options import AgentOptions
+from ._run import PendingOutput, RunResult, output_instructions, run_prompt
 from ._stream import DEFAULT_STREAM_BUFFER, EventStream, StreamRegistry
 from ._tools import Tool, ToolContext, ToolOutput, ToolSet
 
@@ -56,12 +59,15 @@ if TYPE_CHECKING:
     from .._scope import Scope
     from ._agent import AgentStatus
     from ._registry import AgentRegistry
+    from ._turns import TurnWatcher
 
 __all__ = ["ReactAgent"]
 
 log = logging.getLogger("trio_harness.agent")
 
 Phase = Literal["idle", "maintenance", "running"]
+
+T = TypeVar("T")
 
 
 def _split_cancelled(exc: BaseException) -> tuple[BaseException | None, BaseException | None]:
@@ -130,6 +136,11 @@ class ReactAgent:
     _base_settings: ModelSettings | None = attrs.field(default=None, init=False)
     _usage: UsageCounter = attrs.field(init=False)
     _streams: StreamRegistry = attrs.field(factory=StreamRegistry, init=False)
+    # run(): the output type of each queued run() prompt, and the watchers to release at disposal.
+    _outputs: dict[str, PendingOutput] = attrs.field(factory=dict, init=False)
+    _run_watchers: set[TurnWatcher] = attrs.field(factory=set, init=False)
+    # The output type of the running turn (from the run() prompt that opened it).
+    _turn_output: PendingOutput | None = attrs.field(default=None, init=False)
     # The session's usage when the running turn started.
     _turn_start_usage: UsageTotals = attrs.field(factory=UsageTotals, init=False)
 
@@ -139,8 +150,9 @@ class ReactAgent:
         # Once the agent has quiesced and its scope unwinds, the inbox is read
         # only: the session's final flush is next, and nothing may follow it.
         self._scope.add_exit_callback(self._seal_inbox)
-        # Streams end once the agent quiesced (they saw its last events), before the seal.
-        self._scope.add_exit_callback(self._streams.close_all)
+        # Streams end and run() waiters are released once the agent quiesced (they saw its
+        # last events), before the seal.
+        self._scope.add_exit_callback(self._release_observers)
         self._history = History(self._session)
         self._usage = UsageCounter(self._session)
         for event in self._session.events:
@@ -341,6 +353,82 @@ class ReactAgent:
         """
         return self._streams.open(self._session, buffer, lambda: self._check_live("stream its events"))
 
+    def _release_observers(self) -> None:
+        self._streams.close_all()
+        watchers, self._run_watchers = self._run_watchers, set()
+        for watcher in watchers:
+            watcher.abandon()
+
+    @overload
+    async def run(
+        self, prompt: str, *, output: None = None, retries: int = 2, settings: ModelSettings | None = None
+    ) -> RunResult[str]: ...
+
+    @overload
+    async def run(
+        self, prompt: str, *, output: type[T], retries: int = 2, settings: ModelSettings | None = None
+    ) -> RunResult[T]: ...
+
+    @overload
+    async def run(
+        self, prompt: str, *, output: Any, retries: int = 2, settings: ModelSettings | None = None
+    ) -> RunResult[Any]: ...
+
+    async def run(
+        self, prompt: str, *, output: Any = None, retries: int = 2, settings: ModelSettings | None = None
+    ) -> RunResult[Any]:
+        """Send ``prompt`` as a followup and wait for the end of its turn.
+
+        Args:
+            prompt: the prompt text.
+            output: a type the final answer must be JSON of (an attrs class,
+                ``TypedDict``, dataclass, pydantic model, ``list[...]`` ...;
+                what typed tools accept).  None returns the final text.
+            retries: how many times an answer that does not validate is sent
+                back to the model with the errors before giving up.
+            settings: model settings of the turn.
+
+        Returns:
+            The :class:`~trio_harness.agents.RunResult`: the validated output
+            (or the text), the final text and the turn's usage.
+
+        Raises:
+            RunError: the turn ended other than ``completed`` (its ``end``
+                says how), or the prompt never ran.
+            OutputValidationError: the answer did not validate after
+                ``retries`` retries.
+            ToolError: ``output`` is a type that cannot be described as JSON.
+            AgentDisposedError: the agent is disposed or being disposed.
+
+        Cancelling the call cancels its turn (cause ``user``; other queued
+        prompts stay queued) or removes its prompt from the inbox.
+        """
+        self._check_live("run a prompt")
+        if type(retries) is not int or retries < 0:
+            raise ValueError(f"retries must be a non-negative int, got {retries!r}")
+        adapter = None
+        if output is not None:
+            adapter = output_adapter(output, localns=caller_namespace(sys._getframe(1)))
+        return await run_prompt(self, prompt, adapter, retries=retries, settings=settings)
+
+    def _watch_run(self, watcher: TurnWatcher, message_id: str, pending: PendingOutput | None) -> None:
+        self._run_watchers.add(watcher)
+        if pending is not None:
+            self._outputs[message_id] = pending
+
+    def _unwatch_run(self, watcher: TurnWatcher, message_id: str) -> None:
+        self._run_watchers.discard(watcher)
+        self._outputs.pop(message_id, None)
+
+    def _abandon_run(self, message_id: str, watcher: TurnWatcher) -> None:
+        """The caller of run() was cancelled: drop its prompt, or cancel its turn while it runs."""
+        if self._disposing or self._scope.closing or watcher.done:
+            return
+        if message_id in self._inbox:
+            self._inbox.remove(message_id)
+        elif watcher.turn is not None and watcher.turn == self._last_turn and self._phase == "running":
+            self.cancel("user", keep_inbox=True)
+
     def _check_live(self, what: str) -> None:
         """Refuse an operation once disposal started (docs/guarantees.rst, "The driver")."""
         if self._disposing or self._scope.closing:
@@ -438,6 +526,7 @@ class ReactAgent:
         turn = self._last_turn = self._last_turn + 1
         session = self._session
         self._turn_settings = None
+        self._turn_output = None
         self._turn_start_usage = self._usage.totals
         session.append(ev.TurnStart, turn=turn)
         reason: TurnEndReason = "completed"
@@ -498,6 +587,8 @@ class ReactAgent:
                 )
                 if message.settings is not None and self._turn_settings is None:
                     self._turn_settings = message.settings
+                if self._outputs and self._turn_output is None:
+                    self._turn_output = self._outputs.get(message.id)
             exhausted = self._budget_failure()
             if exhausted is not None:
                 return "budget", exhausted
@@ -521,9 +612,28 @@ class ReactAgent:
                 return None
             if finish.reason == "max-tokens":
                 return "max-tokens", None
+            if self._turn_output is not None:
+                return self._check_output(self._turn_output)
             return "completed", None
         finally:
             session.append(ev.StepEnd, turn=turn, step=step)
+
+    def _check_output(self, pending: PendingOutput) -> tuple[TurnEndReason, Failure | None] | None:
+        """Validate a run() turn's final answer: complete it, steer the errors back, or fail it."""
+        events = self._session.events
+        text = ""
+        for index in range(len(events) - 1, -1, -1):
+            event = events[index]
+            if type(event) is ev.AssistantMessage:
+                text = event.text
+                break
+        verdict = pending.check(text)
+        if verdict is None:
+            return "completed", None
+        if isinstance(verdict, Failure):
+            return "error", verdict
+        self._inbox.append("next-step", Inbox.message(verdict, "steer"))
+        return None
 
     def _available_tools(self) -> dict[str, Tool]:
         tools = {tool.name: tool for tool in self._shared_tools.tools()}
@@ -536,6 +646,9 @@ class ReactAgent:
 
     def _build_request(self, tools: dict[str, Tool]) -> ModelRequest:
         sections = (*self._shared_tools.prompt_sections(), *self._tools.prompt_sections())
+        output = self._turn_output.format if self._turn_output is not None else None
+        if output is not None:
+            sections = (*sections, output_instructions(output))
         system = "\n\n".join((self._options.system_prompt, *sections)) if sections else self._options.system_prompt
         settings = self._model_settings()
         return ModelRequest(
@@ -545,6 +658,7 @@ class ReactAgent:
             tools=tuple(tool.spec for tool in tools.values()),
             max_tokens=settings.max_tokens,
             settings=settings,
+            output=output,
         )
 
     def _budget_failure(self) -> Failure | None:

@@ -25,7 +25,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, Literal, Self
 
 import attrs
 import httpx
@@ -158,6 +158,11 @@ class OpenAIProvider:
             (e.g. ``{"temperature": 0}``); they override the provider's own.
         settings: default model settings of this route (a spec string's
             query parameters); a request's settings win over them.
+        output_format: how a request's :class:`~trio_harness.model.OutputFormat`
+            is sent: ``"json_schema"`` (``response_format`` with the schema,
+            OpenAI and most compatible servers), ``"json_object"`` (JSON mode
+            without a schema: DeepSeek) or ``"none"`` (only the system
+            prompt asks for JSON).
         context_window: the model's context window in tokens; None (the
             default) takes it from the known models' table
             (:data:`~trio_harness.model.KNOWN_CONTEXT_WINDOWS`), and stays
@@ -183,6 +188,7 @@ class OpenAIProvider:
     extra_body: dict[str, Any] = attrs.field(default=None, converter=_copy_body, repr=False)
     settings: ModelSettings = attrs.field(factory=ModelSettings)
     context_window: int | None = None
+    output_format: Literal["json_schema", "json_object", "none"] = "json_schema"
     _owned_client: httpx.AsyncClient | None = attrs.field(init=False, default=None, repr=False)
     _url: str = attrs.field(init=False, default="", repr=False)
     _timeout: httpx.Timeout = attrs.field(init=False, repr=False)
@@ -203,6 +209,10 @@ class OpenAIProvider:
         if not 0 <= self.jitter <= 1:
             raise ModelError(f"OpenAIProvider jitter must be within [0, 1], got {self.jitter!r}")
         self._url = self.base_url.rstrip("/") + "/chat/completions"
+        if self.output_format not in ("json_schema", "json_object", "none"):
+            raise ModelError(
+                f"OpenAIProvider output_format must be json_schema, json_object or none, got {self.output_format!r}"
+            )
         if self.context_window is None:
             self.context_window = context_window_for(self.model)
         elif type(self.context_window) is not int or self.context_window <= 0:
@@ -321,6 +331,14 @@ class OpenAIProvider:
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         _apply_settings(body, settings, tools=bool(request.tools))
+        if request.output is not None and self.output_format != "none":
+            if self.output_format == "json_schema":
+                body["response_format"] = {
+                    "type": "json_schema",
+                    "json_schema": {"name": request.output.name, "schema": dict(request.output.schema)},
+                }
+            else:
+                body["response_format"] = {"type": "json_object"}
         body.update(self.extra_body)
         if settings.extra_body:
             body.update(settings.extra_body)

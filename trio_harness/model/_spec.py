@@ -115,6 +115,7 @@ def resolve_model(spec: str | ModelProvider, *, env: Mapping[str, str] | None = 
             name=f"deepseek:{model}",
             settings=settings,
             context_window=context_window,
+            output_format="json_object",  # DeepSeek's JSON mode takes no schema
         )
     # openai
     found = _BASE_URL_AT.search(rest)
