@@ -126,6 +126,7 @@ EVENT_FIELDS: dict[type[Event], dict[str, st.SearchStrategy[Any]]] = {
         "turn": st.none() | ints,
         "tokens_before": ints,
         "usage": st.none() | totals,
+        "partials": st.lists(texts, max_size=3).map(tuple),
     },
 }
 

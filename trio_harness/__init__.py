@@ -53,6 +53,7 @@ from .agents import Agent as Agent
 from .agents import AgentHandle as AgentHandle
 from .agents import AgentOptions as AgentOptions
 from .agents import Budget as Budget
+from .agents import ContextPolicy as ContextPolicy
 from .agents import FunctionTool as FunctionTool
 from .agents import Inbox as Inbox
 from .agents import RunResult as RunResult

@@ -7,6 +7,8 @@ The built-in tool plugins (``subagent`` among them) live one layer up, in
 from ._agent import Agent as Agent
 from ._agent import AgentStatus as AgentStatus
 from ._budget import Budget as Budget
+from ._compaction import ContextPolicy as ContextPolicy
+from ._compaction import HistoryProcessor as HistoryProcessor
 from ._driver import ReactAgent as ReactAgent
 from ._factory import ReactLoopFactory as ReactLoopFactory
 from ._function_tools import FunctionTool as FunctionTool

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 if TYPE_CHECKING:
     from .._records import ModelSettings, UsageTotals
     from .._scope import Scope
-    from ..session._events import CancelCause, InboxMessage
+    from ..session._events import CancelCause, ContextCompacted, InboxMessage
     from ..session._session import Session
     from ._inbox import Inbox
     from ._options import AgentOptions
@@ -162,6 +162,14 @@ class Agent(Protocol):
 
         A slow consumer gets counted gaps (:class:`~trio_harness.agents.StreamGap`),
         never blocks the agent; the stream ends when the agent is disposed.
+        """
+        ...
+
+    async def compact(self, *, keep_tokens: int | None = None) -> ContextCompacted | None:
+        """Summarize the older part of the conversation now, as a maintenance activity.
+
+        Returns the logged ``context/compacted`` event, or None when there is
+        nothing to compact.  A cancelled compaction logs nothing.
         """
         ...
 

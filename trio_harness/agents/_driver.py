@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 import attrs
 import trio
 
-from .._errors import AgentDisposedError, SessionStoreError
+from .._errors import AgentDisposedError, CompactionError, SessionStoreError
 from .._initiator import _set_initiator
+from ..model._context import CHARS_PER_TOKEN, is_context_overflow, tools_chars
 from ..model._protocol import (
     Chunk,
     Failure,
@@ -46,8 +47,9 @@ from ..session import _events as ev
 from ..session._events import CancelCause, InboxMessage, SendMode, TurnEndReason
 from ..session._session import Session
 from ._budget import UsageCounter, budget_failure
+from ._compaction import choose_boundary, summarize, summary_section
 from ._function_tools import caller_namespace, output_adapter
-from ._history import History
+from ._history import History, TurnMark
 from ._inbox import Inbox
 from ._options import AgentOptions
 from ._run import PendingOutput, RunResult, output_instructions, run_prompt
@@ -141,6 +143,8 @@ class ReactAgent:
     _run_watchers: set[TurnWatcher] = attrs.field(factory=set, init=False)
     # The output type of the running turn (from the run() prompt that opened it).
     _turn_output: PendingOutput | None = attrs.field(default=None, init=False)
+    # The cancel scope of agent.compact() while it runs (disposal cancels it).
+    _maintenance_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     # The session's usage when the running turn started.
     _turn_start_usage: UsageTotals = attrs.field(factory=UsageTotals, init=False)
 
@@ -511,6 +515,8 @@ class ReactAgent:
         """
         self._disposing = True
         self._wake_requested = False
+        if self._maintenance_scope is not None:
+            self._maintenance_scope.cancel()  # a compaction in progress: logs nothing
         if self._phase == "running":
             if self._cause is None:
                 self._cause = "disposed"
@@ -593,18 +599,7 @@ class ReactAgent:
             if exhausted is not None:
                 return "budget", exhausted
             tools = self._available_tools()
-            request = self._build_request(tools)
-            session.append(
-                ev.RequestHeader,
-                turn=turn,
-                step=step,
-                provider=self._provider.name,
-                model=request.model,
-                tools=tuple(tools),
-                max_tokens=request.max_tokens,
-                settings=None if request.settings.empty else request.settings,
-            )
-            finish, calls = await self._stream(request, turn, step)
+            finish, calls = await self._ask(turn, step, tools)
             if finish.reason == "error":
                 return "error", finish.failure
             if calls:
@@ -644,22 +639,183 @@ class ReactAgent:
             tools = {name: tool for name, tool in tools.items() if keep(tool)}
         return tools
 
-    def _build_request(self, tools: dict[str, Tool]) -> ModelRequest:
+    async def _ask(self, turn: int, step: int, tools: dict[str, Tool]) -> tuple[Finish, list[ToolCall]]:
+        """Log the request header and stream the request; compact first when the context is full.
+
+        A request the provider refuses as too long for the context window is
+        retried once after a compaction (docs/long-sessions.rst).
+        """
+        session = self._session
+        failure = await self._compact_if_due(turn)
+        if failure is not None:
+            return Finish("error", failure), []
+        retried = False
+        while True:
+            request = self._build_request(tools)
+            session.append(
+                ev.RequestHeader,
+                turn=turn,
+                step=step,
+                provider=self._provider.name,
+                model=request.model,
+                tools=tuple(tools),
+                max_tokens=request.max_tokens,
+                settings=None if request.settings.empty else request.settings,
+            )
+            finish, calls = await self._stream(request, turn, step)
+            if retried or finish.reason != "error" or not is_context_overflow(finish.failure):
+                return finish, calls
+            retried = True
+            refused = finish.failure.message if finish.failure is not None else "too long"
+            try:
+                compacted = await self._compact("overflow", turn)
+            except CompactionError as exc:
+                return Finish("error", Failure("compaction-failed", f"{exc} (after the provider said: {refused})")), []
+            if compacted is None:
+                return finish, calls  # nothing left to compact: the refusal stands
+
+    def _system_prompt(self) -> str:
         sections = (*self._shared_tools.prompt_sections(), *self._tools.prompt_sections())
-        output = self._turn_output.format if self._turn_output is not None else None
-        if output is not None:
-            sections = (*sections, output_instructions(output))
-        system = "\n\n".join((self._options.system_prompt, *sections)) if sections else self._options.system_prompt
+        summary = self._history.summary
+        if summary is not None:
+            sections = (*sections, summary_section(summary))
+        if self._turn_output is not None:
+            sections = (*sections, output_instructions(self._turn_output.format))
+        return "\n\n".join((self._options.system_prompt, *sections)) if sections else self._options.system_prompt
+
+    def _model_name(self) -> str:
+        return self._options.model_name or getattr(self._provider, "model", "") or ""
+
+    def _build_request(self, tools: dict[str, Tool]) -> ModelRequest:
         settings = self._model_settings()
+        messages = self._history.messages()
+        processor = self._options.history_processor
+        if processor is not None:
+            messages = processor(messages)
         return ModelRequest(
-            model=self._options.model_name or getattr(self._provider, "model", "") or "",
-            system=system,
-            messages=self._history.messages(),
+            model=self._model_name(),
+            system=self._system_prompt(),
+            messages=messages,
             tools=tuple(tool.spec for tool in tools.values()),
             max_tokens=settings.max_tokens,
             settings=settings,
-            output=output,
+            output=self._turn_output.format if self._turn_output is not None else None,
         )
+
+    # ------------------------------------------------------------ context window
+
+    def _context_window(self) -> int | None:
+        window = self._options.context.window
+        if window is None:
+            window = getattr(self._provider, "context_window", None)
+        return window if type(window) is int and window > 0 else None
+
+    def _fixed_chars(self) -> int:
+        """The characters of the request besides the conversation: system prompt (summary included) and tools."""
+        specs = tuple(tool.spec for tool in self._available_tools().values())
+        return len(self._system_prompt()) + tools_chars(specs)
+
+    def context_estimate(self) -> int:
+        """The estimated tokens of the next request (O(events appended since the last estimate))."""
+        return self._history.estimate(self._fixed_chars)
+
+    async def _compact_if_due(self, turn: int) -> Failure | None:
+        """Compact when the next request would pass the policy's threshold; a failure ends the turn."""
+        policy = self._options.context
+        if not policy.auto:
+            return None
+        window = self._context_window()
+        if window is None:
+            return None
+        estimate = self.context_estimate()
+        if estimate <= policy.threshold * window:
+            return None
+        try:
+            await self._compact("threshold", turn, estimate)
+        except CompactionError as exc:
+            return Failure(
+                "compaction-failed",
+                f"the next request (about {estimate} tokens) passes {policy.threshold:.0%} of the context window "
+                f"({window} tokens) and could not be compacted: {exc}",
+            )
+        return None
+
+    async def _compact(
+        self, reason: ev.CompactionReason, turn: int | None, estimate: int | None = None, keep: int | None = None
+    ) -> ev.ContextCompacted | None:
+        """Summarize the conversation before a turn boundary and log it; None when nothing can be compacted.
+
+        Nothing is logged until the summary is complete (a cancelled
+        compaction leaves no trace).
+
+        Raises:
+            CompactionError: the summary request failed.
+        """
+        history = self._history
+        messages = history.messages()
+        if estimate is None:
+            estimate = self.context_estimate()
+        policy = self._options.context
+        window = self._context_window()
+        if keep is None:
+            keep = int(policy.keep * (window if window is not None else estimate))
+        marks = history.marks
+        if turn is None:  # between turns, the end of the conversation is a turn boundary too
+            marks = (*marks, TurnMark(seq=len(self._session), index=len(messages), chars=history.chars))
+        mark = choose_boundary(marks, history.chars, keep * CHARS_PER_TOKEN)
+        if mark is None:
+            return None
+        if window is not None:
+            policy = attrs.evolve(policy, summary_tokens=min(policy.summary_tokens, max(window // 8, 16)))
+        summary, usage, partials = await summarize(
+            self._provider,
+            model=self._model_name(),
+            settings=self._model_settings(),
+            policy=policy,
+            previous=history.summary,
+            messages=messages[: mark.index],
+            window=window,
+        )
+        return self._session.append(
+            ev.ContextCompacted,
+            boundary=mark.seq,
+            summary=summary,
+            reason=reason,
+            turn=turn,
+            tokens_before=estimate,
+            usage=usage,
+            partials=partials,
+        )
+
+    async def compact(self, *, keep_tokens: int | None = None) -> ev.ContextCompacted | None:
+        """Compact the conversation now, as a maintenance activity.
+
+        Waits until the agent is idle and holds it idle meanwhile: waking
+        input waits in the inbox until the compaction ends
+        (docs/guarantees.rst, "The driver").  The turns that fit in
+        ``keep_tokens`` (default: ``context.keep`` of the window) stay as
+        they are; everything before them is summarized by the model and a
+        ``context/compacted`` event is logged.
+
+        Returns:
+            The ``context/compacted`` event, or None when there is nothing to
+            compact (a single turn, or everything after the last compaction).
+
+        Raises:
+            CompactionError: the summary request failed (nothing is logged).
+            AgentDisposedError: the agent is disposed, or was disposed while
+                compacting (nothing is logged).
+        """
+        if keep_tokens is not None and (type(keep_tokens) is not int or keep_tokens < 0):
+            raise ValueError(f"keep_tokens must be a non-negative int or None, got {keep_tokens!r}")
+        async with self.maintenance():
+            with trio.CancelScope() as scope:
+                self._maintenance_scope = scope
+                try:
+                    return await self._compact("manual", None, keep=keep_tokens)
+                finally:
+                    self._maintenance_scope = None
+        raise AgentDisposedError(f"agent {self.id!r} was disposed while compacting; nothing was logged")
 
     def _budget_failure(self) -> Failure | None:
         """Why the next request must not be made: a turn or session budget is used up (else None)."""

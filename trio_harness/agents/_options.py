@@ -9,6 +9,7 @@ import attrs
 
 from .._records import ModelSettings
 from ._budget import Budget
+from ._compaction import ContextPolicy, HistoryProcessor
 
 if TYPE_CHECKING:
     from ..model._protocol import ModelProvider
@@ -57,6 +58,11 @@ class AgentOptions:
             turn with reason ``budget`` before its next request.
         session_budget: limits on the whole session's model usage (its log,
             across resumes); reaching one ends each turn the same way.
+        context: when the conversation is compacted and how much of it is
+            kept (:class:`~trio_harness.agents.ContextPolicy`).
+        history_processor: a hook from the conversation derived from the log
+            (after compaction) to the messages sent; it must be a pure
+            function of its input, so that a resumed agent sends the same.
     """
 
     model: ModelProvider | str | None = None
@@ -73,3 +79,5 @@ class AgentOptions:
     session_budget: Budget | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Budget))
     )
+    context: ContextPolicy = attrs.field(factory=ContextPolicy, validator=attrs.validators.instance_of(ContextPolicy))
+    history_processor: HistoryProcessor | None = None

@@ -310,6 +310,9 @@ class ContextCompacted(Event):
         turn: the turn during which it ran, None between turns.
         tokens_before: the estimated tokens of the request before compacting.
         usage: the usage of the summary requests.
+        partials: the intermediate summaries, when the compacted part took
+            several summary requests (each request summarizes one more piece
+            after the previous summary); ``summary`` is the last one.
     """
 
     type: ClassVar[str] = "context/compacted"
@@ -319,6 +322,7 @@ class ContextCompacted(Event):
     turn: int | None = None
     tokens_before: int = 0
     usage: UsageTotals | None = None
+    partials: tuple[str, ...] = attrs.field(default=(), metadata=OMIT_IF_DEFAULT)
 
 
 AnyEvent: TypeAlias = (
