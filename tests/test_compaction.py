@@ -441,3 +441,12 @@ def test_policies_are_checked() -> None:
         ContextPolicy(threshold=1.5)
     with pytest.raises(ValueError, match=r"ContextPolicy\.window must be a positive int or None"):
         ContextPolicy(window=0)
+
+
+def test_the_transcript_shows_a_compaction() -> None:
+    from trio_harness._cli import transcript
+    from trio_harness.session import SessionHeader
+
+    event = ev.ContextCompacted(seq=9, ts=1.0, boundary=4, summary="s" * 42, reason="threshold", turn=3)
+    lines = transcript(SessionHeader(id="x", created_at=1.0), [event])
+    assert lines[-1] == "--- context compacted (threshold): events before seq 4 summarized (42 characters) ---"

@@ -650,6 +650,11 @@ def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 5
             lines.append(f"  {label} {_shorten(event.content, width)}")
         elif isinstance(event, ev.RequestRetry):
             lines.append(f"  [retry {event.attempt}] {event.failure.message} ({event.failure.code})")
+        elif isinstance(event, ev.ContextCompacted):
+            lines.append(
+                f"--- context compacted ({event.reason}): events before seq {event.boundary} summarized "
+                f"({len(event.summary)} characters) ---"
+            )
         elif isinstance(event, ev.TurnEnd):
             reason: str = event.reason
             if event.cause is not None:

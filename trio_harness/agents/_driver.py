@@ -27,7 +27,7 @@ import trio
 
 from .._errors import AgentDisposedError, CompactionError, SessionStoreError
 from .._initiator import _set_initiator
-from ..model._context import CHARS_PER_TOKEN, is_context_overflow, tools_chars
+from ..model._context import CHARS_PER_TOKEN, is_context_overflow, tokens_for_chars, tools_chars
 from ..model._protocol import (
     Chunk,
     Failure,
@@ -757,16 +757,21 @@ class ReactAgent:
             estimate = self.context_estimate()
         policy = self._options.context
         window = self._context_window()
+        if window is not None:
+            policy = attrs.evolve(policy, summary_tokens=min(policy.summary_tokens, max(window // 8, 16)))
         if keep is None:
-            keep = int(policy.keep * (window if window is not None else estimate))
+            reference = window if window is not None else estimate
+            keep = int(policy.keep * reference)
+            # What the request still needs besides the kept turns (system prompt, tools, summary) must
+            # leave room below the threshold, or every step would compact again.
+            room = policy.threshold * reference - tokens_for_chars(self._fixed_chars()) - policy.summary_tokens
+            keep = max(0, min(keep, int(room / 2)))
         marks = history.marks
         if turn is None:  # between turns, the end of the conversation is a turn boundary too
             marks = (*marks, TurnMark(seq=len(self._session), index=len(messages), chars=history.chars))
         mark = choose_boundary(marks, history.chars, keep * CHARS_PER_TOKEN)
         if mark is None:
             return None
-        if window is not None:
-            policy = attrs.evolve(policy, summary_tokens=min(policy.summary_tokens, max(window // 8, 16)))
         summary, usage, partials = await summarize(
             self._provider,
             model=self._model_name(),
