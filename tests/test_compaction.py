@@ -450,3 +450,17 @@ def test_the_transcript_shows_a_compaction() -> None:
     event = ev.ContextCompacted(seq=9, ts=1.0, boundary=4, summary="s" * 42, reason="threshold", turn=3)
     lines = transcript(SessionHeader(id="x", created_at=1.0), [event])
     assert lines[-1] == "--- context compacted (threshold): events before seq 4 summarized (42 characters) ---"
+
+
+async def test_a_large_system_prompt_and_tools_do_not_make_every_step_compact() -> None:
+    # The built-in tools' definitions take about half of this window: the part kept verbatim must
+    # leave room below the threshold, or each request would pass it again right after compacting.
+    model = ScriptedModel([{"text": f"Answer {n}: " + "a" * 180} for n in range(30)], summary="short summary")
+    async with open_test_harness(model, builtin_tools=True) as h:
+        async with h.agents.open(options=AgentOptions(context=ContextPolicy(window=2_000))) as agent:
+            assert isinstance(agent, ReactAgent)
+            await run_turns(agent, 1, 30)
+            events = list(agent.session.events)
+    done = compactions(events)
+    assert 1 <= len(done) <= 6
+    assert {e.reason for e in events if isinstance(e, ev.TurnEnd)} == {"completed"}

@@ -82,19 +82,36 @@ class UsageCounter:
         end = len(events)
         if self._position == end:
             return self._totals
-        totals = self._totals
+        t = self._totals
+        tokens_in, tokens_out, cached, reasoning, requests = (
+            t.input_tokens,
+            t.output_tokens,
+            t.cache_hit_tokens,
+            t.reasoning_tokens,
+            t.requests,
+        )
         for index in range(self._position, end):
             event = events[index]
             kind = type(event)
             if kind is ev.RequestHeader:
-                totals = totals.add(None, requests=1)
+                requests += 1
             elif kind is ev.AssistantMessage:
                 assert isinstance(event, ev.AssistantMessage)
-                if event.usage is not None:
-                    totals = totals.add(event.usage)
+                usage = event.usage
+                if usage is not None:
+                    tokens_in += usage.input_tokens
+                    tokens_out += usage.output_tokens
+                    cached += usage.cache_hit_tokens
+                    reasoning += usage.reasoning_tokens
             elif kind is ev.ContextCompacted:
                 assert isinstance(event, ev.ContextCompacted)
-                if event.usage is not None:
-                    totals = totals + event.usage
-        self._totals, self._position = totals, end
-        return totals
+                summed = event.usage
+                if summed is not None:
+                    tokens_in += summed.input_tokens
+                    tokens_out += summed.output_tokens
+                    cached += summed.cache_hit_tokens
+                    reasoning += summed.reasoning_tokens
+                    requests += summed.requests
+        self._totals = UsageTotals(tokens_in, tokens_out, cached, reasoning, requests)
+        self._position = end
+        return self._totals

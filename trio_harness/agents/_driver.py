@@ -136,6 +136,7 @@ class ReactAgent:
     _turn_settings: ModelSettings | None = attrs.field(default=None, init=False)
     # Provider, harness and agent settings merged (they do not change); built on first use.
     _base_settings: ModelSettings | None = attrs.field(default=None, init=False)
+    _base_empty: bool | None = attrs.field(default=None, init=False)
     _usage: UsageCounter = attrs.field(init=False)
     _streams: StreamRegistry = attrs.field(factory=StreamRegistry, init=False)
     # run(): the output type of each queued run() prompt, and the watchers to release at disposal.
@@ -660,7 +661,7 @@ class ReactAgent:
                 model=request.model,
                 tools=tuple(tools),
                 max_tokens=request.max_tokens,
-                settings=None if request.settings.empty else request.settings,
+                settings=self._header_settings(request.settings),
             )
             finish, calls = await self._stream(request, turn, step)
             if retried or finish.reason != "error" or not is_context_overflow(finish.failure):
@@ -759,12 +760,15 @@ class ReactAgent:
         window = self._context_window()
         if window is not None:
             policy = attrs.evolve(policy, summary_tokens=min(policy.summary_tokens, max(window // 8, 16)))
-        if keep is None:
-            reference = window if window is not None else estimate
-            keep = int(policy.keep * reference)
-            # What the request still needs besides the kept turns (system prompt, tools, summary) must
-            # leave room below the threshold, or every step would compact again.
-            room = policy.threshold * reference - tokens_for_chars(self._fixed_chars()) - policy.summary_tokens
+        if keep is not None:
+            pass
+        elif window is None:
+            keep = int(policy.keep * estimate)  # refused as too long by a model of unknown window
+        else:
+            keep = int(policy.keep * window)
+            # What the request needs besides the kept turns (system prompt, tools, summary) must leave
+            # room below the threshold, or every step would compact again.
+            room = policy.threshold * window - tokens_for_chars(self._fixed_chars()) - policy.summary_tokens
             keep = max(0, min(keep, int(room / 2)))
         marks = history.marks
         if turn is None:  # between turns, the end of the conversation is a turn boundary too
@@ -832,6 +836,12 @@ class ReactAgent:
             options.session_budget, totals, "session"
         )
 
+    def _header_settings(self, settings: ModelSettings) -> ModelSettings | None:
+        """What ``request/header`` records: the settings, or None when none is set."""
+        if settings is self._base_settings and self._base_empty is not None:
+            return None if self._base_empty else settings
+        return None if settings.empty else settings
+
     def _model_settings(self) -> ModelSettings:
         """The merged settings of the next request: turn > agent > harness > the provider's (its spec)."""
         base = self._base_settings
@@ -842,6 +852,7 @@ class ReactAgent:
             if self._options.max_tokens is not None:
                 base = base.merge(ModelSettings(max_tokens=self._options.max_tokens))
             base = self._base_settings = base.merge(self._options.model_settings)
+            self._base_empty = base.empty
         return base.merge(self._turn_settings)
 
     def build_request(self) -> ModelRequest:

@@ -160,7 +160,8 @@ class History:
     @property
     def summary(self) -> str | None:
         """The summary standing for the events before :attr:`boundary` (None before any compaction)."""
-        self.messages()
+        if self._position != len(self.session.events):
+            self.messages()
         return self._summary
 
     @property
