@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trio_harness._errors import EventDecodeError, UnsupportedFormatError
-from trio_harness.model._protocol import Failure, ToolCall, Usage
+from trio_harness.model._protocol import Failure, ModelSettings, ToolCall, Usage, UsageTotals
 from trio_harness.session import FORMAT_VERSION, SessionHeader, decode_event, decode_header, encode_event, encode_header
 from trio_harness.session._events import (
     EVENT_TYPES,
@@ -23,6 +23,7 @@ from trio_harness.session._events import (
     AssistantChunk,
     AssistantMessage,
     CancelCause,
+    ContextCompacted,
     Event,
     InboxMessage,
     InboxQueue,
@@ -48,9 +49,33 @@ floats = st.floats(allow_nan=False, allow_infinity=False)
 send_modes = st.sampled_from(get_args(SendMode))
 
 failures = st.builds(Failure, code=texts, message=texts, retryable=st.booleans(), retry_after=st.none() | floats)
-usages = st.builds(Usage, input_tokens=ints, output_tokens=ints, cache_hit_tokens=ints)
+usages = st.builds(Usage, input_tokens=ints, output_tokens=ints, cache_hit_tokens=ints, reasoning_tokens=ints)
+totals = st.builds(
+    UsageTotals,
+    input_tokens=ints,
+    output_tokens=ints,
+    cache_hit_tokens=ints,
+    reasoning_tokens=ints,
+    requests=ints,
+)
+json_values = st.recursive(
+    st.none() | st.booleans() | ints | floats | texts,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3),
+    max_leaves=6,
+)
+model_settings = st.builds(
+    ModelSettings,
+    temperature=st.none() | st.floats(min_value=0, max_value=2),
+    top_p=st.none() | st.floats(min_value=0, max_value=1),
+    max_tokens=st.none() | st.integers(min_value=1, max_value=2**31),
+    seed=st.none() | ints,
+    stop=st.none() | st.lists(texts.filter(bool), max_size=3).map(tuple),
+    reasoning_effort=st.none() | st.sampled_from(["low", "medium", "high"]),
+    parallel_tool_calls=st.none() | st.booleans(),
+    extra_body=st.none() | st.dictionaries(texts, json_values, max_size=3),
+)
 tool_calls = st.builds(ToolCall, id=texts, name=texts, arguments=texts)
-inbox_messages = st.builds(InboxMessage, id=texts, text=texts, mode=send_modes)
+inbox_messages = st.builds(InboxMessage, id=texts, text=texts, mode=send_modes, settings=st.none() | model_settings)
 
 _BASE = {"seq": ints, "ts": floats}
 _STEP = {**_BASE, "turn": ints, "step": ints}
@@ -66,6 +91,7 @@ EVENT_FIELDS: dict[type[Event], dict[str, st.SearchStrategy[Any]]] = {
         "model": texts,
         "tools": st.lists(texts, max_size=4).map(tuple),
         "max_tokens": st.none() | ints,
+        "settings": st.none() | model_settings,
     },
     RequestRetry: {**_STEP, "attempt": ints, "delay": floats, "failure": failures},
     AssistantChunk: {**_STEP, "kind": st.sampled_from(["text", "reasoning"]), "text": texts},
@@ -86,6 +112,7 @@ EVENT_FIELDS: dict[type[Event], dict[str, st.SearchStrategy[Any]]] = {
         "reason": st.sampled_from(get_args(TurnEndReason)),
         "cause": st.none() | st.sampled_from(get_args(CancelCause)),
         "failure": st.none() | failures,
+        "usage": st.none() | totals,
     },
     InboxSpliced: {
         **_BASE,
@@ -105,6 +132,16 @@ EVENT_FIELDS: dict[type[Event], dict[str, st.SearchStrategy[Any]]] = {
         "source": st.sampled_from(get_args(ApprovalSource)),
         "message": st.none() | texts,
         "cause": st.none() | st.sampled_from(get_args(CancelCause)),
+    },
+    ContextCompacted: {
+        **_BASE,
+        "boundary": ints,
+        "summary": texts,
+        "reason": st.sampled_from(["threshold", "overflow", "manual"]),
+        "turn": st.none() | ints,
+        "tokens_before": ints,
+        "usage": st.none() | totals,
+        "partials": st.lists(texts, max_size=3).map(tuple),
     },
 }
 

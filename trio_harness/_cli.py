@@ -13,13 +13,15 @@ Subcommands:
 Every subcommand takes ``--model SPEC`` (default: ``$TRIO_HARNESS_MODEL`` or
 ``deepseek:deepseek-chat``) and ``--store DIR`` or ``--store postgresql://...``
 (default: the per-user data directory's ``sessions``).  ``sessions`` never
-needs a model.
+needs a model.  ``acp`` and ``run`` take ``--temperature T`` and
+``--max-tokens N`` (model settings of every request) and ``--system TEXT`` or
+``--system-file PATH`` (the system prompt).
 
 Exit codes: 0 success; 1 a failed turn or an unreadable session; 2 a usage
 error (bad ``--model``, missing API key, unknown session, ``--sandbox`` without
 a working bubblewrap, a bad ``--mcp-config`` or an MCP server that does not
-start); 3 a turn stopped by
-a limit (max tokens, max steps); 130 interrupted (Ctrl-C, after cancelling
+start, an unreadable ``--system-file``); 3 a turn stopped by a limit (max
+tokens, max steps, a budget); 130 interrupted (Ctrl-C, after cancelling
 the turn cleanly).
 
 Approval (docs/approval.rst): ``run`` asks ``y / n / always`` on the terminal
@@ -58,8 +60,9 @@ from ._errors import (
 from .bash._sandbox import SandboxUnavailableError
 
 if TYPE_CHECKING:
-    from ._records import Failure
+    from ._records import Failure, ModelSettings
     from .agents._approval import ApprovalDecision, ApprovalRequest
+    from .agents._options import AgentOptions
     from .agents._turns import TurnOutcome
     from .model._protocol import ModelProvider
     from .session._events import Event, SessionHeader
@@ -113,6 +116,16 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _temperature(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not 0 <= number <= 2:
+        raise argparse.ArgumentTypeError(f"{value!r} must be within [0, 2]")
+    return number
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``trio-harness`` command."""
     from ._version import __version__
@@ -155,6 +168,23 @@ def build_parser() -> argparse.ArgumentParser:
         'or {NAME: {"type": "http", "url": ...}}',
     )
 
+    model_flags = argparse.ArgumentParser(add_help=False)
+    model_flags.add_argument(
+        "--temperature", metavar="T", type=_temperature, default=None, help="sampling temperature, within [0, 2]"
+    )
+    model_flags.add_argument(
+        "--max-tokens",
+        metavar="N",
+        type=_positive_int,
+        default=None,
+        help="cap on the tokens generated per model request (a turn that hits it exits with code 3)",
+    )
+    system = model_flags.add_mutually_exclusive_group()
+    system.add_argument("--system", metavar="TEXT", default=None, help="the system prompt")
+    system.add_argument(
+        "--system-file", metavar="PATH", type=Path, default=None, help="read the system prompt from a UTF-8 file"
+    )
+
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="A Trio runtime for LLM agents: serve ACP, run a prompt, inspect sessions.",
@@ -164,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     acp = commands.add_parser(
         "acp",
-        parents=[common, tools],
+        parents=[common, tools, model_flags],
         help="serve the Agent Client Protocol on stdin/stdout",
         description="Serve the Agent Client Protocol (JSON-RPC, one message per line) on "
         "stdin/stdout until stdin closes.  Logs go to stderr.",
@@ -185,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "run",
-        parents=[common, tools],
+        parents=[common, tools, model_flags],
         help="send one prompt and stream the answer",
         description="Send one prompt to a new agent (or resume --session ID), stream the answer "
         "to stdout and tool calls to stderr.  Exit 0 when the turn completes, 1 on an error, "
@@ -310,6 +340,44 @@ def _mcp_servers(args: argparse.Namespace) -> tuple[McpServerConfig, ...] | None
         return None
 
 
+def _model_settings(args: argparse.Namespace) -> ModelSettings | None:
+    """The harness-wide model settings the flags ask for (None: none)."""
+    from ._records import ModelSettings
+
+    if args.temperature is None and args.max_tokens is None:
+        return None
+    return ModelSettings(temperature=args.temperature, max_tokens=args.max_tokens)
+
+
+def _system_prompt(args: argparse.Namespace) -> str | None:
+    """The ``--system`` text or the ``--system-file`` contents; raises OSError / UnicodeError for a bad file."""
+    if args.system is not None:
+        return str(args.system)
+    if args.system_file is not None:
+        return Path(args.system_file).read_text(encoding="utf-8")
+    return None
+
+
+def _agent_options(args: argparse.Namespace, system: str | None) -> AgentOptions | None:
+    from .agents._options import AgentOptions
+
+    fields: dict[str, Any] = {}
+    if getattr(args, "max_steps", None):
+        fields["max_steps"] = args.max_steps
+    if system is not None:
+        fields["system_prompt"] = system
+    return AgentOptions(**fields) if fields else None
+
+
+def _read_system(args: argparse.Namespace) -> tuple[bool, str | None]:
+    """``(ok, system prompt)``; not ok after reporting an unreadable ``--system-file``."""
+    try:
+        return True, _system_prompt(args)
+    except (OSError, UnicodeError) as exc:
+        _error(f"cannot read --system-file {str(args.system_file)!r}: {exc}")
+        return False, None
+
+
 def _shorten(text: str, limit: int) -> str:
     from .acp._updates import shorten
 
@@ -336,6 +404,9 @@ def _cmd_acp(args: argparse.Namespace) -> int:
     servers = _mcp_servers(args)
     if servers is None:
         return EXIT_USAGE
+    ok, args.system_prompt = _read_system(args)
+    if not ok:
+        return EXIT_USAGE
     saved = sys.stdout
     sys.stdout = sys.stderr  # stray prints must never reach the protocol stream
     try:
@@ -351,6 +422,9 @@ async def _serve_acp(args: argparse.Namespace, provider: ModelProvider, servers:
     options: dict[str, Any] = {"ask_permission": not args.yes}
     if args.max_line_bytes is not None:
         options["max_line_bytes"] = args.max_line_bytes
+    agent_options = _agent_options(args, args.system_prompt)
+    if agent_options is not None:
+        options["agent_options"] = agent_options
     signalled: int | None = None
     try:
         async with (
@@ -360,6 +434,7 @@ async def _serve_acp(args: argparse.Namespace, provider: ModelProvider, servers:
                 builtin_tools=args.tools,
                 bash_options=_bash_options(args),
                 mcp_servers=servers,
+                model_settings=_model_settings(args),
             ) as harness,
             trio.open_nursery() as nursery,
         ):
@@ -506,6 +581,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     servers = _mcp_servers(args)
     if servers is None:
         return EXIT_USAGE
+    ok, args.system_prompt = _read_system(args)
+    if not ok:
+        return EXIT_USAGE
     return trio.run(_with_model, args.model, functools.partial(_run_prompt, args, prompt=prompt, servers=servers))
 
 
@@ -514,7 +592,6 @@ async def _run_prompt(
 ) -> int:
     from ._harness import open_harness
     from .agents._inbox import new_message_id
-    from .agents._options import AgentOptions
     from .agents._turns import TurnWatcher
     from .session._events import InboxMessage
 
@@ -530,9 +607,10 @@ async def _run_prompt(
             approver=approver,
             bash_options=_bash_options(args),
             mcp_servers=servers,
+            model_settings=_model_settings(args),
         ) as harness:
             entered = True
-            options = AgentOptions(max_steps=args.max_steps) if args.max_steps else None
+            options = _agent_options(args, args.system_prompt)
             try:
                 if args.session:
                     handle = await harness.agents.resume(args.session, options=options)
@@ -632,8 +710,11 @@ def _exit_code(outcome: TurnOutcome | None, *, interrupted: bool) -> int:
         if not interrupted:
             _error("the turn was cancelled")
         return EXIT_INTERRUPTED if interrupted else EXIT_FAILED
-    if end.reason in ("max-tokens", "blocked"):
-        what = "the model hit its token limit" if end.reason == "max-tokens" else "the turn hit max_steps"
+    if end.reason in ("max-tokens", "blocked", "budget"):
+        if end.reason == "budget":
+            what = end.failure.message if end.failure is not None else "a budget was used up"
+        else:
+            what = "the model hit its token limit" if end.reason == "max-tokens" else "the turn hit max_steps"
         print(f"[stopped] {what}", file=sys.stderr, flush=True)
         return EXIT_LIMIT
     failure = _turn_failure(outcome)
@@ -759,6 +840,11 @@ def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 5
             lines.append(decided)
         elif isinstance(event, ev.RequestRetry):
             lines.append(f"  [retry {event.attempt}] {event.failure.message} ({event.failure.code})")
+        elif isinstance(event, ev.ContextCompacted):
+            lines.append(
+                f"--- context compacted ({event.reason}): events before seq {event.boundary} summarized "
+                f"({len(event.summary)} characters) ---"
+            )
         elif isinstance(event, ev.TurnEnd):
             reason: str = event.reason
             if event.cause is not None:

@@ -7,6 +7,8 @@ helps, what to do about it.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class HarnessError(Exception):
     """Base class of every error raised by trio_harness."""
@@ -118,6 +120,27 @@ class FactoryError(AgentError):
 
 class AgentDisposedError(AgentError):
     """The agent has been disposed and accepts no more input."""
+
+
+class RunError(AgentError):
+    """A turn started by ``agent.run()`` did not complete.
+
+    Attributes:
+        end: the ``turn/end`` event of the turn (its ``reason``, ``cause``,
+            ``failure`` and ``usage``), or None when the prompt never ran.
+    """
+
+    def __init__(self, message: str, *, end: Any = None) -> None:
+        super().__init__(message)
+        self.end = end
+
+
+class OutputValidationError(RunError):
+    """The model's final answer did not match the requested output type, after every retry."""
+
+
+class CompactionError(AgentError):
+    """Context compaction could not run (nothing to compact, or the summary request failed)."""
 
 
 class ToolError(HarnessError):

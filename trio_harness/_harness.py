@@ -44,7 +44,7 @@ from .agents._registry import AgentRegistry
 from .agents._tools import ToolSet
 from .bash._executor import BashExecutor, open_bash_executor
 from .bash._options import BashOptions
-from .model._protocol import ModelProvider
+from .model._protocol import ModelProvider, ModelSettings
 from .model._spec import open_model
 from .session._jsonl import JsonlPersistence
 from .session._persistence import MemoryPersistence, SessionPersistence
@@ -206,6 +206,7 @@ async def open_harness(
     approver: Approver | None = None,
     bash_tool_options: BashToolOptions | Mapping[str, Any] | None = None,
     mcp_servers: Sequence[McpServerConfig] = (),
+    model_settings: ModelSettings | None = None,
 ) -> AsyncIterator[Harness]:
     """Open a harness; every service stops (in reverse order) when the block exits.
 
@@ -248,6 +249,10 @@ async def open_harness(
             or :func:`~trio_harness.load_mcp_config` of a file), started at once
             in the harness's ``mcp`` scope and stopped after every agent
             (docs/mcp.rst).
+        model_settings: model settings for every agent of the harness
+            (:class:`~trio_harness.ModelSettings`); an agent's
+            (``AgentOptions.model_settings``) and a turn's
+            (``followup(text, settings=...)``) win over them, field by field.
 
     Raises:
         TypeError: a settings argument has an unknown key or the wrong type.
@@ -260,6 +265,8 @@ async def open_harness(
     """
     if isinstance(teardown_timeout, bool) or not isinstance(teardown_timeout, int | float) or not teardown_timeout > 0:
         raise ValueError(f"teardown_timeout must be a positive number of seconds, got {teardown_timeout!r}")
+    if model_settings is not None and not isinstance(model_settings, ModelSettings):
+        raise TypeError(f"model_settings must be a ModelSettings, got {type(model_settings).__name__}")
     bash_settings = _option_record(BashOptions, bash_options, "bash_options")
     task_settings = _option_record(TaskOptions, task_options, "task_options")
     task_tool_settings = _option_record(TaskToolOptions, task_tool_options, "task_tool_options")
@@ -307,9 +314,10 @@ async def open_harness(
         mcp_scope = await root.open_child("mcp") if servers else None
         agents_scope = await root.open_child("agents")
         agents = AgentRegistry(sessions=sessions, bus=bus)
-        agents.register_factory(
-            ReactLoopFactory(bus=bus, tools=tools, agents=agents, model=provider, approver=approver), agents_scope
+        factory = ReactLoopFactory(
+            bus=bus, tools=tools, agents=agents, model=provider, approver=approver, model_settings=model_settings
         )
+        agents.register_factory(factory, agents_scope)
         harness = Harness(
             scope=root,
             bus=bus,

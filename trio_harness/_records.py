@@ -8,14 +8,27 @@ that imports nothing from the package: :mod:`trio_harness.session` and
 them (docs/architecture.rst, "Layers").
 
 Users import them from their public homes: ``trio_harness.model.Failure``,
-``trio_harness.model.ToolCall``, ``trio_harness.model.Usage``.
+``trio_harness.model.ToolCall``, ``trio_harness.model.Usage``,
+``trio_harness.model.ModelSettings``, ``trio_harness.model.UsageTotals``.
+
+Fields added after the first log format carry ``metadata={"omit_if_default":
+True}``: the codec leaves them out of a line while they hold their default, so
+a log written without the feature reads exactly as before.
 """
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
 import attrs
 
-__all__ = ["Failure", "ToolCall", "Usage"]
+__all__ = ["OMIT_IF_DEFAULT", "Failure", "ModelSettings", "ToolCall", "Usage", "UsageTotals"]
+
+OMIT_IF_DEFAULT: Final[Mapping[str, Any]] = {"omit_if_default": True}
+"""Field metadata: the codec writes the field only when it differs from its default."""
 
 
 @attrs.frozen
@@ -53,8 +66,220 @@ class ToolCall:
 
 @attrs.frozen
 class Usage:
-    """Token usage of one model call."""
+    """Token usage of one model call.
+
+    Attributes:
+        input_tokens: prompt tokens (the whole request, cache hits included).
+        output_tokens: generated tokens (reasoning included).
+        cache_hit_tokens: prompt tokens served from the provider's cache.
+        reasoning_tokens: the part of ``output_tokens`` spent on reasoning,
+            when the provider reports it.
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
     cache_hit_tokens: int = 0
+    reasoning_tokens: int = attrs.field(default=0, metadata=OMIT_IF_DEFAULT)
+
+
+@attrs.frozen
+class UsageTotals:
+    """Usage summed over several model calls: a turn's, a compaction's, a session's.
+
+    Attributes:
+        input_tokens: prompt tokens of every call.
+        output_tokens: generated tokens of every call.
+        cache_hit_tokens: prompt tokens served from a cache.
+        reasoning_tokens: generated tokens spent on reasoning.
+        requests: model requests made (a retried request counts once).
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_hit_tokens: int = 0
+    reasoning_tokens: int = 0
+    requests: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """``input_tokens + output_tokens``: what token budgets count."""
+        return self.input_tokens + self.output_tokens
+
+    def add(self, usage: Usage | None, *, requests: int = 0) -> UsageTotals:
+        """These totals plus one call's ``usage`` (None adds no tokens) and ``requests``."""
+        if usage is None:
+            if not requests:
+                return self
+            return attrs.evolve(self, requests=self.requests + requests)
+        return UsageTotals(
+            input_tokens=self.input_tokens + usage.input_tokens,
+            output_tokens=self.output_tokens + usage.output_tokens,
+            cache_hit_tokens=self.cache_hit_tokens + usage.cache_hit_tokens,
+            reasoning_tokens=self.reasoning_tokens + usage.reasoning_tokens,
+            requests=self.requests + requests,
+        )
+
+    def __add__(self, other: UsageTotals) -> UsageTotals:
+        if not isinstance(other, UsageTotals):
+            return NotImplemented
+        return UsageTotals(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cache_hit_tokens=self.cache_hit_tokens + other.cache_hit_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+            requests=self.requests + other.requests,
+        )
+
+    def __sub__(self, other: UsageTotals) -> UsageTotals:
+        if not isinstance(other, UsageTotals):
+            return NotImplemented
+        return UsageTotals(
+            input_tokens=self.input_tokens - other.input_tokens,
+            output_tokens=self.output_tokens - other.output_tokens,
+            cache_hit_tokens=self.cache_hit_tokens - other.cache_hit_tokens,
+            reasoning_tokens=self.reasoning_tokens - other.reasoning_tokens,
+            requests=self.requests - other.requests,
+        )
+
+
+# ---------------------------------------------------------------- model settings
+
+
+def _number_in(low: float, high: float) -> Any:
+    def check(instance: object, attribute: attrs.Attribute[float | None], value: object) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"ModelSettings.{attribute.name} must be a number, got {type(value).__name__} {value!r}")
+        if not (math.isfinite(value) and low <= value <= high):
+            raise ValueError(f"ModelSettings.{attribute.name} must be within [{low:g}, {high:g}], got {value!r}")
+
+    return check
+
+
+def _to_float(value: object) -> object:
+    # 0 and 0.0 are the same setting; one type keeps a record equal to its decoded copy.
+    if type(value) is int:
+        return float(value)
+    return value
+
+
+def _positive_int(instance: object, attribute: attrs.Attribute[int | None], value: object) -> None:
+    if value is None:
+        return
+    if type(value) is not int:
+        raise TypeError(f"ModelSettings.{attribute.name} must be an int, got {type(value).__name__} {value!r}")
+    if value <= 0:
+        raise ValueError(f"ModelSettings.{attribute.name} must be positive, got {value!r}")
+
+
+def _int(instance: object, attribute: attrs.Attribute[int | None], value: object) -> None:
+    if value is not None and type(value) is not int:
+        raise TypeError(f"ModelSettings.{attribute.name} must be an int, got {type(value).__name__} {value!r}")
+
+
+def _stop(value: object) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, Iterable):
+        raise TypeError(f"ModelSettings.stop must be a string or a list of strings, got {type(value).__name__}")
+    items = tuple(value)
+    for item in items:
+        if not isinstance(item, str) or not item:
+            raise TypeError(f"ModelSettings.stop must hold non-empty strings, got {item!r}")
+    return items
+
+
+def _text(instance: object, attribute: attrs.Attribute[str | None], value: object) -> None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise TypeError(f"ModelSettings.{attribute.name} must be a non-empty string, got {value!r}")
+
+
+def _flag(instance: object, attribute: attrs.Attribute[bool | None], value: object) -> None:
+    if value is not None and type(value) is not bool:
+        raise TypeError(f"ModelSettings.{attribute.name} must be a bool, got {type(value).__name__} {value!r}")
+
+
+def _json_object(value: object) -> dict[str, Any] | None:
+    """A JSON object's plain copy (what the log stores and reads back), or a TypeError naming the problem."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(f"ModelSettings.extra_body must be a mapping, got {type(value).__name__}")
+    for key in value:
+        if not isinstance(key, str):
+            raise TypeError(f"ModelSettings.extra_body keys must be strings, got {key!r}")
+    try:
+        copied: dict[str, Any] = json.loads(json.dumps(dict(value), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"ModelSettings.extra_body must be JSON-serialisable: {exc}") from None
+    return copied
+
+
+@attrs.frozen
+class ModelSettings:
+    """How the model should answer: sampling, limits and provider extras.
+
+    Every field is optional; None means "not set here".  Settings are given
+    per harness (``open_harness(model_settings=...)``), per agent
+    (:attr:`~trio_harness.AgentOptions.model_settings`) and per turn
+    (``agent.followup(text, settings=...)``), and merged field by field with
+    :meth:`merge`: a turn's value wins over an agent's, an agent's over the
+    harness's, the harness's over the model spec's query parameters.  The
+    merged settings of every request are recorded in its ``request/header``.
+
+    Attributes:
+        temperature: sampling temperature, within [0, 2].
+        top_p: nucleus sampling mass, within [0, 1].
+        max_tokens: a positive cap on generated tokens per request.
+        seed: a seed for providers that sample deterministically with one.
+        stop: stop sequences (a string is one sequence).
+        reasoning_effort: for reasoning models (``"low"``, ``"medium"``,
+            ``"high"``; the provider defines the values).
+        parallel_tool_calls: whether the model may call several tools at once.
+        extra_body: extra top-level JSON fields of the request body; merged
+            key by key, and applied last (they win over the fields above).
+
+    Raises:
+        TypeError: a field has the wrong type (``extra_body`` not JSON, ...).
+        ValueError: a number is out of its range.
+    """
+
+    temperature: float | None = attrs.field(
+        default=None, metadata=OMIT_IF_DEFAULT, converter=_to_float, validator=_number_in(0.0, 2.0)
+    )
+    top_p: float | None = attrs.field(
+        default=None, metadata=OMIT_IF_DEFAULT, converter=_to_float, validator=_number_in(0.0, 1.0)
+    )
+    max_tokens: int | None = attrs.field(default=None, metadata=OMIT_IF_DEFAULT, validator=_positive_int)
+    seed: int | None = attrs.field(default=None, metadata=OMIT_IF_DEFAULT, validator=_int)
+    stop: tuple[str, ...] | None = attrs.field(default=None, metadata=OMIT_IF_DEFAULT, converter=_stop)
+    reasoning_effort: str | None = attrs.field(default=None, metadata=OMIT_IF_DEFAULT, validator=_text)
+    parallel_tool_calls: bool | None = attrs.field(default=None, metadata=OMIT_IF_DEFAULT, validator=_flag)
+    extra_body: dict[str, Any] | None = attrs.field(
+        default=None, metadata=OMIT_IF_DEFAULT, converter=_json_object, hash=False
+    )
+
+    def merge(self, override: ModelSettings | None) -> ModelSettings:
+        """These settings with every field ``override`` sets replacing ours (``extra_body`` key by key)."""
+        if override is None or override is self:
+            return self
+        changes: dict[str, Any] = {}
+        for field in attrs.fields(ModelSettings):
+            value = getattr(override, field.name)
+            if value is None:
+                continue
+            if field.name == "extra_body" and self.extra_body:
+                value = {**self.extra_body, **value}
+            changes[field.name] = value
+        return attrs.evolve(self, **changes) if changes else self
+
+    @property
+    def empty(self) -> bool:
+        """Whether no field is set."""
+        return self == _EMPTY
+
+
+_EMPTY: Final = ModelSettings()

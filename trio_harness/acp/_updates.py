@@ -121,7 +121,9 @@ def stop_reason_for(end: ev.TurnEnd | None) -> tuple[StopReason | None, Failure 
     """The ACP stop reason of a turn end, or ``(None, failure)`` for an error.
 
     ``completed`` -> ``end_turn``, ``max-tokens`` -> ``max_tokens``, ``blocked``
-    -> ``max_turn_requests``, ``aborted`` / ``interrupted`` -> ``cancelled``,
+    -> ``max_turn_requests``, ``budget`` -> ``max_tokens`` for a token budget
+    and ``max_turn_requests`` for a request budget, ``aborted`` /
+    ``interrupted`` -> ``cancelled``,
     an error whose failure code is ``refusal`` -> ``refusal``; any other error
     gives no stop reason and its failure (the prompt answers with an error).
     No end (``None``: the prompt's message never ran, see
@@ -136,6 +138,9 @@ def stop_reason_for(end: ev.TurnEnd | None) -> tuple[StopReason | None, Failure 
         return "max_tokens", None
     if reason == "blocked":
         return "max_turn_requests", None
+    if reason == "budget":
+        tokens = end.failure is not None and end.failure.code == "budget-tokens"
+        return ("max_tokens" if tokens else "max_turn_requests"), None
     if reason in ("aborted", "interrupted"):
         return "cancelled", None
     failure = end.failure or Failure("unknown", "the turn failed without details")

@@ -10,6 +10,9 @@ from ._approval import ApprovalDecision as ApprovalDecision
 from ._approval import ApprovalRequest as ApprovalRequest
 from ._approval import Approver as Approver
 from ._approval import Verdict as Verdict
+from ._budget import Budget as Budget
+from ._compaction import ContextPolicy as ContextPolicy
+from ._compaction import HistoryProcessor as HistoryProcessor
 from ._driver import ReactAgent as ReactAgent
 from ._factory import ReactLoopFactory as ReactLoopFactory
 from ._function_tools import FunctionTool as FunctionTool
@@ -20,6 +23,10 @@ from ._registry import AgentFactory as AgentFactory
 from ._registry import AgentHandle as AgentHandle
 from ._registry import AgentRegistry as AgentRegistry
 from ._registry import Setup as Setup
+from ._run import RunResult as RunResult
+from ._stream import EventStream as EventStream
+from ._stream import StreamGap as StreamGap
+from ._stream import StreamItem as StreamItem
 from ._tools import Tool as Tool
 from ._tools import ToolContext as ToolContext
 from ._tools import ToolOutput as ToolOutput

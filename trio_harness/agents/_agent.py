@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 
 if TYPE_CHECKING:
+    from .._records import ModelSettings, UsageTotals
     from .._scope import Scope
-    from ..session._events import CancelCause, InboxMessage
+    from ..session._events import CancelCause, ContextCompacted, InboxMessage
     from ..session._session import Session
     from ._inbox import Inbox
     from ._options import AgentOptions
+    from ._run import RunResult
+    from ._stream import EventStream
     from ._tools import ToolSet
 
 __all__ = ["Agent", "AgentStatus"]
+
+T = TypeVar("T")
 
 AgentStatus = Literal["idle", "running"]
 """The public status of an agent: ``"running"`` while its driver drains work, else ``"idle"``."""
@@ -69,12 +74,31 @@ class Agent(Protocol):
         """The runtime owner agent's id (set for subagents), else None."""
         ...
 
-    def send(self, message: str | InboxMessage, *, mode: Literal["followup", "steer", "inject"]) -> str:
-        """Queue a message with the given mode; returns its message id."""
+    @property
+    def usage(self) -> UsageTotals:
+        """The session's model usage so far: tokens and requests, rebuilt from the log on resume."""
         ...
 
-    def followup(self, message: str | InboxMessage) -> str:
-        """Queue a message for a new turn, waking the agent; returns its id."""
+    def send(
+        self,
+        message: str | InboxMessage,
+        *,
+        mode: Literal["followup", "steer", "inject"],
+        settings: ModelSettings | None = None,
+    ) -> str:
+        """Queue a message with the given mode; returns its message id.
+
+        ``settings`` are the model settings of the turn the message opens,
+        stored with the message in the log.
+        """
+        ...
+
+    def followup(self, message: str | InboxMessage, *, settings: ModelSettings | None = None) -> str:
+        """Queue a message for a new turn, waking the agent; returns its id.
+
+        ``settings`` apply to that turn only (they win over the agent's and
+        the harness's, field by field).
+        """
         ...
 
     def steer(self, message: str | InboxMessage) -> str:
@@ -97,12 +121,55 @@ class Agent(Protocol):
         """
         ...
 
+    @overload
+    async def run(
+        self, prompt: str, *, output: None = None, retries: int = 2, settings: ModelSettings | None = None
+    ) -> RunResult[str]: ...
+
+    @overload
+    async def run(
+        self, prompt: str, *, output: type[T], retries: int = 2, settings: ModelSettings | None = None
+    ) -> RunResult[T]: ...
+
+    @overload
+    async def run(
+        self, prompt: str, *, output: Any, retries: int = 2, settings: ModelSettings | None = None
+    ) -> RunResult[Any]: ...
+
+    async def run(
+        self, prompt: str, *, output: Any = None, retries: int = 2, settings: ModelSettings | None = None
+    ) -> RunResult[Any]:
+        """Send ``prompt`` as a followup and await the end of its turn.
+
+        Returns the final text (or, with ``output=TYPE``, the answer validated
+        as ``TYPE``, retried with the validation errors up to ``retries``
+        times) and the turn's usage; raises :class:`~trio_harness.RunError`
+        when the turn does not complete.
+        """
+        ...
+
     async def when_idle(self) -> None:
         """Wait until the agent has no activity (following replacement work).
 
         Raises:
             SessionStoreError: the session's events could not be stored (the
                 flush is retried first).
+        """
+        ...
+
+    def events(self, *, buffer: int = 256) -> AbstractAsyncContextManager[EventStream]:
+        """A bounded stream of the session's events: ``async with agent.events() as stream: async for ...``.
+
+        A slow consumer gets counted gaps (:class:`~trio_harness.agents.StreamGap`),
+        never blocks the agent; the stream ends when the agent is disposed.
+        """
+        ...
+
+    async def compact(self, *, keep_tokens: int | None = None) -> ContextCompacted | None:
+        """Summarize the older part of the conversation now, as a maintenance activity.
+
+        Returns the logged ``context/compacted`` event, or None when there is
+        nothing to compact.  A cancelled compaction logs nothing.
         """
         ...
 

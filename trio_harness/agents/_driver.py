@@ -18,35 +18,44 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import attrs
 import trio
 
-from .._errors import AgentDisposedError, SessionStoreError
+from .._errors import AgentDisposedError, CompactionError, SessionStoreError
 from .._initiator import _set_initiator
+from ..model._context import CHARS_PER_TOKEN, is_context_overflow, tokens_for_chars, tools_chars
 from ..model._protocol import (
     Chunk,
     Failure,
     Finish,
     ModelProvider,
     ModelRequest,
+    ModelSettings,
     ReasoningDelta,
     Retry,
     TextDelta,
     ToolCall,
     ToolCallDelta,
     Usage,
+    UsageTotals,
 )
 from ..session import _events as ev
 from ..session._events import ApprovalOutcome, CancelCause, InboxMessage, SendMode, TurnEndReason
 from ..session._session import Session
 from ._approval import ApprovalDecision, ApprovalRequest, Approver
-from ._history import History
+from ._budget import UsageCounter, budget_failure
+from ._compaction import choose_boundary, summarize, summary_section
+from ._function_tools import caller_namespace, output_adapter
+from ._history import History, TurnMark
 from ._inbox import Inbox
 from ._options import AgentOptions
+from ._run import PendingOutput, RunResult, output_instructions, run_prompt
+from ._stream import DEFAULT_STREAM_BUFFER, EventStream, StreamRegistry
 from ._tools import Tool, ToolContext, ToolOutput, ToolSet
 
 if TYPE_CHECKING:
@@ -54,12 +63,15 @@ if TYPE_CHECKING:
     from .._scope import Scope
     from ._agent import AgentStatus
     from ._registry import AgentRegistry
+    from ._turns import TurnWatcher
 
 __all__ = ["ReactAgent"]
 
 log = logging.getLogger("trio_harness.agent")
 
 Phase = Literal["idle", "maintenance", "running"]
+
+T = TypeVar("T")
 
 
 def _split_cancelled(exc: BaseException) -> tuple[BaseException | None, BaseException | None]:
@@ -76,6 +88,9 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(_describe(inner) for inner in exc.exceptions)
     return f"{type(exc).__name__}: {exc}"
+
+
+_NO_SETTINGS = ModelSettings()
 
 
 def _aborted_text(cause: CancelCause | None) -> str:
@@ -116,6 +131,8 @@ class ReactAgent:
     # allow_always / deny_always decisions of this session and their messages, per tool
     # name (rebuilt from the log).
     _standing: dict[str, tuple[ApprovalOutcome, str | None]] = attrs.field(factory=dict, init=False)
+    # Harness-wide model settings (open_harness(model_settings=...)).
+    _harness_settings: ModelSettings | None = attrs.field(default=None, alias="model_settings")
     _tools: ToolSet = attrs.field(factory=ToolSet, init=False)
     _inbox: Inbox = attrs.field(init=False)
     _history: History = attrs.field(init=False)
@@ -132,6 +149,22 @@ class ReactAgent:
     # Set by the disposal close hook; no wake is ever latched after it.
     _disposing: bool = attrs.field(default=False, init=False)
     _last_turn: int = attrs.field(default=0, init=False)
+    # The model settings of the running turn (from the message that opened it).
+    _turn_settings: ModelSettings | None = attrs.field(default=None, init=False)
+    # Provider, harness and agent settings merged (they do not change); built on first use.
+    _base_settings: ModelSettings | None = attrs.field(default=None, init=False)
+    _base_empty: bool | None = attrs.field(default=None, init=False)
+    _usage: UsageCounter = attrs.field(init=False)
+    _streams: StreamRegistry = attrs.field(factory=StreamRegistry, init=False)
+    # run(): the output type of each queued run() prompt, and the watchers to release at disposal.
+    _outputs: dict[str, PendingOutput] = attrs.field(factory=dict, init=False)
+    _run_watchers: set[TurnWatcher] = attrs.field(factory=set, init=False)
+    # The output type of the running turn (from the run() prompt that opened it).
+    _turn_output: PendingOutput | None = attrs.field(default=None, init=False)
+    # The cancel scope of agent.compact() while it runs (disposal cancels it).
+    _maintenance_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    # The session's usage when the running turn started.
+    _turn_start_usage: UsageTotals = attrs.field(factory=UsageTotals, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._idle.set()
@@ -139,7 +172,11 @@ class ReactAgent:
         # Once the agent has quiesced and its scope unwinds, the inbox is read
         # only: the session's final flush is next, and nothing may follow it.
         self._scope.add_exit_callback(self._seal_inbox)
+        # Streams end and run() waiters are released once the agent quiesced (they saw its
+        # last events), before the seal.
+        self._scope.add_exit_callback(self._release_observers)
         self._history = History(self._session)
+        self._usage = UsageCounter(self._session)
         for event in self._session.events:
             if isinstance(event, ev.TurnStart):
                 self._last_turn = event.turn
@@ -210,8 +247,19 @@ class ReactAgent:
         """The number of the latest turn (0 before the first)."""
         return self._last_turn
 
-    def send(self, message: str | InboxMessage, *, mode: SendMode) -> str:
+    @property
+    def usage(self) -> UsageTotals:
+        """The session's model usage so far (folded from its log, so a resumed agent has the same)."""
+        return self._usage.totals
+
+    def send(self, message: str | InboxMessage, *, mode: SendMode, settings: ModelSettings | None = None) -> str:
         """Persist ``message`` into the inbox, then wake the driver unless ``mode`` is inject.
+
+        Args:
+            message: text, or a message object.
+            mode: followup, steer or inject.
+            settings: model settings for the turn the message opens (stored
+                with the message, so a resumed agent uses them too).
 
         Returns:
             The message id.
@@ -222,9 +270,13 @@ class ReactAgent:
         self._check_live("send it a message")
         if mode not in ("followup", "steer", "inject"):
             raise ValueError(f"unknown send mode {mode!r}; use followup, steer or inject")
+        if settings is not None and not isinstance(settings, ModelSettings):
+            raise TypeError(f"settings must be a ModelSettings or None, got {type(settings).__name__}")
         msg = Inbox.message(message, mode)
         if msg.mode != mode:
             msg = attrs.evolve(msg, mode=mode)
+        if settings is not None:
+            msg = attrs.evolve(msg, settings=settings)
         queue: ev.InboxQueue = "next-turn" if mode == "followup" else "next-step"
         if mode == "steer" and self._phase == "running" and self._cause is not None:
             queue = "next-turn"  # never join a converging, cancelled turn
@@ -233,9 +285,9 @@ class ReactAgent:
             self._wake()
         return msg.id
 
-    def followup(self, message: str | InboxMessage) -> str:
-        """Queue ``message`` for a new turn and wake the agent."""
-        return self.send(message, mode="followup")
+    def followup(self, message: str | InboxMessage, *, settings: ModelSettings | None = None) -> str:
+        """Queue ``message`` for a new turn and wake the agent (``settings``: that turn's model settings)."""
+        return self.send(message, mode="followup", settings=settings)
 
     def steer(self, message: str | InboxMessage) -> str:
         """Queue ``message`` for the next step and wake the agent."""
@@ -319,6 +371,97 @@ class ReactAgent:
             if self._wake_requested and self._has_work():
                 self._start_activity()
 
+    def events(self, *, buffer: int = DEFAULT_STREAM_BUFFER) -> AbstractAsyncContextManager[EventStream]:
+        """Stream this agent's session events from now on: ``async with agent.events() as stream:``.
+
+        The stream holds at most ``buffer`` events; a consumer that falls
+        behind gets a counted :class:`~trio_harness.agents.StreamGap` instead
+        of the events it missed, and the agent never waits for it
+        (docs/long-sessions.rst, "Event streams").  It ends when the block
+        exits or the agent is disposed.
+
+        Raises:
+            AgentDisposedError: the agent is disposed or being disposed.
+            ValueError: ``buffer`` is not a positive int.
+        """
+        return self._streams.open(self._session, buffer, lambda: self._check_live("stream its events"))
+
+    def _release_observers(self) -> None:
+        self._streams.close_all()
+        watchers, self._run_watchers = self._run_watchers, set()
+        for watcher in watchers:
+            watcher.abandon()
+
+    @overload
+    async def run(
+        self, prompt: str, *, output: None = None, retries: int = 2, settings: ModelSettings | None = None
+    ) -> RunResult[str]: ...
+
+    @overload
+    async def run(
+        self, prompt: str, *, output: type[T], retries: int = 2, settings: ModelSettings | None = None
+    ) -> RunResult[T]: ...
+
+    @overload
+    async def run(
+        self, prompt: str, *, output: Any, retries: int = 2, settings: ModelSettings | None = None
+    ) -> RunResult[Any]: ...
+
+    async def run(
+        self, prompt: str, *, output: Any = None, retries: int = 2, settings: ModelSettings | None = None
+    ) -> RunResult[Any]:
+        """Send ``prompt`` as a followup and wait for the end of its turn.
+
+        Args:
+            prompt: the prompt text.
+            output: a type the final answer must be JSON of (an attrs class,
+                ``TypedDict``, dataclass, pydantic model, ``list[...]`` ...;
+                what typed tools accept).  None returns the final text.
+            retries: how many times an answer that does not validate is sent
+                back to the model with the errors before giving up.
+            settings: model settings of the turn.
+
+        Returns:
+            The :class:`~trio_harness.agents.RunResult`: the validated output
+            (or the text), the final text and the turn's usage.
+
+        Raises:
+            RunError: the turn ended other than ``completed`` (its ``end``
+                says how), or the prompt never ran.
+            OutputValidationError: the answer did not validate after
+                ``retries`` retries.
+            ToolError: ``output`` is a type that cannot be described as JSON.
+            AgentDisposedError: the agent is disposed or being disposed.
+
+        Cancelling the call cancels its turn (cause ``user``; other queued
+        prompts stay queued) or removes its prompt from the inbox.
+        """
+        self._check_live("run a prompt")
+        if type(retries) is not int or retries < 0:
+            raise ValueError(f"retries must be a non-negative int, got {retries!r}")
+        adapter = None
+        if output is not None:
+            adapter = output_adapter(output, localns=caller_namespace(sys._getframe(1)))
+        return await run_prompt(self, prompt, adapter, retries=retries, settings=settings)
+
+    def _watch_run(self, watcher: TurnWatcher, message_id: str, pending: PendingOutput | None) -> None:
+        self._run_watchers.add(watcher)
+        if pending is not None:
+            self._outputs[message_id] = pending
+
+    def _unwatch_run(self, watcher: TurnWatcher, message_id: str) -> None:
+        self._run_watchers.discard(watcher)
+        self._outputs.pop(message_id, None)
+
+    def _abandon_run(self, message_id: str, watcher: TurnWatcher) -> None:
+        """The caller of run() was cancelled: drop its prompt, or cancel its turn while it runs."""
+        if self._disposing or self._scope.closing or watcher.done:
+            return
+        if message_id in self._inbox:
+            self._inbox.remove(message_id)
+        elif watcher.turn is not None and watcher.turn == self._last_turn and self._phase == "running":
+            self.cancel("user", keep_inbox=True)
+
     def _check_live(self, what: str) -> None:
         """Refuse an operation once disposal started (docs/guarantees.rst, "The driver")."""
         if self._disposing or self._scope.closing:
@@ -401,6 +544,8 @@ class ReactAgent:
         """
         self._disposing = True
         self._wake_requested = False
+        if self._maintenance_scope is not None:
+            self._maintenance_scope.cancel()  # a compaction in progress: logs nothing
         if self._phase == "running":
             if self._cause is None:
                 self._cause = "disposed"
@@ -415,6 +560,9 @@ class ReactAgent:
     async def _run_turn(self) -> None:
         turn = self._last_turn = self._last_turn + 1
         session = self._session
+        self._turn_settings = None
+        self._turn_output = None
+        self._turn_start_usage = self._usage.totals
         session.append(ev.TurnStart, turn=turn)
         reason: TurnEndReason = "completed"
         failure: Failure | None = None
@@ -451,7 +599,8 @@ class ReactAgent:
                     await session.flush(sync=False)
                 except SessionStoreError as exc:
                     reason, failure = "error", Failure("store-error", str(exc))
-                session.append(ev.TurnEnd, turn=turn, reason=reason, cause=cause, failure=failure)
+                usage = self._usage.totals - self._turn_start_usage
+                session.append(ev.TurnEnd, turn=turn, reason=reason, cause=cause, failure=failure, usage=usage)
                 try:
                     await session.flush()
                 except SessionStoreError:
@@ -471,18 +620,15 @@ class ReactAgent:
                 session.append(
                     ev.UserMessage, turn=turn, step=step, message_id=message.id, text=message.text, mode=message.mode
                 )
+                if message.settings is not None and self._turn_settings is None:
+                    self._turn_settings = message.settings
+                if self._outputs and self._turn_output is None:
+                    self._turn_output = self._outputs.get(message.id)
+            exhausted = self._budget_failure()
+            if exhausted is not None:
+                return "budget", exhausted
             tools = self._available_tools()
-            request = self._build_request(tools)
-            session.append(
-                ev.RequestHeader,
-                turn=turn,
-                step=step,
-                provider=self._provider.name,
-                model=request.model,
-                tools=tuple(tools),
-                max_tokens=request.max_tokens,
-            )
-            finish, calls = await self._stream(request, turn, step)
+            finish, calls = await self._ask(turn, step, tools)
             if finish.reason == "error":
                 return "error", finish.failure
             if calls:
@@ -490,9 +636,28 @@ class ReactAgent:
                 return None
             if finish.reason == "max-tokens":
                 return "max-tokens", None
+            if self._turn_output is not None:
+                return self._check_output(self._turn_output)
             return "completed", None
         finally:
             session.append(ev.StepEnd, turn=turn, step=step)
+
+    def _check_output(self, pending: PendingOutput) -> tuple[TurnEndReason, Failure | None] | None:
+        """Validate a run() turn's final answer: complete it, steer the errors back, or fail it."""
+        events = self._session.events
+        text = ""
+        for index in range(len(events) - 1, -1, -1):
+            event = events[index]
+            if type(event) is ev.AssistantMessage:
+                text = event.text
+                break
+        verdict = pending.check(text)
+        if verdict is None:
+            return "completed", None
+        if isinstance(verdict, Failure):
+            return "error", verdict
+        self._inbox.append("next-step", Inbox.message(verdict, "steer"))
+        return None
 
     def _available_tools(self) -> dict[str, Tool]:
         tools = {tool.name: tool for tool in self._shared_tools.tools()}
@@ -503,16 +668,220 @@ class ReactAgent:
             tools = {name: tool for name, tool in tools.items() if keep(tool)}
         return tools
 
-    def _build_request(self, tools: dict[str, Tool]) -> ModelRequest:
+    async def _ask(self, turn: int, step: int, tools: dict[str, Tool]) -> tuple[Finish, list[ToolCall]]:
+        """Log the request header and stream the request; compact first when the context is full.
+
+        A request the provider refuses as too long for the context window is
+        retried once after a compaction (docs/long-sessions.rst).
+        """
+        session = self._session
+        failure = await self._compact_if_due(turn)
+        if failure is not None:
+            return Finish("error", failure), []
+        retried = False
+        while True:
+            request = self._build_request(tools)
+            session.append(
+                ev.RequestHeader,
+                turn=turn,
+                step=step,
+                provider=self._provider.name,
+                model=request.model,
+                tools=tuple(tools),
+                max_tokens=request.max_tokens,
+                settings=self._header_settings(request.settings),
+            )
+            finish, calls = await self._stream(request, turn, step)
+            if retried or finish.reason != "error" or not is_context_overflow(finish.failure):
+                return finish, calls
+            retried = True
+            refused = finish.failure.message if finish.failure is not None else "too long"
+            try:
+                compacted = await self._compact("overflow", turn)
+            except CompactionError as exc:
+                return Finish("error", Failure("compaction-failed", f"{exc} (after the provider said: {refused})")), []
+            if compacted is None:
+                return finish, calls  # nothing left to compact: the refusal stands
+
+    def _system_prompt(self) -> str:
         sections = (*self._shared_tools.prompt_sections(), *self._tools.prompt_sections())
-        system = "\n\n".join((self._options.system_prompt, *sections)) if sections else self._options.system_prompt
+        summary = self._history.summary
+        if summary is not None:
+            sections = (*sections, summary_section(summary))
+        if self._turn_output is not None:
+            sections = (*sections, output_instructions(self._turn_output.format))
+        return "\n\n".join((self._options.system_prompt, *sections)) if sections else self._options.system_prompt
+
+    def _model_name(self) -> str:
+        return self._options.model_name or getattr(self._provider, "model", "") or ""
+
+    def _build_request(self, tools: dict[str, Tool]) -> ModelRequest:
+        settings = self._model_settings()
+        messages = self._history.messages()
+        processor = self._options.history_processor
+        if processor is not None:
+            messages = processor(messages)
         return ModelRequest(
-            model=self._options.model_name or getattr(self._provider, "model", "") or "",
-            system=system,
-            messages=self._history.messages(),
-            tools=tuple([tool.spec for tool in tools.values()]),
-            max_tokens=self._options.max_tokens,
+            model=self._model_name(),
+            system=self._system_prompt(),
+            messages=messages,
+            tools=tuple(tool.spec for tool in tools.values()),
+            max_tokens=settings.max_tokens,
+            settings=settings,
+            output=self._turn_output.format if self._turn_output is not None else None,
         )
+
+    # ------------------------------------------------------------ context window
+
+    def _context_window(self) -> int | None:
+        window = self._options.context.window
+        if window is None:
+            window = getattr(self._provider, "context_window", None)
+        return window if type(window) is int and window > 0 else None
+
+    def _fixed_chars(self) -> int:
+        """The characters of the request besides the conversation: system prompt (summary included) and tools."""
+        specs = tuple(tool.spec for tool in self._available_tools().values())
+        return len(self._system_prompt()) + tools_chars(specs)
+
+    def context_estimate(self) -> int:
+        """The estimated tokens of the next request (O(events appended since the last estimate))."""
+        return self._history.estimate(self._fixed_chars)
+
+    async def _compact_if_due(self, turn: int) -> Failure | None:
+        """Compact when the next request would pass the policy's threshold; a failure ends the turn."""
+        policy = self._options.context
+        if not policy.auto:
+            return None
+        window = self._context_window()
+        if window is None:
+            return None
+        estimate = self.context_estimate()
+        if estimate <= policy.threshold * window:
+            return None
+        try:
+            await self._compact("threshold", turn, estimate)
+        except CompactionError as exc:
+            return Failure(
+                "compaction-failed",
+                f"the next request (about {estimate} tokens) passes {policy.threshold:.0%} of the context window "
+                f"({window} tokens) and could not be compacted: {exc}",
+            )
+        return None
+
+    async def _compact(
+        self, reason: ev.CompactionReason, turn: int | None, estimate: int | None = None, keep: int | None = None
+    ) -> ev.ContextCompacted | None:
+        """Summarize the conversation before a turn boundary and log it; None when nothing can be compacted.
+
+        Nothing is logged until the summary is complete (a cancelled
+        compaction leaves no trace).
+
+        Raises:
+            CompactionError: the summary request failed.
+        """
+        history = self._history
+        messages = history.messages()
+        if estimate is None:
+            estimate = self.context_estimate()
+        policy = self._options.context
+        window = self._context_window()
+        if window is not None:
+            policy = attrs.evolve(policy, summary_tokens=min(policy.summary_tokens, max(window // 8, 16)))
+        if keep is not None:
+            pass
+        elif window is None:
+            keep = int(policy.keep * estimate)  # refused as too long by a model of unknown window
+        else:
+            keep = int(policy.keep * window)
+            # What the request needs besides the kept turns (system prompt, tools, summary) must leave
+            # room below the threshold, or every step would compact again.
+            room = policy.threshold * window - tokens_for_chars(self._fixed_chars()) - policy.summary_tokens
+            keep = max(0, min(keep, int(room / 2)))
+        marks = history.marks
+        if turn is None:  # between turns, the end of the conversation is a turn boundary too
+            marks = (*marks, TurnMark(seq=len(self._session), index=len(messages), chars=history.chars))
+        mark = choose_boundary(marks, history.chars, keep * CHARS_PER_TOKEN)
+        if mark is None:
+            return None
+        summary, usage, partials = await summarize(
+            self._provider,
+            model=self._model_name(),
+            settings=self._model_settings(),
+            policy=policy,
+            previous=history.summary,
+            messages=messages[: mark.index],
+            window=window,
+        )
+        return self._session.append(
+            ev.ContextCompacted,
+            boundary=mark.seq,
+            summary=summary,
+            reason=reason,
+            turn=turn,
+            tokens_before=estimate,
+            usage=usage,
+            partials=partials,
+        )
+
+    async def compact(self, *, keep_tokens: int | None = None) -> ev.ContextCompacted | None:
+        """Compact the conversation now, as a maintenance activity.
+
+        Waits until the agent is idle and holds it idle meanwhile: waking
+        input waits in the inbox until the compaction ends
+        (docs/guarantees.rst, "The driver").  The turns that fit in
+        ``keep_tokens`` (default: ``context.keep`` of the window) stay as
+        they are; everything before them is summarized by the model and a
+        ``context/compacted`` event is logged.
+
+        Returns:
+            The ``context/compacted`` event, or None when there is nothing to
+            compact (a single turn, or everything after the last compaction).
+
+        Raises:
+            CompactionError: the summary request failed (nothing is logged).
+            AgentDisposedError: the agent is disposed, or was disposed while
+                compacting (nothing is logged).
+        """
+        if keep_tokens is not None and (type(keep_tokens) is not int or keep_tokens < 0):
+            raise ValueError(f"keep_tokens must be a non-negative int or None, got {keep_tokens!r}")
+        async with self.maintenance():
+            with trio.CancelScope() as scope:
+                self._maintenance_scope = scope
+                try:
+                    return await self._compact("manual", None, keep=keep_tokens)
+                finally:
+                    self._maintenance_scope = None
+        raise AgentDisposedError(f"agent {self.id!r} was disposed while compacting; nothing was logged")
+
+    def _budget_failure(self) -> Failure | None:
+        """Why the next request must not be made: a turn or session budget is used up (else None)."""
+        options = self._options
+        if options.turn_budget is None and options.session_budget is None:
+            return None
+        totals = self._usage.totals
+        return budget_failure(options.turn_budget, totals - self._turn_start_usage, "turn") or budget_failure(
+            options.session_budget, totals, "session"
+        )
+
+    def _header_settings(self, settings: ModelSettings) -> ModelSettings | None:
+        """What ``request/header`` records: the settings, or None when none is set."""
+        if settings is self._base_settings and self._base_empty is not None:
+            return None if self._base_empty else settings
+        return None if settings.empty else settings
+
+    def _model_settings(self) -> ModelSettings:
+        """The merged settings of the next request: turn > agent > harness > the provider's (its spec)."""
+        base = self._base_settings
+        if base is None:
+            provider = getattr(self._provider, "settings", None)
+            base = provider if isinstance(provider, ModelSettings) else _NO_SETTINGS
+            base = base.merge(self._harness_settings)
+            if self._options.max_tokens is not None:
+                base = base.merge(ModelSettings(max_tokens=self._options.max_tokens))
+            base = self._base_settings = base.merge(self._options.model_settings)
+            self._base_empty = base.empty
+        return base.merge(self._turn_settings)
 
     def build_request(self) -> ModelRequest:
         """The request the next step would send (for inspection and tests)."""

@@ -13,7 +13,7 @@ from ._options import AgentOptions
 if TYPE_CHECKING:
     from .._bus import EventBus
     from .._scope import Scope
-    from ..model._protocol import ModelProvider
+    from ..model._protocol import ModelProvider, ModelSettings
     from ..session._session import Session
     from ._approval import Approver
     from ._registry import AgentRegistry
@@ -40,6 +40,8 @@ class ReactLoopFactory:
         approver: the default approver (``open_harness(approver=...)``), used
             when an agent's options name none; None: calls that require
             approval run without asking.
+        model_settings: harness-wide model settings (an agent's and a turn's
+            win over them, field by field).
     """
 
     bus: EventBus
@@ -47,6 +49,7 @@ class ReactLoopFactory:
     agents: AgentRegistry
     model: ModelProvider | None = None
     approver: Approver | None = None
+    model_settings: ModelSettings | None = None
 
     async def build(
         self,
@@ -83,4 +86,5 @@ class ReactLoopFactory:
             agents=self.agents,
             parent_id=parent_id,
             approver=options.approver or self.approver,
+            model_settings=self.model_settings,
         )

@@ -23,6 +23,7 @@ import functools
 import inspect
 import json
 import operator
+import re
 import sys
 import types
 import typing
@@ -39,7 +40,7 @@ from ._tools import _NAME, Tool, ToolContext, ToolOutput, parse_arguments
 if TYPE_CHECKING:
     import pydantic_core
 
-__all__ = ["FunctionTool", "function_tool", "tool"]
+__all__ = ["FunctionTool", "OutputAdapter", "function_tool", "output_adapter", "tool"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -292,6 +293,101 @@ def function_tool(
 def caller_namespace(frame: types.FrameType) -> Mapping[str, Any] | None:
     """The locals of the frame that made a tool, when it is a function's (its types may be local)."""
     return None if frame.f_locals is frame.f_globals else frame.f_locals
+
+
+# ---------------------------------------------------------------- structured output
+
+_OUTPUT_NAME = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+@attrs.frozen
+class OutputAdapter:
+    """The JSON schema of an output type and a validator of the model's answer (``agent.run(output=...)``).
+
+    Attributes:
+        name: a short name of the type, usable as a schema name.
+        schema: the answer's JSON schema; always an object (a type that is
+            not one is wrapped as ``{"result": ...}``).
+        wrapped: whether the answer is ``{"result": value}``.
+    """
+
+    name: str
+    schema: dict[str, Any]
+    wrapped: bool
+    _validate: Callable[[str], Any] = attrs.field(alias="validate", repr=False)
+
+    def validate(self, text: str) -> Any:
+        """The answer converted to the output type.
+
+        Accepts the JSON alone or inside one Markdown code fence.
+
+        Raises:
+            ValueError: the answer is not JSON or does not match; the message
+                lists the mismatches as argument errors do, for the model.
+        """
+        from pydantic_core import ValidationError
+
+        body = _unfence(text)
+        try:
+            value = self._validate(body)
+        except ValidationError as exc:
+            raise ValueError(_describe_errors(exc)) from None
+        except Exception as exc:  # a user's validator or converter
+            raise ValueError(_describe(exc)) from None
+        return value["result"] if self.wrapped else value
+
+
+def _unfence(text: str) -> str:
+    stripped = text.strip()
+    if stripped.startswith("```") and stripped.endswith("```") and stripped.count("```") == 2:
+        inner = stripped[3:-3]
+        first, newline, rest = inner.partition("\n")
+        return rest if newline and (not first.strip() or first.strip().isalpha()) else inner
+    return stripped
+
+
+def output_adapter(kind: Any, *, localns: Mapping[str, Any] | None = None) -> OutputAdapter:
+    """Build the schema and validator of an output type, with the typed tools' machinery.
+
+    Any type a typed tool's parameter may have works: attrs classes,
+    ``TypedDict`` (also ``typing.TypedDict`` on 3.11), dataclasses, pydantic
+    models, ``Literal``, lists, unions ...
+
+    Raises:
+        ToolError: pydantic cannot validate or describe ``kind``.
+    """
+    import pydantic
+
+    name = _OUTPUT_NAME.sub("_", getattr(kind, "__name__", None) or "output")[:64] or "output"
+    rewriter = _TypeRewriter(name, localns)
+    try:
+        hint = rewriter.rewrite(kind)
+    except ToolError as exc:  # worded for a tool ("tool 'X': ..."): say it is the output type
+        raise ToolError(f"output type {kind!r}: {str(exc).partition(': ')[2]}") from None
+    try:
+        adapter = pydantic.TypeAdapter(hint)
+        schema = adapter.json_schema()
+    except pydantic.PydanticUserError as exc:
+        raise ToolError(
+            f"output type {kind!r} cannot be validated or described ({str(exc).splitlines()[0]}); use JSON-like "
+            "types (attrs, dataclasses, TypedDict, pydantic models, lists, Literal ...)"
+        ) from None
+    top = schema
+    ref = top.get("$ref")
+    if isinstance(ref, str) and ref.startswith(_REF_PREFIX):
+        top = schema.get("$defs", {}).get(ref[len(_REF_PREFIX) :], {})
+    if top.get("type") == "object" and "properties" in top:
+        return OutputAdapter(
+            name=name, schema=clean_schema(schema), wrapped=False, validate=adapter.validator.validate_json
+        )
+    holder = _make_typed_dict(f"{name}_result", {"result": hint}, forbid_extra=True)
+    wrapper = pydantic.TypeAdapter(holder)
+    return OutputAdapter(
+        name=name,
+        schema=clean_schema(wrapper.json_schema()),
+        wrapped=True,
+        validate=wrapper.validator.validate_json,
+    )
 
 
 # ---------------------------------------------------------------- calling

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import overload
 
 import attrs
 
+from ..model._context import message_chars, tokens_for_chars
 from ..model._protocol import AssistantMessage, Message, ToolMessage, UserMessage
 from ..session import _events as ev
 from ..session._session import Session
 
-__all__ = ["History", "MessagesView"]
+__all__ = ["History", "MessagesView", "TurnMark"]
 
 
 class MessagesView(Sequence[Message]):
@@ -60,6 +61,21 @@ class MessagesView(Sequence[Message]):
         return f"MessagesView({list(self)!r})"
 
 
+@attrs.frozen
+class TurnMark:
+    """Where a turn starts in the derived conversation: a possible compaction boundary.
+
+    Attributes:
+        seq: the seq of the turn's ``turn/start``.
+        index: how many messages come before it.
+        chars: the characters of those messages.
+    """
+
+    seq: int
+    index: int
+    chars: int
+
+
 @attrs.define(eq=False)
 class History:
     """The conversation of a session, maintained incrementally.
@@ -68,28 +84,115 @@ class History:
     returns an O(1) view, so building each request costs only the new events.
     The result is a pure function of the log: a resumed agent derives exactly
     what a never-restarted one would.
+
+    A ``context/compacted`` event replaces everything before its ``boundary``
+    by its ``summary`` (:attr:`summary`): the messages are rebuilt from the
+    events between the boundary and the compaction (O(kept part), once), and
+    later events are added as before.  Beside the messages, the history keeps
+    what the size estimate needs (docs/long-sessions.rst): their characters,
+    the last usage a provider reported with the characters at that point, and
+    where each kept turn starts.
     """
 
     session: Session
     _messages: list[Message] = attrs.field(factory=list, init=False)
     _position: int = attrs.field(default=0, init=False)
+    _chars: int = attrs.field(default=0, init=False)
+    _summary: str | None = attrs.field(default=None, init=False)
+    _boundary: int = attrs.field(default=0, init=False)
+    # (input + output tokens the provider last reported, self._chars right after that message)
+    _anchor: tuple[int, int] | None = attrs.field(default=None, init=False)
+    _marks: list[TurnMark] = attrs.field(factory=list, init=False)
 
     def messages(self) -> Sequence[Message]:
         """The conversation so far (a view that does not change later)."""
-        new = self.session.events[self._position :]
+        events = self.session.events
+        end = len(events)
+        if self._position != end:
+            self._consume(events, self._position, end, replaying=False)
+            self._position = end
+        return MessagesView(self._messages, len(self._messages))
+
+    def _consume(self, events: Sequence[ev.Event], start: int, end: int, *, replaying: bool) -> None:
+        """Add the messages of ``events[start:end]``; ``replaying`` skips compactions (superseded)."""
         out = self._messages
-        for event in new:
+        chars = self._chars
+        for index in range(start, end):
+            event = events[index]
             # ``type(event) is`` narrows like isinstance, and is cheaper.
             if type(event) is ev.UserMessage:
                 out.append(UserMessage(text=event.text))
+                chars += len(event.text)
             elif type(event) is ev.AssistantMessage:
                 if event.text or event.tool_calls or event.reasoning:
-                    out.append(
-                        AssistantMessage(text=event.text, tool_calls=event.tool_calls, reasoning=event.reasoning)
-                    )
+                    message = AssistantMessage(text=event.text, tool_calls=event.tool_calls, reasoning=event.reasoning)
+                    out.append(message)
+                    chars += message_chars(message)
+                usage = event.usage
+                if usage is not None and event.finish not in ("error", "aborted"):
+                    self._anchor = (usage.input_tokens + usage.output_tokens, chars)
             elif type(event) is ev.ToolResult:
                 out.append(
                     ToolMessage(call_id=event.call_id, name=event.name, content=event.content, is_error=event.is_error)
                 )
-        self._position += len(new)
-        return MessagesView(out, len(out))
+                chars += len(event.content) + len(event.name) + len(event.call_id)
+            elif type(event) is ev.TurnStart:
+                self._marks.append(TurnMark(seq=event.seq, index=len(out), chars=chars))
+            elif type(event) is ev.ContextCompacted and not replaying:
+                self._chars = chars
+                self._compact(event)
+                out, chars = self._messages, self._chars
+        self._chars = chars
+
+    def _compact(self, event: ev.ContextCompacted) -> None:
+        """Restart the conversation at ``event.boundary``, under ``event.summary``."""
+        self._messages = []
+        self._chars = 0
+        self._anchor = None
+        self._marks = []
+        self._summary = event.summary
+        self._boundary = event.boundary
+        # Earlier compactions inside the kept part are superseded by this one's summary.
+        self._consume(self.session.events, event.boundary, event.seq, replaying=True)
+
+    # ------------------------------------------------------------ compaction state
+
+    @property
+    def summary(self) -> str | None:
+        """The summary standing for the events before :attr:`boundary` (None before any compaction)."""
+        if self._position != len(self.session.events):
+            self.messages()
+        return self._summary
+
+    @property
+    def boundary(self) -> int:
+        """The seq of the first event the conversation holds verbatim (0 before any compaction)."""
+        self.messages()
+        return self._boundary
+
+    @property
+    def chars(self) -> int:
+        """The characters of the conversation's messages."""
+        self.messages()
+        return self._chars
+
+    @property
+    def marks(self) -> Sequence[TurnMark]:
+        """Where each turn of the verbatim part starts (the possible boundaries of a compaction)."""
+        self.messages()
+        return tuple(self._marks)
+
+    def estimate(self, fixed_chars: Callable[[], int]) -> int:
+        """Estimate the tokens of the next request, in O(events appended since the last call).
+
+        The last usage a provider reported (prompt plus answer) anchors the
+        estimate; only the characters added since are estimated.  Without an
+        anchor (no usage yet, or just after a compaction) the whole request is
+        estimated once: ``fixed_chars()`` (system prompt, summary, tools) plus
+        the messages.
+        """
+        self.messages()
+        if self._anchor is not None:
+            tokens, chars = self._anchor
+            return tokens + tokens_for_chars(self._chars - chars)
+        return tokens_for_chars(fixed_chars() + self._chars)

@@ -7,6 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from .._records import ModelSettings
+from ._budget import Budget
+from ._compaction import ContextPolicy, HistoryProcessor
+
 if TYPE_CHECKING:
     from ..model._protocol import ModelProvider
     from ._approval import Approver
@@ -20,6 +24,11 @@ DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Use the tools you are give
 def _positive_or_none(instance: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
     if value is not None and (not isinstance(value, int) or value <= 0):
         raise ValueError(f"{attribute.name} must be a positive integer or None, got {value!r}")
+
+
+def _settings_or_none(instance: object, attribute: attrs.Attribute[ModelSettings | None], value: object) -> None:
+    if value is not None and not isinstance(value, ModelSettings):
+        raise TypeError(f"{attribute.name} must be a ModelSettings or None, got {type(value).__name__}")
 
 
 def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -51,6 +60,20 @@ class AgentOptions:
             ``open_harness(approver=...)``.  None uses the harness's; with
             neither, such calls run without asking.  A subagent inherits its
             parent's approver unless its own options name one.
+        model_settings: this agent's model settings; a turn's settings win
+            over them, they win over the harness's (field by field, see
+            :class:`~trio_harness.model.ModelSettings`).  ``max_tokens`` above
+            is the same as ``model_settings.max_tokens``, which wins when both
+            are set.
+        turn_budget: limits on one turn's model usage; reaching one ends the
+            turn with reason ``budget`` before its next request.
+        session_budget: limits on the whole session's model usage (its log,
+            across resumes); reaching one ends each turn the same way.
+        context: when the conversation is compacted and how much of it is
+            kept (:class:`~trio_harness.agents.ContextPolicy`).
+        history_processor: a hook from the conversation derived from the log
+            (after compaction) to the messages sent; it must be a pure
+            function of its input, so that a resumed agent sends the same.
     """
 
     model: ModelProvider | str | None = None
@@ -61,3 +84,12 @@ class AgentOptions:
     tool_concurrency: int = attrs.field(default=10, validator=_positive)
     tool_filter: Callable[[Tool], bool] | None = None
     approver: Approver | None = attrs.field(default=None, validator=_callable_or_none)
+    model_settings: ModelSettings | None = attrs.field(default=None, validator=_settings_or_none)
+    turn_budget: Budget | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Budget))
+    )
+    session_budget: Budget | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Budget))
+    )
+    context: ContextPolicy = attrs.field(factory=ContextPolicy, validator=attrs.validators.instance_of(ContextPolicy))
+    history_processor: HistoryProcessor | None = None

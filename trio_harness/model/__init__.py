@@ -9,6 +9,8 @@ from ._protocol import Finish as Finish
 from ._protocol import Message as Message
 from ._protocol import ModelProvider as ModelProvider
 from ._protocol import ModelRequest as ModelRequest
+from ._protocol import ModelSettings as ModelSettings
+from ._protocol import OutputFormat as OutputFormat
 from ._protocol import ReasoningDelta as ReasoningDelta
 from ._protocol import Retry as Retry
 from ._protocol import TextDelta as TextDelta
@@ -17,6 +19,7 @@ from ._protocol import ToolCallDelta as ToolCallDelta
 from ._protocol import ToolMessage as ToolMessage
 from ._protocol import ToolSpec as ToolSpec
 from ._protocol import Usage as Usage
+from ._protocol import UsageTotals as UsageTotals
 from ._protocol import UserMessage as UserMessage
 from ._replay import ReplayModel as ReplayModel
 from ._scripted import ScriptedModel as ScriptedModel

@@ -134,10 +134,13 @@ class ChunkParser:
         if type(cached) is not int:
             details = usage.get("prompt_tokens_details")
             cached = details.get("cached_tokens") if type(details) is dict else 0
+        completion = usage.get("completion_tokens_details")
+        reasoning = completion.get("reasoning_tokens") if type(completion) is dict else 0
         return Usage(
             input_tokens=_count(usage.get("prompt_tokens")),
             output_tokens=_count(usage.get("completion_tokens")),
             cache_hit_tokens=_count(cached),
+            reasoning_tokens=_count(reasoning),
         )
 
     # ------------------------------------------------------------ input

@@ -28,7 +28,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, Literal, Self
 
 import attrs
 import httpx
@@ -36,12 +36,14 @@ import trio
 
 from .._errors import ModelError
 from ._chunks import ChunkParser, message_of
+from ._context import context_window_for
 from ._protocol import (
     AssistantMessage,
     Emit,
     Failure,
     Finish,
     ModelRequest,
+    ModelSettings,
     Retry,
     ToolMessage,
     UserMessage,
@@ -109,6 +111,17 @@ class OpenAIProvider:
             ``Retry-After`` is measured against; the wait itself is on Trio's clock.
         extra_body: extra top-level JSON fields merged into every request body
             (e.g. ``{"temperature": 0}``); they override the provider's own.
+        settings: default model settings of this route (a spec string's
+            query parameters); a request's settings win over them.
+        output_format: how a request's :class:`~trio_harness.model.OutputFormat`
+            is sent: ``"json_schema"`` (``response_format`` with the schema,
+            OpenAI and most compatible servers), ``"json_object"`` (JSON mode
+            without a schema: DeepSeek) or ``"none"`` (only the system
+            prompt asks for JSON).
+        context_window: the model's context window in tokens; None (the
+            default) takes it from the known models' table
+            (:data:`~trio_harness.model.KNOWN_CONTEXT_WINDOWS`), and stays
+            None for a model not in it.
 
     ``math.inf`` disables any of the three timeouts.
     """
@@ -128,6 +141,9 @@ class OpenAIProvider:
     _wall_clock: Callable[[], float] = attrs.field(default=time.time, alias="wall_clock", repr=False)
     _http_client: httpx.AsyncClient | None = attrs.field(default=None, alias="http_client", repr=False)
     extra_body: dict[str, Any] = attrs.field(default=None, converter=_copy_body, repr=False)
+    settings: ModelSettings = attrs.field(factory=ModelSettings)
+    context_window: int | None = None
+    output_format: Literal["json_schema", "json_object", "none"] = "json_schema"
     _owned_client: httpx.AsyncClient | None = attrs.field(init=False, default=None, repr=False)
     _url: str = attrs.field(init=False, default="", repr=False)
     _timeout: httpx.Timeout = attrs.field(init=False, repr=False)
@@ -148,6 +164,14 @@ class OpenAIProvider:
         if not 0 <= self.jitter <= 1:
             raise ModelError(f"OpenAIProvider jitter must be within [0, 1], got {self.jitter!r}")
         self._url = self.base_url.rstrip("/") + "/chat/completions"
+        if self.output_format not in ("json_schema", "json_object", "none"):
+            raise ModelError(
+                f"OpenAIProvider output_format must be json_schema, json_object or none, got {self.output_format!r}"
+            )
+        if self.context_window is None:
+            self.context_window = context_window_for(self.model)
+        elif type(self.context_window) is not int or self.context_window <= 0:
+            raise ModelError(f"OpenAIProvider context_window must be a positive int, got {self.context_window!r}")
 
         def finite(value: float) -> float | None:
             return None if math.isinf(value) else value
@@ -257,9 +281,22 @@ class OpenAIProvider:
                 }
                 for tool in request.tools
             ]
-        if request.max_tokens is not None:
-            body["max_tokens"] = request.max_tokens
+        settings = self.settings.merge(request.settings)
+        max_tokens = request.max_tokens if request.max_tokens is not None else settings.max_tokens
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        _apply_settings(body, settings, tools=bool(request.tools))
+        if request.output is not None and self.output_format != "none":
+            if self.output_format == "json_schema":
+                body["response_format"] = {
+                    "type": "json_schema",
+                    "json_schema": {"name": request.output.name, "schema": dict(request.output.schema)},
+                }
+            else:
+                body["response_format"] = {"type": "json_object"}
         body.update(self.extra_body)
+        if settings.extra_body:
+            body.update(settings.extra_body)
         return body
 
     def _headers(self) -> dict[str, str]:
@@ -492,6 +529,23 @@ class OpenAIProvider:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _apply_settings(body: dict[str, Any], settings: ModelSettings, *, tools: bool) -> None:
+    """Write the OpenAI wire fields of ``settings`` into ``body`` (``max_tokens`` and ``extra_body`` aside)."""
+    if settings.temperature is not None:
+        body["temperature"] = settings.temperature
+    if settings.top_p is not None:
+        body["top_p"] = settings.top_p
+    if settings.seed is not None:
+        body["seed"] = settings.seed
+    if settings.stop is not None:
+        body["stop"] = list(settings.stop)
+    if settings.reasoning_effort is not None:
+        body["reasoning_effort"] = settings.reasoning_effort
+    if settings.parallel_tool_calls is not None and tools:
+        # Servers refuse parallel_tool_calls on a request without tools.
+        body["parallel_tool_calls"] = settings.parallel_tool_calls
 
 
 async def _abandon(body: AsyncIterator[bytes]) -> None:

@@ -21,8 +21,10 @@ from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 import attrs
 
 from .._records import Failure as Failure
+from .._records import ModelSettings as ModelSettings
 from .._records import ToolCall as ToolCall
 from .._records import Usage as Usage
+from .._records import UsageTotals as UsageTotals
 
 FinishReason: TypeAlias = Literal["stop", "tool-calls", "max-tokens", "error", "aborted"]
 
@@ -73,6 +75,27 @@ class ToolSpec:
 
 
 @attrs.frozen
+class OutputFormat:
+    """The shape the final answer must have: a JSON value matching ``schema``.
+
+    Providers with a JSON-schema response format send it (OpenAI's
+    ``response_format: {"type": "json_schema", ...}``); others are asked in
+    the system prompt, and the driver validates the answer either way.
+
+    Attributes:
+        name: a short name of the expected type (``[A-Za-z0-9_-]``).
+        schema: the JSON schema of the answer (an object schema).
+    """
+
+    name: str
+    schema: Mapping[str, Any] = attrs.field(eq=False)
+
+
+RequestPurpose: TypeAlias = Literal["turn", "compaction"]
+"""Why a request is made: a step of a turn, or a summary for context compaction."""
+
+
+@attrs.frozen
 class ModelRequest:
     """Everything a provider needs for one model call.
 
@@ -81,7 +104,11 @@ class ModelRequest:
         system: the system prompt.
         messages: the conversation derived from the session log.
         tools: the tools offered to the model, in a stable order.
-        max_tokens: an optional positive cap on generated tokens.
+        max_tokens: an optional positive cap on generated tokens (the same as
+            ``settings.max_tokens`` when the driver builds the request).
+        settings: sampling and provider settings (merged by the driver).
+        output: when set, the final answer must be JSON of this format.
+        purpose: ``"turn"`` for a step, ``"compaction"`` for a summary request.
     """
 
     model: str
@@ -89,6 +116,9 @@ class ModelRequest:
     messages: Sequence[Message]
     tools: tuple[ToolSpec, ...] = ()
     max_tokens: int | None = None
+    settings: ModelSettings = attrs.field(factory=ModelSettings)
+    output: OutputFormat | None = None
+    purpose: RequestPurpose = "turn"
 
 
 # ---------------------------------------------------------------- chunks

@@ -6,15 +6,22 @@ model response; the replay streams it again as it was streamed the first time
 Responses are consumed in order, one per request, so a conversation recorded
 against a real provider can be replayed in tests and examples with no network.
 
-With ``strict=True`` each request's newest user message must equal the one
-the recording had at that point; a divergence is reported as a failure naming
-both texts instead of answering out of context.
+Context compactions are replayed too: each ``context/compacted`` event of the
+recording answers the summary request(s) of one compaction with its summary,
+in order among the steps, so a replayed agent compacts at the same points and
+rebuilds the same requests.
+
+With ``strict=True`` each request must match the recording at that point: a
+step's newest user message and its model settings (its ``request/header``),
+and the kind of request (a step or a compaction summary); a divergence is
+reported as a failure naming both sides instead of answering out of context.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal
 
 import attrs
 import trio
@@ -27,9 +34,11 @@ from ._protocol import (
     Finish,
     FinishReason,
     ModelRequest,
+    ModelSettings,
     ReasoningDelta,
     TextDelta,
     ToolCallDelta,
+    Usage,
     UserMessage,
 )
 
@@ -48,25 +57,37 @@ def _replayed_finish(recorded: str) -> FinishReason:
 @attrs.frozen
 class _Recorded:
     chunks: tuple[ev.AssistantChunk, ...]
-    message: ev.AssistantMessage
+    message: ev.AssistantMessage | None
     last_user: str | None
+    settings: ModelSettings | None = None
+    compaction: ev.ContextCompacted | None = None
+
+    @property
+    def kind(self) -> Literal["turn", "compaction"]:
+        return "compaction" if self.compaction is not None else "turn"
 
 
 def _recordings(events: Iterable[ev.Event]) -> list[_Recorded]:
     out: list[_Recorded] = []
     chunks: list[ev.AssistantChunk] = []
     last_user: str | None = None
+    settings: ModelSettings | None = None
     for event in events:
         if isinstance(event, ev.UserMessage):
             last_user = event.text
         elif isinstance(event, ev.StepStart):
             chunks = []
+        elif isinstance(event, ev.RequestHeader):
+            settings = event.settings
+            chunks = []
         elif isinstance(event, ev.AssistantChunk):
             chunks.append(event)
         elif isinstance(event, ev.AssistantMessage):
             if event.finish not in ("error", "aborted"):
-                out.append(_Recorded(tuple(chunks), event, last_user))
+                out.append(_Recorded(tuple(chunks), event, last_user, settings))
             chunks = []
+        elif isinstance(event, ev.ContextCompacted):
+            out.append(_Recorded((), None, None, compaction=event))
     return out
 
 
@@ -82,6 +103,9 @@ class ReplayModel:
     strict: bool = False
     requests: list[ModelRequest] = attrs.field(factory=list, init=False)
     _next: int = attrs.field(default=0, init=False)
+    # How many summary requests the current recording (a compaction) answered: a compaction
+    # may make several (its partials, then its summary); the next step request moves past it.
+    _answered: int = attrs.field(default=0, init=False)
 
     @classmethod
     def from_events(
@@ -123,7 +147,17 @@ class ReplayModel:
         """Answer with the next recorded response."""
         self.requests.append(request)
         await trio.lowlevel.checkpoint()
-        if self._next >= len(self._recorded):
+        kind = request.purpose
+        recorded = self._recorded
+        if self._answered and kind == "turn":
+            self._next += 1  # the compaction is over
+            self._answered = 0
+        if self._next < len(recorded) and recorded[self._next].kind != kind and not self.strict:
+            # Lenient: answer from the next recording of this kind.
+            found = next((i for i in range(self._next, len(recorded)) if recorded[i].kind == kind), None)
+            if found is not None:
+                self._next, self._answered = found, 0
+        if self._next >= len(recorded):
             emit(
                 Finish(
                     "error",
@@ -131,26 +165,37 @@ class ReplayModel:
                 )
             )
             return
-        recorded = self._recorded[self._next]
+        current = recorded[self._next]
+        if current.kind != kind:
+            self._diverged(emit, f"is a {_KIND[kind]} where the recording had a {_KIND[current.kind]}")
+            return
+        if current.compaction is not None:
+            compaction = current.compaction
+            first = not self._answered
+            answers = (*compaction.partials, compaction.summary)
+            emit(TextDelta(answers[min(self._answered, len(answers) - 1)]))
+            self._answered += 1
+            totals = compaction.usage
+            if first and totals is not None:
+                emit(Usage(totals.input_tokens, totals.output_tokens, totals.cache_hit_tokens, totals.reasoning_tokens))
+            emit(Finish("stop"))
+            return
+        message = current.message
+        assert message is not None
         self._next += 1
-        if self.strict and recorded.last_user is not None:
+        if self.strict and current.last_user is not None:
             users = [m.text for m in request.messages if isinstance(m, UserMessage)]
-            current = users[-1] if users else None
-            if current != recorded.last_user:
-                emit(
-                    Finish(
-                        "error",
-                        Failure(
-                            "replay-diverged",
-                            f"{self.source}: request {len(self.requests)} has user message {current!r} "
-                            f"where the recording had {recorded.last_user!r}",
-                        ),
-                    )
-                )
+            latest = users[-1] if users else None
+            if latest != current.last_user:
+                self._diverged(emit, f"has user message {latest!r} where the recording had {current.last_user!r}")
                 return
-        message = recorded.message
-        if recorded.chunks:
-            for chunk in recorded.chunks:
+        if self.strict:
+            sent = None if request.settings.empty else request.settings
+            if sent != current.settings:
+                self._diverged(emit, f"has model settings {sent!r} where the recording had {current.settings!r}")
+                return
+        if current.chunks:
+            for chunk in current.chunks:
                 emit(TextDelta(chunk.text) if chunk.kind == "text" else ReasoningDelta(chunk.text))
         else:
             if message.reasoning:
@@ -162,3 +207,14 @@ class ReplayModel:
         if message.usage is not None:
             emit(message.usage)
         emit(Finish(_replayed_finish(message.finish)))
+
+    def _diverged(self, emit: Emit, what: str) -> None:
+        emit(
+            Finish(
+                "error",
+                Failure("replay-diverged", f"{self.source}: request {len(self.requests)} {what}"),
+            )
+        )
+
+
+_KIND = {"turn": "step request", "compaction": "compaction (summary) request"}

@@ -15,6 +15,16 @@ deltas before the text) and ``"delay"`` (seconds of Trio time to wait before
 answering; deterministic under a mock clock).  In process, a response may also
 be a callable taking the :class:`ModelRequest` and returning a mapping.
 
+Two optional top-level keys of the file (and constructor arguments) help test
+long sessions offline: ``"context_window"`` (tokens; a request larger than it
+fails with a ``context-length`` failure and consumes no response) and
+``"summary"`` (the text answering every context-compaction request, which then
+consumes no response either).  The reported usage follows the text's length,
+about four characters a token (:data:`~trio_harness.model.CHARS_PER_TOKEN`),
+measured incrementally, so a long session costs no more per request.  A
+scripted model is an endpoint with a JSON response format: for a request with
+an ``output`` format, its text answer is the JSON to validate.
+
 Every request is recorded in :attr:`ScriptedModel.requests`.  When the script
 runs out, further requests fail with a ``script-exhausted`` failure naming the
 script.
@@ -31,14 +41,18 @@ import attrs
 import trio
 
 from .._errors import ModelError
+from ._context import message_chars, tokens_for_chars, tools_chars
 from ._protocol import (
     Emit,
     Failure,
     Finish,
+    Message,
     ModelRequest,
+    ModelSettings,
     ReasoningDelta,
     TextDelta,
     ToolCallDelta,
+    ToolSpec,
     Usage,
 )
 
@@ -90,6 +104,11 @@ def _split(text: str, parts: int = 3) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
+def _check_window(instance: object, attribute: attrs.Attribute[int | None], value: object) -> None:
+    if value is not None and (type(value) is not int or value <= 0):
+        raise ModelError(f"ScriptedModel context_window must be a positive int or None, got {value!r}")
+
+
 @attrs.define(eq=False)
 class ScriptedModel:
     """A model provider that answers from a script.
@@ -98,14 +117,25 @@ class ScriptedModel:
         responses: the responses, consumed in order.
         source: where the script came from (named in errors).
         chunks: how many pieces each text is streamed in.
+        context_window: the window in tokens; a larger request fails with a
+            ``context-length`` failure (consuming no response).
+        summary: the answer to every context-compaction request (a text, or
+            a callable of the request); None to answer them from the script.
+        settings: default model settings of the route (a spec's query).
     """
 
     responses: Sequence[Response] = attrs.field(converter=_responses)
     source: str = "in-process script"
     chunks: int = 3
+    context_window: int | None = attrs.field(default=None, kw_only=True, validator=_check_window)
+    summary: str | Callable[[ModelRequest], str] | None = attrs.field(default=None, kw_only=True)
+    settings: ModelSettings = attrs.field(factory=ModelSettings, kw_only=True)
     requests: list[ModelRequest] = attrs.field(factory=list, init=False)
     _next: int = attrs.field(default=0, init=False)
     _calls: int = attrs.field(default=0, init=False)
+    # The last conversation measured: (first message, last message, count, characters).
+    _measured: tuple[Message | None, Message | None, int, int] = attrs.field(default=(None, None, 0, 0), init=False)
+    _tools_measured: tuple[tuple[ToolSpec, ...], int] = attrs.field(default=((), 0), init=False)
 
     def __attrs_post_init__(self) -> None:
         for index, response in enumerate(self.responses):
@@ -127,9 +157,20 @@ class ScriptedModel:
             raise ModelError(f"scripted model file {str(path)!r} is not readable JSON: {exc}") from None
         if not isinstance(data, dict) or not isinstance(data.get("responses"), list):
             raise ModelError(f"scripted model file {str(path)!r} must be an object with a 'responses' list")
-        if set(data) - {"responses"}:
-            raise ModelError(f"scripted model file {str(path)!r} has unknown keys {sorted(set(data) - {'responses'})}")
-        return cls(data["responses"], source=f"scripted model file {str(path)!r}")
+        known = {"responses", "context_window", "summary"}
+        if set(data) - known:
+            raise ModelError(
+                f"scripted model file {str(path)!r} has unknown keys {sorted(set(data) - known)}; "
+                f"allowed: {sorted(known)}"
+            )
+        summary = data.get("summary")
+        if summary is not None and not isinstance(summary, str):
+            raise ModelError(f"scripted model file {str(path)!r}: 'summary' must be a string")
+        source = f"scripted model file {str(path)!r}"
+        try:
+            return cls(data["responses"], source=source, context_window=data.get("context_window"), summary=summary)
+        except ModelError as exc:
+            raise ModelError(f"{source}: {exc}") from None
 
     def push(self, *responses: Response) -> None:
         """Append responses to the script (validated like the constructor's)."""
@@ -147,9 +188,53 @@ class ScriptedModel:
         """How many responses are left."""
         return len(self.responses) - self._next
 
+    def prompt_tokens(self, request: ModelRequest) -> int:
+        """The prompt tokens this model reports for ``request`` (about four characters a token).
+
+        The conversation is measured incrementally: when ``request`` extends
+        the previous request's messages (the same first and last-seen
+        message objects), only the new messages are measured.
+        """
+        messages = request.messages
+        count = len(messages)
+        first, last, seen, chars = self._measured
+        if not (seen and count >= seen and messages[0] is first and messages[seen - 1] is last):
+            seen, chars = 0, 0
+        for index in range(seen, count):
+            chars += message_chars(messages[index])
+        if count:
+            self._measured = (messages[0], messages[count - 1], count, chars)
+        tools, size = self._tools_measured
+        if tools != request.tools:
+            size = tools_chars(request.tools)
+            self._tools_measured = (request.tools, size)
+        return tokens_for_chars(len(request.system) + size + chars)
+
     async def stream(self, request: ModelRequest, emit: Emit) -> None:
         """Answer ``request`` with the next scripted response."""
         self.requests.append(request)
+        prompt = self.prompt_tokens(request)
+        if self.context_window is not None and prompt > self.context_window:
+            await trio.lowlevel.checkpoint()
+            emit(
+                Finish(
+                    "error",
+                    Failure(
+                        "context-length",
+                        f"{self.source}: the request has about {prompt} tokens, more than the context window "
+                        f"of {self.context_window}",
+                    ),
+                )
+            )
+            return
+        if request.purpose == "compaction" and self.summary is not None:
+            await trio.lowlevel.checkpoint()
+            text = self.summary if isinstance(self.summary, str) else self.summary(request)
+            for piece in _split(text, self.chunks):
+                emit(TextDelta(piece))
+            emit(Usage(input_tokens=prompt, output_tokens=tokens_for_chars(len(text))))
+            emit(Finish("stop"))
+            return
         if self._next >= len(self.responses):
             emit(
                 Finish(
@@ -184,23 +269,14 @@ class ScriptedModel:
         for piece in _split(text, self.chunks):
             emit(TextDelta(piece))
         calls = response.get("tool_calls", [])
+        output = len(text) + len(response.get("reasoning", ""))
         for index, call in enumerate(calls):
             self._calls += 1
             arguments = call.get("arguments", {})
-            emit(
-                ToolCallDelta(
-                    index=index,
-                    id=call.get("id") or f"call_{self._calls}",
-                    name=call["name"],
-                    arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
-                )
-            )
-        # A cheap deterministic estimate: O(1) per request however long the history is.
-        prompt = 32 * len(request.messages)
-        emit(
-            Usage(
-                input_tokens=(len(request.system) + prompt) // 4 + 1,
-                output_tokens=len(text) // 4 + 1,
-            )
-        )
+            call_id = call.get("id") or f"call_{self._calls}"
+            arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
+            output += len(call_id) + len(call["name"]) + len(arguments)
+            emit(ToolCallDelta(index=index, id=call_id, name=call["name"], arguments=arguments))
+        # Follows the text's length; measured incrementally (prompt_tokens), so O(new messages).
+        emit(Usage(input_tokens=prompt, output_tokens=tokens_for_chars(output)))
         emit(Finish("tool-calls" if calls else "stop"))

@@ -15,19 +15,30 @@ Accepted forms:
 :func:`open_model` is the one owner of what a spec builds: it yields the
 provider for an ``async with`` block and closes it at the block's end when it
 built it (a provider object passed in stays the caller's).
+
+A spec may end in query parameters setting the route's default model
+settings (:class:`~trio_harness.model.ModelSettings`) and its context window:
+``deepseek:deepseek-chat?temperature=0.2&max_tokens=100``.  The keys are
+``temperature``, ``top_p``, ``max_tokens``, ``seed``, ``stop`` (repeat it for
+several sequences), ``reasoning_effort``, ``parallel_tool_calls``
+(``true`` / ``false``) and ``context_window``; an unknown key or a bad value is
+a :class:`~trio_harness.ModelError` naming it.  ``replay:`` takes none.  The
+query starts at the last ``?`` of the spec.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import urllib.parse
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Final
+from typing import Any, Final
 
 import trio
 
 from .._errors import ModelError
+from .._records import ModelSettings
 from ._openai import OpenAIProvider
 from ._protocol import ModelProvider
 
@@ -79,6 +90,12 @@ def resolve_model(spec: str | ModelProvider, *, env: Mapping[str, str] | None = 
     if not colon or prefix not in ("deepseek", "openai", "scripted", "replay"):
         raise ModelError(f"unknown model spec {spec!r}; {_FORMS}")
     rest = rest.strip()
+    settings, context_window = ModelSettings(), None
+    if "?" in rest:
+        if prefix == "replay":
+            raise ModelError(f"model spec {spec!r}: a replay takes no query parameters (it answers as recorded)")
+        rest, _, query = rest.rpartition("?")
+        settings, context_window = _parse_query(spec, query)
     if prefix == "replay":
         if not rest:
             raise ModelError(f"model spec {spec!r} names no session log; {_FORMS}")
@@ -90,7 +107,11 @@ def resolve_model(spec: str | ModelProvider, *, env: Mapping[str, str] | None = 
             raise ModelError(f"model spec {spec!r} names no script file; {_FORMS}")
         from ._scripted import ScriptedModel
 
-        return ScriptedModel.from_file(os.path.expanduser(rest))
+        scripted = ScriptedModel.from_file(os.path.expanduser(rest))
+        scripted.settings = settings
+        if context_window is not None:
+            scripted.context_window = context_window
+        return scripted
     if prefix == "deepseek":
         model = rest
         _check_model(spec, model)
@@ -99,6 +120,9 @@ def resolve_model(spec: str | ModelProvider, *, env: Mapping[str, str] | None = 
             base_url=DEEPSEEK_BASE_URL,
             api_key=_key(environ, "DEEPSEEK_API_KEY", spec, required=True),
             name=f"deepseek:{model}",
+            settings=settings,
+            context_window=context_window,
+            output_format="json_object",  # DeepSeek's JSON mode takes no schema
         )
     # openai
     found = _BASE_URL_AT.search(rest)
@@ -110,6 +134,8 @@ def resolve_model(spec: str | ModelProvider, *, env: Mapping[str, str] | None = 
             base_url=base_url,
             api_key=_key(environ, "OPENAI_API_KEY", spec, required=False),
             name=f"openai:{model}@{base_url}",
+            settings=settings,
+            context_window=context_window,
         )
     if "@" in rest:
         model, _, base_url = rest.rpartition("@")
@@ -124,6 +150,8 @@ def resolve_model(spec: str | ModelProvider, *, env: Mapping[str, str] | None = 
         base_url=OPENAI_BASE_URL,
         api_key=_key(environ, "OPENAI_API_KEY", spec, required=True),
         name=f"openai:{model}",
+        settings=settings,
+        context_window=context_window,
     )
 
 
@@ -182,3 +210,73 @@ def _key(environ: Mapping[str, str], variable: str, spec: str, *, required: bool
     if required:
         raise ModelError(f"model spec {spec!r} needs an API key: set the {variable} environment variable")
     return None
+
+
+_QUERY_KEYS: Final = (
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "seed",
+    "stop",
+    "reasoning_effort",
+    "parallel_tool_calls",
+    "context_window",
+)
+
+
+def _parse_query(spec: str, query: str) -> tuple[ModelSettings, int | None]:
+    """The settings and context window a spec's query parameters give (see the module docstring)."""
+    try:
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise ModelError(
+            f"model spec {spec!r}: cannot read the query {query!r}; write key=value pairs joined by '&'"
+        ) from None
+    fields: dict[str, Any] = {}
+    stops: list[str] = []
+    context_window: int | None = None
+    for key, raw in pairs:
+        if key not in _QUERY_KEYS:
+            raise ModelError(
+                f"model spec {spec!r}: unknown parameter {key!r}; known parameters: {', '.join(_QUERY_KEYS)}"
+            )
+        if key == "stop":
+            stops.append(raw)
+            continue
+        if key in fields or (key == "context_window" and context_window is not None):
+            raise ModelError(f"model spec {spec!r}: parameter {key!r} is given twice")
+        value: Any
+        try:
+            if key in ("temperature", "top_p"):
+                value = float(raw)
+            elif key in ("max_tokens", "seed", "context_window"):
+                value = int(raw)
+            elif key == "parallel_tool_calls":
+                lowered = raw.strip().lower()
+                if lowered not in ("true", "false", "1", "0"):
+                    raise ValueError(raw)
+                value = lowered in ("true", "1")
+            else:
+                value = raw
+        except ValueError:
+            expected = {
+                "temperature": "a number",
+                "top_p": "a number",
+                "max_tokens": "an integer",
+                "seed": "an integer",
+                "context_window": "an integer",
+                "parallel_tool_calls": "true or false",
+            }[key]
+            raise ModelError(f"model spec {spec!r}: {key}={raw!r} is not {expected}") from None
+        if key == "context_window":
+            if value <= 0:
+                raise ModelError(f"model spec {spec!r}: context_window must be positive, got {value}")
+            context_window = value
+        else:
+            fields[key] = value
+    if stops:
+        fields["stop"] = tuple(stops)
+    try:
+        return ModelSettings(**fields), context_window
+    except (TypeError, ValueError) as exc:
+        raise ModelError(f"model spec {spec!r}: {exc}") from None

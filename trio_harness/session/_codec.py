@@ -17,6 +17,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import attrs
 import cattrs
+import cattrs.gen
 from cattrs.cols import homogenous_tuple_structure_factory
 from cattrs.preconf.json import make_converter
 
@@ -63,6 +64,32 @@ def _strict_tuple(kind: Any, converter: Any) -> Any:
 
 
 _converter.register_structure_hook_factory(_is_homogeneous_tuple, _strict_tuple)
+
+
+def _register_omitting(kind: type[Any], seen: set[type[Any]]) -> None:
+    """Leave fields marked ``omit_if_default`` out of ``kind``'s lines (and its nested records') at their default.
+
+    So a field added to the format after a log was written reads back as its
+    default, and a log that does not use it is written exactly as before.
+    """
+    if kind in seen:
+        return
+    seen.add(kind)
+    attrs.resolve_types(kind)
+    overrides: dict[str, Any] = {}
+    for field in attrs.fields(kind):
+        for inner in (field.type, *get_args(field.type), *(a for t in get_args(field.type) for a in get_args(t))):
+            if isinstance(inner, type) and attrs.has(inner):
+                _register_omitting(inner, seen)
+        if field.metadata.get("omit_if_default"):
+            overrides[field.name] = cattrs.gen.override(omit_if_default=True)
+    if overrides:
+        _converter.register_unstructure_hook(kind, cattrs.gen.make_dict_unstructure_fn(kind, _converter, **overrides))
+
+
+_seen_records: set[type[Any]] = set()
+for _cls in EVENT_TYPES:
+    _register_omitting(_cls, _seen_records)
 
 _TAGS: dict[str, type[Event]] = {cls.type: cls for cls in EVENT_TYPES}
 
@@ -137,6 +164,10 @@ class _Gen:
             return f"tuple([{item}(_x) for _x in {v}])"
         if attrs.has(kind):
             return f"{self.function(kind)}({v})"
+        if origin is dict and args == (str, Any):
+            # A free-form JSON object (ModelSettings.extra_body): JSON keys are strings.
+            out.append(f"{indent}if type({v}) is not dict: raise _Fallback")
+            return v
         raise TypeError(f"no fast converter for {kind!r}")
 
     def function(self, kind: Any) -> str:

@@ -13,7 +13,7 @@ from typing import ClassVar, Literal, TypeAlias, get_args
 
 import attrs
 
-from .._records import Failure, ToolCall, Usage
+from .._records import OMIT_IF_DEFAULT, Failure, ModelSettings, ToolCall, Usage, UsageTotals
 
 __all__ = [
     "EVENT_TYPES",
@@ -24,6 +24,8 @@ __all__ = [
     "ApprovalSource",
     "AssistantChunk",
     "AssistantMessage",
+    "CompactionReason",
+    "ContextCompacted",
     "Event",
     "InboxMessage",
     "InboxSpliced",
@@ -80,6 +82,14 @@ def _timestamp(instance: object, attribute: attrs.Attribute[float], value: objec
         raise ValueError(f"{type(instance).__name__}.{attribute.name} must be finite, got {value!r}")
 
 
+def _optional_settings(instance: object, attribute: attrs.Attribute[ModelSettings | None], value: object) -> None:
+    if value is not None and not isinstance(value, ModelSettings):
+        raise TypeError(
+            f"{type(instance).__name__}.{attribute.name} must be a ModelSettings or None, "
+            f"got {type(value).__name__} {value!r:.80}"
+        )
+
+
 def _send_mode(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
     if not isinstance(value, str) or value not in _SEND_MODES:
         raise ValueError(
@@ -87,12 +97,13 @@ def _send_mode(instance: object, attribute: attrs.Attribute[str], value: object)
         )
 
 
-TurnEndReason: TypeAlias = Literal["completed", "max-tokens", "blocked", "aborted", "error", "interrupted"]
+TurnEndReason: TypeAlias = Literal["completed", "max-tokens", "blocked", "budget", "aborted", "error", "interrupted"]
 CancelCause: TypeAlias = Literal["user", "parent", "hook", "disposed"]
 InboxQueue: TypeAlias = Literal["next-turn", "next-step"]
 SendMode: TypeAlias = Literal["followup", "steer", "inject"]
 ApprovalOutcome: TypeAlias = Literal["allow_once", "allow_always", "deny", "deny_always", "cancelled"]
 ApprovalSource: TypeAlias = Literal["approver", "remembered", "error", "cancelled", "interrupted"]
+CompactionReason: TypeAlias = Literal["threshold", "overflow", "manual"]
 _SEND_MODES: tuple[str, ...] = get_args(SendMode)
 
 
@@ -113,15 +124,19 @@ class InboxMessage:
         id: unique among the pending messages of one agent.
         text: the message text given to the model.
         mode: how it was sent (followup, steer or inject).
+        settings: model settings for the turn this message opens (a
+            followup's; see :class:`~trio_harness.model.ModelSettings`).
 
     Raises:
-        TypeError: ``id`` or ``text`` is not a str.
+        TypeError: ``id`` or ``text`` is not a str, ``settings`` not a
+            ModelSettings.
         ValueError: ``mode`` is not followup, steer or inject.
     """
 
     id: str = attrs.field(validator=_text)
     text: str = attrs.field(validator=_text)
     mode: SendMode = attrs.field(default="followup", validator=_send_mode)
+    settings: ModelSettings | None = attrs.field(default=None, validator=_optional_settings, metadata=OMIT_IF_DEFAULT)
 
 
 @attrs.frozen
@@ -155,7 +170,12 @@ class UserMessage(Event):
 
 @attrs.frozen
 class RequestHeader(Event):
-    """What was asked of the model at this step (the body is derived from the log)."""
+    """What was asked of the model at this step (the body is derived from the log).
+
+    Attributes:
+        settings: the merged model settings of the request (turn, agent,
+            harness and model spec), None when none is set.
+    """
 
     type: ClassVar[str] = "request/header"
     turn: int
@@ -164,6 +184,7 @@ class RequestHeader(Event):
     model: str
     tools: tuple[str, ...] = ()
     max_tokens: int | None = None
+    settings: ModelSettings | None = attrs.field(default=None, metadata=OMIT_IF_DEFAULT)
 
 
 @attrs.frozen
@@ -297,8 +318,12 @@ class TurnEnd(Event):
     """A turn ended.
 
     Attributes:
-        reason: completed, max-tokens, blocked, aborted (with ``cause``),
-            error (with ``failure``) or interrupted (closed on recovery).
+        reason: completed, max-tokens, blocked (``max_steps``), budget (a
+            token or request budget, with ``failure`` naming it), aborted
+            (with ``cause``), error (with ``failure``) or interrupted (closed
+            on recovery).
+        usage: the turn's model usage (None in logs written before it was
+            recorded, and for turns closed on recovery).
     """
 
     type: ClassVar[str] = "turn/end"
@@ -306,6 +331,7 @@ class TurnEnd(Event):
     reason: TurnEndReason
     cause: CancelCause | None = None
     failure: Failure | None = None
+    usage: UsageTotals | None = attrs.field(default=None, metadata=OMIT_IF_DEFAULT)
 
 
 @attrs.frozen
@@ -326,6 +352,40 @@ class InboxSpliced(Event):
     turn: int | None = None
 
 
+@attrs.frozen
+class ContextCompacted(Event):
+    """The older part of the conversation was replaced by a summary.
+
+    Model requests after this event are built from the system prompt, this
+    ``summary`` and the events from seq ``boundary`` on (always a
+    ``turn/start``: no turn and no tool call is ever cut).  Logged only once
+    the summary is complete, so a cancelled compaction leaves no trace.
+
+    Attributes:
+        boundary: the seq of the first event kept as it is.
+        summary: the summary of everything before ``boundary`` (including
+            any earlier summary).
+        reason: ``threshold`` (the request estimate passed the threshold),
+            ``overflow`` (the provider refused a request as too long) or
+            ``manual`` (``agent.compact()``).
+        turn: the turn during which it ran, None between turns.
+        tokens_before: the estimated tokens of the request before compacting.
+        usage: the usage of the summary requests.
+        partials: the intermediate summaries, when the compacted part took
+            several summary requests (each request summarizes one more piece
+            after the previous summary); ``summary`` is the last one.
+    """
+
+    type: ClassVar[str] = "context/compacted"
+    boundary: int
+    summary: str
+    reason: CompactionReason
+    turn: int | None = None
+    tokens_before: int = 0
+    usage: UsageTotals | None = None
+    partials: tuple[str, ...] = attrs.field(default=(), metadata=OMIT_IF_DEFAULT)
+
+
 AnyEvent: TypeAlias = (
     TurnStart
     | StepStart
@@ -341,6 +401,7 @@ AnyEvent: TypeAlias = (
     | InboxSpliced
     | ApprovalRequested
     | ApprovalDecided
+    | ContextCompacted
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -358,6 +419,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     InboxSpliced,
     ApprovalRequested,
     ApprovalDecided,
+    ContextCompacted,
 )
 """Every event class, in a stable order.
 

@@ -1,0 +1,466 @@
+"""Context-window management: long sessions stay under the window, compact, and resume to the same request."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from _sse_server import DONE, Respond, Stream, sse_finish, sse_text, sse_usage, start_server
+
+from trio_harness import AgentDisposedError, CompactionError, ContextPolicy, ModelError, ScriptedModel
+from trio_harness.agents import AgentOptions, ReactAgent, Tool, ToolContext
+from trio_harness.model import Failure, Message, ModelRequest, OpenAIProvider, ReplayModel, UserMessage
+from trio_harness.model._context import context_window_for, is_context_overflow
+from trio_harness.session import _events as ev
+from trio_harness.session._jsonl import parse_log
+from trio_harness.testing import assert_balanced, open_test_harness
+
+WINDOW = 3_000
+TURNS = 200
+
+
+async def echo(ctx: ToolContext, args: dict[str, Any]) -> str:
+    return f"echo {args.get('x', '')} " + "r" * 120
+
+
+ECHO = Tool("echo", "echo", {"type": "object", "properties": {"x": {"type": "string"}}}, echo)
+
+
+def summarize(request: ModelRequest) -> str:
+    """A deterministic summary of bounded size (what the scripted model answers compaction requests with)."""
+    (message,) = request.messages
+    assert isinstance(message, UserMessage)
+    return f"Summary of {len(message.text)} characters: the user asked many numbered questions. " + "s" * 200
+
+
+def script(turns: int) -> list[dict[str, Any]]:
+    """Responses for ``turns`` turns; every fifth turn calls the tool first."""
+    responses: list[dict[str, Any]] = []
+    for n in range(1, turns + 1):
+        if n % 5 == 0:
+            responses.append({"tool_calls": [{"name": "echo", "arguments": {"x": str(n)}}]})
+        responses.append({"text": f"Answer {n}: " + "a" * 180})
+    return responses
+
+
+def prompt(n: int) -> str:
+    return f"Question {n}: " + "q" * 180
+
+
+OPTIONS = AgentOptions(context=ContextPolicy(window=WINDOW))
+
+
+def compactions(events: Sequence[ev.Event]) -> list[ev.ContextCompacted]:
+    return [e for e in events if isinstance(e, ev.ContextCompacted)]
+
+
+def check_boundaries(events: Sequence[ev.Event]) -> None:
+    """Every boundary is a turn start, never after the turn the compaction ran in (or, between turns, the end)."""
+    for event in compactions(events):
+        start = events[event.boundary]
+        if event.turn is None and not isinstance(start, ev.TurnStart):
+            assert not any(isinstance(e, ev.TurnStart | ev.UserMessage) for e in events[event.boundary : event.seq])
+            continue
+        assert isinstance(start, ev.TurnStart), event
+        if event.turn is not None:
+            assert start.turn <= event.turn
+
+
+async def run_turns(agent: Any, first: int, last: int) -> None:
+    for n in range(first, last + 1):
+        agent.followup(prompt(n))
+        await agent.when_idle()
+
+
+# ---------------------------------------------------------------- the long session
+
+
+async def test_a_200_turn_session_stays_under_a_small_window_and_compacts() -> None:
+    model = ScriptedModel(script(TURNS), context_window=WINDOW, summary=summarize)
+    async with open_test_harness(model) as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(options=OPTIONS) as agent:
+            assert isinstance(agent, ReactAgent)
+            await run_turns(agent, 1, TURNS)
+            events = list(agent.session.events)
+            assert_balanced(events)
+            ends = [e for e in events if isinstance(e, ev.TurnEnd)]
+            assert len(ends) == TURNS and {e.reason for e in ends} == {"completed"}
+            done = compactions(events)
+            assert len(done) >= 5 and {c.reason for c in done} == {"threshold"}
+            check_boundaries(events)
+            sizes = [model.prompt_tokens(r) for r in model.requests if r.purpose == "turn"]
+            assert max(sizes) <= 0.8 * WINDOW + 200  # the threshold, plus one turn's growth
+            assert model.remaining == 0
+            # after the last compaction, requests are system prompt + summary + the events after the boundary
+            request = agent.build_request()
+            assert done[-1].summary in request.system
+            assert request.messages[0] == UserMessage(prompt(_turn_at(events, done[-1].boundary)))
+            # compaction requests are counted in the session's usage
+            assert agent.usage.requests == len(model.requests)
+
+
+def _turn_at(events: Sequence[ev.Event], seq: int) -> int:
+    start = events[seq]
+    assert isinstance(start, ev.TurnStart)
+    return start.turn
+
+
+async def test_resume_after_compactions_sends_the_same_requests_as_a_never_restarted_agent(tmp_path: Path) -> None:
+    # A: never restarted
+    straight = ScriptedModel(script(TURNS), context_window=WINDOW, summary=summarize)
+    async with open_test_harness(straight, store=tmp_path / "a") as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(session_id="s", options=OPTIONS) as agent:
+            assert isinstance(agent, ReactAgent)
+            await run_turns(agent, 1, TURNS)
+            final_straight = agent.build_request()
+    recorded = parse_log((tmp_path / "a" / "s" / "session.jsonl").read_bytes(), "a").events
+
+    # B: stops after turn 120 (the process ends), then resumes against a strict replay of A
+    cut_turn = 120
+    first = ScriptedModel(script(cut_turn), context_window=WINDOW, summary=summarize)
+    async with open_test_harness(first, store=tmp_path / "b") as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(session_id="s", options=OPTIONS) as agent:
+            await run_turns(agent, 1, cut_turn)
+            assert compactions(agent.session.events)
+    cut = next(e.seq for e in recorded if isinstance(e, ev.TurnStart) and e.turn == cut_turn + 1)
+    replay = ReplayModel.from_events(recorded[cut:], strict=True)
+    async with open_test_harness(replay, store=tmp_path / "b") as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(session_id="s", options=OPTIONS, resume=True) as agent:
+            assert isinstance(agent, ReactAgent)
+            assert agent.build_request() == _request_before(straight.requests, first.requests)
+            await run_turns(agent, cut_turn + 1, TURNS)
+            events = list(agent.session.events)
+            assert {e.reason for e in events if isinstance(e, ev.TurnEnd)} == {"completed"}
+            assert agent.build_request() == final_straight
+    # every request of B, before and after the restart, equals A's at the same point
+    assert first.requests + replay.requests == straight.requests
+    assert replay.remaining == 0
+    assert [(c.boundary, c.summary) for c in compactions(events)] == [
+        (c.boundary, c.summary) for c in compactions(recorded)
+    ]
+
+
+def _request_before(straight: list[ModelRequest], first: list[ModelRequest]) -> ModelRequest:
+    """A's request that follows B's last one before the restart, minus the new prompt (build_request sees none)."""
+    return _without_last_user(straight[len(first)])
+
+
+def _without_last_user(request: ModelRequest) -> ModelRequest:
+    import attrs
+
+    assert isinstance(request.messages[-1], UserMessage)
+    return attrs.evolve(request, messages=tuple(request.messages[:-1]))
+
+
+async def test_strict_replay_reports_a_compaction_where_the_recording_had_a_step(tmp_path: Path) -> None:
+    model = ScriptedModel(script(40), context_window=WINDOW, summary=summarize)
+    async with open_test_harness(model) as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(options=OPTIONS) as agent:
+            await run_turns(agent, 1, 40)
+            recorded = list(agent.session.events)
+    assert compactions(recorded)
+    # the same prompts, but an agent that never compacts: the strict replay sees the divergence
+    replay = ReplayModel.from_events(recorded, strict=True)
+    never = AgentOptions(context=ContextPolicy(window=WINDOW, auto=False))
+    async with open_test_harness(replay) as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(options=never) as agent:
+            await run_turns(agent, 1, 40)
+            failures = [e.failure for e in agent.session.events if isinstance(e, ev.TurnEnd) and e.failure]
+    assert failures and failures[0].code == "replay-diverged"
+    assert "is a step request where the recording had a compaction (summary) request" in failures[0].message
+
+
+async def test_fork_keeps_the_compaction_state() -> None:
+    model = ScriptedModel(script(60), context_window=WINDOW, summary=summarize)
+    async with open_test_harness(model) as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(session_id="parent", options=OPTIONS) as agent:
+            assert isinstance(agent, ReactAgent)
+            await run_turns(agent, 1, 60)
+            assert compactions(agent.session.events)
+            expected = agent.build_request()
+            await h.sessions.fork("parent", len(agent.session), "child")
+        async with h.agents.open(session_id="child", options=OPTIONS, resume=True) as child:
+            assert isinstance(child, ReactAgent)
+            assert child.build_request() == expected
+
+
+# ---------------------------------------------------------------- overflow
+
+
+async def test_a_context_length_error_triggers_one_compaction_and_one_retry() -> None:
+    responses = script(30)
+    model = ScriptedModel(responses, context_window=1_500, summary=summarize)
+    # no automatic compaction: only the provider's refusal triggers it
+    options = AgentOptions(context=ContextPolicy(auto=False))
+    async with open_test_harness(model) as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(options=options) as agent:
+            await run_turns(agent, 1, 30)
+            events = list(agent.session.events)
+    assert_balanced(events)
+    assert {e.reason for e in events if isinstance(e, ev.TurnEnd)} == {"completed"}
+    done = compactions(events)
+    assert done and {c.reason for c in done} == {"overflow"}
+    check_boundaries(events)
+    refused = [e for e in events if isinstance(e, ev.AssistantMessage) and e.finish == "error"]
+    assert len(refused) == len(done)
+    # the refused step was retried once, in the same step, after the compaction
+    first = done[0]
+    step_events = [e for e in events if getattr(e, "turn", None) == first.turn and e.seq > refused[0].seq]
+    assert isinstance(step_events[0], ev.ContextCompacted) and isinstance(step_events[1], ev.RequestHeader)
+
+
+async def test_a_refusal_that_compaction_cannot_fix_ends_the_turn_with_the_providers_error() -> None:
+    model = ScriptedModel([{"text": "never"}], context_window=10, summary=summarize)
+    async with open_test_harness(model) as h, h.agents.open() as agent:
+        agent.followup("a prompt far too long for a ten-token window")
+        await agent.when_idle()
+        (end,) = [e for e in agent.session.events if isinstance(e, ev.TurnEnd)]
+    assert end.reason == "error" and end.failure is not None and end.failure.code == "context-length"
+    assert not compactions(agent.session.events)  # a single turn: nothing to compact
+
+
+async def test_an_http_400_context_error_is_recovered_from(nursery: trio.Nursery) -> None:
+    refusal = Respond(
+        400,
+        {
+            "error": {
+                "message": "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens.",
+                "type": "invalid_request_error",
+                "code": "context_length_exceeded",
+            }
+        },
+    )
+
+    def answer(text: str) -> Stream:
+        return Stream([sse_text(text), sse_finish("stop"), sse_usage(10, 5), DONE])
+
+    server = await start_server(nursery, answer("one"), answer("two"), refusal, answer("the summary"), answer("three"))
+    async with OpenAIProvider(model="m", base_url=server.base_url, api_key="k", max_retries=0) as provider:
+        async with open_test_harness(provider) as h, h.agents.open() as agent:
+            for text in ("first", "second", "third"):
+                agent.followup(text)
+                await agent.when_idle()
+            events = list(agent.session.events)
+    (compacted,) = compactions(events)
+    assert compacted.reason == "overflow" and compacted.summary == "the summary"
+    assert [e.reason for e in events if isinstance(e, ev.TurnEnd)] == ["completed"] * 3
+    retried = server.requests[4].json
+    assert retried["messages"][0]["role"] == "system" and "the summary" in retried["messages"][0]["content"]
+    assert [m["content"] for m in retried["messages"][1:]] == ["second", "two", "third"]
+
+
+def test_context_overflow_failures_are_recognised() -> None:
+    assert is_context_overflow(Failure("context-length", "x"))
+    assert is_context_overflow(Failure("http-400", "p: HTTP 400: This model's maximum context length is 8192 tokens"))
+    assert is_context_overflow(Failure("http-400", "context_length_exceeded"))
+    assert not is_context_overflow(Failure("http-400", "invalid tool schema"))
+    assert not is_context_overflow(Failure("http-500", "maximum context length"))
+    assert not is_context_overflow(None)
+
+
+def test_known_models_have_a_context_window() -> None:
+    assert context_window_for("deepseek-chat") == 128_000
+    assert context_window_for("gpt-4o-2024-08-06") == 128_000
+    assert context_window_for("gpt-4.1-mini") == 1_047_576
+    assert context_window_for("llama3") is None
+    assert OpenAIProvider(model="gpt-4o", base_url="http://x/v1").context_window == 128_000
+    assert OpenAIProvider(model="local", base_url="http://x/v1", context_window=4096).context_window == 4096
+    with pytest.raises(ModelError, match="context_window must be a positive int"):
+        OpenAIProvider(model="m", base_url="http://x/v1", context_window=0)
+
+
+def test_the_script_file_sets_a_context_window_and_a_summary(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    path.write_text('{"responses": [], "context_window": 100, "summary": "short"}')
+    model = ScriptedModel.from_file(path)
+    assert model.context_window == 100 and model.summary == "short"
+    path.write_text('{"responses": [], "context_window": -1}')
+    with pytest.raises(ModelError, match="context_window must be a positive int"):
+        ScriptedModel.from_file(path)
+
+
+# ---------------------------------------------------------------- the estimate
+
+
+async def test_the_estimate_follows_the_reported_usage_and_the_added_text() -> None:
+    model = ScriptedModel(script(30))
+    async with open_test_harness(model) as h:
+        h.tools.add(ECHO)
+        async with h.agents.open() as agent:
+            assert isinstance(agent, ReactAgent)
+            for n in range(1, 31):
+                agent.followup(prompt(n))
+                await agent.when_idle()
+                estimate = agent.context_estimate()
+                actual = model.prompt_tokens(agent.build_request())
+                assert abs(estimate - actual) <= 8, (n, estimate, actual)
+
+
+# ---------------------------------------------------------------- on demand, as maintenance
+
+
+async def test_compact_on_demand_holds_idle_and_waking_input_waits(autojump_clock: trio.testing.MockClock) -> None:
+    model = ScriptedModel([*script(6), {"text": "the summary", "delay": 5}, {"text": "after"}])
+    async with open_test_harness(model) as h:
+        h.tools.add(ECHO)
+        async with h.agents.open() as agent:
+            await run_turns(agent, 1, 6)
+            async with trio.open_nursery() as nursery:
+                result: list[ev.ContextCompacted | None] = []
+
+                async def compact() -> None:
+                    result.append(await agent.compact(keep_tokens=0))
+
+                nursery.start_soon(compact)
+                await trio.testing.wait_all_tasks_blocked()
+                agent.followup("during the compaction")
+                await trio.testing.wait_all_tasks_blocked()
+                assert agent.status == "idle" and [m.text for m in agent.inbox.next_turn] == ["during the compaction"]
+            await agent.when_idle()
+            (event,) = result
+            assert event is not None and event.reason == "manual" and event.summary == "the summary"
+            events = agent.session.events
+            later = [e for e in events if isinstance(e, ev.TurnStart) and e.seq > event.seq]
+            assert len(later) == 1  # the waiting followup ran after the compaction
+            assert model.requests[-2].purpose == "compaction"
+            check_boundaries(events)  # keep_tokens=0: everything before the new prompt was summarized
+            assert isinstance(agent, ReactAgent)
+            assert agent.build_request().messages[0] == UserMessage("during the compaction")
+
+
+async def test_a_cancelled_compaction_logs_nothing() -> None:
+    model = ScriptedModel([*script(3), {"hang": True}])
+    async with open_test_harness(model) as h:
+        async with h.agents.open() as agent:
+            await run_turns(agent, 1, 3)
+            before = len(agent.session)
+            with trio.move_on_after(5) as scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(agent.compact)
+                    await trio.testing.wait_all_tasks_blocked()
+                    nursery.cancel_scope.cancel()
+            assert not scope.cancelled_caught
+            assert len(agent.session) == before and agent.status == "idle"
+            agent.followup("next")  # the agent goes on as before
+            model.push({"text": "fine"})
+            await agent.when_idle()
+
+
+async def test_disposal_cancels_a_compaction_and_logs_nothing() -> None:
+    model = ScriptedModel([*script(3), {"hang": True}])
+    async with open_test_harness(model) as h:
+        handle = await h.agents.create()
+        agent = handle.agent
+        await run_turns(agent, 1, 3)
+        before = len(agent.session)
+        errors: list[BaseException] = []
+
+        async def compact() -> None:
+            try:
+                await agent.compact()
+            except AgentDisposedError as exc:
+                errors.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(compact)
+            await trio.testing.wait_all_tasks_blocked()
+            with trio.fail_after(5):
+                await handle.dispose()
+        assert len(agent.session) == before
+        (error,) = errors
+        assert "disposed while compacting; nothing was logged" in str(error)
+
+
+async def test_compact_reports_nothing_to_do_and_a_failed_summary() -> None:
+    model = ScriptedModel([{"text": "only turn"}, {"text": "second"}, {"error": {"message": "overloaded"}}])
+    async with open_test_harness(model) as h, h.agents.open(options=OPTIONS) as agent:
+        agent.followup("one")
+        await agent.when_idle()
+        assert await agent.compact() is None  # everything fits in the part kept verbatim
+        agent.followup("two")
+        await agent.when_idle()
+        before = len(agent.session)
+        with pytest.raises(CompactionError, match="the summary request failed: overloaded"):
+            await agent.compact(keep_tokens=0)
+        assert len(agent.session) == before
+
+
+async def test_a_failed_automatic_compaction_ends_the_turn_with_a_clear_error() -> None:
+    # the third turn passes the threshold: its compaction's summary request gets the error
+    model = ScriptedModel([*script(2), {"error": {"message": "summary refused", "code": "http-503"}}])
+    options = AgentOptions(context=ContextPolicy(window=300))
+    async with open_test_harness(model) as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(options=options) as agent:
+            await run_turns(agent, 1, 3)
+            ends = [e for e in agent.session.events if isinstance(e, ev.TurnEnd)]
+    failed = [e for e in ends if e.reason == "error"]
+    assert failed and failed[0].failure is not None and failed[0].failure.code == "compaction-failed"
+    assert "passes 80% of the context window (300 tokens)" in failed[0].failure.message
+    assert "summary refused" in failed[0].failure.message
+
+
+# ---------------------------------------------------------------- the history processor
+
+
+async def test_a_history_processor_shapes_what_is_sent_and_resume_sends_the_same(tmp_path: Path) -> None:
+    def last_two_turns(messages: Sequence[Message]) -> Sequence[Message]:
+        users = [i for i, m in enumerate(messages) if isinstance(m, UserMessage)]
+        return tuple(messages[users[-2] :]) if len(users) >= 2 else tuple(messages)
+
+    options = AgentOptions(history_processor=last_two_turns)
+    model = ScriptedModel([{"text": f"a{n}"} for n in range(5)])
+    async with open_test_harness(model, store=tmp_path) as h:
+        async with h.agents.open(session_id="s", options=options) as agent:
+            assert isinstance(agent, ReactAgent)
+            for n in range(4):
+                agent.followup(f"q{n}")
+                await agent.when_idle()
+            assert [m.text for m in model.requests[-1].messages if isinstance(m, UserMessage)] == ["q2", "q3"]
+            expected = agent.build_request()
+    async with open_test_harness(ScriptedModel([]), store=tmp_path) as h:
+        async with h.agents.open(session_id="s", options=options, resume=True) as agent:
+            assert isinstance(agent, ReactAgent)
+            assert agent.build_request() == expected
+
+
+def test_policies_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"ContextPolicy\.threshold must be a number within \(0, 1\]"):
+        ContextPolicy(threshold=1.5)
+    with pytest.raises(ValueError, match=r"ContextPolicy\.window must be a positive int or None"):
+        ContextPolicy(window=0)
+
+
+def test_the_transcript_shows_a_compaction() -> None:
+    from trio_harness._cli import transcript
+    from trio_harness.session import SessionHeader
+
+    event = ev.ContextCompacted(seq=9, ts=1.0, boundary=4, summary="s" * 42, reason="threshold", turn=3)
+    lines = transcript(SessionHeader(id="x", created_at=1.0), [event])
+    assert lines[-1] == "--- context compacted (threshold): events before seq 4 summarized (42 characters) ---"
+
+
+async def test_a_large_system_prompt_and_tools_do_not_make_every_step_compact() -> None:
+    # The built-in tools' definitions take about half of this window: the part kept verbatim must
+    # leave room below the threshold, or each request would pass it again right after compacting.
+    model = ScriptedModel([{"text": f"Answer {n}: " + "a" * 180} for n in range(30)], summary="short summary")
+    async with open_test_harness(model, builtin_tools=True) as h:
+        async with h.agents.open(options=AgentOptions(context=ContextPolicy(window=2_000))) as agent:
+            assert isinstance(agent, ReactAgent)
+            await run_turns(agent, 1, 30)
+            events = list(agent.session.events)
+    done = compactions(events)
+    assert 1 <= len(done) <= 6
+    assert {e.reason for e in events if isinstance(e, ev.TurnEnd)} == {"completed"}

@@ -1,0 +1,117 @@
+"""Usage totals folded from the log, and the budgets that end a turn.
+
+An agent's usage is a pure function of its session log: every
+``request/header`` is one model request, every ``assistant/message`` carries
+the tokens its request reported, and every ``context/compacted`` the usage of
+the summary requests it made.  :class:`UsageCounter` folds those events
+incrementally (O(new events) per read), so a resumed agent reports exactly the
+totals of a never-restarted one.
+
+Budgets (:class:`Budget`) are checked before each model request of a turn
+(docs/long-sessions.rst, "Usage and budgets"): when the turn's or the
+session's usage has reached a limit, the turn ends with reason ``budget`` and
+a failure naming the limit, before the request is made.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import attrs
+
+from .._records import Failure, UsageTotals
+from ..session import _events as ev
+from ..session._session import Session
+
+__all__ = ["BUDGET_REQUESTS", "BUDGET_TOKENS", "Budget", "UsageCounter", "budget_failure"]
+
+BUDGET_TOKENS: Final = "budget-tokens"
+"""The failure code of a turn that ended on a token budget."""
+
+BUDGET_REQUESTS: Final = "budget-requests"
+"""The failure code of a turn that ended on a request budget."""
+
+
+def _positive_or_none(instance: object, attribute: attrs.Attribute[int | None], value: object) -> None:
+    if value is not None and (type(value) is not int or value <= 0):
+        raise ValueError(f"Budget.{attribute.name} must be a positive int or None, got {value!r}")
+
+
+@attrs.frozen
+class Budget:
+    """Limits on model usage; None leaves a dimension unlimited.
+
+    Attributes:
+        tokens: input plus output tokens (:attr:`UsageTotals.total_tokens`).
+        requests: model requests (a provider's retries of one request count once).
+    """
+
+    tokens: int | None = attrs.field(default=None, validator=_positive_or_none)
+    requests: int | None = attrs.field(default=None, validator=_positive_or_none)
+
+
+def budget_failure(budget: Budget | None, used: UsageTotals, what: str) -> Failure | None:
+    """The failure to end a turn with when ``used`` has reached ``budget`` (``what`` names it), else None."""
+    if budget is None:
+        return None
+    if budget.requests is not None and used.requests >= budget.requests:
+        return Failure(
+            BUDGET_REQUESTS,
+            f"the {what} budget of {budget.requests} model requests is used up ({used.requests} made)",
+        )
+    if budget.tokens is not None and used.total_tokens >= budget.tokens:
+        return Failure(
+            BUDGET_TOKENS,
+            f"the {what} budget of {budget.tokens} tokens is used up ({used.total_tokens} used)",
+        )
+    return None
+
+
+@attrs.define(eq=False)
+class UsageCounter:
+    """The usage totals of a session, folded from its log incrementally."""
+
+    session: Session
+    _totals: UsageTotals = attrs.field(factory=UsageTotals, init=False)
+    _position: int = attrs.field(default=0, init=False)
+
+    @property
+    def totals(self) -> UsageTotals:
+        """The totals of every event logged so far."""
+        events = self.session.events
+        end = len(events)
+        if self._position == end:
+            return self._totals
+        t = self._totals
+        tokens_in, tokens_out, cached, reasoning, requests = (
+            t.input_tokens,
+            t.output_tokens,
+            t.cache_hit_tokens,
+            t.reasoning_tokens,
+            t.requests,
+        )
+        for index in range(self._position, end):
+            event = events[index]
+            kind = type(event)
+            if kind is ev.RequestHeader:
+                requests += 1
+            elif kind is ev.AssistantMessage:
+                assert isinstance(event, ev.AssistantMessage)
+                usage = event.usage
+                if usage is not None:
+                    tokens_in += usage.input_tokens
+                    tokens_out += usage.output_tokens
+                    cached += usage.cache_hit_tokens
+                    reasoning += usage.reasoning_tokens
+            elif kind is ev.ContextCompacted:
+                assert isinstance(event, ev.ContextCompacted)
+                summed = event.usage
+                if summed is not None:
+                    tokens_in += summed.input_tokens
+                    tokens_out += summed.output_tokens
+                    cached += summed.cache_hit_tokens
+                    reasoning += summed.reasoning_tokens
+                    requests += summed.requests
+        self._totals = UsageTotals(tokens_in, tokens_out, cached, reasoning, requests)
+        self._position = end
+        return self._totals
