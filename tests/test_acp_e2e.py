@@ -15,6 +15,7 @@ import trio
 from _acp_clients import Msg, open_server
 from _util import WAIT
 
+from trio_harness.acp._modes import mode_state
 from trio_harness.session import JsonlPersistence
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced
@@ -130,7 +131,7 @@ async def test_failing_tool_calls_are_failed_live_and_in_replay(tmp_path: Path) 
     assert [u["toolCallId"] for u in replayed] == [u["toolCallId"] for u in live]
 
 
-async def test_model_error_is_an_error_response_and_refusal_a_stop_reason(tmp_path: Path) -> None:
+async def test_model_error_is_an_agent_message_and_refusal_a_stop_reason(tmp_path: Path) -> None:
     script: list[Msg] = [
         {"error": {"message": "the provider is overloaded", "code": "http-529"}},
         {"error": {"message": "I will not do that", "code": "refusal"}},
@@ -138,9 +139,17 @@ async def test_model_error_is_an_error_response_and_refusal_a_stop_reason(tmp_pa
     ]
     async with open_server(tmp_path, script) as client:
         session_id = await client.new_session(tmp_path)
-        error = await client.error(client.prompt(session_id, "first"))
-        assert error["message"] == "the provider is overloaded"
-        assert error["data"] == {"code": "http-529"}
+        first = client.prompt(session_id, "first")
+        await client.send(first)
+        # A failed model call is shown as agent text every editor displays, and
+        # the turn ends normally; the failure is in _meta (docs/acp.rst).
+        assert (await client.response(first["id"]))["result"] == {
+            "stopReason": "end_turn",
+            "_meta": {"trio-harness/failure": {"code": "http-529", "message": "the provider is overloaded"}},
+        }
+        shown = [u for u in client.updates(session_id) if u["sessionUpdate"] == "agent_message_chunk"]
+        assert len(shown) == 1
+        assert "The turn failed: the provider is overloaded (http-529)" in shown[0]["content"]["text"]
         refused = client.prompt(session_id, "second")
         await client.send(refused)
         assert (await client.response(refused["id"]))["result"] == {"stopReason": "refusal"}
@@ -474,7 +483,7 @@ async def test_meta_and_fields_of_newer_clients_are_accepted_on_every_method(tmp
         listed = await client.call("session/list", {"cwd": str(tmp_path), "_meta": meta})
         assert [s["sessionId"] for s in listed["sessions"]] == [session_id]
         load = {"sessionId": session_id, "cwd": str(tmp_path), "mcpServers": [], "_meta": meta}
-        assert await client.call("session/load", load) == {}
+        assert await client.call("session/load", load) == {"modes": mode_state("ask")}
 
 
 async def test_bad_params_are_invalid_params_for_requests_and_ignored_in_notifications(tmp_path: Path) -> None:
@@ -526,6 +535,41 @@ async def test_sandbox_is_advertised_in_session_new_and_load_and_confines_bash(t
 
     async with open_server(tmp_path, [], store=store, name="load", extra=("--sandbox",)) as client:
         loaded = await client.call("session/load", {"sessionId": session_id, "cwd": str(work), "mcpServers": []})
-        assert loaded == {"_meta": advertised}
+        assert loaded == {"_meta": advertised, "modes": mode_state("ask")}
     async with open_server(tmp_path, [], store=store, name="plain") as client:
         assert "_meta" not in await client.call("session/new", {"cwd": str(work), "mcpServers": []})
+
+
+async def test_modes_are_advertised_and_auto_runs_commands_without_asking(tmp_path: Path) -> None:
+    script: list[Msg] = [
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "echo ran > out.txt"}}]},
+        {"text": "done"},
+    ]
+    async with open_server(tmp_path, script) as client:
+        await client.initialize()
+        created = await client.call("session/new", {"cwd": str(tmp_path), "mcpServers": []})
+        assert created["modes"] == mode_state("ask")
+        assert [m["id"] for m in created["modes"]["availableModes"]] == ["ask", "auto"]
+        session_id = created["sessionId"]
+        bad = client.request("session/set_mode", {"sessionId": session_id, "modeId": "yolo"})
+        assert (await client.error(bad))["data"] == {"field": "modeId"}
+        assert await client.call("session/set_mode", {"sessionId": session_id, "modeId": "auto"}) == {}
+        assert {"sessionUpdate": "current_mode_update", "currentModeId": "auto"} in client.updates(session_id)
+        # In mode auto the command runs without a session/request_permission.
+        assert await client.call("session/prompt", client.prompt(session_id, "go")["params"]) == {
+            "stopReason": "end_turn"
+        }
+        assert not any(m.get("method") == "session/request_permission" for m in client.received)
+    assert (tmp_path / "out.txt").read_text() == "ran\n"
+
+
+async def test_cancel_request_for_a_pending_prompt_cancels_it(tmp_path: Path) -> None:
+    async with open_server(tmp_path, [{"hang": True}, {"hang": True}]) as client:
+        session_id = await client.new_session(tmp_path)
+        # Twice: the session is free again after the first cancel (not left busy).
+        for text in ("wait", "again"):
+            prompt = client.prompt(session_id, text)
+            await client.send(prompt)
+            cancel = {"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": prompt["id"]}}
+            await client.send(cancel)
+            assert (await client.response(prompt["id"]))["result"] == {"stopReason": "cancelled"}

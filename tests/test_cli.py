@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -66,8 +67,16 @@ async def test_help_of_each_subcommand(tmp_path: Path, command: list[str]) -> No
     out = result.stdout.decode()
     assert out.startswith(f"usage: trio-harness {' '.join(command)}".rstrip())
     if command and command != ["sessions"]:
-        assert "--model SPEC" in out
         assert "--store DIR" in out
+    if command in (["acp"], ["run"]):
+        # Every spec form is listed where a model is used ...
+        assert "--model SPEC" in out
+        flat = " ".join(out.split())
+        for form in ("deepseek:", "openai:MODEL ", "openai:MODEL@BASE_URL", "scripted:", "replay:"):
+            assert form in flat
+    elif command[:1] == ["sessions"]:
+        # ... and --model is not offered where none is used.
+        assert "--model" not in out
 
 
 async def test_run_streams_the_answer_and_shows_tool_calls(tmp_path: Path) -> None:
@@ -139,8 +148,8 @@ async def test_run_resumes_a_session_and_sessions_commands_read_the_store(tmp_pa
     assert result.stdout.decode() == "Second answer.\n"
     assert session_line(result.stderr) == session_id
 
-    # sessions never need a model: a bad --model is not even looked at
-    listed = await cli("sessions", "list", "--store", store, "--model", "nonsense", cwd=tmp_path)
+    # sessions never need a model: a bad $TRIO_HARNESS_MODEL is not even looked at
+    listed = await cli("sessions", "list", "--store", store, cwd=tmp_path, env=cli_env(TRIO_HARNESS_MODEL="nonsense"))
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.decode().splitlines()
     assert lines[0].split() == ["ID", "CREATED", "EVENTS", "LAST", "ACTIVITY", "FIRST", "PROMPT"]
@@ -347,3 +356,194 @@ async def test_sandbox_without_bwrap_exits_2_naming_the_cause(tmp_path: Path, co
     assert err.startswith("trio-harness: error: the bash sandbox needs bubblewrap")
     assert "apt-get install bubblewrap" in err and "Traceback" not in err
     assert len(err.splitlines()) == 1
+
+
+# ---------------------------------------------------------------- the first hour (docs/cli.rst)
+
+
+def run_on_a_terminal(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, bytes, bytes]:
+    """Run the command with stderr on a pseudo-terminal (stdout a pipe); returns (code, stdout, terminal)."""
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "trio_harness", *args],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=slave,
+        )
+        os.close(slave)
+        slave = -1
+        stdout, _ = process.communicate(timeout=WAIT)
+        terminal = b""
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's other side is closed and drained
+                break
+            if not data:
+                break
+            terminal += data
+        return process.returncode, stdout, terminal
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+
+
+def test_run_on_a_terminal_shows_progress_and_erases_it(tmp_path: Path) -> None:
+    model = script(
+        tmp_path,
+        [
+            {"reasoning": "pondering", "tool_calls": [{"name": "bash", "arguments": {"command": "true"}}]},
+            {"text": "Done."},
+        ],
+    )
+    args = ["run", "go", "--model", model, "--store", str(tmp_path / "store"), "--yes"]
+    code, stdout, terminal = run_on_a_terminal(args, tmp_path, cli_env())
+    assert code == 0, terminal
+    assert stdout == b"Done.\n"  # the answer stays clean
+    text = terminal.decode()
+    erase = "\r\x1b[2K"
+    for status in ("waiting for the model", "thinking", "running tool bash"):
+        assert status in text, text
+    # Every status line is erased before anything else is written: what stays
+    # visible of each line (after its last erase) never shows a status.
+    for line in text.replace("\r\n", "\n").split("\n"):
+        assert "… " not in line.rsplit(erase, 1)[-1], repr(line)
+    assert "\x1b[36m[tool] bash" in text  # colour on a terminal
+    assert "pondering" not in text  # reasoning only on request
+
+    shown_code, _, shown = run_on_a_terminal([*args, "--show-reasoning"], tmp_path, cli_env())
+    assert shown_code == 0
+    # Streamed in chunks, each dimmed.
+    assert "\x1b[2mpon" in shown.decode()
+    assert "pondering" in re.sub("\x1b\\[[0-9]*m", "", shown.decode())
+
+    _, _, plain = run_on_a_terminal(args, tmp_path, cli_env(NO_COLOR="1"))
+    assert "\x1b[36m" not in plain.decode() and "\x1b[2m" not in plain.decode()
+
+    _, quiet_out, quiet = run_on_a_terminal([*args, "--quiet"], tmp_path, cli_env())
+    assert quiet_out == b"Done.\n"
+    assert quiet == b"", quiet
+
+
+async def test_run_without_a_terminal_writes_no_status_or_colour(tmp_path: Path) -> None:
+    model = script(tmp_path, [{"reasoning": "pondering", "text": "Done."}])
+    result = await cli("run", "go", "--model", model, "--store", str(tmp_path / "store"), cwd=tmp_path)
+    assert result.returncode == 0
+    assert b"\x1b" not in result.stderr and b"waiting for the model" not in result.stderr
+    shown = await cli(
+        "run", "go", "--model", model, "--store", str(tmp_path / "store"), "--show-reasoning", cwd=tmp_path
+    )
+    assert b"pondering" in shown.stderr and b"\x1b" not in shown.stderr
+    assert shown.stdout == b"Done.\n"
+
+
+def test_status_line_names_a_retry_with_its_reason() -> None:
+    import io
+
+    from trio_harness._cli_progress import Printer
+
+    err = io.StringIO()
+    printer = Printer(io.StringIO(), err, status=True, max_retries=4)
+    printer.event(
+        ev.RequestRetry(seq=0, ts=0.0, turn=1, step=1, attempt=2, delay=1.5, failure=Failure("http-529", "overloaded"))
+    )
+    assert err.getvalue() == "\r\x1b[2K… retry 2 of 4 in 1.5s: overloaded (http-529)"
+    printer.event(ev.AssistantChunk(seq=0, ts=0.0, turn=1, step=1, kind="text", text="hi"))
+    assert err.getvalue().endswith("\r\x1b[2K")  # erased before the answer streams
+
+
+async def test_run_reads_the_prompt_from_stdin_when_none_is_given(tmp_path: Path) -> None:
+    model = script(tmp_path, [{"text": "piped"}])
+    store = tmp_path / "store"
+    result = await cli("run", "--model", model, "--store", str(store), cwd=tmp_path, stdin=b"hi from a pipe\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == b"piped\n"
+    events = (await JsonlPersistence(store).load(session_line(result.stderr))).events
+    assert any(isinstance(e, ev.UserMessage) and e.text == "hi from a pipe\n" for e in events)
+
+
+async def test_run_ends_with_the_line_that_resumes_the_session(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    model = script(tmp_path, [{"text": "ok"}])
+    result = await cli("run", "hi", "--model", model, "--store", store, cwd=tmp_path)
+    session_id = session_line(result.stderr)
+    last = result.stderr.decode().splitlines()[-1]
+    assert (
+        last
+        == f"[session] continue with: trio-harness run --session {session_id} --store {store} --model {model} PROMPT"
+    )
+    quiet = await cli("run", "hi", "--model", model, "--store", store, "--quiet", cwd=tmp_path)
+    assert quiet.stderr == b"" and quiet.stdout == b"ok\n"
+
+
+async def test_a_failed_model_call_keeps_the_session_and_says_how_to_retry(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    failing = script(tmp_path, [{"error": {"message": "overloaded", "code": "http-529"}}], "failing.json")
+    result = await cli("run", "hi", "--model", failing, "--store", str(store), cwd=tmp_path)
+    assert result.returncode == 1
+    session_id = session_line(result.stderr)
+    err = result.stderr.decode()
+    assert "overloaded (http-529)" in err
+    assert (
+        f"[session] kept session {session_id}; retry or continue with: trio-harness run --session {session_id}" in err
+    )
+    # The kept session is retried with --session: the prompt is there, the new answer follows it.
+    working = script(tmp_path, [{"text": "better"}], "working.json")
+    retried = await cli(
+        "run", "again", "--session", session_id, "--model", working, "--store", str(store), cwd=tmp_path
+    )
+    assert retried.returncode == 0 and retried.stdout == b"better\n"
+
+
+@pytest.mark.parametrize("action", [["list"], ["show", "abc"]])
+async def test_sessions_with_a_store_that_is_a_file_is_one_line_exit_2(tmp_path: Path, action: list[str]) -> None:
+    store = tmp_path / "file"
+    store.write_text("x")
+    result = await cli("sessions", *action, "--store", str(store), cwd=tmp_path)
+    assert result.returncode == 2
+    err = result.stderr.decode()
+    assert err.count("\n") == 1 and "is not a directory" in err, err
+
+
+@pytest.mark.parametrize("kind", ["regular file", "unwritable"])
+async def test_run_refuses_a_bad_store_before_the_model_is_called(tmp_path: Path, kind: str) -> None:
+    if kind == "regular file":
+        store = tmp_path / "file"
+        store.write_text("x")
+    else:
+        store = Path("/proc/trio-harness-test-store")  # nothing can be made in /proc, not even by root
+    # The model would fail the test if called: a script with no responses left.
+    model = script(tmp_path, [])
+    result = await cli("run", "hi", "--model", model, "--store", str(store), cwd=tmp_path)
+    assert result.returncode == 2
+    err = result.stderr.decode()
+    assert err.count("\n") == 1 and err.startswith("trio-harness: error: the session store"), err
+    assert ("not a directory" if kind == "regular file" else "not writable") in err
+    assert result.stdout == b""
+
+
+async def test_sessions_show_accepts_a_unique_prefix_and_lists_an_ambiguous_one(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    model = script(tmp_path, [{"text": "one"}, {"text": "two"}])
+    ids = []
+    for _ in range(2):
+        result = await cli("run", "hi", "--model", model, "--store", str(store), cwd=tmp_path)
+        ids.append(session_line(result.stderr))
+    # Make the prefixes deterministic: rename the two sessions.
+    for old, new in zip(ids, ["aa11", "aa22"], strict=True):
+        (store / old).rename(store / new)
+        log = store / new / "session.jsonl"
+        log.write_text(log.read_text().replace(old, new))
+    shown = await cli("sessions", "show", "aa1", "--store", str(store), cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.decode().startswith("session aa11\n")
+    ambiguous = await cli("sessions", "show", "aa", "--store", str(store), cwd=tmp_path)
+    assert ambiguous.returncode == 2
+    err = ambiguous.stderr.decode()
+    assert err.count("\n") == 1 and "aa11" in err and "aa22" in err and "ambiguous" in err

@@ -10,12 +10,17 @@ Subcommands:
 ``acp`` and ``run`` take ``--mcp-config FILE``: MCP servers (the
 ``mcpServers`` JSON users already have) whose tools every agent gets.
 
-Every subcommand takes ``--model SPEC`` (default: ``$TRIO_HARNESS_MODEL`` or
-``deepseek:deepseek-chat``) and ``--store DIR`` or ``--store postgresql://...``
-(default: the per-user data directory's ``sessions``).  ``sessions`` never
-needs a model.  ``acp`` and ``run`` take ``--temperature T`` and
+Every subcommand takes ``--store DIR`` or ``--store postgresql://...``
+(default: the per-user data directory's ``sessions``); ``acp`` and ``run`` take
+``--model SPEC`` (default: ``$TRIO_HARNESS_MODEL`` or ``deepseek:deepseek-chat``).
+``sessions`` never needs a model.  ``acp`` and ``run`` take ``--temperature T`` and
 ``--max-tokens N`` (model settings of every request) and ``--system TEXT`` or
 ``--system-file PATH`` (the system prompt).
+
+``run`` reads the prompt from stdin when none is given and stdin is not a
+terminal, shows progress on stderr when it is a terminal
+(:mod:`trio_harness._cli_progress`) and ends with the line that resumes the
+session.
 
 Exit codes: 0 success; 1 a failed turn or an unreadable session; 2 a usage
 error (bad ``--model``, missing API key, unknown session, ``--sandbox`` without
@@ -44,7 +49,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
@@ -60,6 +65,7 @@ from ._errors import (
 from .bash._sandbox import SandboxUnavailableError
 
 if TYPE_CHECKING:
+    from ._cli_progress import Printer
     from ._records import Failure, ModelSettings
     from .agents._approval import ApprovalDecision, ApprovalRequest
     from .agents._options import AgentOptions
@@ -132,13 +138,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--model",
-        metavar="SPEC",
-        default=os.environ.get("TRIO_HARNESS_MODEL") or DEFAULT_MODEL,
-        help="model spec: deepseek:MODEL, openai:MODEL, openai:MODEL@BASE_URL or scripted:PATH "
-        "(default: $TRIO_HARNESS_MODEL or %(default)s)",
-    )
-    common.add_argument(
         "--store",
         metavar="DIR|URL",
         type=_store_arg,
@@ -146,6 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"session store: a directory, or a postgresql:// URL (default: {default_store()})",
     )
     tools = argparse.ArgumentParser(add_help=False)
+    tools.add_argument(
+        "--model",
+        metavar="SPEC",
+        default=os.environ.get("TRIO_HARNESS_MODEL") or DEFAULT_MODEL,
+        help="the model: deepseek:MODEL (DeepSeek, needs $DEEPSEEK_API_KEY), openai:MODEL (OpenAI, "
+        "needs $OPENAI_API_KEY), openai:MODEL@BASE_URL (any OpenAI-compatible server), scripted:PATH "
+        "(answers from a JSON script file, offline) or replay:SESSION_LOG (answers recorded in a "
+        "session log, offline) (default: $TRIO_HARNESS_MODEL or %(default)s)",
+    )
     tools.add_argument(
         "--tools",
         metavar="LIST",
@@ -221,7 +229,24 @@ def build_parser() -> argparse.ArgumentParser:
         "to stdout and tool calls to stderr.  Exit 0 when the turn completes, 1 on an error, "
         "3 when a limit stopped it, 130 on Ctrl-C.",
     )
-    run.add_argument("prompt", metavar="PROMPT", help="the prompt text ('-' reads it from stdin)")
+    run.add_argument(
+        "prompt",
+        metavar="PROMPT",
+        nargs="?",
+        default=None,
+        help="the prompt text; '-', or none when stdin is not a terminal, reads it from stdin",
+    )
+    run.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        help="write only the answer and errors: no progress line, tool lines or session lines",
+    )
+    run.add_argument(
+        "--show-reasoning",
+        action="store_true",
+        help="write the model's reasoning to stderr (dimmed on a terminal) as it streams",
+    )
     run.add_argument("--session", metavar="ID", help="resume this stored session instead of creating one")
     run.add_argument(
         "--max-steps",
@@ -258,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print a readable transcript of a stored session: prompts, answers, tool "
         "calls and results (truncated) and how each turn ended.",
     )
-    show.add_argument("session_id", metavar="ID", help="the session id")
+    show.add_argument("session_id", metavar="ID", help="the session id, or a prefix of exactly one")
     show.add_argument(
         "--width",
         metavar="N",
@@ -306,7 +331,18 @@ def _store_name(store: str | Path) -> str:
 
 
 def _error(message: str) -> None:
-    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    from ._cli_progress import Style, use_colour
+
+    label = Style(use_colour(sys.stderr, os.environ)).error("error:")
+    print(f"{PROG}: {label} {message}", file=sys.stderr, flush=True)
+
+
+def _store_is_not_a_directory(store: str | Path) -> bool:
+    """Report (one line) a ``--store`` that exists but is not a directory (a URL is not checked here)."""
+    if isinstance(store, Path) and store.exists() and not store.is_dir():
+        _error(f"the session store {str(store)!r} is not a directory; pass --store DIR naming a directory")
+        return True
+    return False
 
 
 async def _with_model(spec: str, main: Callable[[ModelProvider], Awaitable[int]]) -> int:
@@ -462,40 +498,6 @@ async def _serve_acp(args: argparse.Namespace, provider: ModelProvider, servers:
 # ---------------------------------------------------------------- run
 
 
-class _Printer:
-    """Streams one turn to the terminal: text to stdout, tool calls to stderr."""
-
-    def __init__(self, out: TextIO, err: TextIO) -> None:
-        self.out = out
-        self.err = err
-        self.mid_line = False
-
-    def break_line(self) -> None:
-        if self.mid_line:
-            self.out.write("\n")
-            self.out.flush()
-            self.mid_line = False
-
-    def event(self, event: Event) -> None:
-        from .session import _events as ev
-
-        if isinstance(event, ev.AssistantChunk):
-            if event.kind == "text" and event.text:
-                self.out.write(event.text)
-                self.out.flush()
-                self.mid_line = not event.text.endswith("\n")
-        elif isinstance(event, ev.ToolCallRequested):
-            self.break_line()
-            print(
-                f"[tool] {event.name} {_shorten(_compact_arguments(event.arguments), 200)}",
-                file=self.err,
-                flush=True,
-            )
-        elif isinstance(event, ev.ToolResult):
-            label = "[tool error]" if event.is_error else "[tool result]"
-            print(f"{label} {_shorten(event.content, 200)}", file=self.err, flush=True)
-
-
 class _TerminalApprover:
     """The approver of ``run``: asks ``y / n / always`` on the terminal.
 
@@ -506,7 +508,7 @@ class _TerminalApprover:
     stderr saying how to allow it (``--yes``).  One question at a time.
     """
 
-    def __init__(self, printer: _Printer) -> None:
+    def __init__(self, printer: Printer) -> None:
         self.printer = printer
         self._lock = trio.Lock()
         self._tty: trio.lowlevel.FdStream | None = None
@@ -572,8 +574,11 @@ class _TerminalApprover:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    prompt: str = args.prompt
-    if prompt == "-":
+    prompt: str | None = args.prompt
+    if prompt is None and sys.stdin.isatty():
+        _error("no prompt: give one as an argument, or pipe it on stdin (echo hi | trio-harness run)")
+        return EXIT_USAGE
+    if prompt is None or prompt == "-":
         prompt = sys.stdin.read()
     if not prompt.strip():
         _error("the prompt is empty")
@@ -590,13 +595,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
 async def _run_prompt(
     args: argparse.Namespace, provider: ModelProvider, prompt: str, servers: Sequence[McpServerConfig] = ()
 ) -> int:
+    from ._cli_progress import Printer, Style, use_colour
     from ._harness import open_harness
     from .agents._inbox import new_message_id
     from .agents._turns import TurnWatcher
     from .session._events import InboxMessage
 
-    printer = _Printer(sys.stdout, sys.stderr)
+    colour = use_colour(sys.stderr, os.environ)
+    printer = Printer(
+        sys.stdout,
+        sys.stderr,
+        style=Style(colour),
+        status=sys.stderr.isatty() and not args.quiet,
+        quiet=args.quiet,
+        show_reasoning=args.show_reasoning,
+        max_retries=getattr(provider, "max_retries", None),
+    )
     entered = False
+    agent_id: str | None = None
     outcome: TurnOutcome | None = None
     approver = None if args.yes else _TerminalApprover(printer)
     try:
@@ -623,6 +639,7 @@ async def _run_prompt(
                 _error(str(exc))
                 return EXIT_FAILED
             agent = handle.agent
+            agent_id = agent.id
             finished = trio.Event()
             interrupts = 0
 
@@ -637,7 +654,8 @@ async def _run_prompt(
             try:
                 # Ctrl-C from here on cancels the turn cleanly (a second one stops at once).
                 with trio.open_signal_receiver(signal.SIGINT) as signals:
-                    print(f"[session] {agent.id}", file=sys.stderr, flush=True)
+                    if not args.quiet:
+                        printer.line(f"[session] {agent.id}")
                     agent.followup(message)
                     async with trio.open_nursery() as nursery:
 
@@ -646,12 +664,7 @@ async def _run_prompt(
                             async for _ in signals:
                                 interrupts += 1
                                 if interrupts == 1:
-                                    printer.break_line()
-                                    print(
-                                        "[cancelling: press Ctrl-C again to stop at once]",
-                                        file=sys.stderr,
-                                        flush=True,
-                                    )
+                                    printer.line("[cancelling: press Ctrl-C again to stop at once]")
                                     agent.cancel("user")
                                 else:
                                     finished.set()
@@ -685,7 +698,24 @@ async def _run_prompt(
     finally:
         if approver is not None:
             await approver.aclose()
-    return _exit_code(outcome, interrupted=interrupts > 0)
+    code = _exit_code(outcome, interrupted=interrupts > 0)
+    if agent_id is not None and not args.quiet:
+        _resume_hint(args, agent_id, kept=code != EXIT_OK)
+    return code
+
+
+def _resume_hint(args: argparse.Namespace, session_id: str, *, kept: bool) -> None:
+    """The line that continues the session (docs/cli.rst): a failed turn's session is kept for a retry."""
+    import shlex
+
+    words = ["trio-harness", "run", "--session", session_id]
+    if args.store != default_store():
+        words += ["--store", str(args.store)]
+    if args.model != (os.environ.get("TRIO_HARNESS_MODEL") or DEFAULT_MODEL):
+        words += ["--model", args.model]
+    command = " ".join(shlex.quote(word) for word in words) + " PROMPT"
+    what = f"kept session {session_id}; retry or continue with" if kept else "continue with"
+    print(f"[session] {what}: {command}", file=sys.stderr, flush=True)
 
 
 def _turn_failure(outcome: TurnOutcome | None) -> Failure | None:
@@ -730,6 +760,9 @@ def _exit_code(outcome: TurnOutcome | None, *, interrupted: bool) -> int:
 
 def _cmd_sessions_list(args: argparse.Namespace) -> int:
     from ._harness import open_store
+
+    if _store_is_not_a_directory(args.store):
+        return EXIT_USAGE
 
     async def load_all() -> list[tuple[SessionHeader, tuple[Event, ...] | str]]:
         rows: list[tuple[SessionHeader, tuple[Event, ...] | str]] = []
@@ -785,7 +818,18 @@ def _cmd_sessions_show(args: argparse.Namespace) -> int:
         async with open_store(args.store) as persistence:
             return await persistence.load(args.session_id)
 
+    if _store_is_not_a_directory(args.store):
+        return EXIT_USAGE
+
+    async def find() -> str | None:
+        async with open_store(args.store) as persistence:
+            return _unique_session([header.id for header in await persistence.list()], args.session_id)
+
     try:
+        session_id = trio.run(find)
+        if session_id is None:
+            return EXIT_USAGE
+        args.session_id = session_id
         loaded = trio.run(load)
     except (SessionNotFoundError, InvalidSessionIdError) as exc:
         _error(str(exc))
@@ -796,6 +840,20 @@ def _cmd_sessions_show(args: argparse.Namespace) -> int:
     for line in transcript(loaded.header, loaded.events, width=args.width):
         print(line)
     return EXIT_OK
+
+
+def _unique_session(stored: Sequence[str], wanted: str) -> str | None:
+    """The stored session id ``wanted`` names: itself, or the one id it prefixes (None: reported)."""
+    ids = sorted(stored)
+    if wanted in ids:
+        return wanted
+    matches = [session_id for session_id in ids if session_id.startswith(wanted)] if wanted else []
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        _error(f"session prefix {wanted!r} is ambiguous: it matches {', '.join(matches)}; give more of the id")
+        return None
+    return wanted  # loading it reports the unknown (or invalid) id
 
 
 def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 500) -> list[str]:

@@ -65,6 +65,7 @@ __all__ = [
     "ProtocolVersion",
     "ResourceBlock",
     "ResourceLinkBlock",
+    "SetSessionModeParams",
     "StdioMcpServer",
     "TextBlock",
     "TextResource",
@@ -311,6 +312,16 @@ class CancelParams:
 
 
 @attrs.frozen
+class SetSessionModeParams:
+    """``session/set_mode``: the session and the id of the mode to switch to."""
+
+    method: ClassVar[str] = "session/set_mode"
+    session_id: str
+    mode_id: str
+    meta: Meta = None
+
+
+@attrs.frozen
 class CloseSessionParams:
     """``session/close``: the session to dispose."""
 
@@ -330,6 +341,7 @@ _RECORDS: tuple[type, ...] = (
     ResourceLinkBlock,
     InitializeParams,
     AuthenticateParams,
+    SetSessionModeParams,
     NewSessionParams,
     LoadSessionParams,
     ListSessionsParams,

@@ -75,6 +75,7 @@ from ..session import _events as ev
 from ..session._events import InboxMessage
 from ..tools._mcp import connect_mcp_servers
 from . import _jsonrpc as rpc
+from ._modes import MODE_ASK, MODE_AUTO, MODE_IDS, mode_state
 from ._params import (
     AuthenticateParams,
     CancelParams,
@@ -84,6 +85,7 @@ from ._params import (
     LoadSessionParams,
     NewSessionParams,
     PromptParams,
+    SetSessionModeParams,
     decode_params,
 )
 from ._updates import (
@@ -185,6 +187,7 @@ class _SessionRecord:
     handle: AgentHandle
     prompt: _Prompt | None = None
     closing: bool = False
+    mode: str = MODE_ASK
     # Turns the agent starts by itself (a background-task notice woke it with no
     # prompt in flight) are streamed too: the ids claimed in the current turn's
     # first step, and whether this turn is streamed by the unsolicited observer.
@@ -229,6 +232,10 @@ class AcpServer:
             --yes``), the approver of ``agent_options`` or of the harness
             applies, and with none such calls run without asking.  An
             approver set in ``agent_options`` wins either way.
+        initial_mode: the session mode every session starts in (``ask`` or
+            ``auto``, see :mod:`trio_harness.acp._modes`); modes are offered
+            only while ``ask_permission`` is on and ``agent_options`` sets no
+            approver (the modes switch the asking approver).
     """
 
     harness: Harness
@@ -238,6 +245,7 @@ class AcpServer:
     authenticator: Callable[[str], bool] | None = None
     outbox_limit: int = rpc.DEFAULT_OUTBOX_LIMIT
     ask_permission: bool = True
+    initial_mode: str = MODE_ASK
     _records: dict[str, _SessionRecord] = attrs.field(factory=dict, init=False)
     _scope: Scope | None = attrs.field(default=None, init=False)
     _outbox: rpc.Outbox | None = attrs.field(default=None, init=False)
@@ -258,6 +266,8 @@ class AcpServer:
             raise ValueError(f"max_line_bytes must be positive, got {self.max_line_bytes!r}")
         if self.outbox_limit < 1:
             raise ValueError(f"outbox_limit must be at least 1, got {self.outbox_limit!r}")
+        if self.initial_mode not in MODE_IDS:
+            raise ValueError(f"initial_mode must be one of {sorted(MODE_IDS)}, got {self.initial_mode!r}")
 
     def __repr__(self) -> str:
         return f"<AcpServer sessions={len(self._records)}{' closing' if self._closing else ''}>"
@@ -421,6 +431,8 @@ class AcpServer:
                     log.debug("acp: ignoring session/cancel: %s", error)
                 else:
                     self._cancel(params)
+            elif message.method == "$/cancel_request":
+                self._cancel_request(message.params)
             else:
                 log.debug("acp: ignoring notification %s", shorten(message.method, 100))
         else:
@@ -440,6 +452,9 @@ class AcpServer:
             elif method == "session/cancel":
                 self._cancel(decode_params(CancelParams, params))
                 self._post(rpc.result_response(request.id, None))
+            elif method == "session/set_mode":
+                answer = self._set_mode(decode_params(SetSessionModeParams, params))
+                self._post(rpc.result_response(request.id, answer))
             elif method == "session/close":
                 record = self._take_for_close(decode_params(CloseSessionParams, params))
                 self._spawn_request(request, self._close, record)
@@ -532,7 +547,11 @@ class AcpServer:
             owner=self._scope, cwd=params.cwd, options=self._agent_options(), setup=_mcp_setup(params.mcp_configs())
         )
         record = await self._adopt(handle)
-        return {"sessionId": record.id, **_sandbox_meta(self.harness, record.agent.session.header.cwd)}
+        return {
+            "sessionId": record.id,
+            **self._modes_of(record),
+            **_sandbox_meta(self.harness, record.agent.session.header.cwd),
+        }
 
     async def _load(self, params: LoadSessionParams) -> dict[str, Any] | None:
         session_id = params.session_id
@@ -565,7 +584,7 @@ class AcpServer:
         # Synchronous from here: the replay is queued before the answer and before any new event.
         for update in replay_updates(record.agent.session.events):
             self._update(record.id, update)
-        return _sandbox_meta(self.harness, record.agent.session.header.cwd)
+        return {**self._modes_of(record), **_sandbox_meta(self.harness, record.agent.session.header.cwd)}
 
     async def _list(self, params: ListSessionsParams) -> dict[str, Any]:
         cwd, cursor = params.cwd, params.cursor
@@ -620,7 +639,7 @@ class AcpServer:
             with trio.CancelScope(shield=True):
                 await handle.dispose()
             raise rpc.RpcError(rpc.INTERNAL_ERROR, "the server is shutting down")
-        record = _SessionRecord(id=handle.agent.id, handle=handle)
+        record = _SessionRecord(id=handle.agent.id, handle=handle, mode=self.initial_mode)
         self._records[record.id] = record
         record.remove_observer = handle.agent.session.observe(lambda event: self._watch_unsolicited(record, event))
         return record
@@ -722,9 +741,60 @@ class AcpServer:
         if stop_reason is not None:
             self._post(rpc.result_response(prompt.request_id, {"stopReason": stop_reason}))
             return
+        if failure is not None and failure.code != "store-error":
+            # The model (or the turn) failed, but the turn is stored: say so as
+            # agent text every editor shows, and end the turn normally
+            # (docs/acp.rst, "When the model fails").
+            text = (
+                f"The turn failed: {failure.message} ({failure.code}). "
+                "Your prompt is kept in the session; send a prompt to try again."
+            )
+            self._update(record.id, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}})
+            meta = {"trio-harness/failure": {"code": failure.code, "message": failure.message}}
+            self._post(rpc.result_response(prompt.request_id, {"stopReason": "end_turn", "_meta": meta}))
+            return
         message = failure.message if failure is not None else "the turn failed"
         data = {"code": failure.code} if failure is not None else None
         self._post_error(prompt.request_id, rpc.RpcError(rpc.INTERNAL_ERROR, message, data))
+
+    def _cancel_request(self, params: object) -> None:
+        """``$/cancel_request`` naming a pending ``session/prompt``: cancel it like ``session/cancel``."""
+        request_id = params.get("requestId") if isinstance(params, dict) else None
+        if isinstance(request_id, bool) or not isinstance(request_id, int | str):
+            log.debug("acp: ignoring $/cancel_request without a valid requestId")
+            return
+        for record in list(self._records.values()):
+            prompt = record.prompt
+            if prompt is not None and prompt.request_id == request_id:
+                self._cancel(CancelParams(session_id=record.id))
+                return
+        log.debug("acp: $/cancel_request for %r, which is no pending prompt, ignored", request_id)
+
+    def _modes_offered(self) -> bool:
+        options = self.agent_options
+        return self.ask_permission and (options is None or options.approver is None)
+
+    def _modes_of(self, record: _SessionRecord) -> dict[str, Any]:
+        """The ``modes`` member of a session/new or session/load result (none when modes are off)."""
+        return {"modes": mode_state(record.mode)} if self._modes_offered() else {}
+
+    def _set_mode(self, params: SetSessionModeParams) -> dict[str, Any]:
+        record = self._record(params.session_id)
+        if not self._modes_offered():
+            raise rpc.RpcError(
+                rpc.METHOD_NOT_FOUND, "this server offers no session modes (it was started without asking approval)"
+            )
+        if params.mode_id not in MODE_IDS:
+            raise rpc.RpcError(
+                rpc.INVALID_PARAMS,
+                f"invalid params for session/set_mode: unknown modeId {shorten(params.mode_id, 100)!r}; "
+                f"known: {sorted(MODE_IDS)}",
+                {"field": "modeId"},
+            )
+        if record.mode != params.mode_id:
+            record.mode = params.mode_id
+            self._update(record.id, {"sessionUpdate": "current_mode_update", "currentModeId": record.mode})
+        return {}
 
     def _cancel(self, params: CancelParams) -> None:
         session_id = params.session_id
@@ -769,6 +839,9 @@ class AcpServer:
             return ApprovalDecision.deny(
                 f"no ACP session of this connection serves agent {request.agent_id!r}, so nobody can approve the call"
             )
+        record = self._records.get(session_id)
+        if record is not None and record.mode == MODE_AUTO:
+            return ApprovalDecision.allow_once()  # mode "auto": run without asking
         call_id = tool_call_id(request.turn, request.call_id)
         if request.agent_id != session_id:  # a subagent's call: name the child
             call_id = f"{request.agent_id}/{call_id}"

@@ -35,6 +35,7 @@ import errno
 import fcntl
 import logging
 import os
+import secrets
 import stat
 import string
 import threading
@@ -355,7 +356,9 @@ class JsonlPersistence:
     async def check(self) -> None:
         """Check that the root is (or can be created as) a writable directory.
 
-        Nothing is created.
+        Nothing is left behind: a probe directory is made in the nearest
+        existing directory and removed (``access`` alone says yes to root
+        where nothing can be made).
 
         Raises:
             SessionStoreError: the root, or the nearest existing directory it
@@ -378,7 +381,18 @@ class JsonlPersistence:
             advice = "pass a directory path (it is created if missing)"
             raise SessionStoreError(f"the session store {self.root} {where}{what}; {advice}", path=str(self.root))
         effective = os.access in os.supports_effective_ids
-        if not os.access(target, os.W_OK | os.X_OK, effective_ids=effective):
+        writable = os.access(target, os.W_OK | os.X_OK, effective_ids=effective)
+        if writable:
+            # access() answers yes to root everywhere, also where nothing can be
+            # made (/proc, /sys): try for real, leaving nothing behind.
+            probe = target / f".trio-harness-probe-{os.getpid()}-{secrets.token_hex(4)}"
+            try:
+                os.mkdir(probe, 0o700)
+            except OSError:
+                writable = False
+            else:
+                os.rmdir(probe)
+        if not writable:
             raise SessionStoreError(
                 f"the session store {self.root} {where}is not writable; pass a directory this process can write to",
                 path=str(self.root),
