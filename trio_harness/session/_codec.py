@@ -128,6 +128,8 @@ class _Gen:
         self.lines: list[str] = []
         self.counter = 0
         self.cache: dict[Any, str] = {}
+        # Record types the fast encoder declines (see function).
+        self.unsupported: set[Any] = set()
 
     def name(self, prefix: str) -> str:
         self.counter += 1
@@ -279,6 +281,8 @@ class _EncoderGen:
         self.lines: list[str] = []
         self.counter = 0
         self.cache: dict[Any, str] = {}
+        # Record types the fast encoder declines (see function).
+        self.unsupported: set[Any] = set()
 
     def name(self, prefix: str) -> str:
         self.counter += 1
@@ -332,17 +336,34 @@ class _EncoderGen:
         raise TypeError(f"no fast encoder for {kind!r}")
 
     def function(self, kind: Any) -> str:
-        """The name of a function returning the JSON text of one record of type ``kind``."""
+        """The name of a function returning the JSON text of one record of type ``kind``.
+
+        Raises:
+            TypeError: ``kind`` (or a record inside it) has a field the fast
+                encoder does not write the general encoder's way; that event
+                class is then always written by the general encoder.
+        """
         if kind in self.cache:
             return self.cache[kind]
-        if not attrs.has(kind):
+        if kind in self.unsupported or not attrs.has(kind):
             raise TypeError(f"no fast encoder for {kind!r}")
         fn = self.name("enc")
         self.cache[kind] = fn
+        try:
+            return self._generate(kind, fn)
+        except TypeError:
+            del self.cache[kind]  # nothing of it was emitted: no encoder may call it
+            self.unsupported.add(kind)
+            raise
+
+    def _generate(self, kind: Any, fn: str) -> str:
         attrs.resolve_types(kind)
         fields = attrs.fields(kind)
         if not all(f.init for f in fields):
             raise TypeError(f"no fast encoder for {kind!r}: it has fields outside __init__")
+        if any(f.metadata.get("omit_if_default") for f in fields):
+            # Left out of the line at their default (docs/sessions.rst): the general encoder does that.
+            raise TypeError(f"no fast encoder for {kind!r}: it has fields omitted at their default")
         cls = self.name("cls")
         self.namespace[cls] = kind
         # The exact type: a subclass may carry more, or differently encoded, fields.
@@ -391,10 +412,15 @@ class _EncoderGen:
         return fn
 
     def compile(self, kinds: tuple[type[Any], ...]) -> dict[type[Any], Any]:
+        fast = []
         for kind in kinds:
-            self.function(kind)
+            try:
+                self.function(kind)
+            except TypeError:
+                continue  # written by the general encoder
+            fast.append(kind)
         exec(compile("\n".join(self.lines), "<trio_harness event encoders>", "exec"), self.namespace)
-        return {kind: self.namespace[self.cache[kind]] for kind in kinds}
+        return {kind: self.namespace[self.cache[kind]] for kind in fast}
 
 
 def _utf8_or_general(line: str, event: Event) -> str:
