@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 from trio_harness.agents import Agent
 from trio_harness.session import _events as ev
 
-__all__ = ["WAIT", "turn_ends"]
+__all__ = ["WAIT", "group_alive", "turn_ends"]
 
 WAIT = 60.0
 """The bound, in seconds of real time, on any wait for something real: a subprocess,
@@ -17,3 +19,23 @@ Virtual-time bounds under ``autojump_clock`` are assertions, not waits, and stay
 def turn_ends(agent: Agent) -> list[tuple[int, str, str | None]]:
     """Each ``turn/end`` of the agent's log as ``(turn, reason, cause)``."""
     return [(e.turn, e.reason, e.cause) for e in agent.session.events if isinstance(e, ev.TurnEnd)]
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is in the process group (read from /proc, not the library).
+
+    Zombies are excluded: a killed grandchild is reparented to PID 1, which in a
+    container may never reap it, yet it runs nothing.
+    """
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from _util import WAIT
 
 from trio_harness.acp._jsonrpc import OutgoingRequests, PeerGoneError, Response
 from trio_harness.session import JsonlPersistence
@@ -25,7 +26,6 @@ from trio_harness.session import _events as ev
 
 pytest.importorskip("acp")
 
-WAIT = 60.0
 SOURCE = str(Path(__file__).resolve().parent.parent)  # the checkout under test
 
 CLIENT_SCRIPT = r'''

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from _util import WAIT
+from _util import WAIT, group_alive
 
 from trio_harness import AgentOptions, ScriptedModel
 from trio_harness._errors import TaskNotFoundError
@@ -23,26 +23,6 @@ from trio_harness.tools import BashToolPlugin, TaskToolsPlugin
 
 def results(session: Any) -> list[ev.ToolResult]:
     return [e for e in session.events if isinstance(e, ev.ToolResult)]
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any live (non-zombie) process is in the process group.
-
-    Zombies are excluded: a killed grandchild is reparented to PID 1, which in a
-    container may never reap it, yet it runs nothing.
-    """
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
 
 
 async def test_foreground_output_exit_code_and_workdir(tmp_path: Any) -> None:

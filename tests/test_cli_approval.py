@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 import trio
+from _util import WAIT
 
 from trio_harness.session import JsonlPersistence
 from trio_harness.session import _events as ev
 
-WAIT = 30.0
 PROMPT = b"allow? [y]es / [n]o / [a]lways: "
 ONE = "echo one >> out.txt"
 TWO = "echo two >> out.txt"

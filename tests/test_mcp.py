@@ -12,7 +12,6 @@ timeouts under test are short.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from typing import Any, cast
 
 import pytest
 import trio
+from _util import WAIT, group_alive
 
 from trio_harness import (
     AgentOptions,
@@ -40,7 +40,6 @@ from trio_harness.tools import McpConnection, connect_mcp_servers, mcp_tool_name
 from trio_harness.tools._mcp import _model_names
 
 SERVERS = Path(__file__).resolve().parent / "mcp_servers"
-WAIT = 30.0  # bound on any wait for a server process (generous: the SDK imports slowly on a busy machine)
 
 
 # ------------------------------------------------------------------ helpers
@@ -78,22 +77,6 @@ async def wait_recorded(record: Path, line: str) -> None:
 def server_pid(record: Path) -> int:
     (line,) = [line for line in recorded(record) if line.startswith("pid ")]
     return int(line.split()[1])
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any live (non-zombie) process is in the process group (read from /proc)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
 
 
 def alive(pid: int) -> bool:

@@ -13,6 +13,7 @@ import pytest
 import trio
 import trio.testing
 from _sse_server import DONE, Stream, sse_finish, sse_text, sse_usage, start_server
+from _util import WAIT
 
 from trio_harness import ModelError, ModelSettings, ScriptedModel, open_harness
 from trio_harness.agents import AgentOptions, Tool, ToolContext
@@ -20,8 +21,6 @@ from trio_harness.model import OpenAIProvider, resolve_model
 from trio_harness.session import JsonlPersistence, decode_event, encode_event
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
-
-WAIT = 30.0
 
 
 async def echo(ctx: ToolContext, args: dict[str, object]) -> str:

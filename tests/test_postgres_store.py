@@ -23,6 +23,7 @@ import pytest
 import trio
 import trio.testing
 from _postgres import Cluster, fresh_schema, postgres_cluster, worker_argv
+from _util import WAIT
 
 from trio_harness import (
     SessionLockedError,
@@ -40,7 +41,6 @@ from trio_harness.session._postgres import SCHEMA_VERSION, _call
 __all__ = ["postgres_cluster"]  # the fixture, imported for pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-WAIT = 30.0
 
 
 @pytest.fixture

@@ -230,6 +230,14 @@ class _Sql:
         ]
 
     @property
+    def insert_session(self) -> str:
+        """The session row; returns a row only when it was inserted (the id was free)."""
+        return (
+            f"INSERT INTO {self.s}.sessions (id, header, created_at, parent_session) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (id) DO NOTHING RETURNING 1"
+        )
+
+    @property
     def insert_events(self) -> str:
         return (
             f"INSERT INTO {self.s}.events (session_id, seq, body) "
@@ -412,8 +420,7 @@ class _PgWriter:
                 store._configure_writer(conn)
             with conn.transaction():
                 row = conn.execute(
-                    f"INSERT INTO {sql.s}.sessions (id, header, created_at, parent_session) VALUES (%s, %s, %s, %s) "
-                    "ON CONFLICT (id) DO NOTHING RETURNING 1",
+                    sql.insert_session,
                     (header.id, header_line, header.created_at, header.parent_session),
                 ).fetchone()
                 if row is None:
@@ -1359,8 +1366,7 @@ class PostgresPersistence:
         def work(conn: psycopg.Connection[Any]) -> bool:
             with conn.transaction():
                 row = conn.execute(
-                    f"INSERT INTO {sql.s}.sessions (id, header, created_at, parent_session) VALUES (%s, %s, %s, %s) "
-                    "ON CONFLICT (id) DO NOTHING RETURNING 1",
+                    sql.insert_session,
                     (header.id, header_line, header.created_at, header.parent_session),
                 ).fetchone()
                 if row is None:
@@ -1391,8 +1397,7 @@ class PostgresPersistence:
             try:
                 with conn.transaction():
                     row = conn.execute(
-                        f"INSERT INTO {sql.s}.sessions (id, header, created_at, parent_session) "
-                        "VALUES (%s, %s, %s, %s) ON CONFLICT (id) DO NOTHING RETURNING 1",
+                        sql.insert_session,
                         (child.id, header_line, child.created_at, child.parent_session),
                     ).fetchone()
                     if row is None:
