@@ -446,6 +446,25 @@ async def test_root_block_error_propagates_unwrapped_after_teardown() -> None:
     assert order == ["child callback", "callback"]
 
 
+async def test_root_block_error_keeps_its_own_cause_and_context() -> None:
+    cause = OSError("the cause")
+    context = LookupError("handled when raised")
+
+    async def run() -> None:
+        async with open_scope() as root:
+            await root.open_child("child")
+            try:
+                raise context
+            except LookupError:
+                raise KeyError("from the block") from cause
+
+    with pytest.raises(KeyError, match="from the block") as info:
+        await run()
+    assert info.value.__cause__ is cause
+    assert info.value.__context__ is context
+    assert info.value.__suppress_context__
+
+
 @pytest.mark.parametrize("timeout", [0, -1, math.nan])
 async def test_open_scope_rejects_a_non_positive_teardown_timeout(timeout: float) -> None:
     with pytest.raises(ValueError, match="teardown_timeout"):

@@ -409,6 +409,7 @@ async def open_scope(name: str = "root", *, teardown_timeout: float = DEFAULT_TE
         raise ValueError(f"teardown_timeout must be positive, got {teardown_timeout!r}")
     scope = Scope(name=name, parent=None, teardown_timeout=teardown_timeout)
     body_error: BaseException | None = None
+    unwrapped: BaseException | None = None
     token: contextvars.Token[Scope | None] | None = None
     try:
         async with scope._lifetime():
@@ -424,9 +425,16 @@ async def open_scope(name: str = "root", *, teardown_timeout: float = DEFAULT_TE
     except BaseExceptionGroup as group:
         # The block's own exception comes back wrapped by the nursery; give the
         # caller the exception they raised when nothing else failed.
-        if body_error is not None and len(group.exceptions) == 1 and group.exceptions[0] is body_error:
-            raise body_error from None
-        raise
+        # It is raised below, outside this handler, so that its own
+        # ``__cause__`` and ``__context__`` stay what the block gave them.
+        if not (body_error is not None and len(group.exceptions) == 1 and group.exceptions[0] is body_error):
+            raise
+        unwrapped = body_error
     finally:
         if token is not None:
             _current_scope.reset(token)
+    if unwrapped is not None:
+        try:
+            raise unwrapped
+        finally:
+            unwrapped = body_error = None  # no reference cycle through this frame
