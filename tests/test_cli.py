@@ -15,7 +15,8 @@ import pytest
 import trio
 from _util import WAIT
 
-from trio_harness import _cli
+from trio_harness import ScriptedModel, _cli, open_harness
+from trio_harness.events import InboxMessage
 from trio_harness.agents import TurnOutcome
 from trio_harness.model import Failure
 from trio_harness.session import JsonlPersistence
@@ -206,6 +207,23 @@ async def test_sessions_show_truncates_long_tool_output(tmp_path: Path) -> None:
     result_line = next(line for line in shown.stdout.decode().splitlines() if "[tool result]" in line)
     assert result_line.endswith("…")
     assert len(result_line) <= len("  [tool result] ") + 100
+
+
+async def test_sessions_show_labels_task_notices(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    model = ScriptedModel([{"text": "hello"}, {"text": "noted"}])
+    async with open_harness(model=model, store=store) as harness, harness.agents.open() as agent:
+        await agent.run("hi there")
+        notice = 'background task bash-1 [bash] completed (exit code 0) — make. Use task_output("bash-1") to read.'
+        agent.followup(InboxMessage(id="n1", text=notice, origin="task-notice"))
+        await agent.when_idle()
+        session_id = agent.id
+    shown = await cli("sessions", "show", session_id, "--store", str(store), cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.decode().splitlines()
+    assert "user: hi there" in lines
+    assert f"notice: {notice}" in lines
+    assert not any(line.startswith("user: background task") for line in lines)
 
 
 async def test_unknown_sessions_are_usage_errors(tmp_path: Path) -> None:

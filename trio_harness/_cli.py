@@ -877,7 +877,9 @@ def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 5
         if isinstance(event, ev.TurnStart):
             lines += ["", f"=== turn {event.turn} ==="]
         elif isinstance(event, ev.UserMessage):
-            who = "user" if event.mode == "followup" else f"user ({event.mode})"
+            # A background task's completion notice is no user text (docs/tasks.rst).
+            who = "notice" if event.origin == "task-notice" else "user"
+            who = who if event.mode == "followup" else f"{who} ({event.mode})"
             lines.append(f"{who}: {_indent(event.text)}")
         elif isinstance(event, ev.AssistantMessage):
             if event.reasoning:
