@@ -16,8 +16,8 @@ import trio
 from _util import WAIT
 
 from trio_harness import ScriptedModel, _cli, open_harness
-from trio_harness.events import InboxMessage
 from trio_harness.agents import TurnOutcome
+from trio_harness.events import InboxMessage
 from trio_harness.model import Failure
 from trio_harness.session import JsonlPersistence
 from trio_harness.session import _events as ev
