@@ -19,7 +19,7 @@ import socket
 import pytest
 import trio
 import trio.testing
-from _acp_clients import Msg, Peer, check_envelope, connected
+from _acp_clients import Msg, Peer, check_envelope, connected, conversation
 from _util import WAIT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -146,7 +146,8 @@ async def test_turns_the_agent_starts_by_itself_are_streamed() -> None:
         assert reply == {"stopReason": "end_turn"}
         prompted = [m for m in peer.received if m.get("method") == "session/update"]
         # the prompted turn is streamed once (no duplicate from the unsolicited path)
-        assert "".join(m["params"]["update"]["content"]["text"] for m in prompted) == "prompted answer"
+        chunks = conversation([m["params"]["update"] for m in prompted])
+        assert "".join(u["content"]["text"] for u in chunks) == "prompted answer"
         agent = harness.agents.get(session_id)
         assert agent is not None
         agent.followup("background task bash-1 completed")
@@ -158,9 +159,10 @@ async def test_turns_the_agent_starts_by_itself_are_streamed() -> None:
                 if "".join(texts) == "prompted answernoticed it":
                     break
                 await peer.receive()
-        kinds = [u["sessionUpdate"] for u in updates[len(prompted) :]]
+        later = conversation(updates[len(prompted) :])
+        kinds = [u["sessionUpdate"] for u in later]
         assert kinds[0] == "user_message_chunk"
-        assert updates[len(prompted)]["content"]["text"] == "background task bash-1 completed"
+        assert later[0]["content"]["text"] == "background task bash-1 completed"
         assert set(kinds[1:]) == {"agent_message_chunk"}
 
 
@@ -413,7 +415,8 @@ async def test_a_client_that_does_not_read_its_answers_stops_being_read() -> Non
 async def test_a_turn_streams_past_the_outbox_limit_without_deadlock(reads_along: bool) -> None:
     calls = [{"name": "no_such_tool", "arguments": {}} for _ in range(30)]
     model = scripted([{"tool_calls": calls}, {"text": "all done", "reasoning": "thinking it over"}])
-    expected = 60 + 6 + 2  # the updates, the prompt's answer, the later request's answer
+    # The updates, the title, the last activity, the prompt's answer, the later request's answer.
+    expected = 60 + 6 + 2 + 2
     async with open_test_harness(model) as harness:
         client, server_end = socket_streams()
         server = AcpServer(harness, outbox_limit=1)
@@ -448,7 +451,7 @@ async def test_a_turn_streams_past_the_outbox_limit_without_deadlock(reads_along
                 await peer.send(later)  # not read while the outbox is over its limit
                 await trio.testing.wait_all_tasks_blocked()
                 messages = await read_messages(client, expected)
-            updates = [m["params"]["update"] for m in messages if m.get("method")]
+            updates = conversation([m["params"]["update"] for m in messages if m.get("method")])
             kinds = [update["sessionUpdate"] for update in updates]
             assert (
                 kinds
