@@ -8,6 +8,7 @@ the JSON summary the script prints.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 import trio
+from _acp_clients import INFO_KINDS
 from _util import WAIT
 
 pytest.importorskip("acp")
@@ -137,7 +139,7 @@ async def test_the_official_sdk_client_drives_the_server(tmp_path: Path) -> None
     text = "".join(u["content"]["text"] for u in live if u["sessionUpdate"] == "agent_message_chunk")
     assert text == "You have no tasks."
 
-    replayed = summary["replayed"]
+    replayed = [u for u in summary["replayed"] if u["sessionUpdate"] not in INFO_KINDS]
     assert [u["sessionUpdate"] for u in replayed] == [
         "user_message_chunk",
         "tool_call",
@@ -148,3 +150,159 @@ async def test_the_official_sdk_client_drives_the_server(tmp_path: Path) -> None
     assert replayed[0]["content"]["text"] == "list my tasks"
     assert replayed[-1]["content"]["text"] == "You have no tasks."
     assert summary["secondStopReason"] == "end_turn"
+
+
+# ---------------------------------------------------------------- what the harness knows, seen by the SDK
+
+SESSION_SCRIPT = r'''
+"""An ACP SDK client: authentication without a key, then one session's notices, usage, title and a cancel."""
+
+import asyncio
+import json
+import sys
+
+from acp import PROTOCOL_VERSION, RequestError, spawn_agent_process, text_block
+from acp.schema import SessionNotification
+
+
+class Recorder:
+    """Records every session/update as it arrives, in order, validated against the SDK's schema."""
+
+    def __init__(self) -> None:
+        self.updates = []
+        self.changed = asyncio.Event()
+
+    def observe(self, event) -> None:  # a stream observer: called synchronously, in arrival order
+        message = event.message
+        if message.get("method") == "session/update":
+            notification = SessionNotification.model_validate(message["params"])
+            self.updates.append(notification.update.model_dump(mode="json", by_alias=True, exclude_none=True))
+            self.changed.set()
+
+    async def wait_for(self, predicate):
+        async with asyncio.timeout(30):
+            while not any(predicate(u) for u in self.updates):
+                self.changed.clear()
+                await self.changed.wait()
+
+    async def session_update(self, session_id, update, **kwargs):
+        pass
+
+    async def request_permission(self, *args, **kwargs):
+        raise RuntimeError("the agent must not ask for permissions")
+
+
+def spawn(recorder, model, store, cwd, *extra, env=None):
+    return spawn_agent_process(
+        recorder, sys.executable, "-m", "trio_harness", "acp", "--model", model, "--store", store, *extra,
+        cwd=cwd, env=env, observers=[recorder.observe],
+    )
+
+
+def error_of(exc):
+    return {"code": exc.code, "message": str(exc), "data": exc.data}
+
+
+async def authentication(model, store, cwd, env):
+    recorder = Recorder()
+    summary = {}
+    async with spawn(recorder, model, store, cwd, env=env) as (conn, process):
+        init = await conn.initialize(protocol_version=PROTOCOL_VERSION)
+        summary["authMethods"] = [m.model_dump(mode="json", by_alias=True, exclude_none=True) for m in init.auth_methods]
+        summary["authTypes"] = [type(m).__name__ for m in init.auth_methods]
+        try:
+            await conn.new_session(cwd=cwd, mcp_servers=[])
+        except RequestError as exc:
+            summary["newError"] = error_of(exc)
+        try:
+            await conn.authenticate(method_id=init.auth_methods[0].id)
+        except RequestError as exc:
+            summary["authenticateError"] = error_of(exc)
+        try:
+            await conn.list_sessions()
+        except RequestError as exc:
+            summary["listError"] = error_of(exc)
+        summary["reinitialized"] = (await conn.initialize(protocol_version=PROTOCOL_VERSION)).protocol_version
+    return summary
+
+
+async def session(model, store, cwd):
+    summary = {}
+    recorder = Recorder()
+    async with spawn(recorder, model, store, cwd, "--yes", "--tools", "tasks,bash") as (conn, process):
+        await conn.initialize(protocol_version=PROTOCOL_VERSION)
+        new = await conn.new_session(cwd=cwd, mcp_servers=[])
+        sid = summary["sessionId"] = new.session_id
+        reply = await conn.prompt(session_id=sid, prompt=[text_block("Start the build\nwith all the details")])
+        summary["firstStop"] = reply.stop_reason
+        # The background task's completion notice wakes the agent: a turn nobody prompted.
+        await recorder.wait_for(lambda u: u.get("content", {}).get("text") == "The build finished.")
+        prompt = asyncio.ensure_future(conn.prompt(session_id=sid, prompt=[text_block("sleep now")]))
+        await recorder.wait_for(lambda u: u["sessionUpdate"] == "tool_call" and "sleep" in u["title"])
+        await conn.cancel(session_id=sid)
+        summary["cancelStop"] = (await prompt).stop_reason
+    summary["live"] = recorder.updates
+
+    recorder = Recorder()
+    async with spawn(recorder, model, store, cwd) as (conn, process):
+        await conn.initialize(protocol_version=PROTOCOL_VERSION)
+        await conn.load_session(cwd=cwd, session_id=sid, mcp_servers=[])
+        summary["replayed"] = list(recorder.updates)
+    return summary
+
+
+async def main() -> None:
+    scenario, model, store, cwd = sys.argv[1:5]
+    if scenario == "authentication":
+        summary = await authentication(model, store, cwd, env=json.loads(sys.argv[5]))
+    else:
+        summary = await session(model, store, cwd)
+    print(json.dumps(summary))
+
+
+asyncio.run(main())
+'''
+
+
+async def run_sdk_client(tmp_path: Path, *args: str) -> dict[str, Any]:
+    client = tmp_path / "sdk_session_client.py"
+    client.write_text(SESSION_SCRIPT, encoding="utf-8")
+    with trio.fail_after(WAIT):
+        result = await trio.run_process(
+            [sys.executable, str(client), *args],
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr.decode()
+    summary: dict[str, Any] = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    return summary
+
+
+async def test_without_an_api_key_the_agent_answers_the_handshake_and_asks_for_it(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("DEEPSEEK_API_KEY", "OPENAI_API_KEY")}
+    env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
+    summary = await run_sdk_client(
+        tmp_path, "authentication", "deepseek:deepseek-chat", str(tmp_path / "store"), str(tmp_path), json.dumps(env)
+    )
+    # The SDK reads the method as the schema's env_var kind, naming the variable.
+    assert summary["authTypes"] == ["EnvVarAuthMethod"]
+    (method,) = summary["authMethods"]
+    assert method["type"] == "env_var"
+    assert method["id"] == "env:DEEPSEEK_API_KEY"
+    assert [v["name"] for v in method["vars"]] == ["DEEPSEEK_API_KEY"]
+    assert method["vars"][0]["secret"] is True
+    assert "DEEPSEEK_API_KEY" in method["description"]
+    # session/new before the key: ACP's auth_required.
+    assert summary["newError"]["code"] == -32000
+    assert "authenticate" in summary["newError"]["message"]
+    # authenticate explains what to set and that the agent must be restarted with it.
+    error = summary["authenticateError"]
+    assert error["code"] == -32000
+    assert "DEEPSEEK_API_KEY is not set" in error["message"]
+    assert "restart the agent" in error["message"]
+    assert error["data"] == {"methodId": "env:DEEPSEEK_API_KEY", "variable": "DEEPSEEK_API_KEY"}
+    assert summary["listError"]["code"] == -32000
+    assert summary["reinitialized"] == 1

@@ -13,6 +13,7 @@ backpressure promise: docs/guarantees.rst, "The ACP bridge".
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 
@@ -20,6 +21,7 @@ import pytest
 import trio
 import trio.testing
 from _acp_clients import Msg, Peer, check_envelope, connected, conversation
+from _sse_server import DONE, Stream, sse_finish, sse_text, start_server
 from _util import WAIT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,6 +29,8 @@ from hypothesis import strategies as st
 from trio_harness import Harness, ScriptedModel
 from trio_harness.acp import AcpServer
 from trio_harness.acp import _jsonrpc as rpc
+from trio_harness.acp._auth import EnvKeyAuth
+from trio_harness.model import OpenAIProvider
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
 
@@ -560,3 +564,35 @@ def test_fuzzed_input_is_answered_or_ignored_and_never_kills_the_server(
             assert harness.sessions.list() == []
 
     trio.run(scenario)
+
+
+async def test_env_key_authentication_succeeds_once_the_key_is_in_the_environment(nursery: trio.Nursery) -> None:
+    """The agent started without its key; once the variable is set, authenticate gives the provider the key."""
+    http = await start_server(nursery, Stream([sse_text("hello"), sse_finish("stop"), DONE]))
+    provider = OpenAIProvider(model="m", base_url=http.base_url)  # built without a key
+    env: dict[str, str] = {}
+    auth = EnvKeyAuth("DEEPSEEK_API_KEY", provider, env=env)
+    async with (
+        contextlib.aclosing(provider),
+        open_test_harness(provider) as harness,
+        connected(harness, auth_methods=[auth.method()], authenticator=auth) as (peer, _, _d),
+    ):
+        result = await peer.call("initialize", {"protocolVersion": 1})
+        assert [m["id"] for m in result["authMethods"]] == ["env:DEEPSEEK_API_KEY"]
+        message = peer.request("session/new", {"cwd": "/"})
+        await peer.send(message)
+        error = (await peer.response(message["id"]))["error"]
+        assert error["code"] == rpc.AUTH_REQUIRED
+        assert "env:DEEPSEEK_API_KEY" in error["message"]
+        assert "DEEPSEEK_API_KEY" in error["message"]
+        message = peer.request("authenticate", {"methodId": "env:DEEPSEEK_API_KEY"})
+        await peer.send(message)
+        error = (await peer.response(message["id"]))["error"]
+        assert error["code"] == rpc.AUTH_REQUIRED
+        assert "restart the agent" in error["message"]
+        env["DEEPSEEK_API_KEY"] = " sk-later \n"
+        assert await peer.call("authenticate", {"methodId": "env:DEEPSEEK_API_KEY"}) == {}
+        session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+        reply = await peer.call("session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "hi"}]})
+        assert reply == {"stopReason": "end_turn"}
+    assert http.requests[0].headers["authorization"] == "Bearer sk-later"

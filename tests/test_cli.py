@@ -241,14 +241,16 @@ async def test_unknown_sessions_are_usage_errors(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("spec", "expected"),
+    ("spec", "expected", "command"),
     [
-        ("nonsense", "unknown model spec 'nonsense'"),
-        ("deepseek:deepseek-chat", "DEEPSEEK_API_KEY"),
-        ("scripted:/no/such/script.json", "does not exist"),
+        ("nonsense", "unknown model spec 'nonsense'", "run"),
+        ("nonsense", "unknown model spec 'nonsense'", "acp"),
+        ("deepseek:deepseek-chat", "DEEPSEEK_API_KEY", "run"),
+        # acp without the key answers the handshake and asks for it (tests/test_acp_sdk.py).
+        ("scripted:/no/such/script.json", "does not exist", "run"),
+        ("scripted:/no/such/script.json", "does not exist", "acp"),
     ],
 )
-@pytest.mark.parametrize("command", ["run", "acp"])
 async def test_bad_model_exits_2_with_one_line(tmp_path: Path, spec: str, expected: str, command: str) -> None:
     args = ["run", "hello"] if command == "run" else ["acp"]
     result = await cli(*args, "--model", spec, "--store", str(tmp_path / "store"), cwd=tmp_path)

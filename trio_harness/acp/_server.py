@@ -499,7 +499,14 @@ class AcpServer:
 
     def _check_auth(self) -> None:
         if self.auth_methods and not self._authenticated:
-            raise rpc.RpcError(rpc.AUTH_REQUIRED, "authentication required: call authenticate first")
+            ids = [str(method.get("id")) for method in self.auth_methods]
+            described = [str(m["description"]) for m in self.auth_methods if isinstance(m.get("description"), str)]
+            raise rpc.RpcError(
+                rpc.AUTH_REQUIRED,
+                f"authentication required: call authenticate with methodId {' or '.join(map(repr, ids))} first"
+                + (f" ({' '.join(described)})" if described else ""),
+                {"authMethods": ids},
+            )
 
     def _record(self, session_id: str) -> _SessionRecord:
         record = self._records.get(session_id)
