@@ -208,7 +208,8 @@ async def authentication(model, store, cwd, env):
     summary = {}
     async with spawn(recorder, model, store, cwd, env=env) as (conn, process):
         init = await conn.initialize(protocol_version=PROTOCOL_VERSION)
-        summary["authMethods"] = [m.model_dump(mode="json", by_alias=True, exclude_none=True) for m in init.auth_methods]
+        methods = init.auth_methods
+        summary["authMethods"] = [m.model_dump(mode="json", by_alias=True, exclude_none=True) for m in methods]
         summary["authTypes"] = [type(m).__name__ for m in init.auth_methods]
         try:
             await conn.new_session(cwd=cwd, mcp_servers=[])
