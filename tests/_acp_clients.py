@@ -28,9 +28,27 @@ from _util import WAIT
 from trio_harness import Harness
 from trio_harness.acp import AcpServer
 
-__all__ = ["AcpClient", "Msg", "Peer", "check_envelope", "connected", "open_server", "write_script"]
+__all__ = [
+    "INFO_KINDS",
+    "AcpClient",
+    "Msg",
+    "Peer",
+    "check_envelope",
+    "connected",
+    "conversation",
+    "open_server",
+    "write_script",
+]
 
 Msg = dict[str, Any]
+
+INFO_KINDS = frozenset({"session_info_update", "usage_update"})
+"""The updates about the session (title, activity, usage) rather than its conversation."""
+
+
+def conversation(updates: list[Msg]) -> list[Msg]:
+    """``updates`` without the session-info and usage updates (tests of those check them separately)."""
+    return [u for u in updates if u["sessionUpdate"] not in INFO_KINDS]
 
 
 # ---------------------------------------------------------------- a server subprocess

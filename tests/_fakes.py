@@ -10,6 +10,7 @@ import attrs
 import trio
 
 from trio_harness._scope import Scope
+from trio_harness.events import InboxMessage
 from trio_harness.tasks import TaskHooks, TaskOutcome
 
 __all__ = ["FakeOwner", "FakeProducer", "make_owner"]
@@ -24,13 +25,22 @@ class FakeOwner:
     status: str = "idle"
     followups: list[str] = attrs.field(factory=list)
     injects: list[str] = attrs.field(factory=list)
+    # The origin of every message delivered, in delivery order.
+    origins: list[str] = attrs.field(factory=list)
 
-    def followup(self, message: str) -> str:
-        self.followups.append(message)
+    def _text(self, message: str | InboxMessage) -> str:
+        if isinstance(message, InboxMessage):
+            self.origins.append(message.origin)
+            return message.text
+        self.origins.append("user")
+        return message
+
+    def followup(self, message: str | InboxMessage) -> str:
+        self.followups.append(self._text(message))
         return f"followup-{len(self.followups)}"
 
-    def inject(self, message: str) -> str:
-        self.injects.append(message)
+    def inject(self, message: str | InboxMessage) -> str:
+        self.injects.append(self._text(message))
         return f"inject-{len(self.injects)}"
 
     @property

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import trio
-from _acp_clients import Msg, open_server
+from _acp_clients import Msg, conversation, open_server
 from _util import WAIT
 
 from trio_harness.acp._modes import mode_state
@@ -56,7 +56,7 @@ async def test_prompt_with_tool_calls_streams_updates(tmp_path: Path) -> None:
         await client.send(prompt)
         reply = await client.response(prompt["id"])
         assert reply["result"] == {"stopReason": "end_turn"}
-        updates = client.updates(session_id)
+        updates = conversation(client.updates(session_id))
         # Every update of the prompt arrived before its answer.
         assert all(client.position(m) < client.position(reply) for m in client.received if m.get("method"))
     kinds = [u["sessionUpdate"] for u in updates]
@@ -240,7 +240,7 @@ async def test_load_replays_history_before_answering(tmp_path: Path) -> None:
         await client.send(load)
         reply = await client.response(load["id"])
         assert "result" in reply
-        replayed = client.updates(session_id)
+        replayed = conversation(client.updates(session_id))
         assert all(
             client.position(m) < client.position(reply) for m in client.received if m.get("method") == "session/update"
         )

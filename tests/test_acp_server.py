@@ -13,13 +13,15 @@ backpressure promise: docs/guarantees.rst, "The ACP bridge".
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 
 import pytest
 import trio
 import trio.testing
-from _acp_clients import Msg, Peer, check_envelope, connected
+from _acp_clients import Msg, Peer, check_envelope, connected, conversation
+from _sse_server import DONE, Stream, sse_finish, sse_text, start_server
 from _util import WAIT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,6 +29,8 @@ from hypothesis import strategies as st
 from trio_harness import Harness, ScriptedModel
 from trio_harness.acp import AcpServer
 from trio_harness.acp import _jsonrpc as rpc
+from trio_harness.acp._auth import EnvKeyAuth
+from trio_harness.model import OpenAIProvider
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
 
@@ -146,7 +150,8 @@ async def test_turns_the_agent_starts_by_itself_are_streamed() -> None:
         assert reply == {"stopReason": "end_turn"}
         prompted = [m for m in peer.received if m.get("method") == "session/update"]
         # the prompted turn is streamed once (no duplicate from the unsolicited path)
-        assert "".join(m["params"]["update"]["content"]["text"] for m in prompted) == "prompted answer"
+        chunks = conversation([m["params"]["update"] for m in prompted])
+        assert "".join(u["content"]["text"] for u in chunks) == "prompted answer"
         agent = harness.agents.get(session_id)
         assert agent is not None
         agent.followup("background task bash-1 completed")
@@ -158,9 +163,10 @@ async def test_turns_the_agent_starts_by_itself_are_streamed() -> None:
                 if "".join(texts) == "prompted answernoticed it":
                     break
                 await peer.receive()
-        kinds = [u["sessionUpdate"] for u in updates[len(prompted) :]]
+        later = conversation(updates[len(prompted) :])
+        kinds = [u["sessionUpdate"] for u in later]
         assert kinds[0] == "user_message_chunk"
-        assert updates[len(prompted)]["content"]["text"] == "background task bash-1 completed"
+        assert later[0]["content"]["text"] == "background task bash-1 completed"
         assert set(kinds[1:]) == {"agent_message_chunk"}
 
 
@@ -413,7 +419,8 @@ async def test_a_client_that_does_not_read_its_answers_stops_being_read() -> Non
 async def test_a_turn_streams_past_the_outbox_limit_without_deadlock(reads_along: bool) -> None:
     calls = [{"name": "no_such_tool", "arguments": {}} for _ in range(30)]
     model = scripted([{"tool_calls": calls}, {"text": "all done", "reasoning": "thinking it over"}])
-    expected = 60 + 6 + 2  # the updates, the prompt's answer, the later request's answer
+    # The updates, the title, the last activity, the prompt's answer, the later request's answer.
+    expected = 60 + 6 + 2 + 2
     async with open_test_harness(model) as harness:
         client, server_end = socket_streams()
         server = AcpServer(harness, outbox_limit=1)
@@ -448,7 +455,7 @@ async def test_a_turn_streams_past_the_outbox_limit_without_deadlock(reads_along
                 await peer.send(later)  # not read while the outbox is over its limit
                 await trio.testing.wait_all_tasks_blocked()
                 messages = await read_messages(client, expected)
-            updates = [m["params"]["update"] for m in messages if m.get("method")]
+            updates = conversation([m["params"]["update"] for m in messages if m.get("method")])
             kinds = [update["sessionUpdate"] for update in updates]
             assert (
                 kinds
@@ -557,3 +564,35 @@ def test_fuzzed_input_is_answered_or_ignored_and_never_kills_the_server(
             assert harness.sessions.list() == []
 
     trio.run(scenario)
+
+
+async def test_env_key_authentication_succeeds_once_the_key_is_in_the_environment(nursery: trio.Nursery) -> None:
+    """The agent started without its key; once the variable is set, authenticate gives the provider the key."""
+    http = await start_server(nursery, Stream([sse_text("hello"), sse_finish("stop"), DONE]))
+    provider = OpenAIProvider(model="m", base_url=http.base_url)  # built without a key
+    env: dict[str, str] = {}
+    auth = EnvKeyAuth("DEEPSEEK_API_KEY", provider, env=env)
+    async with (
+        contextlib.aclosing(provider),
+        open_test_harness(provider) as harness,
+        connected(harness, auth_methods=[auth.method()], authenticator=auth) as (peer, _, _d),
+    ):
+        result = await peer.call("initialize", {"protocolVersion": 1})
+        assert [m["id"] for m in result["authMethods"]] == ["env:DEEPSEEK_API_KEY"]
+        message = peer.request("session/new", {"cwd": "/"})
+        await peer.send(message)
+        error = (await peer.response(message["id"]))["error"]
+        assert error["code"] == rpc.AUTH_REQUIRED
+        assert "env:DEEPSEEK_API_KEY" in error["message"]
+        assert "DEEPSEEK_API_KEY" in error["message"]
+        message = peer.request("authenticate", {"methodId": "env:DEEPSEEK_API_KEY"})
+        await peer.send(message)
+        error = (await peer.response(message["id"]))["error"]
+        assert error["code"] == rpc.AUTH_REQUIRED
+        assert "restart the agent" in error["message"]
+        env["DEEPSEEK_API_KEY"] = " sk-later \n"
+        assert await peer.call("authenticate", {"methodId": "env:DEEPSEEK_API_KEY"}) == {}
+        session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+        reply = await peer.call("session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "hi"}]})
+        assert reply == {"stopReason": "end_turn"}
+    assert http.requests[0].headers["authorization"] == "Bearer sk-later"

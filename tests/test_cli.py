@@ -15,8 +15,9 @@ import pytest
 import trio
 from _util import WAIT
 
-from trio_harness import _cli
+from trio_harness import ScriptedModel, _cli, open_harness
 from trio_harness.agents import TurnOutcome
+from trio_harness.events import InboxMessage
 from trio_harness.model import Failure
 from trio_harness.session import JsonlPersistence
 from trio_harness.session import _events as ev
@@ -208,6 +209,23 @@ async def test_sessions_show_truncates_long_tool_output(tmp_path: Path) -> None:
     assert len(result_line) <= len("  [tool result] ") + 100
 
 
+async def test_sessions_show_labels_task_notices(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    model = ScriptedModel([{"text": "hello"}, {"text": "noted"}])
+    async with open_harness(model=model, store=store) as harness, harness.agents.open() as agent:
+        await agent.run("hi there")
+        notice = 'background task bash-1 [bash] completed (exit code 0) — make. Use task_output("bash-1") to read.'
+        agent.followup(InboxMessage(id="n1", text=notice, origin="task-notice"))
+        await agent.when_idle()
+        session_id = agent.id
+    shown = await cli("sessions", "show", session_id, "--store", str(store), cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.decode().splitlines()
+    assert "user: hi there" in lines
+    assert f"notice: {notice}" in lines
+    assert not any(line.startswith("user: background task") for line in lines)
+
+
 async def test_unknown_sessions_are_usage_errors(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     shown = await cli("sessions", "show", "nope", "--store", store, cwd=tmp_path)
@@ -223,14 +241,16 @@ async def test_unknown_sessions_are_usage_errors(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("spec", "expected"),
+    ("spec", "expected", "command"),
     [
-        ("nonsense", "unknown model spec 'nonsense'"),
-        ("deepseek:deepseek-chat", "DEEPSEEK_API_KEY"),
-        ("scripted:/no/such/script.json", "does not exist"),
+        ("nonsense", "unknown model spec 'nonsense'", "run"),
+        ("nonsense", "unknown model spec 'nonsense'", "acp"),
+        ("deepseek:deepseek-chat", "DEEPSEEK_API_KEY", "run"),
+        # acp without the key answers the handshake and asks for it (tests/test_acp_sdk.py).
+        ("scripted:/no/such/script.json", "does not exist", "run"),
+        ("scripted:/no/such/script.json", "does not exist", "acp"),
     ],
 )
-@pytest.mark.parametrize("command", ["run", "acp"])
 async def test_bad_model_exits_2_with_one_line(tmp_path: Path, spec: str, expected: str, command: str) -> None:
     args = ["run", "hello"] if command == "run" else ["acp"]
     result = await cli(*args, "--model", spec, "--store", str(tmp_path / "store"), cwd=tmp_path)

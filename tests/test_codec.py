@@ -35,6 +35,7 @@ from trio_harness.session._events import (
     InboxMessage,
     InboxQueue,
     InboxSpliced,
+    MessageOrigin,
     RequestHeader,
     RequestRetry,
     SendMode,
@@ -54,6 +55,7 @@ texts = st.text(st.characters(exclude_categories=["Cs"]), max_size=30)
 ints = st.integers(min_value=-(2**63), max_value=2**63)
 floats = st.floats(allow_nan=False, allow_infinity=False)
 send_modes = st.sampled_from(get_args(SendMode))
+origins = st.sampled_from(get_args(MessageOrigin))
 
 failures = st.builds(Failure, code=texts, message=texts, retryable=st.booleans(), retry_after=st.none() | floats)
 usages = st.builds(Usage, input_tokens=ints, output_tokens=ints, cache_hit_tokens=ints, reasoning_tokens=ints)
@@ -82,7 +84,9 @@ model_settings = st.builds(
     extra_body=st.none() | st.dictionaries(texts, json_values, max_size=3),
 )
 tool_calls = st.builds(ToolCall, id=texts, name=texts, arguments=texts)
-inbox_messages = st.builds(InboxMessage, id=texts, text=texts, mode=send_modes, settings=st.none() | model_settings)
+inbox_messages = st.builds(
+    InboxMessage, id=texts, text=texts, mode=send_modes, settings=st.none() | model_settings, origin=origins
+)
 
 _BASE = {"seq": ints, "ts": floats}
 _STEP = {**_BASE, "turn": ints, "step": ints}
@@ -91,7 +95,7 @@ _STEP = {**_BASE, "turn": ints, "step": ints}
 EVENT_FIELDS: dict[type[Event], dict[str, st.SearchStrategy[Any]]] = {
     TurnStart: {**_BASE, "turn": ints},
     StepStart: _STEP,
-    UserMessage: {**_STEP, "message_id": texts, "text": texts, "mode": send_modes},
+    UserMessage: {**_STEP, "message_id": texts, "text": texts, "mode": send_modes, "origin": origins},
     RequestHeader: {
         **_STEP,
         "provider": texts,
@@ -448,3 +452,24 @@ def test_a_valid_header_fixture_decodes() -> None:
 def test_encoding_refuses_a_non_finite_float() -> None:
     with pytest.raises(ValueError, match="JSON"):
         encode_event(TurnStart(seq=0, ts=float("nan"), turn=1))
+
+
+def test_message_origin_is_written_only_for_notices_and_old_lines_read_as_user() -> None:
+    # A line written before messages had an origin reads as a user message.
+    old = '{"type":"user/message","seq":3,"ts":1.5,"turn":1,"step":1,"message_id":"m1","text":"hi","mode":"followup"}'
+    event = decode_event(old)
+    assert isinstance(event, UserMessage)
+    assert event.origin == "user"
+    # The default is not written, so a user message's line is as before.
+    assert "origin" not in encode_event(event)
+    assert json.loads(encode_event(event)) == json.loads(old)
+    notice = attrs.evolve(event, origin="task-notice")
+    line = encode_event(notice)
+    assert json.loads(line)["origin"] == "task-notice"
+    assert decode_event(line) == notice
+    spliced = InboxSpliced(
+        seq=4, ts=2.0, queue="next-turn", start=0, inserted=(InboxMessage(id="n", text="t", origin="task-notice"),)
+    )
+    assert decode_event(encode_event(spliced)) == spliced
+    with pytest.raises(ValueError, match="origin"):
+        InboxMessage(id="n", text="t", origin="robot")  # type: ignore[arg-type]

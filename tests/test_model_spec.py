@@ -23,7 +23,7 @@ from trio_harness import AgentOptions, open_harness, open_model
 from trio_harness._errors import ModelError
 from trio_harness.model._openai import OpenAIProvider
 from trio_harness.model._protocol import Emit, Finish, ModelProvider, ModelRequest, TextDelta, UserMessage
-from trio_harness.model._spec import DEEPSEEK_BASE_URL, OPENAI_BASE_URL, resolve_model
+from trio_harness.model._spec import DEEPSEEK_BASE_URL, OPENAI_BASE_URL, missing_api_key, resolve_model
 
 
 def openai_provider(spec: str, env: dict[str, str]) -> OpenAIProvider:
@@ -46,6 +46,33 @@ def test_deepseek_requires_its_key() -> None:
     for env in ({}, {"DEEPSEEK_API_KEY": ""}, {"DEEPSEEK_API_KEY": "  "}, {"OPENAI_API_KEY": "x"}):
         with pytest.raises(ModelError, match="DEEPSEEK_API_KEY"):
             resolve_model("deepseek:deepseek-reasoner", env=env)
+
+
+@pytest.mark.parametrize(
+    ("spec", "env", "missing"),
+    [
+        ("deepseek:deepseek-chat", {}, "DEEPSEEK_API_KEY"),
+        ("deepseek:deepseek-chat", {"DEEPSEEK_API_KEY": "  "}, "DEEPSEEK_API_KEY"),
+        ("deepseek:deepseek-chat", {"DEEPSEEK_API_KEY": "k"}, None),
+        ("openai:gpt-4o", {}, "OPENAI_API_KEY"),
+        ("openai:gpt-4o?temperature=0", {}, "OPENAI_API_KEY"),
+        ("openai:m@http://localhost:8000/v1", {}, None),
+        ("scripted:x.json", {}, None),
+        ("nonsense", {}, None),
+    ],
+)
+def test_missing_api_key_names_the_variable(spec: str, env: dict[str, str], missing: str | None) -> None:
+    assert missing_api_key(spec, env=env) == missing
+
+
+def test_a_provider_without_its_key_can_be_built_on_request() -> None:
+    """``require_key=False``: built with no key (``trio-harness acp`` answers the handshake, then asks for it)."""
+    provider = resolve_model("deepseek:deepseek-chat", env={}, require_key=False)
+    assert isinstance(provider, OpenAIProvider)
+    assert provider.api_key is None
+    assert provider.base_url == DEEPSEEK_BASE_URL
+    with pytest.raises(ModelError, match="DEEPSEEK_API_KEY"):
+        resolve_model("deepseek:deepseek-chat", env={})
 
 
 def test_openai_default_base_url() -> None:

@@ -322,6 +322,7 @@ async def test_notice_wakes_an_idle_owner(tasks: TaskService, root: Scope, tools
         'Use task_output("bash-1") to read its result.'
     ]
     assert owner.injects == []
+    assert owner.origins == ["task-notice"]
     assert tasks.get("bash-1", owner).reported
 
 
@@ -336,6 +337,49 @@ async def test_notice_is_injected_into_a_running_owner(tasks: TaskService, root:
     assert owner.followups == []
     assert len(owner.injects) == 1
     assert owner.injects[0].startswith("background task bash-1 [bash] failed (exit code 2)")
+    assert owner.origins == ["task-notice"]
+
+
+async def test_a_notice_is_logged_as_a_task_notice_and_the_model_reads_the_same_text(autojump_clock: object) -> None:
+    """Woken (idle owner) or injected (running owner): origin task-notice in the log, user text for the model."""
+    model = ScriptedModel(
+        [
+            {"text": "started"},
+            {"text": "noticed"},
+            # Trio time passes while the model answers: the agent is running.
+            {"tool_calls": [{"name": "task_list", "arguments": {}}], "delay": 5},
+            {"text": "listed"},
+        ]
+    )
+    async with open_test_harness(model, builtin_tools=["tasks"]) as h, h.agents.open() as agent:
+        await agent.run("start it")
+        woke = FakeProducer()
+        await h.tasks.start(TaskSpec("job", "build", agent, woke.run))
+        woke.finish(TaskOutcome("completed"))
+        await trio.testing.wait_all_tasks_blocked()
+        await agent.when_idle()  # the notice woke the idle agent: a turn of its own
+        injected = FakeProducer()
+        await h.tasks.start(TaskSpec("job", "test", agent, injected.run))
+        agent.followup("list them")
+        assert agent.status == "running"
+        injected.finish(TaskOutcome("failed"))
+        await trio.testing.wait_all_tasks_blocked()  # delivered while the model still answers
+        await agent.when_idle()
+        messages = [e for e in agent.session.events if isinstance(e, ev.UserMessage)]
+    notices = [
+        'background task job-1 [job] completed — build. Use task_output("job-1") to read its result.',
+        'background task job-2 [job] failed — test. Use task_output("job-2") to read its result.',
+    ]
+    assert [(m.turn, m.text, m.mode, m.origin) for m in messages] == [
+        (1, "start it", "followup", "user"),
+        (2, notices[0], "followup", "task-notice"),
+        (3, "list them", "followup", "user"),
+        (3, notices[1], "inject", "task-notice"),
+    ]
+    # The model reads each notice as plain user text, exactly as before.
+    seen = [[m.text for m in request.messages if m.role == "user"] for request in model.requests]
+    assert seen[1] == ["start it", notices[0]]
+    assert seen[3] == ["start it", notices[0], "list them", notices[1]]
 
 
 async def test_quiet_mode_only_injects(tasks: TaskService, root: Scope, toolset: ToolSet) -> None:

@@ -23,7 +23,7 @@ terminal, shows progress on stderr when it is a terminal
 session.
 
 Exit codes: 0 success; 1 a failed turn or an unreadable session; 2 a usage
-error (bad ``--model``, missing API key, unknown session, ``--sandbox`` without
+error (bad ``--model``, missing API key for ``run``, unknown session, ``--sandbox`` without
 a working bubblewrap, a bad ``--mcp-config`` or an MCP server that does not
 start, an unreadable ``--system-file``); 3 a turn stopped by a limit (max
 tokens, max steps, a budget); 130 interrupted (Ctrl-C, after cancelling
@@ -34,6 +34,10 @@ before each call that requires approval (``bash`` commands); without a
 terminal it denies them and says so on stderr; ``--yes`` runs them without
 asking.  ``acp`` asks the client with ``session/request_permission``;
 ``acp --yes`` turns asking off.
+
+``acp`` without the model's API key still answers the handshake: it
+advertises the key as an ``env_var`` auth method and ``authenticate`` says
+which variable to set (docs/acp.rst, "Authentication").
 """
 
 from __future__ import annotations
@@ -345,13 +349,13 @@ def _store_is_not_a_directory(store: str | Path) -> bool:
     return False
 
 
-async def _with_model(spec: str, main: Callable[[ModelProvider], Awaitable[int]]) -> int:
+async def _with_model(spec: str, main: Callable[[ModelProvider], Awaitable[int]], *, require_key: bool = True) -> int:
     """Run ``main`` with the provider ``spec`` names, closed after it; a bad spec is one line and exit 2."""
     from .model._spec import open_model
 
     async with contextlib.AsyncExitStack() as stack:
         try:
-            provider = await stack.enter_async_context(open_model(spec))
+            provider = await stack.enter_async_context(open_model(spec, require_key=require_key))
         except ModelError as exc:
             _error(str(exc))
             return EXIT_USAGE
@@ -443,19 +447,39 @@ def _cmd_acp(args: argparse.Namespace) -> int:
     ok, args.system_prompt = _read_system(args)
     if not ok:
         return EXIT_USAGE
+    from .model._spec import missing_api_key
+
+    # Without the model's API key the server still answers the handshake and
+    # advertises the key as an auth method (docs/acp.rst, "Authentication").
+    missing = missing_api_key(args.model)
     saved = sys.stdout
     sys.stdout = sys.stderr  # stray prints must never reach the protocol stream
     try:
-        return trio.run(_with_model, args.model, functools.partial(_serve_acp, args, servers=servers))
+        serve = functools.partial(_serve_acp, args, servers=servers, missing_key=missing)
+        return trio.run(functools.partial(_with_model, args.model, serve, require_key=missing is None))
     finally:
         sys.stdout = saved
 
 
-async def _serve_acp(args: argparse.Namespace, provider: ModelProvider, servers: Sequence[McpServerConfig] = ()) -> int:
+async def _serve_acp(
+    args: argparse.Namespace,
+    provider: ModelProvider,
+    servers: Sequence[McpServerConfig] = (),
+    missing_key: str | None = None,
+) -> int:
     from ._harness import open_harness
     from .acp._server import serve_stdio
 
     options: dict[str, Any] = {"ask_permission": not args.yes}
+    if missing_key is not None:
+        from .acp._auth import EnvKeyAuth
+        from .model._openai import OpenAIProvider
+
+        log = logging.getLogger("trio_harness.acp")
+        log.warning("%s is not set: sessions need authenticate, which tells the client to set it", missing_key)
+        auth = EnvKeyAuth(missing_key, provider if isinstance(provider, OpenAIProvider) else None)
+        options["auth_methods"] = [auth.method()]
+        options["authenticator"] = auth
     if args.max_line_bytes is not None:
         options["max_line_bytes"] = args.max_line_bytes
     agent_options = _agent_options(args, args.system_prompt)
@@ -877,7 +901,9 @@ def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 5
         if isinstance(event, ev.TurnStart):
             lines += ["", f"=== turn {event.turn} ==="]
         elif isinstance(event, ev.UserMessage):
-            who = "user" if event.mode == "followup" else f"user ({event.mode})"
+            # A background task's completion notice is no user text (docs/tasks.rst).
+            who = "notice" if event.origin == "task-notice" else "user"
+            who = who if event.mode == "followup" else f"{who} ({event.mode})"
             lines.append(f"{who}: {_indent(event.text)}")
         elif isinstance(event, ev.AssistantMessage):
             if event.reasoning:

@@ -90,16 +90,20 @@ from ._params import (
 )
 from ._updates import (
     StopReason,
-    first_user_text,
+    failure_update,
     iso_time,
     live_update,
+    message_update,
     raw_input,
     replay_updates,
+    session_title,
     shorten,
     stop_reason_for,
+    title_of,
     tool_call_id,
     tool_kind,
     tool_title,
+    usage_update,
 )
 
 if TYPE_CHECKING:
@@ -192,10 +196,12 @@ class _SessionRecord:
     # prompt in flight) are streamed too: the ids claimed in the current turn's
     # first step, and whether this turn is streamed by the unsolicited observer.
     first_step_ids: list[str] = attrs.field(factory=list)
-    first_step_texts: list[str] = attrs.field(factory=list)
+    first_step_messages: list[ev.UserMessage] = attrs.field(factory=list)
     unsolicited: bool = False
     in_first_step: bool = False
     remove_observer: Callable[[], None] = lambda: None
+    # The title sent with session_info_update (None until the first prompt).
+    title: str | None = None
 
     @property
     def agent(self) -> Agent:
@@ -493,7 +499,14 @@ class AcpServer:
 
     def _check_auth(self) -> None:
         if self.auth_methods and not self._authenticated:
-            raise rpc.RpcError(rpc.AUTH_REQUIRED, "authentication required: call authenticate first")
+            ids = [str(method.get("id")) for method in self.auth_methods]
+            described = [str(m["description"]) for m in self.auth_methods if isinstance(m.get("description"), str)]
+            raise rpc.RpcError(
+                rpc.AUTH_REQUIRED,
+                f"authentication required: call authenticate with methodId {' or '.join(map(repr, ids))} first"
+                + (f" ({' '.join(described)})" if described else ""),
+                {"authMethods": ids},
+            )
 
     def _record(self, session_id: str) -> _SessionRecord:
         record = self._records.get(session_id)
@@ -582,8 +595,14 @@ class AcpServer:
             ) from None
         record = await self._adopt(handle)
         # Synchronous from here: the replay is queued before the answer and before any new event.
-        for update in replay_updates(record.agent.session.events):
+        events = record.agent.session.events
+        for update in replay_updates(events, record.id):
             self._update(record.id, update)
+        # Then what the harness knows of the session: its title, last activity and usage.
+        if record.title is not None:
+            self._update(record.id, {"sessionUpdate": "session_info_update", "title": record.title})
+        if events:
+            self._after_turn(record, next((e for e in reversed(events) if isinstance(e, ev.TurnEnd)), None))
         return {**self._modes_of(record), **_sandbox_meta(self.harness, record.agent.session.header.cwd)}
 
     async def _list(self, params: ListSessionsParams) -> dict[str, Any]:
@@ -606,9 +625,9 @@ class AcpServer:
                 _, events = await sessions.load_events(header.id)
             except HarnessError as exc:
                 log.warning("acp: session/list cannot read session %r: %s", header.id, exc)
-            title = first_user_text(events)
+            title = session_title(events)
             if title:
-                info["title"] = shorten(title, 80)
+                info["title"] = title
             info["updatedAt"] = iso_time(events[-1].ts if events else header.created_at)
             infos.append(info)
         result: dict[str, Any] = {"sessions": infos}
@@ -639,7 +658,9 @@ class AcpServer:
             with trio.CancelScope(shield=True):
                 await handle.dispose()
             raise rpc.RpcError(rpc.INTERNAL_ERROR, "the server is shutting down")
-        record = _SessionRecord(id=handle.agent.id, handle=handle, mode=self.initial_mode)
+        record = _SessionRecord(
+            id=handle.agent.id, handle=handle, mode=self.initial_mode, title=session_title(handle.agent.session.events)
+        )
         self._records[record.id] = record
         record.remove_observer = handle.agent.session.observe(lambda event: self._watch_unsolicited(record, event))
         return record
@@ -651,30 +672,58 @@ class AcpServer:
         prompt's message; that prompt's watcher streams it.  Any other turn is
         streamed from here, starting with the messages its first step claimed.
         """
+        if isinstance(event, ev.UserMessage) and record.title is None and event.origin == "user":
+            self._send_title(record, event.text)
         if isinstance(event, ev.TurnStart):
             record.first_step_ids.clear()
-            record.first_step_texts.clear()
+            record.first_step_messages.clear()
             record.unsolicited = False
             record.in_first_step = True
         elif isinstance(event, ev.UserMessage) and record.in_first_step:
             record.first_step_ids.append(event.message_id)
-            record.first_step_texts.append(event.text)
+            record.first_step_messages.append(event)
         elif isinstance(event, ev.RequestHeader | ev.StepEnd) and record.in_first_step:
             record.in_first_step = False
             prompt = record.prompt
             record.unsolicited = prompt is None or prompt.message_id not in record.first_step_ids
             if record.unsolicited:
-                for text in record.first_step_texts:
-                    self._update(
-                        record.id, {"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": text}}
-                    )
+                # A user's message as user text, a task notice as the agent's (docs/acp.rst).
+                for message in record.first_step_messages:
+                    self._update(record.id, message_update(message, record.id))
         elif isinstance(event, ev.TurnEnd):
             record.unsolicited = False
             record.in_first_step = False
+            self._after_turn(record, event)
         elif record.unsolicited:
-            update = live_update(event)
+            update = live_update(event, record.id)
             if update is not None:
                 self._update(record.id, update)
+
+    def _send_title(self, record: _SessionRecord, text: str) -> None:
+        """``session_info_update`` with the title the first prompt gives (docs/acp.rst, "Session info")."""
+        title = title_of(text)
+        if title is None:
+            return
+        record.title = title
+        self._update(record.id, {"sessionUpdate": "session_info_update", "title": title})
+
+    def _after_turn(self, record: _SessionRecord, end: ev.TurnEnd | None) -> None:
+        """What the harness knows after a turn: ``usage_update`` (when known) and ``updatedAt``."""
+        agent = record.agent
+        events = agent.session.events
+        update = usage_update(events, self._context_window(agent), end.usage if end is not None else None, agent.usage)
+        if update is not None:
+            self._update(record.id, update)
+        if events:
+            self._update(record.id, {"sessionUpdate": "session_info_update", "updatedAt": iso_time(events[-1].ts)})
+
+    def _context_window(self, agent: Agent) -> int | None:
+        """The context window of ``agent``'s requests, as its driver sees it (None when unknown)."""
+        window: object = agent.options.context.window
+        if window is None:
+            model = agent.options.model if agent.options.model is not None else self.harness.model
+            window = getattr(model, "context_window", None)
+        return window if type(window) is int and window > 0 else None
 
     # ------------------------------------------------------------ prompts
 
@@ -692,15 +741,16 @@ class AcpServer:
         message = InboxMessage(id=new_message_id(), text=text, mode="followup")
 
         def on_event(event: Event) -> None:
-            update = live_update(event)
+            update = live_update(event, record.id)
             if update is not None:
                 self._update(record.id, update)
 
         def on_done(outcome: TurnOutcome) -> None:
             prompt.remove_observer()
             stop_reason, failure = stop_reason_for(outcome.end)
-            if not self._spawn(self._answer_after_flush, record, prompt, stop_reason, failure):
-                self._answer(record, prompt, stop_reason, failure)
+            turn = outcome.end.turn if outcome.end is not None else 0
+            if not self._spawn(self._answer_after_flush, record, prompt, stop_reason, failure, turn):
+                self._answer(record, prompt, stop_reason, failure, turn)
 
         prompt = _Prompt(
             request_id=request.id, watcher=TurnWatcher(message.id, on_event, on_done), message_id=message.id
@@ -715,7 +765,12 @@ class AcpServer:
             raise rpc.RpcError(rpc.INTERNAL_ERROR, f"session {record.id!r} cannot take a prompt: {exc}") from None
 
     async def _answer_after_flush(
-        self, record: _SessionRecord, prompt: _Prompt, stop_reason: StopReason | None, failure: Failure | None
+        self,
+        record: _SessionRecord,
+        prompt: _Prompt,
+        stop_reason: StopReason | None,
+        failure: Failure | None,
+        turn: int,
     ) -> None:
         # A prompt is answered only once its turn is stored: a store failure
         # (or a store too slow to answer) is the prompt's error, never a
@@ -731,10 +786,15 @@ class AcpServer:
                 unstored = f"session {record.id!r} could not be stored within {FLUSH_TIMEOUT:g} s"
         if unstored is not None and stop_reason is not None:
             stop_reason, failure = None, Failure("store-error", unstored)
-        self._answer(record, prompt, stop_reason, failure)
+        self._answer(record, prompt, stop_reason, failure, turn)
 
     def _answer(
-        self, record: _SessionRecord, prompt: _Prompt, stop_reason: StopReason | None, failure: Failure | None
+        self,
+        record: _SessionRecord,
+        prompt: _Prompt,
+        stop_reason: StopReason | None,
+        failure: Failure | None,
+        turn: int,
     ) -> None:
         if record.prompt is prompt:
             record.prompt = None
@@ -745,12 +805,9 @@ class AcpServer:
             # The model (or the turn) failed, but the turn is stored: say so as
             # agent text every editor shows, and end the turn normally
             # (docs/acp.rst, "When the model fails").
-            text = (
-                f"The turn failed: {failure.message} ({failure.code}). "
-                "Your prompt is kept in the session; send a prompt to try again."
-            )
-            self._update(record.id, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}})
-            meta = {"trio-harness/failure": {"code": failure.code, "message": failure.message}}
+            update = failure_update(turn, failure, record.id)
+            self._update(record.id, update)
+            meta = update["_meta"]
             self._post(rpc.result_response(prompt.request_id, {"stopReason": "end_turn", "_meta": meta}))
             return
         message = failure.message if failure is not None else "the turn failed"

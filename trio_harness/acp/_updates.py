@@ -16,42 +16,83 @@ session event                          ACP update
 ``tool/result``                        ``tool_call_update`` (``completed`` / ``failed``)
 ``approval/requested``                 ``tool_call_update`` (status ``pending``)
 ``approval/decided`` (allowed)         ``tool_call_update`` (status ``in_progress``)
+``user/message`` of a task notice      ``agent_thought_chunk`` (``_meta`` origin)
 =====================================  ==============================================
 
-A replay also sends every claimed user message as ``user_message_chunk`` and
-sends the assistant text of each step as one chunk.  Tool call ids are made
-unique within a session by qualifying the model's id with the turn number
-(``"3/call_1"``): scripted and some real providers reuse ids across turns.
+A replay also sends every claimed user message as ``user_message_chunk`` (a
+task notice as above), sends the assistant text of each step as one chunk,
+and ends a cancelled, interrupted or failed turn with an agent message saying
+so.  Tool call ids are made unique within a session by qualifying the model's
+id with the turn number (``"3/call_1"``): scripted and some real providers
+reuse ids across turns.
+
+Every message chunk carries a ``messageId``: a UUID derived from the session
+id and the chunk's place in the log (:func:`message_id`), so a live stream and
+a later replay of the same message agree, and a step's reasoning and its text
+are two messages (docs/acp.rst, "Message ids").
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any, Final, Literal, TypeAlias
 
-from .._records import Failure
+from .._records import Failure, UsageTotals
 from ..session import _events as ev
 
 __all__ = [
+    "FAILURE_META",
+    "NOTICE_META",
+    "TITLE_LENGTH",
+    "TURN_END_META",
+    "USAGE_META",
     "StopReason",
+    "context_tokens",
+    "failure_text",
+    "failure_update",
     "first_user_text",
     "iso_time",
     "live_update",
+    "message_id",
+    "message_update",
     "raw_input",
     "replay_updates",
+    "session_title",
     "shorten",
     "stop_reason_for",
+    "title_of",
     "tool_call_id",
     "tool_kind",
     "tool_title",
+    "turn_end_update",
+    "usage_meta",
+    "usage_update",
 ]
 
 StopReason: TypeAlias = Literal["end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"]
 """The ACP stop reasons of a prompt turn."""
 
 Update: TypeAlias = dict[str, Any]
+
+TITLE_LENGTH: Final = 80
+"""The longest session title sent (``session_info_update``, ``session/list``)."""
+
+NOTICE_META: Final = "trio-harness/origin"
+"""The ``_meta`` key marking a chunk that shows a task notice (value ``"task-notice"``)."""
+
+FAILURE_META: Final = "trio-harness/failure"
+"""The ``_meta`` key naming the failure of a failed turn (``code``, ``message``)."""
+
+TURN_END_META: Final = "trio-harness/turnEnd"
+"""The ``_meta`` key of a replayed note on how a turn ended (``reason``, ``cause``, ``stopReason``)."""
+
+USAGE_META: Final = "trio-harness/usage"
+"""The ``_meta`` key of a ``usage_update`` carrying the turn's and session's token usage."""
+
+_MESSAGE_NAMESPACE: Final = uuid.uuid5(uuid.NAMESPACE_URL, "https://github.com/trio-harness/acp/message-id")
 
 _TOOL_KINDS: Final[dict[str, str]] = {
     "bash": "execute",
@@ -169,13 +210,94 @@ def _tool_result(event: ev.ToolResult) -> Update:
     }
 
 
-def live_update(event: ev.Event) -> Update | None:
-    """The ``session/update`` payload (the ``update`` object) for a live event, or None."""
+def message_id(session_id: str, key: str) -> str:
+    """The ``messageId`` of a message chunk: a UUID from the session id and the message's place in the log.
+
+    ``key`` names the place: ``"3/1/text"`` (the text of turn 3, step 1),
+    ``"3/1/reasoning"`` (its reasoning), ``"3/message/ID"`` (the inbox message
+    ``ID`` claimed in turn 3), ``"3/end"`` (the note on how turn 3 ended).
+    Derived, not random, so the live stream and a replay give one message the
+    same id; a UUID, as the ACP message-id RFD suggests.
+    """
+    return str(uuid.uuid5(_MESSAGE_NAMESPACE, f"{session_id}/{key}"))
+
+
+def _chunk(kind: str, text: str, session_id: str, key: str, meta: dict[str, Any] | None = None) -> Update:
+    update: Update = {"sessionUpdate": kind, "content": _text(text), "messageId": message_id(session_id, key)}
+    if meta is not None:
+        update["_meta"] = meta
+    return update
+
+
+def message_update(event: ev.UserMessage, session_id: str = "") -> Update:
+    """How a claimed message is shown: a user's as ``user_message_chunk``, a task notice as the agent's.
+
+    A background task's completion notice is no user text: it is information
+    the harness gave the model, worded for the model (it names the
+    ``task_output`` call to make).  It is sent as an ``agent_thought_chunk``
+    with ``_meta: {"trio-harness/origin": "task-notice"}``: editors show
+    thoughts as the agent's own, secondary information, and never merge them
+    into the answer text (docs/acp.rst, "Task notices").
+    """
+    key = f"{event.turn}/message/{event.message_id}"
+    if event.origin == "task-notice":
+        return _chunk("agent_thought_chunk", event.text, session_id, key, {NOTICE_META: event.origin})
+    return _chunk("user_message_chunk", event.text, session_id, key)
+
+
+def failure_text(failure: Failure) -> str:
+    """The agent message that says a turn failed (live and in a replay)."""
+    return (
+        f"The turn failed: {failure.message} ({failure.code}). "
+        "Your prompt is kept in the session; send a prompt to try again."
+    )
+
+
+def failure_update(turn: int, failure: Failure, session_id: str = "") -> Update:
+    """The ``agent_message_chunk`` saying turn ``turn`` failed, with ``_meta`` naming the failure."""
+    meta = {FAILURE_META: {"code": failure.code, "message": failure.message}}
+    return _chunk("agent_message_chunk", failure_text(failure), session_id, f"{turn}/end", meta)
+
+
+def turn_end_update(end: ev.TurnEnd, session_id: str = "") -> Update | None:
+    """The note a replay ends a turn with when the turn did not finish normally, or None.
+
+    A cancelled (``aborted``) or ``interrupted`` turn ends with an
+    ``agent_message_chunk`` saying so, whose ``_meta`` carries the turn end
+    (``{"trio-harness/turnEnd": {"reason", "cause", "stopReason":
+    "cancelled"}}``); a failed turn with the message a live prompt shows
+    (:func:`failure_update`).  Live, the prompt's ``stopReason`` says it.
+    """
+    stop_reason, failure = stop_reason_for(end)
+    if failure is not None:
+        return failure_update(end.turn, failure, session_id)
+    if stop_reason != "cancelled":
+        return None
+    if end.reason == "interrupted":
+        text = "The turn was interrupted: the agent stopped before it finished."
+    else:
+        text = "The turn was cancelled."
+    meta: dict[str, Any] = {"reason": end.reason, "stopReason": "cancelled"}
+    if end.cause is not None:
+        meta["cause"] = end.cause
+    return _chunk("agent_message_chunk", text, session_id, f"{end.turn}/end", {TURN_END_META: meta})
+
+
+def live_update(event: ev.Event, session_id: str = "") -> Update | None:
+    """The ``session/update`` payload (the ``update`` object) for a live event, or None.
+
+    ``session_id`` seeds the chunks' ``messageId`` (:func:`message_id`).  A
+    claimed user message gives none (the client sent it), a task notice an
+    ``agent_thought_chunk`` (:func:`message_update`).
+    """
     if isinstance(event, ev.AssistantChunk):
         if not event.text:
             return None
-        kind = "agent_message_chunk" if event.kind == "text" else "agent_thought_chunk"
-        return {"sessionUpdate": kind, "content": _text(event.text)}
+        if event.kind == "text":
+            return _chunk("agent_message_chunk", event.text, session_id, f"{event.turn}/{event.step}/text")
+        return _chunk("agent_thought_chunk", event.text, session_id, f"{event.turn}/{event.step}/reasoning")
+    if isinstance(event, ev.UserMessage):
+        return message_update(event, session_id) if event.origin == "task-notice" else None
     if isinstance(event, ev.ToolCallRequested):
         return _tool_call(event)
     if isinstance(event, ev.ToolResult):
@@ -196,32 +318,37 @@ def live_update(event: ev.Event) -> Update | None:
     return None
 
 
-def replay_updates(events: Sequence[ev.Event]) -> Iterator[Update]:
+def replay_updates(events: Sequence[ev.Event], session_id: str = "") -> Iterator[Update]:
     """The updates that replay a stored log to a client (``session/load``).
 
-    User messages become ``user_message_chunk``; each step's assistant text and
-    reasoning are sent whole (from ``assistant/message``, or from the chunks of
-    a step that died before its message was logged); tool calls and results
-    as in the live stream.
+    User messages become ``user_message_chunk`` (task notices
+    ``agent_thought_chunk``, see :func:`message_update`); each step's
+    assistant text and reasoning are sent whole (from ``assistant/message``,
+    or from the chunks of a step that died before its message was logged);
+    tool calls and results as in the live stream; a cancelled, interrupted or
+    failed turn ends with a note saying so (:func:`turn_end_update`).
     """
     text: list[str] = []
     reasoning: list[str] = []
+    place = ""
 
     def pending() -> Iterator[Update]:
         if reasoning:
-            yield {"sessionUpdate": "agent_thought_chunk", "content": _text("".join(reasoning))}
+            yield _chunk("agent_thought_chunk", "".join(reasoning), session_id, f"{place}/reasoning")
         if text:
-            yield {"sessionUpdate": "agent_message_chunk", "content": _text("".join(text))}
+            yield _chunk("agent_message_chunk", "".join(text), session_id, f"{place}/text")
         reasoning.clear()
         text.clear()
 
     for event in events:
         if isinstance(event, ev.UserMessage):
             yield from pending()
-            yield {"sessionUpdate": "user_message_chunk", "content": _text(event.text)}
+            yield message_update(event, session_id)
         elif isinstance(event, ev.AssistantChunk):
+            place = f"{event.turn}/{event.step}"
             (text if event.kind == "text" else reasoning).append(event.text)
         elif isinstance(event, ev.AssistantMessage):
+            place = f"{event.turn}/{event.step}"
             text[:] = [event.text] if event.text else []
             reasoning[:] = [event.reasoning] if event.reasoning else []
             yield from pending()
@@ -230,14 +357,76 @@ def replay_updates(events: Sequence[ev.Event]) -> Iterator[Update]:
             yield _tool_call(event)
         elif isinstance(event, ev.ToolResult):
             yield _tool_result(event)
-        elif isinstance(event, ev.StepEnd | ev.TurnEnd):
+        elif isinstance(event, ev.StepEnd):
             yield from pending()
+        elif isinstance(event, ev.TurnEnd):
+            yield from pending()
+            note = turn_end_update(event, session_id)
+            if note is not None:
+                yield note
     yield from pending()
 
 
 def first_user_text(events: Sequence[ev.Event]) -> str | None:
-    """The text of the first claimed user message of a log, if any."""
+    """The text of the first claimed user message of a log (task notices are not), if any."""
     for event in events:
-        if isinstance(event, ev.UserMessage):
+        if isinstance(event, ev.UserMessage) and event.origin == "user":
             return event.text
     return None
+
+
+def session_title(events: Sequence[ev.Event]) -> str | None:
+    """A session's title: the first non-blank line of its first user message, cut to 80 characters."""
+    text = first_user_text(events)
+    return title_of(text) if text is not None else None
+
+
+def title_of(text: str) -> str | None:
+    """The title a first prompt gives: its first non-blank line, cut to 80 characters (None if blank)."""
+    for line in text.splitlines():
+        if line.strip():
+            return shorten(line, TITLE_LENGTH)
+    return None
+
+
+def context_tokens(events: Sequence[ev.Event]) -> int | None:
+    """The tokens in context after the last model answer: its reported prompt plus answer tokens.
+
+    None when no answer since the last compaction reported usage (the
+    provider reports none, or nothing was asked since).
+    """
+    for event in reversed(events):
+        if isinstance(event, ev.AssistantMessage) and event.usage is not None:
+            return event.usage.input_tokens + event.usage.output_tokens
+        if isinstance(event, ev.ContextCompacted):
+            return None
+    return None
+
+
+def usage_meta(totals: UsageTotals) -> dict[str, int]:
+    """Usage totals as a JSON object (camelCase, as ACP names tokens)."""
+    return {
+        "inputTokens": totals.input_tokens,
+        "outputTokens": totals.output_tokens,
+        "cachedReadTokens": totals.cache_hit_tokens,
+        "thoughtTokens": totals.reasoning_tokens,
+        "requests": totals.requests,
+    }
+
+
+def usage_update(
+    events: Sequence[ev.Event], window: int | None, turn: UsageTotals | None, session: UsageTotals
+) -> Update | None:
+    """The ``usage_update`` after a turn: ``used`` of ``size`` (the context window) tokens, or None.
+
+    None when the window or the tokens in context are unknown (ACP requires
+    both).  No ``cost``: the harness knows no prices.  ``_meta`` carries the
+    turn's and the session's token usage (``"trio-harness/usage"``).
+    """
+    used = context_tokens(events)
+    if window is None or used is None:
+        return None
+    meta: dict[str, Any] = {"session": usage_meta(session)}
+    if turn is not None:
+        meta["turn"] = usage_meta(turn)
+    return {"sessionUpdate": "usage_update", "used": used, "size": window, "_meta": {USAGE_META: meta}}

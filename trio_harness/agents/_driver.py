@@ -618,7 +618,13 @@ class ReactAgent:
             claimed = self._inbox.claim(turn, turn_boundary=step == 1)
             for message in claimed:
                 session.append(
-                    ev.UserMessage, turn=turn, step=step, message_id=message.id, text=message.text, mode=message.mode
+                    ev.UserMessage,
+                    turn=turn,
+                    step=step,
+                    message_id=message.id,
+                    text=message.text,
+                    mode=message.mode,
+                    origin=message.origin,
                 )
                 if message.settings is not None and self._turn_settings is None:
                     self._turn_settings = message.settings

@@ -42,7 +42,7 @@ from .._records import ModelSettings
 from ._openai import OpenAIProvider
 from ._protocol import ModelProvider
 
-__all__ = ["DEEPSEEK_BASE_URL", "OPENAI_BASE_URL", "open_model", "resolve_model"]
+__all__ = ["DEEPSEEK_BASE_URL", "OPENAI_BASE_URL", "missing_api_key", "open_model", "resolve_model"]
 
 DEEPSEEK_BASE_URL: Final = "https://api.deepseek.com"
 """The base URL of ``deepseek:`` specs."""
@@ -60,7 +60,9 @@ _FORMS: Final = (
 _BASE_URL_AT: Final = re.compile(r"@(?=https?://)", re.IGNORECASE)
 
 
-def resolve_model(spec: str | ModelProvider, *, env: Mapping[str, str] | None = None) -> ModelProvider:
+def resolve_model(
+    spec: str | ModelProvider, *, env: Mapping[str, str] | None = None, require_key: bool = True
+) -> ModelProvider:
     """Return the provider a model spec names.
 
     Nothing is sent over the network: a missing API key is reported here,
@@ -70,6 +72,10 @@ def resolve_model(spec: str | ModelProvider, *, env: Mapping[str, str] | None = 
         spec: a spec string (see the module docstring) or a provider, which is
             returned unchanged.
         env: where API keys are read from; defaults to ``os.environ``.
+        require_key: False builds the provider even when its required API key
+            is not set (``api_key`` None: set the attribute before the first
+            request).  ``trio-harness acp`` does so to answer the handshake and
+            advertise the key as an auth method (docs/acp.rst, "Authentication").
 
     Returns:
         The provider.  An :class:`~trio_harness.model._openai.OpenAIProvider`
@@ -118,7 +124,7 @@ def resolve_model(spec: str | ModelProvider, *, env: Mapping[str, str] | None = 
         return OpenAIProvider(
             model=model,
             base_url=DEEPSEEK_BASE_URL,
-            api_key=_key(environ, "DEEPSEEK_API_KEY", spec, required=True),
+            api_key=_key(environ, "DEEPSEEK_API_KEY", spec, required=require_key),
             name=f"deepseek:{model}",
             settings=settings,
             context_window=context_window,
@@ -148,16 +154,39 @@ def resolve_model(spec: str | ModelProvider, *, env: Mapping[str, str] | None = 
     return OpenAIProvider(
         model=model,
         base_url=OPENAI_BASE_URL,
-        api_key=_key(environ, "OPENAI_API_KEY", spec, required=True),
+        api_key=_key(environ, "OPENAI_API_KEY", spec, required=require_key),
         name=f"openai:{model}",
         settings=settings,
         context_window=context_window,
     )
 
 
+def missing_api_key(spec: str | ModelProvider, *, env: Mapping[str, str] | None = None) -> str | None:
+    """The environment variable a spec requires and ``env`` lacks (``DEEPSEEK_API_KEY``...), or None.
+
+    None as well for a spec that needs no key (``scripted:``, ``replay:``,
+    ``openai:MODEL@BASE_URL``, a provider object) and for a malformed spec
+    (:func:`resolve_model` reports it).
+    """
+    if not isinstance(spec, str):
+        return None
+    environ: Mapping[str, str] = os.environ if env is None else env
+    prefix, colon, rest = spec.strip().partition(":")
+    prefix = prefix.lower()
+    if not colon:
+        return None
+    if prefix == "deepseek":
+        variable = "DEEPSEEK_API_KEY"
+    elif prefix == "openai" and _BASE_URL_AT.search(rest) is None:
+        variable = "OPENAI_API_KEY"
+    else:
+        return None
+    return None if environ.get(variable, "").strip() else variable
+
+
 @asynccontextmanager
 async def open_model(
-    spec: str | ModelProvider, *, env: Mapping[str, str] | None = None
+    spec: str | ModelProvider, *, env: Mapping[str, str] | None = None, require_key: bool = True
 ) -> AsyncIterator[ModelProvider]:
     """Hold the provider a model spec names for the ``async with`` block.
 
@@ -177,6 +206,7 @@ async def open_model(
     Args:
         spec: a spec string (see :func:`resolve_model`) or a provider.
         env: where API keys are read from; defaults to ``os.environ``.
+        require_key: as for :func:`resolve_model`.
 
     Yields:
         The provider.
@@ -185,7 +215,7 @@ async def open_model(
         ModelError: on entering, the spec is malformed or a required API key
             is not set (nothing was built, so nothing is closed).
     """
-    provider = resolve_model(spec, env=env)
+    provider = resolve_model(spec, env=env, require_key=require_key)
     if provider is spec:
         yield provider  # the caller's: not ours to close
         return

@@ -29,6 +29,7 @@ __all__ = [
     "Event",
     "InboxMessage",
     "InboxSpliced",
+    "MessageOrigin",
     "RequestHeader",
     "RequestRetry",
     "StepEnd",
@@ -97,6 +98,13 @@ def _send_mode(instance: object, attribute: attrs.Attribute[str], value: object)
         )
 
 
+def _origin(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if not isinstance(value, str) or value not in _ORIGINS:
+        raise ValueError(
+            f"{type(instance).__name__}.{attribute.name} must be one of {', '.join(_ORIGINS)}, got {value!r:.80}"
+        )
+
+
 TurnEndReason: TypeAlias = Literal["completed", "max-tokens", "blocked", "budget", "aborted", "error", "interrupted"]
 CancelCause: TypeAlias = Literal["user", "parent", "hook", "disposed"]
 InboxQueue: TypeAlias = Literal["next-turn", "next-step"]
@@ -104,7 +112,13 @@ SendMode: TypeAlias = Literal["followup", "steer", "inject"]
 ApprovalOutcome: TypeAlias = Literal["allow_once", "allow_always", "deny", "deny_always", "cancelled"]
 ApprovalSource: TypeAlias = Literal["approver", "remembered", "error", "cancelled", "interrupted"]
 CompactionReason: TypeAlias = Literal["threshold", "overflow", "manual"]
+MessageOrigin: TypeAlias = Literal["user", "task-notice"]
+"""Where an inbox message comes from: ``user`` (whoever called ``send``: a
+person, a front end, code) or ``task-notice`` (the completion notice of a
+background task, delivered by the task tools).  The model reads both as user
+text; front ends show a notice as the agent's information, not as user text."""
 _SEND_MODES: tuple[str, ...] = get_args(SendMode)
+_ORIGINS: tuple[str, ...] = get_args(MessageOrigin)
 
 
 @attrs.frozen
@@ -126,17 +140,22 @@ class InboxMessage:
         mode: how it was sent (followup, steer or inject).
         settings: model settings for the turn this message opens (a
             followup's; see :class:`~trio_harness.model.ModelSettings`).
+        origin: ``user`` (the default) or ``task-notice`` (a background
+            task's completion notice); see :data:`MessageOrigin`.  Stored
+            only when not ``user``, so older logs read unchanged.
 
     Raises:
         TypeError: ``id`` or ``text`` is not a str, ``settings`` not a
             ModelSettings.
-        ValueError: ``mode`` is not followup, steer or inject.
+        ValueError: ``mode`` is not followup, steer or inject; ``origin`` is
+            not user or task-notice.
     """
 
     id: str = attrs.field(validator=_text)
     text: str = attrs.field(validator=_text)
     mode: SendMode = attrs.field(default="followup", validator=_send_mode)
     settings: ModelSettings | None = attrs.field(default=None, validator=_optional_settings, metadata=OMIT_IF_DEFAULT)
+    origin: MessageOrigin = attrs.field(default="user", validator=_origin, metadata=OMIT_IF_DEFAULT)
 
 
 @attrs.frozen
@@ -158,7 +177,14 @@ class StepStart(Event):
 
 @attrs.frozen
 class UserMessage(Event):
-    """A pending inbox message was claimed into the conversation."""
+    """A pending inbox message was claimed into the conversation.
+
+    Attributes:
+        origin: the claimed message's origin: ``user`` or ``task-notice`` (a
+            background task's completion notice, which the model reads as user
+            text and front ends show as the agent's information).  Written
+            only when not ``user``.
+    """
 
     type: ClassVar[str] = "user/message"
     turn: int
@@ -166,6 +192,7 @@ class UserMessage(Event):
     message_id: str
     text: str
     mode: SendMode = "followup"
+    origin: MessageOrigin = attrs.field(default="user", metadata=OMIT_IF_DEFAULT)
 
 
 @attrs.frozen

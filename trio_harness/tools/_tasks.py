@@ -19,7 +19,9 @@ import attrs
 import trio
 
 from .._errors import TaskError, TaskNotFoundError
+from ..agents._inbox import new_message_id
 from ..agents._tools import Tool, ToolContext, ToolHandler, ToolOutput, ToolSet
+from ..session._events import InboxMessage
 from ..tasks._render import (
     TASKS_GUIDANCE,
     bound_text,
@@ -63,12 +65,16 @@ class NoticeTarget(Protocol):
         """``"idle"`` or ``"running"``."""
         ...
 
-    def followup(self, message: str) -> str:
-        """Queue a message for a new turn, waking the owner."""
+    def followup(self, message: str | InboxMessage) -> str:
+        """Queue a message for a new turn, waking the owner.
+
+        Notices arrive as :class:`~trio_harness.session.InboxMessage` objects
+        with ``origin="task-notice"``.
+        """
         ...
 
-    def inject(self, message: str) -> str:
-        """Queue a message for the next step without waking the owner."""
+    def inject(self, message: str | InboxMessage) -> str:
+        """Queue a message for the next step without waking the owner (a notice, as for ``followup``)."""
         ...
 
 
@@ -297,12 +303,14 @@ class _Notifier:
         if not self.tasks.claim_report(snapshot.id):
             return  # another reader or controller delivered it first
         limit = effective_limit(snapshot.output_limit_bytes, self.output_limit_bytes)
-        notice = render_notice(snapshot, limit)
+        text = render_notice(snapshot, limit)
         try:
+            # Logged as what it is (origin task-notice): the model reads it as
+            # user text, front ends show it as the agent's (docs/tasks.rst).
             if not self.quiet and owner.status == "idle" and self._take_wake(owner):
-                owner.followup(notice)
+                owner.followup(InboxMessage(id=new_message_id(), text=text, mode="followup", origin="task-notice"))
             else:
-                owner.inject(notice)
+                owner.inject(InboxMessage(id=new_message_id(), text=text, mode="inject", origin="task-notice"))
         except Exception:
             log.warning("could not deliver the completion notice of task %s", snapshot.id, exc_info=True)
 
