@@ -15,6 +15,7 @@ from .session._events import ContextCompacted as ContextCompacted
 from .session._events import Event as Event
 from .session._events import InboxMessage as InboxMessage
 from .session._events import InboxSpliced as InboxSpliced
+from .session._events import MessageOrigin as MessageOrigin
 from .session._events import RequestHeader as RequestHeader
 from .session._events import RequestRetry as RequestRetry
 from .session._events import StepEnd as StepEnd
