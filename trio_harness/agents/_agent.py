@@ -112,6 +112,9 @@ class Agent(Protocol):
     def cancel(self, cause: CancelCause = "user", *, keep_inbox: bool = False) -> bool:
         """Abort current activity (and clear the inbox unless ``keep_inbox``).
 
+        The activity may be a turn or the automatic compaction the agent runs
+        as maintenance between turns (it logs nothing when cancelled).
+
         Returns:
             True if the call had an effect (something was running or queued).
 
@@ -150,6 +153,9 @@ class Agent(Protocol):
 
     async def when_idle(self) -> None:
         """Wait until the agent has no activity (following replacement work).
+
+        Maintenance counts as activity here: an automatic compaction between
+        turns or ``compact()`` holds this call although the status is idle.
 
         Raises:
             SessionStoreError: the session's events could not be stored (the

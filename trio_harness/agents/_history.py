@@ -129,7 +129,8 @@ class History:
                     out.append(message)
                     chars += message_chars(message)
                 usage = event.usage
-                if usage is not None and event.finish not in ("error", "aborted"):
+                # A replayed (kept) message's usage measured the request before the compaction.
+                if usage is not None and not replaying and event.finish not in ("error", "aborted"):
                     self._anchor = (usage.input_tokens + usage.output_tokens, chars)
             elif type(event) is ev.ToolResult:
                 out.append(
