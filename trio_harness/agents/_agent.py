@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 if TYPE_CHECKING:
     from .._records import ModelSettings, UsageTotals
     from .._scope import Scope
+    from ..model._protocol import OutputMode
     from ..session._events import CancelCause, ContextCompacted, InboxMessage
     from ..session._session import Session
     from ._inbox import Inbox
@@ -126,28 +127,54 @@ class Agent(Protocol):
 
     @overload
     async def run(
-        self, prompt: str, *, output: None = None, retries: int = 2, settings: ModelSettings | None = None
+        self,
+        prompt: str,
+        *,
+        output: None = None,
+        retries: int = 2,
+        settings: ModelSettings | None = None,
+        output_mode: OutputMode = "auto",
     ) -> RunResult[str]: ...
 
     @overload
     async def run(
-        self, prompt: str, *, output: type[T], retries: int = 2, settings: ModelSettings | None = None
+        self,
+        prompt: str,
+        *,
+        output: type[T],
+        retries: int = 2,
+        settings: ModelSettings | None = None,
+        output_mode: OutputMode = "auto",
     ) -> RunResult[T]: ...
 
     @overload
     async def run(
-        self, prompt: str, *, output: Any, retries: int = 2, settings: ModelSettings | None = None
+        self,
+        prompt: str,
+        *,
+        output: Any,
+        retries: int = 2,
+        settings: ModelSettings | None = None,
+        output_mode: OutputMode = "auto",
     ) -> RunResult[Any]: ...
 
     async def run(
-        self, prompt: str, *, output: Any = None, retries: int = 2, settings: ModelSettings | None = None
+        self,
+        prompt: str,
+        *,
+        output: Any = None,
+        retries: int = 2,
+        settings: ModelSettings | None = None,
+        output_mode: OutputMode = "auto",
     ) -> RunResult[Any]:
         """Send ``prompt`` as a followup and await the end of its turn.
 
         Returns the final text (or, with ``output=TYPE``, the answer validated
         as ``TYPE``, retried with the validation errors up to ``retries``
         times) and the turn's usage; raises :class:`~trio_harness.RunError`
-        when the turn does not complete.
+        when the turn does not complete.  ``output_mode`` chooses between the
+        provider's JSON response format and a ``final_answer`` tool
+        (:data:`~trio_harness.model.OutputMode`).
         """
         ...
 

@@ -39,6 +39,7 @@ from ..model._protocol import (
     ModelProvider,
     ModelRequest,
     ModelSettings,
+    OutputMode,
     ReasoningDelta,
     Retry,
     TextDelta,
@@ -46,6 +47,7 @@ from ..model._protocol import (
     ToolCallDelta,
     Usage,
     UsageTotals,
+    supports_json_schema,
 )
 from ..session import _events as ev
 from ..session._events import ApprovalOutcome, CancelCause, InboxMessage, SendMode, TurnEndReason
@@ -410,21 +412,45 @@ class ReactAgent:
 
     @overload
     async def run(
-        self, prompt: str, *, output: None = None, retries: int = 2, settings: ModelSettings | None = None
+        self,
+        prompt: str,
+        *,
+        output: None = None,
+        retries: int = 2,
+        settings: ModelSettings | None = None,
+        output_mode: OutputMode = "auto",
     ) -> RunResult[str]: ...
 
     @overload
     async def run(
-        self, prompt: str, *, output: type[T], retries: int = 2, settings: ModelSettings | None = None
+        self,
+        prompt: str,
+        *,
+        output: type[T],
+        retries: int = 2,
+        settings: ModelSettings | None = None,
+        output_mode: OutputMode = "auto",
     ) -> RunResult[T]: ...
 
     @overload
     async def run(
-        self, prompt: str, *, output: Any, retries: int = 2, settings: ModelSettings | None = None
+        self,
+        prompt: str,
+        *,
+        output: Any,
+        retries: int = 2,
+        settings: ModelSettings | None = None,
+        output_mode: OutputMode = "auto",
     ) -> RunResult[Any]: ...
 
     async def run(
-        self, prompt: str, *, output: Any = None, retries: int = 2, settings: ModelSettings | None = None
+        self,
+        prompt: str,
+        *,
+        output: Any = None,
+        retries: int = 2,
+        settings: ModelSettings | None = None,
+        output_mode: OutputMode = "auto",
     ) -> RunResult[Any]:
         """Send ``prompt`` as a followup and wait for the end of its turn.
 
@@ -436,6 +462,12 @@ class ReactAgent:
             retries: how many times an answer that does not validate is sent
                 back to the model with the errors before giving up.
             settings: model settings of the turn.
+            output_mode: how the typed answer is asked for: ``"native"``
+                (the provider's JSON response format, the text answer
+                validated), ``"tool"`` (a ``final_answer`` tool whose
+                arguments are the answer) or ``"auto"`` (native where the
+                provider declares a JSON-schema response format, else the
+                tool).
 
         Returns:
             The :class:`~trio_harness.agents.RunResult`: the validated output
@@ -455,10 +487,14 @@ class ReactAgent:
         self._check_live("run a prompt")
         if type(retries) is not int or retries < 0:
             raise ValueError(f"retries must be a non-negative int, got {retries!r}")
+        if output_mode not in ("auto", "native", "tool"):
+            raise ValueError(f"unknown output_mode {output_mode!r}; use auto, native or tool")
         adapter = None
         if output is not None:
             adapter = output_adapter(output, localns=caller_namespace(sys._getframe(1)))
-        return await run_prompt(self, prompt, adapter, retries=retries, settings=settings)
+        if output_mode == "auto":
+            output_mode = "native" if supports_json_schema(self._provider) else "tool"
+        return await run_prompt(self, prompt, adapter, retries=retries, settings=settings, mode=output_mode)
 
     def _watch_run(self, watcher: TurnWatcher, message_id: str, pending: PendingOutput | None) -> None:
         self._run_watchers.add(watcher)
@@ -671,6 +707,12 @@ class ReactAgent:
                 return "error", finish.failure
             if calls:
                 await self._run_tools(turn, step, calls, tools)
+                pending = self._turn_output
+                if pending is not None and pending.tool is not None:  # a final_answer call settles the turn
+                    if pending.valid:
+                        return "completed", None
+                    if pending.failure is not None:
+                        return "error", pending.failure
                 return None
             if finish.reason == "max-tokens":
                 return "max-tokens", None
@@ -704,6 +746,9 @@ class ReactAgent:
         keep = self._options.tool_filter
         if keep is not None:
             tools = {name: tool for name, tool in tools.items() if keep(tool)}
+        pending = self._turn_output
+        if pending is not None and pending.tool is not None:
+            tools[pending.tool.name] = pending.tool  # a run() turn in "tool" output mode
         return tools
 
     async def _ask(self, turn: int, step: int, tools: dict[str, Tool]) -> tuple[Finish, list[ToolCall]]:
@@ -747,7 +792,7 @@ class ReactAgent:
         if summary is not None:
             sections = (*sections, summary_section(summary))
         if self._turn_output is not None:
-            sections = (*sections, output_instructions(self._turn_output.format))
+            sections = (*sections, output_instructions(self._turn_output))
         return "\n\n".join((self._options.system_prompt, *sections)) if sections else self._options.system_prompt
 
     def _model_name(self) -> str:
@@ -766,7 +811,7 @@ class ReactAgent:
             tools=tuple(tool.spec for tool in tools.values()),
             max_tokens=settings.max_tokens,
             settings=settings,
-            output=self._turn_output.format if self._turn_output is not None else None,
+            output=self._turn_output.request_format if self._turn_output is not None else None,
         )
 
     # ------------------------------------------------------------ context window
