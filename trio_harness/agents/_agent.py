@@ -6,6 +6,8 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 
 if TYPE_CHECKING:
+    from decimal import Decimal
+
     from .._records import ModelSettings, UsageTotals
     from .._scope import Scope
     from ..model._protocol import OutputMode
@@ -78,6 +80,15 @@ class Agent(Protocol):
     @property
     def usage(self) -> UsageTotals:
         """The session's model usage so far: tokens and requests, rebuilt from the log on resume."""
+        ...
+
+    @property
+    def cost(self) -> Decimal | None:
+        """The session's usage in US dollars, or None when unknown (needs the ``cost`` extra)."""
+        ...
+
+    def cost_of(self, usage: UsageTotals | None) -> Decimal | None:
+        """``usage`` (e.g. a ``turn/end``'s) in US dollars at this agent's model's prices, or None when unknown."""
         ...
 
     def send(

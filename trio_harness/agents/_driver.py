@@ -23,6 +23,7 @@ import math
 import sys
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import attrs
@@ -31,6 +32,7 @@ import trio
 from .._errors import AgentDisposedError, CompactionError, SessionStoreError
 from .._initiator import _set_initiator
 from ..model._context import CHARS_PER_TOKEN, is_context_overflow, tokens_for_chars, tools_chars
+from ..model._cost import price_route, usage_cost
 from ..model._protocol import (
     Chunk,
     Failure,
@@ -263,6 +265,24 @@ class ReactAgent:
     def usage(self) -> UsageTotals:
         """The session's model usage so far (folded from its log, so a resumed agent has the same)."""
         return self._usage.totals
+
+    @property
+    def cost(self) -> Decimal | None:
+        """The session's usage in US dollars at this agent's model's prices (None when unknown).
+
+        Needs the ``cost`` extra (``genai-prices``); see :meth:`cost_of`.
+        """
+        return self.cost_of(self._usage.totals)
+
+    def cost_of(self, usage: UsageTotals | None) -> Decimal | None:
+        """``usage`` (e.g. a ``turn/end``'s) in US dollars at this agent's provider and model's prices.
+
+        None when ``genai-prices`` (the ``cost`` extra) is not installed, the
+        usage is None, or the provider and model are not in its price table
+        (docs/long-sessions.rst, "Usage and budgets").
+        """
+        provider, api_url = price_route(self._provider)
+        return usage_cost(usage, self._model_name(), provider=provider, api_url=api_url)
 
     def send(self, message: str | InboxMessage, *, mode: SendMode, settings: ModelSettings | None = None) -> str:
         """Persist ``message`` into the inbox, then wake the driver unless ``mode`` is inject.

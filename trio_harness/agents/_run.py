@@ -27,6 +27,7 @@ JSON-schema response format, the tool otherwise.
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
 import attrs
@@ -67,6 +68,8 @@ class RunResult(Generic[T]):
         usage: the turn's model usage (as its ``turn/end`` records it).
         turn: the turn's number.
         end: the ``turn/end`` event.
+        cost: the turn's usage in US dollars, or None when unknown (needs
+            the ``cost`` extra; see ``Agent.cost_of``).
     """
 
     output: T
@@ -74,6 +77,7 @@ class RunResult(Generic[T]):
     usage: UsageTotals
     turn: int
     end: ev.TurnEnd
+    cost: Decimal | None = None
 
 
 class _FinalAnswerTool(Tool):
@@ -238,11 +242,12 @@ async def run_prompt(
         error = OutputValidationError if end.failure is not None and end.failure.code == OUTPUT_INVALID else RunError
         raise error(f"agent {agent.id!r}: turn {end.turn} ended {end.reason}{cause}{detail}", end=end)
     usage = end.usage if end.usage is not None else UsageTotals()
+    cost = agent.cost_of(end.usage)
     if pending is not None:
         if not pending.valid:  # completed without a final answer to validate (cannot happen for a text answer)
             raise OutputValidationError(
                 f"agent {agent.id!r}: turn {end.turn} gave no answer to validate as {pending.adapter.name}", end=end
             )
         text = pending.answer if pending.mode == "tool" else last_text  # tool mode: the accepted arguments
-        return RunResult(output=pending.value, text=text, usage=usage, turn=end.turn, end=end)
-    return RunResult(output=last_text, text=last_text, usage=usage, turn=end.turn, end=end)
+        return RunResult(output=pending.value, text=text, usage=usage, turn=end.turn, end=end, cost=cost)
+    return RunResult(output=last_text, text=last_text, usage=usage, turn=end.turn, end=end, cost=cost)

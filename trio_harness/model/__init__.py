@@ -1,5 +1,6 @@
 """Model providers behind one streaming protocol."""
 
+from ._cost import usage_cost as usage_cost
 from ._openai import OpenAIProvider as OpenAIProvider
 from ._protocol import AssistantMessage as AssistantMessage
 from ._protocol import Chunk as Chunk
