@@ -958,8 +958,8 @@ class ReactAgent:
         try:
             history = self._history
             estimate = self.context_estimate()
-            marks = history.marks
-            growth = history.chars - marks[-1].chars if marks else 0
+            last = history.last_mark
+            growth = history.chars - last.chars if last is not None else 0
             if estimate + tokens_for_chars(growth) <= policy.threshold * window:
                 return False
             return self._plan_compaction(None, estimate, None) is not None

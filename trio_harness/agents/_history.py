@@ -183,6 +183,12 @@ class History:
         self.messages()
         return tuple(self._marks)
 
+    @property
+    def last_mark(self) -> TurnMark | None:
+        """Where the latest turn of the verbatim part starts (O(1), unlike :attr:`marks`)."""
+        self.messages()
+        return self._marks[-1] if self._marks else None
+
     def estimate(self, fixed_chars: Callable[[], int]) -> int:
         """Estimate the tokens of the next request, in O(events appended since the last call).
 
