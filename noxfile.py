@@ -15,11 +15,11 @@ ROOT = Path(__file__).parent
 PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
 
 
-def _install(session: nox.Session, *groups: str) -> None:
+def _install(session: nox.Session, *groups: str, extras: str = "") -> None:
     requirements: list[str] = []
     for group in groups:
         requirements += nox.project.dependency_groups(PYPROJECT, group)
-    session.install("-e", ".", *requirements)
+    session.install("-e", f".[{extras}]" if extras else ".", *requirements)
 
 
 @nox.session
@@ -29,7 +29,7 @@ def tests(session: nox.Session) -> None:
     This is the command CI runs (``.ci/run``); plain ``pytest`` skips the tests
     marked slow, for a quick loop while working.
     """
-    _install(session, "tests")
+    _install(session, "tests", extras="cost")  # the cost extra: tests/test_cost.py prices real usage
     session.run("pytest", "--run-slow", *session.posargs)
 
 
@@ -45,7 +45,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy --strict over the package, tests, examples, benchmarks and this file."""
-    _install(session, "typecheck")
+    _install(session, "typecheck", extras="cost")  # trio_harness/model/_cost.py and its tests import genai_prices
     session.run("mypy")
 
 

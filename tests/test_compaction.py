@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -13,7 +14,7 @@ from _sse_server import DONE, Respond, Stream, sse_finish, sse_text, sse_usage, 
 
 from trio_harness import AgentDisposedError, CompactionError, ContextPolicy, ModelError, ScriptedModel
 from trio_harness.agents import AgentOptions, ReactAgent, Tool, ToolContext
-from trio_harness.model import Failure, Message, ModelRequest, OpenAIProvider, ReplayModel, UserMessage
+from trio_harness.model import Emit, Failure, Message, ModelRequest, OpenAIProvider, ReplayModel, UserMessage
 from trio_harness.model._context import context_window_for, is_context_overflow
 from trio_harness.session import _events as ev
 from trio_harness.session._jsonl import parse_log
@@ -92,6 +93,9 @@ async def test_a_200_turn_session_stays_under_a_small_window_and_compacts() -> N
             assert len(ends) == TURNS and {e.reason for e in ends} == {"completed"}
             done = compactions(events)
             assert len(done) >= 5 and {c.reason for c in done} == {"threshold"}
+            # each ran as maintenance between turns, none inside a turn
+            assert {c.turn for c in done} == {None}
+            assert all(isinstance(events[c.seq - 1], ev.TurnEnd) for c in done)
             check_boundaries(events)
             sizes = [model.prompt_tokens(r) for r in model.requests if r.purpose == "turn"]
             assert max(sizes) <= 0.8 * WINDOW + 200  # the threshold, plus one turn's growth
@@ -193,6 +197,198 @@ async def test_fork_keeps_the_compaction_state() -> None:
         async with h.agents.open(session_id="child", options=OPTIONS, resume=True) as child:
             assert isinstance(child, ReactAgent)
             assert child.build_request() == expected
+
+
+# ---------------------------------------------------------------- automatic compaction as maintenance
+
+
+@attrs.define(eq=False)
+class GatedModel:
+    """A scripted model whose compaction (summary) requests wait for ``release`` (until it is set)."""
+
+    inner: ScriptedModel
+    entered: trio.Event = attrs.field(factory=trio.Event)
+    release: trio.Event = attrs.field(factory=trio.Event)
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def context_window(self) -> int | None:
+        return self.inner.context_window
+
+    async def stream(self, request: ModelRequest, emit: Emit) -> None:
+        if request.purpose == "compaction" and not self.release.is_set():
+            self.entered.set()
+            await self.release.wait()
+        await self.inner.stream(request, emit)
+
+
+async def _first_maintenance_turn() -> int:
+    """The turn after which the long session first compacts (as maintenance)."""
+    model = ScriptedModel(script(60), context_window=WINDOW, summary=summarize)
+    async with open_test_harness(model) as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(options=OPTIONS) as agent:
+            n = 0
+            while not compactions(agent.session.events):
+                n += 1
+                agent.followup(prompt(n))
+                await agent.when_idle()
+            first = compactions(agent.session.events)[0]
+            end = agent.session.events[first.seq - 1]
+            assert first.turn is None and isinstance(end, ev.TurnEnd) and end.turn == n
+            return n
+
+
+async def _into_maintenance(agent: Any, gated: GatedModel, turn: int) -> None:
+    """Run turns 1..``turn``; return while the maintenance compaction after ``turn`` waits at its request."""
+    await run_turns(agent, 1, turn - 1)
+    agent.followup(prompt(turn))
+    await gated.entered.wait()
+    await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_automatic_compaction_runs_as_maintenance_and_a_followup_waits_for_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    k = await _first_maintenance_turn()
+    gated = GatedModel(ScriptedModel(script(k + 1), context_window=WINDOW, summary=summarize))
+    async with open_test_harness(gated) as h:
+        statuses: list[str] = []
+        h.tools.add(ECHO)
+        async with h.agents.open(options=OPTIONS) as agent:
+            h.bus.on("agent/status", lambda n: statuses.append(n.data["status"]))
+            await _into_maintenance(agent, gated, k)
+            events = agent.session.events
+            assert isinstance(events[-1], ev.TurnEnd) and events[-1].turn == k  # turn k is over
+            assert agent.status == "idle" and statuses[-1] == "idle"
+            agent.followup(prompt(k + 1))
+            idle_seen: list[float] = []
+            sequencer = trio.testing.Sequencer()
+
+            async def wait_idle() -> None:
+                async with sequencer(0):
+                    pass
+                await agent.when_idle()
+                idle_seen.append(trio.current_time())
+
+            async def release() -> None:
+                async with sequencer(1):
+                    await trio.testing.wait_all_tasks_blocked()
+                    # maintenance holds: the followup waits in the inbox, when_idle has not returned
+                    assert not idle_seen and agent.status == "idle"
+                    assert [m.text for m in agent.inbox.next_turn] == [prompt(k + 1)]
+                    assert not any(isinstance(e, ev.TurnStart) and e.turn == k + 1 for e in agent.session.events)
+                    gated.release.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(wait_idle)
+                nursery.start_soon(release)
+            assert idle_seen
+            events = list(agent.session.events)
+    assert_balanced(events)
+    (compacted,) = compactions(events)
+    assert compacted.turn is None and compacted.reason == "threshold"
+    start = next(e for e in events if isinstance(e, ev.TurnStart) and e.turn == k + 1)
+    last_end = [e for e in events[: compacted.seq] if isinstance(e, ev.TurnEnd)][-1]
+    assert last_end.turn == k and compacted.seq < start.seq  # between turns k and k+1
+    assert [e.reason for e in events if isinstance(e, ev.TurnEnd)] == ["completed"] * (k + 1)
+    # the followup ran after the compaction, on the compacted conversation
+    assert compacted.summary in gated.inner.requests[-1].system
+    assert statuses[-4:] == ["running", "idle", "running", "idle"]
+
+
+async def test_cancel_during_maintenance_stops_it_promptly_and_logs_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    k = await _first_maintenance_turn()
+    gated = GatedModel(ScriptedModel(script(k + 2), context_window=WINDOW, summary=summarize))
+    async with open_test_harness(gated) as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(options=OPTIONS) as agent:
+            await _into_maintenance(agent, gated, k)
+            before = len(agent.session)
+            agent.followup(prompt(k + 1))
+            start = trio.current_time()
+            assert agent.cancel() is True
+            await agent.when_idle()
+            assert trio.current_time() == start  # prompt: no wait for the summary request
+            assert len(agent.session) == before + 2  # only the inbox splices queueing and clearing the followup
+            assert not compactions(agent.session.events) and not len(agent.inbox)
+            assert agent.status == "idle"
+            # the agent goes on; the maintenance is not retried before another turn has run, so the
+            # next turn, whose request passes the threshold, compacts inside the turn (the safety net)
+            gated.release.set()
+            agent.followup(prompt(k + 1))
+            await agent.when_idle()
+            events = list(agent.session.events)
+    assert_balanced(events)
+    assert [e.reason for e in events if isinstance(e, ev.TurnEnd)] == ["completed"] * (k + 1)
+    (compacted,) = compactions(events)
+    assert compacted.turn == k + 1 and compacted.reason == "threshold"
+
+
+async def test_cancel_keeping_the_inbox_during_maintenance_leaves_the_followup_queued(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    k = await _first_maintenance_turn()
+    gated = GatedModel(ScriptedModel(script(k + 1), context_window=WINDOW, summary=summarize))
+    async with open_test_harness(gated) as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(options=OPTIONS) as agent:
+            await _into_maintenance(agent, gated, k)
+            agent.followup(prompt(k + 1))
+            assert agent.cancel(keep_inbox=True) is True
+            await agent.when_idle()
+            # pending work awaits a later wake, as after any cancel keeping the inbox
+            assert [m.text for m in agent.inbox.next_turn] == [prompt(k + 1)]
+            assert not compactions(agent.session.events)
+            assert [e.turn for e in agent.session.events if isinstance(e, ev.TurnStart)][-1] == k
+
+
+async def test_disposal_during_maintenance_logs_nothing_and_resume_sends_the_same_requests(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    k = await _first_maintenance_turn()
+    # A: never restarted
+    straight = ScriptedModel(script(k + 1), context_window=WINDOW, summary=summarize)
+    async with open_test_harness(straight, store=tmp_path / "a") as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(session_id="s", options=OPTIONS) as agent:
+            await run_turns(agent, 1, k + 1)
+    recorded = parse_log((tmp_path / "a" / "s" / "session.jsonl").read_bytes(), "a").events
+    (expected,) = compactions(recorded)
+
+    # B: disposed while the maintenance compaction after turn k waits for its summary
+    gated = GatedModel(ScriptedModel(script(k), context_window=WINDOW, summary=summarize))
+    async with open_test_harness(gated, store=tmp_path / "b") as h:
+        h.tools.add(ECHO)
+        handle = await h.agents.create(session_id="s", options=OPTIONS)
+        await _into_maintenance(handle.agent, gated, k)
+        start = trio.current_time()
+        await handle.dispose()
+        assert trio.current_time() == start
+        events = list(handle.agent.session.events)
+    assert_balanced(events)
+    assert not compactions(events) and isinstance(events[-1], ev.TurnEnd)
+    stored = parse_log((tmp_path / "b" / "s" / "session.jsonl").read_bytes(), "b").events
+    assert len(stored) == len(events)
+
+    # B resumed against a strict replay of A from its compaction on: the same requests, in order
+    replay = ReplayModel.from_events(recorded[expected.seq :], strict=True)
+    async with open_test_harness(replay, store=tmp_path / "b") as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(session_id="s", options=OPTIONS, resume=True) as agent:
+            agent.followup(prompt(k + 1))
+            await agent.when_idle()
+            events = list(agent.session.events)
+    assert gated.inner.requests + replay.requests == straight.requests
+    assert replay.remaining == 0
+    assert {e.reason for e in events if isinstance(e, ev.TurnEnd)} == {"completed"}
+    (compacted,) = compactions(events)
+    assert (compacted.boundary, compacted.summary, compacted.turn) == (expected.boundary, expected.summary, None)
 
 
 # ---------------------------------------------------------------- overflow
@@ -308,6 +504,25 @@ async def test_the_estimate_follows_the_reported_usage_and_the_added_text() -> N
                 assert abs(estimate - actual) <= 8, (n, estimate, actual)
 
 
+async def test_the_estimate_right_after_a_compaction_measures_the_compacted_request() -> None:
+    # The kept messages' reported usage measured the request before the compaction: it must not anchor
+    # the estimate afterwards, or the next check would still see the old size.
+    model = ScriptedModel(script(60), context_window=WINDOW, summary=summarize)
+    async with open_test_harness(model) as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(options=OPTIONS) as agent:
+            assert isinstance(agent, ReactAgent)
+            n = 0
+            while not compactions(agent.session.events):
+                n += 1
+                agent.followup(prompt(n))
+                await agent.when_idle()
+            estimate = agent.context_estimate()
+            actual = model.prompt_tokens(agent.build_request())
+            assert abs(estimate - actual) <= 8, (estimate, actual)
+            assert estimate < 0.8 * WINDOW / 2
+
+
 # ---------------------------------------------------------------- on demand, as maintenance
 
 
@@ -397,19 +612,35 @@ async def test_compact_reports_nothing_to_do_and_a_failed_summary() -> None:
         assert len(agent.session) == before
 
 
-async def test_a_failed_automatic_compaction_ends_the_turn_with_a_clear_error() -> None:
-    # the third turn passes the threshold: its compaction's summary request gets the error
-    model = ScriptedModel([*script(2), {"error": {"message": "summary refused", "code": "http-503"}}])
+async def test_a_failed_automatic_compaction_is_reported_and_then_ends_the_turn_that_needs_it() -> None:
+    # After turn 2 the next turn would pass the threshold: the maintenance compaction's summary
+    # request fails (reported on the bus); turn 3's request still passes it, so the turn compacts
+    # first, and that failure ends the turn with a clear error.
+    model = ScriptedModel(
+        [
+            *script(2),
+            {"error": {"message": "summary refused", "code": "http-503"}},
+            {"error": {"message": "summary refused again", "code": "http-503"}},
+        ]
+    )
     options = AgentOptions(context=ContextPolicy(window=300))
     async with open_test_harness(model) as h:
+        notices: list[Any] = []
+        h.bus.on("agent/compaction-failed", notices.append)
         h.tools.add(ECHO)
         async with h.agents.open(options=options) as agent:
-            await run_turns(agent, 1, 3)
+            await run_turns(agent, 1, 2)
+            (notice,) = notices
+            assert notice.subject is agent and isinstance(notice.data["error"], CompactionError)
+            assert "summary refused" in str(notice.data["error"])
+            await run_turns(agent, 3, 3)
             ends = [e for e in agent.session.events if isinstance(e, ev.TurnEnd)]
-    failed = [e for e in ends if e.reason == "error"]
-    assert failed and failed[0].failure is not None and failed[0].failure.code == "compaction-failed"
-    assert "passes 80% of the context window (300 tokens)" in failed[0].failure.message
-    assert "summary refused" in failed[0].failure.message
+    assert not compactions(agent.session.events)
+    assert [e.reason for e in ends] == ["completed", "completed", "error"]
+    failure = ends[-1].failure
+    assert failure is not None and failure.code == "compaction-failed"
+    assert "passes 80% of the context window (300 tokens)" in failure.message
+    assert "summary refused again" in failure.message
 
 
 # ---------------------------------------------------------------- the history processor

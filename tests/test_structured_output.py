@@ -11,7 +11,7 @@ import pydantic
 import pytest
 import trio
 import trio.testing
-from _sse_server import DONE, Stream, sse_finish, sse_text, sse_usage, start_server
+from _sse_server import DONE, Stream, sse_delta, sse_finish, sse_text, sse_usage, start_server
 
 from trio_harness import OutputValidationError, RunError, ScriptedModel, ToolError
 from trio_harness.agents import AgentOptions
@@ -230,3 +230,135 @@ async def test_run_respects_the_agents_limits() -> None:
     async with open_test_harness(model) as h, h.agents.open(options=AgentOptions(max_steps=1)) as agent:
         with pytest.raises(RunError, match="ended blocked"):
             await agent.run("x", output=City)
+
+
+# ---------------------------------------------------------------- the final-answer tool
+
+
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "population": {"type": "integer"}},
+    "required": ["name", "population"],
+    "additionalProperties": False,
+}
+
+
+def final_answer(arguments: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "final_answer", "arguments": arguments}]}
+
+
+async def test_the_tool_mode_offers_a_final_answer_tool_and_returns_its_arguments() -> None:
+    model = ScriptedModel([final_answer({"name": "Lyon", "population": 520_000})])
+    async with open_test_harness(model) as h, h.agents.open() as agent:
+        result = await agent.run("Lyon?", output=City, output_mode="tool")
+        events = list(agent.session.events)
+    assert_balanced(events)
+    assert result.output == City("Lyon", 520_000)
+    assert json.loads(result.text) == {"name": "Lyon", "population": 520_000}
+    (request,) = model.requests
+    assert request.output is None  # no response format: the tool carries the schema
+    (tool,) = request.tools
+    assert tool.name == "final_answer" and tool.parameters == CITY_SCHEMA
+    assert "call the tool final_answer" in request.system
+    (end,) = [e for e in events if isinstance(e, ev.TurnEnd)]
+    assert end.reason == "completed" and end.usage is not None and end.usage.requests == 1
+    (logged,) = [e for e in events if isinstance(e, ev.ToolResult)]
+    assert logged.name == "final_answer" and not logged.is_error
+
+
+async def test_auto_mode_uses_the_tool_where_the_provider_has_no_json_schema_format() -> None:
+    model = ScriptedModel([final_answer({"result": [1, 2]})], json_schema_output=False)
+    async with open_test_harness(model) as h, h.agents.open() as agent:
+        result = await agent.run("numbers?", output=list[int])
+        native = ScriptedModel([{"text": '{"result": [3]}'}])
+    assert result.output == [1, 2] and [t.name for t in model.requests[0].tools] == ["final_answer"]
+    async with open_test_harness(native) as h, h.agents.open() as agent:
+        assert (await agent.run("numbers?", output=list[int])).output == [3]
+    assert native.requests[0].tools == () and native.requests[0].output is not None
+
+
+async def test_invalid_final_answer_arguments_go_back_as_the_tool_result_then_succeed() -> None:
+    model = ScriptedModel(
+        [
+            final_answer('{"name": "Lyon"'),  # not JSON
+            {"text": "Lyon has about half a million people."},  # text instead of the tool
+            final_answer({"name": "Lyon", "population": -5}),
+            final_answer({"name": "Lyon", "population": 520_000}),
+        ]
+    )
+    async with open_test_harness(model) as h, h.agents.open() as agent:
+        result = await agent.run("Lyon?", output=City, output_mode="tool", retries=3)
+        events = list(agent.session.events)
+    assert_balanced(events)
+    assert result.output == City("Lyon", 520_000) and result.usage.requests == 4
+    assert [e.turn for e in events if isinstance(e, ev.TurnEnd)] == [1]
+    results = [e for e in events if isinstance(e, ev.ToolResult)]
+    assert [r.is_error for r in results] == [True, True, False]
+    assert "Invalid JSON" in results[0].content and "Call final_answer again" in results[0].content
+    assert "'population' must be >= 0" in results[1].content
+    (steer,) = [e for e in events if isinstance(e, ev.UserMessage) and e.mode == "steer"]
+    assert "Call final_answer with your final answer" in steer.text
+    # each retry request shows the model its previous call and the error
+    retry = model.requests[1]
+    assert retry.messages[-1].role == "tool" and "Invalid JSON" in retry.messages[-1].content
+
+
+async def test_final_answer_arguments_that_never_validate_fail_clearly_after_the_retries() -> None:
+    model = ScriptedModel([final_answer({}), final_answer({"name": "Lyon"}), final_answer({"name": 1})])
+    async with open_test_harness(model) as h, h.agents.open() as agent:
+        with pytest.raises(OutputValidationError) as caught:
+            await agent.run("Lyon?", output=City, output_mode="tool", retries=1)
+        agent_id = agent.id
+        events = list(agent.session.events)
+    assert_balanced(events)
+    assert len(model.requests) == 2 and model.remaining == 1
+    error = caught.value
+    assert error.end is not None and error.end.failure is not None and error.end.failure.code == "output-invalid"
+    assert str(error) == (
+        f"agent {agent_id!r}: turn 1 ended error: the answer did not match the output type City after 2 attempts; "
+        "last error: population: Field required (output-invalid)"
+    )
+    last = [e for e in events if isinstance(e, ev.ToolResult)][-1]
+    assert last.is_error and "population: Field required" in last.content
+
+
+async def test_an_unknown_output_mode_is_refused() -> None:
+    async with open_test_harness(ScriptedModel([])) as h, h.agents.open() as agent:
+        with pytest.raises(ValueError, match="unknown output_mode 'json'; use auto, native or tool"):
+            await agent.run("x", output=City, output_mode="json")  # type: ignore[call-overload]
+
+
+def _call(arguments: str, call_id: str) -> bytes:
+    call = {"index": 0, "id": call_id, "type": "function", "function": {"name": "final_answer", "arguments": arguments}}
+    return sse_delta(tool_calls=[call])
+
+
+async def test_a_json_mode_endpoint_gets_the_final_answer_tool_over_http(nursery: trio.Nursery) -> None:
+    def called(arguments: str, call_id: str) -> Stream:
+        return Stream([_call(arguments, call_id), sse_finish("tool_calls"), sse_usage(20, 8), DONE])
+
+    server = await start_server(
+        nursery,
+        called('{"name": "Oslo", "population": "many"}', "c1"),
+        called('{"name": "Oslo", "population": 700000}', "c2"),
+    )
+    # a DeepSeek-like endpoint: JSON mode without a schema
+    provider = OpenAIProvider(
+        model="m", base_url=server.base_url, api_key="k", max_retries=0, output_format="json_object"
+    )
+    assert not provider.json_schema_output
+    async with provider, open_test_harness(provider) as h, h.agents.open() as agent:
+        result = await agent.run("Oslo?", output=City)
+    assert result.output == City("Oslo", 700_000)
+    first, second = (r.json for r in server.requests)
+    assert "response_format" not in first
+    (tool,) = first["tools"]
+    assert tool == {
+        "type": "function",
+        "function": {"name": "final_answer", "description": tool["function"]["description"], "parameters": CITY_SCHEMA},
+    }
+    assert "final_answer" in first["messages"][0]["content"]
+    # the retry carries the call and its validation error as the tool result
+    assert second["messages"][-2]["tool_calls"][0]["id"] == "c1"
+    assert second["messages"][-1]["role"] == "tool" and second["messages"][-1]["tool_call_id"] == "c1"
+    assert "population: Input should be a valid integer" in second["messages"][-1]["content"]

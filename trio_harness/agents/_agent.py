@@ -6,8 +6,11 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 
 if TYPE_CHECKING:
+    from decimal import Decimal
+
     from .._records import ModelSettings, UsageTotals
     from .._scope import Scope
+    from ..model._protocol import OutputMode
     from ..session._events import CancelCause, ContextCompacted, InboxMessage
     from ..session._session import Session
     from ._inbox import Inbox
@@ -79,6 +82,15 @@ class Agent(Protocol):
         """The session's model usage so far: tokens and requests, rebuilt from the log on resume."""
         ...
 
+    @property
+    def cost(self) -> Decimal | None:
+        """The session's usage in US dollars, or None when unknown (needs the ``cost`` extra)."""
+        ...
+
+    def cost_of(self, usage: UsageTotals | None) -> Decimal | None:
+        """``usage`` (e.g. a ``turn/end``'s) in US dollars at this agent's model's prices, or None when unknown."""
+        ...
+
     def send(
         self,
         message: str | InboxMessage,
@@ -112,6 +124,9 @@ class Agent(Protocol):
     def cancel(self, cause: CancelCause = "user", *, keep_inbox: bool = False) -> bool:
         """Abort current activity (and clear the inbox unless ``keep_inbox``).
 
+        The activity may be a turn or the automatic compaction the agent runs
+        as maintenance between turns (it logs nothing when cancelled).
+
         Returns:
             True if the call had an effect (something was running or queued).
 
@@ -123,33 +138,62 @@ class Agent(Protocol):
 
     @overload
     async def run(
-        self, prompt: str, *, output: None = None, retries: int = 2, settings: ModelSettings | None = None
+        self,
+        prompt: str,
+        *,
+        output: None = None,
+        retries: int = 2,
+        settings: ModelSettings | None = None,
+        output_mode: OutputMode = "auto",
     ) -> RunResult[str]: ...
 
     @overload
     async def run(
-        self, prompt: str, *, output: type[T], retries: int = 2, settings: ModelSettings | None = None
+        self,
+        prompt: str,
+        *,
+        output: type[T],
+        retries: int = 2,
+        settings: ModelSettings | None = None,
+        output_mode: OutputMode = "auto",
     ) -> RunResult[T]: ...
 
     @overload
     async def run(
-        self, prompt: str, *, output: Any, retries: int = 2, settings: ModelSettings | None = None
+        self,
+        prompt: str,
+        *,
+        output: Any,
+        retries: int = 2,
+        settings: ModelSettings | None = None,
+        output_mode: OutputMode = "auto",
     ) -> RunResult[Any]: ...
 
     async def run(
-        self, prompt: str, *, output: Any = None, retries: int = 2, settings: ModelSettings | None = None
+        self,
+        prompt: str,
+        *,
+        output: Any = None,
+        retries: int = 2,
+        settings: ModelSettings | None = None,
+        output_mode: OutputMode = "auto",
     ) -> RunResult[Any]:
         """Send ``prompt`` as a followup and await the end of its turn.
 
         Returns the final text (or, with ``output=TYPE``, the answer validated
         as ``TYPE``, retried with the validation errors up to ``retries``
         times) and the turn's usage; raises :class:`~trio_harness.RunError`
-        when the turn does not complete.
+        when the turn does not complete.  ``output_mode`` chooses between the
+        provider's JSON response format and a ``final_answer`` tool
+        (:data:`~trio_harness.model.OutputMode`).
         """
         ...
 
     async def when_idle(self) -> None:
         """Wait until the agent has no activity (following replacement work).
+
+        Maintenance counts as activity here: an automatic compaction between
+        turns or ``compact()`` holds this call although the status is idle.
 
         Raises:
             SessionStoreError: the session's events could not be stored (the

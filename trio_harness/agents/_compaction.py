@@ -1,10 +1,13 @@
 """Context-window management: when and how the older part of a conversation is summarized.
 
-Before each step the driver estimates the size of the request it is about to
-send (:meth:`~trio_harness.agents._history.History.estimate`: the last usage a
+The driver estimates the size of the next request
+(:meth:`~trio_harness.agents._history.History.estimate`: the last usage a
 provider reported plus an estimate of what was added since, O(new events)).
-Above ``ContextPolicy.threshold`` of the model's context window it compacts:
-it picks a boundary at the start of a turn, so that the turns after it fit in
+When a turn ends and the next request plus a turn like the last one would pass
+``ContextPolicy.threshold`` of the model's context window, it compacts between
+turns, as a maintenance activity (the agent idle, waking input waiting); before
+each step it checks again, so a turn that grows past the threshold compacts
+before that step.  A compaction picks a boundary at the start of a turn, so that the turns after it fit in
 ``ContextPolicy.keep`` of the window (never inside a turn, so never between a
 tool call and its result, and never inside the open turn), asks the model for
 a summary of everything before the boundary (the previous summary included),
@@ -86,9 +89,10 @@ class ContextPolicy:
     """When an agent compacts its context, and how much it keeps.
 
     Attributes:
-        auto: compact automatically before a step whose request estimate
-            passes ``threshold`` (``agent.compact()`` and the retry after a
-            provider's context-length error work either way).
+        auto: compact automatically: between turns (as maintenance) when
+            the next turn would pass ``threshold``, and before a step whose
+            request estimate passes it (``agent.compact()`` and the retry
+            after a provider's context-length error work either way).
         threshold: the fraction of the context window that triggers a
             compaction (default 80 %).
         keep: the fraction of the window the recent turns kept verbatim may

@@ -1,7 +1,9 @@
 """The turn driver: a ReAct loop around one session (the default agent implementation).
 
 Phases: ``idle``, ``maintenance`` and ``running``; the public status maps
-maintenance to ``idle``.  A waking send while idle starts an *activity*: a task
+maintenance to ``idle``.  Maintenance is ``agent.compact()`` or
+``maintenance()``, or the automatic compaction the drain task runs between
+turns when the next turn would pass the context threshold.  A waking send while idle starts an *activity*: a task
 in the agent's scope that runs turns while there is work.  Each activity has
 one cancel scope and one cancel cause (the first cause wins); a waking send
 that arrives after a cancel but before the activity ends is latched and runs in
@@ -19,8 +21,9 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import attrs
@@ -29,13 +32,16 @@ import trio
 from .._errors import AgentDisposedError, CompactionError, SessionStoreError
 from .._initiator import _set_initiator
 from ..model._context import CHARS_PER_TOKEN, is_context_overflow, tokens_for_chars, tools_chars
+from ..model._cost import price_route, usage_cost
 from ..model._protocol import (
     Chunk,
     Failure,
     Finish,
+    Message,
     ModelProvider,
     ModelRequest,
     ModelSettings,
+    OutputMode,
     ReasoningDelta,
     Retry,
     TextDelta,
@@ -43,13 +49,14 @@ from ..model._protocol import (
     ToolCallDelta,
     Usage,
     UsageTotals,
+    supports_json_schema,
 )
 from ..session import _events as ev
 from ..session._events import ApprovalOutcome, CancelCause, InboxMessage, SendMode, TurnEndReason
 from ..session._session import Session
 from ._approval import ApprovalDecision, ApprovalRequest, Approver
 from ._budget import UsageCounter, budget_failure
-from ._compaction import choose_boundary, summarize, summary_section
+from ._compaction import ContextPolicy, choose_boundary, summarize, summary_section
 from ._function_tools import caller_namespace, output_adapter
 from ._history import History, TurnMark
 from ._inbox import Inbox
@@ -163,6 +170,13 @@ class ReactAgent:
     _turn_output: PendingOutput | None = attrs.field(default=None, init=False)
     # The cancel scope of agent.compact() while it runs (disposal cancels it).
     _maintenance_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    # The cancel scope of the automatic compaction the driver runs as maintenance between
+    # turns (cancel() and disposal cancel it), and whether it was cancelled.
+    _auto_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    _auto_cancelled: bool = attrs.field(default=False, init=False)
+    # The turn after which an automatic compaction failed or was cancelled: not retried
+    # between turns until another turn has run (the in-turn check still applies).
+    _auto_skipped_at: int | None = attrs.field(default=None, init=False)
     # The session's usage when the running turn started.
     _turn_start_usage: UsageTotals = attrs.field(factory=UsageTotals, init=False)
 
@@ -252,6 +266,24 @@ class ReactAgent:
         """The session's model usage so far (folded from its log, so a resumed agent has the same)."""
         return self._usage.totals
 
+    @property
+    def cost(self) -> Decimal | None:
+        """The session's usage in US dollars at this agent's model's prices (None when unknown).
+
+        Needs the ``cost`` extra (``genai-prices``); see :meth:`cost_of`.
+        """
+        return self.cost_of(self._usage.totals)
+
+    def cost_of(self, usage: UsageTotals | None) -> Decimal | None:
+        """``usage`` (e.g. a ``turn/end``'s) in US dollars at this agent's provider and model's prices.
+
+        None when ``genai-prices`` (the ``cost`` extra) is not installed, the
+        usage is None, or the provider and model are not in its price table
+        (docs/long-sessions.rst, "Usage and budgets").
+        """
+        provider, api_url = price_route(self._provider)
+        return usage_cost(usage, self._model_name(), provider=provider, api_url=api_url)
+
     def send(self, message: str | InboxMessage, *, mode: SendMode, settings: ModelSettings | None = None) -> str:
         """Persist ``message`` into the inbox, then wake the driver unless ``mode`` is inject.
 
@@ -300,6 +332,9 @@ class ReactAgent:
     def cancel(self, cause: CancelCause = "user", *, keep_inbox: bool = False) -> bool:
         """Abort the current activity and (unless ``keep_inbox``) drop queued work.
 
+        The activity is the running turn, or the automatic compaction running
+        as maintenance between turns (stopped at once, nothing logged).
+
         Idle with nothing queued, this does nothing and emits nothing.  An
         effective call emits ``agent/cancel-requested`` before clearing or
         aborting.  The first cause of an activity is the one its turn records.
@@ -317,13 +352,16 @@ class ReactAgent:
             raise ValueError(f"unknown cancel cause {cause!r}; use user, parent, hook or disposed")
         self._check_live("cancel it")
         active = self._phase == "running"
+        maintaining = self._auto_scope is not None
         queued = bool(len(self._inbox)) and not keep_inbox
-        if not active and not queued:
+        if not active and not queued and not maintaining:
             return False
         self._bus.emit("agent/cancel-requested", self, cause=cause)
         if not keep_inbox:
             self._inbox.clear()
         self._wake_requested = False
+        if maintaining:
+            self._cancel_auto_maintenance()
         if active:
             if self._cause is None:
                 self._cause = cause
@@ -394,21 +432,45 @@ class ReactAgent:
 
     @overload
     async def run(
-        self, prompt: str, *, output: None = None, retries: int = 2, settings: ModelSettings | None = None
+        self,
+        prompt: str,
+        *,
+        output: None = None,
+        retries: int = 2,
+        settings: ModelSettings | None = None,
+        output_mode: OutputMode = "auto",
     ) -> RunResult[str]: ...
 
     @overload
     async def run(
-        self, prompt: str, *, output: type[T], retries: int = 2, settings: ModelSettings | None = None
+        self,
+        prompt: str,
+        *,
+        output: type[T],
+        retries: int = 2,
+        settings: ModelSettings | None = None,
+        output_mode: OutputMode = "auto",
     ) -> RunResult[T]: ...
 
     @overload
     async def run(
-        self, prompt: str, *, output: Any, retries: int = 2, settings: ModelSettings | None = None
+        self,
+        prompt: str,
+        *,
+        output: Any,
+        retries: int = 2,
+        settings: ModelSettings | None = None,
+        output_mode: OutputMode = "auto",
     ) -> RunResult[Any]: ...
 
     async def run(
-        self, prompt: str, *, output: Any = None, retries: int = 2, settings: ModelSettings | None = None
+        self,
+        prompt: str,
+        *,
+        output: Any = None,
+        retries: int = 2,
+        settings: ModelSettings | None = None,
+        output_mode: OutputMode = "auto",
     ) -> RunResult[Any]:
         """Send ``prompt`` as a followup and wait for the end of its turn.
 
@@ -420,6 +482,12 @@ class ReactAgent:
             retries: how many times an answer that does not validate is sent
                 back to the model with the errors before giving up.
             settings: model settings of the turn.
+            output_mode: how the typed answer is asked for: ``"native"``
+                (the provider's JSON response format, the text answer
+                validated), ``"tool"`` (a ``final_answer`` tool whose
+                arguments are the answer) or ``"auto"`` (native where the
+                provider declares a JSON-schema response format, else the
+                tool).
 
         Returns:
             The :class:`~trio_harness.agents.RunResult`: the validated output
@@ -439,10 +507,14 @@ class ReactAgent:
         self._check_live("run a prompt")
         if type(retries) is not int or retries < 0:
             raise ValueError(f"retries must be a non-negative int, got {retries!r}")
+        if output_mode not in ("auto", "native", "tool"):
+            raise ValueError(f"unknown output_mode {output_mode!r}; use auto, native or tool")
         adapter = None
         if output is not None:
             adapter = output_adapter(output, localns=caller_namespace(sys._getframe(1)))
-        return await run_prompt(self, prompt, adapter, retries=retries, settings=settings)
+        if output_mode == "auto":
+            output_mode = "native" if supports_json_schema(self._provider) else "tool"
+        return await run_prompt(self, prompt, adapter, retries=retries, settings=settings, mode=output_mode)
 
     def _watch_run(self, watcher: TurnWatcher, message_id: str, pending: PendingOutput | None) -> None:
         self._run_watchers.add(watcher)
@@ -505,16 +577,31 @@ class ReactAgent:
         _set_initiator(self.id)
         try:
             while not self._disposing:
+                if self._phase == "maintenance":
+                    # Automatic compaction between turns (docs/long-sessions.rst,
+                    # "Context-window management"): the agent is idle meanwhile,
+                    # and queued work runs once it ends.
+                    cancelled = await self._run_auto_maintenance()
+                    # After a cancel, only a wake latched since then goes on (as for a turn).
+                    if self._disposing or (cancelled and not self._wake_requested) or not self._has_work():
+                        break
+                    self._phase = "running"
+                    self._cause = None
+                    self._set_status("running")
                 with trio.CancelScope() as activity:
                     self._activity_scope = activity
                     if self._cause is not None:
                         activity.cancel()
                     await self._run_work()
                 self._activity_scope = None
-                if self._cause is None or self._disposing:
+                if self._cause is None:
+                    if not self._disposing and self._maintenance_due():
+                        self._phase = "maintenance"  # public status: idle
+                        self._set_status("idle")
+                        continue
                     break
                 # Cancelled: a waking send latched after the cancel runs now.
-                if not (self._wake_requested and self._has_work()):
+                if self._disposing or not (self._wake_requested and self._has_work()):
                     break
                 self._cause = None
         finally:
@@ -531,6 +618,8 @@ class ReactAgent:
             await self._run_turn()  # records the pre-run cancellation as an aborted turn
             return
         while self._has_work() and self._cause is None:
+            if self._maintenance_due():
+                return  # the drain compacts as maintenance first, then comes back for the work
             await self._run_turn()
 
     def _seal_inbox(self) -> None:
@@ -546,6 +635,8 @@ class ReactAgent:
         self._wake_requested = False
         if self._maintenance_scope is not None:
             self._maintenance_scope.cancel()  # a compaction in progress: logs nothing
+        if self._auto_scope is not None:
+            self._auto_scope.cancel()  # likewise for the automatic one
         if self._phase == "running":
             if self._cause is None:
                 self._cause = "disposed"
@@ -601,6 +692,9 @@ class ReactAgent:
                     reason, failure = "error", Failure("store-error", str(exc))
                 usage = self._usage.totals - self._turn_start_usage
                 session.append(ev.TurnEnd, turn=turn, reason=reason, cause=cause, failure=failure, usage=usage)
+                # Between turns the request is the log's alone (what a resumed agent sees).
+                self._turn_settings = None
+                self._turn_output = None
                 try:
                     await session.flush()
                 except SessionStoreError:
@@ -639,6 +733,12 @@ class ReactAgent:
                 return "error", finish.failure
             if calls:
                 await self._run_tools(turn, step, calls, tools)
+                pending = self._turn_output
+                if pending is not None and pending.tool is not None:  # a final_answer call settles the turn
+                    if pending.valid:
+                        return "completed", None
+                    if pending.failure is not None:
+                        return "error", pending.failure
                 return None
             if finish.reason == "max-tokens":
                 return "max-tokens", None
@@ -672,6 +772,9 @@ class ReactAgent:
         keep = self._options.tool_filter
         if keep is not None:
             tools = {name: tool for name, tool in tools.items() if keep(tool)}
+        pending = self._turn_output
+        if pending is not None and pending.tool is not None:
+            tools[pending.tool.name] = pending.tool  # a run() turn in "tool" output mode
         return tools
 
     async def _ask(self, turn: int, step: int, tools: dict[str, Tool]) -> tuple[Finish, list[ToolCall]]:
@@ -715,7 +818,7 @@ class ReactAgent:
         if summary is not None:
             sections = (*sections, summary_section(summary))
         if self._turn_output is not None:
-            sections = (*sections, output_instructions(self._turn_output.format))
+            sections = (*sections, output_instructions(self._turn_output))
         return "\n\n".join((self._options.system_prompt, *sections)) if sections else self._options.system_prompt
 
     def _model_name(self) -> str:
@@ -734,7 +837,7 @@ class ReactAgent:
             tools=tuple(tool.spec for tool in tools.values()),
             max_tokens=settings.max_tokens,
             settings=settings,
-            output=self._turn_output.format if self._turn_output is not None else None,
+            output=self._turn_output.request_format if self._turn_output is not None else None,
         )
 
     # ------------------------------------------------------------ context window
@@ -775,21 +878,12 @@ class ReactAgent:
             )
         return None
 
-    async def _compact(
-        self, reason: ev.CompactionReason, turn: int | None, estimate: int | None = None, keep: int | None = None
-    ) -> ev.ContextCompacted | None:
-        """Summarize the conversation before a turn boundary and log it; None when nothing can be compacted.
-
-        Nothing is logged until the summary is complete (a cancelled
-        compaction leaves no trace).
-
-        Raises:
-            CompactionError: the summary request failed.
-        """
+    def _plan_compaction(
+        self, turn: int | None, estimate: int, keep: int | None
+    ) -> tuple[ContextPolicy, int | None, TurnMark, Sequence[Message]] | None:
+        """Where a compaction would cut, and with which policy; None when nothing can be compacted."""
         history = self._history
         messages = history.messages()
-        if estimate is None:
-            estimate = self.context_estimate()
         policy = self._options.context
         window = self._context_window()
         if window is not None:
@@ -810,12 +904,31 @@ class ReactAgent:
         mark = choose_boundary(marks, history.chars, keep * CHARS_PER_TOKEN)
         if mark is None:
             return None
+        return policy, window, mark, messages
+
+    async def _compact(
+        self, reason: ev.CompactionReason, turn: int | None, estimate: int | None = None, keep: int | None = None
+    ) -> ev.ContextCompacted | None:
+        """Summarize the conversation before a turn boundary and log it; None when nothing can be compacted.
+
+        Nothing is logged until the summary is complete (a cancelled
+        compaction leaves no trace).
+
+        Raises:
+            CompactionError: the summary request failed.
+        """
+        if estimate is None:
+            estimate = self.context_estimate()
+        plan = self._plan_compaction(turn, estimate, keep)
+        if plan is None:
+            return None
+        policy, window, mark, messages = plan
         summary, usage, partials = await summarize(
             self._provider,
             model=self._model_name(),
             settings=self._model_settings(),
             policy=policy,
-            previous=history.summary,
+            previous=self._history.summary,
             messages=messages[: mark.index],
             window=window,
         )
@@ -829,6 +942,69 @@ class ReactAgent:
             usage=usage,
             partials=partials,
         )
+
+    # ------------------------------------------------------------ maintenance
+
+    def _maintenance_due(self) -> bool:
+        """Whether to compact between turns, before the agent goes idle or takes its next input.
+
+        Due when the next request, plus a turn as large as the last one,
+        would pass the policy's threshold, and something can be compacted:
+        the compaction then runs between turns as maintenance instead of
+        inside the next turn (docs/long-sessions.rst, "Context-window
+        management").  A pure function of the log, so a resumed agent decides
+        as a never-restarted one would.
+        """
+        policy = self._options.context
+        if not policy.auto or self._disposing or self._auto_skipped_at == self._last_turn:
+            return False
+        window = self._context_window()
+        if window is None:
+            return False
+        try:
+            history = self._history
+            estimate = self.context_estimate()
+            last = history.last_mark
+            growth = history.chars - last.chars if last is not None else 0
+            if estimate + tokens_for_chars(growth) <= policy.threshold * window:
+                return False
+            return self._plan_compaction(None, estimate, None) is not None
+        except Exception:
+            # A failing hook (prompt section, tool filter): the next step meets it
+            # too and ends its turn with the error (driver-error), so it is not lost.
+            log.debug("agent %s: the maintenance check failed", self.id, exc_info=True)
+            return False
+
+    async def _run_auto_maintenance(self) -> bool:
+        """Run the automatic compaction as maintenance; returns whether cancel() cancelled it.
+
+        A failure is reported (``agent/compaction-failed`` on the bus, a
+        warning in the log) and the compaction is not retried before another
+        turn has run; a turn whose request still passes the threshold
+        compacts inside the turn and ends with ``compaction-failed`` if that
+        fails too.  A cancelled compaction logs nothing.
+        """
+        self._auto_cancelled = False
+        with trio.CancelScope() as scope:
+            self._auto_scope = scope
+            if self._disposing:
+                scope.cancel()
+            try:
+                await self._compact("threshold", None)
+            except Exception as exc:
+                self._auto_skipped_at = self._last_turn
+                log.warning("agent %s: automatic compaction failed: %s", self.id, exc)
+                self._bus.emit("agent/compaction-failed", self, error=exc)
+            finally:
+                self._auto_scope = None
+        if scope.cancelled_caught:
+            self._auto_skipped_at = self._last_turn
+        return self._auto_cancelled
+
+    def _cancel_auto_maintenance(self) -> None:
+        if self._auto_scope is not None:
+            self._auto_cancelled = True
+            self._auto_scope.cancel()
 
     async def compact(self, *, keep_tokens: int | None = None) -> ev.ContextCompacted | None:
         """Compact the conversation now, as a maintenance activity.

@@ -129,7 +129,8 @@ class History:
                     out.append(message)
                     chars += message_chars(message)
                 usage = event.usage
-                if usage is not None and event.finish not in ("error", "aborted"):
+                # A replayed (kept) message's usage measured the request before the compaction.
+                if usage is not None and not replaying and event.finish not in ("error", "aborted"):
                     self._anchor = (usage.input_tokens + usage.output_tokens, chars)
             elif type(event) is ev.ToolResult:
                 out.append(
@@ -181,6 +182,12 @@ class History:
         """Where each turn of the verbatim part starts (the possible boundaries of a compaction)."""
         self.messages()
         return tuple(self._marks)
+
+    @property
+    def last_mark(self) -> TurnMark | None:
+        """Where the latest turn of the verbatim part starts (O(1), unlike :attr:`marks`)."""
+        self.messages()
+        return self._marks[-1] if self._marks else None
 
     def estimate(self, fixed_chars: Callable[[], int]) -> int:
         """Estimate the tokens of the next request, in O(events appended since the last call).

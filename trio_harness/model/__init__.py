@@ -1,5 +1,6 @@
 """Model providers behind one streaming protocol."""
 
+from ._cost import usage_cost as usage_cost
 from ._openai import OpenAIProvider as OpenAIProvider
 from ._protocol import AssistantMessage as AssistantMessage
 from ._protocol import Chunk as Chunk
@@ -11,6 +12,7 @@ from ._protocol import ModelProvider as ModelProvider
 from ._protocol import ModelRequest as ModelRequest
 from ._protocol import ModelSettings as ModelSettings
 from ._protocol import OutputFormat as OutputFormat
+from ._protocol import OutputMode as OutputMode
 from ._protocol import ReasoningDelta as ReasoningDelta
 from ._protocol import Retry as Retry
 from ._protocol import TextDelta as TextDelta
@@ -21,6 +23,7 @@ from ._protocol import ToolSpec as ToolSpec
 from ._protocol import Usage as Usage
 from ._protocol import UsageTotals as UsageTotals
 from ._protocol import UserMessage as UserMessage
+from ._protocol import supports_json_schema as supports_json_schema
 from ._replay import ReplayModel as ReplayModel
 from ._scripted import ScriptedModel as ScriptedModel
 from ._spec import open_model as open_model

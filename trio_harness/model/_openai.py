@@ -117,7 +117,9 @@ class OpenAIProvider:
             is sent: ``"json_schema"`` (``response_format`` with the schema,
             OpenAI and most compatible servers), ``"json_object"`` (JSON mode
             without a schema: DeepSeek) or ``"none"`` (only the system
-            prompt asks for JSON).
+            prompt asks for JSON).  Only ``"json_schema"`` declares
+            :attr:`json_schema_output`: on the others ``agent.run(output=TYPE)``
+            uses the final-answer tool unless ``output_mode="native"``.
         context_window: the model's context window in tokens; None (the
             default) takes it from the known models' table
             (:data:`~trio_harness.model.KNOWN_CONTEXT_WINDOWS`), and stays
@@ -184,6 +186,15 @@ class OpenAIProvider:
         )
 
     # ------------------------------------------------------------ lifecycle
+
+    @property
+    def json_schema_output(self) -> bool:
+        """Whether the endpoint takes a JSON-schema response format (``output_format == "json_schema"``).
+
+        When False (DeepSeek's JSON mode takes no schema), ``agent.run(output=TYPE)``
+        asks through the final-answer tool instead.
+        """
+        return self.output_format == "json_schema"
 
     @property
     def name(self) -> str:

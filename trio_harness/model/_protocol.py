@@ -91,6 +91,26 @@ class OutputFormat:
     schema: Mapping[str, Any] = attrs.field(eq=False)
 
 
+OutputMode: TypeAlias = Literal["auto", "native", "tool"]
+"""How ``agent.run(output=TYPE)`` asks for a typed answer.
+
+``"native"``: the request carries an :class:`OutputFormat`, sent as the
+provider's JSON response format; ``"tool"``: the model is offered a
+``final_answer`` tool whose parameters are the type's schema, and the answer is
+the arguments of its call; ``"auto"``: native where the provider declares a
+JSON-schema response format (:func:`supports_json_schema`), the tool otherwise.
+"""
+
+
+def supports_json_schema(provider: object) -> bool:
+    """Whether ``provider`` declares a JSON-schema response format (its ``json_schema_output`` is True).
+
+    The attribute is optional: a provider without it is asked for typed
+    answers through the final-answer tool.
+    """
+    return getattr(provider, "json_schema_output", False) is True
+
+
 RequestPurpose: TypeAlias = Literal["turn", "compaction"]
 """Why a request is made: a step of a turn, or a summary for context compaction."""
 
@@ -190,6 +210,13 @@ class ModelProvider(Protocol):
     with exactly one :class:`Finish`; it must not raise for model or transport
     failures (report them as ``Finish(reason="error")``) and must let
     :class:`trio.Cancelled` propagate promptly, releasing its connection.
+
+    Optional attributes a provider may declare (read with ``getattr``):
+    ``context_window`` (tokens), ``settings`` (default
+    :class:`ModelSettings`) and ``json_schema_output`` (True when the
+    endpoint honours :attr:`ModelRequest.output` as a JSON-schema response
+    format; otherwise ``agent.run(output=TYPE)`` uses a final-answer tool,
+    see :data:`OutputMode`).
     """
 
     @property

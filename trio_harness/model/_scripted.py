@@ -122,6 +122,9 @@ class ScriptedModel:
         summary: the answer to every context-compaction request (a text, or
             a callable of the request); None to answer them from the script.
         settings: default model settings of the route (a spec's query).
+        json_schema_output: whether it counts as an endpoint with a JSON-schema
+            response format (True: ``agent.run(output=TYPE)`` validates its
+            text answer; False: it is offered the final-answer tool).
     """
 
     responses: Sequence[Response] = attrs.field(converter=_responses)
@@ -130,6 +133,7 @@ class ScriptedModel:
     context_window: int | None = attrs.field(default=None, kw_only=True, validator=_check_window)
     summary: str | Callable[[ModelRequest], str] | None = attrs.field(default=None, kw_only=True)
     settings: ModelSettings = attrs.field(factory=ModelSettings, kw_only=True)
+    json_schema_output: bool = attrs.field(default=True, kw_only=True)
     requests: list[ModelRequest] = attrs.field(factory=list, init=False)
     _next: int = attrs.field(default=0, init=False)
     _calls: int = attrs.field(default=0, init=False)
