@@ -16,12 +16,14 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+from decimal import Decimal
 
+import genai_prices
 import pytest
 import trio
 import trio.testing
 from _acp_clients import Msg, Peer, check_envelope, connected, conversation
-from _sse_server import DONE, Stream, sse_finish, sse_text, start_server
+from _sse_server import DONE, Stream, sse_finish, sse_text, sse_usage, start_server
 from _util import WAIT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -30,7 +32,7 @@ from trio_harness import Harness, ScriptedModel
 from trio_harness.acp import AcpServer
 from trio_harness.acp import _jsonrpc as rpc
 from trio_harness.acp._auth import EnvKeyAuth
-from trio_harness.model import OpenAIProvider
+from trio_harness.model import OpenAIProvider, UsageTotals, usage_cost
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
 
@@ -596,3 +598,50 @@ async def test_env_key_authentication_succeeds_once_the_key_is_in_the_environmen
         reply = await peer.call("session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "hi"}]})
         assert reply == {"stopReason": "end_turn"}
     assert http.requests[0].headers["authorization"] == "Bearer sk-later"
+
+
+async def _usage_updates(peer: Peer, count: int) -> list[Msg]:
+    """The first ``count`` ``usage_update``s the peer received, waiting for them."""
+    with trio.fail_after(WAIT):
+        while True:
+            updates = [m["params"]["update"] for m in peer.received if m.get("method") == "session/update"]
+            usage = [u for u in updates if u["sessionUpdate"] == "usage_update"]
+            if len(usage) >= count:
+                return usage[:count]
+            await peer.receive()
+
+
+async def test_usage_update_carries_the_sessions_cost_when_the_model_is_priced(nursery: trio.Nursery) -> None:
+    def answer(text: str) -> Stream:
+        return Stream([sse_text(text), sse_finish("stop"), sse_usage(120_000, 3_000), DONE])
+
+    assert genai_prices.__name__  # the cost extra, installed by `nox -s tests`: missing fails, not skips
+    http = await start_server(nursery, answer("one"), answer("two"))
+    # a loopback server standing in for DeepSeek: the route's name says whose prices apply
+    provider = OpenAIProvider(
+        model="deepseek-chat", base_url=http.base_url, api_key="k", max_retries=0, name="deepseek:deepseek-chat"
+    )
+    async with provider, open_test_harness(provider) as harness, connected(harness) as (peer, _server, _):
+        session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+        for text in ("one?", "two?"):
+            prompt = {"sessionId": session_id, "prompt": [{"type": "text", "text": text}]}
+            assert await peer.call("session/prompt", prompt) == {"stopReason": "end_turn"}
+        first, second = await _usage_updates(peer, 2)
+    one = UsageTotals(input_tokens=120_000, output_tokens=3_000, requests=1)
+    two = UsageTotals(input_tokens=240_000, output_tokens=6_000, requests=2)
+    for update, totals in ((first, one), (second, two)):
+        expected = usage_cost(totals, "deepseek-chat", provider="deepseek")
+        assert isinstance(expected, Decimal) and expected > 0
+        assert update["cost"] == {"amount": float(expected), "currency": "USD"}
+        assert update["used"] == 123_000
+
+
+async def test_usage_update_has_no_cost_when_the_model_is_not_priced() -> None:
+    model = ScriptedModel([{"text": "hello there"}], context_window=10_000)
+    async with open_test_harness(model) as harness, connected(harness) as (peer, _server, _):
+        session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+        prompt = {"sessionId": session_id, "prompt": [{"type": "text", "text": "hi"}]}
+        assert await peer.call("session/prompt", prompt) == {"stopReason": "end_turn"}
+        (update,) = await _usage_updates(peer, 1)
+    assert update["size"] == 10_000 and update["used"] > 0
+    assert "cost" not in update

@@ -711,7 +711,9 @@ class AcpServer:
         """What the harness knows after a turn: ``usage_update`` (when known) and ``updatedAt``."""
         agent = record.agent
         events = agent.session.events
-        update = usage_update(events, self._context_window(agent), end.usage if end is not None else None, agent.usage)
+        update = usage_update(
+            events, self._context_window(agent), end.usage if end is not None else None, agent.usage, agent.cost
+        )
         if update is not None:
             self._update(record.id, update)
         if events:

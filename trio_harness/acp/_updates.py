@@ -38,6 +38,7 @@ import datetime
 import json
 import uuid
 from collections.abc import Iterator, Sequence
+from decimal import Decimal
 from typing import Any, Final, Literal, TypeAlias
 
 from .._records import Failure, UsageTotals
@@ -415,13 +416,18 @@ def usage_meta(totals: UsageTotals) -> dict[str, int]:
 
 
 def usage_update(
-    events: Sequence[ev.Event], window: int | None, turn: UsageTotals | None, session: UsageTotals
+    events: Sequence[ev.Event],
+    window: int | None,
+    turn: UsageTotals | None,
+    session: UsageTotals,
+    cost: Decimal | None = None,
 ) -> Update | None:
     """The ``usage_update`` after a turn: ``used`` of ``size`` (the context window) tokens, or None.
 
     None when the window or the tokens in context are unknown (ACP requires
-    both).  No ``cost``: the harness knows no prices.  ``_meta`` carries the
-    turn's and the session's token usage (``"trio-harness/usage"``).
+    both).  ``cost`` is the session's cumulative cost in US dollars, sent
+    only when known (the ``cost`` extra prices known models).  ``_meta``
+    carries the turn's and the session's token usage (``"trio-harness/usage"``).
     """
     used = context_tokens(events)
     if window is None or used is None:
@@ -429,4 +435,7 @@ def usage_update(
     meta: dict[str, Any] = {"session": usage_meta(session)}
     if turn is not None:
         meta["turn"] = usage_meta(turn)
-    return {"sessionUpdate": "usage_update", "used": used, "size": window, "_meta": {USAGE_META: meta}}
+    update: Update = {"sessionUpdate": "usage_update", "used": used, "size": window, "_meta": {USAGE_META: meta}}
+    if cost is not None:
+        update["cost"] = {"amount": float(cost), "currency": "USD"}
+    return update
