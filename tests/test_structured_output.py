@@ -15,7 +15,7 @@ from _sse_server import DONE, Stream, sse_delta, sse_finish, sse_text, sse_usage
 
 from trio_harness import OutputValidationError, RunError, ScriptedModel, ToolError
 from trio_harness.agents import AgentOptions
-from trio_harness.model import OpenAIProvider, resolve_model
+from trio_harness.model import OpenAIProvider, ReplayModel, resolve_model
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
 
@@ -362,3 +362,24 @@ async def test_a_json_mode_endpoint_gets_the_final_answer_tool_over_http(nursery
     assert second["messages"][-2]["tool_calls"][0]["id"] == "c1"
     assert second["messages"][-1]["role"] == "tool" and second["messages"][-1]["tool_call_id"] == "c1"
     assert "population: Input should be a valid integer" in second["messages"][-1]["content"]
+
+
+@pytest.mark.parametrize("recorded_mode", ["tool", "native"])
+async def test_a_replayed_recording_asks_for_the_typed_answer_the_way_it_was_recorded(recorded_mode: str) -> None:
+    """A replay of a session gives ``run(output=T)`` in auto mode the recording's way (tool or response format)."""
+    step = final_answer({"name": "Lyon", "population": 520_000}) if recorded_mode == "tool" else None
+    model = ScriptedModel(
+        [step if step is not None else {"text": '{"name": "Lyon", "population": 520000}'}],
+        json_schema_output=recorded_mode == "native",
+    )
+    async with open_test_harness(model) as h, h.agents.open() as agent:
+        assert (await agent.run("Lyon?", output=City)).output == City("Lyon", 520_000)
+        recorded = list(agent.session.events)
+    replay = ReplayModel.from_events(recorded, strict=True)
+    assert replay.json_schema_output is (recorded_mode == "native")
+    async with open_test_harness(replay) as h, h.agents.open() as agent:
+        assert (await agent.run("Lyon?", output=City)).output == City("Lyon", 520_000)
+    (original,) = model.requests
+    (again,) = replay.requests
+    assert [t.name for t in again.tools] == [t.name for t in original.tools]
+    assert (again.output is None) is (original.output is None) is (recorded_mode == "tool")

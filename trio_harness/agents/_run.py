@@ -35,7 +35,7 @@ import trio
 
 from .._errors import OutputValidationError, RunError
 from .._records import Failure, UsageTotals
-from ..model._protocol import OutputFormat
+from ..model._protocol import FINAL_ANSWER, OutputFormat
 from ..session import _events as ev
 from ._function_tools import OutputAdapter
 from ._tools import Tool, ToolContext, ToolOutput
@@ -51,9 +51,6 @@ T = TypeVar("T")
 
 OUTPUT_INVALID: Final = "output-invalid"
 """The failure code of a turn whose final answer never matched its output type."""
-
-FINAL_ANSWER: Final = "final_answer"
-"""The name of the tool a typed answer is given through in ``"tool"`` output mode."""
 
 
 @attrs.frozen

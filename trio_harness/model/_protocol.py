@@ -16,7 +16,7 @@ call per chunk is the cheapest thing the hot path can do.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+from typing import Any, Final, Literal, Protocol, TypeAlias, runtime_checkable
 
 import attrs
 
@@ -100,6 +100,10 @@ provider's JSON response format; ``"tool"``: the model is offered a
 the arguments of its call; ``"auto"``: native where the provider declares a
 JSON-schema response format (:func:`supports_json_schema`), the tool otherwise.
 """
+
+
+FINAL_ANSWER: Final = "final_answer"
+"""The name of the tool a typed answer is given through in ``"tool"`` output mode."""
 
 
 def supports_json_schema(provider: object) -> bool:

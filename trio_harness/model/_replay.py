@@ -29,6 +29,7 @@ import trio
 from .._errors import ModelError
 from ..session import _events as ev
 from ._protocol import (
+    FINAL_ANSWER,
     Emit,
     Failure,
     Finish,
@@ -101,6 +102,9 @@ class ReplayModel:
     _recorded: list[_Recorded] = attrs.field(alias="recorded")
     source: str = "a recorded session"
     strict: bool = False
+    # How the recording asked for typed answers: through the final-answer tool (False) or the
+    # JSON response format (True), so ``run(output=T)`` in auto mode asks the same way again.
+    json_schema_output: bool = attrs.field(default=True, kw_only=True)
     requests: list[ModelRequest] = attrs.field(factory=list, init=False)
     _next: int = attrs.field(default=0, init=False)
     # How many summary requests the current recording (a compaction) answered: a compaction
@@ -112,7 +116,9 @@ class ReplayModel:
         cls, events: Iterable[ev.Event], *, source: str = "a recorded session", strict: bool = False
     ) -> ReplayModel:
         """Replay the assistant messages found in ``events``."""
-        return cls(recorded=_recordings(events), source=source, strict=strict)
+        events = list(events)
+        by_tool = any(isinstance(e, ev.RequestHeader) and FINAL_ANSWER in e.tools for e in events)
+        return cls(recorded=_recordings(events), source=source, strict=strict, json_schema_output=not by_tool)
 
     @classmethod
     def from_file(cls, path: str | Path, *, strict: bool = False) -> ReplayModel:
