@@ -41,6 +41,7 @@ from ..model._protocol import (
     TextDelta,
     ToolCall,
     ToolCallDelta,
+    ToolSpec,
     Usage,
     UsageTotals,
 )
@@ -165,6 +166,12 @@ class ReactAgent:
     _maintenance_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     # The session's usage when the running turn started.
     _turn_start_usage: UsageTotals = attrs.field(factory=UsageTotals, init=False)
+    # The tools of the last step, their specs and names, while both tool sets hold
+    # the same tools (and no tool_filter decides per step): built once, not per step.
+    _tools_of: tuple[tuple[Tool, ...], tuple[Tool, ...]] | None = attrs.field(default=None, init=False)
+    _tools_cached: dict[str, Tool] = attrs.field(factory=dict, init=False)
+    _tool_specs: tuple[ToolSpec, ...] = attrs.field(default=(), init=False)
+    _tool_names: tuple[str, ...] = attrs.field(default=(), init=False)
 
     def __attrs_post_init__(self) -> None:
         self._idle.set()
@@ -660,12 +667,23 @@ class ReactAgent:
         return None
 
     def _available_tools(self) -> dict[str, Tool]:
-        tools = {tool.name: tool for tool in self._shared_tools.tools()}
-        for tool in self._tools.tools():
-            tools[tool.name] = tool
+        """The tools of the next step (do not mutate: it may be the previous step's dict)."""
+        shared, own = self._shared_tools.tools(), self._tools.tools()
         keep = self._options.tool_filter
+        if keep is None:
+            seen = self._tools_of
+            # Tools compare by identity: the same tool objects, in the same order.
+            if seen is not None and seen[0] == shared and seen[1] == own:
+                return self._tools_cached
+        tools = {tool.name: tool for tool in shared}
+        for tool in own:
+            tools[tool.name] = tool
         if keep is not None:
-            tools = {name: tool for name, tool in tools.items() if keep(tool)}
+            return {name: tool for name, tool in tools.items() if keep(tool)}
+        self._tools_of = (shared, own)
+        self._tools_cached = tools
+        self._tool_specs = tuple(tool.spec for tool in tools.values())
+        self._tool_names = tuple(tools)
         return tools
 
     async def _ask(self, turn: int, step: int, tools: dict[str, Tool]) -> tuple[Finish, list[ToolCall]]:
@@ -687,7 +705,7 @@ class ReactAgent:
                 step=step,
                 provider=self._provider.name,
                 model=request.model,
-                tools=tuple(tools),
+                tools=self._tool_names if tools is self._tools_cached else tuple(tools),
                 max_tokens=request.max_tokens,
                 settings=self._header_settings(request.settings),
             )
@@ -725,7 +743,7 @@ class ReactAgent:
             model=self._model_name(),
             system=self._system_prompt(),
             messages=messages,
-            tools=tuple(tool.spec for tool in tools.values()),
+            tools=self._tool_specs if tools is self._tools_cached else tuple(tool.spec for tool in tools.values()),
             max_tokens=settings.max_tokens,
             settings=settings,
             output=self._turn_output.format if self._turn_output is not None else None,
