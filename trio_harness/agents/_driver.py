@@ -155,6 +155,11 @@ class ReactAgent:
     # Provider, harness and agent settings merged (they do not change); built on first use.
     _base_settings: ModelSettings | None = attrs.field(default=None, init=False)
     _base_empty: bool | None = attrs.field(default=None, init=False)
+    # The running turn's settings merged over the base, and whether that is empty:
+    # merged once per turn, not per step.
+    _merged_settings: tuple[ModelSettings, ModelSettings, ModelSettings, bool] | None = attrs.field(
+        default=None, init=False
+    )
     _usage: UsageCounter = attrs.field(init=False)
     _streams: StreamRegistry = attrs.field(factory=StreamRegistry, init=False)
     # run(): the output type of each queued run() prompt, and the watchers to release at disposal.
@@ -886,6 +891,9 @@ class ReactAgent:
         """What ``request/header`` records: the settings, or None when none is set."""
         if settings is self._base_settings and self._base_empty is not None:
             return None if self._base_empty else settings
+        merged = self._merged_settings
+        if merged is not None and settings is merged[2]:
+            return None if merged[3] else settings
         return None if settings.empty else settings
 
     def _model_settings(self) -> ModelSettings:
@@ -899,7 +907,15 @@ class ReactAgent:
                 base = base.merge(ModelSettings(max_tokens=self._options.max_tokens))
             base = self._base_settings = base.merge(self._options.model_settings)
             self._base_empty = base.empty
-        return base.merge(self._turn_settings)
+        turn = self._turn_settings
+        if turn is None:
+            return base
+        merged = self._merged_settings
+        if merged is not None and merged[0] is turn and merged[1] is base:
+            return merged[2]
+        settings = base.merge(turn)
+        self._merged_settings = (turn, base, settings, settings.empty)
+        return settings
 
     def build_request(self) -> ModelRequest:
         """The request the next step would send (for inspection and tests)."""
