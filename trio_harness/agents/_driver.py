@@ -20,7 +20,7 @@ import logging
 import math
 import sys
 from collections.abc import AsyncIterator, Awaitable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import attrs
@@ -92,6 +92,8 @@ def _describe(exc: BaseException) -> str:
 
 
 _NO_SETTINGS = ModelSettings()
+# The turn end's stand-in for a shield when its flushes cannot wait (reusable: it does nothing).
+_UNSHIELDED = nullcontext()
 
 
 def _aborted_text(cause: CancelCause | None) -> str:
@@ -602,7 +604,8 @@ class ReactAgent:
             cause = self._cause
             if cause is not None:
                 reason, failure = "aborted", None
-            with trio.CancelScope(shield=True):
+            # Shielded when a flush may wait (a flush that never waits cannot be cancelled).
+            with trio.CancelScope(shield=True) if session.flush_waits else _UNSHIELDED:
                 # Hand the turn's events to the store before logging how the
                 # turn ended, so a store that refuses them ends the turn in
                 # ``error`` instead of a ``completed`` nobody stored

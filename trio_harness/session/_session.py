@@ -167,6 +167,16 @@ class Session:
         return remove
 
     @property
+    def flush_waits(self) -> bool:
+        """Whether :meth:`flush` may wait (reach a Trio checkpoint, where it could be cancelled).
+
+        False without a writer, or when the writer declares that its flush
+        never waits (``flush_never_waits = True``, the in-memory store's).
+        """
+        writer = self._writer
+        return writer is not None and not getattr(writer, "flush_never_waits", False)
+
+    @property
     def store_failure(self) -> SessionStoreError | None:
         """Why the last flush failed, while events it could not store are still only in memory.
 
