@@ -90,21 +90,19 @@ class UsageCounter:
             t.reasoning_tokens,
             t.requests,
         )
-        for index in range(self._position, end):
-            event = events[index]
-            kind = type(event)
-            if kind is ev.RequestHeader:
+        before = (tokens_in, tokens_out, cached, reasoning, requests)
+        for event in events[self._position : end]:
+            # ``type(event) is`` narrows like isinstance, and is cheaper.
+            if type(event) is ev.RequestHeader:
                 requests += 1
-            elif kind is ev.AssistantMessage:
-                assert isinstance(event, ev.AssistantMessage)
+            elif type(event) is ev.AssistantMessage:
                 usage = event.usage
                 if usage is not None:
                     tokens_in += usage.input_tokens
                     tokens_out += usage.output_tokens
                     cached += usage.cache_hit_tokens
                     reasoning += usage.reasoning_tokens
-            elif kind is ev.ContextCompacted:
-                assert isinstance(event, ev.ContextCompacted)
+            elif type(event) is ev.ContextCompacted:
                 summed = event.usage
                 if summed is not None:
                     tokens_in += summed.input_tokens
@@ -112,6 +110,8 @@ class UsageCounter:
                     cached += summed.cache_hit_tokens
                     reasoning += summed.reasoning_tokens
                     requests += summed.requests
-        self._totals = UsageTotals(tokens_in, tokens_out, cached, reasoning, requests)
         self._position = end
+        if (tokens_in, tokens_out, cached, reasoning, requests) == before:
+            return t  # nothing that counts was logged since
+        self._totals = UsageTotals(tokens_in, tokens_out, cached, reasoning, requests)
         return self._totals
