@@ -67,6 +67,10 @@ def budget_failure(budget: Budget | None, used: UsageTotals, what: str) -> Failu
     return None
 
 
+# The event types that count: requests, the usage of answers and of compactions.
+_COUNTED: frozenset[type[ev.Event]] = frozenset({ev.RequestHeader, ev.AssistantMessage, ev.ContextCompacted})
+
+
 @attrs.define(eq=False)
 class UsageCounter:
     """The usage totals of a session, folded from its log incrementally."""
@@ -92,6 +96,8 @@ class UsageCounter:
         )
         before = (tokens_in, tokens_out, cached, reasoning, requests)
         for event in events[self._position : end]:
+            if type(event) not in _COUNTED:
+                continue  # one set lookup for the events that carry no usage
             # ``type(event) is`` narrows like isinstance, and is cheaper.
             if type(event) is ev.RequestHeader:
                 requests += 1
