@@ -176,7 +176,7 @@ class ReactAgent:
     # The tools of the last step, their specs and names, while both tool sets hold
     # the same tools (and no tool_filter decides per step): built once, not per step.
     _tools_of: tuple[tuple[Tool, ...], tuple[Tool, ...]] | None = attrs.field(default=None, init=False)
-    _tools_cached: dict[str, Tool] = attrs.field(factory=dict, init=False)
+    _tools_cached: dict[str, Tool] | None = attrs.field(default=None, init=False)
     _tool_specs: tuple[ToolSpec, ...] = attrs.field(default=(), init=False)
     _tool_names: tuple[str, ...] = attrs.field(default=(), init=False)
 
@@ -681,8 +681,9 @@ class ReactAgent:
         if keep is None:
             seen = self._tools_of
             # Tools compare by identity: the same tool objects, in the same order.
-            if seen is not None and seen[0] == shared and seen[1] == own:
-                return self._tools_cached
+            cached = self._tools_cached
+            if cached is not None and seen is not None and seen[0] == shared and seen[1] == own:
+                return cached
         tools = {tool.name: tool for tool in shared}
         for tool in own:
             tools[tool.name] = tool
