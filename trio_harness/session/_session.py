@@ -68,7 +68,13 @@ def validate_session_id(session_id: object) -> str:
 
 
 class SessionWriter(Protocol):
-    """Where a session's appends go: buffered by ``write``, made durable by ``flush``."""
+    """Where a session's appends go: buffered by ``write``, made durable by ``flush``.
+
+    A writer whose ``flush`` never awaits anything may say so with a class
+    attribute ``flush_never_waits = True`` (the in-memory store's does):
+    :attr:`Session.flush_waits` is then False, and the driver skips the cancel
+    shield around a turn's final flushes, which nothing could cancel anyway.
+    """
 
     def write(self, event: Event) -> None:
         """Buffer one event (must not block)."""
