@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, get_args
+from typing import Any, ClassVar, get_args
 
 import attrs
 import pytest
@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trio_harness._errors import EventDecodeError, UnsupportedFormatError
+from trio_harness._records import OMIT_IF_DEFAULT
 from trio_harness.model._protocol import Failure, ModelSettings, ToolCall, Usage, UsageTotals
 from trio_harness.session import (
     FORMAT_VERSION,
@@ -271,6 +272,86 @@ def _outcome(encode: Any, event: Event) -> tuple[str, str]:
 def test_every_event_type_encodes_byte_identical_to_the_reference(cls: type[Event], data: st.DataObject) -> None:
     event = data.draw(EVENT_STRATEGIES[cls])
     assert encode_event(event) == reference_encode(event)
+
+
+def test_every_event_class_has_a_generated_encoder() -> None:
+    # Fields left out at their default (omit_if_default) are written by the generated
+    # encoders too: no event class is left to the slower general encoder.
+    assert [cls for cls in EVENT_TYPES if _codec.encoder_of(cls) is _codec._encode_general] == []
+
+
+@pytest.mark.parametrize("cls", EVENT_TYPES, ids=lambda cls: cls.type)
+@given(data=st.data())
+def test_the_fast_encoder_writes_what_the_general_encoder_writes(cls: type[Event], data: st.DataObject) -> None:
+    event = data.draw(EVENT_STRATEGIES[cls])
+    assert _codec.encoder_of(cls)(event) == _codec._encode_general(event)
+
+
+# A record and an event shaped to exercise every form of omit_if_default field the
+# generator handles: a plain default, a factory (also one taking the instance), a
+# converted default, omittable fields before others (the general encoder writes them
+# last), and a record whose every field may be left out.
+
+
+def _mirror_default(instance: Any) -> int:
+    return int(instance.early)
+
+
+@attrs.frozen
+class _AllOptional:
+    first: int | None = attrs.field(default=None, metadata=OMIT_IF_DEFAULT)
+    second: tuple[str, ...] = attrs.field(factory=tuple, metadata=OMIT_IF_DEFAULT)
+
+
+@attrs.frozen
+class _Mixed:
+    a: int = attrs.field(default=0, metadata=OMIT_IF_DEFAULT)
+    b: str = "x"
+    c: _AllOptional = attrs.field(factory=_AllOptional, metadata=OMIT_IF_DEFAULT)
+
+
+@attrs.frozen
+class _Probe(Event):
+    type: ClassVar[str] = "test/probe"
+    early: int = attrs.field(default=1, metadata=OMIT_IF_DEFAULT)
+    mixed: _Mixed | None = attrs.field(default=None, metadata=OMIT_IF_DEFAULT)
+    scaled: float = attrs.field(default=1, converter=float, metadata=OMIT_IF_DEFAULT)
+    mirror: int = attrs.field(default=attrs.Factory(_mirror_default, takes_self=True), metadata=OMIT_IF_DEFAULT)
+    flag: bool = False
+    extra: dict[str, Any] | None = attrs.field(default=None, metadata=OMIT_IF_DEFAULT)
+
+
+_codec._register_omitting(_Probe, set())
+_probe_encoders = _codec._EncoderGen().compile((_Probe,))  # empty when the generator declines _Probe
+
+small = st.integers(min_value=-2, max_value=2)
+all_optionals = st.builds(_AllOptional, first=st.none() | small, second=st.lists(texts, max_size=2).map(tuple))
+mixeds = st.builds(_Mixed, a=small, b=texts, c=all_optionals)
+probes = st.builds(
+    _Probe,
+    seq=ints,
+    ts=floats,
+    early=small,
+    mixed=st.none() | mixeds,
+    scaled=small,
+    mirror=small,
+    flag=st.booleans(),
+    extra=st.none() | st.dictionaries(texts, json_values, max_size=2),
+)
+
+
+@given(event=probes)
+def test_the_generator_writes_omit_if_default_fields_as_the_general_encoder(event: _Probe) -> None:
+    assert _probe_encoders[_Probe](event) == reference_encode(event)
+
+
+def test_the_generator_leaves_out_every_default_and_orders_omittable_fields_last() -> None:
+    encode = _probe_encoders[_Probe]
+    assert encode(_Probe(seq=0, ts=1.0)) == '{"type":"test/probe","seq":0,"ts":1.0,"flag":false}'
+    event = _Probe(seq=0, ts=1.0, early=2, mixed=_Mixed(a=1, c=_AllOptional(second=("s",))), scaled=2, mirror=2)
+    line = '{"type":"test/probe","seq":0,"ts":1.0,"flag":false,"early":2,'
+    line += '"mixed":{"b":"x","a":1,"c":{"second":["s"]}},"scaled":2.0}'  # mirror equals early: its default
+    assert encode(event) == line == reference_encode(event)
 
 
 class _Text(str):

@@ -471,6 +471,63 @@ async def test_tool_exception_and_tool_output_error() -> None:
             assert (results[1].content, results[1].is_error) == ("bad input", True)
 
 
+async def test_each_step_offers_the_tools_registered_at_that_step() -> None:
+    # A tool added or removed between steps (here by a tool call) is what the next request offers.
+    removers: list[Any] = []
+
+    async def noop(ctx: ToolContext, args: dict[str, Any]) -> str:
+        return "ok"
+
+    later = Tool("later", "added by a call", {"type": "object"}, noop)
+
+    async def grow(ctx: ToolContext, args: dict[str, Any]) -> str:
+        removers.append(h.tools.add(later))
+        return "added"
+
+    async def shrink(ctx: ToolContext, args: dict[str, Any]) -> str:
+        removers.pop()()
+        return "removed"
+
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "grow"}]},
+            {"tool_calls": [{"name": "later"}, {"name": "shrink"}]},
+            {"tool_calls": [{"name": "later"}]},
+            {"text": "done"},
+        ]
+    )
+    async with open_test_harness(model) as h:
+        h.tools.add(Tool("grow", "g", {"type": "object"}, grow))
+        h.tools.add(Tool("shrink", "s", {"type": "object"}, shrink))
+        async with h.agents.open() as agent:
+            agent.followup("go")
+            await agent.when_idle()
+            offered = [[spec.name for spec in request.tools] for request in model.requests]
+            assert offered == [["grow", "shrink"], ["grow", "shrink", "later"], ["grow", "shrink"], ["grow", "shrink"]]
+            headers = [e.tools for e in agent.session.events if isinstance(e, ev.RequestHeader)]
+            assert headers == [tuple(names) for names in offered]
+            results = [(e.name, e.content) for e in agent.session.events if isinstance(e, ev.ToolResult)]
+            assert results[-1][0] == "later" and "unknown tool 'later'" in results[-1][1]
+
+
+async def test_a_tool_filter_decides_at_every_step() -> None:
+    allowed = {"a"}
+
+    async def switch(ctx: ToolContext, args: dict[str, Any]) -> str:
+        allowed.symmetric_difference_update({"a", "b"})
+        return "switched"
+
+    model = ScriptedModel([{"tool_calls": [{"name": "a"}]}, {"tool_calls": [{"name": "b"}]}, {"text": "done"}])
+    async with open_test_harness(model) as h:
+        h.tools.add(Tool("a", "a", {"type": "object"}, switch))
+        h.tools.add(Tool("b", "b", {"type": "object"}, switch))
+        options = AgentOptions(tool_filter=lambda tool: tool.name in allowed)
+        async with h.agents.open(options=options) as agent:
+            agent.followup("go")
+            await agent.when_idle()
+            assert [[spec.name for spec in r.tools] for r in model.requests] == [["a"], ["b"], ["a"]]
+
+
 async def test_tool_filter_that_raises_fails_the_turn_not_the_harness() -> None:
     broken = [True]
 

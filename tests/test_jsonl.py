@@ -141,6 +141,64 @@ async def test_no_file_or_directory_before_the_first_flush(persistence: JsonlPer
     assert sorted(p.name for p in persistence.root.iterdir()) == ["s2"]
 
 
+async def test_a_flush_in_a_cancelled_scope_raises_cancelled_and_writes_nothing(tmp_path: Path) -> None:
+    persistence = JsonlPersistence(tmp_path, fsync=False)
+    store = SessionStore(persistence, clock=fixed_clock)
+    session = await store.prepare_new("s1")
+    entry = store.enter(session)
+    session.append(TurnStart, turn=1)
+    await session.flush()
+    path = persistence.path_of("s1")
+    session.append(TurnStart, turn=2)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await session.flush()
+    assert scope.cancelled_caught
+    assert len(path.read_bytes().splitlines()) == 2  # the header and turn 1
+    await session.flush()  # the buffered event is still there
+    assert [decode_event(line) for line in path.read_bytes().splitlines()[1:]] == list(session.events)
+    await store.detach(entry)
+
+
+async def test_overlapping_flushes_write_their_batches_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first flush waits for its fsync in a worker thread; a second flush meanwhile waits for it.
+    persistence = JsonlPersistence(tmp_path)
+    store = SessionStore(persistence, clock=fixed_clock)
+    session = await store.prepare_new("s1")
+    entry = store.enter(session)
+    session.append(TurnStart, turn=1)
+    await session.flush()  # creates the log
+    path = persistence.path_of("s1")
+    release = threading.Event()
+    real_fsync = os.fsync
+
+    def gated_fsync(fd: int) -> None:
+        release.wait(WAIT)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", gated_fsync)
+    done: list[int] = []
+
+    async def flush(number: int) -> None:
+        await session.flush()
+        done.append(number)
+
+    async with trio.open_nursery() as nursery:
+        session.append(TurnStart, turn=2)
+        nursery.start_soon(flush, 1)
+        await trio.testing.wait_all_tasks_blocked()  # flush 1 holds the writer, in fsync
+        session.append(TurnStart, turn=3)
+        nursery.start_soon(flush, 2)
+        await trio.testing.wait_all_tasks_blocked()  # flush 2 waits for the writer
+        assert done == [] and len(path.read_bytes().splitlines()) == 3  # batch 2 is not written yet
+        release.set()
+    assert done == [1, 2]
+    assert [decode_event(line) for line in path.read_bytes().splitlines()[1:]] == list(session.events)
+    await store.detach(entry)
+
+
 async def test_the_log_is_a_header_line_then_one_event_per_line(persistence: JsonlPersistence) -> None:
     events = build(turn_steps(1, calls=2) + turn_steps(2))
     path = await write_log(persistence, events)

@@ -112,6 +112,27 @@ async def test_turn_beats_agent_beats_harness_beats_spec_and_the_header_records_
     assert [r.settings for r in model.requests] == [first.settings, second.settings]
 
 
+async def test_every_step_of_a_turn_uses_that_turns_settings_and_the_next_turn_its_own() -> None:
+    async def noop(ctx: ToolContext, args: dict[str, Any]) -> str:
+        return "ok"
+
+    call = {"tool_calls": [{"name": "noop"}]}
+    model = ScriptedModel([call, call, {"text": "a"}, call, {"text": "b"}, {"text": "c"}])
+    async with open_test_harness(model, model_settings=ModelSettings(seed=1)) as h:
+        h.tools.add(Tool("noop", "n", {"type": "object"}, noop))
+        async with h.agents.open() as agent:
+            agent.followup("one", settings=ModelSettings(temperature=0.5))
+            await agent.when_idle()
+            agent.followup("two", settings=ModelSettings(temperature=0.9))
+            await agent.when_idle()
+            agent.followup("three", settings=ModelSettings())  # sets nothing: the base settings
+            await agent.when_idle()
+            recorded = [header.settings for header in headers(agent.session.events)]
+    one, two = ModelSettings(seed=1, temperature=0.5), ModelSettings(seed=1, temperature=0.9)
+    assert [r.settings for r in model.requests] == [one, one, one, two, two, ModelSettings(seed=1)]
+    assert recorded == [one, one, one, two, two, ModelSettings(seed=1)]
+
+
 async def test_agent_options_max_tokens_is_a_setting_and_model_settings_win() -> None:
     model = ScriptedModel([{"text": "a"}, {"text": "b"}])
     async with open_test_harness(model) as h:

@@ -19,10 +19,18 @@ import trio
 import trio.testing
 from _sse_server import DONE, ScriptedServer, Stream, sse_finish, sse_text, start_server
 
-from trio_harness import AgentOptions, open_harness, open_model
+from trio_harness import AgentOptions, ScriptedModel, open_harness, open_model
 from trio_harness._errors import ModelError
 from trio_harness.model._openai import OpenAIProvider
-from trio_harness.model._protocol import Emit, Finish, ModelProvider, ModelRequest, TextDelta, UserMessage
+from trio_harness.model._protocol import (
+    Emit,
+    Finish,
+    ModelProvider,
+    ModelRequest,
+    TextDelta,
+    ToolCallDelta,
+    UserMessage,
+)
 from trio_harness.model._spec import DEEPSEEK_BASE_URL, OPENAI_BASE_URL, missing_api_key, resolve_model
 
 
@@ -337,3 +345,19 @@ async def test_an_agent_whose_creation_fails_closes_the_model_it_built(nursery: 
         assert len(built) == 1
         with trio.fail_after(10):
             await server.client_closed_idle.wait()
+
+
+async def test_a_scripted_model_checks_assigned_fields_and_answers_in_order() -> None:
+    model = ScriptedModel([{"text": "a"}, {"tool_calls": [{"name": "t", "arguments": {"x": 1}}]}])
+    with pytest.raises(ModelError, match="context_window"):
+        model.context_window = 0  # public fields are still validated on assignment
+    model.push({"text": "c"})
+    assert isinstance(model.responses, tuple) and model.remaining == 3
+    request = ModelRequest(model="m", system="", messages=(UserMessage("hi"),))
+    chunks: list[object] = []
+    for _ in range(3):
+        await model.stream(request, chunks.append)
+    assert model.remaining == 0 and len(model.requests) == 3
+    assert [c.text for c in chunks if isinstance(c, TextDelta)] == ["a", "c"]
+    calls = [c for c in chunks if isinstance(c, ToolCallDelta)]
+    assert [(c.id, c.arguments) for c in calls] == [("call_1", '{"x": 1}')]

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import attrs
 import pytest
+import trio
 
 from trio_harness._errors import InvalidSessionIdError
-from trio_harness.session import Session, SessionHeader, validate_session_id
+from trio_harness.session import (
+    JsonlPersistence,
+    MemoryPersistence,
+    Session,
+    SessionHeader,
+    SessionStore,
+    validate_session_id,
+)
 from trio_harness.session._events import AssistantChunk, Event, StepStart, TurnStart
 
 
@@ -204,3 +213,22 @@ def test_invalid_session_id_errors_are_value_errors() -> None:
 @pytest.mark.parametrize("session_id", ["abc", "a.b", "...", ".hidden", "séance", "a b", "%2F", "😀", "x" * 200])
 def test_valid_session_ids_are_returned_unchanged(session_id: str) -> None:
     assert validate_session_id(session_id) is session_id
+
+
+async def test_flush_waits_unless_the_writer_says_its_flush_never_waits(tmp_path: Path) -> None:
+    # The driver shields a turn's final flushes only when they may wait (docs/guarantees.rst, "No silent loss").
+    assert not Session(header=SessionHeader(id="s", created_at=1.0), events=[]).flush_waits  # no writer
+    persistence = MemoryPersistence()
+    memory = SessionStore(persistence)
+    in_memory = await memory.prepare_new("m")
+    assert not in_memory.flush_waits
+    in_memory.append(TurnStart, turn=1)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await in_memory.flush()  # never waits, so nothing cancels it
+    assert not scope.cancelled_caught
+    assert list((await persistence.load("m")).events) == list(in_memory.events)
+    jsonl = SessionStore(JsonlPersistence(tmp_path))
+    on_disk = await jsonl.prepare_new("j")
+    assert on_disk.flush_waits
+    await jsonl.discard(on_disk)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from trio_harness import Tool, ToolContext
 from trio_harness.agents._schema_check import SchemaValidator, compile_check
+from trio_harness.agents._tools import parse_arguments
 
 # ------------------------------------------------------------------ strategies
 
@@ -166,3 +167,44 @@ def test_tool_validate_accepts_and_refuses_as_jsonschema_does(schema: Any, value
         with pytest.raises(ValueError, match="do not match its schema") as raised:
             tool.validate(arguments)
         assert first.message in str(raised.value)
+
+
+def _reference_parse(arguments: str) -> object:
+    """parse_arguments as it was: json.loads, then the object check (the outcome: a value or an error)."""
+    if not arguments.strip():
+        return {}
+    try:
+        value = json.loads(arguments)
+    except ValueError as exc:
+        return ("error", f"arguments are not valid JSON ({exc}); send a JSON object")
+    if not isinstance(value, dict):
+        return ("error", f"arguments must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _parse_outcome(arguments: str) -> object:
+    try:
+        return parse_arguments(arguments)
+    except ValueError as exc:
+        return ("error", str(exc))
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+_spaces = st.text(st.sampled_from(" \t\n\r\u00a0\u2028\ufeff"), max_size=3)
+
+
+@settings(max_examples=300)
+@given(value=_json_values, before=_spaces, after=_spaces, tail=st.sampled_from(["", "x", "}", ",", "{}"]))
+def test_arguments_parse_as_json_loads_would(value: object, before: str, after: str, tail: str) -> None:
+    text = before + json.dumps(value) + after + tail
+    assert repr(_parse_outcome(text)) == repr(_reference_parse(text))
+
+
+@settings(max_examples=300)
+@given(text=st.text(max_size=20))
+def test_any_argument_text_parses_or_fails_as_json_loads_would(text: str) -> None:
+    assert repr(_parse_outcome(text)) == repr(_reference_parse(text))

@@ -22,7 +22,7 @@ import logging
 import math
 import sys
 from collections.abc import AsyncIterator, Awaitable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
@@ -47,6 +47,7 @@ from ..model._protocol import (
     TextDelta,
     ToolCall,
     ToolCallDelta,
+    ToolSpec,
     Usage,
     UsageTotals,
     supports_json_schema,
@@ -98,6 +99,8 @@ def _describe(exc: BaseException) -> str:
 
 
 _NO_SETTINGS = ModelSettings()
+# The turn end's stand-in for a shield when its flushes cannot wait (reusable: it does nothing).
+_UNSHIELDED = nullcontext()
 
 
 def _aborted_text(cause: CancelCause | None) -> str:
@@ -161,6 +164,11 @@ class ReactAgent:
     # Provider, harness and agent settings merged (they do not change); built on first use.
     _base_settings: ModelSettings | None = attrs.field(default=None, init=False)
     _base_empty: bool | None = attrs.field(default=None, init=False)
+    # The running turn's settings merged over the base, and whether that is empty:
+    # merged once per turn, not per step.
+    _merged_settings: tuple[ModelSettings, ModelSettings, ModelSettings, bool] | None = attrs.field(
+        default=None, init=False
+    )
     _usage: UsageCounter = attrs.field(init=False)
     _streams: StreamRegistry = attrs.field(factory=StreamRegistry, init=False)
     # run(): the output type of each queued run() prompt, and the watchers to release at disposal.
@@ -179,6 +187,12 @@ class ReactAgent:
     _auto_skipped_at: int | None = attrs.field(default=None, init=False)
     # The session's usage when the running turn started.
     _turn_start_usage: UsageTotals = attrs.field(factory=UsageTotals, init=False)
+    # The tools of the last step, their specs and names, while both tool sets hold
+    # the same tools (and no tool_filter decides per step): built once, not per step.
+    _tools_of: tuple[tuple[Tool, ...], tuple[Tool, ...]] | None = attrs.field(default=None, init=False)
+    _tools_cached: dict[str, Tool] | None = attrs.field(default=None, init=False)
+    _tool_specs: tuple[ToolSpec, ...] = attrs.field(default=(), init=False)
+    _tool_names: tuple[str, ...] = attrs.field(default=(), init=False)
 
     def __attrs_post_init__(self) -> None:
         self._idle.set()
@@ -681,7 +695,8 @@ class ReactAgent:
             cause = self._cause
             if cause is not None:
                 reason, failure = "aborted", None
-            with trio.CancelScope(shield=True):
+            # Shielded when a flush may wait (a flush that never waits cannot be cancelled).
+            with trio.CancelScope(shield=True) if session.flush_waits else _UNSHIELDED:
                 # Hand the turn's events to the store before logging how the
                 # turn ended, so a store that refuses them ends the turn in
                 # ``error`` instead of a ``completed`` nobody stored
@@ -766,15 +781,30 @@ class ReactAgent:
         return None
 
     def _available_tools(self) -> dict[str, Tool]:
-        tools = {tool.name: tool for tool in self._shared_tools.tools()}
-        for tool in self._tools.tools():
-            tools[tool.name] = tool
+        """The tools of the next step (do not mutate: it may be the previous step's dict)."""
+        shared, own = self._shared_tools.tools(), self._tools.tools()
         keep = self._options.tool_filter
+        pending = self._turn_output
+        answer_tool = pending.tool if pending is not None else None  # a run() turn in "tool" output mode
+        if keep is None and answer_tool is None:
+            seen = self._tools_of
+            # Tools compare by identity: the same tool objects, in the same order.
+            cached = self._tools_cached
+            if cached is not None and seen is not None and seen[0] == shared and seen[1] == own:
+                return cached
+        tools = {tool.name: tool for tool in shared}
+        for tool in own:
+            tools[tool.name] = tool
         if keep is not None:
             tools = {name: tool for name, tool in tools.items() if keep(tool)}
-        pending = self._turn_output
-        if pending is not None and pending.tool is not None:
-            tools[pending.tool.name] = pending.tool  # a run() turn in "tool" output mode
+        if answer_tool is not None:
+            tools[answer_tool.name] = answer_tool
+        if keep is not None or answer_tool is not None:
+            return tools  # decided per step: not cached
+        self._tools_of = (shared, own)
+        self._tools_cached = tools
+        self._tool_specs = tuple(tool.spec for tool in tools.values())
+        self._tool_names = tuple(tools)
         return tools
 
     async def _ask(self, turn: int, step: int, tools: dict[str, Tool]) -> tuple[Finish, list[ToolCall]]:
@@ -796,7 +826,7 @@ class ReactAgent:
                 step=step,
                 provider=self._provider.name,
                 model=request.model,
-                tools=tuple(tools),
+                tools=self._tool_names if tools is self._tools_cached else tuple(tools),
                 max_tokens=request.max_tokens,
                 settings=self._header_settings(request.settings),
             )
@@ -834,7 +864,7 @@ class ReactAgent:
             model=self._model_name(),
             system=self._system_prompt(),
             messages=messages,
-            tools=tuple(tool.spec for tool in tools.values()),
+            tools=self._tool_specs if tools is self._tools_cached else tuple(tool.spec for tool in tools.values()),
             max_tokens=settings.max_tokens,
             settings=settings,
             output=self._turn_output.request_format if self._turn_output is not None else None,
@@ -1050,6 +1080,9 @@ class ReactAgent:
         """What ``request/header`` records: the settings, or None when none is set."""
         if settings is self._base_settings and self._base_empty is not None:
             return None if self._base_empty else settings
+        merged = self._merged_settings
+        if merged is not None and settings is merged[2]:
+            return None if merged[3] else settings
         return None if settings.empty else settings
 
     def _model_settings(self) -> ModelSettings:
@@ -1063,7 +1096,15 @@ class ReactAgent:
                 base = base.merge(ModelSettings(max_tokens=self._options.max_tokens))
             base = self._base_settings = base.merge(self._options.model_settings)
             self._base_empty = base.empty
-        return base.merge(self._turn_settings)
+        turn = self._turn_settings
+        if turn is None:
+            return base
+        merged = self._merged_settings
+        if merged is not None and merged[0] is turn and merged[1] is base:
+            return merged[2]
+        settings = base.merge(turn)
+        self._merged_settings = (turn, base, settings, settings.empty)
+        return settings
 
     def build_request(self) -> ModelRequest:
         """The request the next step would send (for inspection and tests)."""

@@ -14,6 +14,11 @@ from ..session._session import Session
 
 __all__ = ["History", "MessagesView", "TurnMark"]
 
+# The event types _consume reads (every other type is skipped).
+_CONVERSATION: frozenset[type[ev.Event]] = frozenset(
+    {ev.UserMessage, ev.AssistantMessage, ev.ToolResult, ev.TurnStart, ev.ContextCompacted}
+)
+
 
 class MessagesView(Sequence[Message]):
     """A read-only, fixed-length view of the first ``length`` messages of a list
@@ -119,6 +124,8 @@ class History:
         chars = self._chars
         for index in range(start, end):
             event = events[index]
+            if type(event) not in _CONVERSATION:
+                continue  # most events (steps, chunks, headers, calls) add nothing: one set lookup
             # ``type(event) is`` narrows like isinstance, and is cheaper.
             if type(event) is ev.UserMessage:
                 out.append(UserMessage(text=event.text))

@@ -198,6 +198,10 @@ class Tool:
         return args
 
 
+# The C scanner behind json.loads (the same decoder settings).
+_scan_once: Any = getattr(json.JSONDecoder(), "scan_once")  # noqa: B009
+
+
 def parse_arguments(arguments: str) -> dict[str, Any]:
     """Parse tool-call arguments (empty text means ``{}``).
 
@@ -206,10 +210,18 @@ def parse_arguments(arguments: str) -> dict[str, Any]:
     """
     if not arguments.strip():
         return {}
+    # json.loads without its per-call wrapper: the C scanner on the text without
+    # JSON whitespace around it; anything else (an error to explain) goes through json.loads.
+    text = arguments.strip(" \t\n\r")
     try:
-        value = json.loads(arguments)
-    except ValueError as exc:
-        raise ValueError(f"arguments are not valid JSON ({exc}); send a JSON object") from None
+        value, end = _scan_once(text, 0)
+    except (StopIteration, ValueError):
+        end = -1
+    if end != len(text):
+        try:
+            value = json.loads(arguments)
+        except ValueError as exc:
+            raise ValueError(f"arguments are not valid JSON ({exc}); send a JSON object") from None
     if not isinstance(value, dict):
         raise ValueError(f"arguments must be a JSON object, got {type(value).__name__}")
     return value

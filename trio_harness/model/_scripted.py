@@ -135,11 +135,17 @@ class ScriptedModel:
     settings: ModelSettings = attrs.field(factory=ModelSettings, kw_only=True)
     json_schema_output: bool = attrs.field(default=True, kw_only=True)
     requests: list[ModelRequest] = attrs.field(factory=list, init=False)
-    _next: int = attrs.field(default=0, init=False)
-    _calls: int = attrs.field(default=0, init=False)
+    # Internal counters, set at every request: no converter or validator to run on
+    # assignment (NO_OP skips attrs' per-assignment hook; the public fields keep theirs).
+    _next: int = attrs.field(default=0, init=False, on_setattr=attrs.setters.NO_OP)
+    _calls: int = attrs.field(default=0, init=False, on_setattr=attrs.setters.NO_OP)
     # The last conversation measured: (first message, last message, count, characters).
-    _measured: tuple[Message | None, Message | None, int, int] = attrs.field(default=(None, None, 0, 0), init=False)
-    _tools_measured: tuple[tuple[ToolSpec, ...], int] = attrs.field(default=((), 0), init=False)
+    _measured: tuple[Message | None, Message | None, int, int] = attrs.field(
+        default=(None, None, 0, 0), init=False, on_setattr=attrs.setters.NO_OP
+    )
+    _tools_measured: tuple[tuple[ToolSpec, ...], int] = attrs.field(
+        default=((), 0), init=False, on_setattr=attrs.setters.NO_OP
+    )
 
     def __attrs_post_init__(self) -> None:
         for index, response in enumerate(self.responses):

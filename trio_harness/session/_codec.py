@@ -263,6 +263,7 @@ def _encode_general(event: Event) -> str:
 # record) or a non-finite float makes the fast encoder decline, and the
 # general encoder writes the line (or raises) as it always did.
 
+_FACTORY: type[Any] = type(attrs.Factory(list))  # attrs.Factory, as a class mypy accepts
 _encode_string: Any = json.encoder.encode_basestring  # the C encoder json.dumps(ensure_ascii=False) uses
 
 
@@ -277,6 +278,7 @@ class _EncoderGen:
             "_bools": ("false", "true"),
             "_general": _encode_general,
             "_utf8_or_general": _utf8_or_general,
+            "_json_object": _json_object,
         }
         self.lines: list[str] = []
         self.counter = 0
@@ -333,6 +335,10 @@ class _EncoderGen:
             return v
         if attrs.has(kind):
             return f"{self.function(kind)}({v})"
+        if origin is dict and args == (str, Any):
+            # A free-form JSON object (ModelSettings.extra_body): written by json, as the general encoder does.
+            bad.append(f"type({v}) is not dict")
+            return f"_json_object({v})"
         raise TypeError(f"no fast encoder for {kind!r}")
 
     def function(self, kind: Any) -> str:
@@ -356,25 +362,61 @@ class _EncoderGen:
             self.unsupported.add(kind)
             raise
 
+    def _default(self, field: attrs.Attribute[Any]) -> str:
+        """The expression of the default a field marked ``omit_if_default`` is compared with (as cattrs does)."""
+        default: Any = field.default
+        converter: Any = field.converter
+        if isinstance(converter, attrs.Converter):
+            raise TypeError(f"no fast encoder for field {field.name!r}: its converter takes the instance")
+        if isinstance(default, _FACTORY):
+            factory = self.name("factory")
+            self.namespace[factory] = default.factory
+            expr = f"{factory}(d)" if default.takes_self else f"{factory}()"
+            if converter is not None:
+                convert = self.name("convert")
+                self.namespace[convert] = converter
+                expr = f"{convert}({expr})"
+            return expr
+        name = self.name("default")
+        self.namespace[name] = default if converter is None else converter(default)
+        return name
+
     def _generate(self, kind: Any, fn: str) -> str:
         attrs.resolve_types(kind)
         fields = attrs.fields(kind)
         if not all(f.init for f in fields):
             raise TypeError(f"no fast encoder for {kind!r}: it has fields outside __init__")
-        if any(f.metadata.get("omit_if_default") for f in fields):
-            # Left out of the line at their default (docs/sessions.rst): the general encoder does that.
-            raise TypeError(f"no fast encoder for {kind!r}: it has fields omitted at their default")
         cls = self.name("cls")
         self.namespace[cls] = kind
+        # The general encoder writes the fields in order, except that those
+        # left out at their default (docs/sessions.rst) follow all the others.
+        omittable = [bool(f.metadata.get("omit_if_default")) and f.default is not attrs.NOTHING for f in fields]
+        ordered = [f for f, o in zip(fields, omittable) if not o] + [f for f, o in zip(fields, omittable) if o]
         # The exact type: a subclass may carry more, or differently encoded, fields.
         bad: list[str] = []
         loads: list[str] = []
         out: list[str] = []
         parts: list[str] = []
         tag = getattr(kind, "type", None)
-        prefix = f'{{"type":{_encode_string(tag)},' if isinstance(tag, str) else "{"
-        for index, f in enumerate(fields):
+        for index, f in enumerate(ordered):
             v = f"v{index}"
+            key = _encode_string(f.name)
+            if f.metadata.get("omit_if_default") and f.default is not attrs.NOTHING:
+                # Checked and written only when it is not its default, as the general encoder does.
+                loads.append(f"{v} = d.{f.name}")
+                inner_bad: list[str] = []
+                inner: list[str] = []
+                expr = self.value(f.type, v, inner_bad, inner, "    ")
+                part = f"p{index}"
+                out.append(f"if {v} != {self._default(f)}:")
+                if inner_bad:
+                    out.append(f"    if {' or '.join(inner_bad)}: raise _Fallback")
+                out.extend(inner)
+                out.append(f"    {part} = f',{key}:{{{expr}}}'")
+                out.append("else:")
+                out.append(f'    {part} = ""')
+                parts.append(f"{{{part}}}")
+                continue
             seen = len(bad), len(out)
             expr = self.value(f.type, v, bad, out, "")
             used = re.compile(rf"\b{v}\b")
@@ -382,13 +424,17 @@ class _EncoderGen:
                 loads.append(f"{v} = d.{f.name}")
             else:  # used once, in the line itself
                 expr = used.sub(f"d.{f.name}", expr)
-            key = _encode_string(f.name)
-            constant = (prefix if index == 0 else ",") + f"{key}:"
-            parts.append(constant.replace("{", "{{").replace("}", "}}") + f"{{{expr}}}")
-        if not fields:
-            parts.append(prefix.rstrip(","))
-        parts.append("}}")
-        template = "".join(parts)
+            parts.append(f",{key}:".replace("{", "{{").replace("}", "}}") + f"{{{expr}}}")
+        tagged = f'"type":{_encode_string(tag)}' if isinstance(tag, str) else ""
+        head = "{{" + tagged.replace("{", "{{").replace("}", "}}")
+        if isinstance(tag, str) or not ordered or omittable.count(False):
+            # Every part starts with a comma; the first after "{" loses it.
+            if not isinstance(tag, str) and ordered:
+                parts[0] = parts[0][1:]
+            template, wrap = head + "".join(parts) + "}}", None
+        else:
+            # Every field may be left out: the comma of the first one present goes.
+            template, wrap = "".join(parts), '"{" + line[1:] + "}"'
         if "'" in template or "\\" in template:
             raise TypeError(f"no fast encoder for {kind!r}: a key or tag needs quoting")
         body = [*loads, f"if {' or '.join(bad)}: raise _Fallback"] if bad else loads
@@ -400,14 +446,18 @@ class _EncoderGen:
             self.lines.append("    try:")
             self.lines.extend(f"        {line}" for line in body)
             self.lines.append(f"        line = f'{template}'")
-            self.lines.append("    except (_Fallback, TypeError):  # json's str encoder refuses what is not a str")
+            self.lines.append("    except (_Fallback, TypeError, ValueError):  # json refuses what it cannot write")
             self.lines.append("        return _general(d)")
             self.lines.append("    return line if line.isascii() else _utf8_or_general(line, d)")
         else:
             # A record inside an event: the exact type (a subclass may carry more fields).
             self.lines.append(f"    if type(d) is not {cls}: raise _Fallback")
             self.lines.extend(f"    {line}" for line in body)
-            self.lines.append(f"    return f'{template}'")
+            if wrap is None:
+                self.lines.append(f"    return f'{template}'")
+            else:
+                self.lines.append(f"    line = f'{template}'")
+                self.lines.append(f"    return {wrap}")
         self.lines.append("")
         return fn
 
@@ -421,6 +471,27 @@ class _EncoderGen:
             fast.append(kind)
         exec(compile("\n".join(self.lines), "<trio_harness event encoders>", "exec"), self.namespace)
         return {kind: self.namespace[self.cache[kind]] for kind in fast}
+
+
+def _is_plain_json(value: object) -> bool:
+    """Whether ``value`` holds only what json writes as the general encoder does (exact JSON types)."""
+    if value is None or type(value) is str or type(value) is int or type(value) is bool:
+        return True
+    if type(value) is float:
+        return math.isfinite(value)
+    if type(value) is list:
+        return all(map(_is_plain_json, value))
+    if type(value) is dict:
+        return all(type(k) is str and _is_plain_json(v) for k, v in value.items())
+    return False
+
+
+def _json_object(value: dict[str, Any]) -> str:
+    """The JSON text of a free-form JSON object; declines anything but plain JSON values."""
+    if not _is_plain_json(value):
+        raise _Fallback
+    text: str = _dumps_utf8(value)
+    return text
 
 
 def _utf8_or_general(line: str, event: Event) -> str:

@@ -108,7 +108,10 @@ def unescape_session_id(name: str) -> str:
 
 
 def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
+    written = os.write(fd, data)
+    if written == len(data):  # the common case: one write took it all
+        return
+    view = memoryview(data)[written:]
     while view:
         written = os.write(fd, view)
         view = view[written:]
@@ -227,7 +230,15 @@ class _JsonlWriter:
 
     async def flush(self, *, sync: bool = True) -> None:
         inline = self.store.fsync and self.store.inline_fsync
-        async with self._lock:
+        lock = self._lock
+        try:
+            # Uncontended (the common case): no schedule point of its own; a
+            # flush in a cancelled scope still raises Cancelled before writing.
+            await trio.lowlevel.checkpoint_if_cancelled()
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
             if not self._buffer and not (sync and self._unsynced):
                 return
             if self._closed or self._broken is not None:
@@ -251,6 +262,8 @@ class _JsonlWriter:
                     path=str(self.path),
                     session_id=self.header.id,
                 ) from exc
+        finally:
+            lock.release()
         if inline:
             await trio.lowlevel.checkpoint()
 

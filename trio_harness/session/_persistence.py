@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import attrs
 
@@ -157,6 +157,8 @@ class _MemoryWriter:
     _record: list[Event] | None
     _buffer: list[Event] = attrs.field(factory=list, init=False)
     _closed: bool = attrs.field(default=False, init=False)
+    # flush() never awaits anything (Session.flush_waits).
+    flush_never_waits: ClassVar[bool] = True
 
     def write(self, event: Event) -> None:
         self._buffer.append(event)

@@ -68,7 +68,13 @@ def validate_session_id(session_id: object) -> str:
 
 
 class SessionWriter(Protocol):
-    """Where a session's appends go: buffered by ``write``, made durable by ``flush``."""
+    """Where a session's appends go: buffered by ``write``, made durable by ``flush``.
+
+    A writer whose ``flush`` never awaits anything may say so with a class
+    attribute ``flush_never_waits = True`` (the in-memory store's does):
+    :attr:`Session.flush_waits` is then False, and the driver skips the cancel
+    shield around a turn's final flushes, which nothing could cancel anyway.
+    """
 
     def write(self, event: Event) -> None:
         """Buffer one event (must not block)."""
@@ -165,6 +171,16 @@ class Session:
                 pass
 
         return remove
+
+    @property
+    def flush_waits(self) -> bool:
+        """Whether :meth:`flush` may wait (reach a Trio checkpoint, where it could be cancelled).
+
+        False without a writer, or when the writer declares that its flush
+        never waits (``flush_never_waits = True``, the in-memory store's).
+        """
+        writer = self._writer
+        return writer is not None and not getattr(writer, "flush_never_waits", False)
 
     @property
     def store_failure(self) -> SessionStoreError | None:
