@@ -435,6 +435,43 @@ async def test_a_call_cancelled_after_its_statement_completed_reports_the_result
         assert settled == [42]
 
 
+@pytest.mark.parametrize("order", ["cancelled while connecting", "cancelled after the thread connected"])
+async def test_a_connect_cancelled_at_any_point_leaves_no_connection_open(
+    postgres_cluster: Cluster, schema: str, order: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    persistence = PostgresPersistence(postgres_cluster.dsn(), schema=schema)
+    real = trio.to_thread.run_sync
+    made: list[psycopg.Connection[Any]] = []
+    real_connect = psycopg.connect
+
+    def connect(*args: Any, **kwargs: Any) -> psycopg.Connection[Any]:
+        conn = real_connect(*args, **kwargs)
+        made.append(conn)
+        if order == "cancelled while connecting":
+            trio.from_thread.run_sync(scope.cancel)  # the caller leaves before the thread hands it over
+        return conn
+
+    async def run_sync(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        result = await real(fn, *args, **kwargs)
+        if order == "cancelled after the thread connected":
+            # Trio drops an abandoned thread's result when the cancel wins the race with its
+            # report: force that order.
+            scope.cancel()
+            await trio.lowlevel.checkpoint()
+        return result
+
+    monkeypatch.setattr(psycopg, "connect", connect)
+    monkeypatch.setattr(trio.to_thread, "run_sync", run_sync)
+    with trio.CancelScope() as scope:
+        await persistence._connect_once()
+    monkeypatch.undo()
+    assert scope.cancelled_caught
+    (conn,) = made
+    with trio.fail_after(WAIT):
+        while not conn.closed:  # the abandoned thread closes it after the caller left
+            await trio.sleep(0.01)
+
+
 # ------------------------------------------------------------------ clear errors
 
 

@@ -962,8 +962,12 @@ class PostgresPersistence:
         ):
             if name not in params:
                 kwargs[name] = value
+        # A cancelled caller stops waiting at once (the thread is abandoned); whichever side
+        # comes second closes the connection: the thread if the caller left first, the
+        # caller if the thread had already handed it over (Trio then drops the result).
         lock = threading.Lock()
         abandoned = False
+        handed: list[psycopg.Connection[Any]] = []
 
         def connect() -> psycopg.Connection[Any] | None:
             conn: psycopg.Connection[Any] = pg.connect(self.dsn, **kwargs)
@@ -971,6 +975,7 @@ class PostgresPersistence:
                 if abandoned:
                     conn.close()
                     return None
+                handed.append(conn)
             return conn
 
         try:
@@ -978,6 +983,9 @@ class PostgresPersistence:
         except BaseException:
             with lock:
                 abandoned = True
+                leftover = list(handed)
+            for made in leftover:
+                made.close()
             raise
         assert conn is not None
         return conn
