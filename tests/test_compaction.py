@@ -12,7 +12,7 @@ import trio
 import trio.testing
 from _sse_server import DONE, Respond, Stream, sse_finish, sse_text, sse_usage, start_server
 
-from trio_harness import AgentDisposedError, CompactionError, ContextPolicy, ModelError, ScriptedModel
+from trio_harness import AgentDisposedError, Budget, CompactionError, ContextPolicy, ModelError, ScriptedModel
 from trio_harness.agents import AgentOptions, ReactAgent, Tool, ToolContext
 from trio_harness.model import Emit, Failure, Message, ModelRequest, OpenAIProvider, ReplayModel, UserMessage
 from trio_harness.model._context import context_window_for, is_context_overflow
@@ -381,14 +381,38 @@ async def test_disposal_during_maintenance_logs_nothing_and_resume_sends_the_sam
     async with open_test_harness(replay, store=tmp_path / "b") as h:
         h.tools.add(ECHO)
         async with h.agents.open(session_id="s", options=OPTIONS, resume=True) as agent:
+            statuses: list[str] = []
+            h.bus.on("agent/status", lambda n: statuses.append(n.data["status"]))
             agent.followup(prompt(k + 1))
             await agent.when_idle()
             events = list(agent.session.events)
+    # the resumed agent stays idle while it compacts, then runs the followup: no running/idle flip
+    assert statuses == ["running", "idle"]
     assert gated.inner.requests + replay.requests == straight.requests
     assert replay.remaining == 0
     assert {e.reason for e in events if isinstance(e, ev.TurnEnd)} == {"completed"}
     (compacted,) = compactions(events)
     assert (compacted.boundary, compacted.summary, compacted.turn) == (expected.boundary, expected.summary, None)
+
+
+async def test_no_summary_request_is_made_between_turns_past_the_session_budget() -> None:
+    k = await _first_maintenance_turn()
+    counted = ScriptedModel(script(k), context_window=WINDOW, summary=summarize)
+    async with open_test_harness(counted) as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(options=AgentOptions(context=ContextPolicy(window=WINDOW, auto=False))) as agent:
+            await run_turns(agent, 1, k)
+            used = agent.usage.requests  # the requests of turns 1..k
+    model = ScriptedModel(script(k), context_window=WINDOW, summary=summarize)
+    options = AgentOptions(context=ContextPolicy(window=WINDOW), session_budget=Budget(requests=used))
+    async with open_test_harness(model) as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(options=options) as agent:
+            await run_turns(agent, 1, k)
+            assert agent.status == "idle" and agent.usage.requests == used
+            events = list(agent.session.events)
+    assert not compactions(events) and "compaction" not in [r.purpose for r in model.requests]
+    assert [e.reason for e in events if isinstance(e, ev.TurnEnd)] == ["completed"] * k
 
 
 # ---------------------------------------------------------------- overflow
@@ -637,6 +661,9 @@ async def test_a_failed_automatic_compaction_is_reported_and_then_ends_the_turn_
             ends = [e for e in agent.session.events if isinstance(e, ev.TurnEnd)]
     assert not compactions(agent.session.events)
     assert [e.reason for e in ends] == ["completed", "completed", "error"]
+    # one summary request between turns 2 and 3, one inside turn 3; none again right after turn 3
+    assert [r.purpose for r in model.requests].count("compaction") == 2
+    assert model.requests[-1].purpose == "compaction"
     failure = ends[-1].failure
     assert failure is not None and failure.code == "compaction-failed"
     assert "passes 80% of the context window (300 tokens)" in failure.message

@@ -581,10 +581,14 @@ class ReactAgent:
         # (the scope is already closing): no driver may start any more.
         if self._disposing or self._scope.closing:
             return
-        self._phase = "running"
+        # Maintenance due first (e.g. a resumed agent over its threshold): the agent
+        # stays idle while it runs, and only then turns running for the work.
+        due = self._maintenance_due()
+        self._phase = "maintenance" if due else "running"
         self._cause = None
         self._idle = trio.Event()
-        self._set_status("running")
+        if not due:
+            self._set_status("running")
         self._scope.spawn(self._drain, name=f"agent {self.id} driver")
 
     async def _drain(self) -> None:
@@ -838,6 +842,7 @@ class ReactAgent:
             try:
                 compacted = await self._compact("overflow", turn)
             except CompactionError as exc:
+                self._auto_skipped_at = turn  # not tried again between turns right after this one
                 return Finish("error", Failure("compaction-failed", f"{exc} (after the provider said: {refused})")), []
             if compacted is None:
                 return finish, calls  # nothing left to compact: the refusal stands
@@ -901,6 +906,7 @@ class ReactAgent:
         try:
             await self._compact("threshold", turn, estimate)
         except CompactionError as exc:
+            self._auto_skipped_at = turn  # not tried again between turns right after this one
             return Failure(
                 "compaction-failed",
                 f"the next request (about {estimate} tokens) passes {policy.threshold:.0%} of the context window "
@@ -991,6 +997,8 @@ class ReactAgent:
         window = self._context_window()
         if window is None:
             return False
+        if budget_failure(self._options.session_budget, self._usage.totals, "session") is not None:
+            return False  # a summary request is a request: not made past the session's budget
         try:
             history = self._history
             estimate = self.context_estimate()
