@@ -32,6 +32,7 @@ from trio_harness import Harness, ScriptedModel
 from trio_harness.acp import AcpServer
 from trio_harness.acp import _jsonrpc as rpc
 from trio_harness.acp._auth import EnvKeyAuth
+from trio_harness.acp._updates import replay_updates
 from trio_harness.model import OpenAIProvider, UsageTotals, usage_cost
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
@@ -645,3 +646,28 @@ async def test_usage_update_has_no_cost_when_the_model_is_not_priced() -> None:
         (update,) = await _usage_updates(peer, 1)
     assert update["size"] == 10_000 and update["used"] > 0
     assert "cost" not in update
+
+
+async def test_a_turn_the_agent_started_by_itself_that_fails_says_so_live_as_a_replay_does() -> None:
+    model = scripted([{"text": "prompted answer"}, {"error": {"message": "upstream overloaded", "code": "http-503"}}])
+    async with open_test_harness(model) as harness, connected(harness) as (peer, _server, _):
+        session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+        reply = await peer.call("session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "hi"}]})
+        assert reply == {"stopReason": "end_turn"}
+        agent = harness.agents.get(session_id)
+        assert agent is not None
+        agent.followup("background task bash-1 completed")  # nobody prompted this turn
+        await agent.when_idle()
+        with trio.fail_after(WAIT):
+            while True:
+                updates = [m["params"]["update"] for m in peer.received if m.get("method") == "session/update"]
+                notes = [u for u in updates if "trio-harness/failure" in u.get("_meta", {})]
+                if notes:
+                    break
+                await peer.receive()
+        events = list(agent.session.events)
+    (note,) = notes
+    assert note["sessionUpdate"] == "agent_message_chunk"
+    assert "upstream overloaded" in note["content"]["text"]
+    replayed = [u for u in replay_updates(events, session_id) if "trio-harness/failure" in u.get("_meta", {})]
+    assert replayed == [note]

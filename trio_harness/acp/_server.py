@@ -103,6 +103,7 @@ from ._updates import (
     tool_call_id,
     tool_kind,
     tool_title,
+    turn_end_update,
     usage_update,
 )
 
@@ -691,6 +692,12 @@ class AcpServer:
                 for message in record.first_step_messages:
                     self._update(record.id, message_update(message, record.id))
         elif isinstance(event, ev.TurnEnd):
+            if record.unsolicited:
+                # No prompt answers this turn: say here how it ended when it did not
+                # finish normally, as a replay does (docs/acp.rst, "Replaying how a turn ended").
+                note = turn_end_update(event, record.id)
+                if note is not None:
+                    self._update(record.id, note)
             record.unsolicited = False
             record.in_first_step = False
             self._after_turn(record, event)
