@@ -33,6 +33,7 @@ from trio_harness.acp import AcpServer
 from trio_harness.acp import _jsonrpc as rpc
 from trio_harness.acp._auth import EnvKeyAuth
 from trio_harness.acp._updates import replay_updates
+from trio_harness.agents import ReactAgent
 from trio_harness.model import OpenAIProvider, UsageTotals, usage_cost
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
@@ -671,3 +672,34 @@ async def test_a_turn_the_agent_started_by_itself_that_fails_says_so_live_as_a_r
     assert "upstream overloaded" in note["content"]["text"]
     replayed = [u for u in replay_updates(events, session_id) if "trio-harness/failure" in u.get("_meta", {})]
     assert replayed == [note]
+
+
+async def test_a_compaction_between_turns_sends_the_smaller_usage_and_a_load_sends_it_too() -> None:
+    responses: list[Msg] = [{"text": f"Answer {n}: " + "a" * 180} for n in range(1, 40)]
+    model = ScriptedModel(responses, context_window=3_000, summary="Summary: numbered questions. " + "s" * 200)
+    async with open_test_harness(model) as harness, connected(harness) as (peer, _server, _):
+        session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+        agent = harness.agents.get(session_id)
+        assert isinstance(agent, ReactAgent)
+        turns = 0
+        while not any(isinstance(e, ev.ContextCompacted) for e in agent.session.events):
+            turns += 1
+            assert turns < 40, "the session never compacted"
+            prompt = {"sessionId": session_id, "prompt": [{"type": "text", "text": f"Question {turns}: " + "q" * 180}]}
+            assert await peer.call("session/prompt", prompt) == {"stopReason": "end_turn"}
+            await agent.when_idle()  # the compaction between turns runs after the prompt's answer
+        (compacted,) = [e for e in agent.session.events if isinstance(e, ev.ContextCompacted)]
+        assert compacted.turn is None
+        expected = agent.context_estimate()
+        updates = await _usage_updates(peer, turns + 1)  # one per turn, one after the compaction
+        assert updates[-1]["used"] == expected < updates[-2]["used"]
+        assert updates[-1]["_meta"]["trio-harness/usage"]["session"]["requests"] == agent.usage.requests
+        assert await peer.call("session/close", {"sessionId": session_id}) == {}
+        before = len(peer.received)
+        await peer.call("session/load", {"sessionId": session_id, "cwd": "/"})
+        loaded = [
+            m["params"]["update"]
+            for m in peer.received[before:]
+            if m.get("method") == "session/update" and m["params"]["update"]["sessionUpdate"] == "usage_update"
+        ]
+    assert [u["used"] for u in loaded] == [expected]

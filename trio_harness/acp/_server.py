@@ -691,6 +691,9 @@ class AcpServer:
                 # A user's message as user text, a task notice as the agent's (docs/acp.rst).
                 for message in record.first_step_messages:
                     self._update(record.id, message_update(message, record.id))
+        elif isinstance(event, ev.ContextCompacted) and event.turn is None:
+            # A compaction between turns shrank the context: say so (docs/acp.rst, "Usage").
+            self._after_turn(record, None, activity=False)
         elif isinstance(event, ev.TurnEnd):
             if record.unsolicited:
                 # No prompt answers this turn: say here how it ended when it did not
@@ -714,17 +717,35 @@ class AcpServer:
         record.title = title
         self._update(record.id, {"sessionUpdate": "session_info_update", "title": title})
 
-    def _after_turn(self, record: _SessionRecord, end: ev.TurnEnd | None) -> None:
-        """What the harness knows after a turn: ``usage_update`` (when known) and ``updatedAt``."""
+    def _after_turn(self, record: _SessionRecord, end: ev.TurnEnd | None, *, activity: bool = True) -> None:
+        """What the harness knows after a turn: ``usage_update`` (when known) and ``updatedAt`` (with ``activity``)."""
         agent = record.agent
         events = agent.session.events
         update = usage_update(
-            events, self._context_window(agent), end.usage if end is not None else None, agent.usage, agent.cost
+            events,
+            self._context_window(agent),
+            end.usage if end is not None else None,
+            agent.usage,
+            agent.cost,
+            lambda: self._context_estimate(agent),
         )
         if update is not None:
             self._update(record.id, update)
-        if events:
+        if events and activity:
             self._update(record.id, {"sessionUpdate": "session_info_update", "updatedAt": iso_time(events[-1].ts)})
+
+    @staticmethod
+    def _context_estimate(agent: Agent) -> int | None:
+        """The driver's estimate of the tokens of ``agent``'s next request (None when it has none)."""
+        estimate = getattr(agent, "context_estimate", None)
+        if not callable(estimate):
+            return None
+        try:
+            value = estimate()
+        except Exception:  # a failing prompt hook: the next step reports it as the turn's error
+            log.debug("acp: the context estimate of %s failed", agent.id, exc_info=True)
+            return None
+        return value if type(value) is int and value >= 0 else None
 
     def _context_window(self, agent: Agent) -> int | None:
         """The context window of ``agent``'s requests, as its driver sees it (None when unknown)."""

@@ -37,7 +37,7 @@ from __future__ import annotations
 import datetime
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal
 from typing import Any, Final, Literal, TypeAlias
 
@@ -421,16 +421,22 @@ def usage_update(
     turn: UsageTotals | None,
     session: UsageTotals,
     cost: Decimal | None = None,
+    estimate: Callable[[], int | None] | None = None,
 ) -> Update | None:
     """The ``usage_update`` after a turn: ``used`` of ``size`` (the context window) tokens, or None.
 
     None when the window or the tokens in context are unknown (ACP requires
-    both).  ``cost`` is the session's cumulative cost in US dollars, sent
+    both); ``estimate`` gives the tokens in context when no answer since the
+    last compaction reported them.  ``cost`` is the session's cumulative cost in US dollars, sent
     only when known (the ``cost`` extra prices known models).  ``_meta``
     carries the turn's and the session's token usage (``"trio-harness/usage"``).
     """
+    if window is None:
+        return None
     used = context_tokens(events)
-    if window is None or used is None:
+    if used is None and estimate is not None:
+        used = estimate()  # right after a compaction: no answer has measured the context yet
+    if used is None:
         return None
     meta: dict[str, Any] = {"session": usage_meta(session)}
     if turn is not None:
