@@ -6,6 +6,7 @@ the import here rather than skipping); the last test simulates its absence.
 
 from __future__ import annotations
 
+import datetime
 import sys
 from decimal import Decimal
 
@@ -88,3 +89,21 @@ async def test_without_genai_prices_cost_is_none_not_an_error(monkeypatch: pytes
     async with open_test_harness(model) as h, h.agents.open() as agent:
         result = await agent.run("hello")
         assert result.cost is None and agent.cost is None and agent.cost_of(agent.usage) is None
+
+
+@pytest.mark.parametrize("hour", [4, 17])  # DeepSeek's standard and off-peak hours (UTC)
+async def test_cost_is_priced_at_the_time_of_the_turn_not_when_it_is_asked(nursery: trio.Nursery, hour: int) -> None:
+    when = datetime.datetime(2026, 3, 2, hour, 30, tzinfo=datetime.UTC)
+    server = await start_server(nursery, Stream([sse_text("one"), sse_finish("stop"), sse_usage(1_000_000, 0), DONE]))
+    provider = OpenAIProvider(
+        model="deepseek-chat", base_url=server.base_url, api_key="k", max_retries=0, name="deepseek:deepseek-chat"
+    )
+    async with provider, open_test_harness(provider, clock=when.timestamp) as h, h.agents.open() as agent:
+        result = await agent.run("one?")
+        session = agent.cost
+    tokens = genai_prices.Usage(input_tokens=1_000_000, output_tokens=0)
+    expected = genai_prices.calc_price(tokens, "deepseek-chat", provider_id="deepseek", genai_request_timestamp=when)
+    assert result.cost == session == expected.total_price
+    other = when.replace(hour=(hour + 12) % 24)
+    elsewhen = genai_prices.calc_price(tokens, "deepseek-chat", provider_id="deepseek", genai_request_timestamp=other)
+    assert elsewhen.total_price != expected.total_price  # the time matters for this model

@@ -87,8 +87,12 @@ class Agent(Protocol):
         """The session's usage in US dollars, or None when unknown (needs the ``cost`` extra)."""
         ...
 
-    def cost_of(self, usage: UsageTotals | None) -> Decimal | None:
-        """``usage`` (e.g. a ``turn/end``'s) in US dollars at this agent's model's prices, or None when unknown."""
+    def cost_of(self, usage: UsageTotals | None, *, at: float | None = None) -> Decimal | None:
+        """``usage`` (e.g. a ``turn/end``'s) in US dollars at this agent's model's prices, or None when unknown.
+
+        ``at``: when the requests were made (an event's ``ts``; prices can
+        depend on the time of day), None for now.
+        """
         ...
 
     def send(

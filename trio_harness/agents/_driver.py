@@ -18,6 +18,7 @@ whatever interrupted it.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 import sys
@@ -286,17 +287,23 @@ class ReactAgent:
 
         Needs the ``cost`` extra (``genai-prices``); see :meth:`cost_of`.
         """
-        return self.cost_of(self._usage.totals)
+        events = self._session.events
+        last_end = next((e for e in reversed(events) if isinstance(e, ev.TurnEnd)), None)
+        # priced as of the last turn's end: the same answer whenever it is asked
+        return self.cost_of(self._usage.totals, at=last_end.ts if last_end is not None else None)
 
-    def cost_of(self, usage: UsageTotals | None) -> Decimal | None:
+    def cost_of(self, usage: UsageTotals | None, *, at: float | None = None) -> Decimal | None:
         """``usage`` (e.g. a ``turn/end``'s) in US dollars at this agent's provider and model's prices.
 
+        ``at`` is when the requests were made (seconds since the epoch, as an
+        event's ``ts``; prices can depend on the time of day), None for now.
         None when ``genai-prices`` (the ``cost`` extra) is not installed, the
         usage is None, or the provider and model are not in its price table
         (docs/long-sessions.rst, "Usage and budgets").
         """
         provider, api_url = price_route(self._provider)
-        return usage_cost(usage, self._model_name(), provider=provider, api_url=api_url)
+        when = None if at is None else datetime.datetime.fromtimestamp(at, datetime.UTC)
+        return usage_cost(usage, self._model_name(), provider=provider, api_url=api_url, at=when)
 
     def send(self, message: str | InboxMessage, *, mode: SendMode, settings: ModelSettings | None = None) -> str:
         """Persist ``message`` into the inbox, then wake the driver unless ``mode`` is inject.

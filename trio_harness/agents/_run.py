@@ -239,7 +239,7 @@ async def run_prompt(
         error = OutputValidationError if end.failure is not None and end.failure.code == OUTPUT_INVALID else RunError
         raise error(f"agent {agent.id!r}: turn {end.turn} ended {end.reason}{cause}{detail}", end=end)
     usage = end.usage if end.usage is not None else UsageTotals()
-    cost = agent.cost_of(end.usage)
+    cost = agent.cost_of(end.usage, at=end.ts)
     if pending is not None:
         if not pending.valid:  # completed without a final answer to validate (cannot happen for a text answer)
             raise OutputValidationError(

@@ -7,6 +7,7 @@ provider and model (docs/long-sessions.rst, "Usage and budgets").
 
 from __future__ import annotations
 
+import datetime
 from decimal import Decimal
 
 from .._records import UsageTotals
@@ -15,7 +16,12 @@ __all__ = ["price_route", "usage_cost"]
 
 
 def usage_cost(
-    usage: UsageTotals | None, model: str, *, provider: str | None = None, api_url: str | None = None
+    usage: UsageTotals | None,
+    model: str,
+    *,
+    provider: str | None = None,
+    api_url: str | None = None,
+    at: datetime.datetime | None = None,
 ) -> Decimal | None:
     """The cost of ``usage`` in US dollars at ``model``'s prices, or None when it is not known.
 
@@ -27,6 +33,8 @@ def usage_cost(
             ``"deepseek"`` ...); None lets it match the model alone, or
             ``api_url``.
         api_url: the endpoint's base URL, matched against the known providers'.
+        at: when the requests were made (prices can depend on the time:
+            off-peak rates, price changes); None means now.
 
     Returns:
         The price, or None when ``genai-prices`` is not installed, ``usage``
@@ -47,9 +55,9 @@ def usage_cost(
     )
     try:
         if api_url is not None:
-            price = genai_prices.calc_price(tokens, model, provider_api_url=api_url)
+            price = genai_prices.calc_price(tokens, model, provider_api_url=api_url, genai_request_timestamp=at)
         else:
-            price = genai_prices.calc_price(tokens, model, provider_id=provider)
+            price = genai_prices.calc_price(tokens, model, provider_id=provider, genai_request_timestamp=at)
     except LookupError:
         return None  # not in the table: unknown, not an error
     total = price.total_price
