@@ -673,3 +673,37 @@ def test_a_plain_record_gets_a_plain_constructor() -> None:
     assert construct is not None
     assert construct(1) == _Plain(1)
     assert construct(2, b="y") == _Plain(2, "y")
+
+
+def test_the_records_the_driver_builds_from_checked_values_use_plain_constructors() -> None:
+    from trio_harness import _records
+    from trio_harness.agents import _budget, _driver, _history
+    from trio_harness.model._protocol import AssistantMessage as AssistantRecord
+    from trio_harness.model._protocol import ToolMessage
+    from trio_harness.model._protocol import UserMessage as UserRecord
+
+    calls = (ToolCall(id="c1", name="echo", arguments='{"x": "hi"}'),)
+    cases: list[tuple[object, type, dict[str, object]]] = [
+        (_history._user_message, UserRecord, {"text": "hi"}),
+        (_history._assistant_message, AssistantRecord, {"text": "t", "tool_calls": calls, "reasoning": "r"}),
+        (_history._tool_message, ToolMessage, {"call_id": "c1", "name": "echo", "content": "x", "is_error": True}),
+        (_history._turn_mark, _history.TurnMark, {"seq": 3, "index": 1, "chars": 10}),
+        (_budget._plain_totals, UsageTotals, {"input_tokens": 1, "output_tokens": 2, "requests": 3}),
+        (_records._plain_totals, UsageTotals, {"input_tokens": 1, "cache_hit_tokens": 2, "reasoning_tokens": 4}),
+        (_driver._tool_call, ToolCall, {"id": "c1", "name": "echo", "arguments": "{}"}),
+    ]
+    for construct, cls, fields in cases:
+        assert construct is not cls, cls  # a plain constructor, not the class
+        assert callable(construct)
+        built = construct(**fields)
+        assert type(built) is cls
+        assert built == cls(**fields)
+        assert repr(built) == repr(cls(**fields))
+    assert UsageTotals(5, 5, 5, 5, 5) - UsageTotals(1, 2, 3, 4, 5) == UsageTotals(4, 3, 2, 1, 0)
+    assert UsageTotals(1) + UsageTotals(2) == UsageTotals(3)
+    from trio_harness.agents._tools import ToolContext
+
+    given: dict[str, Any] = {"agent": None, "agents": None, "call_id": "c1", "turn": 1, "step": 2}
+    context = _driver._tool_context(**given)
+    assert type(context) is ToolContext
+    assert attrs.asdict(context, recurse=False) == attrs.asdict(ToolContext(**given), recurse=False)

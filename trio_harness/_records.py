@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MemberDescriptorType
 from typing import Any, Final
 
@@ -112,7 +112,7 @@ class UsageTotals:
             if not requests:
                 return self
             return attrs.evolve(self, requests=self.requests + requests)
-        return UsageTotals(
+        return _plain_totals(
             input_tokens=self.input_tokens + usage.input_tokens,
             output_tokens=self.output_tokens + usage.output_tokens,
             cache_hit_tokens=self.cache_hit_tokens + usage.cache_hit_tokens,
@@ -123,7 +123,7 @@ class UsageTotals:
     def __add__(self, other: UsageTotals) -> UsageTotals:
         if not isinstance(other, UsageTotals):
             return NotImplemented
-        return UsageTotals(
+        return _plain_totals(
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
             cache_hit_tokens=self.cache_hit_tokens + other.cache_hit_tokens,
@@ -134,7 +134,7 @@ class UsageTotals:
     def __sub__(self, other: UsageTotals) -> UsageTotals:
         if not isinstance(other, UsageTotals):
             return NotImplemented
-        return UsageTotals(
+        return _plain_totals(
             input_tokens=self.input_tokens - other.input_tokens,
             output_tokens=self.output_tokens - other.output_tokens,
             cache_hit_tokens=self.cache_hit_tokens - other.cache_hit_tokens,
@@ -337,3 +337,7 @@ def plain_constructor(cls: type[Any]) -> Any:
     # Argument errors read as the class's own: "ToolResult.__init__() missing ...".
     function.__qualname__ = f"{cls.__qualname__}.__init__"
     return function
+
+
+# Usage arithmetic builds totals from ints it has just summed (docs/long-sessions.rst, "Usage and budgets").
+_plain_totals: Callable[..., UsageTotals] = plain_constructor(UsageTotals) or UsageTotals
