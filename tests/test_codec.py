@@ -11,12 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trio_harness._errors import EventDecodeError, UnsupportedFormatError
-from trio_harness._records import OMIT_IF_DEFAULT
+from trio_harness._records import OMIT_IF_DEFAULT, plain_constructor
 from trio_harness.model._protocol import Failure, ModelSettings, ToolCall, Usage, UsageTotals
 from trio_harness.session import (
     FORMAT_VERSION,
     SessionHeader,
     _codec,
+    _session,
     decode_event,
     decode_header,
     encode_event,
@@ -554,3 +555,155 @@ def test_message_origin_is_written_only_for_notices_and_old_lines_read_as_user()
     assert decode_event(encode_event(spliced)) == spliced
     with pytest.raises(ValueError, match="origin"):
         InboxMessage(id="n", text="t", origin="robot")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ plain constructors
+
+
+@pytest.mark.parametrize("cls", EVENT_TYPES, ids=lambda cls: cls.type)
+@given(data=st.data())
+def test_the_plain_constructor_of_an_event_builds_what_the_class_builds(cls: type[Event], data: st.DataObject) -> None:
+    # Session.append builds events with it (docs/guarantees.rst, "Sessions"): the same
+    # object, immutable, from the same arguments, by position or by keyword.
+    construct = _session._CONSTRUCTORS[cls]  # what Session.append builds events with
+    assert construct is not cls
+    assert construct.__qualname__ == f"{cls.__qualname__}.__init__"
+    event = data.draw(EVENT_STRATEGIES[cls])
+    values = {field.name: getattr(event, field.name) for field in attrs.fields(cls)}
+    for built in (construct(**values), construct(*values.values())):
+        assert type(built) is cls
+        assert built == event
+        assert hash(built) == hash(event)
+        assert repr(built) == repr(event)
+        assert encode_event(built) == encode_event(event)
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            built.seq = 1  # type: ignore[misc]
+    # Left-out fields take the class's defaults.
+    required = {f.name: values[f.name] for f in attrs.fields(cls) if f.default is attrs.NOTHING}
+    assert construct(**required) == cls(**required)
+
+
+@pytest.mark.parametrize("cls", EVENT_TYPES, ids=lambda cls: cls.type)
+def test_the_plain_constructor_refuses_bad_arguments_as_the_class_does(cls: type[Event]) -> None:
+    construct = _session._CONSTRUCTORS[cls]
+    for args, kwargs in (((), {}), ((0, 1.0), {"seq": 0}), ((0, 1.0), {"no_such_field": 1})):
+        with pytest.raises(TypeError) as public:
+            cls(*args, **kwargs)
+        with pytest.raises(TypeError) as plain:
+            construct(*args, **kwargs)
+        assert str(plain.value) == str(public.value)
+
+
+def _positive(instance: object, attribute: object, value: int) -> None:
+    if value <= 0:
+        raise ValueError("positive")
+
+
+@attrs.frozen
+class _Validated:
+    a: int = attrs.field(validator=_positive)
+
+
+@attrs.frozen
+class _Converted:
+    a: int = attrs.field(converter=int)
+
+
+@attrs.frozen
+class _Factory:
+    a: list[int] = attrs.field(factory=list)
+
+
+@attrs.frozen
+class _PostInit:
+    a: int
+
+    def __attrs_post_init__(self) -> None:
+        pass
+
+
+@attrs.frozen(cache_hash=True)
+class _CachedHash:
+    a: int
+
+
+@attrs.frozen
+class _KeywordOnly:
+    a: int = attrs.field(kw_only=True)
+
+
+@attrs.frozen
+class _Private:
+    _a: int
+
+
+@attrs.frozen(slots=False)
+class _Unslotted:
+    a: int
+
+
+@attrs.frozen
+class _Plain:
+    a: int
+    b: str = "x"
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [
+        _Validated,
+        _Converted,
+        _Factory,
+        _PostInit,
+        _CachedHash,
+        _KeywordOnly,
+        _Private,
+        _Unslotted,
+        InboxMessage,
+        SessionHeader,
+    ],
+)
+def test_there_is_no_plain_constructor_when_init_does_more_than_store_the_fields(cls: type) -> None:
+    # A class whose attrs __init__ validates, converts, makes defaults or hooks keeps it.
+    assert plain_constructor(cls) is None
+
+
+def test_a_plain_record_gets_a_plain_constructor() -> None:
+    construct = plain_constructor(_Plain)
+    assert construct is not None
+    assert construct(1) == _Plain(1)
+    assert construct(2, b="y") == _Plain(2, "y")
+
+
+def test_the_records_the_driver_builds_from_checked_values_use_plain_constructors() -> None:
+    from trio_harness import _records
+    from trio_harness.agents import _budget, _driver, _history
+    from trio_harness.model._protocol import AssistantMessage as AssistantRecord
+    from trio_harness.model._protocol import ToolMessage
+    from trio_harness.model._protocol import UserMessage as UserRecord
+
+    calls = (ToolCall(id="c1", name="echo", arguments='{"x": "hi"}'),)
+    cases: list[tuple[object, type, dict[str, object]]] = [
+        (_history._user_message, UserRecord, {"text": "hi"}),
+        (_history._assistant_message, AssistantRecord, {"text": "t", "tool_calls": calls, "reasoning": "r"}),
+        (_history._tool_message, ToolMessage, {"call_id": "c1", "name": "echo", "content": "x", "is_error": True}),
+        (_history._turn_mark, _history.TurnMark, {"seq": 3, "index": 1, "chars": 10}),
+        (_budget._plain_totals, UsageTotals, {"input_tokens": 1, "output_tokens": 2, "requests": 3}),
+        (_records._plain_totals, UsageTotals, {"input_tokens": 1, "cache_hit_tokens": 2, "reasoning_tokens": 4}),
+        (_driver._tool_call, ToolCall, {"id": "c1", "name": "echo", "arguments": "{}"}),
+    ]
+    for construct, cls, fields in cases:
+        assert construct is not cls, cls  # a plain constructor, not the class
+        assert callable(construct)
+        built = construct(**fields)
+        assert type(built) is cls
+        assert built == cls(**fields)
+        assert repr(built) == repr(cls(**fields))
+    assert UsageTotals(5, 5, 5, 5, 5) - UsageTotals(1, 2, 3, 4, 5) == UsageTotals(4, 3, 2, 1, 0)
+    assert UsageTotals(1) + UsageTotals(2) == UsageTotals(3)
+    from trio_harness.agents._tools import ToolContext
+
+    given: dict[str, Any] = {"agent": None, "agents": None, "call_id": "c1", "turn": 1, "step": 2}
+    context = _driver._tool_context(**given)
+    assert type(context) is ToolContext
+    assert attrs.asdict(context, recurse=False) == attrs.asdict(ToolContext(**given), recurse=False)

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from types import MemberDescriptorType
 from typing import Any, Final
 
 import attrs
@@ -111,7 +112,7 @@ class UsageTotals:
             if not requests:
                 return self
             return attrs.evolve(self, requests=self.requests + requests)
-        return UsageTotals(
+        return _plain_totals(
             input_tokens=self.input_tokens + usage.input_tokens,
             output_tokens=self.output_tokens + usage.output_tokens,
             cache_hit_tokens=self.cache_hit_tokens + usage.cache_hit_tokens,
@@ -122,7 +123,7 @@ class UsageTotals:
     def __add__(self, other: UsageTotals) -> UsageTotals:
         if not isinstance(other, UsageTotals):
             return NotImplemented
-        return UsageTotals(
+        return _plain_totals(
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
             cache_hit_tokens=self.cache_hit_tokens + other.cache_hit_tokens,
@@ -133,7 +134,7 @@ class UsageTotals:
     def __sub__(self, other: UsageTotals) -> UsageTotals:
         if not isinstance(other, UsageTotals):
             return NotImplemented
-        return UsageTotals(
+        return _plain_totals(
             input_tokens=self.input_tokens - other.input_tokens,
             output_tokens=self.output_tokens - other.output_tokens,
             cache_hit_tokens=self.cache_hit_tokens - other.cache_hit_tokens,
@@ -283,3 +284,60 @@ class ModelSettings:
 
 
 _EMPTY: Final = ModelSettings()
+
+
+def plain_constructor(cls: type[Any]) -> Any:
+    """A faster stand-in for the attrs ``__init__`` of a frozen, slotted record, or None.
+
+    attrs' ``__init__`` of a frozen class stores each field through
+    ``object.__setattr__``; the stand-in stores it through the slot's own
+    descriptor, which skips the attribute lookup by name.  It takes the same
+    parameters in the same order with the same defaults and gives an object
+    equal to the public constructor's, field by field.  Only classes whose
+    ``__init__`` does nothing else qualify (no validators, converters,
+    factories, aliases, keyword-only or ``init=False`` fields, no pre/post-init
+    hooks, no hash cache, every slot a field): for any other class this
+    returns None and callers use the class itself.  The session log uses it
+    for events, whose fields the driver already builds from checked values.
+    """
+    if not attrs.has(cls) or "__slots__" not in cls.__dict__:
+        return None
+    if hasattr(cls, "__attrs_pre_init__") or hasattr(cls, "__attrs_post_init__"):
+        return None
+    fields = attrs.fields(cls)
+    slots = {slot for klass in cls.__mro__ for slot in klass.__dict__.get("__slots__", ())} - {"__weakref__"}
+    if slots != {field.name for field in fields}:
+        return None  # e.g. a hash cache the attrs __init__ resets
+    params: list[str] = []
+    body: list[str] = []
+    namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    for index, field in enumerate(fields):
+        if (
+            field.validator is not None
+            or field.converter is not None
+            or not field.init
+            or field.kw_only
+            or field.alias != field.name
+            or isinstance(field.default, attrs.Factory)  # type: ignore[arg-type]
+        ):
+            return None
+        descriptor: Any = getattr(cls, field.name, None)
+        if type(descriptor) is not MemberDescriptorType:
+            return None
+        namespace[f"_set{index}"] = descriptor.__set__
+        if field.default is attrs.NOTHING:
+            params.append(field.name)
+        else:
+            namespace[f"_default{index}"] = field.default
+            params.append(f"{field.name}=_default{index}")
+        body.append(f"    _set{index}(self, {field.name})")
+    source = f"def __init__({', '.join(params)}):\n    self = _new(_cls)\n" + "\n".join(body) + "\n    return self\n"
+    exec(compile(source, f"<plain constructor of {cls.__qualname__}>", "exec"), namespace)
+    function = namespace["__init__"]
+    # Argument errors read as the class's own: "ToolResult.__init__() missing ...".
+    function.__qualname__ = f"{cls.__qualname__}.__init__"
+    return function
+
+
+# Usage arithmetic builds totals from ints it has just summed (docs/long-sessions.rst, "Usage and budgets").
+_plain_totals: Callable[..., UsageTotals] = plain_constructor(UsageTotals) or UsageTotals

@@ -19,7 +19,7 @@ from typing import Final
 
 import attrs
 
-from .._records import Failure, UsageTotals
+from .._records import Failure, UsageTotals, plain_constructor
 from ..session import _events as ev
 from ..session._session import Session
 
@@ -68,6 +68,9 @@ def budget_failure(budget: Budget | None, used: UsageTotals, what: str) -> Failu
 
 
 # The event types that count: requests, the usage of answers and of compactions.
+# Totals folded from logged ints: built by the plain constructor (the same object, cheaper).
+_plain_totals = plain_constructor(UsageTotals) or UsageTotals
+
 _COUNTED: frozenset[type[ev.Event]] = frozenset({ev.RequestHeader, ev.AssistantMessage, ev.ContextCompacted})
 
 
@@ -119,5 +122,5 @@ class UsageCounter:
         self._position = end
         if (tokens_in, tokens_out, cached, reasoning, requests) == before:
             return t  # nothing that counts was logged since
-        self._totals = UsageTotals(tokens_in, tokens_out, cached, reasoning, requests)
+        self._totals = _plain_totals(tokens_in, tokens_out, cached, reasoning, requests)
         return self._totals

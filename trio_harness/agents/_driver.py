@@ -32,6 +32,7 @@ import trio
 
 from .._errors import AgentDisposedError, CompactionError, SessionStoreError
 from .._initiator import _set_initiator
+from .._records import plain_constructor
 from ..model._context import CHARS_PER_TOKEN, is_context_overflow, tokens_for_chars, tools_chars
 from ..model._cost import price_route, usage_cost
 from ..model._protocol import (
@@ -102,6 +103,10 @@ def _describe(exc: BaseException) -> str:
 _NO_SETTINGS = ModelSettings()
 # The turn end's stand-in for a shield when its flushes cannot wait (reusable: it does nothing).
 _UNSHIELDED = nullcontext()
+
+# Built from values the driver has checked: plain constructors (the same objects, cheaper).
+_tool_call = plain_constructor(ToolCall) or ToolCall
+_tool_context = plain_constructor(ToolContext) or ToolContext
 
 
 def _aborted_text(cause: CancelCause | None) -> str:
@@ -1196,7 +1201,9 @@ class ReactAgent:
                 call_id, name, args = pieces[index]
                 if not name:
                     continue
-                calls.append(ToolCall(id=call_id or f"call-{turn}-{step}-{index}", name=name, arguments="".join(args)))
+                calls.append(
+                    _tool_call(id=call_id or f"call-{turn}-{step}-{index}", name=name, arguments="".join(args))
+                )
         session.append(
             ev.AssistantMessage,
             turn=turn,
@@ -1393,7 +1400,7 @@ class ReactAgent:
                     return
             elif asked is not None:
                 asked[index].set()
-            ctx = ToolContext(agent=self, agents=self._agents, call_id=call.id, turn=turn, step=step)
+            ctx = _tool_context(agent=self, agents=self._agents, call_id=call.id, turn=turn, step=step)
             try:
                 if limiter is None:
                     output = await tool.handler(ctx, args)

@@ -7,6 +7,7 @@ from typing import overload
 
 import attrs
 
+from .._records import plain_constructor
 from ..model._context import message_chars, tokens_for_chars
 from ..model._protocol import AssistantMessage, Message, ToolMessage, UserMessage
 from ..session import _events as ev
@@ -81,6 +82,14 @@ class TurnMark:
     chars: int
 
 
+# The derived messages are built from logged values: their plain constructors
+# (the same objects, without attrs' per-field object.__setattr__) do it.
+_user_message = plain_constructor(UserMessage) or UserMessage
+_assistant_message = plain_constructor(AssistantMessage) or AssistantMessage
+_tool_message = plain_constructor(ToolMessage) or ToolMessage
+_turn_mark = plain_constructor(TurnMark) or TurnMark
+
+
 @attrs.define(eq=False)
 class History:
     """The conversation of a session, maintained incrementally.
@@ -128,11 +137,13 @@ class History:
                 continue  # most events (steps, chunks, headers, calls) add nothing: one set lookup
             # ``type(event) is`` narrows like isinstance, and is cheaper.
             if type(event) is ev.UserMessage:
-                out.append(UserMessage(text=event.text))
+                out.append(_user_message(text=event.text))
                 chars += len(event.text)
             elif type(event) is ev.AssistantMessage:
                 if event.text or event.tool_calls or event.reasoning:
-                    message = AssistantMessage(text=event.text, tool_calls=event.tool_calls, reasoning=event.reasoning)
+                    message = _assistant_message(
+                        text=event.text, tool_calls=event.tool_calls, reasoning=event.reasoning
+                    )
                     out.append(message)
                     chars += message_chars(message)
                 usage = event.usage
@@ -141,11 +152,13 @@ class History:
                     self._anchor = (usage.input_tokens + usage.output_tokens, chars)
             elif type(event) is ev.ToolResult:
                 out.append(
-                    ToolMessage(call_id=event.call_id, name=event.name, content=event.content, is_error=event.is_error)
+                    _tool_message(
+                        call_id=event.call_id, name=event.name, content=event.content, is_error=event.is_error
+                    )
                 )
                 chars += len(event.content) + len(event.name) + len(event.call_id)
             elif type(event) is ev.TurnStart:
-                self._marks.append(TurnMark(seq=event.seq, index=len(out), chars=chars))
+                self._marks.append(_turn_mark(seq=event.seq, index=len(out), chars=chars))
             elif type(event) is ev.ContextCompacted and not replaying:
                 self._chars = chars
                 self._compact(event)

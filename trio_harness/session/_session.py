@@ -11,6 +11,7 @@ from typing import Any, Protocol, TypeVar
 import attrs
 
 from .._errors import HarnessError, InvalidSessionIdError, SessionStoreError
+from .._records import plain_constructor
 from ._events import EVENT_TYPES, Event, SessionHeader
 
 __all__ = ["Session", "SessionWriter", "validate_session_id"]
@@ -22,12 +23,14 @@ E = TypeVar("E", bound=Event)
 MAX_SESSION_ID_LENGTH = 200
 
 # Event classes whose first two parameters are seq and ts (all of the library's):
-# append passes those two by position, which is cheaper than by keyword.
-_SEQ_TS_FIRST = frozenset(
-    cls
+# append passes those two by position, which is cheaper than by keyword, to the
+# class's plain constructor (the same object, built without attrs' per-field
+# ``object.__setattr__``; see ``plain_constructor``) or else to the class.
+_CONSTRUCTORS: dict[type[Event], Callable[..., Event]] = {
+    cls: plain_constructor(cls) or cls
     for cls in EVENT_TYPES
     if [(f.name, f.kw_only) for f in attrs.fields(cls)[:2]] == [("seq", False), ("ts", False)]
-)
+}
 
 # Ids made only of these characters need no per-character checks.
 _PLAIN_ID = re.compile(r"[A-Za-z0-9_.:@+=-]+")
@@ -142,8 +145,9 @@ class Session:
             The appended event, with ``seq`` equal to its index.
         """
         events = self._events
-        if cls in _SEQ_TS_FIRST:
-            event = cls(len(events), self._clock(), **fields)
+        construct = _CONSTRUCTORS.get(cls)
+        if construct is not None:
+            event: E = construct(len(events), self._clock(), **fields)  # type: ignore[assignment]
         else:
             event = cls(seq=len(events), ts=self._clock(), **fields)
         writer = self._writer
