@@ -707,3 +707,16 @@ def test_the_records_the_driver_builds_from_checked_values_use_plain_constructor
     context = _driver._tool_context(**given)
     assert type(context) is ToolContext
     assert attrs.asdict(context, recurse=False) == attrs.asdict(ToolContext(**given), recurse=False)
+
+
+def test_an_inbox_message_round_trips_and_bad_text_is_named() -> None:
+    from trio_harness.session._codec import decode_inbox_message, encode_inbox_message
+
+    plain = InboxMessage("m1", "hi")
+    assert encode_inbox_message(plain) == '{"id":"m1","text":"hi","mode":"followup"}'  # defaults left out
+    notice = InboxMessage("m2", "done", "inject", origin="task-notice")
+    assert decode_inbox_message(encode_inbox_message(notice)) == notice
+    for bad, named in (("[1]", "JSON object"), ('{"id": "m", "text": 3}', "str"), ("{", "Expecting")):
+        with pytest.raises(EventDecodeError, match="invalid inbox message") as caught:
+            decode_inbox_message(bad)
+        assert named in str(caught.value)

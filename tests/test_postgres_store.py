@@ -26,6 +26,7 @@ from _postgres import Cluster, fresh_schema, postgres_cluster, worker_argv
 from _util import WAIT
 
 from trio_harness import (
+    ModelSettings,
     SessionLockedError,
     SessionNotFoundError,
     SessionStoreError,
@@ -616,6 +617,20 @@ async def test_posted_messages_reach_a_live_agent_once_and_in_order(store: Postg
     stored = (await store.load("agent")).events
     inserted = [m.id for e in stored if isinstance(e, ev.InboxSpliced) for m in e.inserted]
     assert inserted == ids
+
+
+async def test_a_posted_message_keeps_every_field_and_old_mailbox_rows_still_read(
+    store: PostgresPersistence, postgres_cluster: Cluster, schema: str
+) -> None:
+    await stored_session(store, "mail")
+    notice = InboxMessage("m1", "task done", "inject", origin="task-notice", settings=ModelSettings(temperature=0.2))
+    await store.post("mail", notice)
+    with admin(postgres_cluster) as conn:  # a row as the previous release wrote it
+        conn.execute(
+            f'INSERT INTO "{schema}".mailbox (session_id, body) VALUES (%s, %s)',
+            ("mail", json.dumps({"id": "m2", "text": "hi", "mode": "followup"})),
+        )
+    assert await store.pending_mail("mail") == [notice, InboxMessage("m2", "hi", "followup")]
 
 
 async def test_posting_to_an_unknown_session_is_refused(store: PostgresPersistence) -> None:

@@ -22,9 +22,16 @@ from cattrs.cols import homogenous_tuple_structure_factory
 from cattrs.preconf.json import make_converter
 
 from .._errors import EventDecodeError, UnsupportedFormatError
-from ._events import EVENT_TYPES, FORMAT_VERSION, AnyEvent, Event, SessionHeader
+from ._events import EVENT_TYPES, FORMAT_VERSION, AnyEvent, Event, InboxMessage, SessionHeader
 
-__all__ = ["decode_event", "decode_header", "encode_event", "encode_header"]
+__all__ = [
+    "decode_event",
+    "decode_header",
+    "decode_inbox_message",
+    "encode_event",
+    "encode_header",
+    "encode_inbox_message",
+]
 
 _converter = make_converter(forbid_extra_keys=True, detailed_validation=False)
 
@@ -623,3 +630,24 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, KeyError):
         return f"missing key {exc}"
     return str(exc) or type(exc).__name__
+
+
+def encode_inbox_message(message: InboxMessage) -> str:
+    """One inbox message as a JSON object, as ``inbox/spliced`` holds it (defaults left out)."""
+    return _dumps(_converter.unstructure(message, InboxMessage))
+
+
+def decode_inbox_message(text: str | bytes) -> InboxMessage:
+    """The inbox message :func:`encode_inbox_message` wrote (fields added later read as their defaults).
+
+    Raises:
+        EventDecodeError: not an inbox message (the error names what is wrong).
+    """
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise TypeError(f"expected a JSON object, got {type(data).__name__}")
+        message: InboxMessage = _converter.structure(data, InboxMessage)
+    except Exception as exc:
+        raise EventDecodeError(f"invalid inbox message: {_describe(exc)}") from exc
+    return message

@@ -40,7 +40,6 @@ from __future__ import annotations
 import builtins
 import functools
 import hashlib
-import json
 import logging
 import math
 import re
@@ -62,7 +61,7 @@ from .._errors import (
     SessionStoreError,
     UnsupportedFormatError,
 )
-from ._codec import decode_event, decode_header, encode_event, encode_header
+from ._codec import decode_event, decode_header, decode_inbox_message, encode_event, encode_header, encode_inbox_message
 from ._events import Event, InboxMessage, SessionHeader
 from ._persistence import LoadedSession
 from ._session import SessionWriter, validate_session_id
@@ -666,9 +665,8 @@ class _PgWriter:
                 continue
             self._taken.add(mail_id)
             try:
-                data = json.loads(body)
-                message = InboxMessage(id=data["id"], text=data["text"], mode=data["mode"])
-            except (ValueError, TypeError, KeyError) as exc:
+                message = decode_inbox_message(body)
+            except EventDecodeError as exc:
                 log.error("session %r: mailbox row %d is not a message (%s); removing it", sid, mail_id, exc)
                 self._acks.append(mail_id)
                 continue
@@ -1443,7 +1441,7 @@ class PostgresPersistence:
         """
         validate_session_id(session_id)
         sql = self._sql
-        body = json.dumps({"id": message.id, "text": message.text, "mode": message.mode}, ensure_ascii=False)
+        body = encode_inbox_message(message)  # every field: origin and settings too
 
         def work(conn: psycopg.Connection[Any]) -> bool:
             with conn.transaction():
@@ -1468,8 +1466,7 @@ class PostgresPersistence:
 
         messages = []
         for (body,) in await self._run(f"read the mailbox of session {session_id!r}", work, retry=True):
-            data = json.loads(body)
-            messages.append(InboxMessage(id=data["id"], text=data["text"], mode=data["mode"]))
+            messages.append(decode_inbox_message(body))
         return messages
 
     async def _listen(self) -> None:
