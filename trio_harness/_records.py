@@ -286,6 +286,10 @@ class ModelSettings:
 _EMPTY: Final = ModelSettings()
 
 
+# attrs.Factory is typed as a function; its instances' class is what a default is checked against.
+_FACTORY: Final[type[Any]] = type(attrs.Factory(list))
+
+
 def plain_constructor(cls: type[Any]) -> Any:
     """A faster stand-in for the attrs ``__init__`` of a frozen, slotted record, or None.
 
@@ -318,7 +322,7 @@ def plain_constructor(cls: type[Any]) -> Any:
             or not field.init
             or field.kw_only
             or field.alias != field.name
-            or isinstance(field.default, attrs.Factory)  # type: ignore[arg-type]
+            or isinstance(field.default, _FACTORY)
         ):
             return None
         descriptor: Any = getattr(cls, field.name, None)

@@ -26,7 +26,8 @@ MAX_SESSION_ID_LENGTH = 200
 # append passes those two by position, which is cheaper than by keyword, to the
 # class's plain constructor (the same object, built without attrs' per-field
 # ``object.__setattr__``; see ``plain_constructor``) or else to the class.
-_CONSTRUCTORS: dict[type[Event], Callable[..., Event]] = {
+# (Typed as returning Any: each builds an instance of its key, which append returns as E.)
+_CONSTRUCTORS: dict[type[Event], Callable[..., Any]] = {
     cls: plain_constructor(cls) or cls
     for cls in EVENT_TYPES
     if [(f.name, f.kw_only) for f in attrs.fields(cls)[:2]] == [("seq", False), ("ts", False)]
@@ -147,7 +148,7 @@ class Session:
         events = self._events
         construct = _CONSTRUCTORS.get(cls)
         if construct is not None:
-            event: E = construct(len(events), self._clock(), **fields)  # type: ignore[assignment]
+            event: E = construct(len(events), self._clock(), **fields)
         else:
             event = cls(seq=len(events), ts=self._clock(), **fields)
         writer = self._writer
