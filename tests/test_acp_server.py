@@ -703,3 +703,31 @@ async def test_a_compaction_between_turns_sends_the_smaller_usage_and_a_load_sen
             if m.get("method") == "session/update" and m["params"]["update"]["sessionUpdate"] == "usage_update"
         ]
     assert [u["used"] for u in loaded] == [expected]
+
+
+async def test_a_compaction_that_fails_between_turns_is_shown_live_and_on_replay_as_a_thought() -> None:
+    refused: Msg = {"error": {"message": "summary refused", "code": "http-503"}}
+    answers: list[Msg] = [{"text": f"Answer {n}: " + "a" * 180} for n in (1, 2)]
+    model = ScriptedModel([*answers, refused], context_window=300)
+    async with open_test_harness(model) as harness, connected(harness) as (peer, _server, _):
+        session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+        agent = harness.agents.get(session_id)
+        assert agent is not None
+        for n in (1, 2):
+            prompt = {"sessionId": session_id, "prompt": [{"type": "text", "text": f"Question {n}: " + "q" * 180}]}
+            assert await peer.call("session/prompt", prompt) == {"stopReason": "end_turn"}
+            await agent.when_idle()
+        with trio.fail_after(WAIT):
+            while True:
+                updates = [m["params"]["update"] for m in peer.received if m.get("method") == "session/update"]
+                notes = [u for u in updates if "trio-harness/failure" in u.get("_meta", {})]
+                if notes:
+                    break
+                await peer.receive()
+        events = list(agent.session.events)
+    (note,) = notes
+    assert note["sessionUpdate"] == "agent_thought_chunk"
+    assert note["content"]["text"].startswith("Compacting the conversation failed: ")
+    assert [e.type for e in events].count("context/compaction-failed") == 1
+    replayed = [u for u in replay_updates(events, session_id) if "trio-harness/failure" in u.get("_meta", {})]
+    assert replayed == [note]

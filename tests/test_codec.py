@@ -32,6 +32,7 @@ from trio_harness.session._events import (
     AssistantChunk,
     AssistantMessage,
     CancelCause,
+    CompactionFailed,
     ContextCompacted,
     Event,
     InboxMessage,
@@ -145,6 +146,13 @@ EVENT_FIELDS: dict[type[Event], dict[str, st.SearchStrategy[Any]]] = {
         "source": st.sampled_from(get_args(ApprovalSource)),
         "message": st.none() | texts,
         "cause": st.none() | st.sampled_from(get_args(CancelCause)),
+    },
+    CompactionFailed: {
+        **_BASE,
+        "reason": st.sampled_from(["threshold", "overflow", "manual"]),
+        "failure": failures,
+        "turn": st.none() | ints,
+        "usage": st.none() | totals,
     },
     ContextCompacted: {
         **_BASE,

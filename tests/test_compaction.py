@@ -631,9 +631,16 @@ async def test_compact_reports_nothing_to_do_and_a_failed_summary() -> None:
         agent.followup("two")
         await agent.when_idle()
         before = len(agent.session)
+        requests = agent.usage.requests
         with pytest.raises(CompactionError, match="the summary request failed: overloaded"):
             await agent.compact(keep_tokens=0)
-        assert len(agent.session) == before
+        # nothing compacted; the failure and the request it spent are logged
+        (failed,) = agent.session.events[before:]
+        assert isinstance(failed, ev.CompactionFailed) and failed.reason == "manual" and failed.turn is None
+        assert failed.failure.code == "summary-failed" and "overloaded" in failed.failure.message
+        assert failed.usage is not None and failed.usage.requests == 1
+        assert agent.usage.requests == requests + 1
+        assert not compactions(agent.session.events)
 
 
 async def test_a_failed_automatic_compaction_is_reported_and_then_ends_the_turn_that_needs_it() -> None:
@@ -708,6 +715,9 @@ def test_the_transcript_shows_a_compaction() -> None:
     event = ev.ContextCompacted(seq=9, ts=1.0, boundary=4, summary="s" * 42, reason="threshold", turn=3)
     lines = transcript(SessionHeader(id="x", created_at=1.0), [event])
     assert lines[-1] == "--- context compacted (threshold): events before seq 4 summarized (42 characters) ---"
+    failed = ev.CompactionFailed(seq=10, ts=1.0, reason="manual", failure=Failure("summary-failed", "overloaded"))
+    lines = transcript(SessionHeader(id="x", created_at=1.0), [event, failed])
+    assert lines[-1] == "--- context compaction failed (manual): overloaded (summary-failed) ---"
 
 
 async def test_a_large_system_prompt_and_tools_do_not_make_every_step_compact() -> None:
@@ -722,3 +732,34 @@ async def test_a_large_system_prompt_and_tools_do_not_make_every_step_compact() 
     done = compactions(events)
     assert 1 <= len(done) <= 6
     assert {e.reason for e in events if isinstance(e, ev.TurnEnd)} == {"completed"}
+
+
+async def test_a_failed_compaction_is_logged_counted_and_a_resumed_agent_skips_it_as_the_live_one_did(
+    tmp_path: Path,
+) -> None:
+    refused = {"error": {"message": "summary refused", "code": "http-503"}}
+    options = AgentOptions(context=ContextPolicy(window=300))
+    model = ScriptedModel([*script(2), refused])
+    async with open_test_harness(model, store=tmp_path) as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(session_id="s", options=options) as agent:
+            await run_turns(agent, 1, 2)  # the compaction between turns 2 and 3 fails
+            events = list(agent.session.events)
+            usage = agent.usage
+    (failed,) = [e for e in events if isinstance(e, ev.CompactionFailed)]
+    assert (failed.reason, failed.turn, failed.failure.code) == ("threshold", None, "summary-failed")
+    assert "summary refused" in failed.failure.message and isinstance(events[failed.seq - 1], ev.TurnEnd)
+    assert failed.usage is not None and usage.requests == len(model.requests) == 3  # two turns, one summary
+    assert not compactions(events)
+
+    # resumed: not retried between turns right after turn 2 (as the live agent decided); turn 3's own
+    # compaction is the next summary request
+    again = ScriptedModel([refused])
+    async with open_test_harness(again, store=tmp_path) as h:
+        h.tools.add(ECHO)
+        async with h.agents.open(session_id="s", options=options, resume=True) as agent:
+            assert agent.usage == usage  # the failed summary's request is counted after resume too
+            await run_turns(agent, 3, 3)
+            end = agent.session.events[-1]
+    assert [r.purpose for r in again.requests] == ["compaction"]
+    assert isinstance(end, ev.TurnEnd) and end.failure is not None and end.failure.code == "compaction-failed"

@@ -929,6 +929,10 @@ def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 5
                 f"--- context compacted ({event.reason}): events before seq {event.boundary} summarized "
                 f"({len(event.summary)} characters) ---"
             )
+        elif isinstance(event, ev.CompactionFailed):
+            lines.append(
+                f"--- context compaction failed ({event.reason}): {event.failure.message} ({event.failure.code}) ---"
+            )
         elif isinstance(event, ev.TurnEnd):
             reason: str = event.reason
             if event.cause is not None:

@@ -90,6 +90,7 @@ from ._params import (
 )
 from ._updates import (
     StopReason,
+    compaction_failed_update,
     failure_update,
     iso_time,
     live_update,
@@ -691,6 +692,8 @@ class AcpServer:
                 # A user's message as user text, a task notice as the agent's (docs/acp.rst).
                 for message in record.first_step_messages:
                     self._update(record.id, message_update(message, record.id))
+        elif isinstance(event, ev.CompactionFailed) and event.turn is None:
+            self._update(record.id, compaction_failed_update(event, record.id))
         elif isinstance(event, ev.ContextCompacted) and event.turn is None:
             # A compaction between turns shrank the context: say so (docs/acp.rst, "Usage").
             self._after_turn(record, None, activity=False)

@@ -51,6 +51,7 @@ __all__ = [
     "TURN_END_META",
     "USAGE_META",
     "StopReason",
+    "compaction_failed_update",
     "context_tokens",
     "failure_text",
     "failure_update",
@@ -260,6 +261,19 @@ def failure_update(turn: int, failure: Failure, session_id: str = "") -> Update:
     return _chunk("agent_message_chunk", failure_text(failure), session_id, f"{turn}/end", meta)
 
 
+def compaction_failed_update(event: ev.CompactionFailed, session_id: str = "") -> Update:
+    """The ``agent_thought_chunk`` saying a compaction between turns failed (``_meta`` names the failure).
+
+    A thought, not an answer: no prompt is waiting, and the conversation goes
+    on uncompacted (a turn that then needs the compaction ends with
+    ``compaction-failed``, shown as a failure like any other).
+    """
+    failure = event.failure
+    meta = {FAILURE_META: {"code": failure.code, "message": failure.message}}
+    text = f"Compacting the conversation failed: {failure.message}"
+    return _chunk("agent_thought_chunk", text, session_id, f"{event.seq}/compaction-failed", meta)
+
+
 def turn_end_update(end: ev.TurnEnd, session_id: str = "") -> Update | None:
     """The note a replay ends a turn with when the turn did not finish normally, or None.
 
@@ -360,6 +374,9 @@ def replay_updates(events: Sequence[ev.Event], session_id: str = "") -> Iterator
             yield _tool_result(event)
         elif isinstance(event, ev.StepEnd):
             yield from pending()
+        elif isinstance(event, ev.CompactionFailed) and event.turn is None:
+            yield from pending()
+            yield compaction_failed_update(event, session_id)
         elif isinstance(event, ev.TurnEnd):
             yield from pending()
             note = turn_end_update(event, session_id)

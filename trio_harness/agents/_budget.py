@@ -71,7 +71,9 @@ def budget_failure(budget: Budget | None, used: UsageTotals, what: str) -> Failu
 # Totals folded from logged ints: built by the plain constructor (the same object, cheaper).
 _plain_totals = plain_constructor(UsageTotals) or UsageTotals
 
-_COUNTED: frozenset[type[ev.Event]] = frozenset({ev.RequestHeader, ev.AssistantMessage, ev.ContextCompacted})
+_COUNTED: frozenset[type[ev.Event]] = frozenset(
+    {ev.RequestHeader, ev.AssistantMessage, ev.ContextCompacted, ev.CompactionFailed}
+)
 
 
 @attrs.define(eq=False)
@@ -111,7 +113,7 @@ class UsageCounter:
                     tokens_out += usage.output_tokens
                     cached += usage.cache_hit_tokens
                     reasoning += usage.reasoning_tokens
-            elif type(event) is ev.ContextCompacted:
+            elif type(event) is ev.ContextCompacted or type(event) is ev.CompactionFailed:
                 summed = event.usage
                 if summed is not None:
                     tokens_in += summed.input_tokens

@@ -48,6 +48,7 @@ __all__ = [
     "DEFAULT_SUMMARY_PROMPT",
     "ContextPolicy",
     "HistoryProcessor",
+    "SummaryFailed",
     "choose_boundary",
     "render_transcript",
     "summarize",
@@ -185,6 +186,15 @@ def _prompt(previous: str | None, chunk: str) -> str:
     )
 
 
+class SummaryFailed(CompactionError):
+    """A summary request failed: ``failure`` says how, ``usage`` is what the summary requests spent."""
+
+    def __init__(self, message: str, failure: Failure, usage: UsageTotals) -> None:
+        super().__init__(message)
+        self.failure = failure
+        self.usage = usage
+
+
 async def summarize(
     provider: ModelProvider,
     *,
@@ -202,7 +212,8 @@ async def summarize(
         summaries when it took more than one request.
 
     Raises:
-        CompactionError: a summary request failed or gave no text.
+        SummaryFailed: a summary request failed or gave no text (a
+            :class:`~trio_harness.CompactionError`).
         trio.Cancelled: propagated at once; nothing is left behind.
     """
     lines = render_transcript(messages)
@@ -228,9 +239,17 @@ async def summarize(
         )
         usage = usage.add(used, requests=1)
         if failure is not None:
-            raise CompactionError(f"the summary request failed: {failure.message} ({failure.code})")
+            raise SummaryFailed(
+                f"the summary request failed: {failure.message} ({failure.code})",
+                Failure("summary-failed", f"{failure.message} ({failure.code})"),
+                usage,
+            )
         if not text.strip():
-            raise CompactionError("the summary request returned no text")
+            raise SummaryFailed(
+                "the summary request returned no text",
+                Failure("summary-empty", "the summary request returned no text"),
+                usage,
+            )
         summary = text.strip()
         answers.append(summary)
     assert summary is not None

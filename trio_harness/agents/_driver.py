@@ -59,7 +59,7 @@ from ..session._events import ApprovalOutcome, CancelCause, InboxMessage, SendMo
 from ..session._session import Session
 from ._approval import ApprovalDecision, ApprovalRequest, Approver
 from ._budget import UsageCounter, budget_failure
-from ._compaction import ContextPolicy, choose_boundary, summarize, summary_section
+from ._compaction import ContextPolicy, SummaryFailed, choose_boundary, summarize, summary_section
 from ._function_tools import caller_namespace, output_adapter
 from ._history import History, TurnMark
 from ._inbox import Inbox
@@ -214,6 +214,8 @@ class ReactAgent:
         for event in self._session.events:
             if isinstance(event, ev.TurnStart):
                 self._last_turn = event.turn
+            elif isinstance(event, ev.CompactionFailed):
+                self._auto_skipped_at = self._last_turn  # as the agent that logged it decided
         self._rebuild_standing()
 
     def __repr__(self) -> str:
@@ -971,15 +973,21 @@ class ReactAgent:
         if plan is None:
             return None
         policy, window, mark, messages = plan
-        summary, usage, partials = await summarize(
-            self._provider,
-            model=self._model_name(),
-            settings=self._model_settings(),
-            policy=policy,
-            previous=self._history.summary,
-            messages=messages[: mark.index],
-            window=window,
-        )
+        try:
+            summary, usage, partials = await summarize(
+                self._provider,
+                model=self._model_name(),
+                settings=self._model_settings(),
+                policy=policy,
+                previous=self._history.summary,
+                messages=messages[: mark.index],
+                window=window,
+            )
+        except SummaryFailed as exc:
+            # Logged: its usage counts, and a resumed agent skips as this one does.
+            self._session.append(ev.CompactionFailed, reason=reason, failure=exc.failure, turn=turn, usage=exc.usage)
+            self._auto_skipped_at = self._last_turn
+            raise
         return self._session.append(
             ev.ContextCompacted,
             boundary=mark.seq,

@@ -61,7 +61,7 @@ class _Recorded:
     message: ev.AssistantMessage | None
     last_user: str | None
     settings: ModelSettings | None = None
-    compaction: ev.ContextCompacted | None = None
+    compaction: ev.ContextCompacted | ev.CompactionFailed | None = None
 
     @property
     def kind(self) -> Literal["turn", "compaction"]:
@@ -87,7 +87,7 @@ def _recordings(events: Iterable[ev.Event]) -> list[_Recorded]:
             if event.finish not in ("error", "aborted"):
                 out.append(_Recorded(tuple(chunks), event, last_user, settings))
             chunks = []
-        elif isinstance(event, ev.ContextCompacted):
+        elif isinstance(event, ev.ContextCompacted | ev.CompactionFailed):
             out.append(_Recorded((), None, None, compaction=event))
     return out
 
@@ -174,6 +174,15 @@ class ReplayModel:
         current = recorded[self._next]
         if current.kind != kind:
             self._diverged(emit, f"is a {_KIND[kind]} where the recording had a {_KIND[current.kind]}")
+            return
+        if isinstance(current.compaction, ev.CompactionFailed):
+            # A failed compaction fails again, at its first summary request.
+            failed = current.compaction
+            self._answered += 1
+            totals = failed.usage
+            if self._answered == 1 and totals is not None:
+                emit(Usage(totals.input_tokens, totals.output_tokens, totals.cache_hit_tokens, totals.reasoning_tokens))
+            emit(Finish("error", failed.failure))
             return
         if current.compaction is not None:
             compaction = current.compaction

@@ -24,6 +24,7 @@ __all__ = [
     "ApprovalSource",
     "AssistantChunk",
     "AssistantMessage",
+    "CompactionFailed",
     "CompactionReason",
     "ContextCompacted",
     "Event",
@@ -413,6 +414,31 @@ class ContextCompacted(Event):
     partials: tuple[str, ...] = attrs.field(default=(), metadata=OMIT_IF_DEFAULT)
 
 
+@attrs.frozen
+class CompactionFailed(Event):
+    """A context compaction's summary request failed: nothing was compacted.
+
+    Logged so that the failure, and the usage its requests spent, are part of
+    the session: usage totals and budgets count ``usage``, a resumed agent does
+    not retry the compaction between turns right after the turn it failed in
+    or after, and editors see it (docs/long-sessions.rst, "Context-window
+    management").
+
+    Attributes:
+        reason: why the compaction ran (as in ``context/compacted``).
+        failure: what went wrong (code ``summary-failed`` with the provider's
+            failure in the message, or ``summary-empty``).
+        turn: the turn during which it ran, None between turns.
+        usage: the usage of its summary requests, the failed one included.
+    """
+
+    type: ClassVar[str] = "context/compaction-failed"
+    reason: CompactionReason
+    failure: Failure
+    turn: int | None = None
+    usage: UsageTotals | None = None
+
+
 AnyEvent: TypeAlias = (
     TurnStart
     | StepStart
@@ -429,6 +455,7 @@ AnyEvent: TypeAlias = (
     | ApprovalRequested
     | ApprovalDecided
     | ContextCompacted
+    | CompactionFailed
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -447,6 +474,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ApprovalRequested,
     ApprovalDecided,
     ContextCompacted,
+    CompactionFailed,
 )
 """Every event class, in a stable order.
 
