@@ -261,6 +261,18 @@ class Peer:
                 if message.get("id") == request_id and "method" not in message:
                     return message
 
+    @property
+    def updates(self) -> list[Msg]:
+        """The ``session/update`` payloads received so far, in order."""
+        return [m["params"]["update"] for m in self.received if m.get("method") == "session/update"]
+
+    async def updates_until(self, done: Callable[[list[Msg]], bool]) -> list[Msg]:
+        """The updates received once ``done(updates)`` holds, reading more until it does (within WAIT)."""
+        with trio.fail_after(WAIT):
+            while not done(updates := self.updates):
+                await self.receive()
+            return updates
+
     async def call(self, method: str, params: Any = None) -> Any:
         message = self.request(method, params)
         await self.send(message)

@@ -152,21 +152,20 @@ async def test_turns_the_agent_starts_by_itself_are_streamed() -> None:
         session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
         reply = await peer.call("session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "hi"}]})
         assert reply == {"stopReason": "end_turn"}
-        prompted = [m for m in peer.received if m.get("method") == "session/update"]
+        prompted = peer.updates
         # the prompted turn is streamed once (no duplicate from the unsolicited path)
-        chunks = conversation([m["params"]["update"] for m in prompted])
+        chunks = conversation(prompted)
         assert "".join(u["content"]["text"] for u in chunks) == "prompted answer"
         agent = harness.agents.get(session_id)
         assert agent is not None
         agent.followup("background task bash-1 completed")
         await agent.when_idle()
-        with trio.fail_after(WAIT):
-            while True:
-                updates = [m["params"]["update"] for m in peer.received if m.get("method") == "session/update"]
-                texts = [u["content"]["text"] for u in updates if u["sessionUpdate"] == "agent_message_chunk"]
-                if "".join(texts) == "prompted answernoticed it":
-                    break
-                await peer.receive()
+
+        def answered(updates: list[Msg]) -> bool:
+            texts = [u["content"]["text"] for u in updates if u["sessionUpdate"] == "agent_message_chunk"]
+            return "".join(texts) == "prompted answernoticed it"
+
+        updates = await peer.updates_until(answered)
         later = conversation(updates[len(prompted) :])
         kinds = [u["sessionUpdate"] for u in later]
         assert kinds[0] == "user_message_chunk"
@@ -604,13 +603,16 @@ async def test_env_key_authentication_succeeds_once_the_key_is_in_the_environmen
 
 async def _usage_updates(peer: Peer, count: int) -> list[Msg]:
     """The first ``count`` ``usage_update``s the peer received, waiting for them."""
-    with trio.fail_after(WAIT):
-        while True:
-            updates = [m["params"]["update"] for m in peer.received if m.get("method") == "session/update"]
-            usage = [u for u in updates if u["sessionUpdate"] == "usage_update"]
-            if len(usage) >= count:
-                return usage[:count]
-            await peer.receive()
+    updates = await peer.updates_until(lambda got: len(_usage(got)) >= count)
+    return _usage(updates)[:count]
+
+
+def _usage(updates: list[Msg]) -> list[Msg]:
+    return [u for u in updates if u["sessionUpdate"] == "usage_update"]
+
+
+def _failure_notes(updates: list[Msg]) -> list[Msg]:
+    return [u for u in updates if "trio-harness/failure" in u.get("_meta", {})]
 
 
 async def test_usage_update_carries_the_sessions_cost_when_the_model_is_priced(nursery: trio.Nursery) -> None:
@@ -659,18 +661,12 @@ async def test_a_turn_the_agent_started_by_itself_that_fails_says_so_live_as_a_r
         assert agent is not None
         agent.followup("background task bash-1 completed")  # nobody prompted this turn
         await agent.when_idle()
-        with trio.fail_after(WAIT):
-            while True:
-                updates = [m["params"]["update"] for m in peer.received if m.get("method") == "session/update"]
-                notes = [u for u in updates if "trio-harness/failure" in u.get("_meta", {})]
-                if notes:
-                    break
-                await peer.receive()
+        notes = _failure_notes(await peer.updates_until(lambda got: bool(_failure_notes(got))))
         events = list(agent.session.events)
     (note,) = notes
     assert note["sessionUpdate"] == "agent_message_chunk"
     assert "upstream overloaded" in note["content"]["text"]
-    replayed = [u for u in replay_updates(events, session_id) if "trio-harness/failure" in u.get("_meta", {})]
+    replayed = _failure_notes(list(replay_updates(events, session_id)))
     assert replayed == [note]
 
 
@@ -695,13 +691,9 @@ async def test_a_compaction_between_turns_sends_the_smaller_usage_and_a_load_sen
         assert updates[-1]["used"] == expected < updates[-2]["used"]
         assert updates[-1]["_meta"]["trio-harness/usage"]["session"]["requests"] == agent.usage.requests
         assert await peer.call("session/close", {"sessionId": session_id}) == {}
-        before = len(peer.received)
+        before = len(_usage(peer.updates))
         await peer.call("session/load", {"sessionId": session_id, "cwd": "/"})
-        loaded = [
-            m["params"]["update"]
-            for m in peer.received[before:]
-            if m.get("method") == "session/update" and m["params"]["update"]["sessionUpdate"] == "usage_update"
-        ]
+        loaded = _usage(peer.updates)[before:]
     assert [u["used"] for u in loaded] == [expected]
 
 
@@ -717,17 +709,11 @@ async def test_a_compaction_that_fails_between_turns_is_shown_live_and_on_replay
             prompt = {"sessionId": session_id, "prompt": [{"type": "text", "text": f"Question {n}: " + "q" * 180}]}
             assert await peer.call("session/prompt", prompt) == {"stopReason": "end_turn"}
             await agent.when_idle()
-        with trio.fail_after(WAIT):
-            while True:
-                updates = [m["params"]["update"] for m in peer.received if m.get("method") == "session/update"]
-                notes = [u for u in updates if "trio-harness/failure" in u.get("_meta", {})]
-                if notes:
-                    break
-                await peer.receive()
+        notes = _failure_notes(await peer.updates_until(lambda got: bool(_failure_notes(got))))
         events = list(agent.session.events)
     (note,) = notes
     assert note["sessionUpdate"] == "agent_thought_chunk"
     assert note["content"]["text"].startswith("Compacting the conversation failed: ")
     assert [e.type for e in events].count("context/compaction-failed") == 1
-    replayed = [u for u in replay_updates(events, session_id) if "trio-harness/failure" in u.get("_meta", {})]
+    replayed = _failure_notes(list(replay_updates(events, session_id)))
     assert replayed == [note]

@@ -856,7 +856,6 @@ class ReactAgent:
             try:
                 compacted = await self._compact("overflow", turn)
             except CompactionError as exc:
-                self._auto_skipped_at = turn  # not tried again between turns right after this one
                 return Finish("error", Failure("compaction-failed", f"{exc} (after the provider said: {refused})")), []
             if compacted is None:
                 return finish, calls  # nothing left to compact: the refusal stands
@@ -920,7 +919,6 @@ class ReactAgent:
         try:
             await self._compact("threshold", turn, estimate)
         except CompactionError as exc:
-            self._auto_skipped_at = turn  # not tried again between turns right after this one
             return Failure(
                 "compaction-failed",
                 f"the next request (about {estimate} tokens) passes {policy.threshold:.0%} of the context window "
