@@ -479,22 +479,34 @@ def _rss_bytes() -> int:
 
 
 async def _memory_child(kind: str, count: int, top: int) -> dict[str, Any]:
-    """In a fresh process: bytes per idle agent by ``kind`` (``rss`` or ``tracemalloc``)."""
+    """In a fresh process: bytes per idle agent by ``kind`` (``rss``, ``tracemalloc`` or ``ran``).
+
+    ``ran``: tracemalloc, each agent idle again after one tool-calling turn
+    (its history, and its driver task parked until disposal).
+    """
+    ran = kind == "ran"
+    shared = InstantModel()
     async with _open(ScriptedModel([])) as harness:
         harness.tools.add(ECHO)
         for _ in range(200):  # warm up: lazy imports, caches, free lists
             handle = await harness.agents.create()
             await handle.dispose()
         gc.collect()
-        if kind == "tracemalloc":
+        if kind != "rss":
             tracemalloc.start(1)
             before_snapshot = tracemalloc.take_snapshot() if top else None
             before = tracemalloc.get_traced_memory()[0]
         else:
             before = _rss_bytes()
-        handles = [await harness.agents.create() for _ in range(count)]
+        handles = []
+        for _ in range(count):
+            handle = await harness.agents.create(options=AgentOptions(model=shared) if ran else None)
+            if ran:
+                handle.agent.followup("go")
+                await handle.agent.when_idle()
+            handles.append(handle)
         gc.collect()
-        if kind == "tracemalloc":
+        if kind != "rss":
             after = tracemalloc.get_traced_memory()[0]
             lines: list[str] = []
             if before_snapshot is not None:
@@ -516,7 +528,7 @@ async def _memory_child(kind: str, count: int, top: int) -> dict[str, Any]:
 async def measure_memory(count: int = MEMORY_AGENTS) -> dict[str, dict[str, Any]]:
     """Run the memory child once per kind, each in a fresh process."""
     out: dict[str, dict[str, Any]] = {}
-    for kind in ("rss", "tracemalloc"):
+    for kind in ("rss", "tracemalloc", "ran"):
         command = [sys.executable, str(Path(__file__)), "--memory-child", kind, "--agents", str(count)]
         done = await trio.run_process(command, capture_stdout=True, capture_stderr=True, check=False)
         try:
@@ -671,6 +683,7 @@ async def bench() -> list[Row]:
     ]
 
     memory = await measure_memory()
+    after_turn = memory.pop("ran")
     sizes = {kind: data.get("bytes_per_agent") for kind, data in memory.items()}
     numeric = {kind: size for kind, size in sizes.items() if isinstance(size, int | float)}
     larger = max(numeric, key=lambda kind: numeric[kind]) if numeric else None
@@ -690,6 +703,16 @@ async def bench() -> list[Row]:
                 f"<= {MEMORY_TARGET / 1024:g} KiB" if applies else "report",
             )
         )
+    size = after_turn.get("bytes_per_agent")
+    rows.append(
+        _row(
+            f"memory per agent after one tool-calling turn, {MEMORY_AGENTS:,} agents, tracemalloc"
+            " (its history and its parked driver task)",
+            round(size / 1024, 2) if isinstance(size, int | float) else "n/a",
+            "KiB" if isinstance(size, int | float) else "",
+            "report",
+        )
+    )
     return rows
 
 
@@ -748,7 +771,7 @@ def main(argv: list[str] | None = None) -> None:
     """Print the rows as JSON lines (or run a profile / the memory child)."""
     parser = argparse.ArgumentParser(description="agent runtime benchmarks")
     parser.add_argument("--profile", metavar="FIGURE", help="cProfile one figure: reused, fresh, jsonl, create, typed")
-    parser.add_argument("--memory-child", choices=["rss", "tracemalloc"], help=argparse.SUPPRESS)
+    parser.add_argument("--memory-child", choices=["rss", "tracemalloc", "ran"], help=argparse.SUPPRESS)
     parser.add_argument("--agents", type=int, default=MEMORY_AGENTS, help=argparse.SUPPRESS)
     parser.add_argument("--memory-top", action="store_true", help="print the top allocation sites per idle agent")
     args = parser.parse_args(argv)

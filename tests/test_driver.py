@@ -769,6 +769,69 @@ async def test_status_listener_followup_on_idle_does_not_break_when_idle() -> No
         assert_balanced(agent.session)
 
 
+def _all_tasks() -> list[trio.lowlevel.Task]:
+    root = trio.lowlevel.current_root_task()
+    assert root is not None
+    found: list[trio.lowlevel.Task] = []
+
+    def walk(task: trio.lowlevel.Task) -> None:
+        found.append(task)
+        for nursery in task.child_nurseries:
+            for child in nursery.child_tasks:
+                walk(child)
+
+    walk(root)
+    return found
+
+
+def _drivers(agent: Agent) -> list[trio.lowlevel.Task]:
+    return [task for task in _all_tasks() if task.name == f"agent {agent.id} driver"]
+
+
+@pytest.mark.parametrize("dispose_while", ["idle", "running"])
+async def test_one_driver_task_runs_every_activity_and_disposal_ends_it(
+    autojump_clock: trio.testing.MockClock, dispose_while: str
+) -> None:
+    """The driver task is spawned at the first wake, parks between activities, and is gone after disposal."""
+    model = ScriptedModel([{"text": "one"}, {"hang": True}, {"text": "three"}, {"text": "four"}, {"hang": True}])
+    async with open_test_harness(model) as h:
+        handle = await h.agents.create()
+        agent = handle.agent
+        await trio.testing.wait_all_tasks_blocked()
+        assert _drivers(agent) == []  # an agent that never ran has no task
+        agent.followup("one")
+        await agent.when_idle()
+        await trio.testing.wait_all_tasks_blocked()
+        first = _drivers(agent)
+        assert len(first) == 1  # parked, not ended
+        agent.followup("two")
+        await trio.testing.wait_all_tasks_blocked()
+        agent.cancel()
+        await agent.when_idle()
+        # After a cancelled activity the next ones run in a fresh cancel scope, not aborted.
+        agent.followup("three")
+        await agent.when_idle()
+        agent.followup("four")
+        await agent.when_idle()
+        await trio.testing.wait_all_tasks_blocked()
+        assert _drivers(agent) == first
+        assert turn_ends(agent) == [
+            (1, "completed", None),
+            (2, "aborted", "user"),
+            (3, "completed", None),
+            (4, "completed", None),
+        ]
+        if dispose_while == "running":
+            agent.followup("five")
+            await trio.testing.wait_all_tasks_blocked()
+            assert agent.status == "running"
+        await handle.dispose()
+        assert first[0] not in _all_tasks()
+        if dispose_while == "running":
+            assert turn_ends(agent)[-1] == (5, "aborted", "disposed")
+        assert_balanced(agent.session)
+
+
 async def test_when_idle_waiter_cancelled_does_not_disturb_agent(autojump_clock: trio.testing.MockClock) -> None:
     model = ScriptedModel([{"text": "x", "delay": 10}])
     async with open_test_harness(model) as h, h.agents.open() as agent:

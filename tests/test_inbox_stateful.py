@@ -81,6 +81,19 @@ class TrioPortal:
             raise self.error
 
 
+def _tasks_named(name: str) -> list[trio.lowlevel.Task]:
+    found: list[trio.lowlevel.Task] = []
+    pending = [trio.lowlevel.current_root_task()]
+    while pending:
+        task = pending.pop()
+        if task is None:
+            continue
+        if task.name == name:
+            found.append(task)
+        pending.extend(child for nursery in task.child_nurseries for child in nursery.child_tasks)
+    return found
+
+
 class AgentMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -211,6 +224,8 @@ class AgentMachine(RuleBasedStateMachine):
             rebuilt = Inbox.replay(agent.session)
             assert rebuilt.next_turn == agent.inbox.next_turn
             assert rebuilt.next_step == agent.inbox.next_step
+            # one driver task at most: a disposed agent's is gone before its resumed successor's starts
+            assert len(_tasks_named(f"agent {agent.id} driver")) <= 1
 
         self.portal.run(check)
 
@@ -219,6 +234,7 @@ class AgentMachine(RuleBasedStateMachine):
             if self.handle is not None:
                 await self.handle.dispose()
             assert self.h.agents.list() == []
+            assert _tasks_named("agent machine driver") == []  # disposal ends the parked driver too
 
         try:
             self.portal.run(finish)

@@ -2,12 +2,18 @@
 
 Phases: ``idle``, ``maintenance`` and ``running``; the public status maps
 maintenance to ``idle``.  Maintenance is ``agent.compact()`` or
-``maintenance()``, or the automatic compaction the drain task runs between
-turns when the next turn would pass the context threshold.  A waking send while idle starts an *activity*: a task
-in the agent's scope that runs turns while there is work.  Each activity has
-one cancel scope and one cancel cause (the first cause wins); a waking send
-that arrives after a cancel but before the activity ends is latched and runs in
-a replacement activity once the cancelled turn has closed.
+``maintenance()``, or the automatic compaction the driver runs between turns
+when the next turn would pass the context threshold.
+
+A waking send while idle starts an *activity*: the agent's driver task runs
+turns while there is work.  The driver task is spawned into the agent's scope
+at the first wake and parks while the agent is idle (a wake reschedules it), so
+an activity costs no task spawn; disposal cancels it.  Each activity has one
+cancel scope and one cancel cause (the first cause wins); activities share the
+driver's cancel scope until one is cancelled, and the next one enters a fresh
+scope.  A waking send that arrives after a cancel but before the activity ends
+is latched and runs in a replacement activity once the cancelled turn has
+closed.
 
 Where is a turn cancelled?  :meth:`ReactAgent.cancel` cancels the activity's
 cancel scope; the ``finally`` blocks of :meth:`_run_turn`, :meth:`_run_step`
@@ -152,7 +158,7 @@ class ReactAgent:
     _tools: ToolSet = attrs.field(factory=ToolSet, init=False)
     _inbox: Inbox = attrs.field(init=False)
     _history: History = attrs.field(init=False)
-    # idle | maintenance | running; only the drain task and maintenance() change it.
+    # idle | maintenance | running; only the driver task, _start_activity and maintenance() change it.
     _phase: Phase = attrs.field(default="idle", init=False)
     _status: AgentStatus = attrs.field(default="idle", init=False)
     # A waking send arrived since the last claim (or since a cancel).
@@ -160,6 +166,11 @@ class ReactAgent:
     # The current activity's cancel cause; the first cause wins.
     _cause: CancelCause | None = attrs.field(default=None, init=False)
     _activity_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    # The driver task: started at the first wake, parked (``_parked``) while idle.
+    _driver_alive: bool = attrs.field(default=False, init=False)
+    _parked: trio.lowlevel.Task | None = attrs.field(default=None, init=False)
+    # An activity is under way in the driver task (its end sets the phase back to idle).
+    _draining: bool = attrs.field(default=False, init=False)
     # Set whenever the phase returns to idle; replaced when activity starts.
     _idle: trio.Event = attrs.field(factory=trio.Event, init=False)
     # Set by the disposal close hook; no wake is ever latched after it.
@@ -603,47 +614,91 @@ class ReactAgent:
         self._idle = trio.Event()
         if not due:
             self._set_status("running")
-        self._scope.spawn(self._drain, name=f"agent {self.id} driver")
+        parked = self._parked
+        if parked is not None:
+            self._parked = None
+            trio.lowlevel.reschedule(parked)
+        elif not self._driver_alive:
+            self._scope.spawn(self._drive, name=f"agent {self.id} driver")
+            self._driver_alive = True
+        # else: the driver is between two activities and sees the new phase before it parks.
 
-    async def _drain(self) -> None:
+    def _unpark(self, raise_cancel: object) -> trio.lowlevel.Abort:
+        self._parked = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    async def _drive(self) -> None:
+        """The agent's driver task: started at the first wake, parked while idle, cancelled at disposal.
+
+        One cancel scope serves every activity until one is cancelled; only
+        then is a fresh one entered (entering a cancel scope per activity was
+        the largest fixed cost of a turn).
+        """
         _set_initiator(self.id)
+        task = trio.lowlevel.current_task()
         try:
-            while not self._disposing:
-                if self._phase == "maintenance":
-                    # Automatic compaction between turns (docs/long-sessions.rst,
-                    # "Context-window management"): the agent is idle meanwhile,
-                    # and queued work runs once it ends.
-                    cancelled = await self._run_auto_maintenance()
-                    # After a cancel, only a wake latched since then goes on (as for a turn).
-                    if self._disposing or (cancelled and not self._wake_requested) or not self._has_work():
-                        break
-                    self._phase = "running"
-                    self._cause = None
-                    self._set_status("running")
+            while True:
                 with trio.CancelScope() as activity:
-                    self._activity_scope = activity
-                    if self._cause is not None:
-                        activity.cancel()
-                    await self._run_work()
+                    while not activity.cancel_called:
+                        if self._phase == "idle":
+                            if self._disposing:
+                                return  # quiesced for disposal: nothing can wake it any more
+                            self._parked = task
+                            await trio.lowlevel.wait_task_rescheduled(self._unpark)
+                            continue
+                        await self._drain(activity)
+                # The activity was cancelled: a waking send latched after the cancel runs now.
                 self._activity_scope = None
-                if self._cause is None:
-                    if not self._disposing and self._maintenance_due():
-                        self._phase = "maintenance"  # public status: idle
-                        self._set_status("idle")
-                        continue
-                    break
-                # Cancelled: a waking send latched after the cancel runs now.
-                if self._disposing or not (self._wake_requested and self._has_work()):
-                    break
-                self._cause = None
+                if self._draining:
+                    if self._disposing or not (self._wake_requested and self._has_work()):
+                        self._end_drain()
+                    else:
+                        self._cause = None
         finally:
+            self._driver_alive = False
+            self._parked = None
+            if self._draining:
+                self._end_drain()
+
+    def _end_drain(self) -> None:
+        self._draining = False
+        self._activity_scope = None
+        self._cause = None
+        self._phase = "idle"
+        # Release waiters before notifying: a status listener may start the
+        # next activity, whose fresh idle event must stay unset.
+        self._idle.set()
+        self._set_status("idle")
+
+    async def _drain(self, activity: trio.CancelScope) -> None:
+        """Run the work of one activity; returns at its end, or once ``activity`` is cancelled."""
+        self._draining = True
+        while not self._disposing:
+            if self._phase == "maintenance":
+                # Automatic compaction between turns (docs/long-sessions.rst,
+                # "Context-window management"): the agent is idle meanwhile,
+                # and queued work runs once it ends.
+                cancelled = await self._run_auto_maintenance()
+                # After a cancel, only a wake latched since then goes on (as for a turn).
+                if self._disposing or (cancelled and not self._wake_requested) or not self._has_work():
+                    break
+                self._phase = "running"
+                self._cause = None
+                self._set_status("running")
+            self._activity_scope = activity
+            if self._cause is not None:
+                activity.cancel()
+            await self._run_work()  # the activity's own Cancelled leaves through _drive's scope
             self._activity_scope = None
-            self._cause = None
-            self._phase = "idle"
-            # Release waiters before notifying: a status listener may start the
-            # next activity, whose fresh idle event must stay unset.
-            self._idle.set()
-            self._set_status("idle")
+            if self._cause is not None:
+                activity.cancel()  # cancelled past its last checkpoint: _drive decides what follows
+                return
+            if not self._disposing and self._maintenance_due():
+                self._phase = "maintenance"  # public status: idle
+                self._set_status("idle")
+                continue
+            break
+        self._end_drain()
 
     async def _run_work(self) -> None:
         if self._cause is not None:
