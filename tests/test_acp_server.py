@@ -640,6 +640,35 @@ async def test_usage_update_carries_the_sessions_cost_when_the_model_is_priced(n
         assert update["used"] == 123_000
 
 
+async def test_the_server_loads_the_price_table_in_a_worker_thread_when_it_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first price lookup (a usage_update) would import the table on the Trio thread otherwise."""
+    import threading
+
+    from trio_harness.model import _cost
+
+    threads: list[threading.Thread] = []
+    loaded = threading.Event()
+    load = _cost._load
+
+    def observed() -> bool:
+        threads.append(threading.current_thread())
+        try:
+            return load()
+        finally:
+            loaded.set()
+
+    monkeypatch.setattr(_cost, "_loaded", None)
+    monkeypatch.setattr(_cost, "_load", observed)
+    async with open_test_harness(ScriptedModel([])) as harness, connected(harness) as (peer, _server, _):
+        assert (await peer.call("initialize", {"protocolVersion": 1}))["protocolVersion"] == 1
+        # No prompt needed: it started with the connection (bounded, so a server that never loads fails).
+        assert await trio.to_thread.run_sync(loaded.wait, 60)
+    assert len(threads) == 1 and threads[0] is not threading.main_thread()
+    assert _cost._loaded is True
+
+
 async def test_usage_update_has_no_cost_when_the_model_is_not_priced() -> None:
     model = ScriptedModel([{"text": "hello there"}], context_window=10_000)
     async with open_test_harness(model) as harness, connected(harness) as (peer, _server, _):

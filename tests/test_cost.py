@@ -107,3 +107,34 @@ async def test_cost_is_priced_at_the_time_of_the_turn_not_when_it_is_asked(nurse
     other = when.replace(hour=(hour + 12) % 24)
     elsewhen = genai_prices.calc_price(tokens, "deepseek-chat", provider_id="deepseek", genai_request_timestamp=other)
     assert elsewhen.total_price != expected.total_price  # the time matters for this model
+
+
+async def test_run_loads_the_price_table_in_a_worker_thread_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first import of the table takes ~0.3 s: run() does it off the Trio thread, and only once."""
+    import threading
+
+    from trio_harness.model import _cost
+
+    threads: list[threading.Thread] = []
+    load = _cost._load
+
+    def observed() -> bool:
+        threads.append(threading.current_thread())
+        return load()
+
+    monkeypatch.setattr(_cost, "_loaded", None)
+    monkeypatch.setattr(_cost, "_load", observed)
+    async with open_test_harness(ScriptedModel([{"text": "a"}, {"text": "b"}])) as h, h.agents.open() as agent:
+        await agent.run("one")
+        await agent.run("two")
+    assert len(threads) == 1 and threads[0] is not threading.main_thread()
+    assert _cost._loaded is True
+
+
+async def test_load_prices_says_when_the_extra_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trio_harness.model import _cost, load_prices
+
+    monkeypatch.setitem(sys.modules, "genai_prices", None)
+    monkeypatch.setattr(_cost, "_loaded", None)
+    assert await load_prices() is False
+    assert await load_prices() is False

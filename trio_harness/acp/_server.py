@@ -71,6 +71,7 @@ from ..agents._approval import ApprovalDecision, ApprovalRequest
 from ..agents._inbox import new_message_id
 from ..agents._options import AgentOptions
 from ..agents._turns import TurnOutcome, TurnWatcher
+from ..model._cost import load_prices
 from ..session import _events as ev
 from ..session._events import InboxMessage
 from ..tools._mcp import connect_mcp_servers
@@ -317,6 +318,8 @@ class AcpServer:
         try:
             async with trio.open_nursery() as outer:
                 outer.start_soon(self._write_loop, outbox, rpc.MessageWriter(send), writer_done)
+                # The price table (the cost of usage_update) loads while the client starts.
+                outer.start_soon(_warm_prices)
                 try:
                     async with trio.open_nursery() as handlers:
                         self._handlers = handlers
@@ -1019,6 +1022,14 @@ def _mcp_setup(servers: Sequence[McpServerConfig]) -> Setup | None:
         await connect_mcp_servers(agent.scope, agent.tools, servers)
 
     return setup
+
+
+async def _warm_prices() -> None:
+    """Load the price table off the Trio thread; a failure is left to the first lookup to report."""
+    try:
+        await load_prices()
+    except Exception:
+        log.debug("loading the price table failed; the first usage_update will report it", exc_info=True)
 
 
 async def serve_stdio(harness: Harness, **options: Any) -> None:

@@ -35,6 +35,7 @@ import trio
 
 from .._errors import OutputValidationError, RunError
 from .._records import Failure, UsageTotals
+from ..model._cost import load_prices
 from ..model._protocol import FINAL_ANSWER, OutputFormat
 from ..session import _events as ev
 from ._function_tools import OutputAdapter
@@ -239,6 +240,7 @@ async def run_prompt(
         error = OutputValidationError if end.failure is not None and end.failure.code == OUTPUT_INVALID else RunError
         raise error(f"agent {agent.id!r}: turn {end.turn} ended {end.reason}{cause}{detail}", end=end)
     usage = end.usage if end.usage is not None else UsageTotals()
+    await load_prices()  # in a worker thread: the first import of the price table would stall the loop
     cost = agent.cost_of(end.usage, at=end.ts)
     if pending is not None:
         if not pending.valid:  # completed without a final answer to validate (cannot happen for a text answer)

@@ -10,9 +10,45 @@ from __future__ import annotations
 import datetime
 from decimal import Decimal
 
+import trio
+
 from .._records import UsageTotals
 
-__all__ = ["price_route", "usage_cost"]
+__all__ = ["load_prices", "price_route", "usage_cost"]
+
+# Whether the price table is loaded (True), not installed (False), or not tried yet (None).
+_loaded: bool | None = None
+
+
+def _load() -> bool:
+    """Import the price table and build its indexes (a few hundred milliseconds, once per process)."""
+    try:
+        import genai_prices
+    except ImportError:
+        return False
+    try:  # the first lookup builds what later ones reuse
+        genai_prices.calc_price(genai_prices.Usage(input_tokens=1, output_tokens=1), "gpt-4o", provider_id="openai")
+    except LookupError:
+        pass
+    return True
+
+
+async def load_prices() -> bool:
+    """Load the ``genai-prices`` table in a worker thread, once; returns whether it is installed.
+
+    Importing the table takes a few hundred milliseconds, which the first
+    :func:`usage_cost` would otherwise spend on the Trio thread, stalling
+    every task.  :func:`~trio_harness.agents.run` and the ACP server call this
+    first; call it yourself before the first ``agent.cost`` or ``cost_of``.
+    A cancelled load goes on in its thread and is finished by the next call
+    or lookup.
+    """
+    global _loaded
+    if _loaded is None:
+        _loaded = await trio.to_thread.run_sync(_load, abandon_on_cancel=True)
+    else:
+        await trio.lowlevel.checkpoint()
+    return _loaded
 
 
 def usage_cost(
