@@ -37,6 +37,8 @@ __all__ = [
     "connected",
     "conversation",
     "open_server",
+    "tool_ends",
+    "tool_statuses",
     "write_script",
 ]
 
@@ -49,6 +51,22 @@ INFO_KINDS = frozenset({"session_info_update", "usage_update"})
 def conversation(updates: list[Msg]) -> list[Msg]:
     """``updates`` without the session-info and usage updates (tests of those check them separately)."""
     return [u for u in updates if u["sessionUpdate"] not in INFO_KINDS]
+
+
+def tool_statuses(updates: list[Msg]) -> dict[str, list[str]]:
+    """Each tool call's statuses in the order sent (its ``tool_call``, then each update that sets one)."""
+    seen: dict[str, list[str]] = {}
+    for update in updates:
+        if update["sessionUpdate"] in ("tool_call", "tool_call_update") and "status" in update:
+            seen.setdefault(update["toolCallId"], []).append(update["status"])
+    return seen
+
+
+def tool_ends(updates: list[Msg]) -> list[Msg]:
+    """The ``tool_call_update`` that ended each call (``completed`` or ``failed``), in order."""
+    return [
+        u for u in updates if u["sessionUpdate"] == "tool_call_update" and u.get("status") in ("completed", "failed")
+    ]
 
 
 # ---------------------------------------------------------------- a server subprocess

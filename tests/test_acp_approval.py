@@ -173,9 +173,9 @@ async def test_the_clients_choice_applies(
         ("reject_once", "reject_once"),
         ("reject_always", "reject_always"),
     ]
-    # While the client decides, the call shows as pending.
+    # The call is pending until it is allowed, then runs; a denied one never runs (never in_progress).
     statuses = [u.get("status") for u in summary["updates"] if u.get("toolCallId") == started["toolCallId"]]
-    assert statuses[:2] == ["in_progress", "pending"]
+    assert statuses == (["pending", "failed"] if lines is None else ["pending", "in_progress", "completed"])
     results = tool_results(summary)
     if lines is None:
         assert [r["status"] for r in results] == ["failed", "failed"]

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import trio
-from _acp_clients import Msg, conversation, open_server
+from _acp_clients import Msg, conversation, open_server, tool_ends, tool_statuses
 from _util import WAIT
 
 from trio_harness.acp._modes import mode_state
@@ -60,12 +60,13 @@ async def test_prompt_with_tool_calls_streams_updates(tmp_path: Path) -> None:
         # Every update of the prompt arrived before its answer.
         assert all(client.position(m) < client.position(reply) for m in client.received if m.get("method"))
     kinds = [u["sessionUpdate"] for u in updates]
-    assert kinds[:4] == ["tool_call", "tool_call_update", "tool_call", "tool_call_update"]
+    assert kinds[:6] == ["tool_call", "tool_call_update", "tool_call_update"] * 2
     calls = [u for u in updates if u["sessionUpdate"] == "tool_call"]
-    results = [u for u in updates if u["sessionUpdate"] == "tool_call_update"]
+    results = tool_ends(updates)
     assert [c["title"] for c in calls] == ["task_list", "bash: echo hi"]
     assert [c["kind"] for c in calls] == ["read", "execute"]
-    assert all(c["status"] == "in_progress" for c in calls)
+    # pending until it runs, in_progress while it runs, then how it ended: never back
+    assert tool_statuses(updates) == {c["toolCallId"]: ["pending", "in_progress", "completed"] for c in calls}
     assert calls[1]["rawInput"] == {"command": "echo hi", "run_in_background": False}
     assert [r["toolCallId"] for r in results] == [c["toolCallId"] for c in calls]
     assert [r["status"] for r in results] == ["completed", "completed"]
@@ -114,8 +115,17 @@ async def test_failing_tool_calls_are_failed_live_and_in_replay(tmp_path: Path) 
         await client.send(prompt)
         reply = await client.response(prompt["id"])
         assert reply["result"] == {"stopReason": "end_turn"}
-        live = [u for u in client.updates(session_id) if u["sessionUpdate"] == "tool_call_update"]
+        updates = client.updates(session_id)
+        live = tool_ends(updates)
     assert [u["status"] for u in live] == expected
+    # The unknown tool never ran: pending, then failed; the others ran (in_progress) first.
+    ran = {"failed": ["pending", "in_progress", "failed"], "completed": ["pending", "in_progress", "completed"]}
+    assert list(tool_statuses(updates).values()) == [
+        ran["failed"],
+        ["pending", "failed"],
+        ran["completed"],
+        ran["failed"],
+    ]
     texts = [u["content"][0]["content"]["text"] for u in live]
     assert texts[0] == "partial\n[exit code: 1]"  # the text is the model's, unchanged
     assert "unknown tool" in texts[1]
@@ -191,7 +201,9 @@ async def test_cancel_mid_turn_answers_cancelled_and_the_session_goes_on(tmp_pat
         await client.send(prompt)
         await client.wait_for(
             lambda m: (
-                m.get("method") == "session/update" and m["params"]["update"]["sessionUpdate"] == "tool_call_update"
+                m.get("method") == "session/update"
+                and m["params"]["update"]["sessionUpdate"] == "tool_call_update"
+                and m["params"]["update"].get("status") == "completed"
             )
         )
         # The next model request hangs; cancel it.
@@ -423,7 +435,9 @@ async def test_disconnect_kills_background_processes_of_its_sessions(tmp_path: P
         await client.send(prompt)
         started = await client.wait_for(
             lambda m: (
-                m.get("method") == "session/update" and m["params"]["update"]["sessionUpdate"] == "tool_call_update"
+                m.get("method") == "session/update"
+                and m["params"]["update"]["sessionUpdate"] == "tool_call_update"
+                and m["params"]["update"].get("status") == "completed"
             )
         )
         assert "bash-1" in started["params"]["update"]["content"][0]["content"]["text"]
@@ -527,7 +541,7 @@ async def test_sandbox_is_advertised_in_session_new_and_load_and_confines_bash(t
         prompt = client.prompt(session_id, "go")
         await client.send(prompt)
         assert (await client.response(prompt["id"]))["result"] == {"stopReason": "end_turn"}
-        updates = [u for u in client.updates(session_id) if u["sessionUpdate"] == "tool_call_update"]
+        updates = tool_ends(client.updates(session_id))
     assert [u["status"] for u in updates] == ["completed", "failed"]
     assert "Read-only file system" in updates[1]["content"][0]["content"]["text"]
     assert (work / "made.txt").read_text() == "made\n"

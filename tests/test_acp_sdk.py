@@ -134,7 +134,12 @@ async def test_the_official_sdk_client_drives_the_server(tmp_path: Path) -> None
     assert "tool_call_update" in kinds
     assert "agent_thought_chunk" in kinds
     call = next(u for u in live if u["sessionUpdate"] == "tool_call")
-    done = next(u for u in live if u["sessionUpdate"] == "tool_call_update")
+    done = next(u for u in live if u["sessionUpdate"] == "tool_call_update" and "content" in u)
+    assert [u.get("status") for u in live if u.get("toolCallId") == call["toolCallId"]] == [
+        "pending",
+        "in_progress",
+        "completed",
+    ]
     assert call["title"] == "task_list"
     assert done["toolCallId"] == call["toolCallId"]
     assert done["status"] == "completed"

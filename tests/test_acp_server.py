@@ -22,7 +22,7 @@ import genai_prices
 import pytest
 import trio
 import trio.testing
-from _acp_clients import Msg, Peer, check_envelope, connected, conversation
+from _acp_clients import Msg, Peer, check_envelope, connected, conversation, tool_statuses
 from _sse_server import DONE, Stream, sse_finish, sse_text, sse_usage, start_server
 from _util import WAIT
 from hypothesis import HealthCheck, given, settings
@@ -171,6 +171,37 @@ async def test_turns_the_agent_starts_by_itself_are_streamed() -> None:
         assert kinds[0] == "user_message_chunk"
         assert later[0]["content"]["text"] == "background task bash-1 completed"
         assert set(kinds[1:]) == {"agent_message_chunk"}
+
+
+async def test_a_tool_call_is_pending_until_it_runs_in_prompted_and_unsolicited_turns() -> None:
+    """pending -> in_progress (the driver's agent/tool/started) -> completed, and only for this session's turns."""
+    from trio_harness.agents import Tool
+
+    async def echo(ctx: object, args: dict[str, object]) -> str:
+        return str(args["x"])
+
+    call = {"tool_calls": [{"name": "echo", "arguments": {"x": "hi"}}]}
+    model = scripted([call, {"text": "one"}, call, {"text": "two"}, call, {"text": "elsewhere"}])
+    async with open_test_harness(model) as harness, connected(harness) as (peer, _server, _):
+        harness.tools.add(Tool("echo", "Echo x.", {"type": "object"}, echo))
+        session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
+        reply = await peer.call("session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "hi"}]})
+        assert reply == {"stopReason": "end_turn"}
+        agent = harness.agents.get(session_id)
+        assert agent is not None
+        agent.followup("a notice woke me")  # an unsolicited turn, streamed too
+        await agent.when_idle()
+        async with harness.agents.open() as other:  # not a session of this connection: nothing is sent for it
+            other.followup("hi")
+            await other.when_idle()
+
+        # A round trip after everything ran: every update sent before its answer has arrived.
+        await peer.call("session/list", {})
+        statuses = tool_statuses(peer.updates)
+    assert statuses == {
+        "1/call_1": ["pending", "in_progress", "completed"],
+        "2/call_2": ["pending", "in_progress", "completed"],
+    }
 
 
 @pytest.mark.parametrize("request_id", [{"a": 1}, [1], True, 1.5])

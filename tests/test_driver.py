@@ -436,11 +436,15 @@ async def test_bad_arguments_and_unknown_tool_become_error_results() -> None:
     )
     async with open_test_harness(model) as h:
         h.tools.add(Tool("count", "count", schema, handler))
+        started: list[tuple[int, str, str]] = []
+        h.bus.on("agent/tool/started", lambda n: started.append((n.data["turn"], n.data["call_id"], n.data["tool"])))
         async with h.agents.open() as agent:
             agent.followup("go")
             await agent.when_idle()
             results = [e for e in agent.session.events if isinstance(e, ev.ToolResult)]
             assert [r.is_error for r in results] == [True, True, True, False]
+            # Only the call that ran was announced as started (before its handler ran).
+            assert started == [(1, results[3].call_id, "count")]
             assert "not valid JSON" in results[0].content
             assert "n: 'three' is not of type 'integer'" in results[1].content
             assert "unknown tool 'nope'" in results[2].content and "count" in results[2].content

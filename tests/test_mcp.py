@@ -707,6 +707,7 @@ class Acp:
             if m.get("method") == "session/update"
             and m["params"]["sessionId"] == session_id
             and m["params"]["update"]["sessionUpdate"] == "tool_call_update"
+            and m["params"]["update"].get("status") in ("completed", "failed")  # not the in_progress of a start
         ]
 
 

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, TypeVarTuple
 import attrs
 import trio
 
+from .._bus import Notice
 from .._errors import (
     AgentDisposedError,
     AgentExistsError,
@@ -104,6 +105,7 @@ from ._updates import (
     title_of,
     tool_call_id,
     tool_kind,
+    tool_started_update,
     tool_title,
     turn_end_update,
     usage_update,
@@ -312,6 +314,8 @@ class AcpServer:
             raise RuntimeError("an AcpServer serves one connection; create another for the next")
         self._served = True
         self._scope = await self.harness.scope.open_child("acp")
+        # A streamed tool call turns in_progress when it starts running (docs/acp.rst).
+        self._scope.add_exit_callback(self.harness.bus.on("agent/tool/started", self._tool_started))
         outbox = self._outbox = rpc.Outbox(self.outbox_limit)
         writer_done = trio.Event()
         reader = rpc.LineReader(receive, max_line_bytes=self.max_line_bytes)
@@ -714,6 +718,17 @@ class AcpServer:
             update = live_update(event, record.id)
             if update is not None:
                 self._update(record.id, update)
+
+    def _tool_started(self, notice: Notice) -> None:
+        """A call of a turn this connection streams runs now: ``in_progress``."""
+        agent_id = getattr(notice.subject, "id", None)
+        record = self._records.get(agent_id) if isinstance(agent_id, str) else None
+        if record is None or record.agent is not notice.subject:
+            return  # not a session of this connection (another client's, or a subagent)
+        turn = notice.data["turn"]
+        prompt = record.prompt
+        if record.unsolicited or (prompt is not None and prompt.watcher.turn == turn):
+            self._update(record.id, tool_started_update(turn, notice.data["call_id"]))
 
     def _send_title(self, record: _SessionRecord, text: str) -> None:
         """``session_info_update`` with the title the first prompt gives (docs/acp.rst, "Session info")."""

@@ -12,12 +12,16 @@ session event                          ACP update
 =====================================  ==============================================
 ``assistant/chunk`` (kind text)        ``agent_message_chunk``
 ``assistant/chunk`` (kind reasoning)   ``agent_thought_chunk``
-``tool/call``                          ``tool_call`` (status ``in_progress``)
+``tool/call``                          ``tool_call`` (status ``pending``)
+notice ``agent/tool/started``          ``tool_call_update`` (status ``in_progress``)
 ``tool/result``                        ``tool_call_update`` (``completed`` / ``failed``)
-``approval/requested``                 ``tool_call_update`` (status ``pending``)
-``approval/decided`` (allowed)         ``tool_call_update`` (status ``in_progress``)
 ``user/message`` of a task notice      ``agent_thought_chunk`` (``_meta`` origin)
 =====================================  ==============================================
+
+A call is ``pending`` until it runs (its arguments checked, and approved when
+it needs approval: the ``session/request_permission`` carries the same status),
+then ``in_progress`` (the driver's ``agent/tool/started`` notice), so a call
+that is denied or has bad arguments goes from ``pending`` to ``failed``.
 
 A replay also sends every claimed user message as ``user_message_chunk`` (a
 task notice as above), sends the assistant text of each step as one chunk,
@@ -68,6 +72,7 @@ __all__ = [
     "title_of",
     "tool_call_id",
     "tool_kind",
+    "tool_started_update",
     "tool_title",
     "turn_end_update",
     "usage_meta",
@@ -198,7 +203,7 @@ def _tool_call(event: ev.ToolCallRequested) -> Update:
         "toolCallId": tool_call_id(event.turn, event.call_id),
         "title": tool_title(event.name, event.arguments),
         "kind": tool_kind(event.name),
-        "status": "in_progress",
+        "status": "pending",  # until it runs: see tool_started_update
         "rawInput": _parse_arguments(event.arguments),
     }
 
@@ -317,20 +322,17 @@ def live_update(event: ev.Event, session_id: str = "") -> Update | None:
         return _tool_call(event)
     if isinstance(event, ev.ToolResult):
         return _tool_result(event)
-    if isinstance(event, ev.ApprovalRequested):
-        # ACP: "pending" covers a call awaiting approval (docs/approval.rst).
-        return {
-            "sessionUpdate": "tool_call_update",
-            "toolCallId": tool_call_id(event.turn, event.call_id),
-            "status": "pending",
-        }
-    if isinstance(event, ev.ApprovalDecided) and event.source == "approver" and event.outcome.startswith("allow"):
-        return {
-            "sessionUpdate": "tool_call_update",
-            "toolCallId": tool_call_id(event.turn, event.call_id),
-            "status": "in_progress",
-        }
     return None
+
+
+def tool_started_update(turn: int, call_id: str) -> Update:
+    """``tool_call_update`` to ``in_progress``: the call runs now (the ``agent/tool/started`` notice).
+
+    ACP's ``pending`` covers a call whose input is not checked or approved
+    yet, so a call goes ``pending`` -> ``in_progress`` -> ``completed`` /
+    ``failed``, never back (docs/approval.rst).
+    """
+    return {"sessionUpdate": "tool_call_update", "toolCallId": tool_call_id(turn, call_id), "status": "in_progress"}
 
 
 def replay_updates(events: Sequence[ev.Event], session_id: str = "") -> Iterator[Update]:

@@ -1464,9 +1464,13 @@ class ReactAgent:
             ctx = _tool_context(agent=self, agents=self._agents, call_id=call.id, turn=turn, step=step)
             try:
                 if limiter is None:
+                    self._bus.emit("agent/tool/started", self, turn=turn, step=step, call_id=call.id, tool=call.name)
                     output = await tool.handler(ctx, args)
                 else:
                     async with limiter:
+                        self._bus.emit(
+                            "agent/tool/started", self, turn=turn, step=step, call_id=call.id, tool=call.name
+                        )
                         output = await tool.handler(ctx, args)
             except BaseException as exc:
                 # Cancellation may arrive wrapped in an exception group (a tool
