@@ -730,6 +730,10 @@ class ReactAgent:
             if self._activity_scope is not None:
                 self._activity_scope.cancel()
         if self._phase == "idle":
+            parked = self._parked
+            if parked is not None:  # woken, it sees _disposing and returns (no Cancelled to raise)
+                self._parked = None
+                trio.lowlevel.reschedule(parked)
             return None
         return self._quiesce()  # a store failure is reported by the session's detach
 
