@@ -24,6 +24,7 @@ filesystem decides what an ``fsync`` costs.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -136,6 +137,9 @@ async def appends_per_second(directory: Path, *, fsync: bool, inline_fsync: bool
     entry = store.enter(session)
     turns = APPEND_EVENTS // TURN_LENGTH
     prepared = [turn_events(turn) for turn in range(1, turns + 1)]
+    # The input is not what is measured: collected now, the cyclic GC does not spend
+    # the timed loop traversing and promoting its 60,000 fresh dicts (about 12% of it).
+    gc.collect()
     started = time.perf_counter()
     for events in prepared:
         for cls, fields in events:

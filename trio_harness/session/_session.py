@@ -122,6 +122,12 @@ class Session:
     _observers: list[Callable[[Event], None]] = attrs.field(factory=list, init=False)
     # The error of the last flush when it failed and no flush succeeded since.
     _store_failure: SessionStoreError | None = attrs.field(default=None, init=False)
+    # writer.write, bound once (append calls it for every event).
+    _write: Callable[[Event], None] | None = attrs.field(init=False)
+
+    @_write.default
+    def _bind_write(self) -> Callable[[Event], None] | None:
+        return self._writer.write if self._writer is not None else None
 
     def __repr__(self) -> str:
         return f"<Session {self.header.id!r} events={len(self._events)}>"
@@ -151,9 +157,9 @@ class Session:
             event: E = construct(len(events), self._clock(), **fields)
         else:
             event = cls(seq=len(events), ts=self._clock(), **fields)
-        writer = self._writer
-        if writer is not None:
-            writer.write(event)
+        write = self._write
+        if write is not None:
+            write(event)
         events.append(event)
         observers = self._observers
         if not observers:
