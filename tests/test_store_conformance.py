@@ -209,6 +209,21 @@ async def test_nothing_is_stored_before_the_first_flush_and_everything_after(kit
     await writer.aclose()
 
 
+async def test_the_fast_mailbox_check_agrees_with_the_protocol(kit: Kit) -> None:
+    """has_mailbox (the per-create check) answers as isinstance(writer, MailboxWriter) for every store."""
+    from trio_harness.session._persistence import MAILBOX_METHODS, MailboxWriter, has_mailbox
+
+    members = {name for name, value in vars(MailboxWriter).items() if callable(value) and not name.startswith("_")}
+    assert set(MAILBOX_METHODS) == members
+    writer = await kit.persistence.open_writer(SessionHeader(id="s1", created_at=1.0, cwd="/w"))
+    try:
+        assert has_mailbox(writer) == isinstance(writer, MailboxWriter)
+        assert has_mailbox(writer) == (kit.kind == "postgres")
+        assert not has_mailbox(object())
+    finally:
+        await writer.aclose()
+
+
 async def test_a_writer_closed_before_any_flush_leaves_nothing_and_the_id_free(kit: Kit) -> None:
     store = kit.store()
     session = await store.prepare_new("s1")

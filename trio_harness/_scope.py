@@ -143,8 +143,9 @@ class Scope:
     _children: dict[Scope, None] = attrs.field(factory=dict, init=False)
     # Loaded plugins by name.
     _plugins: dict[str, LoadedPlugin] = attrs.field(factory=dict, init=False)
-    # Cancelled to end the scope's hold and start teardown.
-    _hold: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
+    # Set to end a child scope's hold and start teardown (an Event, not a cancel
+    # scope: cheaper to wait on and to release, and a child is opened per agent).
+    _release: trio.Event = attrs.field(factory=trio.Event, init=False)
     # Set when close() was requested or teardown started: no new work accepted.
     _closing: bool = attrs.field(default=False, init=False)
     _closed: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -303,8 +304,7 @@ class Scope:
         try:
             async with self._lifetime():
                 ready.set()
-                with self._hold:
-                    await trio.sleep_forever()
+                await self._release.wait()
         finally:
             self.parent._children.pop(self, None)
             ready.set()  # never leave an opener waiting
@@ -346,7 +346,7 @@ class Scope:
         if self.parent is None:
             raise ScopeClosedError(f"root scope {self.name!r} closes when its async with block exits")
         self._closing = True
-        self._hold.cancel()
+        self._release.set()
         await self._closed.wait()
 
     # ------------------------------------------------------------ plugins

@@ -31,7 +31,7 @@ from .._errors import (
     SessionStoreError,
 )
 from ._events import Event, InboxMessage, SendMode, SessionHeader
-from ._persistence import MailboxWriter, RemoteInbox, ServerSideFork, SessionPersistence
+from ._persistence import RemoteInbox, ServerSideFork, SessionPersistence, has_mailbox
 from ._recovery import closers_for, open_turn_at
 from ._session import Session, SessionWriter, validate_session_id
 
@@ -171,7 +171,7 @@ class SessionStore:
         ones as they are posted.
         """
         entry.receiver = deliver
-        if isinstance(entry.writer, MailboxWriter):
+        if has_mailbox(entry.writer):
             entry.writer.receive(functools.partial(self._deliver_mail, entry))
 
     async def _deliver_mail(self, entry: SessionEntry) -> None:
@@ -182,7 +182,7 @@ class SessionStore:
         being disposed) stays there for the next resume.
         """
         writer, deliver = entry.writer, entry.receiver
-        if entry.detached or deliver is None or not isinstance(writer, MailboxWriter):
+        if entry.detached or deliver is None or not has_mailbox(writer):
             return
         mail = await writer.take_mail()
         if self._live.get(entry.session.id) is not entry:  # detached meanwhile: the next resume delivers them
