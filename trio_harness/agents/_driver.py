@@ -8,7 +8,7 @@ when the next turn would pass the context threshold.
 A waking send while idle starts an *activity*: the agent's driver task runs
 turns while there is work.  The driver task is spawned into the agent's scope
 at the first wake and parks while the agent is idle (a wake reschedules it), so
-an activity costs no task spawn; disposal cancels it.  Each activity has one
+an activity costs no task spawn; disposal ends it.  Each activity has one
 cancel scope and one cancel cause (the first cause wins); activities share the
 driver's cancel scope until one is cancelled, and the next one enters a fresh
 scope.  A waking send that arrives after a cancel but before the activity ends
@@ -628,7 +628,7 @@ class ReactAgent:
         return trio.lowlevel.Abort.SUCCEEDED
 
     async def _drive(self) -> None:
-        """The agent's driver task: started at the first wake, parked while idle, cancelled at disposal.
+        """The agent's driver task: started at the first wake, parked while idle, ended by disposal.
 
         One cancel scope serves every activity until one is cancelled; only
         then is a fresh one entered (entering a cancel scope per activity was
