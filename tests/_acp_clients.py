@@ -197,8 +197,9 @@ async def open_server(
     store: Path | None = None,
     name: str = "script",
     extra: tuple[str, ...] = (),
+    tools: str = "tasks,bash",
 ) -> AsyncIterator[AcpClient]:
-    """Spawn the ACP server; on exit close its stdin and wait for it to exit."""
+    """Spawn the ACP server (``--tools tools``); on exit close its stdin and wait for it to exit."""
     script = write_script(tmp_path / f"{name}.json", responses)
     store = store if store is not None else tmp_path / "store"
     stderr_path = tmp_path / f"{name}.stderr"
@@ -212,7 +213,7 @@ async def open_server(
         "--store",
         str(store),
         "--tools",
-        "tasks,bash",
+        tools,
         *extra,
     ]
     with stderr_path.open("wb") as stderr:

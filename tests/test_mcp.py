@@ -22,6 +22,7 @@ from typing import Any, cast
 
 import pytest
 import trio
+from _acp_clients import open_server, tool_ends
 from _util import WAIT, group_alive
 
 from trio_harness import (
@@ -655,88 +656,6 @@ async def test_cli_mcp_problems_exit_2_with_one_line(tmp_path: Path, command: st
 # ------------------------------------------------------------------ ACP
 
 
-class Acp:
-    """A minimal ACP client speaking to ``python -m trio_harness acp`` over real pipes."""
-
-    def __init__(self, process: trio.Process) -> None:
-        assert process.stdin is not None and process.stdout is not None
-        self.process = process
-        self.stdin = process.stdin
-        self.stdout = process.stdout
-        self.received: list[dict[str, Any]] = []
-        self._changed = trio.Event()
-        self._next_id = 0
-        self.eof = False
-
-    async def pump(self) -> None:
-        buffer = b""
-        while data := await self.stdout.receive_some(65536):
-            buffer += data
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                self.received.append(json.loads(line))
-                self._changed.set()
-                self._changed = trio.Event()
-        self.eof = True
-        self._changed.set()
-
-    async def send(self, method: str, params: Any) -> int:
-        self._next_id += 1
-        message = {"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params}
-        await self.stdin.send_all(json.dumps(message).encode() + b"\n")
-        return self._next_id
-
-    async def reply(self, request_id: int) -> dict[str, Any]:
-        with trio.fail_after(WAIT):
-            while True:
-                for message in self.received:
-                    if message.get("id") == request_id and "method" not in message:
-                        return message
-                assert not self.eof, f"the server closed its output; received: {self.received}"
-                await self._changed.wait()
-
-    async def call(self, method: str, params: Any) -> Any:
-        reply = await self.reply(await self.send(method, params))
-        assert "result" in reply, f"{method} failed: {reply}"
-        return reply["result"]
-
-    def tool_results(self, session_id: str) -> list[dict[str, Any]]:
-        return [
-            m["params"]["update"]
-            for m in self.received
-            if m.get("method") == "session/update"
-            and m["params"]["sessionId"] == session_id
-            and m["params"]["update"]["sessionUpdate"] == "tool_call_update"
-            and m["params"]["update"].get("status") in ("completed", "failed")  # not the in_progress of a start
-        ]
-
-
-@asynccontextmanager
-async def acp_server(tmp_path: Path, responses: list[dict[str, Any]]) -> AsyncIterator[Acp]:
-    model = write_json(tmp_path / "script.json", {"responses": responses})
-    command = [sys.executable, "-m", "trio_harness", "acp", "--model", f"scripted:{model}"]
-    command += ["--store", str(tmp_path / "store"), "--tools", "none"]
-    stderr_path = tmp_path / "acp.stderr"
-    with stderr_path.open("wb") as stderr:
-        process = await trio.lowlevel.open_process(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, cwd=tmp_path
-        )
-    client = Acp(process)
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(client.pump)
-            yield client
-            await client.stdin.aclose()
-            with trio.fail_after(WAIT):
-                assert await process.wait() == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            with trio.CancelScope(shield=True):
-                await process.wait()
-    assert "Traceback" not in stderr_path.read_text(encoding="utf-8", errors="replace")
-
-
 def acp_calc(record: Path, *flags: str, name: str = "calc") -> dict[str, Any]:
     args = [str(SERVERS / "calc_server.py"), "--record", str(record), *flags]
     return {"name": name, "command": sys.executable, "args": args, "env": [{"name": "CALC_TOKEN", "value": "acp"}]}
@@ -750,7 +669,7 @@ async def test_acp_session_mcp_servers_are_that_sessions_alone(tmp_path: Path) -
         {"tool_calls": [call("mcp__calc__add", a=1, b=1)]},
         {"text": "no such tool here"},
     ]
-    async with acp_server(tmp_path, responses) as client:
+    async with open_server(tmp_path, responses, tools="none") as client:
         init = await client.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
         assert init["agentCapabilities"]["mcpCapabilities"] == {"http": True, "sse": False}
         new = await client.call("session/new", {"cwd": str(tmp_path), "mcpServers": [acp_calc(first)]})
@@ -758,13 +677,13 @@ async def test_acp_session_mcp_servers_are_that_sessions_alone(tmp_path: Path) -
         mine = new["sessionId"]
         prompt = {"sessionId": mine, "prompt": [{"type": "text", "text": "where?"}]}
         assert await client.call("session/prompt", prompt) == {"stopReason": "end_turn"}
-        (update,) = client.tool_results(mine)
+        (update,) = tool_ends(client.updates(mine))
         assert update["status"] == "completed"
         assert json.loads(update["content"][0]["content"]["text"]) == {"cwd": str(tmp_path), "value": "acp"}
         # The other session does not have the first session's tools.
         prompt = {"sessionId": plain["sessionId"], "prompt": [{"type": "text", "text": "add"}]}
         assert await client.call("session/prompt", prompt) == {"stopReason": "end_turn"}
-        (update,) = client.tool_results(plain["sessionId"])
+        (update,) = tool_ends(client.updates(plain["sessionId"]))
         assert update["status"] == "failed"
         assert "unknown tool 'mcp__calc__add'" in update["content"][0]["content"]["text"]
         # Closing the session stops its server.
@@ -781,20 +700,19 @@ async def test_acp_session_mcp_servers_are_that_sessions_alone(tmp_path: Path) -
 
 
 async def test_acp_a_server_that_fails_to_start_fails_session_new_naming_it(tmp_path: Path) -> None:
-    async with acp_server(tmp_path, []) as client:
+    async with open_server(tmp_path, [], tools="none") as client:
         await client.call("initialize", {"protocolVersion": 1})
         servers = [acp_calc(tmp_path / "ok.txt", name="ok"), acp_calc(tmp_path / "db.txt", "--fail-start", name="db")]
-        reply = await client.reply(await client.send("session/new", {"cwd": str(tmp_path), "mcpServers": servers}))
-        error = reply["error"]
+        error = await client.error(client.request("session/new", {"cwd": str(tmp_path), "mcpServers": servers}))
         assert error["code"] == -32603
         assert error["message"].startswith(f"MCP server 'db' ({sys.executable!r}) failed to start: ")
         assert "cannot open the database" in error["message"]
         assert error["data"] == {"error": "McpStartError", "mcpServers": ["db"]}
         assert not group_alive(server_pid(tmp_path / "ok.txt"))  # the one that started was stopped again
         sse = {"type": "sse", "name": "old", "url": "http://127.0.0.1:1/sse", "headers": []}
-        reply = await client.reply(await client.send("session/new", {"cwd": str(tmp_path), "mcpServers": [sse]}))
-        assert reply["error"]["code"] == -32602
-        assert "mcpServers[0] has type 'sse'" in reply["error"]["message"]
+        error = await client.error(client.request("session/new", {"cwd": str(tmp_path), "mcpServers": [sse]}))
+        assert error["code"] == -32602
+        assert "mcpServers[0] has type 'sse'" in error["message"]
         assert (await client.call("session/list", {}))["sessions"] == []
 
 
@@ -808,12 +726,12 @@ async def test_acp_an_http_server_in_session_new(tmp_path: Path) -> None:
             "headers": [{"name": "Authorization", "value": "Bearer s3cret"}, {"name": "X-Client", "value": "zed"}],
         }
         responses: list[dict[str, Any]] = [{"tool_calls": [call("mcp__web__whoami")]}, {"text": "you are zed"}]
-        async with acp_server(tmp_path, responses) as client:
+        async with open_server(tmp_path, responses, tools="none") as client:
             await client.call("initialize", {"protocolVersion": 1})
             new = await client.call("session/new", {"cwd": str(tmp_path), "mcpServers": [web]})
             prompt = {"sessionId": new["sessionId"], "prompt": [{"type": "text", "text": "who am i?"}]}
             assert await client.call("session/prompt", prompt) == {"stopReason": "end_turn"}
-            (update,) = client.tool_results(new["sessionId"])
+            (update,) = tool_ends(client.updates(new["sessionId"]))
             assert update["status"] == "completed"
             assert update["content"][0]["content"]["text"] == "client=zed"
         assert "refused a request without the token" not in recorded(record)
