@@ -37,6 +37,7 @@ __all__ = [
     "connected",
     "conversation",
     "open_server",
+    "run_python_client",
     "tool_ends",
     "tool_statuses",
     "write_script",
@@ -67,6 +68,30 @@ def tool_ends(updates: list[Msg]) -> list[Msg]:
     return [
         u for u in updates if u["sessionUpdate"] == "tool_call_update" and u.get("status") in ("completed", "failed")
     ]
+
+
+# ---------------------------------------------------------------- an SDK client subprocess
+
+
+async def run_python_client(path: Path, source: str, *args: str) -> dict[str, Any]:
+    """Write ``source`` to ``path``, run it with this Python in ``path``'s directory, and return its summary.
+
+    For clients built on an asyncio SDK, which cannot run on Trio: the script
+    prints one JSON summary as its last line of output and exits 0.
+    """
+    path.write_text(source, encoding="utf-8")
+    with trio.fail_after(WAIT):
+        result = await trio.run_process(
+            [sys.executable, str(path), *args],
+            cwd=path.parent,
+            stdin=subprocess.DEVNULL,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr.decode()
+    summary: dict[str, Any] = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    return summary
 
 
 # ---------------------------------------------------------------- a server subprocess

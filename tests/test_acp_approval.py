@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from _acp_clients import run_python_client, tool_ends
 from _util import WAIT
 
 from trio_harness.acp._jsonrpc import OutgoingRequests, PeerGoneError, Response
@@ -102,22 +103,10 @@ TWO = "echo two >> out.txt"
 
 
 async def run_client(tmp_path: Path, mode: str, responses: list[dict[str, Any]]) -> dict[str, Any]:
-    script = tmp_path / "client.py"
-    script.write_text(CLIENT_SCRIPT, encoding="utf-8")
     model = tmp_path / "model.json"
     model.write_text(json.dumps({"responses": responses}), encoding="utf-8")
-    with trio.fail_after(WAIT):
-        result = await trio.run_process(
-            [sys.executable, str(script), mode, f"scripted:{model}", str(tmp_path / "store"), str(tmp_path), SOURCE],
-            cwd=tmp_path,
-            stdin=subprocess.DEVNULL,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    assert result.returncode == 0, result.stderr.decode()
-    summary: dict[str, Any] = json.loads(result.stdout.decode().strip().splitlines()[-1])
-    return summary
+    args = (mode, f"scripted:{model}", str(tmp_path / "store"), str(tmp_path), SOURCE)
+    return await run_python_client(tmp_path / "client.py", CLIENT_SCRIPT, *args)
 
 
 async def stored(tmp_path: Path, session_id: str) -> tuple[ev.Event, ...]:
@@ -126,14 +115,6 @@ async def stored(tmp_path: Path, session_id: str) -> tuple[ev.Event, ...]:
 
 def decisions(events: tuple[ev.Event, ...]) -> list[tuple[str, str]]:
     return [(e.outcome, e.source) for e in events if isinstance(e, ev.ApprovalDecided)]
-
-
-def tool_results(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    return [
-        u
-        for u in summary["updates"]
-        if u["sessionUpdate"] == "tool_call_update" and u.get("status") in ("completed", "failed")
-    ]
 
 
 @pytest.mark.parametrize(
@@ -176,7 +157,7 @@ async def test_the_clients_choice_applies(
     # The call is pending until it is allowed, then runs; a denied one never runs (never in_progress).
     statuses = [u.get("status") for u in summary["updates"] if u.get("toolCallId") == started["toolCallId"]]
     assert statuses == (["pending", "failed"] if lines is None else ["pending", "in_progress", "completed"])
-    results = tool_results(summary)
+    results = tool_ends(summary["updates"])
     if lines is None:
         assert [r["status"] for r in results] == ["failed", "failed"]
         assert "error: denied" in results[0]["content"][0]["content"]["text"]
@@ -188,7 +169,7 @@ async def test_a_client_error_denies_the_call_with_its_message(tmp_path: Path) -
     summary = await run_client(tmp_path, "error", [bash(ONE), {"text": "done"}])
     assert summary["stopReason"] == "end_turn"
     assert not (tmp_path / "out.txt").exists()
-    (result,) = tool_results(summary)
+    (result,) = tool_ends(summary["updates"])
     assert result["status"] == "failed"
     assert "the user closed the dialog" in result["content"][0]["content"]["text"]
     events = await stored(tmp_path, summary["sessionId"])

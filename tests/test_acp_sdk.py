@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
-from _acp_clients import INFO_KINDS
-from _util import WAIT
+from _acp_clients import INFO_KINDS, run_python_client
 
 pytest.importorskip("acp")
 
@@ -101,8 +97,6 @@ def write_script(path: Path, responses: list[dict[str, Any]]) -> str:
 
 
 async def test_the_official_sdk_client_drives_the_server(tmp_path: Path) -> None:
-    client = tmp_path / "sdk_client.py"
-    client.write_text(CLIENT_SCRIPT, encoding="utf-8")
     first = write_script(
         tmp_path / "first.json",
         [
@@ -111,17 +105,8 @@ async def test_the_official_sdk_client_drives_the_server(tmp_path: Path) -> None
         ],
     )
     second = write_script(tmp_path / "second.json", [{"text": "Still none."}])
-    with trio.fail_after(WAIT):
-        result = await trio.run_process(
-            [sys.executable, str(client), first, second, str(tmp_path / "store"), str(tmp_path)],
-            cwd=tmp_path,
-            stdin=subprocess.DEVNULL,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    assert result.returncode == 0, result.stderr.decode()
-    summary = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    args = (first, second, str(tmp_path / "store"), str(tmp_path))
+    summary = await run_python_client(tmp_path / "sdk_client.py", CLIENT_SCRIPT, *args)
     assert summary["protocolVersion"] == 1
     assert summary["loadSession"] is True
     assert summary["embeddedContext"] is True
@@ -282,20 +267,7 @@ asyncio.run(main())
 
 
 async def run_sdk_client(tmp_path: Path, *args: str) -> dict[str, Any]:
-    client = tmp_path / "sdk_session_client.py"
-    client.write_text(SESSION_SCRIPT, encoding="utf-8")
-    with trio.fail_after(WAIT):
-        result = await trio.run_process(
-            [sys.executable, str(client), *args],
-            cwd=tmp_path,
-            stdin=subprocess.DEVNULL,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    assert result.returncode == 0, result.stderr.decode()
-    summary: dict[str, Any] = json.loads(result.stdout.decode().strip().splitlines()[-1])
-    return summary
+    return await run_python_client(tmp_path / "sdk_session_client.py", SESSION_SCRIPT, *args)
 
 
 async def test_without_an_api_key_the_agent_answers_the_handshake_and_asks_for_it(tmp_path: Path) -> None:
