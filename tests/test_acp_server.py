@@ -101,12 +101,29 @@ async def test_authentication_when_configured() -> None:
         assert result["authMethods"] == [{"id": "token", "name": "Token"}]
         message = peer.request("session/new", {"cwd": "/"})
         await peer.send(message)
-        assert (await peer.response(message["id"]))["error"]["code"] == rpc.AUTH_REQUIRED
+        error = (await peer.response(message["id"]))["error"]
+        assert error["code"] == rpc.AUTH_REQUIRED
+        # Clients such as Toad show only data.details: a sentence, beside the method ids.
+        assert error["data"] == {"authMethods": ["token"], "details": "This agent requires authentication (token)."}
         message = peer.request("authenticate", {"methodId": "password"})
         await peer.send(message)
         assert (await peer.response(message["id"]))["error"]["code"] == rpc.INVALID_PARAMS
         assert await peer.call("authenticate", {"methodId": "token"}) == {}
         assert "sessionId" in await peer.call("session/new", {"cwd": "/"})
+
+
+async def test_a_refused_authentication_says_so_in_data_details() -> None:
+    methods = ({"id": "token", "name": "Token"},)
+    async with (
+        open_test_harness(scripted([])) as harness,
+        connected(harness, auth_methods=methods, authenticator=lambda m: False) as (peer, _, _d),
+    ):
+        await peer.call("initialize", {"protocolVersion": 1})
+        message = peer.request("authenticate", {"methodId": "token"})
+        await peer.send(message)
+        error = (await peer.response(message["id"]))["error"]
+        assert error["code"] == rpc.AUTH_REQUIRED
+        assert error["data"] == {"methodId": "token", "details": "Authentication with 'token' failed."}
 
 
 async def test_session_list_pages_and_filters() -> None:
@@ -619,11 +636,15 @@ async def test_env_key_authentication_succeeds_once_the_key_is_in_the_environmen
         assert error["code"] == rpc.AUTH_REQUIRED
         assert "env:DEEPSEEK_API_KEY" in error["message"]
         assert "DEEPSEEK_API_KEY" in error["message"]
+        assert error["data"]["details"] == auth.method()["description"]
         message = peer.request("authenticate", {"methodId": "env:DEEPSEEK_API_KEY"})
         await peer.send(message)
         error = (await peer.response(message["id"]))["error"]
         assert error["code"] == rpc.AUTH_REQUIRED
         assert "restart the agent" in error["message"]
+        details = error["data"]["details"]
+        assert details.startswith("The model's API key is missing: DEEPSEEK_API_KEY is not set")
+        assert "restart the agent" in details
         env["DEEPSEEK_API_KEY"] = " sk-later \n"
         assert await peer.call("authenticate", {"methodId": "env:DEEPSEEK_API_KEY"}) == {}
         session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]

@@ -75,12 +75,15 @@ class EnvKeyAuth:
         """Decide ``authenticate``: the key is in the environment now, or an error naming the variable."""
         key = self.env.get(self.variable, "").strip()
         if not key:
-            raise rpc.RpcError(
-                rpc.AUTH_REQUIRED,
+            message = (
                 f"the model's API key is missing: {self.variable} is not set in the agent's environment. "
                 f"Set {self.variable} where the client starts the agent (its environment settings for "
-                "this agent) and restart the agent; a running agent cannot see a variable set later",
-                {"methodId": method_id, "variable": self.variable},
+                "this agent) and restart the agent; a running agent cannot see a variable set later"
+            )
+            # ``details``: the message as a sentence; some clients (Toad) show only that member of ``data``.
+            details = f"{message[:1].upper()}{message[1:]}."
+            raise rpc.RpcError(
+                rpc.AUTH_REQUIRED, message, {"methodId": method_id, "variable": self.variable, "details": details}
             )
         if self.provider is not None:
             self.provider.api_key = key

@@ -510,11 +510,13 @@ class AcpServer:
         if self.auth_methods and not self._authenticated:
             ids = [str(method.get("id")) for method in self.auth_methods]
             described = [str(m["description"]) for m in self.auth_methods if isinstance(m.get("description"), str)]
+            message = f"authentication required: call authenticate with methodId {' or '.join(map(repr, ids))} first"
+            # ``details``: the human-readable part, the only one some clients (Toad) show.
+            details = " ".join(described) if described else f"This agent requires authentication ({', '.join(ids)})."
             raise rpc.RpcError(
                 rpc.AUTH_REQUIRED,
-                f"authentication required: call authenticate with methodId {' or '.join(map(repr, ids))} first"
-                + (f" ({' '.join(described)})" if described else ""),
-                {"authMethods": ids},
+                message + (f" ({' '.join(described)})" if described else ""),
+                {"authMethods": ids, "details": details},
             )
 
     def _record(self, session_id: str) -> _SessionRecord:
@@ -558,7 +560,8 @@ class AcpServer:
                 {"field": "methodId"},
             )
         if self.authenticator is not None and not self.authenticator(method_id):
-            raise rpc.RpcError(rpc.AUTH_REQUIRED, f"authentication with {method_id!r} failed")
+            failed = f"authentication with {method_id!r} failed"
+            raise rpc.RpcError(rpc.AUTH_REQUIRED, failed, {"methodId": method_id, "details": f"A{failed[1:]}."})
         self._authenticated = True
         return {}
 
