@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
+import trio.testing
 from _sse_server import DONE, Stream, sse_finish, sse_text, sse_usage, start_server
 
-from trio_harness import Budget, ScriptedModel, UsageTotals
+from trio_harness import Budget, CompactionError, ContextPolicy, ScriptedModel, UsageTotals
 from trio_harness._cli import EXIT_LIMIT, _exit_code
 from trio_harness.acp import stop_reason_for
 from trio_harness.agents import AgentOptions, Tool, ToolContext, TurnOutcome
@@ -162,3 +165,146 @@ async def test_reasoning_and_cache_tokens_are_read_from_the_openai_usage(nursery
             assert agent.usage == UsageTotals(
                 input_tokens=120, output_tokens=30, cache_hit_tokens=100, reasoning_tokens=25, requests=1
             )
+
+
+# ---------------------------------------------------------------- every request counts: summaries and retries
+
+SUMMARY = "the summary " * 5
+
+
+async def big(ctx: ToolContext, args: dict[str, object]) -> str:
+    return "r" * 3600
+
+
+BIG = Tool("big", "a large result", {"type": "object", "properties": {}}, big)
+
+
+async def grow_in_turn_three(options: AgentOptions) -> tuple[ScriptedModel, list[ev.Event]]:
+    """Turns 1 and 2 fit; turn 3's tool result makes its second step pass the threshold (a compaction in the turn)."""
+    model = ScriptedModel(
+        [{"text": "one"}, {"text": "two"}, {"tool_calls": [{"name": "big", "arguments": {}}]}, {"text": "three"}],
+        context_window=2_000,
+        summary=SUMMARY,
+    )
+    async with open_test_harness(model) as h:
+        h.tools.add(BIG)
+        async with h.agents.open(options=options) as agent:
+            for text in ("a" * 1600, "b" * 1600, "c"):
+                agent.followup(text)
+                await agent.when_idle()
+            events = list(agent.session.events)
+            assert agent.usage.requests == len(model.requests)  # every request the model received counts
+            assert_balanced(events)
+    return model, events
+
+
+async def test_a_compaction_inside_a_turn_is_made_only_when_the_budget_affords_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Unbounded: turn 3's second step compacts first (2 summary requests), then it is sent: 6 requests.
+    model, events = await grow_in_turn_three(AgentOptions())
+    purposes = [r.purpose for r in model.requests]
+    assert purposes[:6] == ["turn", "turn", "turn", "compaction", "compaction", "turn"]
+    # A session budget of 4: 3 made, the compaction and the step would need 3 more: the step goes as it is.
+    model, events = await grow_in_turn_three(AgentOptions(session_budget=Budget(requests=4)))
+    assert [r.purpose for r in model.requests] == ["turn"] * 4
+    assert [e.reason for e in turn_ends(events)] == ["completed"] * 3
+    assert not [e for e in events if isinstance(e, ev.ContextCompacted | ev.CompactionFailed)]
+    # A budget of 6 affords both; nothing is made past it (no compaction between turns after turn 3).
+    model, events = await grow_in_turn_three(AgentOptions(session_budget=Budget(requests=6)))
+    assert [r.purpose for r in model.requests] == ["turn", "turn", "turn", "compaction", "compaction", "turn"]
+    assert [e.reason for e in turn_ends(events)] == ["completed"] * 3
+    # The same with a turn budget of 3: turn 3 has made 1 when its second step would compact (3 more);
+    # between turns no turn budget applies, so the compaction runs there, as maintenance.
+    model, events = await grow_in_turn_three(AgentOptions(turn_budget=Budget(requests=3)))
+    end = turn_ends(events)[2]
+    assert end.reason == "completed" and end.usage is not None and end.usage.requests == 2
+    (compacted,) = [e for e in events if isinstance(e, ev.ContextCompacted)]
+    assert compacted.turn is None and compacted.seq > end.seq and compacted.usage is not None
+    assert [r.purpose for r in model.requests] == ["turn"] * 4 + ["compaction"] * compacted.usage.requests
+
+
+async def test_a_token_budget_stops_a_compaction_part_way_and_its_request_is_counted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    _, events = await grow_in_turn_three(AgentOptions())
+    first_step = next(e for e in events if isinstance(e, ev.AssistantMessage) and e.turn == 3)
+    assert first_step.usage is not None
+    limit = first_step.usage.input_tokens + first_step.usage.output_tokens + 1  # reached by one summary request
+    model, events = await grow_in_turn_three(AgentOptions(turn_budget=Budget(tokens=limit)))
+    # turn 3: its first step, one summary request; the second is not sent, nor the step after it
+    assert [r.purpose for r in model.requests] == ["turn", "turn", "turn", "compaction"]
+    (failed,) = [e for e in events if isinstance(e, ev.CompactionFailed)]
+    assert failed.turn == 3 and failed.failure.code == "budget-tokens"
+    assert failed.usage is not None and failed.usage.requests == 1  # logged: the request it made counts
+    end = turn_ends(events)[2]
+    assert end.reason == "budget" and end.failure is not None and end.failure.code == "budget-tokens"
+    assert end.usage is not None and end.usage.requests == 2
+
+
+async def refused_in_turn_three(options: AgentOptions) -> tuple[ScriptedModel, list[ev.Event]]:
+    """Turn 3's request is refused as too long: one compaction (2 summary requests) and one retry fix it."""
+    model = ScriptedModel([{"text": "one"}, {"text": "two"}, {"text": "three"}], context_window=1_000, summary=SUMMARY)
+    options = attrs.evolve(options, context=ContextPolicy(auto=False))  # only the refusal compacts
+    async with open_test_harness(model) as h, h.agents.open(options=options) as agent:
+        for text in ("a" * 1600, "b" * 1600, "c" * 1200):
+            agent.followup(text)
+            await agent.when_idle()
+        events = list(agent.session.events)
+        assert agent.usage.requests == len(model.requests)
+        assert_balanced(events)
+    return model, events
+
+
+async def test_the_compaction_and_retry_after_a_context_length_refusal_are_checked_against_the_budgets(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    model, events = await refused_in_turn_three(AgentOptions())
+    assert [r.purpose for r in model.requests] == ["turn", "turn", "turn", "compaction", "compaction", "turn"]
+    # a session budget of 4: the refused request is the third; compaction and retry would make it 6
+    model, events = await refused_in_turn_three(AgentOptions(session_budget=Budget(requests=4)))
+    assert [r.purpose for r in model.requests] == ["turn"] * 3
+    end = turn_ends(events)[2]
+    assert end.reason == "budget" and end.failure is not None and end.failure.code == "budget-requests"
+    assert end.failure.message.startswith(
+        "the session budget of 4 model requests has 1 left (3 made), too few for the compaction's 2 summary "
+        "requests and the step's request after it: no compaction to make the refused request fit ("
+    )
+    assert "context window of 1000" in end.failure.message
+    # a turn budget of 1: the refused request is the turn's only one
+    model, events = await refused_in_turn_three(AgentOptions(turn_budget=Budget(requests=1)))
+    assert len(model.requests) == 3
+    end = turn_ends(events)[2]
+    assert end.reason == "budget" and end.usage is not None and end.usage.requests == 1
+    assert end.failure is not None and "the turn budget of 1 model requests is used up (1 made)" in end.failure.message
+    # a turn budget of 4 affords the refused request, the 2 summaries and the retry
+    model, events = await refused_in_turn_three(AgentOptions(turn_budget=Budget(requests=4)))
+    assert len(model.requests) == 6
+    end = turn_ends(events)[2]
+    assert end.reason == "completed" and end.usage is not None and end.usage.requests == 4
+
+
+async def test_compact_on_demand_is_checked_against_the_session_budget(autojump_clock: trio.testing.MockClock) -> None:
+    for budget, message in [
+        (2, "the session budget of 2 model requests is used up (2 made)"),
+        (3, "the session budget of 3 model requests has 1 left (2 made), too few for the compaction's 2 summary"),
+    ]:
+        model = ScriptedModel([{"text": "one"}, {"text": "two"}], context_window=1_000, summary=SUMMARY)
+        options = AgentOptions(context=ContextPolicy(auto=False), session_budget=Budget(requests=budget))
+        async with open_test_harness(model) as h, h.agents.open(options=options) as agent:
+            for text in ("a" * 1600, "b" * 1600):
+                agent.followup(text)
+                await agent.when_idle()
+            before = len(agent.session)
+            with pytest.raises(CompactionError, match=re.escape(f"the compaction was not done: {message}")):
+                await agent.compact(keep_tokens=0)
+            assert len(agent.session) == before  # no request was made: nothing to log
+        assert len(model.requests) == 2
+    model = ScriptedModel([{"text": "one"}, {"text": "two"}], context_window=1_000, summary=SUMMARY)
+    options = AgentOptions(context=ContextPolicy(auto=False), session_budget=Budget(requests=4))
+    async with open_test_harness(model) as h, h.agents.open(options=options) as agent:
+        for text in ("a" * 1600, "b" * 1600):
+            agent.followup(text)
+            await agent.when_idle()
+        assert await agent.compact(keep_tokens=0) is not None
+        assert agent.usage.requests == len(model.requests) == 4

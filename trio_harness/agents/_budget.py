@@ -7,10 +7,13 @@ the summary requests it made.  :class:`UsageCounter` folds those events
 incrementally (O(new events) per read), so a resumed agent reports exactly the
 totals of a never-restarted one.
 
-Budgets (:class:`Budget`) are checked before each model request of a turn
-(docs/long-sessions.rst, "Usage and budgets"): when the turn's or the
+Budgets (:class:`Budget`) are checked before every model request, the
+summary requests of a compaction and the retry after a context-length refusal
+included (docs/long-sessions.rst, "Usage and budgets"): when the turn's or the
 session's usage has reached a limit, the turn ends with reason ``budget`` and
-a failure naming the limit, before the request is made.
+a failure naming the limit, before the request is made.  A compaction is
+started only when the budgets leave room for all its summary requests (and,
+inside a turn, for the step's request after it).
 """
 
 from __future__ import annotations
@@ -50,15 +53,28 @@ class Budget:
     requests: int | None = attrs.field(default=None, validator=_positive_or_none)
 
 
-def budget_failure(budget: Budget | None, used: UsageTotals, what: str) -> Failure | None:
-    """The failure to end a turn with when ``used`` has reached ``budget`` (``what`` names it), else None."""
+def budget_failure(
+    budget: Budget | None, used: UsageTotals, what: str, *, needed: int = 1, purpose: str = ""
+) -> Failure | None:
+    """The failure to end a turn with when ``budget`` (``what`` names it) does not allow the next requests.
+
+    ``used`` is what was spent already; the next ``needed`` requests (for
+    ``purpose``, which the message names when more than one is needed) must
+    fit in the request limit, and the tokens limit must not be reached yet.
+    None when they may be made.
+    """
     if budget is None:
         return None
-    if budget.requests is not None and used.requests >= budget.requests:
-        return Failure(
-            BUDGET_REQUESTS,
-            f"the {what} budget of {budget.requests} model requests is used up ({used.requests} made)",
-        )
+    limit = budget.requests
+    if limit is not None and used.requests + needed > limit:
+        if used.requests >= limit:
+            message = f"the {what} budget of {limit} model requests is used up ({used.requests} made)"
+        else:
+            message = (
+                f"the {what} budget of {limit} model requests has {limit - used.requests} left "
+                f"({used.requests} made), too few for {purpose or f'{needed} more'}"
+            )
+        return Failure(BUDGET_REQUESTS, message)
     if budget.tokens is not None and used.total_tokens >= budget.tokens:
         return Failure(
             BUDGET_TOKENS,

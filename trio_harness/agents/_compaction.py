@@ -46,9 +46,11 @@ from ._history import TurnMark
 
 __all__ = [
     "DEFAULT_SUMMARY_PROMPT",
+    "BudgetCheck",
     "ContextPolicy",
     "HistoryProcessor",
     "SummaryFailed",
+    "SummaryOverBudget",
     "choose_boundary",
     "render_transcript",
     "summarize",
@@ -195,6 +197,15 @@ class SummaryFailed(CompactionError):
         self.usage = usage
 
 
+class SummaryOverBudget(SummaryFailed):
+    """A budget does not allow the next summary request: ``failure`` is the budget's (``budget-*``)."""
+
+
+BudgetCheck = Callable[[UsageTotals, int], "Failure | None"]
+"""Whether the next summary requests may be made: given what the compaction spent so far and how many
+requests it still needs, the budget failure that forbids them, or None."""
+
+
 async def summarize(
     provider: ModelProvider,
     *,
@@ -204,8 +215,14 @@ async def summarize(
     previous: str | None,
     messages: Sequence[Message],
     window: int | None,
+    check: BudgetCheck | None = None,
 ) -> tuple[str, UsageTotals, tuple[str, ...]]:
     """Summarize ``messages`` (after ``previous``) with the model, in as few requests as fit the window.
+
+    ``check`` is asked before every summary request (with the usage spent so
+    far and the number of requests still to make), so a compaction whose
+    requests the budgets do not allow is not started, and one that reaches a
+    token limit stops before its next request.
 
     Returns:
         The summary, the usage of the requests, and the intermediate
@@ -214,6 +231,7 @@ async def summarize(
     Raises:
         SummaryFailed: a summary request failed or gave no text (a
             :class:`~trio_harness.CompactionError`).
+        SummaryOverBudget: ``check`` refused the next request.
         trio.Cancelled: propagated at once; nothing is left behind.
     """
     lines = render_transcript(messages)
@@ -225,7 +243,11 @@ async def summarize(
     usage = UsageTotals()
     answers: list[str] = []
     answer_settings = settings.merge(ModelSettings(max_tokens=policy.summary_tokens))
-    for chunk in chunks:
+    for index, chunk in enumerate(chunks):
+        if check is not None:
+            refused = check(usage, len(chunks) - index)
+            if refused is not None:
+                raise SummaryOverBudget(f"the compaction was not done: {refused.message}", refused, usage)
         text, used, failure = await _ask(
             provider,
             ModelRequest(

@@ -65,7 +65,15 @@ from ..session._events import ApprovalOutcome, CancelCause, InboxMessage, SendMo
 from ..session._session import Session
 from ._approval import ApprovalDecision, ApprovalRequest, Approver
 from ._budget import UsageCounter, budget_failure
-from ._compaction import ContextPolicy, SummaryFailed, choose_boundary, summarize, summary_section
+from ._compaction import (
+    BudgetCheck,
+    ContextPolicy,
+    SummaryFailed,
+    SummaryOverBudget,
+    choose_boundary,
+    summarize,
+    summary_section,
+)
 from ._function_tools import caller_namespace, output_adapter
 from ._history import History, TurnMark
 from ._inbox import Inbox
@@ -88,6 +96,14 @@ log = logging.getLogger("trio_harness.agent")
 Phase = Literal["idle", "maintenance", "running"]
 
 T = TypeVar("T")
+
+
+class _OverBudget(Exception):
+    """Raised inside a step when a budget forbids the next model request; the step ends the turn with it."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
 
 
 def _split_cancelled(exc: BaseException) -> tuple[BaseException | None, BaseException | None]:
@@ -820,7 +836,10 @@ class ReactAgent:
             if exhausted is not None:
                 return "budget", exhausted
             tools = self._available_tools()
-            finish, calls = await self._ask(turn, step, tools)
+            try:
+                finish, calls = await self._ask(turn, step, tools)
+            except _OverBudget as exc:  # the request after a compaction, or the retry after a refusal
+                return "budget", exc.failure
             if finish.reason == "error":
                 return "error", finish.failure
             if calls:
@@ -888,7 +907,12 @@ class ReactAgent:
         """Log the request header and stream the request; compact first when the context is full.
 
         A request the provider refuses as too long for the context window is
-        retried once after a compaction (docs/long-sessions.rst).
+        retried once after a compaction (docs/long-sessions.rst).  Every
+        request is checked against the budgets first.
+
+        Raises:
+            _OverBudget: a budget forbids the request, or the compaction
+                that would make the refused request fit.
         """
         session = self._session
         failure = await self._compact_if_due(turn)
@@ -896,6 +920,9 @@ class ReactAgent:
             return Finish("error", failure), []
         retried = False
         while True:
+            exhausted = self._budget_failure()  # the summary requests of a compaction count
+            if exhausted is not None:
+                raise _OverBudget(exhausted)
             request = self._build_request(tools)
             session.append(
                 ev.RequestHeader,
@@ -914,6 +941,9 @@ class ReactAgent:
             refused = finish.failure.message if finish.failure is not None else "too long"
             try:
                 compacted = await self._compact("overflow", turn)
+            except SummaryOverBudget as exc:
+                message = f"{exc.failure.message}: no compaction to make the refused request fit ({refused})"
+                raise _OverBudget(attrs.evolve(exc.failure, message=message)) from None
             except CompactionError as exc:
                 return Finish("error", Failure("compaction-failed", f"{exc} (after the provider said: {refused})")), []
             if compacted is None:
@@ -977,6 +1007,10 @@ class ReactAgent:
             return None
         try:
             await self._compact("threshold", turn, estimate)
+        except SummaryOverBudget as exc:
+            # The budgets cannot afford the compaction: the step goes as it is (threshold is below the
+            # window), checked against the budgets itself; summary requests already made were logged.
+            log.debug("agent %s: no compaction in turn %d: %s", self.id, turn, exc)
         except CompactionError as exc:
             return Failure(
                 "compaction-failed",
@@ -1039,7 +1073,15 @@ class ReactAgent:
                 previous=self._history.summary,
                 messages=messages[: mark.index],
                 window=window,
+                check=self._summary_check(turn),
             )
+        except SummaryOverBudget as exc:
+            if exc.usage.requests:  # stopped part-way (a token budget): what it spent is logged and counts
+                self._session.append(
+                    ev.CompactionFailed, reason=reason, failure=exc.failure, turn=turn, usage=exc.usage
+                )
+                self._auto_skipped_at = self._last_turn
+            raise  # not started: nothing to log, a resumed agent decides the same from the log
         except SummaryFailed as exc:
             # Logged: its usage counts, and a resumed agent skips as this one does.
             self._session.append(ev.CompactionFailed, reason=reason, failure=exc.failure, turn=turn, usage=exc.usage)
@@ -1106,6 +1148,15 @@ class ReactAgent:
                 scope.cancel()
             try:
                 await self._compact("threshold", None)
+            except SummaryOverBudget as exc:
+                # The session's budget cannot afford it: not a failure, as when it is used up already
+                # (a compaction stopped part-way by a token limit is logged, and reported).
+                self._auto_skipped_at = self._last_turn
+                if exc.usage.requests:
+                    log.warning("agent %s: automatic compaction stopped: %s", self.id, exc)
+                    self._bus.emit("agent/compaction-failed", self, error=exc)
+                else:
+                    log.debug("agent %s: no automatic compaction: %s", self.id, exc)
             except Exception as exc:
                 self._auto_skipped_at = self._last_turn
                 log.warning("agent %s: automatic compaction failed: %s", self.id, exc)
@@ -1150,6 +1201,31 @@ class ReactAgent:
                 finally:
                     self._maintenance_scope = None
         raise AgentDisposedError(f"agent {self.id!r} was disposed while compacting; nothing was logged")
+
+    def _summary_check(self, turn: int | None) -> BudgetCheck | None:
+        """The budget check of a compaction's summary requests (None: no budget applies).
+
+        Inside a turn the turn's and the session's budgets apply, and there
+        must be room for the step's request after the summaries; between
+        turns (maintenance, ``agent.compact()``) the session's budget.
+        """
+        options = self._options
+        turn_budget = options.turn_budget if turn is not None else None
+        session_budget = options.session_budget
+        if turn_budget is None and session_budget is None:
+            return None
+        reserve = 0 if turn is None else 1
+
+        def check(spent: UsageTotals, needed: int) -> Failure | None:
+            totals = self._usage.totals + spent
+            purpose = f"the compaction's {needed} summary request{'s' if needed > 1 else ''}"
+            if reserve:
+                purpose += " and the step's request after it"
+            return budget_failure(
+                turn_budget, totals - self._turn_start_usage, "turn", needed=needed + reserve, purpose=purpose
+            ) or budget_failure(session_budget, totals, "session", needed=needed + reserve, purpose=purpose)
+
+        return check
 
     def _budget_failure(self) -> Failure | None:
         """Why the next request must not be made: a turn or session budget is used up (else None)."""
