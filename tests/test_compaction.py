@@ -627,7 +627,7 @@ async def test_compact_reports_nothing_to_do_and_a_failed_summary() -> None:
     async with open_test_harness(model) as h, h.agents.open(options=OPTIONS) as agent:
         agent.followup("one")
         await agent.when_idle()
-        assert await agent.compact() is None  # everything fits in the part kept verbatim
+        assert await agent.compact() is None  # a single turn: nothing before the latest turn
         agent.followup("two")
         await agent.when_idle()
         before = len(agent.session)
@@ -763,3 +763,31 @@ async def test_a_failed_compaction_is_logged_counted_and_a_resumed_agent_skips_i
             end = agent.session.events[-1]
     assert [r.purpose for r in again.requests] == ["compaction"]
     assert isinstance(end, ev.TurnEnd) and end.failure is not None and end.failure.code == "compaction-failed"
+
+
+async def test_compact_on_demand_summarizes_all_but_the_latest_turn_whatever_the_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    model = ScriptedModel(script(4), context_window=1_000_000, summary=summarize)
+    async with open_test_harness(model) as h:
+        h.tools.add(ECHO)
+        async with h.agents.open() as agent:
+            assert isinstance(agent, ReactAgent)
+            await run_turns(agent, 1, 4)  # turn 4 has no tool call; all four fit in the window many times
+            # with keep_tokens, the turns that fit in it stay: all four fit, nothing to do
+            assert await agent.compact(keep_tokens=100_000) is None
+            event = await agent.compact()
+            assert event is not None and event.reason == "manual" and event.turn is None
+            events = agent.session.events
+            start = events[event.boundary]
+            assert isinstance(start, ev.TurnStart) and start.turn == 4
+            (summary_request,) = [r for r in model.requests if r.purpose == "compaction"]
+            (message,) = summary_request.messages
+            assert isinstance(message, UserMessage)
+            assert prompt(3) in message.text and prompt(4) not in message.text  # turns 1..3 summarized
+            request = agent.build_request()
+            assert event.summary in request.system
+            assert [m for m in request.messages if isinstance(m, UserMessage)] == [UserMessage(prompt(4))]
+            # the latest turn alone is left: nothing more to compact
+            assert await agent.compact() is None
+            assert len([r for r in model.requests if r.purpose == "compaction"]) == 1

@@ -216,8 +216,10 @@ class Agent(Protocol):
     async def compact(self, *, keep_tokens: int | None = None) -> ContextCompacted | None:
         """Summarize the older part of the conversation now, as a maintenance activity.
 
-        Returns the logged ``context/compacted`` event, or None when there is
-        nothing to compact.  A cancelled compaction logs nothing.
+        Everything before the latest turn is summarized, or, with
+        ``keep_tokens``, everything before the latest turns that fit in that
+        many tokens.  Returns the logged ``context/compacted`` event, or None
+        when there is nothing to compact.  A cancelled compaction logs nothing.
         """
         ...
 

@@ -1020,15 +1020,24 @@ class ReactAgent:
         return None
 
     def _plan_compaction(
-        self, turn: int | None, estimate: int, keep: int | None
+        self, turn: int | None, estimate: int, keep: int | None, *, all_but_latest: bool = False
     ) -> tuple[ContextPolicy, int | None, TurnMark, Sequence[Message]] | None:
-        """Where a compaction would cut, and with which policy; None when nothing can be compacted."""
+        """Where a compaction would cut, and with which policy; None when nothing can be compacted.
+
+        ``all_but_latest`` (an explicit ``compact()`` without ``keep_tokens``)
+        cuts at the start of the latest turn, whatever the window.
+        """
         history = self._history
         messages = history.messages()
         policy = self._options.context
         window = self._context_window()
         if window is not None:
             policy = attrs.evolve(policy, summary_tokens=min(policy.summary_tokens, max(window // 8, 16)))
+        if all_but_latest:
+            latest = history.last_mark
+            if latest is None or latest.index == 0:
+                return None  # a single turn (since the last compaction): nothing before it
+            return policy, window, latest, messages
         if keep is not None:
             pass
         elif window is None:
@@ -1048,7 +1057,13 @@ class ReactAgent:
         return policy, window, mark, messages
 
     async def _compact(
-        self, reason: ev.CompactionReason, turn: int | None, estimate: int | None = None, keep: int | None = None
+        self,
+        reason: ev.CompactionReason,
+        turn: int | None,
+        estimate: int | None = None,
+        keep: int | None = None,
+        *,
+        all_but_latest: bool = False,
     ) -> ev.ContextCompacted | None:
         """Summarize the conversation before a turn boundary and log it; None when nothing can be compacted.
 
@@ -1060,7 +1075,7 @@ class ReactAgent:
         """
         if estimate is None:
             estimate = self.context_estimate()
-        plan = self._plan_compaction(turn, estimate, keep)
+        plan = self._plan_compaction(turn, estimate, keep, all_but_latest=all_but_latest)
         if plan is None:
             return None
         policy, window, mark, messages = plan
@@ -1177,14 +1192,16 @@ class ReactAgent:
 
         Waits until the agent is idle and holds it idle meanwhile: waking
         input waits in the inbox until the compaction ends
-        (docs/guarantees.rst, "The driver").  The turns that fit in
-        ``keep_tokens`` (default: ``context.keep`` of the window) stay as
-        they are; everything before them is summarized by the model and a
-        ``context/compacted`` event is logged.
+        (docs/guarantees.rst, "The driver").  Everything before the latest
+        turn is summarized by the model (the latest turn stays as it is,
+        whatever the context window) and a ``context/compacted`` event is
+        logged; with ``keep_tokens``, the latest turns that fit in that many
+        tokens stay instead (``0``: every finished turn is summarized).
 
         Returns:
             The ``context/compacted`` event, or None when there is nothing to
-            compact (a single turn, or everything after the last compaction).
+            compact (a single turn since the start or the last compaction, or,
+            with ``keep_tokens``, every turn fits in it).
 
         Raises:
             CompactionError: the summary request failed (nothing is logged).
@@ -1197,7 +1214,7 @@ class ReactAgent:
             with trio.CancelScope() as scope:
                 self._maintenance_scope = scope
                 try:
-                    return await self._compact("manual", None, keep=keep_tokens)
+                    return await self._compact("manual", None, keep=keep_tokens, all_but_latest=keep_tokens is None)
                 finally:
                     self._maintenance_scope = None
         raise AgentDisposedError(f"agent {self.id!r} was disposed while compacting; nothing was logged")
