@@ -1,6 +1,6 @@
 """Sphinx configuration of the trio_harness documentation (``nox -s docs``).
 
-Besides the usual settings this file holds four small hooks that keep the
+Besides the usual settings this file holds five small hooks that keep the
 build warning-free and the reference accurate:
 
 * re-exported constants and type aliases get the attribute docstring written
@@ -10,6 +10,9 @@ build warning-free and the reference accurate:
 * property docstrings are read like method docstrings (napoleon would take
   the text before the first colon for a type);
 * Protocol classes lose the meaningless ``(*args, **kwargs)`` signature;
+* ``[source]`` links follow re-exports to the defining module: a public
+  exception's ``__module__`` is its public package (``trio_harness.RunError``),
+  where viewcode would otherwise look for its source;
 * ``.. cli-help:: run`` renders ``trio-harness run --help`` from the real
   argument parser, so the CLI page cannot drift from the code.
 """
@@ -145,6 +148,35 @@ def _process_signature(
     return None
 
 
+# ---------------------------------------------------------------- source links
+
+
+def _defining_module(modname: str, name: str, depth: int = 0) -> str | None:
+    """The module whose source defines ``name``, following ``from X import name`` re-exports from ``modname``."""
+    if depth > 5:
+        return None
+    try:
+        module = importlib.import_module(modname)
+        tree = ast.parse(inspect.getsource(module))
+    except (ImportError, OSError, TypeError):
+        return None
+    package = module.__package__ or modname
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+            return modname
+        if isinstance(node, ast.ImportFrom) and node.module is not None:
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    source = importlib.util.resolve_name("." * node.level + node.module, package)
+                    return _defining_module(source, alias.name, depth + 1)
+    return None
+
+
+def _follow_imported(app: Sphinx, modname: str, attribute: str) -> str | None:
+    """viewcode: the module to show the source of ``modname.attribute`` from (None: viewcode's own rule)."""
+    return _defining_module(modname, attribute.split(".")[0])
+
+
 # ---------------------------------------------------------------- the CLI's own help
 
 
@@ -180,5 +212,6 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("autodoc-process-docstring", _process_docstring)
     app.connect("autodoc-process-docstring", _property_docstring, priority=600)  # after napoleon
     app.connect("autodoc-process-signature", _process_signature)
+    app.connect("viewcode-follow-imported", _follow_imported)
     app.add_directive("cli-help", CliHelp)
     return {"parallel_read_safe": True}

@@ -221,3 +221,94 @@ def test_every_autodoc_target_exists() -> None:
     assert targets, f"no autodoc directives found under {DOCS}"
     for target in targets:
         resolve(target)  # raises if the docs name something that does not exist
+
+
+# ---------------------------------------------------------------- exceptions: their public module
+
+EXCEPTIONS = sorted(
+    {obj for _, _, obj in NAMES if isinstance(obj, type) and issubclass(obj, BaseException)}, key=lambda c: c.__name__
+)
+
+
+def indexed_package(obj: object) -> str:
+    """The package of the reference entry that indexes ``obj`` (the directive without ``:no-index:``)."""
+    targets = documented()
+    (entry,) = [
+        f"{package}.{name}"
+        for package, name, other in NAMES
+        if other is obj and False in targets.get(f"{package}.{name}", [])
+    ]
+    return entry.rpartition(".")[0]
+
+
+def test_exceptions_are_collected() -> None:
+    names = {cls.__name__ for cls in EXCEPTIONS}
+    assert {"HarnessError", "RunError", "BashError", "RpcError", "EventLogMismatch"} <= names
+
+
+@pytest.mark.parametrize("cls", EXCEPTIONS, ids=lambda c: c.__name__)
+def test_a_public_exception_shows_the_package_it_is_imported_from(cls: type[BaseException]) -> None:
+    """``trio_harness.RunError`` in tracebacks and reprs, not ``trio_harness._errors.RunError``."""
+    package = indexed_package(cls)
+    assert cls.__module__ == package, f"{cls.__qualname__} shows module {cls.__module__!r}, not {package!r}"
+    assert getattr(importlib.import_module(package), cls.__qualname__) is cls  # pickle finds it there
+    assert repr(cls) == f"<class '{package}.{cls.__qualname__}'>"
+
+
+def test_a_traceback_names_the_public_module() -> None:
+    import traceback
+
+    from trio_harness import RunError
+
+    lines = traceback.format_exception(RunError("the turn ended with reason error"))
+    assert lines[-1] == "trio_harness.RunError: the turn ended with reason error\n"
+
+
+def _example(cls: type[BaseException]) -> BaseException:
+    """An instance of ``cls`` with every argument its constructor requires (a string, or a tuple of strings)."""
+    try:
+        signature = inspect.signature(cls)
+    except ValueError:  # the constructor of a built-in exception: a message
+        return cls("the message")
+    args: list[object] = []
+    kwargs: dict[str, object] = {}
+    for parameter in signature.parameters.values():
+        if parameter.default is not inspect.Parameter.empty or parameter.kind in (
+            inspect.Parameter.VAR_POSITIONAL,
+            inspect.Parameter.VAR_KEYWORD,
+        ):
+            continue
+        value: object = ("one", "two") if parameter.name.endswith("s") else f"the {parameter.name}"
+        if parameter.annotation in ("int", int):
+            value = 7
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY:
+            kwargs[parameter.name] = value
+        else:
+            args.append(value)
+    if not args and not kwargs:
+        return cls("the message")
+    return cls(*args, **kwargs)
+
+
+@pytest.mark.parametrize("cls", EXCEPTIONS, ids=lambda c: c.__name__)
+def test_a_public_exception_survives_pickle_and_copy(cls: type[BaseException]) -> None:
+    import copy
+    import pickle
+
+    error = _example(cls)
+    error.__dict__["extra"] = "kept"  # an attribute set after construction comes back too
+    for again in (pickle.loads(pickle.dumps(error)), copy.copy(error), copy.deepcopy(error)):
+        assert type(again) is cls
+        assert (again.args, str(again), again.__dict__) == (error.args, str(error), error.__dict__)
+    assert pickle.loads(pickle.dumps(cls)) is cls
+
+
+def test_a_run_error_keeps_its_turn_end_through_pickle() -> None:
+    import pickle
+
+    from trio_harness import RunError
+    from trio_harness.events import TurnEnd
+
+    end = TurnEnd(seq=3, ts=1.0, turn=1, reason="budget")
+    again = pickle.loads(pickle.dumps(RunError("stopped", end=end)))
+    assert isinstance(again, RunError) and again.end == end and str(again) == "stopped"

@@ -41,6 +41,7 @@ from ._errors import TaskNotFoundError as TaskNotFoundError
 from ._errors import TaskStartError as TaskStartError
 from ._errors import ToolError as ToolError
 from ._errors import UnsupportedFormatError as UnsupportedFormatError
+from ._errors import publish_exceptions as _publish_exceptions
 from ._harness import Harness as Harness
 from ._harness import open_harness as open_harness
 from ._initiator import current_initiator as current_initiator
@@ -85,3 +86,6 @@ from .tools import SubagentOptions as SubagentOptions
 from .tools import TaskToolOptions as TaskToolOptions
 from .tools import connect_mcp as connect_mcp
 from .tools import load_mcp_config as load_mcp_config
+
+_publish_exceptions(__name__, globals())  # trio_harness.X in tracebacks, not the private module
+del _publish_exceptions

@@ -3,15 +3,47 @@
 Every failure a caller can act on has its own type, and every message names the
 thing that was wrong (a session id, a file and line, a task id) and, where it
 helps, what to do about it.
+
+Each public exception carries the module it is imported from
+(``trio_harness.RunError``, not ``trio_harness._errors.RunError``), so that is
+what tracebacks, reprs and pytest show: every public package ends with
+:func:`publish_exceptions`, as trio's ``fixup_module_metadata`` does.
 """
 
 from __future__ import annotations
 
+import copyreg
+from collections.abc import Mapping
 from typing import Any
+
+
+def publish_exceptions(module_name: str, namespace: Mapping[str, object]) -> None:
+    """Give the exceptions a public package exports the package as their module.
+
+    Only exceptions defined in a private module (a dotted part starting with
+    ``_``) and exported under their own name are renamed, so pickling finds
+    them in the public package.  An exception exported by two packages keeps
+    the first that claims it: a subpackage (imported, and so run, before
+    ``trio_harness`` finishes), where its reference entry is.  Other classes
+    and functions keep the module that defines them: ``typing.get_type_hints``
+    resolves a class's annotations in the namespace of its ``__module__``.
+    """
+    for name, obj in namespace.items():
+        if name.startswith("_") or not isinstance(obj, type) or not issubclass(obj, BaseException):
+            continue
+        module = obj.__module__
+        private = any(part.startswith("_") for part in module.split("."))
+        if private and module.startswith("trio_harness.") and obj.__qualname__ == name:
+            obj.__module__ = module_name
 
 
 class HarnessError(Exception):
     """Base class of every error raised by trio_harness."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt without calling __init__ (whose keyword-only arguments are not in ``args``):
+        # the arguments and the attributes come back as they were, so pickle and copy work.
+        return copyreg.__newobj__, (type(self), *self.args), self.__dict__  # type: ignore[attr-defined]
 
 
 class ScopeClosedError(HarnessError):

@@ -8,6 +8,7 @@ Run it from the command line with ``trio-harness acp``, or in-process::
 Everything runs on Trio streams; no asyncio is involved.
 """
 
+from .._errors import publish_exceptions as _publish_exceptions
 from ._jsonrpc import DEFAULT_MAX_LINE_BYTES as DEFAULT_MAX_LINE_BYTES
 from ._jsonrpc import RpcError as RpcError
 from ._server import PROTOCOL_VERSION as PROTOCOL_VERSION
@@ -27,3 +28,6 @@ __all__ = [
     "serve_stdio",
     "stop_reason_for",
 ]
+
+_publish_exceptions(__name__, globals())  # trio_harness.X in tracebacks, not the private module
+del _publish_exceptions

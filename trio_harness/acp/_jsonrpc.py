@@ -98,6 +98,10 @@ class RpcError(Exception):
         self.message = message
         self.data = data
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # ``args`` holds the message alone: rebuilt from all three, so pickle and copy work.
+        return type(self), (self.code, self.message, self.data), self.__dict__
+
     def to_error(self) -> dict[str, Any]:
         """The JSON-RPC ``error`` object."""
         error: dict[str, Any] = {"code": self.code, "message": self.message}

@@ -4,6 +4,7 @@ The ``bash`` tool that models call lives one layer up, in :mod:`trio_harness.too
 """
 
 from .._errors import BashError as BashError
+from .._errors import publish_exceptions as _publish_exceptions
 from ._executor import BashExecutor as BashExecutor
 from ._executor import BashProcess as BashProcess
 from ._executor import BashProcessNotFoundError as BashProcessNotFoundError
@@ -16,3 +17,6 @@ from ._records import ExitFacts as ExitFacts
 from ._render import render_result as render_result
 from ._sandbox import SandboxPolicy as SandboxPolicy
 from ._sandbox import SandboxUnavailableError as SandboxUnavailableError
+
+_publish_exceptions(__name__, globals())  # trio_harness.X in tracebacks, not the private module
+del _publish_exceptions

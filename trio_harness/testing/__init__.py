@@ -23,6 +23,7 @@ Everything runs on Trio's clock, so tests are deterministic under
 
 import importlib.util as _importlib_util
 
+from .._errors import publish_exceptions as _publish_exceptions
 from ._assertions import NOISE as NOISE
 from ._assertions import EventLogMismatch as EventLogMismatch
 from ._assertions import assert_balanced as assert_balanced
@@ -34,3 +35,6 @@ from ._harness import open_test_harness as open_test_harness
 if _importlib_util.find_spec("pytest") is not None:
     from ._fixtures import harness as harness
     from ._fixtures import scripted_model as scripted_model
+
+_publish_exceptions(__name__, globals())  # trio_harness.X in tracebacks, not the private module
+del _publish_exceptions
