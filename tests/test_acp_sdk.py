@@ -287,12 +287,16 @@ async def test_without_an_api_key_the_agent_answers_the_handshake_and_asks_for_i
     # session/new before the key: ACP's auth_required.
     assert summary["newError"]["code"] == -32000
     assert "authenticate" in summary["newError"]["message"]
+    # data.details, the only part some clients (Toad) show, is the method's description
+    assert summary["newError"]["data"] == {"authMethods": ["env:DEEPSEEK_API_KEY"], "details": method["description"]}
     # authenticate explains what to set and that the agent must be restarted with it.
     error = summary["authenticateError"]
     assert error["code"] == -32000
     assert "DEEPSEEK_API_KEY is not set" in error["message"]
     assert "restart the agent" in error["message"]
+    details = error["data"].pop("details")
     assert error["data"] == {"methodId": "env:DEEPSEEK_API_KEY", "variable": "DEEPSEEK_API_KEY"}
+    assert details.startswith("The model's API key is missing: DEEPSEEK_API_KEY is not set") and details.endswith(".")
     assert summary["listError"]["code"] == -32000
     assert summary["reinitialized"] == 1
 
