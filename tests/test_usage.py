@@ -16,7 +16,7 @@ from trio_harness import Budget, CompactionError, ContextPolicy, ScriptedModel, 
 from trio_harness._cli import EXIT_LIMIT, _exit_code
 from trio_harness.acp import stop_reason_for
 from trio_harness.agents import AgentOptions, Tool, ToolContext, TurnOutcome
-from trio_harness.model import Failure, OpenAIProvider, Usage
+from trio_harness.model import Failure, OpenAIProvider, ReplayModel, Usage
 from trio_harness.session import _events as ev
 from trio_harness.session import decode_event
 from trio_harness.testing import assert_balanced, open_test_harness
@@ -179,13 +179,16 @@ async def big(ctx: ToolContext, args: dict[str, object]) -> str:
 BIG = Tool("big", "a large result", {"type": "object", "properties": {}}, big)
 
 
-async def grow_in_turn_three(options: AgentOptions) -> tuple[ScriptedModel, list[ev.Event]]:
+async def grow_in_turn_three(
+    options: AgentOptions, model: ScriptedModel | ReplayModel | None = None
+) -> tuple[ScriptedModel | ReplayModel, list[ev.Event]]:
     """Turns 1 and 2 fit; turn 3's tool result makes its second step pass the threshold (a compaction in the turn)."""
-    model = ScriptedModel(
-        [{"text": "one"}, {"text": "two"}, {"tool_calls": [{"name": "big", "arguments": {}}]}, {"text": "three"}],
-        context_window=2_000,
-        summary=SUMMARY,
-    )
+    if model is None:
+        model = ScriptedModel(
+            [{"text": "one"}, {"text": "two"}, {"tool_calls": [{"name": "big", "arguments": {}}]}, {"text": "three"}],
+            context_window=2_000,
+            summary=SUMMARY,
+        )
     async with open_test_harness(model) as h:
         h.tools.add(BIG)
         async with h.agents.open(options=options) as agent:
@@ -240,6 +243,16 @@ async def test_a_token_budget_stops_a_compaction_part_way_and_its_request_is_cou
     end = turn_ends(events)[2]
     assert end.reason == "budget" and end.failure is not None and end.failure.code == "budget-tokens"
     assert end.usage is not None and end.usage.requests == 2
+    # a strict replay makes the same requests and stops at the same point
+    replay = ReplayModel.from_events(events, strict=True)
+    options = AgentOptions(turn_budget=Budget(tokens=limit), context=ContextPolicy(window=2_000))
+    _, again = await grow_in_turn_three(options, replay)
+    assert [r.purpose for r in replay.requests] == ["turn", "turn", "turn", "compaction"]
+    shape = [(type(e), getattr(e, "usage", None)) for e in events]
+    assert [(type(e), getattr(e, "usage", None)) for e in again] == shape
+    assert [(e.reason, e.failure, e.usage) for e in turn_ends(again)] == [
+        (e.reason, e.failure, e.usage) for e in turn_ends(events)
+    ]
 
 
 async def refused_in_turn_three(options: AgentOptions) -> tuple[ScriptedModel, list[ev.Event]]:

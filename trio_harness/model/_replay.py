@@ -9,7 +9,10 @@ against a real provider can be replayed in tests and examples with no network.
 Context compactions are replayed too: each ``context/compacted`` event of the
 recording answers the summary request(s) of one compaction with its summary,
 in order among the steps, so a replayed agent compacts at the same points and
-rebuilds the same requests.
+rebuilds the same requests.  A ``context/compaction-failed`` event fails its
+compaction again at the first summary request; one a budget stopped part-way
+(``budget-*``) answers the requests it made, with their usage on the last, so
+the agent's own budget check stops it where the recording stopped.
 
 With ``strict=True`` each request must match the recording at that point: a
 step's newest user message and its model settings (its ``request/header``),
@@ -180,6 +183,18 @@ class ReplayModel:
             failed = current.compaction
             self._answered += 1
             totals = failed.usage
+            if failed.failure.code.startswith("budget-") and totals is not None and self._answered <= totals.requests:
+                # Stopped by a budget after its requests were answered: answer them again, with the usage on
+                # the last, so the agent's own budget check stops it at the same point.
+                emit(TextDelta("(a summary the recording did not keep: a budget stopped the compaction)"))
+                if self._answered == totals.requests:
+                    emit(
+                        Usage(
+                            totals.input_tokens, totals.output_tokens, totals.cache_hit_tokens, totals.reasoning_tokens
+                        )
+                    )
+                emit(Finish("stop"))
+                return
             if self._answered == 1 and totals is not None:
                 emit(Usage(totals.input_tokens, totals.output_tokens, totals.cache_hit_tokens, totals.reasoning_tokens))
             emit(Finish("error", failed.failure))
