@@ -213,6 +213,11 @@ async def test_a_compaction_inside_a_turn_is_made_only_when_the_budget_affords_i
     assert [r.purpose for r in model.requests] == ["turn"] * 4
     assert [e.reason for e in turn_ends(events)] == ["completed"] * 3
     assert not [e for e in events if isinstance(e, ev.ContextCompacted | ev.CompactionFailed)]
+    # A budget of 5: the same in turn 3; after it, the compaction between turns needs more than the one
+    # request left, so it is not started either.
+    model, events = await grow_in_turn_three(AgentOptions(session_budget=Budget(requests=5)))
+    assert [r.purpose for r in model.requests] == ["turn"] * 4
+    assert not [e for e in events if isinstance(e, ev.ContextCompacted | ev.CompactionFailed)]
     # A budget of 6 affords both; nothing is made past it (no compaction between turns after turn 3).
     model, events = await grow_in_turn_three(AgentOptions(session_budget=Budget(requests=6)))
     assert [r.purpose for r in model.requests] == ["turn", "turn", "turn", "compaction", "compaction", "turn"]
