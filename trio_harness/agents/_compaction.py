@@ -201,7 +201,7 @@ class SummaryOverBudget(SummaryFailed):
     """A budget does not allow the next summary request: ``failure`` is the budget's (``budget-*``)."""
 
 
-BudgetCheck = Callable[[UsageTotals, int], "Failure | None"]
+BudgetCheck = Callable[[UsageTotals, int], Failure | None]
 """Whether the next summary requests may be made: given what the compaction spent so far and how many
 requests it still needs, the budget failure that forbids them, or None."""
 

@@ -1204,7 +1204,9 @@ class ReactAgent:
             with ``keep_tokens``, every turn fits in it).
 
         Raises:
-            CompactionError: the summary request failed (nothing is logged).
+            CompactionError: the summary request failed (nothing is
+                compacted), or the session's budget does not allow its
+                summary requests (docs/long-sessions.rst, "Usage and budgets").
             AgentDisposedError: the agent is disposed, or was disposed while
                 compacting (nothing is logged).
         """
