@@ -31,8 +31,8 @@ import trio
 from _acp_clients import open_server
 from _util import WAIT, group_alive
 
-from trio_harness import _lifeline
-from trio_harness.bash import SandboxUnavailableError, open_bash_executor
+from trio_harness import BashError, _lifeline
+from trio_harness.bash import BashRequest, SandboxUnavailableError, open_bash_executor
 
 SERVERS = Path(__file__).resolve().parent / "mcp_servers"
 # What the issue asks: everything gone within 2 s of the harness dying.
@@ -352,3 +352,14 @@ async def test_a_dead_watchdog_is_replaced_and_told_every_group(caplog: pytest.L
             with trio.fail_after(WAIT):
                 while group_alive(leader.pid):
                     await trio.sleep(0.01)
+
+
+async def test_a_watchdog_that_cannot_start_fails_the_command_with_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(_lifeline, "_default", None)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    async with open_bash_executor() as executor:
+        with pytest.raises(BashError, match=r"could not start the lifeline watchdog .*no-python"):
+            await executor.run(executor.resolve(BashRequest("true")))
+    assert _lifeline._default is None

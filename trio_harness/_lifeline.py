@@ -130,6 +130,22 @@ class Lifeline:
                 os.close(self._fd)
                 self._fd = -1
 
+    @property
+    def broken(self) -> bool:
+        """Whether the watchdog is gone and could not be replaced (nothing is covered any more)."""
+        return self._fd < 0
+
+    def revive(self) -> None:
+        """Start a new watchdog after a failed replacement and tell it every group.
+
+        Raises:
+            OSError: the watchdog could not be started.
+        """
+        with self._lock:
+            if self._fd < 0:
+                self._start()
+                self._send(b"".join(b"+%d\n" % pgid for pgid in sorted(self._groups)))
+
     def _send(self, message: bytes) -> None:
         if self._fd < 0:
             return
@@ -139,23 +155,28 @@ class Lifeline:
         except BlockingIOError:  # the watchdog is behind: keep the message for the next write
             written = 0
         except BrokenPipeError:
-            self._restart()
+            self._replace()
             return
         self._backlog = data[written:]
 
-    def _restart(self) -> None:
+    def _replace(self) -> None:
         """The watchdog died while this process lives: start another and tell it every group."""
         dead = self.watchdog_pid
-        with contextlib.suppress(ChildProcessError, OSError):
+        with contextlib.suppress(OSError):
             if dead is not None:
                 os.waitpid(dead, os.WNOHANG)
         os.close(self._fd)
         self._fd = -1
         self._backlog = b""
-        self._start()
+        try:
+            self._start()
+        except OSError as exc:
+            # The group that was being registered runs already; the next spawn
+            # retries the start and fails if it cannot (lifeline()).
+            _log.error("the lifeline watchdog (pid %s) died and no other could be started: %s", dead, exc)
+            return
         _log.warning("the lifeline watchdog (pid %s) died; started another (pid %s)", dead, self.watchdog_pid)
-        self._backlog = b"".join(b"+%d\n" % pgid for pgid in sorted(self._groups))
-        self._send(b"")
+        self._send(b"".join(b"+%d\n" % pgid for pgid in sorted(self._groups)))
 
 
 _default: Lifeline | None = None
@@ -170,11 +191,13 @@ def lifeline() -> Lifeline:
     """
     global _default
     current = _default
-    if current is not None:
+    if current is not None and not current.broken:
         return current
     with _default_lock:
         if _default is None:
             _default = Lifeline()
+        elif _default.broken:
+            _default.revive()
         return _default
 
 
