@@ -293,8 +293,8 @@ async def test_the_watchdog_kills_only_what_is_ours() -> None:
         spawned(["sleep", "300"]) as reused,
     ):
         # ``reused`` stands for a group's pid taken by another process after the
-        # harness registered it: the start time noted differs.
-        groups = {registered.pid: start_time(registered.pid), reused.pid: start_time(reused.pid) + 1}
+        # harness registered it: that process started after the registration.
+        groups = {registered.pid: start_time(registered.pid), reused.pid: start_time(reused.pid) - 1}
         _lifeline._kill_ours(token.encode(), groups)
         assert await wait_dead(with_token) == -signal.SIGKILL
         assert await wait_dead(registered) == -signal.SIGKILL
@@ -334,24 +334,28 @@ async def test_a_lifeline_kills_its_groups_and_tokens_when_closed_and_not_before
         os.killpg(forgotten.pid, signal.SIGKILL)
 
 
-async def test_a_dead_watchdog_is_replaced_and_told_every_group(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_dead_watchdog_is_replaced_by_the_next_spawn(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     line = _lifeline.Lifeline()
+    monkeypatch.setattr(_lifeline, "_default", line)
     first = line.watchdog_pid
     assert first is not None
     with spawned(["sh", "-c", "sleep 300 & exec sleep 300"]) as leader:
         line.register(leader.pid)
         os.kill(first, signal.SIGKILL)
-        os.waitpid(first, 0)
-        with spawned(["sleep", "300"]) as later:
-            line.register(later.pid)  # finds the pipe broken
-            assert line.watchdog_pid not in (None, first)
-            assert f"the lifeline watchdog (pid {first}) died" in caplog.text
-            line.close()
-            assert await wait_dead(leader) == -signal.SIGKILL
-            assert await wait_dead(later) == -signal.SIGKILL
-            with trio.fail_after(WAIT):
-                while group_alive(leader.pid):
-                    await trio.sleep(0.01)
+        with trio.fail_after(WAIT):
+            while alive(first):
+                await trio.sleep(0.01)
+        async with open_bash_executor() as executor:  # a spawn notices and starts another watchdog
+            assert (await executor.run(executor.resolve(BashRequest("echo ok")))).stdout == "ok\n"
+        assert line.watchdog_pid not in (None, first)
+        assert f"the lifeline watchdog (pid {first}) died; started another" in caplog.text
+        line.close()  # the new watchdog knows the group registered before it started
+        assert await wait_dead(leader) == -signal.SIGKILL
+        with trio.fail_after(WAIT):
+            while group_alive(leader.pid):
+                await trio.sleep(0.01)
 
 
 async def test_a_watchdog_that_cannot_start_fails_the_command_with_a_clear_error(

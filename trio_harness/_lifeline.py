@@ -3,40 +3,46 @@
 One watchdog process per harness process, started with the first command or
 stdio MCP server it spawns (:func:`lifeline`), holds the read end of a pipe
 whose write end only the harness process holds (close-on-exec, so no child
-inherits it; a ``fork`` without ``exec`` closes it in the child).  The watchdog
-runs this file as a script, in its own session, ignoring SIGINT, SIGTERM and
-SIGHUP, so signals aimed at the harness's terminal or process group do not reach
-it.  While the harness lives the watchdog only reads the pipe.
+inherits it; a ``fork`` without ``exec`` closes it in the child).  Nothing is
+ever written to the pipe: its end of file is the message.  The watchdog runs
+this file as a script, in its own session, ignoring SIGINT, SIGTERM and SIGHUP,
+so signals aimed at the harness's terminal or process group do not reach it.
+While the harness lives the watchdog sleeps in ``read``; it costs no wakeup per
+command.
 
 Two marks make a process ours:
 
 * **its group**: the harness registers each process group it spawns (a bash
-  command, an MCP server: ``+PGID``) and forgets it once the group is gone
-  (``-PGID``); the watchdog notes the leader's start time when told;
+  command, an MCP server) in a registry file shared with the watchdog (an
+  anonymous ``memfd``, a slot per group: its number and the clock tick right
+  after its leader was spawned) and clears the slot once the group is gone;
 * **a token in its environment**: every spawned process gets
   ``TRIO_HARNESS_LIFELINE=<token>`` (appended to an inherited value, ``a:b``, so a
   harness run by another harness's command stays the outer one's too); its
   children inherit it, also the ones that leave the group (``setsid``).
 
 When the pipe reaches end of file (the harness process ended: exit, signal,
-``exec``), the watchdog SIGKILLs every registered group that is still ours and
-every process in it, every process whose environment carries the token, and
-every process in the session or group such a process leads; it scans again
-until a pass finds nobody (at most :data:`_KILL_BOUND` seconds), then exits.
-SIGKILL of a sandbox's outer ``bwrap`` and its PID 1 (both in the registered
-group) ends the sandbox's PID namespace.
+``exec``), the watchdog reads the registry and SIGKILLs every registered group
+that is still ours and every process in it, every process whose environment
+carries the token, and every process in the session or group such a process
+leads; it scans again until a pass finds nobody (at most :data:`_KILL_BOUND`
+seconds), then exits.  SIGKILL of a sandbox's outer ``bwrap`` and its PID 1
+(both in the registered group) ends the sandbox's PID namespace.
 
 It never signals a process that is not ours: a process is signalled through a
 pidfd opened *before* the check that made it a candidate, so a pid reused in
 between is never hit; a registered group counts only while its leader's pid is
-free (a group's number cannot be reused while any member lives) or still holds
-the leader with the start time noted.  What escapes: a process that both left
-the group and was started with an environment without the token (``env -i``
-after ``setsid``), a process whose environment the watchdog may not read
-(another user's), and everything when the watchdog itself is SIGKILLed first.
+free (a group's number cannot be reused while any member lives) or holds a
+process started before the group was registered.  What escapes: a process that
+both left the group and was started with an environment without the token
+(``env -i`` after ``setsid``), a process whose environment the watchdog may not
+read (another user's), and everything when the watchdog itself is SIGKILLed
+first.  If the watchdog dies while the harness lives, the next spawn starts
+another (with a warning), which reads the same registry.
 
-The harness side costs one small write to a pipe per group started and one per
-group gone, and the token in the child's environment.
+The harness side costs the token in the child's environment, one ``pwrite`` of
+16 bytes per group started and one per group gone, and a ``waitpid`` check of
+the watchdog per spawn.
 """
 
 from __future__ import annotations
@@ -46,7 +52,9 @@ import logging
 import os
 import secrets
 import signal
+import struct
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -63,6 +71,11 @@ _ALARM = 5
 _PASS_PAUSE = 0.01
 # The signals a terminal or a kill of the harness's process group would send the watchdog too.
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# A registry slot: the group's number and the clock tick (CLOCK_BOOTTIME, as /proc's start times) after its spawn.
+_SLOT = struct.Struct("qq")
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+_ENV_NAME_B = ENV_NAME.encode()
 
 _log = logging.getLogger(__name__)
 
@@ -79,19 +92,25 @@ class Lifeline:
         inherited = os.environ.get(ENV_NAME)
         self.value = f"{inherited}:{self.token}" if inherited else self.token
         self._lock = threading.Lock()
-        self._groups: set[int] = set()
-        self._backlog = b""
+        self._slots: dict[int, int] = {}  # pgid -> slot in the registry
+        self._free: list[int] = []
+        self._registry = _registry_file()
         self._fd = -1
         self.watchdog_pid: int | None = None
-        self._start()
+        try:
+            self._start()
+        except BaseException:
+            os.close(self._registry)
+            raise
 
     def _start(self) -> None:
         read_end, write_end = os.pipe()  # both close-on-exec
         try:
             os.set_inheritable(read_end, True)
-            argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), str(read_end), self.token]
-            null = os.devnull
-            actions = [(os.POSIX_SPAWN_OPEN, fd, null, os.O_RDWR, 0) for fd in (0, 1, 2)]
+            os.set_inheritable(self._registry, True)
+            script = os.path.abspath(__file__)
+            argv = [sys.executable, "-I", "-S", script, str(read_end), str(self._registry), self.token]
+            actions = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
             # Blocked from the start, then ignored: the watchdog's own start-up is covered too.
             self.watchdog_pid = os.posix_spawn(
                 sys.executable, argv, os.environ, file_actions=actions, setsid=True, setsigmask=_IGNORED
@@ -101,27 +120,75 @@ class Lifeline:
             raise
         finally:
             os.close(read_end)
-        os.set_blocking(write_end, False)
+            os.set_inheritable(self._registry, False)
         self._fd = write_end
 
-    def env(self, base: Mapping[str, str] | None) -> dict[str, str]:
-        """``base`` (``None``: this process's environment) with the lifeline's token added."""
-        env = dict(os.environ if base is None else base)
+    def healthy(self) -> bool:
+        """Whether the watchdog runs (it is reaped here if it died)."""
+        if self._fd < 0 or self.watchdog_pid is None:
+            return False
+        try:
+            pid, _ = os.waitpid(self.watchdog_pid, os.WNOHANG)
+        except ChildProcessError:  # reaped by someone else: gone too
+            return False
+        return pid == 0
+
+    def revive(self) -> None:
+        """Start another watchdog if this one died; it reads the same registry.
+
+        Raises:
+            OSError: the watchdog could not be started.
+        """
+        with self._lock:
+            if self.healthy():
+                return
+            dead = self.watchdog_pid
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+            self._start()
+        _log.warning("the lifeline watchdog (pid %s) died; started another (pid %s)", dead, self.watchdog_pid)
+
+    def env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """``base`` with the lifeline's token added."""
+        env = dict(base)
         env[ENV_NAME] = self.value
         return env
 
+    def own_env(self) -> dict[bytes, bytes] | dict[str, str]:
+        """This process's environment with the token added, as bytes where CPython keeps it so.
+
+        A spawn encodes a ``str`` environment item by item; the bytes copy
+        halves what the environment costs a command.
+        """
+        data = getattr(os.environ, "_data", None)
+        if isinstance(data, dict):
+            raw: dict[bytes, bytes] = dict(data)
+            raw[_ENV_NAME_B] = self.value.encode()
+            return raw
+        return self.env(os.environ)
+
     def register(self, pgid: int) -> None:
-        """Kill the process group ``pgid`` (and everything in its session) if this process dies."""
+        """Kill the process group ``pgid`` (and everything in its session) if this process dies.
+
+        Call right after the group's leader was spawned, before it is reaped.
+        """
+        # A leader started after this instant is not the one registered (see _kill_ours).
+        ticks = int(time.clock_gettime(time.CLOCK_BOOTTIME) * _TICKS) + 1
         with self._lock:
-            self._groups.add(pgid)
-            self._send(b"+%d\n" % pgid)
+            slot = self._slots.get(pgid)
+            if slot is None:
+                slot = self._free.pop() if self._free else len(self._slots)
+                self._slots[pgid] = slot
+            self._write(slot, pgid, ticks)
 
     def unregister(self, pgid: int) -> None:
         """Forget the group ``pgid`` (call once it is gone)."""
         with self._lock:
-            if pgid in self._groups:
-                self._groups.discard(pgid)
-                self._send(b"-%d\n" % pgid)
+            slot = self._slots.pop(pgid, None)
+            if slot is not None:
+                self._write(slot, 0, 0)
+                self._free.append(slot)
 
     def close(self) -> None:
         """Close the pipe: the watchdog acts as if this process had died (for tests)."""
@@ -130,53 +197,20 @@ class Lifeline:
                 os.close(self._fd)
                 self._fd = -1
 
-    @property
-    def broken(self) -> bool:
-        """Whether the watchdog is gone and could not be replaced (nothing is covered any more)."""
-        return self._fd < 0
-
-    def revive(self) -> None:
-        """Start a new watchdog after a failed replacement and tell it every group.
-
-        Raises:
-            OSError: the watchdog could not be started.
-        """
-        with self._lock:
-            if self._fd < 0:
-                self._start()
-                self._send(b"".join(b"+%d\n" % pgid for pgid in sorted(self._groups)))
-
-    def _send(self, message: bytes) -> None:
-        if self._fd < 0:
-            return
-        data = self._backlog + message
+    def _write(self, slot: int, pgid: int, ticks: int) -> None:
         try:
-            written = os.write(self._fd, data)
-        except BlockingIOError:  # the watchdog is behind: keep the message for the next write
-            written = 0
-        except BrokenPipeError:
-            self._replace()
-            return
-        self._backlog = data[written:]
+            os.pwrite(self._registry, _SLOT.pack(pgid, ticks), slot * _SLOT.size)
+        except OSError as exc:  # the group runs already; its processes still carry the token
+            _log.error("the lifeline registry could not be written (group %d): %s", pgid, exc)
 
-    def _replace(self) -> None:
-        """The watchdog died while this process lives: start another and tell it every group."""
-        dead = self.watchdog_pid
+
+def _registry_file() -> int:
+    """An anonymous file shared with the watchdog: one slot per registered group."""
+    if hasattr(os, "memfd_create"):
         with contextlib.suppress(OSError):
-            if dead is not None:
-                os.waitpid(dead, os.WNOHANG)
-        os.close(self._fd)
-        self._fd = -1
-        self._backlog = b""
-        try:
-            self._start()
-        except OSError as exc:
-            # The group that was being registered runs already; the next spawn
-            # retries the start and fails if it cannot (lifeline()).
-            _log.error("the lifeline watchdog (pid %s) died and no other could be started: %s", dead, exc)
-            return
-        _log.warning("the lifeline watchdog (pid %s) died; started another (pid %s)", dead, self.watchdog_pid)
-        self._send(b"".join(b"+%d\n" % pgid for pgid in sorted(self._groups)))
+            return os.memfd_create("trio-harness-lifeline", os.MFD_CLOEXEC)
+    with tempfile.TemporaryFile() as f:
+        return os.dup(f.fileno())
 
 
 _default: Lifeline | None = None
@@ -184,19 +218,19 @@ _default_lock = threading.Lock()
 
 
 def lifeline() -> Lifeline:
-    """The process's lifeline, its watchdog started on first use.
+    """The process's lifeline, its watchdog started on first use (and again if it died).
 
     Raises:
         OSError: the watchdog could not be started.
     """
     global _default
     current = _default
-    if current is not None and not current.broken:
+    if current is not None and current.healthy():
         return current
     with _default_lock:
         if _default is None:
             _default = Lifeline()
-        elif _default.broken:
+        else:
             _default.revive()
         return _default
 
@@ -208,13 +242,14 @@ def forget_group(pgid: int) -> None:
 
 
 def _forget_in_child() -> None:
-    """After ``fork``: the child neither holds the parent's lifeline open nor writes to it."""
+    """After ``fork``: the child neither holds the parent's lifeline open nor writes to its registry."""
     global _default, _default_lock
     _default_lock = threading.Lock()
     if _default is not None:
-        with contextlib.suppress(OSError):
-            os.close(_default._fd)
-        _default._fd = -1
+        for fd in (_default._fd, _default._registry):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        _default._fd = _default._registry = -1
         _default = None
 
 
@@ -280,14 +315,18 @@ def _signal_checked(pid: int, ours: Callable[[int], bool]) -> None:
             os.close(pidfd)
 
 
-def _kill_ours(token: bytes, groups: Mapping[int, int | None], bound: float = _KILL_BOUND) -> None:
-    """Kill every process that is ours (see the module docstring) until none is left or ``bound`` passed."""
+def _kill_ours(token: bytes, groups: Mapping[int, int], bound: float = _KILL_BOUND) -> None:
+    """Kill every process that is ours (see the module docstring) until none is left or ``bound`` passed.
+
+    ``groups`` maps each registered group to the clock tick after its leader was spawned.
+    """
     me = os.getpid()
-    # A registered group is ours while its leader's pid is free, or still holds the leader noted.
+    # A registered group is ours while its leader's pid is free (the number cannot be
+    # reused while any member lives), or holds a process started before it was registered.
     leaders: set[int] = set()
-    for pgid, start in groups.items():
+    for pgid, ticks in groups.items():
         now = _stat(pgid)
-        if now is None or (start is not None and now[3] == start):
+        if now is None or now[3] <= ticks:
             leaders.add(pgid)
 
     def in_group(pid: int) -> bool:
@@ -323,31 +362,32 @@ def _kill_ours(token: bytes, groups: Mapping[int, int | None], bound: float = _K
         time.sleep(_PASS_PAUSE)
 
 
-def _watch(fd: int, token: str) -> None:
-    """The watchdog: follow registrations until end of file, then kill what is ours and exit."""
+def _read_registry(fd: int) -> dict[int, int]:
+    data = bytearray()
+    while chunk := os.pread(fd, 1 << 16, len(data)):
+        data += chunk
+    groups: dict[int, int] = {}
+    for offset in range(0, len(data) - _SLOT.size + 1, _SLOT.size):
+        pgid, ticks = _SLOT.unpack_from(data, offset)
+        if pgid > 0:
+            groups[pgid] = ticks
+    return groups
+
+
+def _watch(fd: int, registry: int, token: str) -> None:
+    """The watchdog: wait for end of file on the pipe, then kill what is ours and exit."""
     for sig in _IGNORED:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED)
-    os.closerange(3, fd)
-    os.closerange(fd + 1, 1 << 16)
-    groups: dict[int, int | None] = {}
-    pending = b""
-    while True:
-        data = os.read(fd, 65536)
-        if not data:
-            break
-        *lines, pending = (pending + data).split(b"\n")
-        for line in lines:
-            with contextlib.suppress(ValueError):
-                pgid = int(line[1:])
-                if line.startswith(b"+"):
-                    stat = _stat(pgid)
-                    groups[pgid] = None if stat is None else stat[3]
-                elif line.startswith(b"-"):
-                    groups.pop(pgid, None)
+    keep = sorted((fd, registry))
+    os.closerange(3, keep[0])
+    os.closerange(keep[0] + 1, keep[1])
+    os.closerange(keep[1] + 1, 1 << 16)
+    while os.read(fd, 4096):  # nothing is written; end of file is the message
+        pass
     signal.alarm(_ALARM)  # never linger, whatever /proc does
-    _kill_ours(token.encode(), groups)
+    _kill_ours(token.encode(), _read_registry(registry))
 
 
 if __name__ == "__main__":
-    _watch(int(sys.argv[1]), sys.argv[2])
+    _watch(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

@@ -26,6 +26,7 @@ import os
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from signal import SIGKILL, SIGTERM
+from typing import cast
 
 import attrs
 import trio
@@ -106,7 +107,8 @@ async def open_group(argv: Sequence[str], cwd: str, env: Mapping[str, str] | Non
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=cwd,
-        env=line.env(env),
+        # subprocess takes bytes names and values too; Trio's annotation names str only.
+        env=cast("Mapping[str, str]", line.own_env()) if env is None else line.env(env),
         start_new_session=True,
     )
     line.register(process.pid)
