@@ -111,9 +111,11 @@ class Lifeline:
             script = os.path.abspath(__file__)
             argv = [sys.executable, "-I", "-S", script, str(read_end), str(self._registry), self.token]
             actions = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
+            # Without an outer harness's token, so that harness's watchdog leaves this one to its work.
+            env = {name: value for name, value in os.environ.items() if name != ENV_NAME}
             # Blocked from the start, then ignored: the watchdog's own start-up is covered too.
             self.watchdog_pid = os.posix_spawn(
-                sys.executable, argv, os.environ, file_actions=actions, setsid=True, setsigmask=_IGNORED
+                sys.executable, argv, env, file_actions=actions, setsid=True, setsigmask=_IGNORED
             )
         except BaseException:
             os.close(write_end)

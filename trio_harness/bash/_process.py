@@ -8,9 +8,9 @@ tails, reaps the leader, and stops what is left of the group: SIGTERM, then,
 anything still runs is read from ``/proc`` (:func:`group_alive`), because
 orphaned members may linger as zombies that do not count.
 
-Processes that leave the group (``setsid``, job control) are beyond reach; if
-one of them keeps an output pipe open, the pipe is abandoned shortly after the
-group is gone.
+Processes that leave the group (``setsid``, job control) are beyond reach while
+the harness runs; if one of them keeps an output pipe open, the pipe is
+abandoned shortly after the group is gone.
 
 Every group is registered with the process's lifeline (:mod:`.._lifeline`)
 from its spawn until it is settled, and every command carries the lifeline's
