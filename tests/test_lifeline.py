@@ -367,3 +367,50 @@ async def test_a_watchdog_that_cannot_start_fails_the_command_with_a_clear_error
         with pytest.raises(BashError, match=r"could not start the lifeline watchdog .*no-python"):
             await executor.run(executor.resolve(BashRequest("true")))
     assert _lifeline._default is None
+
+
+FORKING_PROGRAM = """
+import os, subprocess, sys, time
+from trio_harness import _lifeline
+
+line = _lifeline.lifeline()
+group = subprocess.Popen(["sleep", "300"], env=line.env(os.environ), start_new_session=True)
+line.register(group.pid)
+child = os.fork()
+if child == 0:  # a fork without exec, as multiprocessing's "fork" makes: it must not hold the lifeline open
+    time.sleep(300)
+    os._exit(0)
+print(group.pid, child, flush=True)
+time.sleep(300)
+"""
+
+
+async def test_a_fork_without_exec_does_not_hold_the_lifeline_open(tmp_path: Path) -> None:
+    program = tmp_path / "forking.py"
+    program.write_text(FORKING_PROGRAM, encoding="utf-8")
+    process = await trio.lowlevel.open_process([sys.executable, str(program)], stdout=subprocess.PIPE)
+    assert process.stdout is not None
+    forked: list[int] = []
+    try:
+        with trio.fail_after(WAIT):
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = await process.stdout.receive_some(100)
+                assert chunk, "the program exited early"
+                line += chunk
+        group, child = (int(word) for word in line.split())
+        forked.append(child)
+        process.kill()
+        await process.wait()
+        started = time.monotonic()
+        while group_alive(group):
+            assert time.monotonic() - started < DEADLINE, "the forked child kept the watchdog waiting"
+            await trio.sleep(0.02)
+        assert alive(child)  # not ours to kill: it carries no token and leads no registered group
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await process.stdout.aclose()
+        for pid in forked:
+            os.kill(pid, signal.SIGKILL)
