@@ -8,9 +8,14 @@ tails, reaps the leader, and stops what is left of the group: SIGTERM, then,
 anything still runs is read from ``/proc`` (:func:`group_alive`), because
 orphaned members may linger as zombies that do not count.
 
-Processes that leave the group (``setsid``, job control) are beyond reach; if
-one of them keeps an output pipe open, the pipe is abandoned shortly after the
-group is gone.
+Processes that leave the group (``setsid``, job control) are beyond reach while
+the harness runs; if one of them keeps an output pipe open, the pipe is
+abandoned shortly after the group is gone.
+
+Every group is registered with the process's lifeline (:mod:`.._lifeline`)
+from its spawn until it is settled, and every command carries the lifeline's
+token in its environment: if the harness process dies, its watchdog SIGKILLs
+the group and every process that kept the token, group-leavers included.
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ import os
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from signal import SIGKILL, SIGTERM
+from typing import cast
 
 import attrs
 import trio
 
+from .._errors import BashError
+from .._lifeline import forget_group, lifeline
 from ._output import OutputStream
 from ._records import ExitFacts
 
@@ -80,18 +88,30 @@ def group_alive(pgid: int) -> bool:
 async def open_group(argv: Sequence[str], cwd: str, env: Mapping[str, str] | None) -> trio.Process:
     """Spawn ``argv`` as the leader of a new session and process group, both outputs piped.
 
+    The group is registered with the lifeline; ``env`` (``None``: this
+    process's environment) gets the lifeline's token.
+
     Raises:
         OSError: the program could not be started.
+        BashError: the lifeline's watchdog could not be started.
     """
+    try:
+        line = lifeline()
+    except OSError as exc:
+        raise BashError(
+            f"could not start the lifeline watchdog that kills commands if the harness dies: {exc}"
+        ) from exc
     process = await trio.lowlevel.open_process(
         list(argv),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=cwd,
-        env=env,
+        # subprocess takes bytes names and values too; Trio's annotation names str only.
+        env=cast("Mapping[str, str]", line.own_env()) if env is None else line.env(env),
         start_new_session=True,
     )
+    line.register(process.pid)
     if isinstance(process.stdout, trio.lowlevel.FdStream):
         with contextlib.suppress(OSError):
             fcntl.fcntl(process.stdout.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
@@ -104,6 +124,7 @@ async def reap_unsupervised(process: trio.Process) -> None:
     with trio.CancelScope(shield=True):
         with trio.move_on_after(REAP_BOUND):
             await process.wait()
+        forget_group(process.pid)
         if process.stdout is not None:
             await trio.aclose_forcefully(process.stdout)
         if process.stderr is not None:
@@ -247,5 +268,6 @@ class ProcessGroup:
 
     def _check_settled(self) -> None:
         if self.done.is_set() and not self.escalating and not self.settled.is_set():
+            forget_group(self.pid)
             self.settled.set()
             self.on_settled(self)

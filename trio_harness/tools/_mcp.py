@@ -47,6 +47,7 @@ import attrs
 import trio
 
 from .._errors import McpConfigError, McpError, McpStartError, ToolError
+from .._lifeline import forget_group, lifeline
 from .._version import __version__
 from ..agents._tools import Tool, ToolContext, ToolOutput, ToolSet
 from ..bash._process import REAP_BOUND, group_alive, signal_group
@@ -442,6 +443,10 @@ async def _open_stdio(config: McpStdioServer, facts: _ProcessFacts) -> AsyncIter
     from mcp.client.stdio import get_default_environment
     from mcp.shared.message import SessionMessage
 
+    try:  # the lifeline kills the server's group if the harness process dies (trio_harness/_lifeline.py)
+        line = lifeline()
+    except OSError as exc:
+        raise McpError(f"cannot start the lifeline watchdog for {config.command!r}: {exc}") from exc
     try:
         process = await trio.lowlevel.open_process(
             [config.command, *config.args],
@@ -449,12 +454,13 @@ async def _open_stdio(config: McpStdioServer, facts: _ProcessFacts) -> AsyncIter
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=config.cwd,
-            env=get_default_environment() | dict(config.env),
+            env=line.env(get_default_environment() | dict(config.env)),
             start_new_session=True,
         )
     except OSError as exc:
         where = f" in {config.cwd!r}" if config.cwd is not None else ""
         raise McpError(f"cannot run {config.command!r}{where}: {exc.strerror or exc}") from exc
+    line.register(process.pid)
     facts.pid = process.pid
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
@@ -483,6 +489,7 @@ async def _open_stdio(config: McpStdioServer, facts: _ProcessFacts) -> AsyncIter
                 stream.close()
             for pipe in (process.stdin, process.stdout, process.stderr):
                 await trio.aclose_forcefully(pipe)
+            forget_group(process.pid)
 
 
 @asynccontextmanager
