@@ -338,6 +338,7 @@ def _kill_ours(token: bytes, groups: Mapping[int, int], bound: float = _KILL_BOU
     def has_token(pid: int) -> bool:
         return _has_token(pid, token)
 
+    # This runs in the watchdog process, which has no Trio loop: the real clock is the one to use.
     deadline = time.monotonic() + bound
     while True:
         for pgid in leaders:
