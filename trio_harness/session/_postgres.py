@@ -61,6 +61,7 @@ from .._errors import (
     SessionStoreError,
     UnsupportedFormatError,
 )
+from .._redact import redact_urls
 from ._codec import decode_event, decode_header, decode_inbox_message, encode_event, encode_header, encode_inbox_message
 from ._events import Event, InboxMessage, SessionHeader
 from ._persistence import LoadedSession
@@ -96,8 +97,9 @@ _MAX_IDENTIFIER = 63
 
 
 def redact_dsn(dsn: str) -> str:
-    """``dsn`` with any password replaced by ``***`` (for messages and logs)."""
-    redacted = re.sub(r"(://[^:/?#@]*:)[^@/?#]*@", r"\1***@", dsn)
+    """``dsn`` for messages and logs: its userinfo and query values ``***`` (see
+    :func:`~trio_harness._redact.redact_urls`), and a ``password=`` keyword's value too."""
+    redacted = redact_urls(dsn)
     return re.sub(r"(?i)(password\s*=\s*)('[^']*'|[^&\s]*)", r"\1***", redacted)
 
 

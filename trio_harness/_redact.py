@@ -1,0 +1,80 @@
+"""Credentials out of URLs shown or stored: one helper for every message, event and log line.
+
+:func:`redact_urls` replaces, in every ``scheme://...`` URL of a text, the
+userinfo (``user:password@``) by ``***@`` and every query and fragment value
+by ``***`` (``?key=***&token=***``); the rest of the text is left as it is.
+The harness applies it wherever a URL is shown or stored: a model route's name
+(``request/header`` events, failure messages), the command line's "continue
+with" line, MCP configuration and start-up errors, and the PostgreSQL store's
+connection URL (``redact_dsn``, which also hides a ``password=`` keyword).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+__all__ = ["redact_urls"]
+
+REDACTED: Final = "***"
+"""What a hidden userinfo or query value is replaced by."""
+
+# A URL starts at a scheme followed by "://"; where it ends depends on the
+# character before it (a quote ends it at the matching quote, as in a repr).
+_START: Final = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://")
+_END_PLAIN: Final = re.compile(r"[\s\"<>\\]")
+_END_QUOTED: Final = {"'": re.compile(r"['\s]"), '"': re.compile(r"[\"\s]")}
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with the userinfo and the query and fragment values of every URL in it replaced by ``***``.
+
+    ``https://user:pass@host/v1?key=abc#t=1`` becomes
+    ``https://***@host/v1?key=***#t=***``; a query item without ``=`` is
+    replaced whole.  Text without ``://`` is returned unchanged.  The
+    authority ends at the first ``/`` after ``://``, and everything before its
+    last ``@`` counts as userinfo, so a password with a raw ``@``, ``?`` or
+    ``#`` is hidden too.
+    """
+    if "://" not in text:
+        return text
+    parts: list[str] = []
+    position = 0
+    while True:
+        found = _START.search(text, position)
+        if found is None:
+            break
+        before = text[found.start() - 1] if found.start() > 0 else ""
+        end_pattern = _END_QUOTED.get(before, _END_PLAIN)
+        end = end_pattern.search(text, found.end())
+        stop = len(text) if end is None else end.start()
+        parts.append(text[position : found.end()])
+        parts.append(_redact_rest(text[found.end() : stop]))
+        position = stop
+    parts.append(text[position:])
+    return "".join(parts)
+
+
+def _redact_rest(rest: str) -> str:
+    """The part of a URL after ``scheme://``, redacted."""
+    slash = rest.find("/")
+    authority, tail = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
+    at = authority.rfind("@")
+    if at >= 0:
+        authority = f"{REDACTED}@{authority[at + 1 :]}"
+    starts = [index for index in (authority.find("?"), authority.find("#")) if index >= 0]
+    if starts:
+        # No path: the query or fragment starts inside what looked like the authority.
+        authority, tail = authority[: min(starts)], authority[min(starts) :] + tail
+    cut = min((index for index in (tail.find("?"), tail.find("#")) if index >= 0), default=-1)
+    if cut < 0:
+        return authority + tail
+    path, suffix = tail[:cut], tail[cut:]
+    return authority + path + re.sub(r"([?#&;])([^?#&;=]*)(=?)([^?#&;]*)", _hide_item, suffix)
+
+
+def _hide_item(match: re.Match[str]) -> str:
+    separator, key, equals, value = match.groups()
+    if equals:
+        return f"{separator}{key}={REDACTED}" if value else f"{separator}{key}="
+    return f"{separator}{REDACTED}" if key else separator
