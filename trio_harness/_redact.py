@@ -19,11 +19,14 @@ __all__ = ["redact_urls"]
 REDACTED: Final = "***"
 """What a hidden userinfo or query value is replaced by."""
 
-# A URL starts at a scheme followed by "://"; where it ends depends on the
-# character before it (a quote ends it at the matching quote, as in a repr).
+# A URL starts at a scheme followed by "://".  Unquoted, it ends at a space or a
+# character no URL holds; after an opening quote or bracket it runs to the next
+# space, less the matching closer and any punctuation after it, so a quote or
+# bracket inside a credential cannot end the URL early.
 _START: Final = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://")
 _END_PLAIN: Final = re.compile(r"[\s\"<>\\]")
-_END_QUOTED: Final = {"'": re.compile(r"['\s]"), '"': re.compile(r"[\"\s]")}
+_END_SPACE: Final = re.compile(r"\s")
+_CLOSERS: Final = {"'": "'", '"': '"', "(": ")", "[": "]", "{": "}", "<": ">", "`": "`"}
 
 
 def redact_urls(text: str) -> str:
@@ -34,7 +37,8 @@ def redact_urls(text: str) -> str:
     replaced whole.  Text without ``://`` is returned unchanged.  The
     authority ends at the first ``/`` after ``://``, and everything before its
     last ``@`` counts as userinfo, so a password with a raw ``@``, ``?`` or
-    ``#`` is hidden too.
+    ``#`` is hidden too.  A URL in quotes or brackets (``'...'``, ``(...)``)
+    ends at the last matching closer before the next space.
     """
     if "://" not in text:
         return text
@@ -44,10 +48,13 @@ def redact_urls(text: str) -> str:
         found = _START.search(text, position)
         if found is None:
             break
-        before = text[found.start() - 1] if found.start() > 0 else ""
-        end_pattern = _END_QUOTED.get(before, _END_PLAIN)
-        end = end_pattern.search(text, found.end())
+        closer = _CLOSERS.get(text[found.start() - 1]) if found.start() > 0 else None
+        end = (_END_PLAIN if closer is None else _END_SPACE).search(text, found.end())
         stop = len(text) if end is None else end.start()
+        if closer is not None:
+            last = text.rfind(closer, found.end(), stop)
+            if last >= 0 and not text[last + 1 : stop].strip(",.;:"):
+                stop = last
         parts.append(text[position : found.end()])
         parts.append(_redact_rest(text[found.end() : stop]))
         position = stop

@@ -134,10 +134,10 @@ class OpenAIProvider:
     """
 
     model: str
-    base_url: str = attrs.field(repr=redact_urls)
+    base_url: str = attrs.field(repr=lambda url: repr(redact_urls(url)))
     api_key: str | None = attrs.field(default=None, repr=False)
     api_key_env: str | None = None
-    _name: str | None = attrs.field(default=None, alias="name")
+    _name: str | None = attrs.field(default=None, alias="name", repr=lambda name: repr(name and redact_urls(name)))
     request_timeout: float = 600.0
     connect_timeout: float = 10.0
     read_timeout: float = 120.0

@@ -151,8 +151,10 @@ def resolve_model(
     if "@" in rest:
         model, _, base_url = rest.rpartition("@")
         raise ModelError(
-            f"model spec {redact_urls(spec)!r}: base URL {redact_urls(base_url)!r} must start with http:// or https://"
-            f" (e.g. 'openai:{model or 'MODEL'}@http://localhost:8000/v1'); {_FORMS}"
+            redact_urls(
+                f"model spec {spec!r}: base URL {base_url!r} must start with http:// or https://"
+                f" (e.g. 'openai:{model or 'MODEL'}@http://localhost:8000/v1'); {_FORMS}"
+            )
         )
     model = rest
     _check_model(spec, model)

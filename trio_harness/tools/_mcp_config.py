@@ -210,7 +210,7 @@ class McpHttpServer:
     """
 
     name: str
-    url: str = attrs.field(repr=redact_urls)
+    url: str = attrs.field(repr=lambda url: repr(redact_urls(url)))
     headers: Mapping[str, str] = attrs.field(factory=dict, repr=lambda headers: _names_only(headers))
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
     call_timeout: float = DEFAULT_CALL_TIMEOUT
