@@ -38,7 +38,7 @@ import os
 import tempfile
 import types
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import trio
@@ -65,6 +65,8 @@ __all__ = [
     "BashProcessNotFoundError",
     "open_bash_executor",
 ]
+
+_DEFAULT_ENV_POLICY: Final = EnvPolicy()
 
 # Safety bound, on top of the grace period, for awaiting processes at executor exit.
 _TEARDOWN_SLACK = 10.0
@@ -536,7 +538,7 @@ async def open_bash_executor(
     shell: str = "/bin/bash",
     spill_dir: str | None = None,
     sandbox: SandboxPolicy | Mapping[str, Any] | bool | None = None,
-    env_policy: EnvPolicy | Mapping[str, Any] | None = None,
+    env_policy: EnvPolicy | Mapping[str, Any] | None = _DEFAULT_ENV_POLICY,
 ) -> AsyncIterator[BashExecutor]:
     """Open a bash executor; on exit, kill and await every process it started.
 
@@ -556,8 +558,8 @@ async def open_bash_executor(
             or True for the defaults); None for no sandbox.  The policy is
             checked and ``bwrap`` run once here (docs/sandbox.rst).
         env_policy: which variables of this process's environment commands
-            inherit (:class:`~trio_harness.bash.EnvPolicy`, a dict of its
-            fields, or None for the default, which withholds API keys,
+            inherit (:class:`~trio_harness.bash.EnvPolicy` or a dict of its
+            fields; None is the default too, which withholds API keys,
             tokens, secrets and passwords); a request's ``env`` is added over
             it as given.
 
