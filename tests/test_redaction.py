@@ -177,7 +177,7 @@ http_iterators = pytest.mark.filterwarnings(
 @http_iterators
 async def test_an_http_server_that_fails_to_start_is_named_redacted(tmp_path: Path) -> None:
     servers = load_mcp_config(http_config(tmp_path), environ={"TRACKER_TOKEN": QUERY_SECRET})
-    assert QUERY_SECRET in servers[0].url  # expanded: the token is sent
+    assert isinstance(servers[0], McpHttpServer) and QUERY_SECRET in servers[0].url  # expanded: the token is sent
     assert QUERY_SECRET not in repr(servers[0])
     with pytest.raises(McpStartError) as info:
         async with open_harness(builtin_tools=False, mcp_servers=servers):
