@@ -117,13 +117,14 @@ async def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subpr
 
 async def test_run_with_a_password_in_the_base_url_prints_and_logs_none(tmp_path: Path, nursery: trio.Nursery) -> None:
     server = await start_server(nursery, Stream([sse_text("hello there"), sse_finish("stop"), DONE]))
-    spec = f"openai:m@http://user:{PASSWORD}@127.0.0.1:{server.port}/v1"
+    spec = f"openai:m@http://user:{PASSWORD}@127.0.0.1:{server.port}/v1?temperature=0.5"
     store = tmp_path / "store"
     result = await cli("run", "--model", spec, "--store", str(store), "--tools", "none", "hi", cwd=tmp_path)
     out, err = result.stdout.decode(), result.stderr.decode()
     assert result.returncode == 0, err
     assert "hello there" in out
-    assert f"--model 'openai:m@http://***@127.0.0.1:{server.port}/v1'" in err  # the "continue with" line
+    # The "continue with" line: the route's settings stay, so the command still runs.
+    assert f"--model 'openai:m@http://***@127.0.0.1:{server.port}/v1?temperature=0.5'" in err
     log = next(store.glob("*/session.jsonl")).read_text(encoding="utf-8")
     headers = [json.loads(line) for line in log.splitlines() if '"request/header"' in line]
     assert headers and headers[0]["provider"] == f"openai:m@http://***@127.0.0.1:{server.port}/v1"

@@ -736,9 +736,9 @@ def _resume_hint(args: argparse.Namespace, session_id: str, *, kept: bool) -> No
     if args.store != default_store():
         words += ["--store", str(args.store)]
     if args.model != (os.environ.get("TRIO_HARNESS_MODEL") or DEFAULT_MODEL):
-        from ._redact import redact_urls
+        from .model._spec import shown_spec
 
-        words += ["--model", redact_urls(args.model)]  # a base URL's password is not printed
+        words += ["--model", shown_spec(args.model)]  # a base URL's password is not printed
     command = " ".join(shlex.quote(word) for word in words) + " PROMPT"
     what = f"kept session {session_id}; retry or continue with" if kept else "continue with"
     print(f"[session] {what}: {command}", file=sys.stderr, flush=True)

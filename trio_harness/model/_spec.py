@@ -236,6 +236,19 @@ async def open_model(
                 await aclose()
 
 
+def shown_spec(spec: str) -> str:
+    """A working spec for display: its base URL's userinfo and query values ``***``, its settings as written.
+
+    The settings (the query after the last ``?``) are the route's own, checked
+    by :func:`resolve_model`, so they stay readable; ``openai:m@http://u:p@h/v1?temperature=0``
+    is shown as ``openai:m@http://***@h/v1?temperature=0``.
+    """
+    head, mark, query = spec.rpartition("?")
+    if not mark:
+        return redact_urls(spec)
+    return redact_urls(head) + mark + redact_urls(query)
+
+
 def _check_model(spec: str, model: str) -> None:
     if not model or model.isspace():
         raise ModelError(f"model spec {redact_urls(spec)!r} names no model; {_FORMS}")
