@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import trio
+from _acp_clients import open_server as open_acp_server
 from _util import WAIT
 
 from trio_harness import BashError, BashOptions, BashToolOptions, McpStdioServer, ScriptedModel, open_harness
@@ -187,3 +188,21 @@ async def test_an_mcp_servers_own_policy_and_env_win(tmp_path: Path, secret_env:
     options = BashOptions(env_policy=EnvPolicy(deny=(*DEFAULT_ENV_DENY, "HOME")))
     seen = await mcp_sees(tmp_path, ["HOME", "PATH", "FOO_TOKEN"], server, bash_options=options)
     assert seen == {"HOME": str(Path.home()), "PATH": None, "FOO_TOKEN": "from-config"}
+
+
+# ------------------------------------------------------------------ over ACP
+
+
+async def test_an_acp_client_never_receives_the_secrets(tmp_path: Path, secret_env: None) -> None:
+    """``trio-harness acp`` over real stdio: the client's updates of an ``env`` call hold none of them."""
+    responses: list[dict[str, Any]] = [bash_call("env"), {"text": "done"}]
+    store = tmp_path / "store"
+    async with open_acp_server(tmp_path, responses, store=store, extra=("--yes",), tools="bash") as client:
+        await client.call("initialize", {"protocolVersion": 1})
+        new = await client.call("session/new", {"cwd": str(tmp_path), "mcpServers": []})
+        prompt = {"sessionId": new["sessionId"], "prompt": [{"type": "text", "text": "env"}]}
+        assert await client.call("session/prompt", prompt) == {"stopReason": "end_turn"}
+        received = json.dumps(client.received)
+    assert "plain-value-7777" in received  # the command's output did reach the client
+    assert leaked(received) == []
+    assert leaked(next(store.glob("*/session.jsonl")).read_text(encoding="utf-8")) == []
