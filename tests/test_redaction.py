@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import trio
+from _postgres import Cluster, postgres_cluster
 from _sse_server import DONE, Stream, closed_port, sse_finish, sse_text, start_server
 from _util import WAIT
 from hypothesis import given
@@ -27,6 +28,8 @@ from trio_harness._redact import redact_urls
 from trio_harness.model import resolve_model
 from trio_harness.session import _events as ev
 from trio_harness.session._postgres import redact_dsn
+
+__all__ = ["postgres_cluster"]  # the fixture, imported for pytest
 
 PASSWORD = "pa55w0rdXYZ"
 QUERY_SECRET = "qs3cr3tXYZ"
@@ -89,7 +92,15 @@ def test_redact_urls_examples() -> None:
     assert redact_urls("openai:m@http://u:p@127.0.0.1:8000/v1") == "openai:m@http://***@127.0.0.1:8000/v1"
     assert redact_urls("URL 'http://h/mcp?token=x' refused") == "URL 'http://h/mcp?token=***' refused"
     assert redact_urls("http://h/v1 and http://h/v2?flag") == "http://h/v1 and http://h/v2?***"
-    assert redact_dsn("postgresql://app:s3cret@db/x?sslmode=require") == "postgresql://***@db/x?sslmode=***"
+    # A PostgreSQL role is no credential, nor is where the server is.
+    assert redact_dsn("postgresql://app:s3cret@db/x?sslmode=require&sslpassword=k") == (
+        "postgresql://app:***@db/x?sslmode=require&sslpassword=***"
+    )
+    assert redact_dsn("postgresql://app@/x?host=/run/pg&port=5433") == "postgresql://app@/x?host=/run/pg&port=5433"
+    assert (
+        redact_urls("http://u:p@h/?Host=a#host=b", keep_user=True, keep_query=("host",))
+        == "http://u:***@h/?Host=a#host=***"
+    )
     assert redact_dsn("host=db password='s3 cret' user=app") == "host=db password=*** user=app"
 
 
@@ -214,3 +225,24 @@ def test_a_bad_mcp_url_is_reported_redacted() -> None:
     assert PASSWORD not in str(info.value) and QUERY_SECRET not in str(info.value)
     server = McpHttpServer("x", "http://host/mcp", headers={"Authorization": f"Bearer {QUERY_SECRET}"})
     assert QUERY_SECRET not in repr(server) and "'Authorization': '***'" in repr(server)
+
+
+# ------------------------------------------------------------------ the PostgreSQL store's URL
+
+
+async def test_the_continue_line_of_a_postgresql_store_hides_its_password(
+    tmp_path: Path, postgres_cluster: Cluster
+) -> None:
+    database = f"redact_{os.getpid()}"
+    postgres_cluster.psql(f"CREATE DATABASE {database}")
+    plain = postgres_cluster.dsn(database)  # the cluster trusts local connections: the password is not checked
+    dsn = plain.replace("@/", f":{PASSWORD}@/", 1)
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"responses": [{"text": "stored"}]}), encoding="utf-8")
+    result = await cli("run", "--model", f"scripted:{script}", "--store", dsn, "hi", cwd=tmp_path)
+    out, err = result.stdout.decode(), result.stderr.decode()
+    assert result.returncode == 0, err
+    assert "stored" in out
+    shown = plain.replace("@/", ":***@/", 1)  # the role, host and port stay: they say where the sessions are
+    assert f"--store '{shown}'" in err
+    assert PASSWORD not in out + err

@@ -734,7 +734,7 @@ def _resume_hint(args: argparse.Namespace, session_id: str, *, kept: bool) -> No
 
     words = ["trio-harness", "run", "--session", session_id]
     if args.store != default_store():
-        words += ["--store", str(args.store)]
+        words += ["--store", _store_name(args.store) if isinstance(args.store, str) else str(args.store)]
     if args.model != (os.environ.get("TRIO_HARNESS_MODEL") or DEFAULT_MODEL):
         from .model._spec import shown_spec
 

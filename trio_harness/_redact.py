@@ -12,6 +12,7 @@ connection URL (``redact_dsn``, which also hides a ``password=`` keyword).
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import Final
 
 __all__ = ["redact_urls"]
@@ -29,7 +30,7 @@ _END_SPACE: Final = re.compile(r"\s")
 _CLOSERS: Final = {"'": "'", '"': '"', "(": ")", "[": "]", "{": "}", "<": ">", "`": "`"}
 
 
-def redact_urls(text: str) -> str:
+def redact_urls(text: str, *, keep_user: bool = False, keep_query: Collection[str] = ()) -> str:
     """``text`` with the userinfo and the query and fragment values of every URL in it replaced by ``***``.
 
     ``https://user:pass@host/v1?key=abc#t=1`` becomes
@@ -39,6 +40,15 @@ def redact_urls(text: str) -> str:
     last ``@`` counts as userinfo, so a password with a raw ``@``, ``?`` or
     ``#`` is hidden too.  A URL in quotes or brackets (``'...'``, ``(...)``)
     ends at the last matching closer before the next space.
+
+    Args:
+        text: any text.
+        keep_user: show the user name of the userinfo (``user:***@``), for
+            URLs whose user names are not credentials (a PostgreSQL role);
+            by default the whole userinfo is hidden, since a token is often
+            given as the user name (``https://TOKEN@host``).
+        keep_query: query keys (compared without regard to case) whose values
+            are shown, for parameters that are not credentials (``host``).
     """
     if "://" not in text:
         return text
@@ -56,19 +66,21 @@ def redact_urls(text: str) -> str:
             if last >= 0 and not text[last + 1 : stop].strip(",.;:"):
                 stop = last
         parts.append(text[position : found.end()])
-        parts.append(_redact_rest(text[found.end() : stop]))
+        parts.append(_redact_rest(text[found.end() : stop], keep_user, keep_query))
         position = stop
     parts.append(text[position:])
     return "".join(parts)
 
 
-def _redact_rest(rest: str) -> str:
+def _redact_rest(rest: str, keep_user: bool, keep_query: Collection[str]) -> str:
     """The part of a URL after ``scheme://``, redacted."""
     slash = rest.find("/")
     authority, tail = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
     at = authority.rfind("@")
     if at >= 0:
-        authority = f"{REDACTED}@{authority[at + 1 :]}"
+        user, colon, _ = authority[:at].partition(":")
+        shown = f"{user}{colon}{REDACTED if colon else ''}" if keep_user else REDACTED
+        authority = f"{shown}@{authority[at + 1 :]}"
     starts = [index for index in (authority.find("?"), authority.find("#")) if index >= 0]
     if starts:
         # No path: the query or fragment starts inside what looked like the authority.
@@ -77,11 +89,17 @@ def _redact_rest(rest: str) -> str:
     if cut < 0:
         return authority + tail
     path, suffix = tail[:cut], tail[cut:]
-    return authority + path + re.sub(r"([?#&;])([^?#&;=]*)(=?)([^?#&;]*)", _hide_item, suffix)
+    kept = {key.lower() for key in keep_query}
+
+    def hide(match: re.Match[str]) -> str:
+        separator, key, equals, value = match.groups()
+        if equals:
+            if not value or (separator != "#" and key.lower() in kept):
+                return match.group(0)
+            return f"{separator}{key}={REDACTED}"
+        return f"{separator}{REDACTED}" if key else separator
+
+    return authority + path + _ITEM.sub(hide, suffix)
 
 
-def _hide_item(match: re.Match[str]) -> str:
-    separator, key, equals, value = match.groups()
-    if equals:
-        return f"{separator}{key}={REDACTED}" if value else f"{separator}{key}="
-    return f"{separator}{REDACTED}" if key else separator
+_ITEM: Final = re.compile(r"([?#&;])([^?#&;=]*)(=?)([^?#&;]*)")
