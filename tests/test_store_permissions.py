@@ -56,6 +56,8 @@ async def test_the_root_is_created_usable_under_a_narrow_umask(tmp_path: Path) -
     finally:
         os.umask(previous)
     assert mode(tmp_path / "narrow") == 0o700
+    (log,) = (tmp_path / "narrow").glob("*/session.jsonl")
+    assert mode(log.parent) == 0o700 and mode(log) == 0o600  # so a later resume can append
 
 
 @pytest.mark.parametrize(("bits", "who"), [(0o777, "everyone"), (0o1777, "everyone"), (0o770, "its group")])

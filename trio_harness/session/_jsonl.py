@@ -757,6 +757,7 @@ class JsonlPersistence:
             try:
                 os.mkdir(name, 0o700, dir_fd=root_fd)
                 created_dir = True
+                os.chmod(name, 0o700, dir_fd=root_fd)  # a umask such as 0o277 would leave it unwritable
             except FileExistsError:
                 pass
             try:
@@ -768,6 +769,7 @@ class JsonlPersistence:
             # A name of its own: a concurrent create of the same id must not touch this one.
             temp = f".{LOG_NAME}.{uuid.uuid4().hex}.tmp"
             fd = os.open(temp, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
+            os.fchmod(fd, 0o600)  # and the log read-only for a later resume
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh inode: nobody else has it
             _write_all(fd, content)
             if self.fsync:
