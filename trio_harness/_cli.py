@@ -734,9 +734,11 @@ def _resume_hint(args: argparse.Namespace, session_id: str, *, kept: bool) -> No
 
     words = ["trio-harness", "run", "--session", session_id]
     if args.store != default_store():
-        words += ["--store", str(args.store)]
+        words += ["--store", _store_name(args.store) if isinstance(args.store, str) else str(args.store)]
     if args.model != (os.environ.get("TRIO_HARNESS_MODEL") or DEFAULT_MODEL):
-        words += ["--model", args.model]
+        from .model._spec import shown_spec
+
+        words += ["--model", shown_spec(args.model)]  # a base URL's password is not printed
     command = " ".join(shlex.quote(word) for word in words) + " PROMPT"
     what = f"kept session {session_id}; retry or continue with" if kept else "continue with"
     print(f"[session] {what}: {command}", file=sys.stderr, flush=True)

@@ -53,7 +53,7 @@ from .tasks._options import TaskOptions
 from .tasks._service import TaskService, open_task_service
 from .tools._bash import BashToolOptions, BashToolPlugin
 from .tools._mcp import McpConnection, connect_mcp_servers
-from .tools._mcp_config import McpServerConfig
+from .tools._mcp_config import McpServerConfig, with_env_policy
 from .tools._subagent import SubagentOptions, SubagentToolPlugin
 from .tools._tasks import TaskToolOptions, TaskToolsPlugin
 
@@ -301,7 +301,11 @@ async def open_harness(
         sessions_scope = await root.open_child("sessions")
         sessions_scope.add_exit_callback(sessions.detach_all)
         bash_scope = await root.open_child("bash")
-        bash = await bash_scope.enter_async_context(open_bash_executor(**attrs.asdict(bash_settings, recurse=False)))
+        # The variable the model's key came from stays out of commands and MCP servers (docs/bash.rst, "Environment").
+        key_env = getattr(provider, "api_key_env", None)
+        env_policy = bash_settings.env_policy.hiding([key_env] if isinstance(key_env, str) and key_env else [])
+        bash_kwargs = attrs.asdict(bash_settings, recurse=False) | {"env_policy": env_policy}
+        bash = await bash_scope.enter_async_context(open_bash_executor(**bash_kwargs))
         tasks_scope = await root.open_child("tasks")
         task_kwargs = attrs.asdict(task_settings, recurse=False)
         if task_kwargs["teardown_timeout"] is None:
@@ -337,6 +341,7 @@ async def open_harness(
         if "subagent" in wanted:
             await harness.load(SubagentToolPlugin(tasks, tools, **attrs.asdict(subagent_settings, recurse=False)))
         if mcp_scope is not None:
+            servers = with_env_policy(servers, env_policy)
             harness._mcp_connections.extend(await connect_mcp_servers(mcp_scope, tools, servers))
         yield harness
 

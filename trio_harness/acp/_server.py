@@ -76,6 +76,7 @@ from ..model._cost import load_prices
 from ..session import _events as ev
 from ..session._events import InboxMessage
 from ..tools._mcp import connect_mcp_servers
+from ..tools._mcp_config import with_env_policy
 from . import _jsonrpc as rpc
 from ._modes import MODE_ASK, MODE_AUTO, MODE_IDS, mode_state
 from ._params import (
@@ -569,7 +570,10 @@ class AcpServer:
         self._check_auth()
         self._check_open()
         handle = await self.harness.agents.create(
-            owner=self._scope, cwd=params.cwd, options=self._agent_options(), setup=_mcp_setup(params.mcp_configs())
+            owner=self._scope,
+            cwd=params.cwd,
+            options=self._agent_options(),
+            setup=_mcp_setup(with_env_policy(params.mcp_configs(), self.harness.bash.env_policy)),
         )
         record = await self._adopt(handle)
         return {
@@ -588,7 +592,7 @@ class AcpServer:
                 f"session {shorten(session_id, 200)!r} is already open on this connection",
                 {"sessionId": session_id},
             )
-        setup = _mcp_setup(params.mcp_configs())
+        setup = _mcp_setup(with_env_policy(params.mcp_configs(), self.harness.bash.env_policy))
         try:
             handle = await self.harness.agents.resume(
                 session_id, owner=self._scope, options=self._agent_options(), setup=setup

@@ -5,6 +5,8 @@ The ``bash`` tool that models call lives one layer up, in :mod:`trio_harness.too
 
 from .._errors import BashError as BashError
 from .._errors import publish_exceptions as _publish_exceptions
+from ._env import DEFAULT_ENV_DENY as DEFAULT_ENV_DENY
+from ._env import EnvPolicy as EnvPolicy
 from ._executor import BashExecutor as BashExecutor
 from ._executor import BashProcess as BashProcess
 from ._executor import BashProcessNotFoundError as BashProcessNotFoundError

@@ -38,12 +38,13 @@ import os
 import tempfile
 import types
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import trio
 
 from .._errors import BashError
+from ._env import EnvPolicy, to_env_policy
 from ._output import OutputStream
 from ._process import ProcessGroup, open_group, reap_unsupervised
 from ._records import BashRequest, BashResult, BashSpec, ExitFacts
@@ -64,6 +65,8 @@ __all__ = [
     "BashProcessNotFoundError",
     "open_bash_executor",
 ]
+
+_DEFAULT_ENV_POLICY: Final = EnvPolicy()
 
 # Safety bound, on top of the grace period, for awaiting processes at executor exit.
 _TEARDOWN_SLACK = 10.0
@@ -195,6 +198,7 @@ class BashExecutor:
         shell: the shell executable.
         spill_dir: the directory holding background spill files.
         sandbox: the sandbox policy every command runs under, or ``None``.
+        env_policy: which variables of this process's environment commands inherit.
     """
 
     tail_bytes: int
@@ -205,6 +209,7 @@ class BashExecutor:
     spill_dir: str
     sandbox: SandboxPolicy | None
     _checked: Sandbox | None = attrs.field(repr=False)
+    env_policy: EnvPolicy = attrs.field(kw_only=True, factory=EnvPolicy)
     _nursery: trio.Nursery = attrs.field(repr=False)
     _procs: dict[str, BashProcess] = attrs.field(factory=dict, init=False, repr=False)
     _live: set[ProcessGroup] = attrs.field(factory=set, init=False, repr=False)
@@ -296,7 +301,9 @@ class BashExecutor:
     async def _spawn(self, spec: BashSpec, stdout: OutputStream, stderr: OutputStream) -> ProcessGroup:
         if self._closed:
             raise BashError(f"the bash executor is closed; cannot run {spec.command!r}")
-        env = None if spec.env is None else {**os.environ, **spec.env}
+        env = self.env_policy.apply(os.environ)
+        if spec.env is not None:
+            env.update(spec.env)
         argv = [self.shell, "-c", spec.command]
         if self._checked is not None:
             writable = spec.workdir if spec.writable_dir is None else spec.writable_dir
@@ -531,6 +538,7 @@ async def open_bash_executor(
     shell: str = "/bin/bash",
     spill_dir: str | None = None,
     sandbox: SandboxPolicy | Mapping[str, Any] | bool | None = None,
+    env_policy: EnvPolicy | Mapping[str, Any] | None = _DEFAULT_ENV_POLICY,
 ) -> AsyncIterator[BashExecutor]:
     """Open a bash executor; on exit, kill and await every process it started.
 
@@ -549,6 +557,11 @@ async def open_bash_executor(
             :class:`~trio_harness.bash.SandboxPolicy` (a dict of its fields,
             or True for the defaults); None for no sandbox.  The policy is
             checked and ``bwrap`` run once here (docs/sandbox.rst).
+        env_policy: which variables of this process's environment commands
+            inherit (:class:`~trio_harness.bash.EnvPolicy` or a dict of its
+            fields; None is the default too, which withholds API keys,
+            tokens, secrets and passwords); a request's ``env`` is added over
+            it as given.
 
     Yields:
         The executor.
@@ -562,6 +575,10 @@ async def open_bash_executor(
     try:
         policy = to_policy(sandbox)
     except TypeError as exc:
+        raise BashError(str(exc)) from exc
+    try:
+        inherited = to_env_policy(env_policy)
+    except (TypeError, ValueError) as exc:
         raise BashError(str(exc)) from exc
     checked = None if policy is None else check_sandbox(policy)
     if checked is not None:
@@ -580,6 +597,7 @@ async def open_bash_executor(
                 spill_dir=directory,
                 sandbox=policy,
                 checked=checked,
+                env_policy=inherited,
                 nursery=nursery,
             )
             try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from ._env import EnvPolicy, to_env_policy
 from ._sandbox import SandboxPolicy, to_policy
 
 __all__ = ["BashOptions"]
@@ -28,6 +29,12 @@ class BashOptions:
             (:class:`~trio_harness.bash.SandboxPolicy`; a dict of its fields or
             True for the defaults are converted); None (the default) for no
             sandbox.  See docs/sandbox.rst.
+        env_policy: which variables of the harness's environment commands
+            inherit (:class:`~trio_harness.bash.EnvPolicy`; a dict of its
+            fields is converted); the default withholds API keys, tokens,
+            secrets and passwords, with or without a sandbox.  The harness
+            applies it to its MCP stdio servers too.  See docs/bash.rst,
+            "Environment".
     """
 
     tail_bytes: int = 64 * 1024
@@ -37,3 +44,4 @@ class BashOptions:
     shell: str = "/bin/bash"
     spill_dir: str | None = None
     sandbox: SandboxPolicy | None = attrs.field(default=None, converter=to_policy)
+    env_policy: EnvPolicy = attrs.field(factory=EnvPolicy, converter=to_env_policy)

@@ -35,6 +35,7 @@ import httpx
 import trio
 
 from .._errors import ModelError
+from .._redact import redact_urls
 from ._chunks import ChunkParser, message_of
 from ._context import context_window_for
 from ._protocol import (
@@ -98,6 +99,10 @@ class OpenAIProvider:
         model: the default model name, used when a request does not name one.
         base_url: the API root; ``/chat/completions`` is appended to it.
         api_key: sent as ``Authorization: Bearer ...`` when set.
+        api_key_env: the environment variable ``api_key`` was read from
+            (:func:`~trio_harness.model.resolve_model` sets it), or None; the
+            harness hides that variable from the commands and MCP servers it
+            starts (:class:`~trio_harness.bash.EnvPolicy`).
         request_timeout: the overall deadline, in seconds, of one attempt
             (connecting, sending, and reading the whole stream).
         connect_timeout: the deadline for establishing a connection.
@@ -129,9 +134,10 @@ class OpenAIProvider:
     """
 
     model: str
-    base_url: str
+    base_url: str = attrs.field(repr=lambda url: repr(redact_urls(url)))
     api_key: str | None = attrs.field(default=None, repr=False)
-    _name: str | None = attrs.field(default=None, alias="name")
+    api_key_env: str | None = None
+    _name: str | None = attrs.field(default=None, alias="name", repr=lambda name: repr(name and redact_urls(name)))
     request_timeout: float = 600.0
     connect_timeout: float = 10.0
     read_timeout: float = 120.0
@@ -154,7 +160,9 @@ class OpenAIProvider:
         if not self.model:
             raise ModelError("OpenAIProvider needs a non-empty model name")
         if not self.base_url.startswith(("http://", "https://")):
-            raise ModelError(f"OpenAIProvider base_url {self.base_url!r} must start with http:// or https://")
+            raise ModelError(
+                f"OpenAIProvider base_url {redact_urls(self.base_url)!r} must start with http:// or https://"
+            )
         for field in ("request_timeout", "connect_timeout", "read_timeout"):
             value = getattr(self, field)
             if not value > 0:  # also rejects NaN
@@ -198,8 +206,9 @@ class OpenAIProvider:
 
     @property
     def name(self) -> str:
-        """The route description, e.g. ``"deepseek:deepseek-chat"``."""
-        return self._name or f"openai:{self.model}@{self.base_url}"
+        """The route description, e.g. ``"deepseek:deepseek-chat"``, with the base URL's userinfo and
+        query values ``***`` (it is logged in ``request/header`` events and shown in messages)."""
+        return redact_urls(self._name or f"openai:{self.model}@{self.base_url}")
 
     @property
     def url(self) -> str:
@@ -518,7 +527,7 @@ class OpenAIProvider:
         )
 
     def _transport_failure(self, exc: httpx.HTTPError) -> Failure:
-        detail = str(exc) or type(exc).__name__
+        detail = redact_urls(str(exc) or type(exc).__name__)
         if isinstance(exc, httpx.TimeoutException):
             what = {
                 httpx.ConnectTimeout: f"connecting took longer than {self.connect_timeout:g}s",
@@ -527,7 +536,9 @@ class OpenAIProvider:
             }.get(type(exc), detail)
             return Failure("timeout", f"{self.name}: timed out: {what}", retryable=True)
         if isinstance(exc, httpx.ConnectError):
-            return Failure("connect", f"{self.name}: cannot connect to {self._url}: {detail}", retryable=True)
+            return Failure(
+                "connect", f"{self.name}: cannot connect to {redact_urls(self._url)}: {detail}", retryable=True
+            )
         if isinstance(exc, httpx.ReadError | httpx.RemoteProtocolError | httpx.WriteError):
             return Failure(
                 "truncated-stream",

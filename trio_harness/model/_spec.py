@@ -39,6 +39,7 @@ import trio
 
 from .._errors import ModelError
 from .._records import ModelSettings
+from .._redact import redact_urls
 from ._openai import OpenAIProvider
 from ._protocol import ModelProvider
 
@@ -94,23 +95,25 @@ def resolve_model(
     prefix, colon, rest = text.partition(":")
     prefix = prefix.lower()
     if not colon or prefix not in ("deepseek", "openai", "scripted", "replay"):
-        raise ModelError(f"unknown model spec {spec!r}; {_FORMS}")
+        raise ModelError(f"unknown model spec {redact_urls(spec)!r}; {_FORMS}")
     rest = rest.strip()
     settings, context_window = ModelSettings(), None
     if "?" in rest:
         if prefix == "replay":
-            raise ModelError(f"model spec {spec!r}: a replay takes no query parameters (it answers as recorded)")
+            raise ModelError(
+                f"model spec {redact_urls(spec)!r}: a replay takes no query parameters (it answers as recorded)"
+            )
         rest, _, query = rest.rpartition("?")
         settings, context_window = _parse_query(spec, query)
     if prefix == "replay":
         if not rest:
-            raise ModelError(f"model spec {spec!r} names no session log; {_FORMS}")
+            raise ModelError(f"model spec {redact_urls(spec)!r} names no session log; {_FORMS}")
         from ._replay import ReplayModel
 
         return ReplayModel.from_file(os.path.expanduser(rest))
     if prefix == "scripted":
         if not rest:
-            raise ModelError(f"model spec {spec!r} names no script file; {_FORMS}")
+            raise ModelError(f"model spec {redact_urls(spec)!r} names no script file; {_FORMS}")
         from ._scripted import ScriptedModel
 
         scripted = ScriptedModel.from_file(os.path.expanduser(rest))
@@ -125,6 +128,7 @@ def resolve_model(
             model=model,
             base_url=DEEPSEEK_BASE_URL,
             api_key=_key(environ, "DEEPSEEK_API_KEY", spec, required=require_key),
+            api_key_env="DEEPSEEK_API_KEY",
             name=f"deepseek:{model}",
             settings=settings,
             context_window=context_window,
@@ -139,6 +143,7 @@ def resolve_model(
             model=model,
             base_url=base_url,
             api_key=_key(environ, "OPENAI_API_KEY", spec, required=False),
+            api_key_env="OPENAI_API_KEY",
             name=f"openai:{model}@{base_url}",
             settings=settings,
             context_window=context_window,
@@ -146,8 +151,10 @@ def resolve_model(
     if "@" in rest:
         model, _, base_url = rest.rpartition("@")
         raise ModelError(
-            f"model spec {spec!r}: base URL {base_url!r} must start with http:// or https://"
-            f" (e.g. 'openai:{model or 'MODEL'}@http://localhost:8000/v1'); {_FORMS}"
+            redact_urls(
+                f"model spec {spec!r}: base URL {base_url!r} must start with http:// or https://"
+                f" (e.g. 'openai:{model or 'MODEL'}@http://localhost:8000/v1'); {_FORMS}"
+            )
         )
     model = rest
     _check_model(spec, model)
@@ -155,6 +162,7 @@ def resolve_model(
         model=model,
         base_url=OPENAI_BASE_URL,
         api_key=_key(environ, "OPENAI_API_KEY", spec, required=require_key),
+        api_key_env="OPENAI_API_KEY",
         name=f"openai:{model}",
         settings=settings,
         context_window=context_window,
@@ -228,9 +236,22 @@ async def open_model(
                 await aclose()
 
 
+def shown_spec(spec: str) -> str:
+    """A working spec for display: its base URL's userinfo and query values ``***``, its settings as written.
+
+    The settings (the query after the last ``?``) are the route's own, checked
+    by :func:`resolve_model`, so they stay readable; ``openai:m@http://u:p@h/v1?temperature=0``
+    is shown as ``openai:m@http://***@h/v1?temperature=0``.
+    """
+    head, mark, query = spec.rpartition("?")
+    if not mark:
+        return redact_urls(spec)
+    return redact_urls(head) + mark + redact_urls(query)
+
+
 def _check_model(spec: str, model: str) -> None:
     if not model or model.isspace():
-        raise ModelError(f"model spec {spec!r} names no model; {_FORMS}")
+        raise ModelError(f"model spec {redact_urls(spec)!r} names no model; {_FORMS}")
 
 
 def _key(environ: Mapping[str, str], variable: str, spec: str, *, required: bool) -> str | None:
@@ -238,7 +259,7 @@ def _key(environ: Mapping[str, str], variable: str, spec: str, *, required: bool
     if key:
         return key
     if required:
-        raise ModelError(f"model spec {spec!r} needs an API key: set the {variable} environment variable")
+        raise ModelError(f"model spec {redact_urls(spec)!r} needs an API key: set the {variable} environment variable")
     return None
 
 
@@ -260,7 +281,7 @@ def _parse_query(spec: str, query: str) -> tuple[ModelSettings, int | None]:
         pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
     except ValueError:
         raise ModelError(
-            f"model spec {spec!r}: cannot read the query {query!r}; write key=value pairs joined by '&'"
+            f"model spec {redact_urls(spec)!r}: cannot read the query {query!r}; write key=value pairs joined by '&'"
         ) from None
     fields: dict[str, Any] = {}
     stops: list[str] = []
@@ -268,13 +289,14 @@ def _parse_query(spec: str, query: str) -> tuple[ModelSettings, int | None]:
     for key, raw in pairs:
         if key not in _QUERY_KEYS:
             raise ModelError(
-                f"model spec {spec!r}: unknown parameter {key!r}; known parameters: {', '.join(_QUERY_KEYS)}"
+                f"model spec {redact_urls(spec)!r}: unknown parameter {key!r}; "
+                f"known parameters: {', '.join(_QUERY_KEYS)}"
             )
         if key == "stop":
             stops.append(raw)
             continue
         if key in fields or (key == "context_window" and context_window is not None):
-            raise ModelError(f"model spec {spec!r}: parameter {key!r} is given twice")
+            raise ModelError(f"model spec {redact_urls(spec)!r}: parameter {key!r} is given twice")
         value: Any
         try:
             if key in ("temperature", "top_p"):
@@ -297,10 +319,10 @@ def _parse_query(spec: str, query: str) -> tuple[ModelSettings, int | None]:
                 "context_window": "an integer",
                 "parallel_tool_calls": "true or false",
             }[key]
-            raise ModelError(f"model spec {spec!r}: {key}={raw!r} is not {expected}") from None
+            raise ModelError(f"model spec {redact_urls(spec)!r}: {key}={raw!r} is not {expected}") from None
         if key == "context_window":
             if value <= 0:
-                raise ModelError(f"model spec {spec!r}: context_window must be positive, got {value}")
+                raise ModelError(f"model spec {redact_urls(spec)!r}: context_window must be positive, got {value}")
             context_window = value
         else:
             fields[key] = value
@@ -309,4 +331,4 @@ def _parse_query(spec: str, query: str) -> tuple[ModelSettings, int | None]:
     try:
         return ModelSettings(**fields), context_window
     except (TypeError, ValueError) as exc:
-        raise ModelError(f"model spec {spec!r}: {exc}") from None
+        raise ModelError(f"model spec {redact_urls(spec)!r}: {exc}") from None

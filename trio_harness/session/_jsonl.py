@@ -335,6 +335,44 @@ def _absolute_path(path: str | os.PathLike[str]) -> Path:
     return Path(path).expanduser().resolve()
 
 
+def _check_private(root: Path, info: os.stat_result) -> None:
+    """Refuse a store root that another local user could write to (or owns)."""
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o022:
+        who = "everyone" if mode & 0o002 else "its group"
+        raise SessionStoreError(
+            f"the session store {root} is writable by {who} (mode {mode:04o}): another user could replace "
+            f"a session's log with a forged one; make it private with 'chmod go-w {root}' "
+            "(or pass a directory of your own)",
+            path=str(root),
+        )
+    if info.st_uid not in (os.geteuid(), 0):
+        raise SessionStoreError(
+            f"the session store {root} belongs to another user (uid {info.st_uid}), who could replace a "
+            "session's log with a forged one; pass a directory of your own",
+            path=str(root),
+        )
+
+
+def _make_private_dirs(root: Path) -> None:
+    """Create ``root`` and its missing parents, each with mode 0700 whatever the umask."""
+    missing: list[Path] = []
+    path = root
+    while not path.is_dir():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            if not directory.is_dir():
+                raise
+            continue  # made by someone else meanwhile: check() judges it, not this
+        os.chmod(directory, 0o700)  # a umask such as 0o277 would have narrowed it
+
+
 @attrs.define(eq=False)
 class JsonlPersistence:
     """Sessions stored as JSONL files in one directory per session under ``root``.
@@ -373,9 +411,16 @@ class JsonlPersistence:
         existing directory and removed (``access`` alone says yes to root
         where nothing can be made).
 
+        An existing root must be this user's (or root's) and writable by
+        nobody else: a root other users can write lets them swap in a
+        forged session, so it is refused.  A missing root, and each missing
+        parent, is created with mode 0700 at the first flush, whatever the
+        umask.
+
         Raises:
             SessionStoreError: the root, or the nearest existing directory it
-                would be created in, is not a directory or not writable.
+                would be created in, is not a directory or not writable; the
+                root is writable by its group or others, or owned by another user.
         """
         target = self.root
         while True:
@@ -393,6 +438,8 @@ class JsonlPersistence:
             what = f"is {_kind(info.st_mode)}, not a directory"
             advice = "pass a directory path (it is created if missing)"
             raise SessionStoreError(f"the session store {self.root} {where}{what}; {advice}", path=str(self.root))
+        if target == self.root:
+            _check_private(self.root, info)
         effective = os.access in os.supports_effective_ids
         writable = os.access(target, os.W_OK | os.X_OK, effective_ids=effective)
         if writable:
@@ -699,7 +746,7 @@ class JsonlPersistence:
         path = self.path_of(session_id)
         name = path.parent.name
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            _make_private_dirs(self.root)
         except FileExistsError:
             raise SessionStoreError(f"the session store {self.root} is not a directory", path=str(self.root)) from None
         root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -710,6 +757,7 @@ class JsonlPersistence:
             try:
                 os.mkdir(name, 0o700, dir_fd=root_fd)
                 created_dir = True
+                os.chmod(name, 0o700, dir_fd=root_fd)  # a umask such as 0o277 would leave it unwritable
             except FileExistsError:
                 pass
             try:
@@ -721,6 +769,7 @@ class JsonlPersistence:
             # A name of its own: a concurrent create of the same id must not touch this one.
             temp = f".{LOG_NAME}.{uuid.uuid4().hex}.tmp"
             fd = os.open(temp, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
+            os.fchmod(fd, 0o600)  # and the log read-only for a later resume
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh inode: nobody else has it
             _write_all(fd, content)
             if self.fsync:

@@ -46,7 +46,7 @@ import re
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 import attrs
 import trio
@@ -61,6 +61,7 @@ from .._errors import (
     SessionStoreError,
     UnsupportedFormatError,
 )
+from .._redact import redact_urls
 from ._codec import decode_event, decode_header, decode_inbox_message, encode_event, encode_header, encode_inbox_message
 from ._events import Event, InboxMessage, SessionHeader
 from ._persistence import LoadedSession
@@ -95,9 +96,27 @@ _PERMANENT = (
 _MAX_IDENTIFIER = 63
 
 
+# libpq connection parameters that hold no credential: shown in messages (where the server is).
+_PLAIN_PARAMETERS: Final = frozenset(
+    {
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "user",
+        "connect_timeout",
+        "application_name",
+        "sslmode",
+        "target_session_attrs",
+    }
+)
+
+
 def redact_dsn(dsn: str) -> str:
-    """``dsn`` with any password replaced by ``***`` (for messages and logs)."""
-    redacted = re.sub(r"(://[^:/?#@]*:)[^@/?#]*@", r"\1***@", dsn)
+    """``dsn`` for messages and logs: its password and the values of query parameters
+    other than :data:`_PLAIN_PARAMETERS` ``***`` (see :func:`~trio_harness._redact.redact_urls`),
+    and a ``password=`` keyword's value too."""
+    redacted = redact_urls(dsn, keep_user=True, keep_query=_PLAIN_PARAMETERS)
     return re.sub(r"(?i)(password\s*=\s*)('[^']*'|[^&\s]*)", r"\1***", redacted)
 
 

@@ -48,8 +48,10 @@ import trio
 
 from .._errors import McpConfigError, McpError, McpStartError, ToolError
 from .._lifeline import forget_group, lifeline
+from .._redact import redact_urls
 from .._version import __version__
 from ..agents._tools import Tool, ToolContext, ToolOutput, ToolSet
+from ..bash._env import EnvPolicy
 from ..bash._process import REAP_BOUND, group_alive, signal_group
 from ._mcp_config import McpHttpServer, McpServerConfig, McpStdioServer
 
@@ -204,7 +206,7 @@ def _describe(exc: BaseException) -> str:
         return "; ".join(_describe(inner) for inner in exc.exceptions)
     if isinstance(exc, MCPError):
         return exc.message
-    text = " ".join(str(exc).split())
+    text = redact_urls(" ".join(str(exc).split()))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
@@ -454,7 +456,7 @@ async def _open_stdio(config: McpStdioServer, facts: _ProcessFacts) -> AsyncIter
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=config.cwd,
-            env=line.env(get_default_environment() | dict(config.env)),
+            env=line.env((config.env_policy or EnvPolicy()).apply(get_default_environment()) | dict(config.env)),
             start_new_session=True,
         )
     except OSError as exc:
@@ -500,7 +502,9 @@ async def _open_http(config: McpHttpServer, facts: _HttpFacts) -> AsyncIterator[
 
     async def note_status(response: httpx2.Response) -> None:
         if response.status_code >= 400:
-            facts.last_error = f"HTTP {response.status_code} {response.reason_phrase} from {response.request.url}"
+            facts.last_error = (
+                f"HTTP {response.status_code} {response.reason_phrase} from {redact_urls(str(response.request.url))}"
+            )
 
     # The SDK's defaults: 30 s to connect or write, 300 s between bytes of a held stream.
     client = httpx2.AsyncClient(
@@ -665,7 +669,7 @@ class McpConnection:
         if self._http is not None and self._http.last_error is not None and self._http.last_error not in reason:
             reason += f" ({self._http.last_error})"
         what = f"{config.command!r}" if isinstance(config, McpStdioServer) else config.url
-        return f"MCP server {self.name!r} ({what}) failed to start: {reason}"
+        return redact_urls(f"MCP server {self.name!r} ({what}) failed to start: {reason}")
 
     async def _list_tools(self, session: ClientSession) -> list[McpTool]:
         from mcp.types import PaginatedRequestParams

@@ -29,6 +29,8 @@ from typing import Any, Final, TypeAlias
 import attrs
 
 from .._errors import McpConfigError
+from .._redact import redact_urls
+from ..bash._env import EnvPolicy, to_env_policy
 
 __all__ = [
     "DEFAULT_CALL_TIMEOUT",
@@ -114,6 +116,11 @@ def _frozen_strings(server: str, field: str, value: object, *, header_names: boo
     return types.MappingProxyType(checked)
 
 
+def _names_only(values: Mapping[str, str]) -> str:
+    """A repr of ``values`` that shows the names only (header and environment values may be secrets)."""
+    return "{" + ", ".join(f"{key!r}: '***'" for key in values) + "}"
+
+
 def _args_tuple(value: Sequence[str]) -> Sequence[str]:
     # A lone string stays one, for __attrs_post_init__ to refuse (tuple("ab") would be ("a", "b")).
     return value if isinstance(value, str) else tuple(value)
@@ -125,7 +132,7 @@ class McpStdioServer:
 
     The process starts in a new session and process group, with the
     environment the MCP SDK gives servers (``HOME``, ``LOGNAME``, ``PATH``,
-    ``SHELL``, ``TERM``, ``USER``) plus ``env``.  When its connection closes,
+    ``SHELL``, ``TERM``, ``USER``) as ``env_policy`` filters it, plus ``env``.  When its connection closes,
     its stdin is closed, then (after ``grace_period``) its group gets SIGTERM,
     then SIGKILL: nothing it started survives (docs/mcp.rst, "Lifetime").
 
@@ -140,6 +147,10 @@ class McpStdioServer:
             is cancelled over MCP and the model gets an error result.
         grace_period: seconds to exit after stdin closes, and after SIGTERM.
         requires_approval: mark its tools as requiring approval before a call.
+        env_policy: which inherited variables it gets
+            (:class:`~trio_harness.bash.EnvPolicy`); None for the harness's
+            (``BashOptions.env_policy``, which also hides the model's API key
+            variable), or the default policy outside a harness.
 
     Raises:
         McpConfigError: a field is invalid (the message names the server and field).
@@ -148,12 +159,13 @@ class McpStdioServer:
     name: str
     command: str
     args: Sequence[str] = attrs.field(default=(), converter=_args_tuple)
-    env: Mapping[str, str] = attrs.field(factory=dict)
+    env: Mapping[str, str] = attrs.field(factory=dict, repr=lambda env: _names_only(env))
     cwd: str | None = None
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
     call_timeout: float = DEFAULT_CALL_TIMEOUT
     grace_period: float = DEFAULT_GRACE_PERIOD
     requires_approval: bool = False
+    env_policy: EnvPolicy | None = attrs.field(default=None, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         name = _check_name(self.name)
@@ -168,6 +180,11 @@ class McpStdioServer:
         for field in ("startup_timeout", "call_timeout", "grace_period"):
             _check_seconds(name, field, getattr(self, field))
         _check_flag(name, "requires_approval", self.requires_approval)
+        if self.env_policy is not None:
+            try:
+                object.__setattr__(self, "env_policy", to_env_policy(self.env_policy))
+            except (TypeError, ValueError) as exc:
+                raise _fail(name, "env_policy", str(exc)) from None
 
     @property
     def transport(self) -> str:
@@ -193,8 +210,8 @@ class McpHttpServer:
     """
 
     name: str
-    url: str
-    headers: Mapping[str, str] = attrs.field(factory=dict)
+    url: str = attrs.field(repr=lambda url: repr(redact_urls(url)))
+    headers: Mapping[str, str] = attrs.field(factory=dict, repr=lambda headers: _names_only(headers))
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
     call_timeout: float = DEFAULT_CALL_TIMEOUT
     requires_approval: bool = False
@@ -204,7 +221,7 @@ class McpHttpServer:
         url = _check_text(name, "url", self.url, empty=False)
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise _fail(name, "url", f"must be an http:// or https:// URL, got {url!r:.200}")
+            raise _fail(name, "url", f"must be an http:// or https:// URL, got {redact_urls(url)!r:.200}")
         object.__setattr__(self, "headers", _frozen_strings(name, "headers", self.headers, header_names=True))
         for field in ("startup_timeout", "call_timeout"):
             _check_seconds(name, field, getattr(self, field))
@@ -218,6 +235,16 @@ class McpHttpServer:
 
 McpServerConfig: TypeAlias = McpStdioServer | McpHttpServer
 """The configuration of one MCP server: :class:`McpStdioServer` or :class:`McpHttpServer`."""
+
+
+def with_env_policy(servers: Sequence[McpServerConfig], policy: EnvPolicy) -> tuple[McpServerConfig, ...]:
+    """``servers`` with ``policy`` set on every stdio server that names none (the harness's, for its servers)."""
+    return tuple(
+        attrs.evolve(server, env_policy=policy)
+        if isinstance(server, McpStdioServer) and server.env_policy is None
+        else server
+        for server in servers
+    )
 
 
 # ---------------------------------------------------------------- the file formats
