@@ -69,6 +69,7 @@ from ._errors import (
 from .bash._sandbox import SandboxUnavailableError
 
 if TYPE_CHECKING:
+    from ._bus import Notice
     from ._cli_progress import Printer
     from ._records import Failure, ModelSettings
     from .agents._approval import ApprovalDecision, ApprovalRequest
@@ -650,6 +651,9 @@ async def _run_prompt(
             model_settings=_model_settings(args),
         ) as harness:
             entered = True
+            if not args.quiet:  # an MCP server started again after it stopped: one line each
+                for name in ("mcp/restarted", "mcp/restart-failed"):
+                    harness.bus.on(name, lambda notice: printer.line(_mcp_notice_line(notice)))
             options = _agent_options(args, args.system_prompt)
             try:
                 if args.session:
@@ -740,6 +744,18 @@ def _resume_hint(args: argparse.Namespace, session_id: str, *, kept: bool) -> No
     command = " ".join(shlex.quote(word) for word in words) + " PROMPT"
     what = f"kept session {session_id}; retry or continue with" if kept else "continue with"
     print(f"[session] {what}: {command}", file=sys.stderr, flush=True)
+
+
+def _mcp_notice_line(notice: Notice) -> str:
+    """The line ``run`` shows for an ``mcp/restarted`` or ``mcp/restart-failed`` notice."""
+    verb = "restarted" if notice.data.get("transport") == "stdio" else "reconnected"
+    server = f"MCP server {notice.subject.id!r}"
+    if notice.name == "mcp/restarted":
+        return f"[mcp] {server} {verb}; it had stopped: {notice.data.get('reason')}"
+    return (
+        f"[mcp] {server} could not be {verb}: {notice.data.get('error')}; "
+        f"next attempt in {notice.data.get('retry_in', 0):g} s"
+    )
 
 
 def _turn_failure(outcome: TurnOutcome | None) -> Failure | None:

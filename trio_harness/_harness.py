@@ -337,7 +337,7 @@ async def open_harness(
         if "subagent" in wanted:
             await harness.load(SubagentToolPlugin(tasks, tools, **attrs.asdict(subagent_settings, recurse=False)))
         if mcp_scope is not None:
-            harness._mcp_connections.extend(await connect_mcp_servers(mcp_scope, tools, servers))
+            harness._mcp_connections.extend(await connect_mcp_servers(mcp_scope, tools, servers, bus=bus))
         yield harness
 
 
