@@ -952,7 +952,7 @@ async def test_an_http_server_is_reconnected_on_the_next_call_once_it_is_back(tm
             assert down.content.startswith("error: MCP server 'web' is not available: the connection ")
             assert "; reconnecting it failed: " in down.content and "ConnectError" in down.content
         port = url.split(":")[2].split("/")[0]
-        async with http_server(tmp_path, "--port", port) as (again, _, _):
+        async with http_server(tmp_path, "--port", port) as (again, _, process):
             assert again == url
             await trio.sleep(1.1)  # the backoff after the failed attempt (real clock)
             with trio.fail_after(WAIT):
@@ -960,6 +960,17 @@ async def test_an_http_server_is_reconnected_on_the_next_call_once_it_is_back(tm
             assert back.content == "42"
             assert [n.name for n in notices] == ["mcp/restart-failed", "mcp/restarted"]
             assert notices[1].data["transport"] == "http"
+            process.kill()
+            await process.wait()
+        # A server restarted between two calls no longer knows the session: that call fails, the next reconnects.
+        async with http_server(tmp_path, "--port", port):
+            with trio.fail_after(WAIT):
+                forgotten = await connection.call("add", {"a": 1, "b": 1})
+            assert forgotten.content.startswith("error: MCP server 'web' stopped during the call to 'add': "), forgotten
+            assert connection.failure is not None and "session" in connection.failure
+            with trio.fail_after(WAIT):
+                assert (await connection.call("add", {"a": 1, "b": 1})).content == "2"
+            assert [n.name for n in notices][-1] == "mcp/restarted"
 
 
 async def test_cli_run_shows_a_restart_on_a_line(tmp_path: Path) -> None:
@@ -1033,26 +1044,26 @@ async def test_an_exception_from_argument_validation_is_that_calls_error_result(
 async def test_a_malformed_tool_declaration_skips_that_tool_only(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    bus = EventBus()
-    notices = notices_of(bus)
-    async with open_test_harness() as h:
-        connection = await connect_mcp(h.scope, h.tools, raw(tmp_path / "record.txt", "--malformed"), bus=bus)
-        assert sorted(connection.tool_names) == [
-            "mcp__raw__crash",
-            "mcp__raw__echo",
-            "mcp__raw__lookup",
-            "mcp__raw__size",
-        ]
-        assert connection.skipped_tools == {
-            "scalar": "inputSchema.type: Input should be 'object'",
-            "#6": "name: Field required",
-        }
-        assert [(n.name, n.data["tool"], n.data["reason"]) for n in notices] == [
-            ("mcp/tool-skipped", "scalar", "inputSchema.type: Input should be 'object'"),
-            ("mcp/tool-skipped", "#6", "name: Field required"),
-        ]
+    server = raw(tmp_path / "record.txt", "--malformed")
+    skipped = {"scalar": "inputSchema.type: Input should be 'object'", "#6": "name: Field required"}
+    model = ScriptedModel([{"tool_calls": [call("mcp__raw__echo", text="ok")]}, {"text": "done"}])
+    async with open_test_harness(model, mcp_servers=[server]) as h:
+        (connection,) = h.mcp_connections
+        offered = ["mcp__raw__crash", "mcp__raw__echo", "mcp__raw__lookup", "mcp__raw__size"]
+        assert sorted(connection.tool_names) == offered
+        assert connection.skipped_tools == skipped
         assert "MCP server 'raw': the tool 'scalar' is not offered: inputSchema.type: Input should be" in caplog.text
-        assert (await connection.call("echo", {"text": "ok"})).content == '{"text": "ok"}'
-        # A refresh skips them again, without a second notice for the same declaration.
-        await connection.refresh()
-        assert len(notices) == 2 and "mcp__raw__echo" in connection.tool_names
+        async with h.agents.open() as agent:
+            agent.followup("echo")
+            with trio.fail_after(WAIT):
+                await agent.when_idle()
+            assert [(r.content, r.is_error) for r in results(agent.session)] == [('{"text": "ok"}', False)]
+        # Each skipped tool is a notice naming it and why; a refresh does not repeat them.
+        bus = EventBus()
+        notices = notices_of(bus)
+        other = await connect_mcp(h.scope, ToolSet(), server, bus=bus)
+        assert [(n.name, n.subject, n.data["tool"], n.data["reason"]) for n in notices] == [
+            ("mcp/tool-skipped", other, label, reason) for label, reason in skipped.items()
+        ]
+        await other.refresh()
+        assert len(notices) == 2 and sorted(other.tool_names) == offered

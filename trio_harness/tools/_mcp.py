@@ -15,10 +15,17 @@ with the server's JSON schema.  The scope owns all of it:
 * ``notifications/tools/list_changed`` refreshes the registered tools; it is
   noticed on the receive path, in wire order, so a call whose answer follows
   the notification returns only once the new tools are registered;
-* a call ends within the server's ``call_timeout``, when its turn is cancelled
-  (the SDK sends ``notifications/cancelled``), or when the server goes away;
-  every failure is an error result naming the server (docs/mcp.rst, "Results
-  and failures").
+* a call ends within the server's ``call_timeout``, its writes included
+  (the session writes into a queue that never blocks, see :class:`_Outbox`),
+  at once when its turn is cancelled (the SDK sends
+  ``notifications/cancelled``), or when the server goes away; every failure
+  is an error result naming the server and fails that call only
+  (docs/mcp.rst, "Results and failures");
+* a server that stopped is started again by the next call (one run of it is
+  a :class:`_Link`), with a backoff and a bounded number of attempts per
+  window (docs/mcp.rst, "Restarts");
+* a tool declaration the SDK would refuse is taken out of the listing on the
+  read path, so the other tools are offered (:func:`_sound_tools`).
 
 The process handling is ours rather than the SDK's ``stdio_client`` because
 the harness guarantees more than it does: the whole process group goes (also
@@ -274,9 +281,10 @@ class _ProcessFacts:
 
 @attrs.define(eq=False)
 class _HttpFacts:
-    """The last HTTP error status an HTTP server answered with."""
+    """The last HTTP error status an HTTP server answered with; whether it forgot the session."""
 
     last_error: str | None = None
+    session_gone: bool = False
 
 
 @attrs.define(eq=False)
@@ -690,6 +698,8 @@ async def _open_http(config: McpHttpServer, facts: _HttpFacts) -> AsyncIterator[
         method, status = response.request.method, response.status_code
         if method == "GET" and status == 405:
             return  # the optional stream of server messages, refused as the protocol allows: nobody's fault
+        if status == 404 and "mcp-session-id" in response.request.headers:
+            facts.session_gone = True  # the server no longer knows the session (it was restarted)
         if status >= 400:
             facts.last_error = f"HTTP {status} {response.reason_phrase} from {response.request.url}"
         elif method == "POST":
@@ -1221,7 +1231,7 @@ class McpConnection:
         )
 
     async def _call_error(self, link: _Link, tool: str, exc: MCPError) -> ToolOutput:
-        from mcp.types import CONNECTION_CLOSED, INVALID_REQUEST, REQUEST_TIMEOUT
+        from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
         if exc.code == REQUEST_TIMEOUT:
             return self._timeout_error(tool)
@@ -1234,9 +1244,9 @@ class McpConnection:
         elif exc.code == CONNECTION_CLOSED:
             reason = await self._loss_reason(link)
             text = f"error: MCP server {self.name!r} stopped during the call to {tool!r}: {reason}"
-        elif exc.code == INVALID_REQUEST and exc.message == "Session terminated" and link.http is not None:
+        elif link.http is not None and link.http.session_gone:
             # HTTP 404 for our session id: the server no longer knows the session (it was restarted).
-            self._lose(link, "the server ended the session (HTTP 404 for its session id)")
+            self._lose(link, f"the server no longer knows the session ({exc.message}, HTTP 404)")
             text = f"error: MCP server {self.name!r} stopped during the call to {tool!r}: {link.failure}"
         else:
             text = f"error: MCP server {self.name!r} refused the call to {tool!r}: {exc.message} (code {exc.code})"
