@@ -973,9 +973,10 @@ async def test_an_http_server_is_reconnected_on_the_next_call_once_it_is_back(tm
             assert [n.name for n in notices][-1] == "mcp/restarted"
 
 
-async def test_cli_run_shows_a_restart_on_a_line(tmp_path: Path) -> None:
+async def test_cli_run_shows_a_restart_and_a_skipped_tool_on_a_line(tmp_path: Path) -> None:
     record = tmp_path / "record.txt"
-    server = {"command": sys.executable, "args": [str(SERVERS / "raw_server.py"), "--record", str(record)]}
+    flags = ["--record", str(record), "--malformed"]
+    server = {"command": sys.executable, "args": [str(SERVERS / "raw_server.py"), *flags]}
     config = write_json(tmp_path / "mcp.json", {"mcpServers": {"raw": server}})
     responses = [
         {"tool_calls": [call("mcp__raw__crash")]},
@@ -988,11 +989,17 @@ async def test_cli_run_shows_a_restart_on_a_line(tmp_path: Path) -> None:
     err = result.stderr.decode()
     assert result.returncode == 0, err
     lines = err.splitlines()
-    (restart,) = [line for line in lines if line.startswith("[mcp] ")]
+    scalar, nameless, restart = [line for line in lines if line.startswith("[mcp] ")]
+    # The tools left out are named once, before the turn; the restart where it happened.
+    assert (
+        scalar == "[mcp] MCP server 'raw': the tool 'scalar' is not offered: inputSchema.type: Input should be 'object'"
+    )
+    assert nameless == "[mcp] MCP server 'raw': the tool '#6' is not offered: name: Field required"
+    assert lines.index(nameless) < lines.index("[tool] mcp__raw__crash {}")
     assert restart.startswith(
         "[mcp] MCP server 'raw' restarted; it had stopped: the server process exited (exit code 3"
     )
-    assert lines.index(restart) < lines.index('[tool result] {"text": "hi"}')
+    assert lines.index("[tool] mcp__raw__crash {}") < lines.index(restart) < lines.index('[tool result] {"text": "hi"}')
 
 
 # ------------------------------------------------------------------ schemas and declarations

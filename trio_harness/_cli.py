@@ -651,8 +651,11 @@ async def _run_prompt(
             model_settings=_model_settings(args),
         ) as harness:
             entered = True
-            if not args.quiet:  # an MCP server started again after it stopped: one line each
-                for name in ("mcp/restarted", "mcp/restart-failed"):
+            if not args.quiet:  # MCP servers: a tool left out, a restart: one line each
+                for connection in harness.mcp_connections:
+                    for tool, reason in connection.skipped_tools.items():
+                        printer.line(_mcp_skipped_line(connection.name, tool, reason))
+                for name in ("mcp/restarted", "mcp/restart-failed", "mcp/tool-skipped"):
                     harness.bus.on(name, lambda notice: printer.line(_mcp_notice_line(notice)))
             options = _agent_options(args, args.system_prompt)
             try:
@@ -746,8 +749,14 @@ def _resume_hint(args: argparse.Namespace, session_id: str, *, kept: bool) -> No
     print(f"[session] {what}: {command}", file=sys.stderr, flush=True)
 
 
+def _mcp_skipped_line(server: str, tool: str, reason: str) -> str:
+    return f"[mcp] MCP server {server!r}: the tool {tool!r} is not offered: {reason}"
+
+
 def _mcp_notice_line(notice: Notice) -> str:
-    """The line ``run`` shows for an ``mcp/restarted`` or ``mcp/restart-failed`` notice."""
+    """The line ``run`` shows for an ``mcp/restarted``, ``mcp/restart-failed`` or ``mcp/tool-skipped`` notice."""
+    if notice.name == "mcp/tool-skipped":
+        return _mcp_skipped_line(notice.subject.id, notice.data["tool"], notice.data["reason"])
     verb = "restarted" if notice.data.get("transport") == "stdio" else "reconnected"
     server = f"MCP server {notice.subject.id!r}"
     if notice.name == "mcp/restarted":
