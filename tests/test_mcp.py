@@ -188,6 +188,13 @@ async def test_tool_definitions_follow_the_listing() -> None:
         assert dict(odd.parameters) == {"type": "object"}  # offered anyway; the server checks arguments
         assert not odd.parallel_safe
         assert odd.description == "The 'odd' tool of MCP server 'srv'."
+        # A $ref that resolves within the schema keeps it; one that resolves to nothing does not.
+        defs = {"$defs": {"Key": {"type": "string"}}, "default": {"$ref": "#/nowhere"}}
+        good = {"type": "object", "properties": {"key": {"$ref": "#/$defs/Key"}}, **defs}
+        assert dict(connection._tool("mcp__srv__good", McpTool(name="good", input_schema=good)).parameters) == good
+        dangling = {"type": "object", "properties": {"key": {"$ref": "#/$defs/Missing"}}, **defs}
+        lost = connection._tool("mcp__srv__lost", McpTool(name="lost", input_schema=dangling))
+        assert dict(lost.parameters) == {"type": "object"}
 
 
 # ------------------------------------------------------------------ end to end over stdio

@@ -1303,6 +1303,10 @@ class McpConnection:
         await self.scope.close()
 
 
+# Keywords whose values are data, not schemas: a "$ref" inside them refers to nothing.
+_SCHEMA_DATA = frozenset({"const", "default", "enum", "examples"})
+
+
 def _seconds(delay: float) -> str:
     return f"{max(1, math.ceil(delay))} s"
 
@@ -1327,7 +1331,7 @@ def _dangling_ref(schema: Mapping[str, Any]) -> str | None:
             ref = node.get("$ref")
             if isinstance(ref, str):
                 refs.append(ref)
-            return all(walk(value, False) for value in node.values())
+            return all(walk(value, False) for key, value in node.items() if key not in _SCHEMA_DATA)
         if isinstance(node, list):
             return all(walk(value, False) for value in node)
         return True
