@@ -831,6 +831,14 @@ async def test_a_frozen_http_server_bounds_every_call(tmp_path: Path) -> None:
                     output = await connection.call("add", {"a": 1, "b": 2})
                 assert trio.current_time() - start < 3.0
                 assert output.content.startswith("error: MCP server 'web' did not answer the call to 'add' within 1 s")
+            # A cancelled call returns at once.
+            with trio.CancelScope() as cancel_scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(connection.call, "add", {"a": 1, "b": 2})
+                    await trio.sleep(0.3)
+                    cancelled_at = trio.current_time()
+                    cancel_scope.cancel()
+            assert trio.current_time() - cancelled_at < 1.0
         finally:
             os.kill(process.pid, signal.SIGCONT)
         with trio.fail_after(WAIT):
