@@ -911,7 +911,7 @@ async def test_a_crashed_stdio_server_restarts_on_the_next_call_within_its_windo
         assert down.content.startswith(
             "error: MCP server 'raw' is not available: the server process exited (exit code 3"
         )
-        assert "it was restarted 1 time within the last 300 s; the next attempt is in " in down.content
+        assert "; 1 attempt to restart it within the last 300 s (max_restarts); the next attempt is in " in down.content
         assert len([line for line in recorded(record) if line.startswith("pid ")]) == 2
 
 

@@ -1127,8 +1127,8 @@ class McpConnection:
                 wait = self._attempts[0] + config.restart_window - now
                 return self._unavailable(
                     reason,
-                    f"it was {verb}ed {count} time{'s' if count != 1 else ''} within the last "
-                    f"{config.restart_window:g} s; the next attempt is in {_seconds(wait)}",
+                    f"{count} attempt{'s' if count != 1 else ''} to {verb} it within the last "
+                    f"{config.restart_window:g} s (max_restarts); the next attempt is in {_seconds(wait)}",
                 )
             if now < self._next_attempt:
                 return self._unavailable(
