@@ -2,9 +2,12 @@
 
 The servers are written with the official SDK's server side and run as real
 processes: ``calc_server.py`` over stdio, ``http_server.py`` over streamable
-HTTP on 127.0.0.1 (it refuses requests without the configured bearer token).
-A server records what it saw (a call starting, a cancellation) in a file the
-test reads.  Real subprocess I/O cannot run on a mock clock, so these tests run
+HTTP on 127.0.0.1 (it refuses requests without the configured bearer token,
+and can drop one tool's response stream or refuse the GET stream);
+``raw_server.py`` speaks JSON-RPC by hand, to declare what the SDK's server
+cannot (a malformed tool, a dangling ``$ref``).  A server records what it saw
+(a call starting, a cancellation) in a file the test reads.  A frozen server
+is a real process stopped with SIGSTOP.  Real subprocess I/O cannot run on a mock clock, so these tests run
 on the real one; every wait is bounded with ``trio.fail_after`` and the few
 timeouts under test are short.
 """
