@@ -2,9 +2,12 @@
 
 The servers are written with the official SDK's server side and run as real
 processes: ``calc_server.py`` over stdio, ``http_server.py`` over streamable
-HTTP on 127.0.0.1 (it refuses requests without the configured bearer token).
-A server records what it saw (a call starting, a cancellation) in a file the
-test reads.  Real subprocess I/O cannot run on a mock clock, so these tests run
+HTTP on 127.0.0.1 (it refuses requests without the configured bearer token,
+and can drop one tool's response stream or refuse the GET stream);
+``raw_server.py`` speaks JSON-RPC by hand, to declare what the SDK's server
+cannot (a malformed tool, a dangling ``$ref``).  A server records what it saw
+(a call starting, a cancellation) in a file the test reads.  A frozen server
+is a real process stopped with SIGSTOP.  Real subprocess I/O cannot run on a mock clock, so these tests run
 on the real one; every wait is bounded with ``trio.fail_after`` and the few
 timeouts under test are short.
 """
@@ -12,6 +15,7 @@ timeouts under test are short.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -23,18 +27,20 @@ from typing import Any, cast
 import pytest
 import trio
 from _acp_clients import open_server, tool_ends
-from _util import WAIT, group_alive
+from _util import WAIT, group_alive, turn_ends
 
 from trio_harness import (
     AgentOptions,
+    EventBus,
     McpConfigError,
     McpHttpServer,
     McpStartError,
     McpStdioServer,
+    Notice,
     ScriptedModel,
     connect_mcp,
 )
-from trio_harness.agents import ToolContext, ToolOutput, ToolSet
+from trio_harness.agents import Tool, ToolContext, ToolOutput, ToolSet
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
 from trio_harness.tools import McpConnection, connect_mcp_servers, mcp_tool_name, render_mcp_result
@@ -52,6 +58,16 @@ def calc(record: Path, *flags: str, name: str = "calc", **settings: Any) -> McpS
         name=name,
         command=sys.executable,
         args=(str(SERVERS / "calc_server.py"), "--record", str(record), *flags),
+        **settings,
+    )
+
+
+def raw(record: Path, *flags: str, name: str = "raw", **settings: Any) -> McpStdioServer:
+    """The hand-written stdio test server (no SDK), recording into ``record``."""
+    return McpStdioServer(
+        name=name,
+        command=sys.executable,
+        args=(str(SERVERS / "raw_server.py"), "--record", str(record), *flags),
         **settings,
     )
 
@@ -90,12 +106,14 @@ def alive(pid: int) -> bool:
 
 
 @asynccontextmanager
-async def http_server(tmp_path: Path, token: str = "s3cret") -> AsyncIterator[tuple[str, Path, trio.Process]]:
+async def http_server(
+    tmp_path: Path, *flags: str, token: str = "s3cret"
+) -> AsyncIterator[tuple[str, Path, trio.Process]]:
     """Run tests/mcp_servers/http_server.py on 127.0.0.1; yields its MCP URL, record file and process."""
     record = tmp_path / "http-record.txt"
-    with (tmp_path / "http-server.stderr").open("wb") as stderr:
+    with (tmp_path / "http-server.stderr").open("ab") as stderr:
         process = await trio.lowlevel.open_process(
-            [sys.executable, str(SERVERS / "http_server.py"), "--token", token, "--record", str(record)],
+            [sys.executable, str(SERVERS / "http_server.py"), "--token", token, "--record", str(record), *flags],
             stdout=subprocess.PIPE,
             stderr=stderr,
         )
@@ -173,6 +191,13 @@ async def test_tool_definitions_follow_the_listing() -> None:
         assert dict(odd.parameters) == {"type": "object"}  # offered anyway; the server checks arguments
         assert not odd.parallel_safe
         assert odd.description == "The 'odd' tool of MCP server 'srv'."
+        # A $ref that resolves within the schema keeps it; one that resolves to nothing does not.
+        defs = {"$defs": {"Key": {"type": "string"}}, "default": {"$ref": "#/nowhere"}}
+        good = {"type": "object", "properties": {"key": {"$ref": "#/$defs/Key"}}, **defs}
+        assert dict(connection._tool("mcp__srv__good", McpTool(name="good", input_schema=good)).parameters) == good
+        dangling = {"type": "object", "properties": {"key": {"$ref": "#/$defs/Missing"}}, **defs}
+        lost = connection._tool("mcp__srv__lost", McpTool(name="lost", input_schema=dangling))
+        assert dict(lost.parameters) == {"type": "object"}
 
 
 # ------------------------------------------------------------------ end to end over stdio
@@ -306,26 +331,31 @@ async def test_a_turn_cancelled_mid_call_sends_the_mcp_cancellation(tmp_path: Pa
         assert_balanced(agent.session)
 
 
-async def test_a_crashed_server_gives_error_results_naming_it(tmp_path: Path) -> None:
+async def test_a_crashed_server_gives_an_error_result_naming_it_and_restarts(tmp_path: Path) -> None:
     record = tmp_path / "record.txt"
     model = ScriptedModel(
         [
             {"tool_calls": [call("mcp__calc__crash")]},
             {"tool_calls": [call("mcp__calc__add", a=1, b=2)]},
-            {"text": "it crashed"},
+            {"text": "it crashed and came back"},
         ]
     )
-    async with open_test_harness(model, mcp_servers=[calc(record)]) as h, h.agents.open() as agent:
-        agent.followup("crash it")
-        with trio.fail_after(WAIT):
-            await agent.when_idle()
-        crash, add = results(agent.session)
-        assert_balanced(agent.session)
-    assert crash.is_error and add.is_error
+    async with open_test_harness(model, mcp_servers=[calc(record)]) as h:
+        notices = notices_of(h.bus)
+        async with h.agents.open() as agent:
+            agent.followup("crash it")
+            with trio.fail_after(WAIT):
+                await agent.when_idle()
+            crash, add = results(agent.session)
+            assert_balanced(agent.session)
+    assert crash.is_error
     assert crash.content.startswith("error: MCP server 'calc' stopped during the call to 'crash': ")
     assert "the server process exited (exit code 3; stderr: " in crash.content
     assert "out of cheese" in crash.content
-    assert add.content.startswith("error: MCP server 'calc' is not available: the server process exited (exit code 3")
+    # The next call started it again.
+    assert (add.content, add.is_error) == ("3", False)
+    assert [notice.name for notice in notices] == ["mcp/restarted"]
+    assert len([line for line in recorded(record) if line.startswith("pid ")]) == 2
 
 
 async def test_a_hung_server_times_out_and_the_turn_goes_on(tmp_path: Path) -> None:
@@ -735,3 +765,330 @@ async def test_acp_an_http_server_in_session_new(tmp_path: Path) -> None:
             assert update["status"] == "completed"
             assert update["content"][0]["content"]["text"] == "client=zed"
         assert "refused a request without the token" not in recorded(record)
+
+
+# ------------------------------------------------------------------ a frozen server: every call bounded
+
+
+def notices_of(bus: EventBus) -> list[Notice]:
+    """Every ``mcp/*`` notice the bus delivers from now on."""
+    seen: list[Notice] = []
+    bus.on("*", lambda notice: seen.append(notice) if notice.name.startswith("mcp/") else None)
+    return seen
+
+
+async def test_a_frozen_stdio_server_bounds_every_call_and_a_cancel_returns_at_once(tmp_path: Path) -> None:
+    record = tmp_path / "record.txt"
+    model = ScriptedModel([{"tool_calls": [call("mcp__raw__echo", text="during the freeze")]}, {"text": "cancelled"}])
+    server = raw(record, call_timeout=1.0, grace_period=0.2)
+    async with open_test_harness(model, mcp_servers=[server]) as h:
+        (connection,) = h.mcp_connections
+        pid = connection.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)  # it reads nothing more: the pipe fills, writes block
+        try:
+            # A large argument (more than a pipe holds), then a small one: each ends by its call_timeout.
+            for text in ("x" * (4 << 20), "small"):
+                start = trio.current_time()
+                with trio.fail_after(WAIT):
+                    output = await connection.call("size", {"text": text})
+                elapsed = trio.current_time() - start
+                assert output.content == (
+                    "error: MCP server 'raw' did not answer the call to 'size' within 1 s; "
+                    "the call was cancelled (the server may be hung)"
+                )
+                assert elapsed < 3.0, elapsed  # 1 s, and never the SDK's 5 s for the cancel's write
+            # A cancel of the turn during such a call returns at once.
+            async with h.agents.open() as agent:
+                agent.followup("echo")
+                with trio.fail_after(WAIT):
+                    while not any(isinstance(e, ev.ToolCallRequested) for e in agent.session.events):
+                        await trio.sleep(0.01)
+                await trio.sleep(0.2)
+                cancelled_at = trio.current_time()
+                agent.cancel("user")
+                with trio.fail_after(WAIT):
+                    await agent.when_idle()
+                assert trio.current_time() - cancelled_at < 1.5
+                (echo,) = results(agent.session)
+                assert echo.is_error and "cancelled" in echo.content
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # Once it runs again the connection works: nothing half-written was left behind.
+        with trio.fail_after(WAIT):
+            assert (await connection.call("echo", {"text": "back"})).content == '{"text": "back"}'
+        assert connection.failure is None
+
+
+@sdk_http_iterators
+async def test_a_frozen_http_server_bounds_every_call(tmp_path: Path) -> None:
+    async with http_server(tmp_path) as (url, _, process), open_test_harness() as h:
+        server = McpHttpServer("web", url, headers={"Authorization": "Bearer s3cret"}, call_timeout=1.0)
+        connection = await connect_mcp(h.scope, h.tools, server)
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            # The second call used to wait behind the first one's cancel notification (httpx's 300 s).
+            for _ in range(2):
+                start = trio.current_time()
+                with trio.fail_after(WAIT):
+                    output = await connection.call("add", {"a": 1, "b": 2})
+                assert trio.current_time() - start < 3.0
+                assert output.content.startswith("error: MCP server 'web' did not answer the call to 'add' within 1 s")
+            # A cancelled call returns at once.
+            with trio.CancelScope() as cancel_scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(connection.call, "add", {"a": 1, "b": 2})
+                    await trio.sleep(0.3)
+                    cancelled_at = trio.current_time()
+                    cancel_scope.cancel()
+            assert trio.current_time() - cancelled_at < 1.0
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        with trio.fail_after(WAIT):
+            assert (await connection.call("add", {"a": 1, "b": 2})).content == "3"
+
+
+# ------------------------------------------------------------------ one request failing fails that call only
+
+
+@sdk_http_iterators
+async def test_one_dropped_response_stream_fails_that_call_only(tmp_path: Path) -> None:
+    async with http_server(tmp_path, "--drop", "drop", "--no-get") as (url, record, process):
+        async with open_test_harness() as h:
+            server = McpHttpServer("web", url, headers={"Authorization": "Bearer s3cret"})
+            connection = await connect_mcp(h.scope, h.tools, server)
+            with trio.fail_after(WAIT):
+                dropped = await connection.call("drop", {})
+            assert dropped.is_error
+            assert dropped.content == (
+                "error: MCP server 'web' did not answer the call to 'drop': SSE stream ended without a response "
+                "(the call may or may not have run)"
+            )
+            assert "dropped the response stream of drop" in recorded(record)
+            # The server and the connection are fine: the next call is answered.
+            with trio.fail_after(WAIT):
+                assert (await connection.call("add", {"a": 1, "b": 2})).content == "3"
+            assert connection.failure is None
+            # The optional GET stream was refused with 405, as the protocol allows: no message blames it.
+            assert "answered GET with 405" in recorded(record)
+            process.kill()
+            await process.wait()
+            with trio.fail_after(WAIT):
+                lost = await connection.call("add", {"a": 1, "b": 2})
+            assert lost.content.startswith("error: MCP server 'web' stopped during the call to 'add': ")
+            assert "405" not in lost.content and connection.failure is not None and "405" not in connection.failure
+
+
+# ------------------------------------------------------------------ a crashed server is restarted
+
+
+async def test_a_crashed_stdio_server_restarts_on_the_next_call_within_its_window(tmp_path: Path) -> None:
+    record = tmp_path / "record.txt"
+    bus = EventBus()
+    notices = notices_of(bus)
+    async with open_test_harness() as h:
+        connection = await connect_mcp(h.scope, h.tools, raw(record, max_restarts=1, grace_period=0.2), bus=bus)
+        first = connection.pid
+        assert first is not None
+        crash = await connection.call("crash", {})
+        assert crash.content.startswith("error: MCP server 'raw' stopped during the call to 'crash': ")
+        assert "the server process exited (exit code 3; stderr: raw_server: fatal: asked to crash)" in crash.content
+        # While it is down its last tool list stays.
+        assert "mcp__raw__echo" in [tool.name for tool in h.tools.tools()]
+        with trio.fail_after(WAIT):
+            echo = await connection.call("echo", {"text": "again"})
+        assert echo.content == '{"text": "again"}'
+        assert connection.pid not in (None, first) and not group_alive(first) and connection.failure is None
+        assert [line for line in recorded(record) if line.startswith("pid ")] == [
+            f"pid {first}",
+            f"pid {connection.pid}",
+        ]
+        ((name, subject, data),) = [(n.name, n.subject, dict(n.data)) for n in notices]
+        assert (name, subject, subject.id) == ("mcp/restarted", connection, "raw")
+        assert data["reason"].startswith("the server process exited (exit code 3")
+        assert data["transport"] == "stdio" and data["restarts"] == 1
+        # One restart per window: after a second crash it stays down and says why.
+        await connection.call("crash", {})
+        down = await connection.call("echo", {})
+        assert down.is_error
+        assert down.content.startswith(
+            "error: MCP server 'raw' is not available: the server process exited (exit code 3"
+        )
+        assert "; 1 attempt to restart it within the last 300 s (max_restarts); the next attempt is in " in down.content
+        assert len([line for line in recorded(record) if line.startswith("pid ")]) == 2
+
+
+async def test_a_failing_restart_is_an_error_result_and_retried_after_a_backoff(tmp_path: Path) -> None:
+    record, lock = tmp_path / "record.txt", tmp_path / "lock"
+    bus = EventBus()
+    notices = notices_of(bus)
+    async with open_test_harness() as h:
+        server = raw(record, "--fail-start-if", str(lock), grace_period=0.2)
+        connection = await connect_mcp(h.scope, h.tools, server, bus=bus)
+        lock.touch()
+        await connection.call("crash", {})
+        with trio.fail_after(WAIT):
+            failed = await connection.call("echo", {})
+        assert failed.is_error
+        assert failed.content.startswith(
+            "error: MCP server 'raw' is not available: the server process exited (exit code 3"
+        )
+        assert "; restarting it failed: the server process exited (exit code 2; stderr: raw_server: the lock" in (
+            failed.content
+        )
+        assert failed.content.endswith("; the next attempt is in 1 s")
+        # Within the backoff no attempt is made.
+        again = await connection.call("echo", {})
+        assert again.is_error and "the next attempt is in " in again.content
+        assert recorded(record).count("refused to start") == 1
+        lock.unlink()
+        await trio.sleep(1.1)  # the real clock: the server is a real process
+        with trio.fail_after(WAIT):
+            back = await connection.call("echo", {"text": "back"})
+        assert back.content == '{"text": "back"}'
+        assert [n.name for n in notices] == ["mcp/restart-failed", "mcp/restarted"]
+        failed_notice = notices[0]
+        assert failed_notice.data["retry_in"] == 1.0
+        assert "exit code 2" in failed_notice.data["error"]
+
+
+@sdk_http_iterators
+async def test_an_http_server_is_reconnected_on_the_next_call_once_it_is_back(tmp_path: Path) -> None:
+    bus = EventBus()
+    notices = notices_of(bus)
+    async with open_test_harness() as h:
+        async with http_server(tmp_path) as (url, _, process):
+            server = McpHttpServer("web", url, headers={"Authorization": "Bearer s3cret"})
+            connection = await connect_mcp(h.scope, h.tools, server, bus=bus)
+            process.kill()
+            await process.wait()
+            with trio.fail_after(WAIT):
+                lost = await connection.call("add", {"a": 1, "b": 2})
+            assert lost.content.startswith("error: MCP server 'web' stopped during the call to 'add': ")
+            with trio.fail_after(WAIT):
+                down = await connection.call("add", {"a": 1, "b": 2})
+            assert down.content.startswith("error: MCP server 'web' is not available: the connection ")
+            assert "; reconnecting it failed: " in down.content and "ConnectError" in down.content
+        port = url.split(":")[2].split("/")[0]
+        async with http_server(tmp_path, "--port", port) as (again, _, process):
+            assert again == url
+            await trio.sleep(1.1)  # the backoff after the failed attempt (real clock)
+            with trio.fail_after(WAIT):
+                back = await connection.call("add", {"a": 20, "b": 22})
+            assert back.content == "42"
+            assert [n.name for n in notices] == ["mcp/restart-failed", "mcp/restarted"]
+            assert notices[1].data["transport"] == "http"
+            process.kill()
+            await process.wait()
+        # A server restarted between two calls no longer knows the session: that call fails, the next reconnects.
+        async with http_server(tmp_path, "--port", port):
+            with trio.fail_after(WAIT):
+                forgotten = await connection.call("add", {"a": 1, "b": 1})
+            assert forgotten.content.startswith("error: MCP server 'web' stopped during the call to 'add': "), forgotten
+            assert connection.failure is not None and "session" in connection.failure
+            with trio.fail_after(WAIT):
+                assert (await connection.call("add", {"a": 1, "b": 1})).content == "2"
+            assert [n.name for n in notices][-1] == "mcp/restarted"
+
+
+async def test_cli_run_shows_a_restart_and_a_skipped_tool_on_a_line(tmp_path: Path) -> None:
+    record = tmp_path / "record.txt"
+    flags = ["--record", str(record), "--malformed"]
+    server = {"command": sys.executable, "args": [str(SERVERS / "raw_server.py"), *flags]}
+    config = write_json(tmp_path / "mcp.json", {"mcpServers": {"raw": server}})
+    responses = [
+        {"tool_calls": [call("mcp__raw__crash")]},
+        {"tool_calls": [call("mcp__raw__echo", text="hi")]},
+        {"text": "it came back"},
+    ]
+    model = write_json(tmp_path / "script.json", {"responses": responses})
+    args = ("--model", f"scripted:{model}", "--store", str(tmp_path / "store"), "--tools", "none")
+    result = await run_cli("run", "crash it", *args, "--mcp-config", str(config), cwd=tmp_path)
+    err = result.stderr.decode()
+    assert result.returncode == 0, err
+    lines = err.splitlines()
+    scalar, nameless, restart = [line for line in lines if line.startswith("[mcp] ")]
+    # The tools left out are named once, before the turn; the restart where it happened.
+    assert (
+        scalar == "[mcp] MCP server 'raw': the tool 'scalar' is not offered: inputSchema.type: Input should be 'object'"
+    )
+    assert nameless == "[mcp] MCP server 'raw': the tool '#6' is not offered: name: Field required"
+    assert lines.index(nameless) < lines.index("[tool] mcp__raw__crash {}")
+    assert restart.startswith(
+        "[mcp] MCP server 'raw' restarted; it had stopped: the server process exited (exit code 3"
+    )
+    assert lines.index("[tool] mcp__raw__crash {}") < lines.index(restart) < lines.index('[tool result] {"text": "hi"}')
+
+
+# ------------------------------------------------------------------ schemas and declarations
+
+
+async def test_a_tool_with_a_dangling_ref_is_offered_with_unchecked_arguments(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = ScriptedModel([{"tool_calls": [call("mcp__raw__lookup", key=42)]}, {"text": "found"}])
+    async with open_test_harness(model, mcp_servers=[raw(tmp_path / "record.txt")]) as h, h.agents.open() as agent:
+        agent.followup("look it up")
+        with trio.fail_after(WAIT):
+            await agent.when_idle()
+        (result,) = results(agent.session)
+        assert (result.content, result.is_error) == ('{"key": 42}', False)
+        assert turn_ends(agent) == [(1, "completed", None)]
+    (spec,) = [tool for tool in model.requests[0].tools if tool.name == "mcp__raw__lookup"]
+    assert dict(spec.parameters) == {"type": "object"}
+    assert "MCP server 'raw': tool 'lookup' has an unusable input schema (" in caplog.text
+    assert "#/$defs/Key" in caplog.text
+
+
+async def test_an_exception_from_argument_validation_is_that_calls_error_result(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def handler(ctx: ToolContext, args: dict[str, Any]) -> str:
+        return "ran"
+
+    # The schema is valid JSON Schema; checking arguments against it raises (the $ref resolves to nothing).
+    odd = Tool(
+        name="odd",
+        description="A tool whose schema cannot be checked.",
+        parameters={"type": "object", "properties": {"k": {"$ref": "#/$defs/K"}}},
+        handler=handler,
+    )
+    model = ScriptedModel([{"tool_calls": [call("odd", k=1)]}, {"text": "went on"}])
+    async with open_test_harness(model) as h:
+        h.tools.add(odd)
+        async with h.agents.open() as agent:
+            agent.followup("go")
+            await agent.when_idle()
+            (result,) = results(agent.session)
+            assert result.is_error
+            assert result.content.startswith("error: the arguments for tool 'odd' could not be checked: ")
+            assert "#/$defs/K" in result.content
+            assert turn_ends(agent) == [(1, "completed", None)]
+
+
+async def test_a_malformed_tool_declaration_skips_that_tool_only(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = raw(tmp_path / "record.txt", "--malformed")
+    skipped = {"scalar": "inputSchema.type: Input should be 'object'", "#6": "name: Field required"}
+    model = ScriptedModel([{"tool_calls": [call("mcp__raw__echo", text="ok")]}, {"text": "done"}])
+    async with open_test_harness(model, mcp_servers=[server]) as h:
+        (connection,) = h.mcp_connections
+        offered = ["mcp__raw__crash", "mcp__raw__echo", "mcp__raw__lookup", "mcp__raw__size"]
+        assert sorted(connection.tool_names) == offered
+        assert connection.skipped_tools == skipped
+        assert "MCP server 'raw': the tool 'scalar' is not offered: inputSchema.type: Input should be" in caplog.text
+        async with h.agents.open() as agent:
+            agent.followup("echo")
+            with trio.fail_after(WAIT):
+                await agent.when_idle()
+            assert [(r.content, r.is_error) for r in results(agent.session)] == [('{"text": "ok"}', False)]
+        # Each skipped tool is a notice naming it and why; a refresh does not repeat them.
+        bus = EventBus()
+        notices = notices_of(bus)
+        other = await connect_mcp(h.scope, ToolSet(), server, bus=bus)
+        assert [(n.name, n.subject, n.data["tool"], n.data["reason"]) for n in notices] == [
+            ("mcp/tool-skipped", other, label, reason) for label, reason in skipped.items()
+        ]
+        await other.refresh()
+        assert len(notices) == 2 and sorted(other.tool_names) == offered

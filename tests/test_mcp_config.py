@@ -43,7 +43,13 @@ def test_the_bare_shape_with_types_and_harness_settings(tmp_path: Path) -> None:
     path = write(
         tmp_path,
         {
-            "api": {"type": "http", "url": "http://127.0.0.1:8000/mcp", "headers": {"X-Key": "k"}, "call_timeout": 5},
+            "api": {
+                "type": "http",
+                "url": "http://127.0.0.1:8000/mcp",
+                "headers": {"X-Key": "k"},
+                "call_timeout": 5,
+                "max_restarts": 0,
+            },
             "local": {
                 "type": "stdio",
                 "command": "python",
@@ -52,12 +58,16 @@ def test_the_bare_shape_with_types_and_harness_settings(tmp_path: Path) -> None:
                 "startup_timeout": 1.5,
                 "grace_period": 0.5,
                 "requires_approval": True,
+                "max_restarts": 2,
+                "restart_window": 30,
             },
             "alias": {"type": "streamable-http", "url": "https://x.test/mcp"},
         },
     )
     api, local, alias = load_mcp_config(path)
-    assert api == McpHttpServer(name="api", url="http://127.0.0.1:8000/mcp", headers={"X-Key": "k"}, call_timeout=5.0)
+    assert api == McpHttpServer(
+        name="api", url="http://127.0.0.1:8000/mcp", headers={"X-Key": "k"}, call_timeout=5.0, max_restarts=0
+    )
     assert local == McpStdioServer(
         name="local",
         command="python",
@@ -66,6 +76,8 @@ def test_the_bare_shape_with_types_and_harness_settings(tmp_path: Path) -> None:
         startup_timeout=1.5,
         grace_period=0.5,
         requires_approval=True,
+        max_restarts=2,
+        restart_window=30.0,
     )
     assert isinstance(alias, McpHttpServer) and alias.transport == "http"
     assert local.transport == "stdio"
@@ -129,6 +141,9 @@ def test_an_unset_variable_names_server_field_and_variable(tmp_path: Path) -> No
         ({"a": {"url": "http://h", "startup_timeout": True}}, "a", "startup_timeout", "positive number of seconds"),
         ({"a": {"command": "x", "grace_period": -1}}, "a", "grace_period", "positive number of seconds, got -1"),
         ({"a": {"command": "x", "requires_approval": "yes"}}, "a", "requires_approval", "must be true or false"),
+        ({"a": {"command": "x", "max_restarts": -1}}, "a", "max_restarts", "must be a whole number, 0 or more"),
+        ({"a": {"url": "http://h", "max_restarts": 1.5}}, "a", "max_restarts", "a whole number, 0 or more, got 1.5"),
+        ({"a": {"url": "http://h", "restart_window": 0}}, "a", "restart_window", "positive number of seconds"),
         ({"a": {"command": "x", "disabled": 1}}, "a", "disabled", "MCP server 'a': disabled: must be true or false"),
         ({"": {"command": "x"}}, None, "name", "MCP server: name: must be a non-empty string"),
     ],
@@ -175,7 +190,20 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
     max_leaves=12,
 )
-KEYS = ["type", "command", "args", "env", "cwd", "url", "headers", "disabled", "call_timeout", "grace_period"]
+KEYS = [
+    "type",
+    "command",
+    "args",
+    "env",
+    "cwd",
+    "url",
+    "headers",
+    "disabled",
+    "call_timeout",
+    "grace_period",
+    "max_restarts",
+    "restart_window",
+]
 entries = st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=5), json_values, max_size=5)
 configs = st.one_of(
     json_values,

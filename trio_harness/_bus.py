@@ -24,9 +24,10 @@ class NoticeSubject(Protocol):
 
     The harness's subjects are a :class:`~trio_harness.Session`
     (``session/*``, the id is the session id), an
-    :class:`~trio_harness.Agent` (``agent/*``, its id is its session's) and a
-    :class:`~trio_harness.tasks.TaskSnapshot` (``task/done``, the task id).
-    The bus sits below all three, so it names only what they share; a
+    :class:`~trio_harness.Agent` (``agent/*``, its id is its session's), a
+    :class:`~trio_harness.tasks.TaskSnapshot` (``task/done``, the task id) and
+    an :class:`~trio_harness.tools.McpConnection` (``mcp/*``, the server's name).
+    The bus sits below all of them, so it names only what they share; a
     listener that needs more narrows the subject (``isinstance(notice.subject,
     TaskSnapshot)``) or knows it from the notice's name.
     """

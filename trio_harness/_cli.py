@@ -69,6 +69,7 @@ from ._errors import (
 from .bash._sandbox import SandboxUnavailableError
 
 if TYPE_CHECKING:
+    from ._bus import Notice
     from ._cli_progress import Printer
     from ._records import Failure, ModelSettings
     from .agents._approval import ApprovalDecision, ApprovalRequest
@@ -650,6 +651,12 @@ async def _run_prompt(
             model_settings=_model_settings(args),
         ) as harness:
             entered = True
+            if not args.quiet:  # MCP servers: a tool left out, a restart: one line each
+                for connection in harness.mcp_connections:
+                    for tool, reason in connection.skipped_tools.items():
+                        printer.line(_mcp_skipped_line(connection.name, tool, reason))
+                for name in ("mcp/restarted", "mcp/restart-failed", "mcp/tool-skipped"):
+                    harness.bus.on(name, lambda notice: printer.line(_mcp_notice_line(notice)))
             options = _agent_options(args, args.system_prompt)
             try:
                 if args.session:
@@ -742,6 +749,24 @@ def _resume_hint(args: argparse.Namespace, session_id: str, *, kept: bool) -> No
     command = " ".join(shlex.quote(word) for word in words) + " PROMPT"
     what = f"kept session {session_id}; retry or continue with" if kept else "continue with"
     print(f"[session] {what}: {command}", file=sys.stderr, flush=True)
+
+
+def _mcp_skipped_line(server: str, tool: str, reason: str) -> str:
+    return f"[mcp] MCP server {server!r}: the tool {tool!r} is not offered: {reason}"
+
+
+def _mcp_notice_line(notice: Notice) -> str:
+    """The line ``run`` shows for an ``mcp/restarted``, ``mcp/restart-failed`` or ``mcp/tool-skipped`` notice."""
+    if notice.name == "mcp/tool-skipped":
+        return _mcp_skipped_line(notice.subject.id, notice.data["tool"], notice.data["reason"])
+    verb = "restarted" if notice.data.get("transport") == "stdio" else "reconnected"
+    server = f"MCP server {notice.subject.id!r}"
+    if notice.name == "mcp/restarted":
+        return f"[mcp] {server} {verb}; it had stopped: {notice.data.get('reason')}"
+    return (
+        f"[mcp] {server} could not be {verb}: {notice.data.get('error')}; "
+        f"next attempt in {notice.data.get('retry_in', 0):g} s"
+    )
 
 
 def _turn_failure(outcome: TurnOutcome | None) -> Failure | None:

@@ -342,7 +342,7 @@ async def open_harness(
             await harness.load(SubagentToolPlugin(tasks, tools, **attrs.asdict(subagent_settings, recurse=False)))
         if mcp_scope is not None:
             servers = with_env_policy(servers, env_policy)
-            harness._mcp_connections.extend(await connect_mcp_servers(mcp_scope, tools, servers))
+            harness._mcp_connections.extend(await connect_mcp_servers(mcp_scope, tools, servers, bus=bus))
         yield harness
 
 

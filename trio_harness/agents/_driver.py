@@ -1548,8 +1548,13 @@ class ReactAgent:
                 return
             try:
                 args = tool.validate(call.arguments)
-            except ValueError as exc:
-                deliver(index, f"error: {exc}", True)
+            except Exception as exc:  # bad arguments; or a schema that cannot be checked: this call's error only
+                text = (
+                    str(exc)
+                    if isinstance(exc, ValueError)
+                    else f"the arguments for tool {call.name!r} could not be checked: {_describe(exc)}"
+                )
+                deliver(index, f"error: {text}", True)
                 if asked is not None:
                     asked[index].set()
                 return

@@ -15,10 +15,17 @@ with the server's JSON schema.  The scope owns all of it:
 * ``notifications/tools/list_changed`` refreshes the registered tools; it is
   noticed on the receive path, in wire order, so a call whose answer follows
   the notification returns only once the new tools are registered;
-* a call ends within the server's ``call_timeout``, when its turn is cancelled
-  (the SDK sends ``notifications/cancelled``), or when the server goes away;
-  every failure is an error result naming the server (docs/mcp.rst, "Results
-  and failures").
+* a call ends within the server's ``call_timeout``, its writes included
+  (the session writes into a queue that never blocks, see :class:`_Outbox`),
+  at once when its turn is cancelled (the SDK sends
+  ``notifications/cancelled``), or when the server goes away; every failure
+  is an error result naming the server and fails that call only
+  (docs/mcp.rst, "Results and failures");
+* a server that stopped is started again by the next call (one run of it is
+  a :class:`_Link`), with a backoff and a bounded number of attempts per
+  window (docs/mcp.rst, "Restarts");
+* a tool declaration the SDK would refuse is taken out of the listing on the
+  read path, so the other tools are offered (:func:`_sound_tools`).
 
 The process handling is ours rather than the SDK's ``stdio_client`` because
 the harness guarantees more than it does: the whole process group goes (also
@@ -38,6 +45,7 @@ import math
 import re
 import signal
 import subprocess
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
@@ -65,6 +73,7 @@ if TYPE_CHECKING:
     from mcp.types import CallToolResult, LoggingMessageNotificationParams
     from mcp.types import Tool as McpTool
 
+    from .._bus import EventBus
     from .._scope import Scope
 
 # The MCP SDK (and anyio, httpx2 and starlette with it) is imported when a
@@ -95,6 +104,11 @@ _STDERR_DRAIN = 0.5
 _EXIT_WAIT = 2.0
 # Bound on the polite end of an HTTP session (its DELETE) before it is abandoned.
 _HTTP_STOP_BOUND = 5.0
+# How long a stopping session waits for its last messages (the cancels of its calls) to be written.
+_DRAIN_BOUND = 1.0
+# The wait after a failed restart, doubled after each further failure, up to the maximum.
+_RESTART_BACKOFF = 1.0
+_RESTART_BACKOFF_MAX = 60.0
 
 # ---------------------------------------------------------------- names and results
 
@@ -270,22 +284,193 @@ class _ProcessFacts:
 
 @attrs.define(eq=False)
 class _HttpFacts:
-    """The last HTTP error status an HTTP server answered with."""
+    """The last HTTP error status an HTTP server answered with; whether it forgot the session."""
 
     last_error: str | None = None
+    session_gone: bool = False
+
+
+@attrs.define(eq=False)
+class _Link:
+    """One run of a server: its transport and client session, and how it ended.
+
+    A connection has one link at a time; a restart (a reconnect over HTTP)
+    makes a new one.  ``failure`` is set once the run is over (the process
+    exited, the transport failed, the session's read stream ended); until a
+    restart it is why the server is not available.
+    """
+
+    number: int
+    process: _ProcessFacts | None = None
+    http: _HttpFacts | None = None
+    session: ClientSession | None = None
+    # Started: handshake and tool listing done (before that, the start error tells of a failure).
+    ready: bool = False
+    failure: str | None = None
+    # The session's read stream ended: the connection is gone, not one request's stream.
+    read_ended: bool = False
+    stop: trio.Event = attrs.field(factory=trio.Event)
+    held: trio.Event = attrs.field(factory=trio.Event)
+    # Ids of the tools/list requests sent, whose answers are checked tool by tool.
+    listings: set[str] = attrs.field(factory=set)
+    # Tools of the answers seen so far that were left out: (label, reason).
+    skipped: list[tuple[str, str]] = attrs.field(factory=list)
+    outbox: _Outbox = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.outbox = _Outbox(self.listings)
+
+
+class _Outbox:
+    """The client session's write stream: a send never blocks; a pump writes the messages in order.
+
+    The SDK starts a request's clock only once its write has returned, and
+    writes the cancel of a call it gave up on shielded, for up to 5 s.  To a
+    frozen server every write blocks (a full pipe; over HTTP, the SDK posts
+    notifications one at a time and waits for each answer), so neither the
+    call's timeout nor a cancellation would bound it.  Here a send queues the
+    message and returns; :meth:`pump` hands them to the transport one by one.
+    A cancel of a request still in the queue removes the request and is
+    dropped: the server never hears of either.  The queue holds only what
+    calls in flight wrote, so it stays small while a server is frozen.
+    """
+
+    def __init__(self, listings: set[str]) -> None:
+        self._queue: deque[SessionMessage] = deque()
+        self._wakeup = trio.Event()
+        self._closed = False
+        self._broken = False
+        self._listings = listings
+        self.done = trio.Event()
+
+    async def send(self, item: SessionMessage) -> None:
+        import anyio
+        from mcp.types import JSONRPCNotification, JSONRPCRequest
+
+        if self._closed:
+            raise anyio.ClosedResourceError
+        if self._broken:
+            raise anyio.BrokenResourceError
+        message = item.message
+        if not (
+            isinstance(message, JSONRPCNotification)
+            and message.method == "notifications/cancelled"
+            and self._unqueue(message.params)
+        ):
+            if isinstance(message, JSONRPCRequest) and message.method == "tools/list":
+                self._listings.add(str(message.id))
+            self._queue.append(item)
+            self._wakeup.set()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def _unqueue(self, params: Mapping[str, Any] | None) -> bool:
+        """Remove the queued request a cancel names; whether there was one."""
+        from mcp.types import JSONRPCRequest
+
+        request_id = params.get("requestId") if isinstance(params, Mapping) else None
+        if request_id is None:
+            return False
+        for queued in self._queue:
+            message = queued.message
+            if isinstance(message, JSONRPCRequest) and str(message.id) == str(request_id):
+                self._queue.remove(queued)
+                return True
+        return False
+
+    async def pump(self, stream: Any) -> None:
+        """Write the queued messages to the transport's ``stream`` until the session closes this outbox."""
+        import anyio
+
+        try:
+            while True:
+                while not self._queue:
+                    if self._closed:
+                        return
+                    await self._wakeup.wait()
+                    self._wakeup = trio.Event()
+                # Taken out first: from here on the message is being written, and a cancel of it is sent.
+                await stream.send(self._queue.popleft())
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, trio.BrokenResourceError):
+            self._broken = True  # the transport stopped taking messages: the session hears it on its next send
+            self._queue.clear()
+        finally:
+            self.done.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wakeup.set()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc_val: BaseException | None, exc_tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _tool_problem(item: object, version: str | None) -> str | None:
+    """Why the SDK would refuse one tool declaration of a ``tools/list`` answer, or None."""
+    from mcp.types import ListToolsResult, methods
+    from pydantic import ValidationError
+
+    page = {"tools": [item]}
+    try:
+        if version is not None:
+            try:
+                methods.validate_server_result("tools/list", version, page)
+            except ValidationError:
+                raise
+            except (KeyError, ValueError):  # a version or method this SDK has no table for
+                pass
+        ListToolsResult.model_validate(page, by_name=False)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"][2:])  # past ("tools", 0)
+            problems.append(f"{where}: {error['msg']}" if where else error["msg"])
+        return "; ".join(dict.fromkeys(problems))
+    return None
+
+
+def _sound_tools(result: dict[str, Any], version: str | None) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """A ``tools/list`` result without the declarations the SDK would refuse, and those left out."""
+    tools = result.get("tools")
+    if not isinstance(tools, list):
+        return result, []  # not a listing at all: the SDK refuses it and says why
+    kept: list[object] = []
+    skipped: list[tuple[str, str]] = []
+    for index, item in enumerate(tools, 1):
+        problem = _tool_problem(item, version)
+        if problem is None:
+            kept.append(item)
+            continue
+        name = item.get("name") if isinstance(item, dict) else None
+        skipped.append((name if isinstance(name, str) and name else f"#{index}", problem))
+    return ({**result, "tools": kept} if skipped else result), skipped
 
 
 class _WatchedStream:
-    """The session's read stream, watched for ``tools/list_changed`` in wire order.
+    """The session's read stream, watched in wire order.
 
-    The SDK hands notifications to callbacks in tasks of their own, so a
-    notification sent just before a call's answer may be handled after it.
-    Seen here, where the dispatcher reads messages one by one, it is noticed
-    before the answer is.
+    * ``tools/list_changed``: the SDK hands notifications to callbacks in
+      tasks of their own, so a notification sent just before a call's answer
+      may be handled after it.  Seen here, where the dispatcher reads messages
+      one by one, it is noticed before the answer is.
+    * an answer to ``tools/list``: the SDK refuses a whole listing for one
+      malformed tool; the tools it would refuse are taken out here, one by
+      one, and noted on the link.
+    * the end of the stream: the session's connection is gone (the SDK then
+      fails every call in flight with "connection closed"; one request's own
+      failure uses the same code while the stream goes on).
     """
 
-    def __init__(self, inner: Any, on_list_changed: Callable[[], None]) -> None:
+    def __init__(self, inner: Any, link: _Link, on_list_changed: Callable[[], None]) -> None:
         self._inner = inner
+        self._link = link
         self._on_list_changed = on_list_changed
 
     @property
@@ -294,27 +479,45 @@ class _WatchedStream:
 
     def _see(self, item: SessionMessage | Exception) -> SessionMessage | Exception:
         from mcp.shared.message import SessionMessage
-        from mcp.types import JSONRPCNotification
+        from mcp.types import JSONRPCNotification, JSONRPCResponse
 
-        if (
-            isinstance(item, SessionMessage)
-            and isinstance(item.message, JSONRPCNotification)
-            and item.message.method == "notifications/tools/list_changed"
-        ):
+        if not isinstance(item, SessionMessage):
+            return item
+        message = item.message
+        if isinstance(message, JSONRPCNotification) and message.method == "notifications/tools/list_changed":
             self._on_list_changed()
+        elif isinstance(message, JSONRPCResponse) and str(message.id) in self._link.listings:
+            self._link.listings.discard(str(message.id))
+            session = self._link.session
+            version = session.protocol_version if session is not None else None
+            message.result, skipped = _sound_tools(message.result, version)
+            self._link.skipped.extend(skipped)
         return item
 
     async def receive(self) -> SessionMessage | Exception:
-        return self._see(await self._inner.receive())
+        import anyio
+
+        try:
+            return self._see(await self._inner.receive())
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._link.read_ended = True
+            raise
 
     async def aclose(self) -> None:
+        self._link.read_ended = True
         await self._inner.aclose()
 
     def __aiter__(self) -> Self:
         return self
 
     async def __anext__(self) -> SessionMessage | Exception:
-        return self._see(await self._inner.__anext__())
+        import anyio
+
+        try:
+            return self._see(await self._inner.__anext__())
+        except (StopAsyncIteration, anyio.EndOfStream, anyio.ClosedResourceError):
+            self._link.read_ended = True
+            raise
 
     async def __aenter__(self) -> Self:
         return self
@@ -501,10 +704,15 @@ async def _open_http(config: McpHttpServer, facts: _HttpFacts) -> AsyncIterator[
     from mcp.client.streamable_http import streamable_http_client
 
     async def note_status(response: httpx2.Response) -> None:
-        if response.status_code >= 400:
-            facts.last_error = (
-                f"HTTP {response.status_code} {response.reason_phrase} from {redact_urls(str(response.request.url))}"
-            )
+        method, status = response.request.method, response.status_code
+        if method == "GET" and status == 405:
+            return  # the optional stream of server messages, refused as the protocol allows: nobody's fault
+        if status == 404 and "mcp-session-id" in response.request.headers:
+            facts.session_gone = True  # the server no longer knows the session (it was restarted)
+        if status >= 400:
+            facts.last_error = f"HTTP {status} {response.reason_phrase} from {redact_urls(str(response.request.url))}"
+        elif method == "POST":
+            facts.last_error = None  # answered: an earlier error status no longer explains anything
 
     # The SDK's defaults: 30 s to connect or write, 300 s between bytes of a held stream.
     client = httpx2.AsyncClient(
@@ -526,7 +734,9 @@ class McpConnection:
     Obtain one from :func:`connect_mcp`.  Its scope is a child of the scope
     given there; closing either (or :meth:`close`) ends the connection: calls
     in flight are cancelled over MCP, the tools leave the tool set, the client
-    session closes and the server stops.
+    session closes and the server stops.  A server that stops by itself (a
+    crash, a lost HTTP connection) is started again by the next call, within
+    the limits of its ``max_restarts`` and ``restart_window``.
 
     Attributes:
         config: the server's configuration.
@@ -536,17 +746,16 @@ class McpConnection:
     config: McpServerConfig
     scope: Scope
     _tools: ToolSet
-    _session: ClientSession | None = attrs.field(default=None, init=False)
-    _process: _ProcessFacts | None = attrs.field(default=None, init=False)
-    _http: _HttpFacts | None = attrs.field(default=None, init=False)
+    _bus: EventBus | None = attrs.field(default=None, alias="bus")
+    # The current run of the server (None before the first start).
+    _link: _Link | None = attrs.field(default=None, init=False)
+    _links: int = attrs.field(default=0, init=False)
     # Model-facing name -> (server tool name, registered tool, its remover).
     _registered: dict[str, tuple[str, Tool, Callable[[], None]]] = attrs.field(factory=dict, init=False)
-    _failure: str | None = attrs.field(default=None, init=False)
+    _skipped: dict[str, str] = attrs.field(factory=dict, init=False)
     _closing: bool = attrs.field(default=False, init=False)
     _calls: set[trio.CancelScope] = attrs.field(factory=set, init=False)
     _calls_done: trio.Event = attrs.field(factory=trio.Event, init=False)
-    _stop: trio.Event = attrs.field(factory=trio.Event, init=False)
-    _held: trio.Event = attrs.field(factory=trio.Event, init=False)
     _refresh_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     # list_changed notifications seen / refreshes finished (counted, so a call can wait for its own).
     _changes_seen: int = attrs.field(default=0, init=False)
@@ -554,12 +763,24 @@ class McpConnection:
     _change_signal: trio.Event = attrs.field(factory=trio.Event, init=False)
     _applied_signal: trio.Event = attrs.field(factory=trio.Event, init=False)
     _refresh_failure: str | None = attrs.field(default=None, init=False)
+    # Restarts: one at a time; the times of the attempts within the window; the backoff after failures.
+    _restart_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    _attempts: deque[float] = attrs.field(factory=deque, init=False)
+    _failed_attempts: int = attrs.field(default=0, init=False)
+    _next_attempt: float = attrs.field(default=-math.inf, init=False)
+    _last_restart_error: str | None = attrs.field(default=None, init=False)
+    _restarts: int = attrs.field(default=0, init=False)
 
     def __repr__(self) -> str:
-        state = "failed" if self._failure else "closing" if self._closing else "open"
+        state = "failed" if self.failure else "closing" if self._closing else "open"
         return f"<McpConnection {self.name!r} {self.config.transport} {state} tools={len(self._registered)}>"
 
     # ------------------------------------------------------------ state
+
+    @property
+    def id(self) -> str:
+        """The server's name: the subject id of the connection's bus notices (``mcp/*``)."""
+        return self.config.name
 
     @property
     def name(self) -> str:
@@ -572,9 +793,23 @@ class McpConnection:
         return {name: entry[0] for name, entry in self._registered.items()}
 
     @property
+    def skipped_tools(self) -> dict[str, str]:
+        """Tools of the last listing that are not offered: the tool's name (``#N`` without one) -> why."""
+        return dict(self._skipped)
+
+    @property
     def failure(self) -> str | None:
-        """Why the server cannot be used any more (it exited, the connection failed), or None."""
-        return self._failure
+        """Why the server is not available now (it exited, the connection failed), or None.
+
+        The next call starts it again (see :attr:`restarts`) unless its
+        ``max_restarts`` within ``restart_window`` are spent.
+        """
+        return self._link.failure if self._link is not None else None
+
+    @property
+    def restarts(self) -> int:
+        """How many times the server was started again after it had stopped."""
+        return self._restarts
 
     @property
     def refresh_failure(self) -> str | None:
@@ -584,47 +819,65 @@ class McpConnection:
     @property
     def pid(self) -> int | None:
         """The server process's id (a stdio server; it leads its own process group), else None."""
-        return self._process.pid if self._process is not None else None
+        facts = self._link.process if self._link is not None else None
+        return facts.pid if facts is not None else None
 
     @property
     def returncode(self) -> int | None:
         """The server process's exit status once it exited (negative: the signal), else None."""
-        return self._process.returncode if self._process is not None else None
+        facts = self._link.process if self._link is not None else None
+        return facts.returncode if facts is not None else None
 
     @property
     def instructions(self) -> str | None:
         """The server's ``instructions`` from the handshake, if it gave any."""
-        return self._session.instructions if self._session is not None else None
+        session = self._link.session if self._link is not None else None
+        return session.instructions if session is not None else None
 
     # ------------------------------------------------------------ opening
 
-    def _transport(self) -> AbstractAsyncContextManager[tuple[Any, Any]]:
+    def _new_link(self) -> _Link:
+        self._links += 1
+        link = _Link(self._links)
+        if isinstance(self.config, McpStdioServer):
+            link.process = _ProcessFacts(on_exit=lambda: self._on_process_exit(link))
+        else:
+            link.http = _HttpFacts()
+        return link
+
+    def _transport(self, link: _Link) -> AbstractAsyncContextManager[tuple[Any, Any]]:
         config = self.config
         if isinstance(config, McpStdioServer):
-            self._process = _ProcessFacts(on_exit=self._on_process_exit)
-            return _open_stdio(config, self._process)
-        self._http = _HttpFacts()
-        return _open_http(config, self._http)
+            assert link.process is not None
+            return _open_stdio(config, link.process)
+        assert link.http is not None
+        return _open_http(config, link.http)
 
-    async def _hold(self, task_status: trio.TaskStatus[ClientSession]) -> None:
-        """Own the transport and the client session until the connection stops."""
+    async def _hold(self, link: _Link, task_status: trio.TaskStatus[ClientSession]) -> None:
+        """Own one run's transport and client session until the link is stopped."""
         from mcp.client.session import ClientSession
         from mcp.types import Implementation
 
         started = False
         try:
-            async with self._transport() as (read_stream, write_stream):
+            async with self._transport(link) as (read_stream, write_stream), trio.open_nursery() as pumps:
+                pumps.start_soon(link.outbox.pump, write_stream)
                 session = ClientSession(
-                    _WatchedStream(read_stream, self._on_list_changed),
-                    write_stream,
+                    _WatchedStream(read_stream, link, self._on_list_changed),
+                    link.outbox,
                     message_handler=self._on_message,
                     logging_callback=self._on_log,
                     client_info=Implementation(name="trio-harness", version=__version__),
                 )
                 async with session:
                     started = True
+                    link.session = session
                     task_status.started(session)
-                    await self._stop.wait()
+                    await link.stop.wait()
+                # What the last calls wrote (their cancels) reaches the server before it is stopped.
+                with trio.move_on_after(_DRAIN_BOUND):
+                    await link.outbox.done.wait()
+                pumps.cancel_scope.cancel()
         except BaseException as exc:
             if not started:
                 raise
@@ -633,48 +886,77 @@ class McpConnection:
             cancelled, failed = _split_cancelled(exc)
             if failed is not None:
                 log.warning("MCP server %r: the connection failed: %s", self.name, _describe(failed))
-                self._lose(f"the connection failed: {_describe(failed)}")
+                self._lose(link, f"the connection failed: {_describe(failed)}")
             if cancelled is not None:
                 raise cancelled from None
         finally:
-            self._held.set()
+            link.read_ended = True
+            link.held.set()
+
+    async def _start(self, link: _Link) -> list[McpTool]:
+        """Start one run: the transport, the handshake, the tool listing (bounded by ``startup_timeout``).
+
+        On any failure what was started is stopped again before the error propagates.
+        """
+        try:
+            with trio.fail_after(self.config.startup_timeout):
+                session = await self.scope.start(self._hold, link, name=f"mcp server {self.name}")
+                await session.initialize()
+                listing = await self._list_tools(link, session)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self._stop_link(link)
+            raise
+        link.ready = True
+        return listing
+
+    async def _stop_link(self, link: _Link) -> None:
+        link.stop.set()
+        bound = _HTTP_STOP_BOUND if link.http is not None else math.inf
+        with trio.move_on_after(bound):
+            await link.held.wait()
 
     async def _open(self) -> None:
         """Start the server, shake hands and register its tools (bounded by ``startup_timeout``)."""
-        config = self.config
-        with trio.fail_after(config.startup_timeout):
-            session = await self.scope.start(self._hold, name=f"mcp server {self.name}")
-            await session.initialize()
-            listing = await self._list_tools(session)
-        self._session = session
+        link = self._link = self._new_link()
+        listing = await self._start(link)
         self.scope.add_exit_callback(self._unregister)  # whatever happens next, the tools go with the scope
         self._apply(listing, strict=True)
         self.scope.add_close_hook(self._on_close)
         self.scope.spawn(self._refresher, name=f"mcp refresher {self.name}")
 
-    def _start_error(self, exc: BaseException) -> str:
-        """Why the server did not start, for :class:`~trio_harness.McpStartError`."""
+    def _start_reason(self, exc: BaseException, link: _Link) -> str:
+        """Why one run did not start, on one line."""
         config = self.config
         if isinstance(exc, trio.TooSlowError):
             reason = f"it did not complete the MCP handshake and list its tools within {config.startup_timeout:g} s"
         elif isinstance(exc, McpError):
             reason = str(exc)
-        elif self._failure is not None:  # the process exited, the transport failed: more than "connection closed"
-            reason = self._failure
+        elif link.failure is not None:  # the process exited, the transport failed: more than "connection closed"
+            reason = link.failure
+        elif link.process is not None and link.process.exited.is_set():  # exited while being stopped
+            reason = f"the server process exited ({link.process.summary()})"
         else:
             reason = _describe(exc)
-        facts = self._process
+        facts = link.process
         if facts is not None and facts.pid is not None and facts.summary() not in reason:
             reason += f" ({facts.summary()})"
-        if self._http is not None and self._http.last_error is not None and self._http.last_error not in reason:
-            reason += f" ({self._http.last_error})"
-        what = f"{config.command!r}" if isinstance(config, McpStdioServer) else config.url
-        return redact_urls(f"MCP server {self.name!r} ({what}) failed to start: {reason}")
+        if link.http is not None and link.http.last_error is not None and link.http.last_error not in reason:
+            reason += f" ({link.http.last_error})"
+        return redact_urls(reason)
 
-    async def _list_tools(self, session: ClientSession) -> list[McpTool]:
+    def _start_error(self, exc: BaseException) -> str:
+        """Why the server did not start, for :class:`~trio_harness.McpStartError`."""
+        config = self.config
+        assert self._link is not None
+        what = f"{config.command!r}" if isinstance(config, McpStdioServer) else config.url
+        return redact_urls(f"MCP server {self.name!r} ({what}) failed to start: {self._start_reason(exc, self._link)}")
+
+    async def _list_tools(self, link: _Link, session: ClientSession) -> list[McpTool]:
         from mcp.types import PaginatedRequestParams
 
         tools: list[McpTool] = []
+        link.skipped.clear()
         cursor: str | None = None
         while True:
             params = PaginatedRequestParams(cursor=cursor) if cursor is not None else None
@@ -682,7 +964,22 @@ class McpConnection:
             tools.extend(result.tools)
             cursor = result.next_cursor
             if not cursor:
-                return tools
+                break
+        self._note_skipped(link.skipped)
+        return tools
+
+    def _note_skipped(self, skipped: Sequence[tuple[str, str]]) -> None:
+        """Tell of the tools a listing left out (each once while it stays malformed)."""
+        current = dict(skipped)
+        for label, reason in current.items():
+            if self._skipped.get(label) != reason:
+                log.warning("MCP server %r: the tool %r is not offered: %s", self.name, label, reason)
+                self._emit("mcp/tool-skipped", tool=label, reason=reason)
+        self._skipped = current
+
+    def _emit(self, name: str, **data: Any) -> None:
+        if self._bus is not None:
+            self._bus.emit(name, self, **data)
 
     # ------------------------------------------------------------ tools
 
@@ -708,6 +1005,9 @@ class McpConnection:
             )
 
         try:
+            dangling = _dangling_ref(parameters)
+            if dangling is not None:
+                raise ToolError(dangling)
             return make(parameters)
         except ToolError as exc:
             # The model still gets the tool; the server checks the arguments itself.
@@ -760,15 +1060,18 @@ class McpConnection:
 
         Raises:
             McpError: the server did not answer the listing within its
-                ``startup_timeout`` or refused it; the previous tools stay.
+                ``startup_timeout``, refused it, or is not available (it
+                stopped; the next call starts it again); the previous tools stay.
         """
-        session = self._session
-        if session is None or self._closing:
+        link = self._link
+        if link is None or link.session is None or self._closing:
             return
+        if link.failure is not None:
+            raise McpError(f"MCP server {self.name!r} is not available: {link.failure}")
         async with self._refresh_lock:
             try:
                 with trio.fail_after(self.config.startup_timeout):
-                    listing = await self._list_tools(session)
+                    listing = await self._list_tools(link, link.session)
             except trio.TooSlowError:
                 raise McpError(
                     f"MCP server {self.name!r} did not list its tools within {self.config.startup_timeout:g} s"
@@ -808,6 +1111,63 @@ class McpConnection:
             while self._changes_applied < target and not self._closing:
                 await self._applied_signal.wait()
 
+    # ------------------------------------------------------------ restarts
+
+    def _unavailable(self, reason: str, detail: str) -> ToolOutput:
+        return ToolOutput(f"error: MCP server {self.name!r} is not available: {reason}; {detail}", is_error=True)
+
+    async def _revive(self) -> _Link | ToolOutput:
+        """Start the server again after it stopped (one attempt, if the limits allow); the new link or why not."""
+        config = self.config
+        verb = "restart" if isinstance(config, McpStdioServer) else "reconnect"
+        async with self._restart_lock:
+            old = self._link
+            assert old is not None
+            if old.failure is None or self._closing:
+                return old  # another call started it again meanwhile (or the connection is closing)
+            reason = old.failure
+            if config.max_restarts == 0:
+                return self._unavailable(reason, f"it is not {verb}ed (max_restarts is 0)")
+            now = trio.current_time()
+            while self._attempts and self._attempts[0] <= now - config.restart_window:
+                self._attempts.popleft()
+            if len(self._attempts) >= config.max_restarts:
+                count = len(self._attempts)
+                wait = self._attempts[0] + config.restart_window - now
+                return self._unavailable(
+                    reason,
+                    f"{count} attempt{'s' if count != 1 else ''} to {verb} it within the last "
+                    f"{config.restart_window:g} s (max_restarts); the next attempt is in {_seconds(wait)}",
+                )
+            if now < self._next_attempt:
+                return self._unavailable(
+                    reason,
+                    f"{verb}ing it failed: {self._last_restart_error}; "
+                    f"the next attempt is in {_seconds(self._next_attempt - now)}",
+                )
+            self._attempts.append(now)
+            await self._stop_link(old)  # what is left of the last run goes (its process group, its client)
+            link = self._new_link()
+            try:
+                listing = await self._start(link)
+            except Exception as exc:
+                error = self._start_reason(exc, link)
+                self._failed_attempts += 1
+                delay = min(_RESTART_BACKOFF * 2 ** (self._failed_attempts - 1), _RESTART_BACKOFF_MAX)
+                self._next_attempt = trio.current_time() + delay
+                self._last_restart_error = error
+                log.warning("MCP server %r: %sing it failed: %s; next attempt in %g s", self.name, verb, error, delay)
+                self._emit("mcp/restart-failed", transport=config.transport, reason=reason, error=error, retry_in=delay)
+                return self._unavailable(reason, f"{verb}ing it failed: {error}; the next attempt is in {delay:g} s")
+            self._failed_attempts = 0
+            self._next_attempt = -math.inf
+            self._link = link
+            self._restarts += 1
+            self._apply(listing, strict=False)
+            log.warning("MCP server %r was %sed (it had stopped: %s)", self.name, verb, reason)
+            self._emit("mcp/restarted", transport=config.transport, reason=reason, restarts=self._restarts)
+            return link
+
     # ------------------------------------------------------------ calls
 
     async def call(self, tool: str, arguments: Mapping[str, Any]) -> ToolOutput:
@@ -815,80 +1175,114 @@ class McpConnection:
 
         Never raises for the server's failures: a timeout, a crash, a refused
         call or a closed connection is an error result naming the server.  A
-        cancellation of the caller propagates (the SDK sends
-        ``notifications/cancelled`` first).
+        server that stopped is started again first (bounded by its
+        ``startup_timeout``, within its restart limits).  The call itself,
+        its writes included, is bounded by ``call_timeout``.  A cancellation
+        of the caller propagates at once (the cancel is sent over MCP).
         """
-        from mcp.shared.exceptions import MCPError
-
-        session = self._session
-        if self._failure is not None or session is None or self._closing:
-            reason = self._failure or "its connection is closed"
-            return ToolOutput(f"error: MCP server {self.name!r} is not available: {reason}", is_error=True)
-        timeout = self.config.call_timeout
+        if self._closing or self._link is None:
+            text = f"error: MCP server {self.name!r} is not available: its connection is closed"
+            return ToolOutput(text, is_error=True)
         with trio.CancelScope() as call_scope:
             self._calls.add(call_scope)
             try:
-                result = await session.call_tool(tool, dict(arguments), read_timeout_seconds=timeout)
+                return await self._call(tool, arguments)
+            finally:
+                self._calls.discard(call_scope)
+                if not self._calls:
+                    done, self._calls_done = self._calls_done, trio.Event()
+                    done.set()
+        return ToolOutput(
+            f"error: MCP server {self.name!r} was disconnected during the call to {tool!r}; "
+            "the call was cancelled over MCP",
+            is_error=True,
+        )
+
+    async def _call(self, tool: str, arguments: Mapping[str, Any]) -> ToolOutput:
+        from mcp.shared.exceptions import MCPError
+
+        link = self._link
+        assert link is not None
+        if link.read_ended and link.failure is None:
+            await self._loss_reason(link)
+        if link.failure is not None:
+            revived = await self._revive()
+            if isinstance(revived, ToolOutput):
+                return revived
+            link = revived
+        session = link.session
+        assert session is not None
+        # Our own clock for the whole call: the SDK's starts only once the request is written.
+        refused: MCPError | None = None
+        with trio.move_on_after(self.config.call_timeout) as deadline:
+            try:
+                result = await session.call_tool(tool, dict(arguments))
             except MCPError as exc:
-                return await self._call_error(tool, exc)
+                refused = exc
             except Exception as exc:
                 log.debug("MCP server %r: calling %r failed", self.name, tool, exc_info=True)
                 return ToolOutput(
                     f"error: MCP server {self.name!r} gave an unusable answer to {tool!r}: {_describe(exc)}",
                     is_error=True,
                 )
-            finally:
-                self._calls.discard(call_scope)
-                if not self._calls:
-                    done, self._calls_done = self._calls_done, trio.Event()
-                    done.set()
-        if call_scope.cancelled_caught:
-            return ToolOutput(
-                f"error: MCP server {self.name!r} was disconnected during the call to {tool!r}; "
-                "the call was cancelled over MCP",
-                is_error=True,
-            )
+        if refused is not None:
+            return await self._call_error(link, tool, refused)
+        if deadline.cancelled_caught:
+            return self._timeout_error(tool)
         await self._await_refresh()
         return render_mcp_result(result)
 
-    async def _call_error(self, tool: str, exc: MCPError) -> ToolOutput:
+    def _timeout_error(self, tool: str) -> ToolOutput:
+        return ToolOutput(
+            f"error: MCP server {self.name!r} did not answer the call to {tool!r} within "
+            f"{self.config.call_timeout:g} s; the call was cancelled (the server may be hung)",
+            is_error=True,
+        )
+
+    async def _call_error(self, link: _Link, tool: str, exc: MCPError) -> ToolOutput:
         from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
         if exc.code == REQUEST_TIMEOUT:
+            return self._timeout_error(tool)
+        if exc.code == CONNECTION_CLOSED and not (link.read_ended or link.failure is not None):
+            # One request's stream ended without its answer (HTTP); the session goes on.
             text = (
-                f"error: MCP server {self.name!r} did not answer the call to {tool!r} within "
-                f"{self.config.call_timeout:g} s; the call was cancelled (the server may be hung)"
+                f"error: MCP server {self.name!r} did not answer the call to {tool!r}: {exc.message} "
+                "(the call may or may not have run)"
             )
         elif exc.code == CONNECTION_CLOSED:
-            reason = await self._loss_reason()
+            reason = await self._loss_reason(link)
             text = f"error: MCP server {self.name!r} stopped during the call to {tool!r}: {reason}"
+        elif link.http is not None and link.http.session_gone:
+            # HTTP 404 for our session id: the server no longer knows the session (it was restarted).
+            self._lose(link, f"the server no longer knows the session ({exc.message}, HTTP 404)")
+            text = f"error: MCP server {self.name!r} stopped during the call to {tool!r}: {link.failure}"
         else:
             text = f"error: MCP server {self.name!r} refused the call to {tool!r}: {exc.message} (code {exc.code})"
         return ToolOutput(text, is_error=True)
 
-    async def _loss_reason(self) -> str:
+    async def _loss_reason(self, link: _Link) -> str:
         """Why the connection closed under a call; learns the exit status (bounded) first."""
-        facts = self._process
-        if self._failure is None:
+        facts = link.process
+        if link.failure is None:
             # The process's exit, or the transport's own error (a refused HTTP
             # connection), usually follows the closed connection by a moment.
             with trio.move_on_after(_EXIT_WAIT):
-                await (facts.exited if facts is not None else self._held).wait()
-        if self._failure is None:
-            detail = f" ({self._http.last_error})" if self._http is not None and self._http.last_error else ""
-            self._lose(f"the connection closed{detail}")
-        assert self._failure is not None
-        return self._failure
+                await (facts.exited if facts is not None else link.held).wait()
+        if link.failure is None:
+            detail = f" ({link.http.last_error})" if link.http is not None and link.http.last_error else ""
+            self._lose(link, f"the connection closed{detail}")
+        return link.failure or "its connection is closed"
 
-    def _on_process_exit(self) -> None:
-        assert self._process is not None
-        self._lose(f"the server process exited ({self._process.summary()})")
-        if self._session is not None:  # while starting, McpStartError says it
-            log.warning("MCP server %r: %s", self.name, self._failure)
+    def _on_process_exit(self, link: _Link) -> None:
+        assert link.process is not None
+        self._lose(link, f"the server process exited ({link.process.summary()})")
+        if link.ready and link.failure is not None:  # while starting, the start error says it
+            log.warning("MCP server %r: %s", self.name, link.failure)
 
-    def _lose(self, reason: str) -> None:
-        if self._failure is None and not self._closing:
-            self._failure = reason
+    def _lose(self, link: _Link, reason: str) -> None:
+        if link.failure is None and not self._closing:
+            link.failure = reason
 
     # ------------------------------------------------------------ notifications
 
@@ -910,14 +1304,56 @@ class McpConnection:
             call_scope.cancel()
         while self._calls:
             await self._calls_done.wait()
-        self._stop.set()
-        bound = _HTTP_STOP_BOUND if isinstance(self.config, McpHttpServer) else math.inf
-        with trio.move_on_after(bound):
-            await self._held.wait()
+        if self._link is not None:
+            await self._stop_link(self._link)
 
     async def close(self) -> None:
         """Close the connection (its scope) and wait until the server has stopped (idempotent)."""
         await self.scope.close()
+
+
+# Keywords whose values are data, not schemas: a "$ref" inside them refers to nothing.
+_SCHEMA_DATA = frozenset({"const", "default", "enum", "examples"})
+
+
+def _seconds(delay: float) -> str:
+    return f"{max(1, math.ceil(delay))} s"
+
+
+def _dangling_ref(schema: Mapping[str, Any]) -> str | None:
+    """The first ``$ref`` of ``schema`` that resolves to nothing within it (as jsonschema sees it), or None.
+
+    Checking arguments against such a schema raises once it reaches the
+    reference.  A schema with nested ``$id`` (other base URIs) is not looked
+    into: the driver turns a check that raises into that call's error.
+    """
+    from referencing import Registry
+    from referencing.exceptions import Unresolvable
+    from referencing.jsonschema import DRAFT202012
+
+    refs: list[str] = []
+
+    def walk(node: object, root: bool) -> bool:
+        if isinstance(node, dict):
+            if not root and "$id" in node:
+                return False
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                refs.append(ref)
+            return all(walk(value, False) for key, value in node.items() if key not in _SCHEMA_DATA)
+        if isinstance(node, list):
+            return all(walk(value, False) for value in node)
+        return True
+
+    if not walk(schema, True) or not refs:
+        return None
+    resolver = Registry().resolver_with_root(DRAFT202012.create_resource(dict(schema)))
+    for ref in dict.fromkeys(refs):
+        try:
+            resolver.lookup(ref)
+        except Unresolvable as exc:
+            return f"its $ref {ref!r} resolves to nothing ({type(exc).__name__})"
+    return None
 
 
 def _split_cancelled(exc: BaseException) -> tuple[BaseException | None, BaseException | None]:
@@ -931,7 +1367,9 @@ def _split_cancelled(exc: BaseException) -> tuple[BaseException | None, BaseExce
 # ---------------------------------------------------------------- connecting
 
 
-async def connect_mcp(scope: Scope, tools: ToolSet, server: McpServerConfig) -> McpConnection:
+async def connect_mcp(
+    scope: Scope, tools: ToolSet, server: McpServerConfig, *, bus: EventBus | None = None
+) -> McpConnection:
     """Start ``server`` in a child scope of ``scope`` and register its tools into ``tools``.
 
     Harness-wide servers are given to :func:`~trio_harness.open_harness`
@@ -942,6 +1380,11 @@ async def connect_mcp(scope: Scope, tools: ToolSet, server: McpServerConfig) -> 
             await connect_mcp(agent.scope, agent.tools, McpStdioServer("files", "mcp-files"))
 
         await harness.agents.create(setup=setup)
+
+    Args:
+        bus: where the connection's notices go (``mcp/restarted``,
+            ``mcp/restart-failed``, ``mcp/tool-skipped``; the harness passes
+            its own for the servers given to it); None: only the log hears of them.
 
     Returns:
         The connection; it lives until ``scope`` (or the connection) closes.
@@ -957,7 +1400,7 @@ async def connect_mcp(scope: Scope, tools: ToolSet, server: McpServerConfig) -> 
     if not isinstance(server, McpStdioServer | McpHttpServer):
         raise TypeError(f"server must be an McpStdioServer or McpHttpServer, got {type(server).__name__}")
     child = await scope.open_child(f"mcp:{server.name}")
-    connection = McpConnection(server, child, tools)
+    connection = McpConnection(server, child, tools, bus=bus)
     try:
         await connection._open()
     except BaseException as exc:
@@ -970,7 +1413,7 @@ async def connect_mcp(scope: Scope, tools: ToolSet, server: McpServerConfig) -> 
 
 
 async def connect_mcp_servers(
-    scope: Scope, tools: ToolSet, servers: Sequence[McpServerConfig]
+    scope: Scope, tools: ToolSet, servers: Sequence[McpServerConfig], *, bus: EventBus | None = None
 ) -> tuple[McpConnection, ...]:
     """Start several servers at once (see :func:`connect_mcp`); all of them or none.
 
@@ -988,7 +1431,7 @@ async def connect_mcp_servers(
 
     async def connect_one(index: int) -> None:
         try:
-            results[index] = await connect_mcp(scope, tools, servers[index])
+            results[index] = await connect_mcp(scope, tools, servers[index], bus=bus)
         except McpStartError as exc:
             results[index] = exc
 

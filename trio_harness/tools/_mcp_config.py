@@ -35,6 +35,8 @@ from ..bash._env import EnvPolicy, to_env_policy
 __all__ = [
     "DEFAULT_CALL_TIMEOUT",
     "DEFAULT_GRACE_PERIOD",
+    "DEFAULT_MAX_RESTARTS",
+    "DEFAULT_RESTART_WINDOW",
     "DEFAULT_STARTUP_TIMEOUT",
     "McpHttpServer",
     "McpServerConfig",
@@ -51,6 +53,12 @@ DEFAULT_CALL_TIMEOUT: Final = 120.0
 
 DEFAULT_GRACE_PERIOD: Final = 2.0
 """Seconds a stdio server gets to exit after its stdin closes, and again after SIGTERM."""
+
+DEFAULT_MAX_RESTARTS: Final = 5
+"""Attempts to start a server again after it stopped, within any ``restart_window``."""
+
+DEFAULT_RESTART_WINDOW: Final = 300.0
+"""Seconds over which ``max_restarts`` attempts are counted."""
 
 # An HTTP header name: an RFC 9110 token.
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
@@ -86,6 +94,12 @@ def _check_seconds(server: str, field: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
         raise _fail(server, field, f"must be a positive number of seconds, got {value!r:.80}")
     return float(value)
+
+
+def _check_count(server: str, field: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _fail(server, field, f"must be a whole number, 0 or more, got {value!r:.80}")
+    return value
 
 
 def _check_flag(server: str, field: str, value: object) -> bool:
@@ -147,6 +161,9 @@ class McpStdioServer:
             is cancelled over MCP and the model gets an error result.
         grace_period: seconds to exit after stdin closes, and after SIGTERM.
         requires_approval: mark its tools as requiring approval before a call.
+        max_restarts: how many times, within ``restart_window`` seconds, the
+            next call starts the server again after it stopped (0: never).
+        restart_window: the seconds over which restarts are counted.
         env_policy: which inherited variables it gets
             (:class:`~trio_harness.bash.EnvPolicy`); None for the harness's
             (``BashOptions.env_policy``, which also hides the model's API key
@@ -165,6 +182,8 @@ class McpStdioServer:
     call_timeout: float = DEFAULT_CALL_TIMEOUT
     grace_period: float = DEFAULT_GRACE_PERIOD
     requires_approval: bool = False
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+    restart_window: float = DEFAULT_RESTART_WINDOW
     env_policy: EnvPolicy | None = attrs.field(default=None, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
@@ -177,9 +196,10 @@ class McpStdioServer:
         object.__setattr__(self, "env", _frozen_strings(name, "env", self.env))
         if self.cwd is not None:
             _check_text(name, "cwd", self.cwd, empty=False)
-        for field in ("startup_timeout", "call_timeout", "grace_period"):
+        for field in ("startup_timeout", "call_timeout", "grace_period", "restart_window"):
             _check_seconds(name, field, getattr(self, field))
         _check_flag(name, "requires_approval", self.requires_approval)
+        _check_count(name, "max_restarts", self.max_restarts)
         if self.env_policy is not None:
             try:
                 object.__setattr__(self, "env_policy", to_env_policy(self.env_policy))
@@ -204,6 +224,9 @@ class McpHttpServer:
         call_timeout: seconds a tool call waits for an answer; then the call
             is cancelled over MCP and the model gets an error result.
         requires_approval: mark its tools as requiring approval before a call.
+        max_restarts: how many times, within ``restart_window`` seconds, the
+            next call connects again after the connection was lost (0: never).
+        restart_window: the seconds over which reconnections are counted.
 
     Raises:
         McpConfigError: a field is invalid (the message names the server and field).
@@ -215,6 +238,8 @@ class McpHttpServer:
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
     call_timeout: float = DEFAULT_CALL_TIMEOUT
     requires_approval: bool = False
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+    restart_window: float = DEFAULT_RESTART_WINDOW
 
     def __attrs_post_init__(self) -> None:
         name = _check_name(self.name)
@@ -223,9 +248,10 @@ class McpHttpServer:
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise _fail(name, "url", f"must be an http:// or https:// URL, got {redact_urls(url)!r:.200}")
         object.__setattr__(self, "headers", _frozen_strings(name, "headers", self.headers, header_names=True))
-        for field in ("startup_timeout", "call_timeout"):
+        for field in ("startup_timeout", "call_timeout", "restart_window"):
             _check_seconds(name, field, getattr(self, field))
         _check_flag(name, "requires_approval", self.requires_approval)
+        _check_count(name, "max_restarts", self.max_restarts)
 
     @property
     def transport(self) -> str:
@@ -375,9 +401,11 @@ def _entry(name: object, entry: object, environ: Mapping[str, str]) -> McpServer
     if kind == "sse":
         raise _fail(server, "type", 'the SSE transport is not supported; use "type": "http" (streamable HTTP)')
     common: dict[str, Any] = {}
-    for field in ("startup_timeout", "call_timeout"):
+    for field in ("startup_timeout", "call_timeout", "restart_window"):
         if field in entry:
             common[field] = _check_seconds(server, field, entry[field])
+    if "max_restarts" in entry:
+        common["max_restarts"] = _check_count(server, "max_restarts", entry["max_restarts"])
     if "requires_approval" in entry:
         common["requires_approval"] = _check_flag(server, "requires_approval", entry["requires_approval"])
     if kind == "stdio":
