@@ -302,6 +302,8 @@ class Proxy:
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (close alone does not)
+        with contextlib.suppress(OSError):
             self._listener.close()
         with self._guard:
             links = list(self._links)

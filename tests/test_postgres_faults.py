@@ -10,6 +10,7 @@ or holds a connection's answers back.  See docs/postgres.rst.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -173,16 +174,21 @@ async def test_a_resume_cancelled_while_taking_the_lock_leaves_the_session_free(
             await proxied.load("s1")  # a pooled connection
             # The lock is taken on the server; its answer is held back while the caller is cancelled.
             fired, release = proxy.hold_replies_after(b"pg_try_advisory_lock")
-            with trio.CancelScope() as scope:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(SessionStore(proxied).prepare_resume, "s1")
-                    await wait_for(fired)
-                    with trio.fail_after(WAIT):
-                        while advisory_locks(postgres_cluster) == 0:
-                            await trio.sleep(0.005)
-                    scope.cancel()
-                    await trio.sleep(0.1)
-                    release.set()
+            scope = trio.CancelScope()
+
+            async def resume() -> None:
+                with scope:
+                    await SessionStore(proxied).prepare_resume("s1")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(resume)
+                await wait_for(fired)
+                with trio.fail_after(WAIT):
+                    while advisory_locks(postgres_cluster) == 0:
+                        await trio.sleep(0.005)
+                scope.cancel()  # the lock is taken on the server, its answer still held
+                await trio.sleep(0.1)
+                release.set()
             assert scope.cancelled_caught
             # Another worker takes the session: no pooled connection kept the lock.
             taker = PostgresPersistence(postgres_cluster.dsn(), schema=schema, lock_timeout=3.0)
@@ -209,16 +215,21 @@ async def test_a_flush_cancelled_while_retaking_its_session_leaves_the_session_f
                     await trio.sleep(0.005)
             one_turn(entry.session, 2)
             fired, release = proxy.hold_replies_after(b"pg_try_advisory_lock")
-            with trio.CancelScope() as scope:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(entry.session.flush)
-                    await wait_for(fired)
-                    with trio.fail_after(WAIT):
-                        while advisory_locks(postgres_cluster) == 0:
-                            await trio.sleep(0.005)
-                    scope.cancel()
-                    await trio.sleep(0.1)
-                    release.set()
+            scope = trio.CancelScope()
+
+            async def flush() -> None:
+                with scope:
+                    await entry.session.flush()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(flush)
+                await wait_for(fired)
+                with trio.fail_after(WAIT):
+                    while advisory_locks(postgres_cluster) == 0:
+                        await trio.sleep(0.005)
+                scope.cancel()  # the lock is taken on the server, its answer still held
+                await trio.sleep(0.1)
+                release.set()
             assert scope.cancelled_caught
             taker = PostgresPersistence(postgres_cluster.dsn(), schema=schema, lock_timeout=3.0)
             async with taker:
@@ -419,7 +430,8 @@ async def test_a_flush_to_a_frozen_backend_fails_within_the_write_timeout_and_di
 
         def thaw() -> None:  # bounds the test when the flush never returns
             if not thawed.wait(20):
-                os.kill(pid, signal.SIGCONT)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
 
         watchdog = threading.Thread(target=thaw, daemon=True)
         os.kill(pid, signal.SIGSTOP)
@@ -438,7 +450,8 @@ async def test_a_flush_to_a_frozen_backend_fails_within_the_write_timeout_and_di
             assert time.perf_counter() - started < 8.0
         finally:
             thawed.set()
-            os.kill(pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
             watchdog.join()
     taker = PostgresPersistence(postgres_cluster.dsn(), schema=schema, lock_timeout=10.0)
     async with taker:  # thawed, the backend finds its socket shut and exits, releasing the session
