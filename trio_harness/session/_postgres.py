@@ -1320,7 +1320,12 @@ class PostgresPersistence:
             raise self._error(exc, what, session_id=session_id) from exc
 
     async def _run(self, what: str, fn: Callable[[psycopg.Connection[Any]], T], *, retry: bool = False) -> T:
-        """``fn(conn)`` on a pooled connection; ``retry``: once more on a new connection if it was lost."""
+        """``fn(conn)`` on a pooled connection, once more on a new one if the connection was lost.
+
+        ``retry`` (for reads): whenever it was lost; otherwise only when the
+        statement failed before anything of it reached the server (sending
+        it failed).
+        """
         pg = _psycopg()
         pool = self._require_pool()
         for attempt in (1, 2):
@@ -1328,7 +1333,9 @@ class PostgresPersistence:
                 try:
                     return await _call(conn, functools.partial(fn, conn))
                 except pg.Error as exc:
-                    if retry and attempt == 1 and (conn.broken or conn.closed):
+                    lost = conn.broken or conn.closed
+                    unsent = str(exc).startswith("sending")
+                    if attempt == 1 and lost and (retry or unsent):
                         continue
                     raise self._error(exc, what) from exc
         raise AssertionError("unreachable")
