@@ -14,10 +14,12 @@ byte-exact and the strict codec still validates them.
 
 The driver is the synchronous psycopg 3 run on worker threads
 (``trio.to_thread.run_sync``): psycopg's asyncio connection does not run under
-Trio.  Every call is cancellation-safe: a cancelled caller stops waiting,
-cancels the statement on the server (``cancel_safe``), waits for the thread and
-lets the transaction roll back, so nothing cancelled is half-committed and the
-connection stays usable.
+Trio.  Every call is cancellation-safe: a cancelled caller stops waiting; a
+job whose thread had not begun is dropped; otherwise the statement is
+cancelled on the server (``cancel_safe``, the socket shut when the server does
+not act on it), the thread waited for and the transaction rolled back, so
+nothing cancelled is half-committed.  A live session's statements are bounded
+by ``write_timeout``.
 
 One live writer per session: a writer holds a session-level advisory lock on a
 connection of its own, taken by :meth:`PostgresPersistence.resume` before the
@@ -774,7 +776,7 @@ class _PgWriter:
             store._pool_give_back(conn)
             raise self._lost("the session is live on another worker (it took the session after this one lost it)")
         if outcome == "diverged":
-            store._pool_give_back(conn)
+            await store._give_back_locked(conn, None)  # unlocked already; its writer settings are reset
             raise self._lost("another writer appended to the session after this one lost it")
         self._conn, self._held, self._pid = conn, True, conn.info.backend_pid
         log.info("session %r: taken again after a lost connection", sid)
