@@ -21,9 +21,11 @@ import json
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import urllib.parse
 import uuid
 from collections.abc import Iterator, Sequence
@@ -119,6 +121,11 @@ class Cluster:
         if result.returncode != 0:
             raise RuntimeError(f"psql failed: {result.stderr.strip()}")
         return result.stdout
+
+    def restart(self, mode: str = "fast") -> None:
+        """Restart the server (``mode``: ``fast`` ends every connection, ``immediate`` crashes it)."""
+        log_file = str(self.directory / "server.log")
+        _run([str(self.bindir / "pg_ctl"), "-D", str(self.data_dir), "-l", log_file, "-m", mode, "-w", "restart"])
 
     def stop(self) -> None:
         """Stop the server at once and remove its directory."""
@@ -219,6 +226,164 @@ def running_cluster(*, durable: bool = False, settings: Sequence[str] = ()) -> I
 def fresh_schema() -> str:
     """A schema name no other test uses."""
     return f"t_{uuid.uuid4().hex[:16]}"
+
+
+# ---------------------------------------------------------------- a TCP proxy for faults
+
+
+@attrs.define(eq=False)
+class _Link:
+    """One proxied connection: the client's TCP socket and the server's Unix socket."""
+
+    client: socket.socket
+    server: socket.socket
+    # Set while the server's replies are held back (see Proxy.hold_replies_after).
+    hold: threading.Event | None = None
+    closed: bool = False
+
+    def shut(self) -> None:
+        self.closed = True
+        for sock in (self.client, self.server):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+@attrs.define(eq=False)
+class Proxy:
+    """A TCP proxy on 127.0.0.1 in front of a cluster's Unix socket, for faults the network makes.
+
+    Rules are armed once and fire on the first chunk a client sends that
+    contains their pattern (e.g. ``b"COMMIT"``):
+
+    * :meth:`drop_after`: forward the chunk, then close the connection on
+      both sides: the server runs the statement, its answer is lost;
+    * :meth:`hold_replies_after`: forward the chunk and hold back every
+      reply of that connection until the returned event is set.
+    """
+
+    cluster: Cluster
+    _listener: socket.socket = attrs.field(init=False)
+    _links: list[_Link] = attrs.field(factory=list, init=False)
+    _rules: list[tuple[bytes, str, threading.Event]] = attrs.field(factory=list, init=False)
+    _releases: dict[threading.Event, threading.Event] = attrs.field(factory=dict, init=False)
+    _guard: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+    _threads: list[threading.Thread] = attrs.field(factory=list, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._spawn(self._accept)
+
+    @property
+    def port(self) -> int:
+        port: int = self._listener.getsockname()[1]
+        return port
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        return f"postgresql://{self.cluster.user}@127.0.0.1:{self.port}/{dbname}?sslmode=disable"
+
+    def drop_after(self, pattern: bytes) -> threading.Event:
+        """Arm: close the first connection that sends ``pattern``, right after forwarding it; the event is set then."""
+        fired = threading.Event()
+        with self._guard:
+            self._rules.append((pattern, "drop", fired))
+        return fired
+
+    def hold_replies_after(self, pattern: bytes) -> tuple[threading.Event, threading.Event]:
+        """Arm: hold the replies of the first connection that sends ``pattern``.
+
+        Returns ``(fired, release)``: ``fired`` is set once the pattern went
+        through; setting ``release`` lets the held replies go.
+        """
+        fired, release = threading.Event(), threading.Event()
+        with self._guard:
+            self._rules.append((pattern, "hold", fired))
+            self._releases[fired] = release
+        return fired, release
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (close alone does not)
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with self._guard:
+            links = list(self._links)
+            for release in self._releases.values():
+                release.set()
+        for link in links:
+            link.shut()
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+    def _spawn(self, target: Any, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        target = str(self.cluster.socket_dir / f".s.PGSQL.{self.cluster.port}")
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                server.connect(target)
+            except OSError:
+                client.close()
+                server.close()
+                continue
+            link = _Link(client, server)
+            with self._guard:
+                self._links.append(link)
+            self._spawn(self._upstream, link)
+            self._spawn(self._downstream, link)
+
+    def _upstream(self, link: _Link) -> None:
+        try:
+            while chunk := link.client.recv(65536):
+                with self._guard:
+                    fired = next((rule for rule in self._rules if rule[0] in chunk), None)
+                    if fired is not None:
+                        self._rules.remove(fired)
+                if fired is not None and fired[1] == "hold":
+                    link.hold = self._releases[fired[2]]  # before the server can answer
+                link.server.sendall(chunk)
+                if fired is None:
+                    continue
+                fired[2].set()
+                if fired[1] == "drop":
+                    link.shut()
+                    return
+        except OSError:
+            pass
+        finally:
+            link.shut()
+
+    def _downstream(self, link: _Link) -> None:
+        try:
+            while chunk := link.server.recv(65536):
+                while link.hold is not None and not link.hold.is_set() and not link.closed:
+                    link.hold.wait(0.05)
+                if link.closed:
+                    return
+                link.client.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            link.shut()
+            link.client.close()
+            link.server.close()
+
+
+@contextlib.contextmanager
+def proxy_for(cluster: Cluster) -> Iterator[Proxy]:
+    """A :class:`Proxy` in front of ``cluster`` for the block."""
+    proxy = Proxy(cluster)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
 
 
 # ---------------------------------------------------------------- pytest fixtures

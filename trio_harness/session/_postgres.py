@@ -14,10 +14,12 @@ byte-exact and the strict codec still validates them.
 
 The driver is the synchronous psycopg 3 run on worker threads
 (``trio.to_thread.run_sync``): psycopg's asyncio connection does not run under
-Trio.  Every call is cancellation-safe: a cancelled caller stops waiting,
-cancels the statement on the server (``cancel_safe``), waits for the thread and
-lets the transaction roll back, so nothing cancelled is half-committed and the
-connection stays usable.
+Trio.  Every call is cancellation-safe: a cancelled caller stops waiting; a
+job whose thread had not begun is dropped; otherwise the statement is
+cancelled on the server (``cancel_safe``, the socket shut when the server does
+not act on it), the thread waited for and the transaction rolled back, so
+nothing cancelled is half-committed.  A live session's statements are bounded
+by ``write_timeout``.
 
 One live writer per session: a writer holds a session-level advisory lock on a
 connection of its own, taken by :meth:`PostgresPersistence.resume` before the
@@ -40,9 +42,13 @@ from __future__ import annotations
 import builtins
 import functools
 import hashlib
+import json
 import logging
 import math
+import os
 import re
+import select
+import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
@@ -138,6 +144,42 @@ def _scalar(conn: psycopg.Connection[Any], query: str, params: Sequence[Any] | N
     return row[0]
 
 
+class _Tainted(Exception):
+    """A connection about to take a session's lock already holds an advisory lock (it must not lock re-entrantly)."""
+
+
+def _try_lock(conn: psycopg.Connection[Any], key: int) -> bool:
+    """(worker thread) Take the session-level advisory lock ``key`` if it is free.
+
+    Advisory locks are re-entrant within a connection, so a connection that
+    holds any already would "take" a session it holds and keep it after one
+    unlock: it is refused with :exc:`_Tainted` (the caller closes it).
+    """
+    row = conn.execute(
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) "
+        "THEN NULL ELSE pg_try_advisory_lock(%s) END",
+        (key,),
+    ).fetchone()
+    if row is None or row[0] is None:
+        raise _Tainted
+    return bool(row[0])
+
+
+def _quiet(conn: psycopg.Connection[Any]) -> bool:
+    """Whether an idle connection's socket has nothing to read.
+
+    An idle connection is sent nothing, so anything readable is the server
+    closing it (``pg_terminate_backend``, a restart, an idle timeout): its
+    farewell message or the end of the stream.  Checked without a round trip.
+    """
+    try:
+        poller = select.poll()
+        poller.register(conn.pgconn.socket, select.POLLIN | select.POLLPRI)
+        return not poller.poll(0)
+    except Exception:  # closed or unusable
+        return False
+
+
 def _execute(conn: psycopg.Connection[Any], query: str) -> Callable[[], None]:
     """A thread job running ``query`` on ``conn``."""
 
@@ -160,15 +202,28 @@ def _psycopg() -> Any:
 
 @attrs.define(eq=False)
 class _Job(Generic[T]):
-    """A blocking function run on a worker thread that the caller may stop waiting for."""
+    """A blocking function run on a worker thread that the caller may stop waiting for.
+
+    :meth:`drop` and :meth:`run` decide under a lock which comes first: a job
+    dropped before its thread began never runs (Trio may refuse to start a
+    thread for a cancelled caller, or start it late), and a job that began
+    runs to its end, which the caller then waits for.
+    """
 
     fn: Callable[[], T]
     done: threading.Event = attrs.field(factory=threading.Event)
     # [value] once fn returned.
     value: list[T] = attrs.field(factory=list)
     error: BaseException | None = None
+    started: bool = False
+    dropped: bool = False
+    _guard: threading.Lock = attrs.field(factory=threading.Lock)
 
     def run(self) -> None:
+        with self._guard:
+            if self.dropped:
+                return
+            self.started = True
         try:
             self.value.append(self.fn())
         except BaseException as exc:
@@ -176,25 +231,60 @@ class _Job(Generic[T]):
         finally:
             self.done.set()
 
+    def drop(self) -> bool:
+        """Forget the job if its thread has not begun it; True when dropped."""
+        with self._guard:
+            if not self.started:
+                self.dropped = True
+            return self.dropped
+
     def result(self) -> T:
         if self.error is not None:
             raise self.error
         return self.value[0]
 
 
+# Seconds a cancelled call waits for the server to cancel its statement
+# before it shuts the connection's socket (the backend is stopped, the
+# network gone): a cancelled caller is never held longer than about this.
+_CANCEL_GRACE = 2.0
+
+
 def _cancel_statement(conn: psycopg.Connection[Any]) -> None:
     try:
-        conn.cancel_safe(timeout=5.0)
+        conn.cancel_safe(timeout=_CANCEL_GRACE)
     except Exception as exc:  # the statement may have finished, or the server is gone
         log.debug("cancelling a statement failed: %s", exc)
+
+
+def _shut_socket(conn: psycopg.Connection[Any]) -> None:
+    """Shut the connection's socket, so a thread blocked on it returns (the connection is broken after)."""
+    try:
+        fd = conn.pgconn.socket
+    except Exception:  # closed already
+        return
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError as exc:
+        log.debug("shutting a connection's socket failed: %s", exc)
+    finally:
+        sock.close()
 
 
 async def _call(conn: psycopg.Connection[Any], fn: Callable[[], T], *, settle: Callable[[T], None] | None = None) -> T:
     """Run ``fn`` (which uses ``conn``) on a worker thread, cancellation-safely.
 
-    A cancelled caller stops waiting at once; the statement is then cancelled
-    on the server, the thread waited for (shielded) and its transaction rolled
-    back by ``fn``'s own ``with conn.transaction()``.  If ``fn`` completed
+    A cancelled caller stops waiting at once.  A job whose thread had not
+    begun is dropped (it never runs) and the cancellation raised at once.
+    Otherwise the statement is cancelled on the server, the thread waited for
+    (shielded) and its transaction rolled back by ``fn``'s own ``with
+    conn.transaction()``; a server that does not act on the cancel within
+    ``_CANCEL_GRACE`` seconds has the connection's socket shut under it, which
+    ends the thread (and leaves the connection broken).  If ``fn`` completed
     anyway (the cancel came too late), ``settle`` gets its result before the
     cancellation propagates, so a committed write is never mistaken for a
     failed one.
@@ -203,10 +293,15 @@ async def _call(conn: psycopg.Connection[Any], fn: Callable[[], T], *, settle: C
     try:
         await trio.to_thread.run_sync(job.run, abandon_on_cancel=True)
     except trio.Cancelled:
+        if job.drop():
+            raise
         with trio.CancelScope(shield=True):
             if not job.done.is_set():
                 await trio.to_thread.run_sync(_cancel_statement, conn)
-                await trio.to_thread.run_sync(job.done.wait)
+                if not await trio.to_thread.run_sync(job.done.wait, _CANCEL_GRACE):
+                    log.warning("PostgreSQL did not cancel a statement within %g s: shutting its socket", _CANCEL_GRACE)
+                    _shut_socket(conn)
+                    await trio.to_thread.run_sync(job.done.wait)
         if job.error is None and settle is not None:
             settle(job.result())
         raise
@@ -295,7 +390,8 @@ class _Pool:
     async def take(self) -> psycopg.Connection[Any]:
         while self._idle:
             conn, since = self._idle.pop()
-            if conn.closed or conn.broken:
+            if conn.closed or conn.broken or not _quiet(conn):
+                conn.close()
                 continue
             if trio.current_time() - since > self.store.probe_after:
                 # Idle a while: the server may have dropped it meanwhile.
@@ -330,6 +426,10 @@ class _Pool:
 
 # ---------------------------------------------------------------- the writer
 
+# Seconds a writer retaking its session waits for the server to drop its
+# previous connection (which may still hold the lock) before the flush fails.
+_RETAKE_WAIT = 1.0
+
 
 @attrs.define(eq=False)
 class _PgWriter:
@@ -349,6 +449,13 @@ class _PgWriter:
     _broken: str | None = attrs.field(default=None, init=False)
     # A flush(sync=False) committed without waiting for the WAL to reach disk.
     _unsynced: bool = attrs.field(default=False, init=False)
+    # How many events were stored as of the last synced commit, and the lines
+    # and mailbox deletes committed without sync since (a crash may lose them).
+    _synced: int = attrs.field(default=0, init=False)
+    _unsynced_lines: list[str] = attrs.field(factory=list, init=False)
+    _unsynced_acks: list[int] = attrs.field(factory=list, init=False)
+    # The server process of the connection that last held the lock.
+    _pid: int = attrs.field(default=0, init=False)
     # True once this writer held the lock: a lost connection then needs a re-take.
     _held: bool = attrs.field(default=False, init=False)
     _last_used: float = attrs.field(factory=trio.current_time, init=False)
@@ -361,6 +468,11 @@ class _PgWriter:
     _mail_wake: trio.Event = attrs.field(factory=trio.Event, init=False)
     _taken: set[int] = attrs.field(factory=set, init=False)
     _acks: list[int] = attrs.field(factory=list, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._synced = self._stored
+        if self._conn is not None:
+            self._pid = self._conn.info.backend_pid
 
     @property
     def _key(self) -> int:
@@ -389,6 +501,8 @@ class _PgWriter:
 
             def settle(_: object) -> None:
                 nonlocal committed
+                if committed:
+                    return
                 committed = True
                 self._committed(lines, acks, sync)
 
@@ -396,7 +510,7 @@ class _PgWriter:
                 if self._header_line is not None:
                     await self._create(lines, settle)
                 else:
-                    if self._conn is None and await self._reattach(lines, settle):
+                    if self._conn is None and await self._reattach(lines, acks, settle):
                         return
                     await self._append(lines, acks, sync, settle, reconnect=True)
             except BaseException as exc:
@@ -406,6 +520,13 @@ class _PgWriter:
                     raise
                 if isinstance(exc, _psycopg().Error):
                     raise self._failure(exc, "store the events of") from exc
+                if isinstance(exc, Exception):  # whatever it is, the caller gets a store error
+                    raise SessionStoreError(
+                        f"cannot store the events of session {self.header.id!r} in {self.store.location}: "
+                        f"{type(exc).__name__}: {exc}",
+                        path=self.store.location,
+                        session_id=self.header.id,
+                    ) from exc
                 raise
             finally:
                 self._last_used = trio.current_time()
@@ -414,45 +535,116 @@ class _PgWriter:
         self._stored += len(lines)
         for mail_id in acks:
             self._acks.remove(mail_id)
-            self._taken.discard(mail_id)
-        if lines or acks:
-            self._unsynced = not sync
-        elif sync:
+        if sync:
+            # Durable now, and with it every unsynced commit before.
+            self._synced = self._stored
+            for mail_id in [*self._unsynced_acks, *acks]:
+                self._taken.discard(mail_id)
+            self._unsynced_lines, self._unsynced_acks = [], []
             self._unsynced = False
+        elif lines or acks:
+            # Kept until a synced commit: a server crash may lose them (put back on retake).
+            self._unsynced_lines += lines
+            self._unsynced_acks += acks
+            self._unsynced = True
+
+    async def _timed(
+        self, conn: psycopg.Connection[Any], fn: Callable[[], T], *, settle: Callable[[T], None] | None = None
+    ) -> T:
+        """``_call`` bounded by ``write_timeout``.
+
+        A statement the server does not answer in time is cancelled (and the
+        socket shut, see :func:`_call`); the connection is dropped and the
+        call fails with :exc:`SessionStoreError`.  A statement that completed
+        anyway returns its result (``settle`` is for outer cancellations).
+        """
+        finished: list[T] = []
+
+        def on_settle(value: T) -> None:
+            finished.append(value)
+            if settle is not None:
+                settle(value)
+
+        timeout = self.store.write_timeout
+        with trio.move_on_after(timeout):
+            return await _call(conn, fn, settle=on_settle)
+        if finished:
+            return finished[0]
+        if self._conn is conn:
+            self._drop_connection()
+        else:
+            conn.close()
+        raise SessionStoreError(
+            f"PostgreSQL did not answer a statement of session {self.header.id!r} within {timeout:g} s "
+            f"(write_timeout) in {self.store.location}: the statement was cancelled and the connection dropped; "
+            "the next flush takes the session again on a new connection",
+            path=self.store.location,
+            session_id=self.header.id,
+        )
 
     async def _create(self, lines: list[str], settle: Callable[[object], None]) -> None:
-        """The first flush: take the session's lock, store the header and the batch together."""
+        """The first flush: take the session's lock, store the header and the batch together.
+
+        A connection lost during the transaction (its COMMIT unanswered) is
+        replaced within the flush; a stored header and batch equal to ours
+        then count as committed by the lost connection.
+        """
         assert self._header_line is not None
         header_line, header = self._header_line, self.header
         store, sql = self.store, self.store._sql
-        if self._conn is None:
-            self._conn = await store._take_writer_connection()
-        conn = self._conn
         key, first = self._key, self._stored
+        pg = _psycopg()
+        maybe_committed = False
+        attempts = 0
+        while True:
+            attempts += 1
+            if self._conn is None:
+                self._conn = await (store._connect() if attempts > 1 else store._take_writer_connection())
+            conn = self._conn
 
-        def work() -> str:
-            if not self._held:
-                if not _scalar(conn, "SELECT pg_try_advisory_lock(%s)", (key,)):
-                    return "locked"
-                self._held = True
-                store._configure_writer(conn)
-            with conn.transaction():
-                row = conn.execute(
-                    sql.insert_session,
-                    (header.id, header_line, header.created_at, header.parent_session),
-                ).fetchone()
-                if row is None:
-                    return "exists"
-                conn.execute(sql.insert_events, (header.id, first, lines), binary=True)
-            return "created"
+            def work(conn: psycopg.Connection[Any] = conn, ours: bool = maybe_committed) -> str:
+                if not self._held:
+                    if not _try_lock(conn, key):
+                        return "locked"
+                    self._held = True
+                    store._configure_writer(conn)
+                with conn.transaction():
+                    row = conn.execute(
+                        sql.insert_session,
+                        (header.id, header_line, header.created_at, header.parent_session),
+                    ).fetchone()
+                    if row is None:
+                        return "created" if ours and self._stored_as(conn, header_line, first, lines) else "exists"
+                    conn.execute(sql.insert_events, (header.id, first, lines), binary=True)
+                return "created"
 
-        try:
-            outcome = await _call(conn, work, settle=lambda result: self._created(result, settle))
-        except BaseException:
-            if conn.broken or conn.closed:
+            try:
+                outcome = await self._timed(conn, work, settle=lambda result: self._created(result, settle))
+            except _Tainted:
                 self._drop_connection()
-            raise
+                continue
+            except pg.Error as exc:
+                if not (conn.broken or conn.closed):
+                    raise
+                self._drop_connection()
+                if attempts >= 3:
+                    raise
+                # Maybe during COMMIT: find out on a new connection.
+                maybe_committed = True
+                log.warning("session %r: the connection was lost while storing it (%s); reconnecting", header.id, exc)
+                continue
+            except BaseException:
+                if conn.broken or conn.closed:
+                    self._drop_connection()
+                raise
+            if outcome == "locked" and maybe_committed and attempts < 3:
+                # The lost connection may hold the lock still, until the server notices it is gone.
+                await self._release_connection()
+                await trio.sleep(0.05 * attempts)
+                continue
+            break
         if outcome == "created":
+            self._pid = conn.info.backend_pid
             self._created(outcome, settle)
             return
         # Refused: give the connection (and the lock, if taken) back; nothing was stored.
@@ -462,8 +654,20 @@ class _PgWriter:
             + (" (another worker is creating or holding it)" if outcome == "locked" else "")
         )
 
+    def _stored_as(self, conn: psycopg.Connection[Any], header_line: str, first: int, lines: list[str]) -> bool:
+        """(worker thread) Whether the stored session has exactly this header and these events."""
+        sql, sid = self.store._sql, self.header.id
+        row = conn.execute(f"SELECT header FROM {sql.s}.sessions WHERE id = %s", (sid,)).fetchone()
+        if row is None or row[0] != header_line:
+            return False
+        bodies = [
+            body
+            for (body,) in conn.execute(f"SELECT body FROM {sql.s}.events WHERE session_id = %s ORDER BY seq", (sid,))
+        ]
+        return first == 0 and bodies == lines
+
     def _created(self, outcome: str, settle: Callable[[object], None]) -> None:
-        if outcome != "created":
+        if outcome != "created" or self._header_line is None:
             return
         self._header_line = None
         settle(None)
@@ -500,7 +704,7 @@ class _PgWriter:
 
         pg = _psycopg()
         try:
-            await _call(conn, work, settle=settle)
+            await self._timed(conn, work, settle=settle)
         except pg.errors.UniqueViolation as exc:
             raise self._lost(
                 f"events from seq {first} on are already stored by another writer: this writer lost the session "
@@ -517,60 +721,115 @@ class _PgWriter:
             if not reconnect:
                 raise
             log.warning("session %r: the connection to PostgreSQL was lost (%s); reconnecting", sid, exc)
-            if await self._reattach(lines, settle):
+            if await self._reattach(lines, acks, settle):
                 return
             await self._append(lines, acks, sync, settle, reconnect=False)
             return
         settle(None)
 
-    async def _reattach(self, lines: list[str], settle: Callable[[object], None]) -> bool:
+    async def _reattach(self, lines: list[str], acks: list[int], settle: Callable[[object], None]) -> bool:
         """Take the session again after its connection was lost; True when ``lines`` turned out stored.
+
+        Events committed without sync that the server lost meanwhile (it
+        crashed or restarted) are put back in front of ``lines`` (and the
+        mailbox rows they removed are removed again with them), with a
+        warning saying so.
 
         Raises:
             SessionStoreError: the session was taken over meanwhile (this
-                writer is broken from now on), or PostgreSQL cannot be reached.
+                writer is broken from now on), PostgreSQL cannot be reached,
+                or the lock is still held by this writer's previous connection
+                (the next flush tries again).
         """
         store, sql, sid, key, stored = self.store, self.store._sql, self.header.id, self._key, self._stored
-        conn = await store._take_writer_connection()
+        synced, unsynced = self._synced, list(self._unsynced_lines)
+        previous = self._pid
+        deadline = trio.current_time() + _RETAKE_WAIT
+        while True:
+            conn = await store._take_writer_connection()
 
-        def work() -> str:
-            if not _scalar(conn, "SELECT pg_try_advisory_lock(%s)", (key,)):
-                return "locked"
-            store._configure_writer(conn)
-            count = _scalar(conn, f"SELECT coalesce(max(seq) + 1, 0) FROM {sql.s}.events WHERE session_id = %s", (sid,))
-            if count == stored:
-                return "missing"
-            if lines and count == stored + len(lines):
-                bodies = [
-                    row[0]
-                    for row in conn.execute(
-                        f"SELECT body FROM {sql.s}.events WHERE session_id = %s AND seq >= %s ORDER BY seq",
-                        (sid, stored),
-                    )
-                ]
-                if bodies == lines:
-                    return "stored"
-            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
-            return "diverged"
+            def work(conn: psycopg.Connection[Any] = conn) -> tuple[str, int]:
+                if not _try_lock(conn, key):
+                    holder = conn.execute(
+                        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+                        "AND classid::bigint = %s AND objid::bigint = %s",
+                        ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+                    ).fetchone()
+                    return ("previous" if holder is not None and holder[0] == previous else "locked"), 0
+                store._configure_writer(conn)
+                count = _scalar(
+                    conn, f"SELECT coalesce(max(seq) + 1, 0) FROM {sql.s}.events WHERE session_id = %s", (sid,)
+                )
+                if count == stored:
+                    return "missing", count
+                if synced <= count < stored and self._bodies(conn, synced, count) == unsynced[: count - synced]:
+                    return "lost", count
+                if lines and count == stored + len(lines) and self._bodies(conn, stored, count) == lines:
+                    return "stored", count
+                conn.execute("SELECT pg_advisory_unlock_all()")
+                return "diverged", count
 
-        try:
-            outcome = await _call(conn, work)
-        except BaseException:
+            try:
+                outcome, count = await self._timed(conn, work)
+            except _Tainted:
+                conn.close()
+                continue
+            except BaseException:
+                # Cancelled or failed while taking the lock: whether it holds the
+                # lock is unknown, so the connection is closed (never pooled).
+                conn.close()
+                raise
+            if outcome != "previous":
+                break
             store._pool_give_back(conn)
-            raise
+            if trio.current_time() >= deadline:
+                raise SessionStoreError(
+                    f"session {sid!r} cannot be taken again in {store.location} yet: its lock is still held by "
+                    f"this writer's previous connection (server process {previous}), which the server has not "
+                    "closed; the next flush tries again",
+                    path=store.location,
+                    session_id=sid,
+                )
+            await trio.sleep(0.02)
         if outcome == "locked":
             store._pool_give_back(conn)
             raise self._lost("the session is live on another worker (it took the session after this one lost it)")
         if outcome == "diverged":
-            store._pool_give_back(conn)
+            await store._give_back_locked(conn, None)  # unlocked already; its writer settings are reset
             raise self._lost("another writer appended to the session after this one lost it")
-        self._conn, self._held = conn, True
+        self._conn, self._held, self._pid = conn, True, conn.info.backend_pid
         log.info("session %r: taken again after a lost connection", sid)
+        if outcome == "lost":
+            lost = unsynced[count - synced :]
+            lost_acks = list(self._unsynced_acks)
+            log.warning(
+                "session %r: PostgreSQL lost the last %d events committed without sync (the server crashed or "
+                "restarted); storing them again",
+                sid,
+                len(lost),
+            )
+            self._stored = count
+            self._unsynced_lines = unsynced[: count - synced]
+            self._unsynced_acks = []
+            lines[:0] = lost
+            acks[:0] = [mail_id for mail_id in lost_acks if mail_id not in acks]
+            self._acks[:0] = [mail_id for mail_id in lost_acks if mail_id not in self._acks]
         self.wake_mail()  # what was posted meanwhile
         if outcome == "stored":
             settle(None)
             return True
         return False
+
+    def _bodies(self, conn: psycopg.Connection[Any], start: int, end: int) -> list[str]:
+        """(worker thread) The stored bodies of seqs ``start`` to ``end - 1``."""
+        sql = self.store._sql
+        return [
+            body
+            for (body,) in conn.execute(
+                f"SELECT body FROM {sql.s}.events WHERE session_id = %s AND seq >= %s AND seq < %s ORDER BY seq",
+                (self.header.id, start, end),
+            )
+        ]
 
     def _lost(self, reason: str) -> SessionStoreError:
         self._broken = f"{reason}; resume the session to continue from what is stored"
@@ -613,9 +872,11 @@ class _PgWriter:
                 try:
                     conn = self._conn
                     if conn is None:
-                        await self._reattach([], lambda _: None)
+                        lost: list[str] = []
+                        await self._reattach(lost, [], lambda _: None)
+                        self._buffer[:0] = lost  # put back by the retake: stored by the next flush
                     else:
-                        await _call(conn, _execute(conn, "SELECT 1"))
+                        await self._timed(conn, _execute(conn, "SELECT 1"))
                 except SessionStoreError as exc:
                     log.warning("session %r: %s", self.header.id, exc)
                 except _psycopg().Error as exc:
@@ -662,7 +923,7 @@ class _PgWriter:
                 return []
             sql, sid = self.store._sql, self.header.id
             try:
-                rows = await _call(
+                rows = await self._timed(
                     conn,
                     lambda: conn.execute(
                         f"SELECT id, body FROM {sql.s}.mailbox WHERE session_id = %s ORDER BY id", (sid,)
@@ -780,6 +1041,11 @@ class PostgresPersistence:
         release_timeout: seconds a closing writer waits to release its
             session before it drops the connection instead (which releases it
             too).
+        write_timeout: seconds a live session's statement (a flush, a
+            heartbeat, a mailbox read) may take before it is cancelled, its
+            connection dropped and the call failed with
+            :exc:`SessionStoreError` (a stopped backend, a paused machine, a
+            long table lock).
 
     Raises:
         SessionStoreError: the DSN cannot be parsed, or psycopg is not installed.
@@ -794,6 +1060,7 @@ class PostgresPersistence:
     idle_session_timeout: float | None = 2.0
     connect_timeout: float = 10.0
     release_timeout: float = 5.0
+    write_timeout: float = 10.0
     # Seconds an idle pooled connection may rest before it is probed on reuse.
     probe_after: float = attrs.field(default=30.0, init=False)
     _sql: _Sql = attrs.field(init=False)
@@ -833,6 +1100,7 @@ class PostgresPersistence:
         _positive("idle_session_timeout", self.idle_session_timeout, optional=True)
         _positive("connect_timeout", self.connect_timeout)
         _positive("release_timeout", self.release_timeout)
+        _positive("write_timeout", self.write_timeout)
         if self.idle_session_timeout is not None and (
             self.heartbeat is None or self.heartbeat * 2 > self.idle_session_timeout
         ):
@@ -1073,7 +1341,12 @@ class PostgresPersistence:
             raise self._error(exc, what, session_id=session_id) from exc
 
     async def _run(self, what: str, fn: Callable[[psycopg.Connection[Any]], T], *, retry: bool = False) -> T:
-        """``fn(conn)`` on a pooled connection; ``retry``: once more on a new connection if it was lost."""
+        """``fn(conn)`` on a pooled connection, once more on a new one if the connection was lost.
+
+        ``retry`` (for reads): whenever it was lost; otherwise only when the
+        statement failed before anything of it reached the server (sending
+        it failed).
+        """
         pg = _psycopg()
         pool = self._require_pool()
         for attempt in (1, 2):
@@ -1081,7 +1354,9 @@ class PostgresPersistence:
                 try:
                     return await _call(conn, functools.partial(fn, conn))
                 except pg.Error as exc:
-                    if retry and attempt == 1 and (conn.broken or conn.closed):
+                    lost = conn.broken or conn.closed
+                    unsent = str(exc).startswith("sending")
+                    if attempt == 1 and lost and (retry or unsent):
                         continue
                     raise self._error(exc, what) from exc
         raise AssertionError("unreachable")
@@ -1135,6 +1410,17 @@ class PostgresPersistence:
                 "PostgreSQL 14 or newer (idle_session_timeout evicts frozen workers)",
                 path=self.location,
             )
+        database, role, encoding = conn.execute(
+            "SELECT current_database(), current_user, pg_encoding_to_char(encoding) FROM pg_database "
+            "WHERE datname = current_database()"
+        ).fetchone() or ("?", "?", "?")
+        if encoding != "UTF8":
+            raise SessionStoreError(
+                f"the PostgreSQL database {database!r} of {self.location} has the encoding {encoding}; the session "
+                "store needs UTF8 (its events hold any Unicode text): use a database created with "
+                f"CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0",
+                path=self.location,
+            )
         try:
             version = _scalar(conn, f"SELECT coalesce(max(version), 0) FROM {sql.s}.schema_version")
         except (pg.errors.UndefinedTable, pg.errors.InvalidSchemaName):
@@ -1144,6 +1430,25 @@ class PostgresPersistence:
             return
         if version > SCHEMA_VERSION:
             raise self._version_error(version)
+        try:
+            self._migrate_from(conn, version)
+        except pg.errors.InsufficientPrivilege as exc:
+            schema_exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)).fetchone()
+            grant = (
+                f"GRANT CREATE ON SCHEMA {sql.s} TO {_quote(role)}"
+                if schema_exists
+                else f"GRANT CREATE ON DATABASE {_quote(database)} TO {_quote(role)}"
+            )
+            raise SessionStoreError(
+                f"the role {role!r} may not create the session tables in {self.location} "
+                f"({str(exc).strip()}): run {grant}, or let an owner run the first check()",
+                path=self.location,
+            ) from exc
+        self._check_privileges(conn)
+
+    def _migrate_from(self, conn: psycopg.Connection[Any], version: int) -> None:
+        """(worker thread) Create or upgrade the tables from ``version``, in one transaction."""
+        sql = self._sql
         with conn.transaction():
             # One migrating worker at a time; the others find the work done.
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(self.schema, "\x00migrate"),))
@@ -1163,7 +1468,6 @@ class PostgresPersistence:
                     conn.execute(statement)
                 conn.execute(f"INSERT INTO {sql.s}.schema_version (version) VALUES (%s)", (number,))
                 log.info("%s: session tables migrated to version %d", self.location, number)
-        self._check_privileges(conn)
 
     def _check_privileges(self, conn: psycopg.Connection[Any]) -> None:
         s = self.schema
@@ -1314,10 +1618,18 @@ class PostgresPersistence:
         locked = False
         try:
             while True:
-                with self._translated(f"take session {session_id!r}"):
-                    locked = await _call(
-                        conn, functools.partial(_scalar, conn, "SELECT pg_try_advisory_lock(%s)", (key,))
-                    )
+                try:
+                    with self._translated(f"take session {session_id!r}"):
+                        locked = await _call(conn, functools.partial(_try_lock, conn, key))
+                except _Tainted:
+                    conn.close()
+                    conn = await self._connect()
+                    continue
+                except BaseException:
+                    # Cancelled or failed while taking the lock: whether this
+                    # connection holds it is unknown, so it is closed, never pooled.
+                    conn.close()
+                    raise
                 if locked:
                     break
                 remaining = deadline - trio.current_time()
@@ -1360,7 +1672,7 @@ class PostgresPersistence:
 
         def work() -> None:
             if key is not None:
-                conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+                conn.execute("SELECT pg_advisory_unlock_all()")
             conn.execute(
                 "SELECT set_config('idle_session_timeout', '0', false), "
                 "set_config('idle_in_transaction_session_timeout', '0', false)"
@@ -1462,15 +1774,41 @@ class PostgresPersistence:
         sql = self._sql
         body = encode_inbox_message(message)  # every field: origin and settings too
 
+        # The message id as it appears in a stored JSON line (a quoted string).
+        needle = json.dumps(message.id)
+        retried = False
+
         def work(conn: psycopg.Connection[Any]) -> bool:
             with conn.transaction():
                 if conn.execute(f"SELECT 1 FROM {sql.s}.sessions WHERE id = %s", (session_id,)).fetchone() is None:
                     return False
+                if retried and _scalar(
+                    conn,
+                    f"SELECT EXISTS (SELECT 1 FROM {sql.s}.mailbox WHERE session_id = %s AND strpos(body, %s) > 0) "
+                    f"OR EXISTS (SELECT 1 FROM {sql.s}.events WHERE session_id = %s AND strpos(body, %s) > 0)",
+                    (session_id, needle, session_id, needle),
+                ):
+                    return True  # the lost connection committed it: posted (and maybe delivered) once
                 conn.execute(f"INSERT INTO {sql.s}.mailbox (session_id, body) VALUES (%s, %s)", (session_id, body))
                 conn.execute("SELECT pg_notify(%s, %s)", (sql.channel, session_id))
             return True
 
-        if not await self._run(f"post a message to session {session_id!r}", work):
+        pg = _psycopg()
+        pool = self._require_pool()
+        what = f"post a message to session {session_id!r}"
+        while True:
+            async with pool.connection() as conn:
+                try:
+                    found = await _call(conn, functools.partial(work, conn))
+                except pg.Error as exc:
+                    if retried or not (conn.broken or conn.closed):
+                        raise self._error(exc, what) from exc
+                    # Lost, maybe during COMMIT: look for the message before posting it again.
+                    log.warning("posting to session %r: the connection was lost (%s); retrying", session_id, exc)
+                    retried = True
+                    continue
+            break
+        if not found:
             raise SessionNotFoundError(f"no stored session {session_id!r} in {self.location} to post to")
 
     async def pending_mail(self, session_id: str) -> builtins.list[InboxMessage]:
