@@ -32,7 +32,7 @@ from trio_harness.bash import (
     open_bash_executor,
 )
 from trio_harness.bash._process import group_alive, open_group, reap_unsupervised, signal_group
-from trio_harness.bash._sandbox import check_sandbox
+from trio_harness.bash._sandbox import open_sandbox
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
 
@@ -231,7 +231,7 @@ async def test_network_is_refused_by_default_and_allowed_by_the_policy(tmp_path:
 
 async def test_the_proc_scan_sees_the_sandbox_after_bwrap_exits(tmp_path: Path) -> None:
     """bwrap leads the group; what runs inside keeps the group alive until SIGKILL ends it."""
-    sandbox = check_sandbox(SandboxPolicy())
+    sandbox = await open_sandbox(SandboxPolicy(), "/bin/bash")
     argv = sandbox.argv(
         ["/bin/bash", "-c", "(trap '' TERM; exec sleep 300) & echo started"],
         workdir=str(tmp_path),
@@ -255,6 +255,7 @@ async def test_the_proc_scan_sees_the_sandbox_after_bwrap_exits(tmp_path: Path) 
         assert not any(running(pid) for pid in inside)
     finally:
         await reap_unsupervised(process)
+        sandbox.close()
 
 
 async def test_kill_leaves_nothing_including_a_grandchild_that_ignores_sigterm(tmp_path: Path) -> None:

@@ -301,7 +301,11 @@ async def open_harness(
         sessions_scope = await root.open_child("sessions")
         sessions_scope.add_exit_callback(sessions.detach_all)
         bash_scope = await root.open_child("bash")
-        bash = await bash_scope.enter_async_context(open_bash_executor(**attrs.asdict(bash_settings, recurse=False)))
+        # The sandbox hides the store's root: other sessions' transcripts (docs/sandbox.rst).
+        store_root = persistence.root if isinstance(persistence, JsonlPersistence) else None
+        bash = await bash_scope.enter_async_context(
+            open_bash_executor(**attrs.asdict(bash_settings, recurse=False), session_root=store_root)
+        )
         tasks_scope = await root.open_child("tasks")
         task_kwargs = attrs.asdict(task_settings, recurse=False)
         if task_kwargs["teardown_timeout"] is None:

@@ -53,8 +53,7 @@ from ._sandbox import (
     Sandbox,
     SandboxPolicy,
     SandboxUnavailableError,
-    check_sandbox,
-    probe_sandbox,
+    open_sandbox,
     to_policy,
 )
 
@@ -494,6 +493,8 @@ class BashExecutor:
             # Something did not finish within the bound: cancel its tasks, whose
             # cleanup SIGKILLs the group and reaps the leader.
             self._nursery.cancel_scope.cancel()
+        if self._checked is not None:
+            self._checked.close()
 
 
 def _check_settings(
@@ -531,6 +532,7 @@ async def open_bash_executor(
     shell: str = "/bin/bash",
     spill_dir: str | None = None,
     sandbox: SandboxPolicy | Mapping[str, Any] | bool | None = None,
+    session_root: str | os.PathLike[str] | None = None,
 ) -> AsyncIterator[BashExecutor]:
     """Open a bash executor; on exit, kill and await every process it started.
 
@@ -549,6 +551,9 @@ async def open_bash_executor(
             :class:`~trio_harness.bash.SandboxPolicy` (a dict of its fields,
             or True for the defaults); None for no sandbox.  The policy is
             checked and ``bwrap`` run once here (docs/sandbox.rst).
+        session_root: the session store's root directory, hidden inside the
+            sandbox unless the policy's ``hide_sessions`` is False
+            (:func:`~trio_harness.open_harness` passes its JSONL store's root).
 
     Yields:
         The executor.
@@ -563,9 +568,8 @@ async def open_bash_executor(
         policy = to_policy(sandbox)
     except TypeError as exc:
         raise BashError(str(exc)) from exc
-    checked = None if policy is None else check_sandbox(policy)
-    if checked is not None:
-        await probe_sandbox(checked, shell)
+    root = None if session_root is None else os.fspath(session_root)
+    checked = None if policy is None else await open_sandbox(policy, shell, session_root=root)
 
     body_error: BaseException | None = None
     unwrapped: BaseException | None = None
