@@ -560,13 +560,17 @@ async def open_sandbox(policy: SandboxPolicy, shell: str, *, session_root: str |
         bound=bound,
     )
     try:
-        with open(os.path.join(filter_dir, "seccomp.bpf"), "wb") as file:
-            file.write(program)
+        _write(sandbox._filter_path, program)
         await _probe(sandbox, shell)
     except BaseException:
         sandbox.close()
         raise
     return sandbox
+
+
+def _write(path: str, data: bytes) -> None:
+    with open(path, "wb") as file:
+        file.write(data)
 
 
 async def _probe(sandbox: Sandbox, shell: str) -> None:
