@@ -11,8 +11,11 @@ change state.  Paths that must be read-only inside the sandbox are made under
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -464,3 +467,12 @@ async def test_the_tool_description_names_the_sandbox_only_when_it_is_on() -> No
     async with open_test_harness(builtin_tools=["tasks"]) as h:
         text = BashToolPlugin(h.bash, h.tasks, h.tools).tool().description
         assert "sandbox" not in text
+
+
+def test_the_example_proves_no_network_with_a_listener_of_its_own(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "sandboxed_bash.py"
+    done = subprocess.run([sys.executable, str(example)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    dialled = re.search(r"exec 3<>/dev/tcp/([0-9.]+)/([0-9]+)", done.stdout)
+    assert dialled is not None and dialled.group(1) == "127.0.0.1", done.stdout  # never an address off the machine
+    assert f"the listener on 127.0.0.1:{dialled.group(2)} was never reached" in done.stdout
