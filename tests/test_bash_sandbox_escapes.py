@@ -139,13 +139,18 @@ async def test_the_attacks_are_refused_for_an_unprivileged_user() -> None:
     assert escaped == {}
 
 
-async def test_a_hidden_path_moved_or_replaced_on_the_host_refuses_commands(work: Path) -> None:
+async def test_a_hidden_path_moved_or_replaced_on_the_host_refuses_commands(work: Path, outside: Path) -> None:
     (work / "conf").mkdir()
     (work / "conf" / "secret.env").write_text(SECRET)
     (work / "token").write_text(SECRET)
-    policy = SandboxPolicy(hidden=[str(work / "conf" / "secret.env"), str(work / "token")])
+    (outside / "key").write_text(SECRET)  # outside every writable directory: no command could move it
+    policy = SandboxPolicy(hidden=[str(work / "conf" / "secret.env"), str(work / "token"), str(outside / "key")])
     async with open_bash_executor(sandbox=policy, grace_period=0.5) as executor:
-        assert (await run(executor, "cat token conf/secret.env", work)).stdout == ""
+        assert (await run(executor, f"cat token conf/secret.env {outside}/key", work)).stdout == ""
+        (outside / "key").unlink()  # the user removed it: commands go on
+        assert (await run(executor, "true", work)).exit_code == 0
+        (outside / "key").write_text(SECRET)  # and it is hidden again when it is back
+        assert (await run(executor, f"cat {outside}/key", work)).stdout == ""
         # An editor's atomic save puts a new inode at the same path: still hidden.
         (work / "token.new").write_text(SECRET + "2")
         os.replace(work / "token.new", work / "token")

@@ -338,6 +338,8 @@ class Sandbox:
     _filter_dir: str = attrs.field(repr=False)
     _bound: _ProcessBound | None = attrs.field(repr=False)
     _seen: dict[str, _Seen] = attrs.field(factory=dict, repr=False)
+    # Every writable directory a command of this sandbox has had: what commands could change.
+    _roots: set[str] = attrs.field(factory=set, repr=False)
 
     @property
     def _filter_path(self) -> str:
@@ -349,14 +351,20 @@ class Sandbox:
         if self._bound is not None:
             self._bound.close()
 
-    def covered(self) -> list[tuple[str, int]]:
+    def covered(self, roots: Iterable[str] = ()) -> list[tuple[str, int]]:
         """The hidden paths to cover now, resolved, with their kind; records what is new.
 
+        Args:
+            roots: the writable directories of the command about to start.
+
         Raises:
-            BashError: a hidden path seen before is gone, or was replaced by a
-                symlink or by a thing of another type (its content may now be
-                elsewhere, visible).
+            BashError: a hidden path seen before, inside a directory some
+                command could write, is gone, or was replaced by a symlink or
+                by a thing of another type (its content may now be elsewhere,
+                visible).  One outside every such directory, which no command
+                could have moved, is forgotten until it reappears.
         """
+        self._roots.update(roots)
         for path in self.hidden:
             real = os.path.realpath(path)
             if real in self._seen:
@@ -367,16 +375,23 @@ class Sandbox:
                 continue  # not there: nothing to hide (yet)
             self._seen[real] = _Seen(real, info.st_dev, info.st_ino, stat.S_IFMT(info.st_mode))
         covers = []
-        for seen in self._seen.values():
+        for seen in list(self._seen.values()):
+            writable = any(seen.real == root or _under(seen.real, root) for root in self._roots)
             try:
                 info = os.lstat(seen.real)
             except OSError:
+                if not writable:
+                    del self._seen[seen.real]
+                    continue
                 raise BashError(
                     f"the sandbox refuses to run: hidden path {seen.real!r} was moved or removed since the "
                     "sandbox first hid it, so its content may now be visible elsewhere; put it back, "
                     "or open the harness again"
                 ) from None
             kind = stat.S_IFMT(info.st_mode)
+            if kind != seen.kind and not writable:
+                del self._seen[seen.real]
+                continue  # recorded anew by the next command
             if kind != seen.kind:
                 raise BashError(
                     f"the sandbox refuses to run: hidden path {seen.real!r} was a {_kind_name(seen.kind)} and "
@@ -405,7 +420,9 @@ class Sandbox:
             raise SandboxUnavailableError(
                 f"could not start the bash sandbox: {self.bwrap!r} is gone or not executable; {INSTALL_HINT}"
             )
-        covers = self.covered()
+        roots = [os.path.realpath(writable_dir)] if writable_dir is not None else []
+        roots += [path for path in self.writable if path not in roots]
+        covers = self.covered(roots)
         argv = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         if policy.tmp_size is not None:
             argv += ["--size", str(policy.tmp_size)]
@@ -417,8 +434,6 @@ class Sandbox:
         argv += ["--seccomp", str(_FILTER_FD)]
         # Binds come after the private /tmp, so a writable directory under /tmp
         # (a test's tmp_path) is the real one; hidden paths come last and win.
-        roots = [os.path.realpath(writable_dir)] if writable_dir is not None else []
-        roots += [path for path in self.writable if path not in roots]
         for path in roots:
             argv += ["--bind", path, path]
         pinned: set[str] = set()
