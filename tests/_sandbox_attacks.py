@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sys
 from collections.abc import Callable
@@ -161,6 +162,15 @@ async def run_attacks(workdir: Path, outside: Path, names: list[str] | None = No
     results: dict[str, dict[str, Any]] = {}
     try:
         async with open_bash_executor(sandbox=policy, grace_period=0.5) as executor:
+            # A Python that runs inside (a virtual environment under /root does not, for nobody),
+            # so the Python attacks are really tried.
+            for candidate in dict.fromkeys([sys.executable, "/usr/bin/python3", shutil.which("python3") or ""]):
+                check = f"{candidate} -c 'import fcntl, socket, termios; print(\"ok\")'"
+                if candidate and (await executor.run(executor.resolve(BashRequest(check)))).stdout == "ok\n":
+                    values["python"] = candidate
+                    break
+            else:
+                raise RuntimeError("no Python interpreter runs inside the sandbox: the attacks cannot be tried")
             for name in names or list(ATTACKS):
                 evidence = []
                 for template in ATTACKS[name]:
