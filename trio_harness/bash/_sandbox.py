@@ -22,8 +22,9 @@ when a recorded hidden path is gone or was replaced by a symlink or a thing
 of another type.
 
 The number of processes (threads included) a command may run is bounded:
-as root with a ``pids`` cgroup (``RLIMIT_NPROC`` does not bind root), the
-``sh`` joining a cgroup of its own before it execs ``bwrap``; otherwise with
+as root with a ``pids`` cgroup (``RLIMIT_NPROC`` does not bind root), which a
+helper of the ``sh`` moves ``bwrap`` and its sandbox child into while the
+sandbox waits (``--block-fd``, see ``_JOIN``); otherwise with
 ``RLIMIT_NPROC`` set inside the sandbox's user namespace, where it counts
 only the sandbox's processes.
 
@@ -105,6 +106,29 @@ _FILTER_FD = 3
 # The shell that joins the process bound and execs bwrap (outside), or sets the
 # bound and execs the command (inside); POSIX sh, so dash where /bin/sh is dash.
 _SH = "/bin/sh"
+# The descriptor the sandbox waits on, as root, until it is inside its pids cgroup.
+_BLOCK_FD = 4
+# Run by root: a helper moves bwrap and its sandbox child into the command's pids
+# cgroup while bwrap builds the sandbox (the move waits for an RCU grace period of
+# the kernel, a few milliseconds, which overlaps bwrap's set-up instead of adding
+# to it), then lets the sandbox go on through the FIFO bwrap blocks on
+# (--block-fd).  The sandbox child blocks before it starts anything, so every
+# process of the command is born inside the cgroup.  $$ is bwrap's pid (the sh
+# execs it); the helper is also bwrap's child, so two children means the sandbox
+# child is there (the children file ends without a newline, so read fails yet sets k).
+# A helper that cannot join kills bwrap: no command runs unbounded.
+_JOIN = """c={procs} f={fifo}
+(exec 5>"$f"; rm -f "$f"
+echo $$ > "$c" || {{ kill -KILL $$; exit 1; }}
+n=0
+while [ -d /proc/$$ ] && [ $n -lt 100000 ]; do
+k=; read -r k < /proc/$$/task/$$/children
+set -- $k; [ $# -ge 2 ] && break; n=$((n+1)); done
+[ $# -ge 2 ] || {{ kill -KILL $$; exit 1; }}
+for p in $k; do echo $p > "$c" 2>/dev/null; done
+printf x >&5) &
+exec "$@" {filter_fd}< {filter} {block_fd}< "$f"
+"""
 # Reads the sandboxed shell's credentials and limits at open (see _check_probe).
 _PROBE = (
     "for f in /proc/self/status /proc/self/limits /proc/self/cgroup; do "
@@ -465,8 +489,22 @@ class Sandbox:
             limit = str(policy.max_processes)
             script = f'ulimit -u {limit} 2>/dev/null || ulimit -p {limit} || exit 125; exec "$@"'
             inner = [_SH, "-c", script, "sh", *inner]
-        join = f"echo $$ > {shlex.quote(self._bound.new())} && " if self._bound is not None else ""
-        outer = f'{join}exec "$@" {_FILTER_FD}< {shlex.quote(self._filter_path)}'
+        if self._bound is None:
+            outer = f'exec "$@" {_FILTER_FD}< {shlex.quote(self._filter_path)}'
+        else:
+            procs = self._bound.new()
+            fifo = os.path.join(self._filter_dir, f"go-{os.path.basename(os.path.dirname(procs))}")
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(fifo)  # a command that never started left it
+            os.mkfifo(fifo, 0o600)
+            argv[1:1] = ["--block-fd", str(_BLOCK_FD)]
+            outer = _JOIN.format(
+                procs=shlex.quote(procs),
+                fifo=shlex.quote(fifo),
+                filter=shlex.quote(self._filter_path),
+                filter_fd=_FILTER_FD,
+                block_fd=_BLOCK_FD,
+            )
         return [_SH, "-c", outer, "sh", *argv, *inner]
 
 
