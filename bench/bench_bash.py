@@ -9,9 +9,11 @@ Figures:
 * start -> kill -> exit latency of ``sleep 300``: :meth:`BashExecutor.start`,
   then :meth:`BashProcess.kill`, then :meth:`BashProcess.wait` returning;
 * start -> exit latency of ``true`` (a foreground :meth:`BashExecutor.run`)
-  without and with the bubblewrap sandbox, rounds interleaved in the same run,
-  and their ratio (docs/sandbox.rst).  Without a working ``bwrap`` the sandbox
-  rows say why instead of a figure.
+  without and with the bubblewrap sandbox (its default policy: no
+  capabilities, the seccomp filter, the process bound, the default hidden
+  paths), rounds interleaved in the same run, and their ratio
+  (docs/sandbox.rst).  Without a working ``bwrap`` the sandbox rows say why
+  instead of a figure.
 
 Run with ``python bench/bench_bash.py``.
 """

@@ -9,7 +9,9 @@ bubblewrap, ``bwrap``):
 * a write anywhere else fails like any failed command (``Read-only file
   system`` on standard error, a nonzero exit code), so the model reads why;
 * ``/tmp`` is private to each command: nothing written there reaches the host;
-* there is no network inside the sandbox.
+* there is no network inside the sandbox: a command dials a listener this
+  example opens on 127.0.0.1, and the listener is never reached (the sandbox
+  has its own loopback), so nothing leaves the machine even if it failed open.
 
 Without a working ``bwrap`` the harness refuses to open (never a silent
 fall-back to no sandbox); this example then prints why and exits 0, so that it
@@ -19,12 +21,13 @@ runs on any machine.  Install it with ``apt-get install bubblewrap``.
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 from typing import Any
 
 import trio
 
-from trio_harness import BashOptions, ScriptedModel, open_harness
+from trio_harness import BashOptions, BashToolOptions, ScriptedModel, open_harness
 from trio_harness import events as ev
 from trio_harness.bash import SandboxPolicy, SandboxUnavailableError
 
@@ -35,6 +38,10 @@ def bash(command: str) -> dict[str, Any]:
 
 async def main() -> None:
     scratch = f"trio-harness-example-{os.getpid()}"
+    # A listener on the host's loopback: the sandboxed command must not reach it.
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
     model = ScriptedModel(
         [
             {
@@ -42,7 +49,7 @@ async def main() -> None:
                     bash("echo 'build ok' > build.log && cat build.log"),
                     bash("echo oops > /etc/trio-harness-example"),
                     bash(f"echo draft > /tmp/{scratch} && cat /tmp/{scratch}"),
-                    bash("exec 3<>/dev/tcp/1.1.1.1/80"),
+                    bash(f"exec 3<>/dev/tcp/127.0.0.1/{port}"),
                 ]
             },
             {"text": "The build log is written; the rest was refused by the sandbox."},
@@ -51,7 +58,10 @@ async def main() -> None:
     options = BashOptions(sandbox=SandboxPolicy(network=False))
     with tempfile.TemporaryDirectory(prefix="sandboxed-bash-") as project:
         try:
-            async with open_harness(model=model, bash_options=options) as harness:
+            # Approval is a separate matter (docs/approval.rst): this scripted run approves everything.
+            async with open_harness(
+                model=model, bash_options=options, bash_tool_options=BashToolOptions(requires_approval=False)
+            ) as harness:
                 tool = harness.tools.get("bash")
                 assert tool is not None
                 print("the bash tool tells the model:")
@@ -73,6 +83,7 @@ async def main() -> None:
                     results = [e for e in agent.session.events if isinstance(e, ev.ToolResult)]
         except SandboxUnavailableError as exc:
             print(f"skipping the sandboxed part: {exc}")
+            listener.close()
             return
         assert [r.is_error for r in results] == [False, True, False, True]
         log = await trio.Path(project, "build.log").read_text()
@@ -81,6 +92,13 @@ async def main() -> None:
     assert not await trio.Path("/etc/trio-harness-example").exists()
     assert not await trio.Path("/tmp", scratch).exists()
     print(f"on the host, /etc/trio-harness-example and /tmp/{scratch} do not exist")
+    try:
+        listener.accept()
+        raise AssertionError("the sandboxed command reached the host's loopback")
+    except BlockingIOError:
+        print(f"the listener on 127.0.0.1:{port} was never reached")
+    finally:
+        listener.close()
 
 
 if __name__ == "__main__":

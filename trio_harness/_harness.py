@@ -304,8 +304,10 @@ async def open_harness(
         # The variable the model's key came from stays out of commands and MCP servers (docs/bash.rst, "Environment").
         key_env = getattr(provider, "api_key_env", None)
         env_policy = bash_settings.env_policy.hiding([key_env] if isinstance(key_env, str) and key_env else [])
+        # The sandbox hides the store's root: other sessions' transcripts (docs/sandbox.rst).
+        store_root = persistence.root if isinstance(persistence, JsonlPersistence) else None
         bash_kwargs = attrs.asdict(bash_settings, recurse=False) | {"env_policy": env_policy}
-        bash = await bash_scope.enter_async_context(open_bash_executor(**bash_kwargs))
+        bash = await bash_scope.enter_async_context(open_bash_executor(**bash_kwargs, session_root=store_root))
         tasks_scope = await root.open_child("tasks")
         task_kwargs = attrs.asdict(task_settings, recurse=False)
         if task_kwargs["teardown_timeout"] is None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import anyio
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--token", required=True)
@@ -118,7 +118,7 @@ class Misbehave:
             return
         replayed = False
 
-        async def replay() -> dict[str, object]:
+        async def replay() -> Message:
             nonlocal replayed
             if not replayed:
                 replayed = True

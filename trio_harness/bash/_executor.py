@@ -54,8 +54,7 @@ from ._sandbox import (
     Sandbox,
     SandboxPolicy,
     SandboxUnavailableError,
-    check_sandbox,
-    probe_sandbox,
+    open_sandbox,
     to_policy,
 )
 
@@ -501,6 +500,8 @@ class BashExecutor:
             # Something did not finish within the bound: cancel its tasks, whose
             # cleanup SIGKILLs the group and reaps the leader.
             self._nursery.cancel_scope.cancel()
+        if self._checked is not None:
+            self._checked.close()
 
 
 def _check_settings(
@@ -539,6 +540,7 @@ async def open_bash_executor(
     spill_dir: str | None = None,
     sandbox: SandboxPolicy | Mapping[str, Any] | bool | None = None,
     env_policy: EnvPolicy | Mapping[str, Any] | None = _DEFAULT_ENV_POLICY,
+    session_root: str | os.PathLike[str] | None = None,
 ) -> AsyncIterator[BashExecutor]:
     """Open a bash executor; on exit, kill and await every process it started.
 
@@ -562,6 +564,9 @@ async def open_bash_executor(
             fields; None is the default too, which withholds API keys,
             tokens, secrets and passwords); a request's ``env`` is added over
             it as given.
+        session_root: the session store's root directory, hidden inside the
+            sandbox unless the policy's ``hide_sessions`` is False
+            (:func:`~trio_harness.open_harness` passes its JSONL store's root).
 
     Yields:
         The executor.
@@ -580,9 +585,8 @@ async def open_bash_executor(
         inherited = to_env_policy(env_policy)
     except (TypeError, ValueError) as exc:
         raise BashError(str(exc)) from exc
-    checked = None if policy is None else check_sandbox(policy)
-    if checked is not None:
-        await probe_sandbox(checked, shell)
+    root = None if session_root is None else os.fspath(session_root)
+    checked = None if policy is None else await open_sandbox(policy, shell, session_root=root)
 
     body_error: BaseException | None = None
     unwrapped: BaseException | None = None

@@ -1,13 +1,32 @@
 """The opt-in bash sandbox: a policy record and the bubblewrap (``bwrap``) command line it becomes.
 
 With a :class:`SandboxPolicy` on the executor, every command runs as
-``bwrap <policy> -- shell -c command``: the whole file system read-only
-(``--ro-bind / /``), a fresh ``/dev`` and ``/proc``, a private ``/tmp``
-(``--tmpfs /tmp``), the command's writable directory (by default its working
-directory) and the policy's extra paths writable, hidden paths covered by an
-empty ``tmpfs``, its own PID and IPC namespaces, and no network
-(``--unshare-net``) unless the policy allows it.  The environment passes
-through unchanged.
+``/bin/sh -c <join the process bound> bwrap <policy> -- shell -c command``
+(the ``sh`` execs ``bwrap``, so ``bwrap`` keeps the shell's pid): the whole
+file system read-only (``--ro-bind / /``), a fresh ``/dev`` and ``/proc``, a
+private, size-capped ``/tmp``, the command's writable directory (by default
+its working directory) and the policy's extra paths writable, hidden paths
+covered, its own PID and IPC namespaces, no network (``--unshare-net``)
+unless the policy allows it, no capabilities (``--cap-drop ALL``, which
+matters when the harness runs as root), and a seccomp filter
+(:mod:`._seccomp`) that refuses mounts, new user namespaces, io_uring, the
+keyring, terminal injection and, without network, unix sockets.  The
+environment passes through unchanged.
+
+Hidden paths stay hidden whatever commands do (docs/sandbox.rst, "Threat
+model"): each is resolved (symlinks followed) and recorded (device, inode,
+type) the first time it is seen; every directory between a writable
+directory and a hidden path inside it is bound onto itself, so renaming it
+fails (``EBUSY``) inside every sandbox; and a command is refused to start
+when a recorded hidden path is gone or was replaced by a symlink or a thing
+of another type.
+
+The number of processes (threads included) a command may run is bounded:
+as root with a ``pids`` cgroup (``RLIMIT_NPROC`` does not bind root), which a
+helper of the ``sh`` moves ``bwrap`` and its sandbox child into while the
+sandbox waits (``--block-fd``, see ``_JOIN``); otherwise with
+``RLIMIT_NPROC`` set inside the sandbox's user namespace, where it counts
+only the sandbox's processes.
 
 Process groups (docs/bash.rst "Process groups", docs/sandbox.rst): ``bwrap``
 is the group leader the executor spawns, and everything inside the sandbox
@@ -24,9 +43,15 @@ the grace period always comes, and SIGKILL of PID 1 ends the whole namespace.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import secrets
+import shlex
 import shutil
+import stat
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -34,15 +59,16 @@ import attrs
 import trio
 
 from .._errors import BashError
+from ._seccomp import UnsupportedArchitectureError, build_filter
 
 __all__ = [
+    "DEFAULT_HIDDEN",
     "INSTALL_HINT",
     "Sandbox",
     "SandboxPolicy",
     "SandboxUnavailableError",
-    "check_sandbox",
     "describe_sandbox",
-    "probe_sandbox",
+    "open_sandbox",
     "to_policy",
 ]
 
@@ -56,10 +82,58 @@ _NAMESPACE_HINT = (
     "later kernel.apparmor_restrict_unprivileged_userns=0); a container must be allowed to create "
     "namespaces; or run without the sandbox"
 )
+# Hidden under every sandbox unless the policy's hide_defaults is False: credentials
+# in the home directory, and the password hashes a command run as root could read.
+DEFAULT_HIDDEN = (
+    "~/.ssh",
+    "~/.gnupg",
+    "~/.aws",
+    "~/.config/gcloud",
+    "~/.netrc",
+    "/etc/shadow",
+    "/etc/gshadow",
+)
 # Bound, in seconds, on the probe run when the executor opens.
 _PROBE_BOUND = 30.0
 # Bytes of the probe's standard error quoted in an error message.
 _PROBE_QUOTE = 2000
+# The smallest process bound: sh/bwrap, the sandbox's PID 1 and the shell, with room to run one command.
+_MIN_PROCESSES = 8
+# The size, in bytes, of the tmpfs covering a hidden directory (it is read-only and empty).
+_COVER_SIZE = 4096
+# The descriptor bwrap reads the seccomp filter from.
+_FILTER_FD = 3
+# The shell that joins the process bound and execs bwrap (outside), or sets the
+# bound and execs the command (inside); POSIX sh, so dash where /bin/sh is dash.
+_SH = "/bin/sh"
+# The descriptor the sandbox waits on, as root, until it is inside its pids cgroup.
+_BLOCK_FD = 4
+# Run by root: a helper moves bwrap and its sandbox child into the command's pids
+# cgroup while bwrap builds the sandbox (the move waits for an RCU grace period of
+# the kernel, a few milliseconds, which overlaps bwrap's set-up instead of adding
+# to it), then lets the sandbox go on through the FIFO bwrap blocks on
+# (--block-fd).  The sandbox child blocks before it starts anything, so every
+# process of the command is born inside the cgroup.  $$ is bwrap's pid (the sh
+# execs it); the helper is also bwrap's child, so two children means the sandbox
+# child is there (the children file ends without a newline, so read fails yet sets k).
+# A helper that cannot join kills bwrap: no command runs unbounded.
+_JOIN = """c={procs} f={fifo}
+(exec 5>"$f"; rm -f "$f"
+echo $$ > "$c" || {{ kill -KILL $$; exit 1; }}
+n=0
+while [ -d /proc/$$ ] && [ $n -lt 100000 ]; do
+k=; read -r k < /proc/$$/task/$$/children
+set -- $k; [ $# -ge 2 ] && break; n=$((n+1)); done
+[ $# -ge 2 ] || {{ kill -KILL $$; exit 1; }}
+for p in $k; do echo $p > "$c" 2>/dev/null; done
+printf x >&5) &
+exec "$@" {filter_fd}< {filter} {block_fd}< "$f"
+"""
+# Reads the sandboxed shell's credentials and limits at open (see _check_probe).
+_PROBE = (
+    "for f in /proc/self/status /proc/self/limits /proc/self/cgroup; do "
+    "while IFS= read -r l; do printf '%s\\n' \"$l\"; done < $f; done"
+)
 
 
 class SandboxUnavailableError(BashError):
@@ -67,7 +141,7 @@ class SandboxUnavailableError(BashError):
 
     Raised when the executor opens (and when a sandboxed command cannot be
     started); the message names the cause and how to fix it.  There is never a
-    silent fall-back to running without the sandbox.
+    silent fall-back to running without the sandbox, nor to a weaker one.
     """
 
 
@@ -84,22 +158,49 @@ class SandboxPolicy:
     Always writable: the command's writable directory (the session's working
     directory for the ``bash`` tool; otherwise the command's working directory).
     Always private: ``/tmp`` (an empty ``tmpfs`` for each command).  Everything
-    else is read-only.  See docs/sandbox.rst.
+    else is read-only.  Never: capabilities, mounts, new user namespaces,
+    io_uring.  See docs/sandbox.rst.
 
     Attributes:
         network: allow network access (default: none, not even loopback to the host).
+        unix_sockets: allow unix sockets (``socket(AF_UNIX)``); then every
+            socket file the command can see can be connected to.  None (the
+            default) follows ``network``: refused without network, allowed with it.
         writable: extra paths (directories or files) the command may write; they must exist.
-        hidden: paths covered inside the sandbox, e.g. ``"~/.ssh"``: a
-            directory by an empty one, a file by an unreadable one (reads fail
-            with "Permission denied"); a path that does not exist is skipped.
-            A hidden path wins over a writable one.
+        hidden: paths covered inside the sandbox, on top of the defaults, e.g.
+            ``"~/.kube"``: a directory by an empty one, a file by an unreadable
+            one (reads fail with "Permission denied"); a path that does not
+            exist is skipped.  A hidden path wins over a writable one.
+        hide_defaults: also hide :data:`DEFAULT_HIDDEN` (``~/.ssh``,
+            ``~/.gnupg``, ``~/.aws``, ``~/.config/gcloud``, ``~/.netrc``,
+            ``/etc/shadow``, ``/etc/gshadow``).
+        hide_sessions: also hide the session store's root (the executor's
+            ``session_root``; the harness passes its JSONL store's root).
+        protect_git: make ``.git/hooks`` and ``.git/config`` of each writable
+            directory read-only (hooks and configured commands run outside the
+            sandbox on the user's next ``git``).
+        tmp_size: the size cap of ``/tmp``, in bytes; None for the kernel's
+            default (half the memory).
+        max_processes: how many processes (threads included) a command may
+            run at once; None for no bound.
         bwrap: the bubblewrap executable, a name looked up on ``PATH`` or a path.
     """
 
     network: bool = False
+    unix_sockets: bool | None = None
     writable: tuple[str, ...] = attrs.field(default=(), converter=_paths)
     hidden: tuple[str, ...] = attrs.field(default=(), converter=_paths)
+    hide_defaults: bool = True
+    hide_sessions: bool = True
+    protect_git: bool = True
+    tmp_size: int | None = 1 << 30
+    max_processes: int | None = 1024
     bwrap: str = "bwrap"
+
+    @property
+    def allows_unix_sockets(self) -> bool:
+        """Whether commands may create unix sockets (``unix_sockets``, or ``network`` when that is None)."""
+        return self.network if self.unix_sockets is None else self.unix_sockets
 
 
 def to_policy(value: SandboxPolicy | Mapping[str, Any] | bool | None) -> SandboxPolicy | None:
@@ -121,70 +222,309 @@ def describe_sandbox(policy: SandboxPolicy) -> str:
     if policy.writable:
         writable += " and " + ", ".join(policy.writable)
     text = f" Commands run in a sandbox: only {writable} can be written; the rest of the file system is read-only"
-    if policy.hidden:
-        text += " and " + ", ".join(policy.hidden) + " are hidden"
+    hidden = (["credential files such as ~/.ssh"] if policy.hide_defaults else []) + list(policy.hidden)
+    if hidden:
+        text += " and " + ", ".join(hidden) + " are hidden"
+    if policy.protect_git:
+        text += "; .git/hooks and .git/config are read-only"
     text += (
         "; /tmp is private to each command and emptied when it ends; "
         + ("network access is allowed" if policy.network else "there is no network access")
+        + ("" if policy.allows_unix_sockets else " and unix sockets cannot be created")
         + ". A write elsewhere fails with 'Read-only file system': do not retry it, write inside the "
         "working directory instead."
     )
     return text
 
 
-@attrs.frozen
-class Sandbox:
-    """A checked policy: the ``bwrap`` executable found and every path made absolute.
+@attrs.define
+class _Seen:
+    """A hidden path as first seen: where it resolved to, and what it was."""
 
-    Built by :func:`check_sandbox` when the executor opens.
+    real: str
+    dev: int
+    ino: int
+    kind: int  # stat.S_IFMT of the mode
+
+
+def _under(path: str, root: str) -> bool:
+    return path != root and path.startswith(root.rstrip("/") + "/")
+
+
+def _kind_name(kind: int) -> str:
+    return "directory" if kind == stat.S_IFDIR else "symlink" if kind == stat.S_IFLNK else "file"
+
+
+@attrs.define(eq=False)
+class _ProcessBound:
+    """Per-command ``pids`` cgroups under one parent cgroup of this sandbox (root only)."""
+
+    parent: str
+    limit: int
+    _children: list[str] = attrs.field(factory=list)
+    _counter: int = 0
+
+    def new(self) -> str:
+        """A fresh cgroup for one command; returns its ``cgroup.procs`` path."""
+        self._reap()
+        self._counter += 1
+        path = os.path.join(self.parent, f"c{self._counter}")
+        try:
+            os.mkdir(path)
+            with open(os.path.join(path, "pids.max"), "w") as file:
+                file.write(str(self.limit))
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+            raise SandboxUnavailableError(
+                f"the bash sandbox could not create the pids cgroup {path!r} bounding the command's processes: "
+                f"{exc}; or set the sandbox policy's max_processes=None"
+            ) from exc
+        self._children.append(path)
+        return os.path.join(path, "cgroup.procs")
+
+    def _reap(self) -> None:
+        """Remove the cgroups of commands that ended (a cgroup with processes cannot be removed)."""
+        left = []
+        for path in self._children:
+            try:
+                os.rmdir(path)
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:
+                    left.append(path)
+        self._children = left
+
+    def close(self) -> None:
+        self._reap()
+        with contextlib.suppress(OSError):
+            os.rmdir(self.parent)
+
+
+def _pids_hierarchy() -> str | None:
+    """The mount point of a writable cgroup hierarchy with the ``pids`` controller, or None."""
+    try:
+        with open("/proc/self/mountinfo") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return None
+    v2 = None
+    for line in lines:
+        fields, _, tail = line.partition(" - ")
+        parts, rest = fields.split(), tail.split()
+        if len(parts) < 5 or len(rest) < 3:
+            continue
+        point = parts[4].replace("\\040", " ")
+        if rest[0] == "cgroup" and "pids" in rest[2].split(",") and os.access(point, os.W_OK):
+            return point
+        if rest[0] == "cgroup2" and v2 is None:
+            with contextlib.suppress(OSError), open(os.path.join(point, "cgroup.subtree_control")) as control:
+                if "pids" in control.read().split() and os.access(point, os.W_OK):
+                    v2 = point
+    return v2
+
+
+def _sweep_stale(base: str) -> None:
+    """Remove empty cgroups left by harnesses that died without closing their sandbox."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(base):
+            parts = name.split("-")
+            if len(parts) != 4 or parts[:2] != ["trio", "harness"] or not parts[2].isdigit():
+                continue
+            if os.path.exists(f"/proc/{parts[2]}"):
+                continue
+            path = os.path.join(base, name)
+            with contextlib.suppress(OSError):
+                for child in os.listdir(path):
+                    if os.path.isdir(os.path.join(path, child)):
+                        os.rmdir(os.path.join(path, child))
+                os.rmdir(path)
+
+
+@attrs.define(eq=False)
+class Sandbox:
+    """A checked policy: ``bwrap`` found, every path made absolute, the filter and the process bound ready.
+
+    Built by :func:`open_sandbox` when the executor opens; :meth:`close` when it closes.
+
+    Attributes:
+        policy: the policy.
+        bwrap: the bubblewrap executable (absolute).
+        writable: the policy's extra writable paths (resolved).
+        hidden: every path hidden (defaults, session root, the policy's), absolute, symlinks not followed.
+        as_root: whether the harness runs as root (uid 0).
     """
 
     policy: SandboxPolicy
     bwrap: str
     writable: tuple[str, ...]
     hidden: tuple[str, ...]
+    as_root: bool
+    _filter_dir: str = attrs.field(repr=False)
+    _bound: _ProcessBound | None = attrs.field(repr=False)
+    _seen: dict[str, _Seen] = attrs.field(factory=dict, repr=False)
+    # Every writable directory a command of this sandbox has had: what commands could change.
+    _roots: set[str] = attrs.field(factory=set, repr=False)
+
+    @property
+    def _filter_path(self) -> str:
+        return os.path.join(self._filter_dir, "seccomp.bpf")
+
+    def close(self) -> None:
+        """Remove the filter file and the process bound's cgroups (idempotent)."""
+        shutil.rmtree(self._filter_dir, ignore_errors=True)
+        if self._bound is not None:
+            self._bound.close()
+
+    def covered(self, roots: Iterable[str] = ()) -> list[tuple[str, int]]:
+        """The hidden paths to cover now, resolved, with their kind; records what is new.
+
+        Args:
+            roots: the writable directories of the command about to start.
+
+        Raises:
+            BashError: a hidden path seen before, inside a directory some
+                command could write, is gone, or was replaced by a symlink or
+                by a thing of another type (its content may now be elsewhere,
+                visible).  One outside every such directory, which no command
+                could have moved, is forgotten until it reappears.
+        """
+        self._roots.update(roots)
+        for path in self.hidden:
+            real = os.path.realpath(path)
+            if real in self._seen:
+                continue
+            try:
+                info = os.lstat(real)
+            except OSError:
+                continue  # not there: nothing to hide (yet)
+            self._seen[real] = _Seen(real, info.st_dev, info.st_ino, stat.S_IFMT(info.st_mode))
+        covers = []
+        for seen in list(self._seen.values()):
+            writable = any(seen.real == root or _under(seen.real, root) for root in self._roots)
+            try:
+                info = os.lstat(seen.real)
+            except OSError:
+                if not writable:
+                    del self._seen[seen.real]
+                    continue
+                raise BashError(
+                    f"the sandbox refuses to run: hidden path {seen.real!r} was moved or removed since the "
+                    "sandbox first hid it, so its content may now be visible elsewhere; put it back, "
+                    "or open the harness again"
+                ) from None
+            kind = stat.S_IFMT(info.st_mode)
+            if kind != seen.kind and not writable:
+                del self._seen[seen.real]
+                continue  # recorded anew by the next command
+            if kind != seen.kind:
+                raise BashError(
+                    f"the sandbox refuses to run: hidden path {seen.real!r} was a {_kind_name(seen.kind)} and "
+                    f"is now a {_kind_name(kind)} (replaced since the sandbox first hid it, so its content may "
+                    "now be visible elsewhere); put it back, or open the harness again"
+                )
+            # The same path holding a new inode (an editor's atomic save) is hidden as it is.
+            seen.dev, seen.ino = info.st_dev, info.st_ino
+            covers.append((seen.real, kind))
+        return covers
 
     def argv(self, command: Sequence[str], *, workdir: str, writable_dir: str | None) -> list[str]:
-        """The ``bwrap`` command line that runs ``command`` in ``workdir`` inside the sandbox.
+        """The command line that runs ``command`` in ``workdir`` inside the sandbox.
 
         Args:
             command: the command to run inside (``[shell, "-c", command]``).
             workdir: its working directory (absolute).
             writable_dir: a directory it may write besides the policy's paths, or None.
+
+        Raises:
+            BashError: a hidden path was moved or replaced (see :meth:`covered`).
+            SandboxUnavailableError: ``bwrap`` is gone, or the command's cgroup could not be created.
         """
-        argv = [
-            self.bwrap,
-            "--ro-bind", "/", "/",
-            "--dev", "/dev",
-            "--proc", "/proc",
-            "--tmpfs", "/tmp",
-            "--unshare-pid",
-            "--unshare-ipc",
-        ]  # fmt: skip
-        if not self.policy.network:
+        policy = self.policy
+        if not os.access(self.bwrap, os.X_OK):  # sh would only say "not found" on the command's stderr
+            raise SandboxUnavailableError(
+                f"could not start the bash sandbox: {self.bwrap!r} is gone or not executable; {INSTALL_HINT}"
+            )
+        roots = [os.path.realpath(writable_dir)] if writable_dir is not None else []
+        roots += [path for path in self.writable if path not in roots]
+        covers = self.covered(roots)
+        argv = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        if policy.tmp_size is not None:
+            argv += ["--size", str(policy.tmp_size)]
+        argv += ["--tmpfs", "/tmp", "--unshare-pid", "--unshare-ipc", "--cap-drop", "ALL"]
+        if not self.as_root:
+            argv += ["--unshare-user", "--disable-userns"]
+        if not policy.network:
             argv.append("--unshare-net")
+        argv += ["--seccomp", str(_FILTER_FD)]
         # Binds come after the private /tmp, so a writable directory under /tmp
         # (a test's tmp_path) is the real one; hidden paths come last and win.
-        writable = [os.path.realpath(writable_dir)] if writable_dir is not None else []
-        for path in (*writable, *self.writable):
+        for path in roots:
             argv += ["--bind", path, path]
-        for path in self.hidden:
-            if os.path.isdir(path):
-                argv += ["--tmpfs", path]
-            elif os.path.lexists(path):
-                argv += ["--ro-bind", "/dev/null", path]
-        argv += ["--chdir", workdir, "--", *command]
-        return argv
+        pinned: set[str] = set()
+        for real, _kind in covers:
+            for root in roots:
+                if not _under(real, root):
+                    continue
+                ancestor = os.path.dirname(real)
+                chain = []
+                while _under(ancestor, root):
+                    chain.append(ancestor)
+                    ancestor = os.path.dirname(ancestor)
+                for directory in reversed(chain):
+                    if directory not in pinned:
+                        pinned.add(directory)
+                        argv += ["--bind", directory, directory]
+        if policy.protect_git:
+            for root in roots:
+                argv += _git_binds(root)
+        for real, kind in covers:
+            if kind == stat.S_IFDIR:
+                argv += ["--perms", "0555", "--size", str(_COVER_SIZE), "--tmpfs", real]
+            else:
+                argv += ["--ro-bind", "/dev/null", real]
+        argv += ["--chdir", workdir, "--"]
+        inner = list(command)
+        if self._bound is None and policy.max_processes is not None:
+            # Inside the sandbox's user namespace, RLIMIT_NPROC counts only its processes.
+            limit = str(policy.max_processes)
+            script = f'ulimit -u {limit} 2>/dev/null || ulimit -p {limit} || exit 125; exec "$@"'
+            inner = [_SH, "-c", script, "sh", *inner]
+        if self._bound is None:
+            outer = f'exec "$@" {_FILTER_FD}< {shlex.quote(self._filter_path)}'
+        else:
+            procs = self._bound.new()
+            fifo = os.path.join(self._filter_dir, f"go-{os.path.basename(os.path.dirname(procs))}")
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(fifo)  # a command that never started left it
+            os.mkfifo(fifo, 0o600)
+            argv[1:1] = ["--block-fd", str(_BLOCK_FD)]
+            outer = _JOIN.format(
+                procs=shlex.quote(procs),
+                fifo=shlex.quote(fifo),
+                filter=shlex.quote(self._filter_path),
+                filter_fd=_FILTER_FD,
+                block_fd=_BLOCK_FD,
+            )
+        return [_SH, "-c", outer, "sh", *argv, *inner]
 
 
-def check_sandbox(policy: SandboxPolicy) -> Sandbox:
-    """Check ``policy``: find ``bwrap`` and make every path absolute.
+def _git_binds(root: str) -> list[str]:
+    """Binds making ``root/.git``'s hooks and config read-only, and ``.git`` itself impossible to rename."""
+    git = os.path.join(root, ".git")
+    if os.path.islink(git) or not os.path.isdir(git):
+        return []  # no repository, or a .git file naming a git directory elsewhere (docs/sandbox.rst)
+    hooks = os.path.join(git, "hooks")
+    if not os.path.lexists(hooks):
+        with contextlib.suppress(OSError):
+            os.mkdir(hooks)  # so a command cannot create it and fill it
+    binds = ["--bind", git, git]
+    for path in (hooks, os.path.join(git, "config")):
+        if os.path.lexists(path) and not os.path.islink(path):
+            binds += ["--ro-bind", path, path]
+    return binds
 
-    Raises:
-        SandboxUnavailableError: not Linux, or ``bwrap`` not found; the message
-            says how to install it.
-        BashError: a writable path does not exist.
-    """
+
+def _check(policy: SandboxPolicy, session_root: str | None) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
     if not sys.platform.startswith("linux"):
         raise SandboxUnavailableError(
             f"the bash sandbox needs Linux (it runs commands under bubblewrap); this is {sys.platform!r}"
@@ -195,6 +535,15 @@ def check_sandbox(policy: SandboxPolicy) -> Sandbox:
         raise SandboxUnavailableError(
             f"the bash sandbox needs bubblewrap, but {policy.bwrap!r} was not found{where}: {INSTALL_HINT}"
         )
+    for name in ("tmp_size", "max_processes"):
+        value = getattr(policy, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise BashError(f"sandbox {name} must be a positive integer or None, got {value!r}")
+    if policy.max_processes is not None and policy.max_processes < _MIN_PROCESSES:
+        raise BashError(
+            f"sandbox max_processes must be at least {_MIN_PROCESSES} (the sandbox itself runs 3), "
+            f"got {policy.max_processes!r}"
+        )
     writable: list[str] = []
     for path in policy.writable:
         full = os.path.realpath(os.path.expanduser(path))
@@ -203,18 +552,82 @@ def check_sandbox(policy: SandboxPolicy) -> Sandbox:
         if full == "/":
             raise BashError("a sandbox cannot make '/' writable (that is the whole file system); run without one")
         writable.append(full)
-    hidden = tuple(os.path.abspath(os.path.expanduser(path)) for path in policy.hidden)
-    return Sandbox(policy=policy, bwrap=os.path.abspath(found), writable=tuple(writable), hidden=hidden)
+    hidden = list(DEFAULT_HIDDEN) if policy.hide_defaults else []
+    if policy.hide_sessions and session_root is not None:
+        hidden.append(session_root)
+    hidden += policy.hidden
+    absolute = tuple(dict.fromkeys(os.path.abspath(os.path.expanduser(path)) for path in hidden))
+    return os.path.abspath(found), tuple(writable), absolute
 
 
-async def probe_sandbox(sandbox: Sandbox, shell: str) -> None:
-    """Prove, with one real run of ``shell`` inside the sandbox, that ``bwrap`` works here.
+async def open_sandbox(policy: SandboxPolicy, shell: str, *, session_root: str | None = None) -> Sandbox:
+    """Check ``policy``, prepare its filter and process bound, and prove with one real run that it holds.
+
+    The caller closes the result (:meth:`Sandbox.close`).
+
+    Args:
+        policy: the policy.
+        shell: the shell commands run in.
+        session_root: the session store's root, hidden unless ``policy.hide_sessions`` is False.
 
     Raises:
-        SandboxUnavailableError: the probe could not start or failed (typically:
-            namespaces cannot be created); the message says what to do.
+        SandboxUnavailableError: not Linux, ``bwrap`` not found, no seccomp
+            filter for this machine, no way to bound processes, or the probe
+            failed or found the sandboxed shell with capabilities, without the
+            filter or without the bound; the message says what to do.
+        BashError: a setting of the policy is invalid.
     """
-    probe = sandbox.argv([shell, "-c", "exit 0"], workdir="/", writable_dir=None)
+    bwrap, writable, hidden = _check(policy, session_root)
+    try:
+        program = build_filter(unix_sockets=policy.allows_unix_sockets)
+    except UnsupportedArchitectureError as exc:
+        raise SandboxUnavailableError(f"{exc}, so the sandbox cannot run here; run without the sandbox") from exc
+    as_root = os.geteuid() == 0
+    bound = None
+    if as_root and policy.max_processes is not None:
+        base = _pids_hierarchy()
+        if base is None:
+            raise SandboxUnavailableError(
+                "the bash sandbox bounds the processes of a command run as root with a pids cgroup "
+                "(RLIMIT_NPROC does not bind root), and no writable cgroup hierarchy with the pids controller "
+                "is mounted here; mount one, or set the sandbox policy's max_processes=None"
+            )
+        _sweep_stale(base)
+        parent = os.path.join(base, f"trio-harness-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            os.mkdir(parent)
+        except OSError as exc:
+            raise SandboxUnavailableError(
+                f"the bash sandbox could not create the pids cgroup {parent!r}: {exc}; "
+                "or set the sandbox policy's max_processes=None"
+            ) from exc
+        bound = _ProcessBound(parent, policy.max_processes)
+    filter_dir = tempfile.mkdtemp(prefix="trio-harness-sandbox-")
+    sandbox = Sandbox(
+        policy=policy,
+        bwrap=bwrap,
+        writable=writable,
+        hidden=hidden,
+        as_root=as_root,
+        filter_dir=filter_dir,
+        bound=bound,
+    )
+    try:
+        _write(sandbox._filter_path, program)
+        await _probe(sandbox, shell)
+    except BaseException:
+        sandbox.close()
+        raise
+    return sandbox
+
+
+def _write(path: str, data: bytes) -> None:
+    with open(path, "wb") as file:
+        file.write(data)
+
+
+async def _probe(sandbox: Sandbox, shell: str) -> None:
+    probe = sandbox.argv([shell, "-c", _PROBE], workdir="/", writable_dir=None)
     try:
         with trio.move_on_after(_PROBE_BOUND) as bound:
             result = await trio.run_process(probe, capture_stdout=True, capture_stderr=True, check=False)
@@ -235,4 +648,42 @@ async def probe_sandbox(sandbox: Sandbox, shell: str) -> None:
         raise SandboxUnavailableError(
             f"the bash sandbox does not work here: {sandbox.bwrap!r} exited with {result.returncode} "
             f"running {shell!r} ({said or 'no error message'}); {hint}"
+        )
+    _check_probe(sandbox, result.stdout.decode("utf-8", "replace"))
+
+
+def _check_probe(sandbox: Sandbox, report: str) -> None:
+    """Refuse a sandbox whose shell kept a capability, runs without the filter, or without the process bound."""
+    fields: dict[str, str] = {}
+    limits = ""
+    cgroups = []
+    for line in report.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key in ("CapEff", "CapPrm", "Seccomp", "NoNewPrivs"):
+            fields[key] = value.strip()
+        elif line.startswith("Max processes"):
+            limits = line
+        elif line[:1].isdigit() and line.count(":") >= 2:
+            cgroups.append(line.split(":", 2)[2])
+    problems = []
+    for key in ("CapEff", "CapPrm"):
+        if fields.get(key) is None or int(fields[key], 16) != 0:
+            problems.append(f"it still has capabilities ({key} {fields.get(key, 'unknown')})")
+    if fields.get("Seccomp") != "2":
+        problems.append(f"it runs without the seccomp filter (Seccomp {fields.get('Seccomp', 'unknown')})")
+    if fields.get("NoNewPrivs") != "1":
+        problems.append("setuid programs would regain privileges (NoNewPrivs is not set)")
+    limit = sandbox.policy.max_processes
+    if limit is not None:
+        if sandbox._bound is not None:
+            parent = "/" + os.path.basename(sandbox._bound.parent)
+            if not any(path.startswith(parent + "/") for path in cgroups):
+                problems.append(f"it is not in its pids cgroup under {sandbox._bound.parent!r}")
+        elif limits.split()[2:4] != [str(limit), str(limit)]:
+            problems.append(f"its process bound is not set ({limits.strip() or 'no Max processes line'})")
+    if problems:
+        raise SandboxUnavailableError(
+            f"the bash sandbox does not hold here: the probe run under {sandbox.bwrap!r} found that "
+            + "; ".join(problems)
+            + f"; check that {sandbox.bwrap!r} is bubblewrap 0.8 or later, or run without the sandbox"
         )

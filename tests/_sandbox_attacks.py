@@ -1,0 +1,197 @@
+"""Escapes from the bash sandbox, tried for real: run in the test process (as root in CI) and as ``nobody``.
+
+Usage::
+
+    python _sandbox_attacks.py WORKDIR OUTSIDE [NAME ...]
+
+``WORKDIR`` is the commands' writable directory and ``OUTSIDE`` a host
+directory outside ``/tmp`` (visible, read-only, inside the sandbox); both
+must be writable by the user running this.  Prints one JSON object: for each
+attack, ``{"escaped": bool, "evidence": str}``, where ``escaped`` is decided
+outside the sandbox (a file appeared on the host, a listener was reached, a
+secret was printed).  :func:`run_attacks` is the same thing for a test.
+
+The attacks stay harmless where a sandbox fails open: the fork bomb forks at
+most 510 processes, each sleeping 3 s; the network attacks dial listeners this
+process opened on 127.0.0.1 and in ``OUTSIDE``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from trio_harness.bash import BashError, BashRequest, SandboxPolicy, open_bash_executor
+
+SECRET = "hunter2-secret"
+MAX_PROCESSES = 32
+
+_BOMB = """
+import os, time
+def bomb(depth):
+    for _ in range(2):
+        if depth == 0:
+            return
+        try:
+            pid = os.fork()
+        except OSError:
+            print("refused", flush=True)
+            continue
+        if pid == 0:
+            print("forked", flush=True)
+            bomb(depth - 1)
+            time.sleep(3)
+            os._exit(0)
+bomb(8)
+"""
+
+_TIOCSTI = """
+import fcntl, os, termios
+main, tty = os.openpty()
+fcntl.ioctl(tty, termios.TIOCSTI, b"x")
+print("INJECTED")
+"""
+
+_UNIX = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+s.sendall(b"hello")
+print("CONNECTED")
+"""
+
+# name -> commands (run one after the other in WORKDIR); {outside}, {port}, {python} are filled in.
+ATTACKS: dict[str, list[str]] = {
+    "write outside": ["echo pwned > {outside}/written"],
+    "remount / read-write": ["mount -o remount,rw / ; echo pwned > {outside}/remounted"],
+    "umount a hidden path's cover": [
+        "umount {outside}/secrets; umount {outside}/token; umount -l {outside}/secrets;"
+        " cat {outside}/secrets/key {outside}/token"
+    ],
+    "umount /proc and nsenter the host's network": [
+        "umount /proc || umount -l /proc; for p in /proc/[0-9]*; do"
+        " nsenter --net=$p/ns/net bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}' 2>/dev/null && break; done"
+    ],
+    "remount /dev/pts": [
+        "mount -t devpts -o remount,mode=666,ptmxmode=666 devpts /dev/pts && echo MOUNTED;"
+        " mount -t devpts -o newinstance devpts /dev/pts && echo MOUNTED"
+    ],
+    "TIOCSTI into a terminal": ["{python} -c '" + _TIOCSTI + "'"],
+    "a new user namespace": [
+        "unshare --user --map-root-user --mount sh -c 'mount -t tmpfs x {outside} && echo MOUNTED'"
+    ],
+    "connect to a unix socket on the read-only root": ["{python} -c '" + _UNIX + "' {outside}/agent.sock"],
+    "rename a hidden path's parent": ["mv conf1 conf1.moved", "cat conf1.moved/secret.env conf1/secret.env"],
+    "swap a symlinked ancestor of a hidden path": ["rm link && mkdir link", "cat real/secret.env"],
+    "hard-link a hidden file": ["ln conf2/secret.env stolen; cp conf2/secret.env copied", "cat stolen copied"],
+    "leave the process bound's cgroup": [
+        "for f in /sys/fs/cgroup/pids/cgroup.procs /sys/fs/cgroup/cgroup.procs; do"
+        " echo $$ > $f 2>/dev/null && echo ESCAPED; done"
+    ],
+    "fork bomb": ["{python} -c '" + _BOMB + "'"],
+}
+
+
+def prepare(workdir: Path, outside: Path) -> SandboxPolicy:
+    """Plant the secrets the attacks go for; return the policy they run under."""
+    (outside / "secrets").mkdir()
+    (outside / "secrets" / "key").write_text(SECRET)
+    (outside / "token").write_text(SECRET)
+    for name in ("conf1", "conf2", "real"):
+        (workdir / name).mkdir()
+        (workdir / name / "secret.env").write_text(SECRET)
+    (workdir / "link").symlink_to("real")
+    hidden = [
+        outside / "secrets",
+        outside / "token",
+        workdir / "conf1" / "secret.env",
+        workdir / "conf2" / "secret.env",
+        workdir / "link" / "secret.env",
+    ]
+    fields: dict[str, Any] = {"hidden": [str(path) for path in hidden]}
+    if "max_processes" in attrs.fields_dict(SandboxPolicy):  # absent from older versions, to compare
+        fields["max_processes"] = MAX_PROCESSES
+    return SandboxPolicy(**fields)
+
+
+async def run_attacks(workdir: Path, outside: Path, names: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Run the attacks (all, or ``names``); return, for each, whether it escaped and the evidence."""
+    policy = prepare(workdir, outside)
+    tcp = socket.socket()
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(8)
+    tcp.setblocking(False)
+    unix = socket.socket(socket.AF_UNIX)
+    unix.bind(str(outside / "agent.sock"))
+    unix.listen(8)
+    unix.setblocking(False)
+    values = {"outside": str(outside), "port": tcp.getsockname()[1], "python": sys.executable}
+
+    def reached(listener: socket.socket) -> bool:
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            return False
+        conn.close()
+        return True
+
+    checks: dict[str, Callable[[str], bool]] = {
+        "write outside": lambda out: (outside / "written").exists(),
+        "remount / read-write": lambda out: (outside / "remounted").exists(),
+        "umount a hidden path's cover": lambda out: SECRET in out,
+        "umount /proc and nsenter the host's network": lambda out: reached(tcp),
+        "remount /dev/pts": lambda out: "MOUNTED" in out,
+        "TIOCSTI into a terminal": lambda out: "INJECTED" in out,
+        "a new user namespace": lambda out: "MOUNTED" in out,
+        "connect to a unix socket on the read-only root": lambda out: reached(unix) or "CONNECTED" in out,
+        "rename a hidden path's parent": lambda out: SECRET in out,
+        "swap a symlinked ancestor of a hidden path": lambda out: SECRET in out,
+        "hard-link a hidden file": lambda out: SECRET in out,
+        "leave the process bound's cgroup": lambda out: "ESCAPED" in out,
+        "fork bomb": lambda out: out.count("forked") >= MAX_PROCESSES,
+    }
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        async with open_bash_executor(sandbox=policy, grace_period=0.5) as executor:
+            # A Python that runs inside (a virtual environment under /root does not, for nobody),
+            # so the Python attacks are really tried.
+            for candidate in dict.fromkeys([sys.executable, "/usr/bin/python3", shutil.which("python3") or ""]):
+                check = f"{candidate} -c 'import fcntl, socket, termios; print(\"ok\")'"
+                if candidate and (await executor.run(executor.resolve(BashRequest(check)))).stdout == "ok\n":
+                    values["python"] = candidate
+                    break
+            else:
+                raise RuntimeError("no Python interpreter runs inside the sandbox: the attacks cannot be tried")
+            for name in names or list(ATTACKS):
+                evidence = []
+                for template in ATTACKS[name]:
+                    command = template.format(**values)
+                    try:
+                        result = await executor.run(
+                            executor.resolve(BashRequest(command, workdir=str(workdir), timeout=20))
+                        )
+                    except BashError as exc:
+                        evidence.append(f"refused to run: {exc}")
+                        continue
+                    evidence.append(f"exit {result.exit_code}\n{result.stdout}{result.stderr}")
+                out = "\n".join(evidence)
+                results[name] = {"escaped": checks[name](out), "evidence": out[-3000:]}
+    finally:
+        tcp.close()
+        unix.close()
+    return results
+
+
+if __name__ == "__main__":
+    workdir, outside, *names = sys.argv[1:]
+    os.umask(0o022)
+    print(json.dumps(trio.run(run_attacks, Path(workdir), Path(outside), names or None)))

@@ -1,0 +1,326 @@
+"""The bash sandbox against someone who controls the commands (docs/sandbox.rst, "Threat model").
+
+Every attack of ``_sandbox_attacks.py`` runs for real, in this process (as
+root in CI) and as the unprivileged user ``nobody``; whether it escaped is
+decided outside the sandbox.  Then the defaults: hidden credentials and
+session store, read-only ``.git`` hooks and config, the ``/tmp`` cap, the
+unix-socket switch, and the probe that refuses a sandbox which keeps
+capabilities or runs without its filter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from _sandbox_attacks import ATTACKS, SECRET, run_attacks
+
+import trio_harness
+from trio_harness import BashOptions, BashToolOptions, ScriptedModel
+from trio_harness.bash import (
+    BashError,
+    BashExecutor,
+    BashRequest,
+    SandboxPolicy,
+    SandboxUnavailableError,
+    open_bash_executor,
+)
+from trio_harness.session import _events as ev
+from trio_harness.testing import open_test_harness
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None and not os.environ.get("CI"),
+    reason="the bash sandbox needs bubblewrap, which is not installed (apt-get install bubblewrap); "
+    "with CI set these tests fail instead",
+)
+
+NOBODY = 65534
+AS_ROOT = os.geteuid() == 0
+
+
+def _host_dir(prefix: str) -> Path:
+    # Outside /tmp, so it is visible inside the sandbox (its /tmp is private).
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+
+
+@pytest.fixture
+def outside() -> Iterator[Path]:
+    path = _host_dir("trio-harness-escape-out-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    path = _host_dir("trio-harness-escape-work-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def run(executor: BashExecutor, command: str, workdir: Path, **request: Any) -> Any:
+    return await executor.run(executor.resolve(BashRequest(command, workdir=str(workdir), **request)))
+
+
+# ------------------------------------------------------------------ the attacks
+
+
+@pytest.mark.parametrize("name", list(ATTACKS))
+async def test_the_attack_is_refused(name: str, work: Path, outside: Path) -> None:
+    results = await run_attacks(work, outside, [name])
+    assert not results[name]["escaped"], results[name]["evidence"]
+
+
+def _as_nobody(*argv: str) -> list[str]:
+    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", *argv]
+
+
+def _unprivileged_namespaces_work() -> str | None:
+    """None when ``nobody`` can run bwrap here; else why not."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "bubblewrap is not installed (apt-get install bubblewrap)"
+    probe = subprocess.run(
+        _as_nobody(bwrap, "--unshare-user", "--ro-bind", "/", "/", "true"), capture_output=True, text=True, check=False
+    )
+    if probe.returncode != 0:
+        return f"unprivileged user namespaces do not work here: bwrap as nobody said {probe.stderr.strip()!r}"
+    return None
+
+
+async def test_the_attacks_are_refused_for_an_unprivileged_user() -> None:
+    if AS_ROOT:
+        why = _unprivileged_namespaces_work()
+        if why is not None and not os.environ.get("CI"):
+            pytest.skip(why)
+    work = _host_dir("trio-harness-nobody-work-")
+    outside = _host_dir("trio-harness-nobody-out-")
+    try:
+        if AS_ROOT:
+            for path in (work, outside):
+                os.chown(path, NOBODY, NOBODY)
+        tests = Path(__file__).parent
+        package_root = Path(trio_harness.__file__).parent.parent
+        argv = [sys.executable, str(tests / "_sandbox_attacks.py"), str(work), str(outside)]
+        env = {**os.environ, "PYTHONPATH": f"{package_root}:{tests}", "HOME": str(outside)}
+        if AS_ROOT:
+            imports = subprocess.run(
+                _as_nobody(sys.executable, "-c", "import _sandbox_attacks"), env=env, capture_output=True, text=True
+            )
+            if imports.returncode != 0:
+                why = f"nobody cannot run this interpreter and checkout: {imports.stderr.strip()[-500:]}"
+                if not os.environ.get("CI"):
+                    pytest.skip(why)
+                raise AssertionError(why + " (make the checkout and the virtual environment readable by nobody)")
+        with trio.fail_after(120):
+            done = await trio.run_process(
+                _as_nobody(*argv) if AS_ROOT else argv, capture_stdout=True, capture_stderr=True, env=env, check=False
+            )
+        assert done.returncode == 0, done.stderr.decode()
+        results = json.loads(done.stdout)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(outside, ignore_errors=True)
+    assert set(results) == set(ATTACKS)
+    escaped = {name: result["evidence"] for name, result in results.items() if result["escaped"]}
+    assert escaped == {}
+
+
+async def test_a_hidden_path_moved_or_replaced_on_the_host_refuses_commands(work: Path, outside: Path) -> None:
+    (work / "conf").mkdir()
+    (work / "conf" / "secret.env").write_text(SECRET)
+    (work / "token").write_text(SECRET)
+    (outside / "key").write_text(SECRET)  # outside every writable directory: no command could move it
+    policy = SandboxPolicy(hidden=[str(work / "conf" / "secret.env"), str(work / "token"), str(outside / "key")])
+    async with open_bash_executor(sandbox=policy, grace_period=0.5) as executor:
+        assert (await run(executor, f"cat token conf/secret.env {outside}/key", work)).stdout == ""
+        (outside / "key").unlink()  # the user removed it: commands go on
+        assert (await run(executor, "true", work)).exit_code == 0
+        (outside / "key").write_text(SECRET)  # and it is hidden again when it is back
+        assert (await run(executor, f"cat {outside}/key", work)).stdout == ""
+        # An editor's atomic save puts a new inode at the same path: still hidden.
+        (work / "token.new").write_text(SECRET + "2")
+        os.replace(work / "token.new", work / "token")
+        again = await run(executor, "cat token", work)
+        assert SECRET not in again.stdout and "Permission denied" in again.stderr
+
+        (work / "conf").rename(work / "conf.moved")
+        with pytest.raises(BashError, match=r"hidden path .*conf/secret.env' was moved or removed"):
+            await run(executor, "cat conf.moved/secret.env", work)
+        (work / "conf.moved").rename(work / "conf")
+        assert (await run(executor, "cat conf/secret.env", work)).stdout == ""
+
+        (work / "token").rename(work / "token.real")
+        (work / "token").symlink_to("token.real")
+        with pytest.raises(BashError, match=r"token' was a file and is now a symlink"):
+            await run(executor, "cat token.real", work)
+
+
+# ------------------------------------------------------------------ the defaults
+
+
+async def test_credentials_in_home_are_hidden_by_default(
+    work: Path, outside: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = outside
+    for name in (".ssh/id_ed25519", ".gnupg/private-keys-v1.d/k.key", ".aws/credentials", ".config/gcloud/adc.json"):
+        (home / name).parent.mkdir(parents=True, exist_ok=True)
+        (home / name).write_text(SECRET)
+    (home / ".netrc").write_text(SECRET)
+    (home / ".bashrc").write_text("visible")
+    monkeypatch.setenv("HOME", str(home))
+    read = (
+        "cat ~/.ssh/id_ed25519 ~/.gnupg/private-keys-v1.d/k.key ~/.aws/credentials ~/.config/gcloud/adc.json ~/.netrc"
+    )
+    async with open_bash_executor(sandbox=True, grace_period=0.5) as executor:
+        hidden = await run(executor, f"{read}; cat ~/.bashrc; head -c 5 /etc/shadow", work)
+        assert SECRET not in hidden.stdout and hidden.stdout == "visible"
+        assert "Permission denied" in hidden.stderr  # ~/.netrc and /etc/shadow: unreadable files
+    async with open_bash_executor(sandbox=SandboxPolicy(hide_defaults=False), grace_period=0.5) as executor:
+        shown = await run(executor, read, work)
+        assert shown.stdout == SECRET * 5
+
+
+async def test_the_session_store_is_hidden_from_the_bash_tool(tmp_path: Path, outside: Path) -> None:
+    store = outside / "store"
+    (store / "other-session").mkdir(parents=True)
+    (store / "other-session" / "log.jsonl").write_text(SECRET)
+    command = f"echo entries: $(ls -A {store} | wc -l); cat {store}/other-session/log.jsonl"
+    outputs = []
+    for policy in (SandboxPolicy(), SandboxPolicy(hide_sessions=False)):
+        model = ScriptedModel([{"tool_calls": [{"name": "bash", "arguments": {"command": command}}]}, {"text": "ok"}])
+        async with open_test_harness(
+            model,
+            store=str(store),
+            builtin_tools=["bash", "tasks"],
+            bash_options=BashOptions(sandbox=policy),
+            bash_tool_options=BashToolOptions(requires_approval=False),
+        ) as harness:
+            async with harness.agents.open(cwd=str(tmp_path)) as agent:
+                agent.followup("look")
+                await agent.when_idle()
+                (result,) = [e for e in agent.session.events if isinstance(e, ev.ToolResult)]
+                outputs.append(result.content)
+    assert SECRET not in outputs[0] and "entries: 0\n" in outputs[0], outputs[0]
+    assert SECRET in outputs[1], outputs[1]
+
+
+@pytest.mark.skipif(shutil.which("git") is None and not os.environ.get("CI"), reason="git is not installed")
+async def test_git_hooks_and_config_are_read_only(work: Path) -> None:
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    config = (work / ".git" / "config").read_text()
+    shutil.rmtree(work / ".git" / "hooks")  # a repository without a hooks directory gets one
+    attack = (
+        "echo 'touch pwned' > .git/hooks/pre-commit; printf '[core]\\n\\tfsmonitor = touch pwned\\n' >> .git/config;"
+        " mv .git .git.moved; mv .git/hooks .git/hooks.moved"
+    )
+    commit = "git -c user.name=a -c user.email=a@b commit -q --allow-empty -m work && git log --format=%s"
+    async with open_bash_executor(sandbox=True, grace_period=0.5) as executor:
+        refused = await run(executor, attack, work)
+        assert refused.stderr.count("Read-only file system") == 2, refused.stderr
+        assert refused.stderr.count("Device or resource busy") == 2, refused.stderr
+        assert not (work / ".git" / "hooks" / "pre-commit").exists()
+        assert (work / ".git" / "config").read_text() == config
+        assert (work / ".git").is_dir() and not (work / ".git.moved").exists()
+        committed = await run(executor, commit, work)  # the repository still works
+        assert (committed.exit_code, committed.stdout) == (0, "work\n"), committed.stderr
+    async with open_bash_executor(sandbox=SandboxPolicy(protect_git=False), grace_period=0.5) as executor:
+        allowed = await run(executor, "echo 'exit 0' > .git/hooks/pre-commit", work)
+        assert allowed.exit_code == 0 and (work / ".git" / "hooks" / "pre-commit").exists()
+
+
+async def test_tmp_has_a_size_cap(work: Path) -> None:
+    async with open_bash_executor(sandbox=SandboxPolicy(tmp_size=1 << 20), grace_period=0.5) as executor:
+        full = await run(executor, "head -c 2000000 /dev/zero > /tmp/big", work)
+        assert full.exit_code != 0 and "No space left on device" in full.stderr
+    async with open_bash_executor(sandbox=True, grace_period=0.5) as executor:
+        size = await run(executor, "df -k --output=size /tmp | tail -1", work)
+        assert int(size.stdout) == 1 << 20  # KiB: 1 GiB by default
+    with pytest.raises(BashError, match="tmp_size must be a positive integer"):
+        async with open_bash_executor(sandbox=SandboxPolicy(tmp_size=0)):
+            pass
+    with pytest.raises(BashError, match="max_processes must be at least 8"):
+        async with open_bash_executor(sandbox=SandboxPolicy(max_processes=2)):
+            pass
+
+
+async def test_unix_sockets_follow_the_policy(work: Path, outside: Path) -> None:
+    path = outside / "agent.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(8)
+    listener.setblocking(False)
+    connect = f"{sys.executable} -c 'import socket; socket.socket(socket.AF_UNIX).connect(\"{path}\")'"
+    pair = f"{sys.executable} -c 'import socket; a, b = socket.socketpair(); a.send(b\"ok\"); print(b.recv(2))'"
+
+    def accepted() -> int:
+        count = 0
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except BlockingIOError:
+                return count
+            conn.close()
+            count += 1
+
+    try:
+        cases = [
+            (SandboxPolicy(), False),
+            (SandboxPolicy(unix_sockets=True), True),
+            (SandboxPolicy(network=True), True),
+            (SandboxPolicy(network=True, unix_sockets=False), False),
+            (SandboxPolicy(unix_sockets=True, hidden=[str(path)]), False),
+        ]
+        for policy, reachable in cases:
+            async with open_bash_executor(sandbox=policy, grace_period=0.5) as executor:
+                result = await run(executor, connect, work)
+                assert (result.exit_code == 0, accepted()) == (reachable, int(reachable)), (policy, result)
+                if not reachable and not policy.allows_unix_sockets:
+                    assert "Operation not permitted" in result.stderr
+                assert (await run(executor, pair, work)).stdout == "b'ok'\n"  # socketpair stays allowed
+    finally:
+        listener.close()
+
+
+# ------------------------------------------------------------------ the probe
+
+
+def _bwrap_without(tmp_path: Path, option: str) -> str:
+    """A bwrap that drops ``option`` and its argument from its command line, then runs the real one."""
+    real = shutil.which("bwrap")
+    assert real is not None
+    script = tmp_path / f"bwrap-without{option}"
+    script.write_text(
+        "#!/bin/sh\n"
+        'for a; do shift; if [ -n "$skip" ]; then skip=; continue; fi\n'
+        f'if [ "$a" = {option} ]; then skip=1; continue; fi; set -- "$@" "$a"; done\n'
+        f'exec {real} "$@"\n'
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="only a bwrap run by root keeps capabilities to drop")
+async def test_the_probe_refuses_a_sandbox_that_keeps_capabilities(tmp_path: Path) -> None:
+    with pytest.raises(SandboxUnavailableError, match=r"still has capabilities \(CapEff 000001ff"):
+        async with open_bash_executor(sandbox=SandboxPolicy(bwrap=_bwrap_without(tmp_path, "--cap-drop"))):
+            raise AssertionError("opened a sandbox with capabilities")
+
+
+async def test_the_probe_refuses_a_sandbox_without_its_filter(tmp_path: Path) -> None:
+    with pytest.raises(SandboxUnavailableError, match=r"runs without the seccomp filter \(Seccomp 0\)"):
+        async with open_bash_executor(sandbox=SandboxPolicy(bwrap=_bwrap_without(tmp_path, "--seccomp"))):
+            raise AssertionError("opened a sandbox without its filter")
