@@ -253,8 +253,9 @@ async def test_the_proc_scan_sees_the_sandbox_after_bwrap_exits(tmp_path: Path) 
         with trio.fail_after(BOUND):
             assert await process.stdout.receive_some() == b"started\n"
             assert await process.wait() == 0  # bwrap reports the shell's exit
+        # The subshell may not have exec'd sleep yet when bwrap exits: wait for it (bounded).
+        await wait_until(lambda: b"sleep 300" in members(process.pid).values())
         inside = members(process.pid)
-        assert any(cmd == b"sleep 300" for cmd in inside.values()), inside
         assert group_alive(process.pid)
         signal_group(process.pid, signal.SIGTERM)  # ignored by the sleep and by the sandbox's PID 1
         with trio.move_on_after(0.3):
