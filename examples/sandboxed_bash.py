@@ -24,7 +24,7 @@ from typing import Any
 
 import trio
 
-from trio_harness import BashOptions, ScriptedModel, open_harness
+from trio_harness import BashOptions, ScriptedModel, allow_all, open_harness
 from trio_harness import events as ev
 from trio_harness.bash import SandboxPolicy, SandboxUnavailableError
 
@@ -51,7 +51,8 @@ async def main() -> None:
     options = BashOptions(sandbox=SandboxPolicy(network=False))
     with tempfile.TemporaryDirectory(prefix="sandboxed-bash-") as project:
         try:
-            async with open_harness(model=model, bash_options=options) as harness:
+            # allow_all: the sandbox, not a question, is what confines these commands.
+            async with open_harness(model=model, bash_options=options, approver=allow_all) as harness:
                 tool = harness.tools.get("bash")
                 assert tool is not None
                 print("the bash tool tells the model:")

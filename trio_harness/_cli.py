@@ -469,6 +469,7 @@ async def _serve_acp(
 ) -> int:
     from ._harness import open_harness
     from .acp._server import serve_stdio
+    from .agents._approval import allow_all
 
     options: dict[str, Any] = {"ask_permission": not args.yes}
     if missing_key is not None:
@@ -492,6 +493,8 @@ async def _serve_acp(
                 model=provider,
                 store=args.store,
                 builtin_tools=args.tools,
+                # --yes: the server asks nobody, and every call that requires approval runs.
+                approver=allow_all if args.yes else None,
                 bash_options=_bash_options(args),
                 mcp_servers=servers,
                 model_settings=_model_settings(args),
@@ -621,6 +624,7 @@ async def _run_prompt(
 ) -> int:
     from ._cli_progress import Printer, Style, use_colour
     from ._harness import open_harness
+    from .agents._approval import allow_all
     from .agents._inbox import new_message_id
     from .agents._turns import TurnWatcher
     from .session._events import InboxMessage
@@ -638,13 +642,13 @@ async def _run_prompt(
     entered = False
     agent_id: str | None = None
     outcome: TurnOutcome | None = None
-    approver = None if args.yes else _TerminalApprover(printer)
+    terminal = None if args.yes else _TerminalApprover(printer)
     try:
         async with open_harness(
             model=provider,
             store=args.store,
             builtin_tools=args.tools,
-            approver=approver,
+            approver=allow_all if terminal is None else terminal,
             bash_options=_bash_options(args),
             mcp_servers=servers,
             model_settings=_model_settings(args),
@@ -720,8 +724,8 @@ async def _run_prompt(
             _error(str(exc))
         return EXIT_FAILED
     finally:
-        if approver is not None:
-            await approver.aclose()
+        if terminal is not None:
+            await terminal.aclose()
     code = _exit_code(outcome, interrupted=interrupts > 0)
     if agent_id is not None and not args.quiet:
         _resume_hint(args, agent_id, kept=code != EXIT_OK)
