@@ -167,7 +167,7 @@ async def test_on_a_terminal_each_command_is_asked_y_n_always(
     code, output, asked = await run_on_a_terminal(tmp_path, answers)
     assert code == 0, output
     assert asked == len(answers)
-    assert f"[approve] bash: {ONE}: allow? [y]es / [n]o / [a]lways: " in output
+    assert f"[approve] bash in {tmp_path}:\n    {ONE}\nallow? [y]es / [n]o / [a]lways: " in output
     if answers[0] == "maybe":
         assert "please answer y (yes), n (no, optionally followed by a reason) or a (always)" in output
     assert written(tmp_path) == lines
