@@ -24,7 +24,7 @@ session.
 
 Exit codes: 0 success; 1 a failed turn or an unreadable session; 2 a usage
 error (bad ``--model``, missing API key for ``run``, unknown session, ``--sandbox`` without
-a working bubblewrap, a bad ``--mcp-config`` or an MCP server that does not
+a working bubblewrap, ``--sandbox-hide`` without ``--sandbox``, a bad ``--mcp-config`` or an MCP server that does not
 start, an unreadable ``--system-file``); 3 a turn stopped by a limit (max
 tokens, max steps, a budget); 130 interrupted (Ctrl-C, after cancelling
 the turn cleanly).
@@ -33,7 +33,8 @@ Approval (docs/approval.rst): ``run`` asks ``y / n / always`` on the terminal
 before each call that requires approval (``bash`` commands); without a
 terminal it denies them and says so on stderr; ``--yes`` runs them without
 asking.  ``acp`` asks the client with ``session/request_permission``;
-``acp --yes`` turns asking off.
+``acp --yes`` turns asking off.  Text from the model or a tool written to a terminal is made
+inert (:func:`trio_harness._cli_progress.inert`); to a file or pipe it is exact.
 
 ``acp`` without the model's API key still answers the handshake: it
 advertises the key as an ``env_var`` auth method and ``authenticate`` says
