@@ -317,3 +317,55 @@ async def test_a_bad_scripted_file_is_named_once(tmp_path: Path) -> None:
     assert result.returncode == 2
     err = result.stderr.decode()
     assert err.count("scripted model file") == 1 and "responses[0]: unknown keys ['bogus']" in err
+
+
+async def test_on_a_terminal_a_retry_shows_its_reason_first_and_counts_down(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    from _sse_server import DONE, Respond, Stream, sse_finish, sse_text, start_server
+
+    server = await start_server(
+        nursery,
+        Respond(503, {"error": {"message": "model overloaded"}}, headers={"Retry-After": "3"}),
+        Stream([sse_text("recovered"), sse_finish("stop"), DONE]),
+    )
+    model = f"openai:m@{server.base_url}"
+    master, slave = pty.openpty()
+    try:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-c", WRAPPER, "run", "hi", "--model", model, "--store", str(tmp_path / "s")],
+            cwd=tmp_path,
+            env=cli_env(OPENAI_API_KEY="k"),
+            stdin=subprocess.DEVNULL,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+        )
+    finally:
+        os.close(slave)
+    terminal = trio.lowlevel.FdStream(master)
+    output = b""
+    try:
+        with trio.fail_after(WAIT):
+            while True:
+                try:
+                    data = await terminal.receive_some()
+                except (trio.BrokenResourceError, OSError):
+                    data = b""
+                if not data:
+                    break
+                output += data
+            assert await process.wait() == 0, output
+    finally:
+        if process.returncode is None:
+            process.kill()
+        with trio.CancelScope(shield=True):
+            await process.wait()
+            await terminal.aclose()
+    text = output.decode()
+    # The reason (cut to fit: the provider's message is long) comes first, then the countdown.
+    assert "… openai:m@http://127.0.0.1:" in text
+    shown = re.findall(r"\(http-503\): retry 1 of 4 in ([0-9.]+s)", text)
+    assert shown[:1] == ["3s"], text
+    assert "2s" in shown and len(set(shown)) >= 3  # counted down while waiting
+    assert "recovered" in text

@@ -255,7 +255,9 @@ class Printer:
         elif isinstance(event, ev.RequestRetry):
             # The reason first, then the wait, counted down by tick().
             of = f" of {self.max_retries}" if self.max_retries is not None else ""
-            text = f"{event.failure.message} ({event.failure.code}): retry {event.attempt}{of}"
+            # The reason is cut so that the status line always shows the countdown.
+            reason = f"{shorten(event.failure.message, 60)} ({shorten(event.failure.code, 12)})"
+            text = f"{reason}: retry {event.attempt}{of}"
             self.set_status(f"{text} in {_seconds(event.delay)}")
             self._retry = (text, trio.current_time() + event.delay)
         elif isinstance(event, ev.ToolCallRequested):
