@@ -50,7 +50,6 @@ import functools
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -590,6 +589,18 @@ def approval_question(request: ApprovalRequest, *, width: int = 80) -> str:
     return "\n".join(lines)
 
 
+def _stderr_columns() -> int:
+    """The width of the terminal the question goes to: ``$COLUMNS``, else stderr's, else 80."""
+    try:
+        return int(os.environ.get("COLUMNS", "")) or 80
+    except ValueError:
+        pass
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns or 80
+    except (OSError, ValueError):
+        return 80
+
+
 class _TerminalApprover:
     """The approver of ``run``: asks ``y / n / always`` on the terminal.
 
@@ -632,7 +643,7 @@ class _TerminalApprover:
                 "there is no terminal to ask the user for approval; "
                 "the user can rerun trio-harness with --yes to allow tool calls"
             )
-        question = approval_question(request, width=shutil.get_terminal_size().columns)
+        question = approval_question(request, width=_stderr_columns())
         async with self._lock:
             self.printer.break_line()
             print(question, file=sys.stderr, flush=True)
