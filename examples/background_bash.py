@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from trio_harness import ScriptedModel, open_harness
+from trio_harness import ScriptedModel, allow_all, open_harness
 from trio_harness import events as ev
 
 
@@ -54,7 +54,8 @@ async def main() -> None:
             {"text": "The build finished: build ok."},
         ]
     )
-    async with open_harness(model=model) as harness, harness.agents.open() as agent:
+    # allow_all: every bash command runs unasked (without an approver they are denied; see approval.py).
+    async with open_harness(model=model, approver=allow_all) as harness, harness.agents.open() as agent:
         turn_two_ended = trio.Event()
 
         def on_event(event: ev.Event) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 
-from trio_harness import BashOptions, BashToolOptions, ScriptedModel, open_harness
+from trio_harness import BashOptions, ScriptedModel, allow_all, open_harness
 from trio_harness import events as ev
 from trio_harness.bash import SandboxPolicy, SandboxUnavailableError
 
@@ -58,10 +58,8 @@ async def main() -> None:
     options = BashOptions(sandbox=SandboxPolicy(network=False))
     with tempfile.TemporaryDirectory(prefix="sandboxed-bash-") as project:
         try:
-            # Approval is a separate matter (docs/approval.rst): this scripted run approves everything.
-            async with open_harness(
-                model=model, bash_options=options, bash_tool_options=BashToolOptions(requires_approval=False)
-            ) as harness:
+            # allow_all: the sandbox, not a question, is what confines these commands.
+            async with open_harness(model=model, bash_options=options, approver=allow_all) as harness:
                 tool = harness.tools.get("bash")
                 assert tool is not None
                 print("the bash tool tells the model:")

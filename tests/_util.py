@@ -6,8 +6,13 @@ import os
 
 from trio_harness.agents import Agent
 from trio_harness.session import _events as ev
+from trio_harness.tools import BashToolOptions
 
-__all__ = ["WAIT", "group_alive", "turn_ends"]
+__all__ = ["UNASKED_BASH", "WAIT", "group_alive", "turn_ends"]
+
+UNASKED_BASH = BashToolOptions(requires_approval=False)
+"""``open_harness(bash_tool_options=UNASKED_BASH)``: ``bash`` commands run without an approver
+(without it, a harness with no approver denies them; docs/approval.rst)."""
 
 WAIT = 60.0
 """The bound, in seconds of real time, on any wait for something real: a subprocess,

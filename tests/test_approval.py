@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from trio_harness import ApprovalDecision, ApprovalRequest, BashToolOptions, open_harness
+from trio_harness import ApprovalDecision, ApprovalRequest, BashToolOptions, allow_all, open_harness
 from trio_harness._errors import EventDecodeError, ToolError
 from trio_harness.agents import AgentOptions, ReactAgent, Tool, ToolContext
 from trio_harness.model import ToolMessage
@@ -80,16 +80,65 @@ def results(agent: object) -> list[ev.ToolResult]:
 # ---------------------------------------------------------------- basics
 
 
-async def test_without_an_approver_calls_that_require_approval_run_as_before() -> None:
+async def test_without_an_approver_calls_that_require_approval_are_denied_saying_how_to_allow_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     ran = Ran()
-    model = ScriptedModel([{"tool_calls": [call("danger")]}, {"text": "done"}])
+    model = ScriptedModel(
+        [{"tool_calls": [call("danger"), call("safe")]}, {"tool_calls": [call("danger", "2")]}, {"text": "done"}]
+    )
     async with open_test_harness(model) as h, h.agents.open() as agent:
         h.tools.add(ran.tool())
+        h.tools.add(ran.tool("safe", requires_approval=False))
         agent.followup("go")
         await agent.when_idle()
-        assert ran.calls == [{"tool": "danger", "x": "1"}]
-        assert of(agent, ev.ApprovalRequested) == [] and of(agent, ev.ApprovalDecided) == []
-        assert results(agent)[0].content == "danger ran 1"
+        assert ran.calls == [{"tool": "safe", "x": "1"}]  # only the call that needs no approval ran
+        assert of(agent, ev.ApprovalRequested) == []  # nobody was asked
+        decided = of(agent, ev.ApprovalDecided)
+        assert [(d.name, d.outcome, d.source) for d in decided] == [("danger", "deny", "error")] * 2
+        denied = [r for r in results(agent) if r.name == "danger"]
+        for result in denied:
+            assert result.is_error
+            assert result.content.startswith("error: denied: the call to 'danger' requires approval and no approver")
+            for how in ("approver=", "allow_all", "BashToolOptions(requires_approval=False)"):
+                assert how in result.content
+        assert all(d.message and "allow_all" in d.message for d in decided)
+    # The developer sees it once per agent on the library's log, besides the session log.
+    warnings = [r for r in caplog.records if r.name == "trio_harness.agent" and "no approver" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelname == "WARNING"
+
+
+async def test_without_an_approver_bash_does_not_run_a_command(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    model = ScriptedModel(
+        [{"tool_calls": [{"name": "bash", "arguments": {"command": f"touch {marker}"}}]}, {"text": "ok"}]
+    )
+    async with open_harness(model=model, store=tmp_path / "s") as h, h.agents.open(cwd=str(tmp_path)) as agent:
+        agent.followup("go")
+        await agent.when_idle()
+        (result,) = results(agent)
+        assert result.is_error and "no approver is configured" in result.content
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("where", ["harness", "agent"])
+async def test_allow_all_runs_every_call_unasked_and_logs_each(tmp_path: Path, where: str) -> None:
+    marker = tmp_path / "ran"
+    model = ScriptedModel(
+        [{"tool_calls": [{"name": "bash", "arguments": {"command": f"touch {marker}"}}]}, {"text": "ok"}]
+    )
+    harness_approver = allow_all if where == "harness" else None
+    options = AgentOptions(approver=allow_all) if where == "agent" else None
+    async with (
+        open_harness(model=model, store=tmp_path / "s", approver=harness_approver) as h,
+        h.agents.open(cwd=str(tmp_path), options=options) as agent,
+    ):
+        agent.followup("go")
+        await agent.when_idle()
+        assert [(d.outcome, d.source) for d in of(agent, ev.ApprovalDecided)] == [("allow_once", "approver")]
+        (result,) = results(agent)
+        assert not result.is_error
+    assert marker.exists()
 
 
 async def test_allow_once_runs_the_call_and_logs_who_approved_what() -> None:

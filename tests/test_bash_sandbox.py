@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import trio
 
-from trio_harness import BashOptions, ScriptedModel
+from trio_harness import BashOptions, BashToolOptions, ScriptedModel
 from trio_harness.bash import (
     BashError,
     BashExecutor,
@@ -446,7 +446,11 @@ async def test_the_tool_says_it_is_sandboxed_and_writes_only_the_session_directo
         {"name": "bash", "arguments": {"command": "echo b > made-there", "workdir": str(outside)}},
     ]
     model = ScriptedModel([{"tool_calls": calls}, {"text": "done"}])
-    async with open_test_harness(model, builtin_tools=["bash", "tasks"], bash_options=BashOptions(sandbox=True)) as h:
+    unasked = BashToolOptions(requires_approval=False)
+    sandboxed = BashOptions(sandbox=True)
+    async with open_test_harness(
+        model, builtin_tools=["bash", "tasks"], bash_options=sandboxed, bash_tool_options=unasked
+    ) as h:
         tool = h.tools.get("bash")
         assert tool is not None and "run in a sandbox" in tool.description
         async with h.agents.open(cwd=str(tmp_path)) as agent:

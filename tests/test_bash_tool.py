@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from _util import WAIT, group_alive
+from _util import UNASKED_BASH, WAIT, group_alive
 
 from trio_harness import AgentOptions, ScriptedModel
 from trio_harness._errors import TaskNotFoundError
@@ -30,7 +30,7 @@ async def test_foreground_output_exit_code_and_workdir(tmp_path: Any) -> None:
         {"name": "bash", "arguments": {"command": "pwd; echo oops >&2; exit 4", "run_in_background": False}},
     ]
     model = ScriptedModel([{"tool_calls": calls}, {"text": "done"}])
-    async with open_test_harness(model, builtin_tools=True) as h:
+    async with open_test_harness(model, builtin_tools=True, bash_tool_options=UNASKED_BASH) as h:
         async with h.agents.open(cwd=str(tmp_path)) as agent:
             agent.followup("go")
             await agent.when_idle()
@@ -43,7 +43,10 @@ async def test_foreground_output_exit_code_and_workdir(tmp_path: Any) -> None:
 async def test_foreground_timeout_is_marked() -> None:
     calls = [{"name": "bash", "arguments": {"command": "sleep 30", "timeout_ms": 200, "run_in_background": False}}]
     model = ScriptedModel([{"tool_calls": calls}, {"text": "done"}])
-    async with open_test_harness(model, builtin_tools=True) as h, h.agents.open() as agent:
+    async with (
+        open_test_harness(model, builtin_tools=True, bash_tool_options=UNASKED_BASH) as h,
+        h.agents.open() as agent,
+    ):
         agent.followup("go")
         with trio.fail_after(WAIT):
             await agent.when_idle()
@@ -57,8 +60,8 @@ async def test_background_disabled_removes_the_parameter_and_refuses_forced_call
             {"text": "ok"},
         ]
     )
-    async with open_test_harness(model, builtin_tools=["tasks"]) as h:
-        plugin = BashToolPlugin(h.bash, h.tasks, h.tools, run_in_background=False)
+    async with open_test_harness(model, builtin_tools=["tasks"], bash_tool_options=UNASKED_BASH) as h:
+        plugin = BashToolPlugin(h.bash, h.tasks, h.tools, run_in_background=False, requires_approval=False)
         assert "run_in_background" not in plugin.tool().parameters["properties"]
         await h.load(plugin)
         async with h.agents.open() as agent:
@@ -79,7 +82,10 @@ async def test_background_bash_with_a_blank_description_is_a_tool_error_not_a_cr
             {"text": "ok"},
         ]
     )
-    async with open_test_harness(model, builtin_tools=True) as h, h.agents.open() as agent:
+    async with (
+        open_test_harness(model, builtin_tools=True, bash_tool_options=UNASKED_BASH) as h,
+        h.agents.open() as agent,
+    ):
         agent.followup("go")
         with trio.fail_after(WAIT):
             await agent.when_idle()
@@ -121,7 +127,10 @@ async def test_scripted_background_scenario_with_completion_notices() -> None:
             {"text": "noted the third task"},
         ]
     )
-    async with open_test_harness(model, builtin_tools=True) as h, h.agents.open() as agent:
+    async with (
+        open_test_harness(model, builtin_tools=True, bash_tool_options=UNASKED_BASH) as h,
+        h.agents.open() as agent,
+    ):
         agent.followup("build it")
         with trio.fail_after(WAIT):
             await agent.when_idle()
@@ -151,7 +160,7 @@ async def test_disposing_the_owner_kills_the_whole_group() -> None:
             {"text": "started"},
         ]
     )
-    async with open_test_harness(model, builtin_tools=True) as h:
+    async with open_test_harness(model, builtin_tools=True, bash_tool_options=UNASKED_BASH) as h:
         handle = await h.agents.create()
         handle.agent.followup("start it")
         with trio.fail_after(WAIT):
@@ -173,7 +182,7 @@ async def test_harness_exit_kills_unfinished_background_groups() -> None:
             {"text": "x"},
         ]
     )
-    async with open_test_harness(model, builtin_tools=True) as h:
+    async with open_test_harness(model, builtin_tools=True, bash_tool_options=UNASKED_BASH) as h:
         agent = (await h.agents.create()).agent
         agent.followup("go")
         with trio.fail_after(WAIT):
@@ -203,7 +212,7 @@ async def test_bash_spawn_racing_owner_disposal_leaves_no_process(monkeypatch: p
             {"text": "x"},
         ]
     )
-    async with open_test_harness(model, builtin_tools=True) as h:
+    async with open_test_harness(model, builtin_tools=True, bash_tool_options=UNASKED_BASH) as h:
         handle = await h.agents.create()
         handle.agent.followup("go")
         with trio.fail_after(WAIT):
@@ -233,7 +242,7 @@ async def test_owner_disposed_during_a_task_output_wait_on_background_bash() -> 
             {"text": "never"},
         ]
     )
-    async with open_test_harness(model, builtin_tools=True) as h:
+    async with open_test_harness(model, builtin_tools=True, bash_tool_options=UNASKED_BASH) as h:
         handle = await h.agents.create()
         handle.agent.followup("go")
         with trio.fail_after(WAIT):
@@ -265,13 +274,13 @@ async def test_plugin_reload_keeps_the_task_running_and_private() -> None:
             {"text": "ok"},
         ]
     )
-    async with open_test_harness(model, builtin_tools=True) as h:
+    async with open_test_harness(model, builtin_tools=True, bash_tool_options=UNASKED_BASH) as h:
         owner = (await h.agents.create(session_id="owner")).agent
         other = (await h.agents.create(session_id="other", options=AgentOptions(model=ScriptedModel([])))).agent
         owner.followup("go")
         with trio.fail_after(WAIT):
             await owner.when_idle()
-        await h.reload(BashToolPlugin(h.bash, h.tasks, h.tools))
+        await h.reload(BashToolPlugin(h.bash, h.tasks, h.tools, requires_approval=False))
         await h.unload("task-tools")
         await h.load(TaskToolsPlugin(h.tasks, h.tools))
         snapshot = h.tasks.get("bash-1", owner)
@@ -298,7 +307,9 @@ async def test_kill_sigterm_then_sigkill_for_a_stubborn_group() -> None:
             {"text": "x"},
         ]
     )
-    async with open_test_harness(model, builtin_tools=True, bash_options={"grace_period": 0.3}) as h:
+    async with open_test_harness(
+        model, builtin_tools=True, bash_tool_options=UNASKED_BASH, bash_options={"grace_period": 0.3}
+    ) as h:
         agent = (await h.agents.create()).agent
         agent.followup("go")
         with trio.fail_after(WAIT):
@@ -337,7 +348,7 @@ async def test_a_cancel_landing_right_after_the_task_started_keeps_the_id_in_the
             {"text": "never reached"},
         ]
     )
-    async with open_test_harness(model, builtin_tools=True) as h:
+    async with open_test_harness(model, builtin_tools=True, bash_tool_options=UNASKED_BASH) as h:
         handle = await h.agents.create()
         agent_box.append(handle.agent)
         handle.agent.followup("go")
@@ -365,7 +376,11 @@ async def test_reported_finished_tasks_beyond_the_cap_are_pruned_with_their_spil
     ]
     model = ScriptedModel([{"tool_calls": calls}, {"text": "started"}])
     async with open_test_harness(
-        model, builtin_tools=["bash"], task_options={"finished_cap": 2}, bash_options={"spill_dir": str(spill)}
+        model,
+        builtin_tools=["bash"],
+        bash_tool_options=UNASKED_BASH,
+        task_options={"finished_cap": 2},
+        bash_options={"spill_dir": str(spill)},
     ) as h:
         h.tasks.attach_controller("test")  # no notices: tasks stay unreported until read
         all_settled = trio.Event()

@@ -463,7 +463,7 @@ async def test_run_without_a_terminal_writes_no_status_or_colour(tmp_path: Path)
     assert shown.stdout == b"Done.\n"
 
 
-def test_status_line_names_a_retry_with_its_reason() -> None:
+async def test_status_line_names_a_retry_reason_first_and_counts_the_wait_down(autojump_clock: object) -> None:
     import io
 
     from trio_harness._cli_progress import Printer
@@ -471,10 +471,20 @@ def test_status_line_names_a_retry_with_its_reason() -> None:
     err = io.StringIO()
     printer = Printer(io.StringIO(), err, status=True, max_retries=4)
     printer.event(
-        ev.RequestRetry(seq=0, ts=0.0, turn=1, step=1, attempt=2, delay=1.5, failure=Failure("http-529", "overloaded"))
+        ev.RequestRetry(seq=0, ts=0.0, turn=1, step=1, attempt=2, delay=3.0, failure=Failure("http-529", "overloaded"))
     )
-    assert err.getvalue() == "\r\x1b[2K… retry 2 of 4 in 1.5s: overloaded (http-529)"
+    assert err.getvalue() == "\r\x1b[2K… overloaded (http-529): retry 2 of 4 in 3s"
+    await trio.sleep(1.2)
+    printer.tick()
+    assert err.getvalue().endswith("\r\x1b[2K… overloaded (http-529): retry 2 of 4 in 2s")
+    await trio.sleep(1.0)
+    printer.tick()
+    assert err.getvalue().endswith("\r\x1b[2K… overloaded (http-529): retry 2 of 4 in 0.8s")
     printer.event(ev.AssistantChunk(seq=0, ts=0.0, turn=1, step=1, kind="text", text="hi"))
+    size = len(err.getvalue())
+    await trio.sleep(0.5)
+    printer.tick()  # the countdown ended with the wait: nothing is redrawn
+    assert len(err.getvalue()) == size
     assert err.getvalue().endswith("\r\x1b[2K")  # erased before the answer streams
 
 

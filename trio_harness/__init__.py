@@ -67,6 +67,7 @@ from .agents import RunResult as RunResult
 from .agents import Tool as Tool
 from .agents import ToolContext as ToolContext
 from .agents import ToolOutput as ToolOutput
+from .agents import allow_all as allow_all
 from .agents import tool as tool
 from .bash import BashOptions as BashOptions
 from .model import ModelProvider as ModelProvider

@@ -24,7 +24,7 @@ session.
 
 Exit codes: 0 success; 1 a failed turn or an unreadable session; 2 a usage
 error (bad ``--model``, missing API key for ``run``, unknown session, ``--sandbox`` without
-a working bubblewrap, a bad ``--mcp-config`` or an MCP server that does not
+a working bubblewrap, ``--sandbox-hide`` without ``--sandbox``, a bad ``--mcp-config`` or an MCP server that does not
 start, an unreadable ``--system-file``); 3 a turn stopped by a limit (max
 tokens, max steps, a budget); 130 interrupted (Ctrl-C, after cancelling
 the turn cleanly).
@@ -33,7 +33,8 @@ Approval (docs/approval.rst): ``run`` asks ``y / n / always`` on the terminal
 before each call that requires approval (``bash`` commands); without a
 terminal it denies them and says so on stderr; ``--yes`` runs them without
 asking.  ``acp`` asks the client with ``session/request_permission``;
-``acp --yes`` turns asking off.
+``acp --yes`` turns asking off.  Text from the model or a tool written to a terminal is made
+inert (:func:`trio_harness._cli_progress.inert`); to a file or pipe it is exact.
 
 ``acp`` without the model's API key still answers the handshake: it
 advertises the key as an ``env_var`` auth method and ``authenticate`` says
@@ -117,6 +118,12 @@ def _tools_arg(value: str) -> bool | list[str]:
     return names
 
 
+def _hidden_path(value: str) -> str:
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty path")
+    return os.path.abspath(os.path.expanduser(value))
+
+
 def _positive_int(value: str) -> int:
     try:
         number = int(value)
@@ -171,6 +178,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run bash commands in a bubblewrap sandbox: only the session's directory writable, "
         "a private /tmp, no network (needs bwrap)",
+    )
+    tools.add_argument(
+        "--sandbox-hide",
+        metavar="PATH",
+        action="append",
+        type=_hidden_path,
+        default=None,
+        help="with --sandbox: cover PATH inside the sandbox (a directory by an empty one, a file by an "
+        "unreadable one); repeat for several paths",
     )
     tools.add_argument(
         "--mcp-config",
@@ -336,8 +352,10 @@ def _store_name(store: str | Path) -> str:
 
 
 def _error(message: str) -> None:
-    from ._cli_progress import Style, use_colour
+    from ._cli_progress import Style, inert, use_colour
 
+    if sys.stderr.isatty():  # a failure's message may carry a provider's or a tool's text
+        message = inert(message)
     label = Style(use_colour(sys.stderr, os.environ)).error("error:")
     print(f"{PROG}: {label} {message}", file=sys.stderr, flush=True)
 
@@ -364,8 +382,20 @@ async def _with_model(spec: str, main: Callable[[ModelProvider], Awaitable[int]]
 
 
 def _bash_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The executor settings the flags ask for (``--sandbox``)."""
-    return {"sandbox": True} if args.sandbox else {}
+    """The executor settings the flags ask for (``--sandbox``, ``--sandbox-hide``)."""
+    if not args.sandbox:
+        return {}
+    if args.sandbox_hide:
+        return {"sandbox": {"hidden": tuple(args.sandbox_hide)}}
+    return {"sandbox": True}
+
+
+def _sandbox_hide_without_sandbox(args: argparse.Namespace) -> bool:
+    """Report ``--sandbox-hide`` given without ``--sandbox`` (nothing would be hidden)."""
+    if args.sandbox_hide and not args.sandbox:
+        _error("--sandbox-hide needs --sandbox: without the sandbox nothing is hidden from bash commands")
+        return True
+    return False
 
 
 def _mcp_servers(args: argparse.Namespace) -> tuple[McpServerConfig, ...] | None:
@@ -442,6 +472,8 @@ def _compact_arguments(arguments: str) -> str:
 
 def _cmd_acp(args: argparse.Namespace) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
+    if _sandbox_hide_without_sandbox(args):
+        return EXIT_USAGE
     servers = _mcp_servers(args)
     if servers is None:
         return EXIT_USAGE
@@ -470,6 +502,7 @@ async def _serve_acp(
 ) -> int:
     from ._harness import open_harness
     from .acp._server import serve_stdio
+    from .agents._approval import allow_all
 
     options: dict[str, Any] = {"ask_permission": not args.yes}
     if missing_key is not None:
@@ -493,6 +526,8 @@ async def _serve_acp(
                 model=provider,
                 store=args.store,
                 builtin_tools=args.tools,
+                # --yes: the server asks nobody, and every call that requires approval runs.
+                approver=allow_all if args.yes else None,
                 bash_options=_bash_options(args),
                 mcp_servers=servers,
                 model_settings=_model_settings(args),
@@ -521,6 +556,50 @@ async def _serve_acp(
 
 
 # ---------------------------------------------------------------- run
+
+
+def approval_question(request: ApprovalRequest, *, width: int = 80) -> str:
+    """What ``run`` shows before asking: the tool, where it runs, and the whole call, wrapped and inert.
+
+    For ``bash``: the directory the command runs in (its ``workdir``, else
+    the session's directory, else the harness's), ``in the background`` when
+    ``run_in_background`` is set, then every line of the command.  For any
+    other tool, its arguments as JSON.  Each line of the call is indented four
+    spaces; a line wider than ``width`` continues on lines starting ``  ↪ ``.
+    Control characters are shown escaped (:func:`~trio_harness._cli_progress.inert`).
+    """
+    from ._cli_progress import inert
+
+    arguments = request.arguments
+    command = arguments.get("command") if request.tool == "bash" else None
+    if isinstance(command, str):
+        workdir = arguments.get("workdir") or request.agent.session.header.cwd or os.getcwd()
+        head = f"[approve] {request.tool} in {workdir}"
+        if arguments.get("run_in_background"):
+            head += ", in the background"
+        body = command
+    else:
+        head = f"[approve] {request.tool}"
+        body = _compact_arguments(request.raw_arguments)
+    step = max(width - 4, 20)
+    lines = [inert(head) + ":"]
+    for line in inert(body).split("\n"):
+        pieces = [line[start : start + step] for start in range(0, len(line), step)] or [""]
+        lines.append("    " + pieces[0])
+        lines += ["  ↪ " + piece for piece in pieces[1:]]
+    return "\n".join(lines)
+
+
+def _stderr_columns() -> int:
+    """The width of the terminal the question goes to: ``$COLUMNS``, else stderr's, else 80."""
+    try:
+        return int(os.environ.get("COLUMNS", "")) or 80
+    except ValueError:
+        pass
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns or 80
+    except (OSError, ValueError):
+        return 80
 
 
 class _TerminalApprover:
@@ -552,7 +631,7 @@ class _TerminalApprover:
         from .acp._updates import tool_title
         from .agents._approval import ApprovalDecision
 
-        title = tool_title(request.tool, request.raw_arguments, limit=200)
+        title = self.printer.show(tool_title(request.tool, request.raw_arguments, limit=200))
         if self._tty is None:
             self.printer.break_line()
             print(
@@ -565,10 +644,13 @@ class _TerminalApprover:
                 "there is no terminal to ask the user for approval; "
                 "the user can rerun trio-harness with --yes to allow tool calls"
             )
+        question = approval_question(request, width=_stderr_columns())
         async with self._lock:
+            self.printer.break_line()
+            print(question, file=sys.stderr, flush=True)
             while True:
                 self.printer.break_line()
-                print(f"[approve] {title}: allow? [y]es / [n]o / [a]lways: ", end="", file=sys.stderr, flush=True)
+                print("allow? [y]es / [n]o / [a]lways: ", end="", file=sys.stderr, flush=True)
                 line = await self._read_line()
                 if line is None:
                     print(file=sys.stderr, flush=True)
@@ -599,6 +681,8 @@ class _TerminalApprover:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    if _sandbox_hide_without_sandbox(args):
+        return EXIT_USAGE
     prompt: str | None = args.prompt
     if prompt is None and sys.stdin.isatty():
         _error("no prompt: give one as an argument, or pipe it on stdin (echo hi | trio-harness run)")
@@ -622,6 +706,7 @@ async def _run_prompt(
 ) -> int:
     from ._cli_progress import Printer, Style, use_colour
     from ._harness import open_harness
+    from .agents._approval import allow_all
     from .agents._inbox import new_message_id
     from .agents._turns import TurnWatcher
     from .session._events import InboxMessage
@@ -635,17 +720,19 @@ async def _run_prompt(
         quiet=args.quiet,
         show_reasoning=args.show_reasoning,
         max_retries=getattr(provider, "max_retries", None),
+        inert_out=sys.stdout.isatty(),
+        inert_err=sys.stderr.isatty(),
     )
     entered = False
     agent_id: str | None = None
     outcome: TurnOutcome | None = None
-    approver = None if args.yes else _TerminalApprover(printer)
+    terminal = None if args.yes else _TerminalApprover(printer)
     try:
         async with open_harness(
             model=provider,
             store=args.store,
             builtin_tools=args.tools,
-            approver=approver,
+            approver=allow_all if terminal is None else terminal,
             bash_options=_bash_options(args),
             mcp_servers=servers,
             model_settings=_model_settings(args),
@@ -654,13 +741,18 @@ async def _run_prompt(
             if not args.quiet:  # MCP servers: a tool left out, a restart: one line each
                 for connection in harness.mcp_connections:
                     for tool, reason in connection.skipped_tools.items():
-                        printer.line(_mcp_skipped_line(connection.name, tool, reason))
+                        printer.line(printer.show(_mcp_skipped_line(connection.name, tool, reason)))
                 for name in ("mcp/restarted", "mcp/restart-failed", "mcp/tool-skipped"):
-                    harness.bus.on(name, lambda notice: printer.line(_mcp_notice_line(notice)))
+                    harness.bus.on(name, lambda notice: printer.line(printer.show(_mcp_notice_line(notice))))
             options = _agent_options(args, args.system_prompt)
             try:
                 if args.session:
-                    handle = await harness.agents.resume(args.session, options=options)
+                    # A unique prefix names its session, as in sessions show.
+                    stored = [header.id for header in await harness.sessions.stored()]
+                    session_id = _unique_session(stored, args.session)
+                    if session_id is None:
+                        return EXIT_USAGE
+                    handle = await harness.agents.resume(session_id, options=options)
                 else:
                     handle = await harness.agents.create(cwd=os.getcwd(), options=options)
             except (SessionNotFoundError, InvalidSessionIdError, SessionStoreError) as exc:
@@ -701,6 +793,8 @@ async def _run_prompt(
                                     finished.set()
 
                         nursery.start_soon(on_interrupt)
+                        if printer.status:
+                            nursery.start_soon(_count_down, printer)
                         await finished.wait()
                         nursery.cancel_scope.cancel()
                 printer.break_line()
@@ -727,19 +821,26 @@ async def _run_prompt(
             _error(str(exc))
         return EXIT_FAILED
     finally:
-        if approver is not None:
-            await approver.aclose()
+        if terminal is not None:
+            await terminal.aclose()
     code = _exit_code(outcome, interrupted=interrupts > 0)
     if agent_id is not None and not args.quiet:
         _resume_hint(args, agent_id, kept=code != EXIT_OK)
     return code
 
 
+async def _count_down(printer: Printer) -> None:
+    """Redraw the status line's retry countdown until cancelled."""
+    while True:
+        await trio.sleep(0.25)
+        printer.tick()
+
+
 def _resume_hint(args: argparse.Namespace, session_id: str, *, kept: bool) -> None:
     """The line that continues the session (docs/cli.rst): a failed turn's session is kept for a retry."""
     import shlex
 
-    words = ["trio-harness", "run", "--session", session_id]
+    words = ["trio-harness", "run", "--session", session_id, *_policy_flags(args)]
     if args.store != default_store():
         words += ["--store", _store_name(args.store) if isinstance(args.store, str) else str(args.store)]
     if args.model != (os.environ.get("TRIO_HARNESS_MODEL") or DEFAULT_MODEL):
@@ -767,6 +868,24 @@ def _mcp_notice_line(notice: Notice) -> str:
         f"[mcp] {server} could not be {verb}: {notice.data.get('error')}; "
         f"next attempt in {notice.data.get('retry_in', 0):g} s"
     )
+
+
+def _policy_flags(args: argparse.Namespace) -> list[str]:
+    """The flags given that change what the agent may do, to repeat in the "continue with" line."""
+    words: list[str] = []
+    if args.sandbox:
+        words.append("--sandbox")
+    for path in args.sandbox_hide or ():
+        words += ["--sandbox-hide", path]
+    if args.tools is not True:
+        words += ["--tools", ",".join(args.tools) if args.tools else "none"]
+    if args.mcp_config is not None:
+        words += ["--mcp-config", str(args.mcp_config)]
+    if args.yes:
+        words.append("--yes")
+    if args.max_steps is not None:
+        words += ["--max-steps", str(args.max_steps)]
+    return words
 
 
 def _turn_failure(outcome: TurnOutcome | None) -> Failure | None:
@@ -855,9 +974,12 @@ def _cmd_sessions_list(args: argparse.Namespace) -> int:
         )
     titles = ("ID", "CREATED", "EVENTS", "LAST ACTIVITY", "FIRST PROMPT")
     widths = [max(len(row[i]) for row in (titles, *table)) for i in range(4)]
-    for row in (titles, *table):
-        cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:4])]
-        print("  ".join((*cells, row[4])).rstrip())
+    rows = [
+        "  ".join((*(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])), row[4])).rstrip()
+        for row in (titles, *table)
+    ]
+    for line in _for_stdout(rows):
+        print(line)
     return EXIT_OK
 
 
@@ -888,9 +1010,16 @@ def _cmd_sessions_show(args: argparse.Namespace) -> int:
     except HarnessError as exc:
         _error(str(exc))
         return EXIT_FAILED
-    for line in transcript(loaded.header, loaded.events, width=args.width):
+    for line in _for_stdout(transcript(loaded.header, loaded.events, width=args.width)):
         print(line)
     return EXIT_OK
+
+
+def _for_stdout(lines: list[str]) -> list[str]:
+    """``lines`` made inert when stdout is a terminal (docs/cli.rst); exact into a file or pipe."""
+    from ._cli_progress import inert
+
+    return [inert(line) for line in lines] if sys.stdout.isatty() else lines
 
 
 def _unique_session(stored: Sequence[str], wanted: str) -> str | None:

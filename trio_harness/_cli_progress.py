@@ -11,24 +11,60 @@ is a terminal and ``--quiet`` is off, always on one line that is erased
 (carriage return and erase-line) before anything else is written to either
 stream, so it never mixes with the answer or leaves debris behind
 (docs/cli.rst, "Progress and colour").
+
+:func:`inert` is the one place that makes text from the model or a tool
+harmless for a terminal; everything ``run`` and ``sessions`` write to a
+terminal goes through it, while output to a file or pipe stays exact
+(docs/cli.rst, "What reaches the terminal").
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final, TextIO
 
 import attrs
+import trio
 
 from .acp._updates import shorten
 
 if TYPE_CHECKING:
     from .session._events import Event
 
-__all__ = ["Printer", "Style", "use_colour"]
+__all__ = ["KEPT_CONTROLS", "Printer", "Style", "inert", "result_lines", "use_colour"]
 
 _ERASE: Final = "\r\x1b[2K"
+
+KEPT_CONTROLS: Final = frozenset("\n\t")
+"""The control characters :func:`inert` keeps as they are: newline and tab."""
+
+# C0 controls but newline and tab, DEL, C1 controls; the bidirectional
+# embeddings, overrides and isolates and the invisible direction marks (they
+# reorder what is shown: "Trojan source"); lone surrogates (no terminal
+# encoding can write them).
+_UNSAFE: Final = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def inert(text: str) -> str:
+    """``text`` made harmless for a terminal: what could drive it is shown escaped.
+
+    C0 and C1 control characters (escape, carriage return, backspace, bell ...)
+    and DEL become ``\\x1b``-style escapes; the bidirectional overrides,
+    embeddings, isolates and marks (U+202A-U+202E, U+2066-U+2069, U+200E,
+    U+200F, U+061C) and lone surrogates become ``\\u202e``-style escapes.
+    Newline and tab (:data:`KEPT_CONTROLS`) and every other character are kept.
+    """
+    if _UNSAFE.search(text) is None:
+        return text
+    return _UNSAFE.sub(_escape, text)
 
 
 def use_colour(stream: TextIO, environ: Mapping[str, str]) -> bool:
@@ -66,6 +102,42 @@ def _compact(arguments: str) -> str:
     return json.dumps(parsed, ensure_ascii=False)
 
 
+RESULT_HEAD: Final = 15
+"""A tool result longer than ``RESULT_HEAD + RESULT_TAIL + 1`` lines shows its first ``RESULT_HEAD`` lines ..."""
+RESULT_TAIL: Final = 5
+"""... and its last ``RESULT_TAIL`` lines, with a line counting what was left out between them."""
+RESULT_WIDTH: Final = 300
+"""A tool result's line longer than this is cut, with a count of the characters left out."""
+
+
+def _cut_line(line: str) -> str:
+    if len(line) <= RESULT_WIDTH:
+        return line
+    return f"{line[:RESULT_WIDTH]}… ({len(line) - RESULT_WIDTH} more characters)"
+
+
+def result_lines(label: str, content: str) -> list[str]:
+    """How ``run`` shows a tool result: ``label`` and, for one line, the line beside it; else each line indented.
+
+    Lines are cut at :data:`RESULT_WIDTH` characters and a long result to its
+    first :data:`RESULT_HEAD` and last :data:`RESULT_TAIL` lines, each cut
+    saying how much it left out.
+    """
+    lines = content.removesuffix("\n").split("\n")
+    if len(lines) == 1:
+        return [f"{label} {_cut_line(lines[0])}".rstrip()]
+    if len(lines) > RESULT_HEAD + RESULT_TAIL + 1:
+        hidden = lines[RESULT_HEAD:-RESULT_TAIL]
+        left_out = f"… {len(hidden)} more lines ({sum(len(line) + 1 for line in hidden)} characters) not shown"
+        lines = [*lines[:RESULT_HEAD], left_out, *lines[-RESULT_TAIL:]]
+    return [label, *(f"  {_cut_line(line)}".rstrip() for line in lines)]
+
+
+def _seconds(remaining: float) -> str:
+    """A countdown's remaining wait: whole seconds, rounded up, from one second on."""
+    return f"{math.ceil(remaining)}s" if remaining >= 1 else f"{max(remaining, 0):.1f}s"
+
+
 @attrs.define(eq=False)
 class Printer:
     """Streams one turn to the terminal: text to stdout; tool calls, reasoning and status to stderr.
@@ -79,6 +151,9 @@ class Printer:
         show_reasoning: write reasoning to stderr, dimmed, instead of a
             "thinking" status.
         max_retries: the provider's retry limit, for "retry n of m" (None: unknown).
+        inert_out: ``out`` is a terminal: pass the model's text through :func:`inert`.
+        inert_err: ``err`` is a terminal: pass what came from the model or a
+            tool through :func:`inert` (see :meth:`show`).
     """
 
     out: TextIO
@@ -88,23 +163,42 @@ class Printer:
     quiet: bool = False
     show_reasoning: bool = False
     max_retries: int | None = None
+    inert_out: bool = False
+    inert_err: bool = False
     mid_line: bool = False
     _reasoning_mid_line: bool = False
     _status_text: str | None = None
+    # The retry being waited for: (its status text without the wait, when the wait ends on Trio's clock).
+    _retry: tuple[str, float] | None = None
+
+    def show(self, text: str) -> str:
+        """``text`` (from the model or a tool) as it may be written to ``err``: inert on a terminal."""
+        return inert(text) if self.inert_err else text
 
     # ------------------------------------------------------------ status line
 
     def set_status(self, text: str) -> None:
         """Show ``text`` as the status line (replacing the previous one)."""
+        self._retry = None
+        self._draw_status(text)
+
+    def _draw_status(self, text: str) -> None:
         if not self.status or text == self._status_text:
             return
         self.break_line()
-        self.err.write(_ERASE + self.style.dim(f"… {shorten(text, 100)}"))
+        self.err.write(_ERASE + self.style.dim(f"… {shorten(self.show(text), 100)}"))
         self.err.flush()
         self._status_text = text
 
+    def tick(self) -> None:
+        """Redraw a retry's countdown (``run`` calls this a few times a second)."""
+        if self._retry is not None and self._status_text is not None:
+            text, until = self._retry
+            self._draw_status(f"{text} in {_seconds(until - trio.current_time())}")
+
     def clear_status(self) -> None:
         """Erase the status line, if one is drawn."""
+        self._retry = None
         if self._status_text is not None:
             self.err.write(_ERASE)
             self.err.flush()
@@ -114,7 +208,10 @@ class Printer:
 
     def break_line(self) -> None:
         """End a partly written answer or reasoning line, so the next line starts clean."""
-        self.clear_status()
+        if self._status_text is not None:
+            self.err.write(_ERASE)
+            self.err.flush()
+            self._status_text = None
         if self.mid_line:
             self.out.write("\n")
             self.out.flush()
@@ -143,7 +240,7 @@ class Printer:
                     self.clear_status()
                     if self.mid_line:
                         self.break_line()
-                    self.err.write(self.style.dim(event.text))
+                    self.err.write(self.style.dim(self.show(event.text)))
                     self.err.flush()
                     self._reasoning_mid_line = not event.text.endswith("\n")
                 else:
@@ -152,17 +249,20 @@ class Printer:
             self.clear_status()
             if self._reasoning_mid_line:
                 self.break_line()
-            self.out.write(event.text)
+            self.out.write(inert(event.text) if self.inert_out else event.text)
             self.out.flush()
             self.mid_line = not event.text.endswith("\n")
         elif isinstance(event, ev.RequestRetry):
+            # The reason first, then the wait, counted down by tick().
             of = f" of {self.max_retries}" if self.max_retries is not None else ""
-            self.set_status(
-                f"retry {event.attempt}{of} in {event.delay:.1f}s: {event.failure.message} ({event.failure.code})"
-            )
+            # The reason is cut so that the status line always shows the countdown.
+            reason = f"{shorten(event.failure.message, 60)} ({shorten(event.failure.code, 12)})"
+            text = f"{reason}: retry {event.attempt}{of}"
+            self.set_status(f"{text} in {_seconds(event.delay)}")
+            self._retry = (text, trio.current_time() + event.delay)
         elif isinstance(event, ev.ToolCallRequested):
             if not self.quiet:
-                self.line(self.style.tool(f"[tool] {event.name} {shorten(_compact(event.arguments), 200)}"))
+                self.line(self.style.tool(self.show(f"[tool] {event.name} {shorten(_compact(event.arguments), 200)}")))
             self.set_status(f"running tool {event.name}")
         elif isinstance(event, ev.ApprovalDecided):
             if event.outcome.startswith("allow"):
@@ -170,7 +270,10 @@ class Printer:
         elif isinstance(event, ev.ToolResult):
             if not self.quiet:
                 label = "[tool error]" if event.is_error else "[tool result]"
-                self.line(self.style.dim(f"{label} {shorten(event.content, 200)}"))
+                self.break_line()
+                for line in result_lines(label, self.show(event.content)):
+                    print(self.style.dim(line), file=self.err)
+                self.err.flush()
             else:
                 self.clear_status()
         elif isinstance(event, ev.StepEnd):

@@ -240,7 +240,8 @@ async def open_harness(
         approver: asked before every call of a tool that requires approval
             (``bash`` by default), for every agent whose options name no
             approver of their own (:doc:`/approval`).  None (the default):
-            such calls run without asking, as before approval existed.
+            such calls are denied, with a message saying how to allow them;
+            :func:`~trio_harness.allow_all` runs them all without asking.
         bash_tool_options: settings of the ``bash`` tool plugin
             (:class:`~trio_harness.tools.BashToolOptions`): whether commands
             require approval, and the command prefixes that never ask.

@@ -10,6 +10,7 @@ from ._approval import ApprovalDecision as ApprovalDecision
 from ._approval import ApprovalRequest as ApprovalRequest
 from ._approval import Approver as Approver
 from ._approval import Verdict as Verdict
+from ._approval import allow_all as allow_all
 from ._budget import Budget as Budget
 from ._compaction import ContextPolicy as ContextPolicy
 from ._compaction import HistoryProcessor as HistoryProcessor

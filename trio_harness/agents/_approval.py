@@ -7,6 +7,10 @@ call of a tool that requires approval runs, the driver logs
 ``approval/requested``, awaits the approver inside the turn's cancel scope, logs
 ``approval/decided``, and then runs the call or gives the model an error result
 saying that it was denied (docs/approval.rst).
+
+With no approver configured, a call that requires approval is denied: the
+model's error result and the log's ``approval/decided`` say how to allow it.
+:func:`allow_all` is the explicit way to run every such call unasked.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import attrs
 if TYPE_CHECKING:
     from ._agent import Agent
 
-__all__ = ["ApprovalDecision", "ApprovalRequest", "Approver", "Verdict"]
+__all__ = ["ApprovalDecision", "ApprovalRequest", "Approver", "Verdict", "allow_all"]
 
 Verdict: TypeAlias = Literal["allow_once", "allow_always", "deny", "deny_always"]
 """What an approver decides: ``allow_once`` runs this call; ``allow_always`` runs
@@ -126,3 +130,16 @@ It runs inside the calling turn's cancel scope: cancelling the turn or
 disposing the agent ends the wait at once (the call does not run).  An approver
 that raises denies the call; the error reaches the session log and the model's
 error result."""
+
+
+async def allow_all(request: ApprovalRequest) -> ApprovalDecision:
+    """The approver that allows every call, once, without asking anyone.
+
+    ``open_harness(approver=allow_all)`` runs every call that requires
+    approval (every ``bash`` command the model picks) as if approval did not
+    exist, except that each call is still logged: ``approval/decided`` with
+    outcome ``allow_once`` and source ``approver``.  Use it only where whatever
+    the model may run is acceptable (a sandbox, a throw-away machine, a test);
+    see docs/approval.rst, "What approval protects against".
+    """
+    return ApprovalDecision.allow_once()

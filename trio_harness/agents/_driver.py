@@ -135,6 +135,13 @@ def _aborted_text(cause: CancelCause | None) -> str:
     return f"error: not run: the turn was aborted (cause: {cause or 'cancelled'})"
 
 
+_NO_APPROVER = (
+    "the call to {name!r} requires approval and no approver is configured; to allow such calls, "
+    "pass approver= to open_harness or AgentOptions (trio_harness.allow_all runs every call unasked), "
+    "or turn approval off for bash with bash_tool_options=BashToolOptions(requires_approval=False)"
+)
+
+
 def _denied_text(name: str, outcome: ApprovalOutcome, message: str | None, *, remembered: bool = False) -> str:
     """The error result of a call that was not approved (docs/approval.rst)."""
     if remembered:
@@ -164,11 +171,12 @@ class ReactAgent:
     _shared_tools: ToolSet = attrs.field(alias="shared_tools")
     _agents: AgentRegistry = attrs.field(alias="agents")
     _parent_id: str | None = attrs.field(default=None, alias="parent_id")
-    # Asked before calls of tools that require approval; None: they run without asking.
+    # Asked before calls of tools that require approval; None: such calls are denied.
     _approver: Approver | None = attrs.field(default=None, alias="approver")
     # allow_always / deny_always decisions of this session and their messages, per tool
     # name (rebuilt from the log).
     _standing: dict[str, tuple[ApprovalOutcome, str | None]] = attrs.field(factory=dict, init=False)
+    _warned_no_approver: bool = attrs.field(default=False, init=False)
     # Harness-wide model settings (open_harness(model_settings=...)).
     _harness_settings: ModelSettings | None = attrs.field(default=None, alias="model_settings")
     _tools: ToolSet = attrs.field(factory=ToolSet, init=False)
@@ -297,7 +305,7 @@ class ReactAgent:
 
     @property
     def approver(self) -> Approver | None:
-        """The approver asked before calls that require approval (None: they run without asking)."""
+        """The approver asked before calls that require approval (None: such calls are denied)."""
         return self._approver
 
     @property
@@ -1401,7 +1409,7 @@ class ReactAgent:
 
     async def _approve(
         self,
-        approver: Approver,
+        approver: Approver | None,
         tool: Tool,
         call: ToolCall,
         args: dict[str, Any],
@@ -1440,6 +1448,14 @@ class ReactAgent:
                 if outcome == "allow_always":
                     return None
                 return _denied_text(call.name, outcome, remembered_message, remembered=True)
+            if approver is None:
+                # Nobody to ask: denied, saying how to allow it (docs/approval.rst).
+                message = _NO_APPROVER.format(name=call.name)
+                if not self._warned_no_approver:
+                    self._warned_no_approver = True
+                    log.warning("agent %s: %s", self.id, message)
+                session.append(ev.ApprovalDecided, **where, outcome="deny", source="error", message=message)
+                return f"error: denied: {message}; the call did not run"
             session.append(ev.ApprovalRequested, **where, arguments=call.arguments)
             request = ApprovalRequest(
                 tool=call.name,
@@ -1558,7 +1574,7 @@ class ReactAgent:
                 if asked is not None:
                     asked[index].set()
                 return
-            if approver is not None and tool.requires_approval is not False:
+            if tool.requires_approval is not False:
                 refusal = await self._approve(approver, tool, call, args, turn, step, asked, index)
                 if refusal is not None:
                     deliver(index, refusal, True)

@@ -58,7 +58,7 @@ class AgentOptions:
         approver: asked before each call of a tool that requires approval
             (:doc:`/approval`); it wins over the harness's
             ``open_harness(approver=...)``.  None uses the harness's; with
-            neither, such calls run without asking.  A subagent inherits its
+            neither, such calls are denied.  A subagent inherits its
             parent's approver unless its own options name one.
         model_settings: this agent's model settings; a turn's settings win
             over them, they win over the harness's (field by field, see

@@ -108,9 +108,8 @@ class Tool:
         parallel_safe: whether calls may run concurrently with other
             parallel-safe calls of the same step; ``False`` makes each call a
             barrier that runs alone, in model order.
-        requires_approval: whether a call is asked before running when an
-            approver is configured (without an approver, calls run as
-            usual): a bool, or a predicate given the validated arguments that
+        requires_approval: whether a call is asked before running (without an
+            approver configured, such a call is denied): a bool, or a predicate given the validated arguments that
             says whether this call needs asking (the ``bash`` tool's
             allow-list of command prefixes is one).  See :doc:`/approval`.
 

@@ -180,6 +180,8 @@ class ScriptedModel:
         try:
             return cls(data["responses"], source=source, context_window=data.get("context_window"), summary=summary)
         except ModelError as exc:
+            if str(exc).startswith(source):  # the response checks name the file already
+                raise
             raise ModelError(f"{source}: {exc}") from None
 
     def push(self, *responses: Response) -> None:

@@ -7,7 +7,7 @@ plugin's scope, so reloading the plugin neither kills a task nor makes it
 visible to another session.
 
 Approval: a ``bash`` call requires approval by default (it is asked when an
-approver is configured), except a command that :func:`command_allowed` finds
+approver is configured, denied when none is), except a command that :func:`command_allowed` finds
 on the plugin's allow-list of command prefixes (docs/approval.rst).
 """
 
@@ -110,7 +110,7 @@ class BashToolOptions:
             model does not say.
         output_limit_bytes: a byte cap on the model-facing text of background tasks.
         requires_approval: ask the approver before each command (default on;
-            without an approver configured, commands run without asking).
+            without an approver configured, commands are denied).
         allow_prefixes: command prefixes that never ask, e.g. ``["git status",
             "ls"]`` (matched by :func:`command_allowed`).
     """
@@ -149,7 +149,7 @@ class BashToolPlugin:
         output_limit_bytes: a byte cap on the model-facing text of background
             tasks (projected into their snapshots).
         requires_approval: ask the approver before each command (default
-            on); without an approver configured, commands run without asking.
+            on); without an approver configured, commands are denied.
         allow_prefixes: command prefixes that never ask (see
             :func:`command_allowed` for the exact rule).
     """
