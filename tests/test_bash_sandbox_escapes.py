@@ -88,6 +88,25 @@ def _as_nobody(*argv: str) -> list[str]:
     return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", *argv]
 
 
+def _interpreter_for_nobody() -> tuple[str, str]:
+    """A Python that a process running as nobody can start, and the site directory to add for it.
+
+    The harness nobody runs starts its lifeline watchdog with its own interpreter
+    (``sys.executable``), so nobody must be able to execute it from a process of
+    its own.  ``setpriv`` itself can exec an interpreter whose path nobody cannot
+    traverse (a pyenv Python under root's 0700 home, as on CI); then this
+    falls back to the system's Python 3 of the same minor version with this
+    environment's site-packages, which hold only pure-Python or same-ABI packages.
+    """
+    check = 'exec "$0" -c "import sys; print(sys.version_info[:2])"'
+    site = next((path for path in sys.path if path.endswith("site-packages")), "")
+    for candidate, extra in ((sys.executable, ""), ("/usr/bin/python3", site)):
+        done = subprocess.run(_as_nobody("/bin/sh", "-c", check, candidate), capture_output=True, text=True)
+        if done.returncode == 0 and done.stdout.strip() == str(tuple(sys.version_info[:2])):
+            return candidate, extra
+    return sys.executable, ""
+
+
 def _unprivileged_namespaces_work() -> str | None:
     """None when ``nobody`` can run bwrap here; else why not."""
     bwrap = shutil.which("bwrap")
@@ -114,11 +133,16 @@ async def test_the_attacks_are_refused_for_an_unprivileged_user() -> None:
                 os.chown(path, NOBODY, NOBODY)
         tests = Path(__file__).parent
         package_root = Path(trio_harness.__file__).parent.parent
-        argv = [sys.executable, str(tests / "_sandbox_attacks.py"), str(work), str(outside)]
-        env = {**os.environ, "PYTHONPATH": f"{package_root}:{tests}", "HOME": str(outside)}
+        python, site = _interpreter_for_nobody() if AS_ROOT else (sys.executable, "")
+        argv = [python, str(tests / "_sandbox_attacks.py"), str(work), str(outside)]
+        env = {
+            **os.environ,
+            "PYTHONPATH": ":".join(filter(None, [str(package_root), str(tests), site])),
+            "HOME": str(outside),
+        }
         if AS_ROOT:
             imports = subprocess.run(
-                _as_nobody(sys.executable, "-c", "import _sandbox_attacks"), env=env, capture_output=True, text=True
+                _as_nobody(python, "-c", "import _sandbox_attacks"), env=env, capture_output=True, text=True
             )
             if imports.returncode != 0:
                 why = f"nobody cannot run this interpreter and checkout: {imports.stderr.strip()[-500:]}"
