@@ -414,3 +414,35 @@ async def test_a_fork_without_exec_does_not_hold_the_lifeline_open(tmp_path: Pat
         await process.stdout.aclose()
         for pid in forked:
             os.kill(pid, signal.SIGKILL)
+
+
+HOPPING_COMMAND = """#!/bin/bash
+[ -e "$HOP_STOP" ] && exit 0
+echo $$ >> "$HOP_BEAT"
+setsid -f "$0"
+"""
+
+
+async def test_a_process_hopping_to_new_sessions_does_not_outrun_the_watchdog(tmp_path: Path) -> None:
+    """Each hop starts its successor in a new session and exits: at any instant one hop runs, with the token."""
+    hop, beat, stop = tmp_path / "hop.sh", tmp_path / "beat", tmp_path / "stop"
+    hop.write_text(HOPPING_COMMAND, encoding="utf-8")
+    hop.chmod(0o755)
+    line = _lifeline.Lifeline()
+    assert line.watchdog_pid is not None
+    env = line.env({**os.environ, "HOP_BEAT": str(beat), "HOP_STOP": str(stop)})
+    try:
+        with spawned([str(hop)], env=env) as first:
+            line.register(first.pid)
+            with trio.fail_after(WAIT):
+                while not beat.exists() or len(beat.read_text().split()) < 20:  # it hops
+                    await trio.sleep(0.01)
+            line.close()
+            with trio.fail_after(WAIT):
+                while os.waitpid(line.watchdog_pid, os.WNOHANG)[0] == 0:
+                    await trio.sleep(0.01)
+            last = beat.read_text()
+            await trio.sleep(0.3)  # a hop takes a few milliseconds: a live chain would have moved on
+            assert beat.read_text() == last, "a hop outlived the watchdog"
+    finally:
+        stop.touch()  # ends a chain that escaped, at its next hop

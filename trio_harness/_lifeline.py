@@ -25,9 +25,13 @@ When the pipe reaches end of file (the harness process ended: exit, signal,
 ``exec``), the watchdog reads the registry and SIGKILLs every registered group
 that is still ours and every process in it, every process whose environment
 carries the token, and every process in the session or group such a process
-leads; it scans again until a pass finds nobody (at most :data:`_KILL_BOUND`
-seconds), then exits.  SIGKILL of a sandbox's outer ``bwrap`` and its PID 1
-(both in the registered group) ends the sandbox's PID namespace.
+leads; it scans again until :data:`_QUIET_PASSES` passes in a row find nobody
+(at most :data:`_KILL_BOUND` seconds), then exits.  Each pass looks at the pids
+that were not there in the previous one first: a process that keeps replacing
+itself with a new session (``setsid -f "$0"`` as its last word) is seen while it
+still runs, and one pass that happens to miss it does not end the hunt.
+SIGKILL of a sandbox's outer ``bwrap`` and its PID 1 (both in the registered
+group) ends the sandbox's PID namespace.
 
 It never signals a process that is not ours: a process is signalled through a
 pidfd opened *before* the check that made it a candidate, so a pid reused in
@@ -67,8 +71,9 @@ ENV_NAME = "TRIO_HARNESS_LIFELINE"
 # Seconds the watchdog keeps killing after the harness died, and the alarm past which it gives up.
 _KILL_BOUND = 1.5
 _ALARM = 5
-# Pause between two kill passes.
+# Pause between two kill passes, and how many passes in a row must find nobody before the watchdog stops.
 _PASS_PAUSE = 0.01
+_QUIET_PASSES = 3
 # The signals a terminal or a kill of the harness's process group would send the watchdog too.
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # A registry slot: the group's number and the clock tick (CLOCK_BOOTTIME, as /proc's start times) after its spawn.
@@ -340,12 +345,20 @@ def _kill_ours(token: bytes, groups: Mapping[int, int], bound: float = _KILL_BOU
 
     # This runs in the watchdog process, which has no Trio loop: the real clock is the one to use.
     deadline = time.monotonic() + bound
+    seen: set[int] = set()
+    quiet = 0
     while True:
         for pgid in leaders:
             with contextlib.suppress(OSError):
                 os.killpg(pgid, signal.SIGKILL)
         found = False
-        for pid in _pids():
+        pids = list(_pids())
+        # New pids first: a process that hands over to a new one (fork, setsid, exit)
+        # is caught while it lives, before the scan of the others gives it time to go.
+        fresh = [pid for pid in pids if pid not in seen]
+        known = [pid for pid in pids if pid in seen]
+        seen = set(pids)
+        for pid in fresh + known:
             if pid == me:
                 continue
             stat = _stat(pid)
@@ -360,7 +373,8 @@ def _kill_ours(token: bytes, groups: Mapping[int, int], bound: float = _KILL_BOU
                 if stat[2] == pid or stat[1] == pid:
                     leaders.add(pid)
                 _signal_checked(pid, has_token)
-        if not found or time.monotonic() >= deadline:
+        quiet = 0 if found else quiet + 1
+        if quiet >= _QUIET_PASSES or time.monotonic() >= deadline:
             return
         time.sleep(_PASS_PAUSE)
 
