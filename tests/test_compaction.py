@@ -619,7 +619,7 @@ async def test_disposal_cancels_a_compaction_and_logs_nothing() -> None:
                 await handle.dispose()
         assert len(agent.session) == before
         (error,) = errors
-        assert "disposed while compacting; nothing was logged" in str(error)
+        assert "disposed while compacting; nothing was compacted" in str(error)
 
 
 async def test_compact_reports_nothing_to_do_and_a_failed_summary() -> None:

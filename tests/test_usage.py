@@ -326,3 +326,64 @@ async def test_compact_on_demand_is_checked_against_the_session_budget(autojump_
             await agent.when_idle()
         assert await agent.compact(keep_tokens=0) is not None
         assert agent.usage.requests == len(model.requests) == 4
+
+
+@attrs.define(eq=False)
+class HangsAtSummary(ScriptedModel):
+    """A scripted model whose summary request number ``hang_at`` (from 1) never answers."""
+
+    hang_at: int = attrs.field(default=1, kw_only=True)
+    summaries: int = attrs.field(default=0, init=False)
+
+    async def stream(self, request: Any, emit: Any) -> None:
+        if request.purpose == "compaction":
+            self.summaries += 1
+            if self.summaries == self.hang_at:
+                self.requests.append(request)
+                await trio.sleep_forever()
+        await super().stream(request, emit)
+
+
+async def cancel_compact_at(hang_at: int, store: Path) -> list[ev.Event]:
+    """Two turns, then ``agent.compact()`` (2 summary requests) cancelled during summary request ``hang_at``."""
+    model = HangsAtSummary([{"text": "one"}, {"text": "two"}], context_window=1_000, summary=SUMMARY, hang_at=hang_at)
+    options = AgentOptions(context=ContextPolicy(auto=False), session_budget=Budget(requests=4))
+    async with open_test_harness(model, store=store) as h, h.agents.open(session_id="s", options=options) as agent:
+        for text in ("a" * 1600, "b" * 1600):
+            agent.followup(text)
+            await agent.when_idle()
+        with trio.move_on_after(10) as scope:
+            await agent.compact(keep_tokens=0)
+        assert scope.cancelled_caught
+        assert model.summaries == hang_at
+        assert agent.usage.requests == 2 + hang_at - 1  # the completed requests, not the one cancelled
+        return list(agent.session.events)
+
+
+async def test_a_compaction_cancelled_part_way_logs_and_counts_what_it_spent(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    events = await cancel_compact_at(2, tmp_path)
+    (failed,) = [e for e in events if isinstance(e, ev.CompactionFailed)]
+    assert failed.failure.code == "cancelled" and failed.reason == "manual" and failed.turn is None
+    assert failed.usage is not None and failed.usage.requests == 1
+    assert not [e for e in events if isinstance(e, ev.ContextCompacted)]
+    # a resumed agent counts it: a session budget of 3 requests is used up (2 turns + 1 summary)
+    model = ScriptedModel([{"text": "three"}])
+    options = AgentOptions(context=ContextPolicy(auto=False), session_budget=Budget(requests=3))
+    async with open_test_harness(model, store=tmp_path) as h:
+        async with h.agents.open(session_id="s", resume=True, options=options) as agent:
+            assert agent.usage.requests == 3
+            agent.followup("c")
+            await agent.when_idle()
+            end = turn_ends(agent.session.events)[-1]
+            assert end.reason == "budget" and end.failure is not None and end.failure.code == "budget-requests"
+    assert model.requests == []
+
+
+async def test_a_compaction_cancelled_before_a_summary_request_completed_logs_nothing(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    events = await cancel_compact_at(1, tmp_path)
+    assert not [e for e in events if isinstance(e, (ev.CompactionFailed, ev.ContextCompacted))]
+    assert type(events[-1]) is ev.TurnEnd

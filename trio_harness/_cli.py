@@ -1085,6 +1085,8 @@ def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 5
                 f"--- context compacted ({event.reason}): events before seq {event.boundary} summarized "
                 f"({len(event.summary)} characters) ---"
             )
+        elif isinstance(event, ev.CompactionFailed) and event.failure.code == "cancelled":
+            lines.append(f"--- context compaction cancelled ({event.reason}) ---")
         elif isinstance(event, ev.CompactionFailed):
             lines.append(
                 f"--- context compaction failed ({event.reason}): {event.failure.message} ({event.failure.code}) ---"

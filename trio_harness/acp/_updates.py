@@ -271,11 +271,15 @@ def compaction_failed_update(event: ev.CompactionFailed, session_id: str = "") -
 
     A thought, not an answer: no prompt is waiting, and the conversation goes
     on uncompacted (a turn that then needs the compaction ends with
-    ``compaction-failed``, shown as a failure like any other).
+    ``compaction-failed``, shown as a failure like any other).  One with the
+    code ``cancelled`` reads as cancelled.
     """
     failure = event.failure
     meta = {FAILURE_META: {"code": failure.code, "message": failure.message}}
-    text = f"Compacting the conversation failed: {failure.message}"
+    if failure.code == "cancelled":  # cancelled after a summary request: logged for what it spent, not an error
+        text = "Compacting the conversation was cancelled."
+    else:
+        text = f"Compacting the conversation failed: {failure.message}"
     return _chunk("agent_thought_chunk", text, session_id, f"{event.seq}/compaction-failed", meta)
 
 

@@ -129,7 +129,7 @@ class Agent(Protocol):
         """Abort current activity (and clear the inbox unless ``keep_inbox``).
 
         The activity may be a turn or the automatic compaction the agent runs
-        as maintenance between turns (it logs nothing when cancelled).
+        as maintenance between turns (cancelled, it compacts nothing).
 
         Returns:
             True if the call had an effect (something was running or queued).
@@ -219,7 +219,9 @@ class Agent(Protocol):
         Everything before the latest turn is summarized, or, with
         ``keep_tokens``, everything before the latest turns that fit in that
         many tokens.  Returns the logged ``context/compacted`` event, or None
-        when there is nothing to compact.  A cancelled compaction logs nothing.
+        when there is nothing to compact.  A cancelled compaction compacts
+        nothing (once a summary request completed, it logs what it spent as
+        ``context/compaction-failed`` with the code ``cancelled``).
         """
         ...
 

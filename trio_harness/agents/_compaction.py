@@ -13,10 +13,11 @@ tool call and its result, and never inside the open turn), asks the model for
 a summary of everything before the boundary (the previous summary included),
 and logs a ``context/compacted`` event.  Requests are then built from the
 system prompt, the summary and the events after the boundary.  The event is
-appended only once the summary is complete: a cancelled compaction logs
-nothing.  A provider refusing a request as too long triggers one compaction
-and one retry of the step; ``agent.compact()`` runs one on demand, as a
-maintenance activity (docs/long-sessions.rst, "Context-window management").
+appended only once the summary is complete: a cancelled compaction compacts
+nothing (the driver logs what its completed summary requests spent).  A
+provider refusing a request as too long triggers one compaction and one retry
+of the step; ``agent.compact()`` runs one on demand, as a maintenance activity
+(docs/long-sessions.rst, "Context-window management").
 """
 
 from __future__ import annotations

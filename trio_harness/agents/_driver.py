@@ -745,7 +745,7 @@ class ReactAgent:
         self._disposing = True
         self._wake_requested = False
         if self._maintenance_scope is not None:
-            self._maintenance_scope.cancel()  # a compaction in progress: logs nothing
+            self._maintenance_scope.cancel()  # a compaction in progress: compacts nothing
         if self._auto_scope is not None:
             self._auto_scope.cancel()  # likewise for the automatic one
         if self._phase == "running":
@@ -1075,8 +1075,9 @@ class ReactAgent:
     ) -> ev.ContextCompacted | None:
         """Summarize the conversation before a turn boundary and log it; None when nothing can be compacted.
 
-        Nothing is logged until the summary is complete (a cancelled
-        compaction leaves no trace).
+        Nothing is logged until the summary is complete, but a compaction
+        that fails, or is cancelled after a summary request completed, logs
+        ``context/compaction-failed`` with what it spent.
 
         Raises:
             CompactionError: the summary request failed.
@@ -1087,6 +1088,16 @@ class ReactAgent:
         if plan is None:
             return None
         policy, window, mark, messages = plan
+        # What the summary requests completed so far spent: ``summarize`` asks ``check`` before each
+        # request with it, so a cancellation during a request knows the usage of those before it.
+        spent = UsageTotals()
+        budget_check = self._summary_check(turn)
+
+        def check(usage: UsageTotals, remaining: int) -> Failure | None:
+            nonlocal spent
+            spent = usage
+            return budget_check(usage, remaining) if budget_check is not None else None
+
         try:
             summary, usage, partials = await summarize(
                 self._provider,
@@ -1096,8 +1107,14 @@ class ReactAgent:
                 previous=self._history.summary,
                 messages=messages[: mark.index],
                 window=window,
-                check=self._summary_check(turn),
+                check=check,
             )
+        except trio.Cancelled:
+            if spent.requests:  # cancelled after a summary request completed: what it spent is logged and counts
+                failure = Failure("cancelled", "the compaction was cancelled")
+                self._session.append(ev.CompactionFailed, reason=reason, failure=failure, turn=turn, usage=spent)
+                self._auto_skipped_at = self._last_turn
+            raise
         except SummaryOverBudget as exc:
             if exc.usage.requests:  # stopped part-way (a token budget): what it spent is logged and counts
                 self._session.append(
@@ -1162,7 +1179,8 @@ class ReactAgent:
         warning in the log) and the compaction is not retried before another
         turn has run; a turn whose request still passes the threshold
         compacts inside the turn and ends with ``compaction-failed`` if that
-        fails too.  A cancelled compaction logs nothing.
+        fails too.  A cancelled compaction compacts nothing (it logs what its
+        completed summary requests spent, as ``context/compaction-failed``).
         """
         self._auto_cancelled = False
         with trio.CancelScope() as scope:
@@ -1227,7 +1245,7 @@ class ReactAgent:
                     return await self._compact("manual", None, keep=keep_tokens, all_but_latest=keep_tokens is None)
                 finally:
                     self._maintenance_scope = None
-        raise AgentDisposedError(f"agent {self.id!r} was disposed while compacting; nothing was logged")
+        raise AgentDisposedError(f"agent {self.id!r} was disposed while compacting; nothing was compacted")
 
     def _summary_check(self, turn: int | None) -> BudgetCheck | None:
         """The budget check of a compaction's summary requests (None: no budget applies).

@@ -10,8 +10,8 @@ Context compactions are replayed too: each ``context/compacted`` event of the
 recording answers the summary request(s) of one compaction with its summary,
 in order among the steps, so a replayed agent compacts at the same points and
 rebuilds the same requests.  A ``context/compaction-failed`` event fails its
-compaction again at the first summary request; one a budget stopped part-way
-(``budget-*``) answers the requests it made, with their usage on the last, so
+compaction again at the first summary request; one a budget stopped or a cancel ended part-way
+(``budget-*``, ``cancelled``) answers the requests it made, with their usage on the last, so
 the agent's own budget check stops it where the recording stopped.
 
 With ``strict=True`` each request must match the recording at that point: a
@@ -183,9 +183,11 @@ class ReplayModel:
             failed = current.compaction
             self._answered += 1
             totals = failed.usage
-            if failed.failure.code.startswith("budget-") and totals is not None and self._answered <= totals.requests:
-                # Stopped by a budget after its requests were answered: answer them again, with the usage on
-                # the last, so the agent's own budget check stops it at the same point.
+            stopped = failed.failure.code.startswith("budget-") or failed.failure.code == "cancelled"
+            if stopped and totals is not None and self._answered <= totals.requests:
+                # Stopped by a budget (or cancelled) after its requests were answered: answer them again, with the
+                # usage on the last, so the agent's own budget check stops it at the same point (a cancelled one
+                # fails at its next request).
                 emit(TextDelta("(a summary the recording did not keep: a budget stopped the compaction)"))
                 if self._answered == totals.requests:
                     emit(

@@ -387,7 +387,7 @@ class ContextCompacted(Event):
     Model requests after this event are built from the system prompt, this
     ``summary`` and the events from seq ``boundary`` on (always a
     ``turn/start``: no turn and no tool call is ever cut).  Logged only once
-    the summary is complete, so a cancelled compaction leaves no trace.
+    the summary is complete, so a cancelled compaction compacts nothing.
 
     Attributes:
         boundary: the seq of the first event kept as it is.
