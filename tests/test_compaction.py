@@ -791,3 +791,16 @@ async def test_compact_on_demand_summarizes_all_but_the_latest_turn_whatever_the
             # the latest turn alone is left: nothing more to compact
             assert await agent.compact() is None
             assert len([r for r in model.requests if r.purpose == "compaction"]) == 1
+
+
+def test_a_cancelled_compaction_reads_as_cancelled_in_the_transcript_and_over_acp() -> None:
+    from trio_harness._cli import transcript
+    from trio_harness.acp._updates import compaction_failed_update
+    from trio_harness.session import SessionHeader
+
+    failure = Failure("cancelled", "the compaction was cancelled")
+    cancelled = ev.CompactionFailed(seq=10, ts=1.0, reason="threshold", failure=failure)
+    lines = transcript(SessionHeader(id="x", created_at=1.0), [cancelled])
+    assert lines[-1] == "--- context compaction cancelled (threshold) ---"
+    update = str(compaction_failed_update(cancelled, "x"))
+    assert "'text': 'Compacting the conversation was cancelled.'" in update

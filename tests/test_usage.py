@@ -387,3 +387,23 @@ async def test_a_compaction_cancelled_before_a_summary_request_completed_logs_no
     events = await cancel_compact_at(1, tmp_path)
     assert not [e for e in events if isinstance(e, (ev.CompactionFailed, ev.ContextCompacted))]
     assert type(events[-1]) is ev.TurnEnd
+
+
+async def test_a_strict_replay_of_a_cancelled_compaction_stops_where_the_recording_did(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    events = await cancel_compact_at(2, tmp_path)
+    (recorded,) = [e for e in events if isinstance(e, ev.CompactionFailed)]
+    replay = ReplayModel.from_events(events, strict=True)
+    options = AgentOptions(context=ContextPolicy(auto=False, window=1_000), session_budget=Budget(requests=4))
+    async with open_test_harness(replay) as h, h.agents.open(options=options) as agent:
+        for text in ("a" * 1600, "b" * 1600):
+            agent.followup(text)
+            await agent.when_idle()
+        with pytest.raises(CompactionError, match="the compaction was cancelled"):
+            await agent.compact(keep_tokens=0)
+        (failed,) = [e for e in agent.session.events if isinstance(e, ev.CompactionFailed)]
+    # the completed request is answered with the recorded usage; the one the recording cancelled fails
+    assert [r.purpose for r in replay.requests] == ["turn", "turn", "compaction", "compaction"]
+    assert failed.usage is not None and recorded.usage is not None
+    assert failed.usage.input_tokens == recorded.usage.input_tokens and failed.usage.requests == 2
