@@ -407,3 +407,34 @@ async def test_a_strict_replay_of_a_cancelled_compaction_stops_where_the_recordi
     assert [r.purpose for r in replay.requests] == ["turn", "turn", "compaction", "compaction"]
     assert failed.usage is not None and recorded.usage is not None
     assert failed.usage.input_tokens == recorded.usage.input_tokens and failed.usage.requests == 2
+
+
+async def test_a_compaction_inside_a_turn_cancelled_part_way_counts_in_the_turns_usage(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    script: list[dict[str, Any]] = [
+        {"text": "one"},
+        {"text": "two"},
+        {"tool_calls": [{"name": "big", "arguments": {}}]},
+        {"text": "three"},
+    ]
+    model = HangsAtSummary(script, context_window=2_000, summary=SUMMARY, hang_at=2)
+    async with open_test_harness(model) as h:
+        h.tools.add(BIG)
+        async with h.agents.open() as agent:
+            for text in ("a" * 1600, "b" * 1600):
+                agent.followup(text)
+                await agent.when_idle()
+            agent.followup("c")
+            await trio.testing.wait_all_tasks_blocked()
+            assert model.summaries == 2  # the second summary request of turn 3's compaction hangs
+            agent.cancel()
+            await agent.when_idle()
+            events = list(agent.session.events)
+            assert agent.usage.requests == 4  # 3 steps and the completed summary request
+    (failed,) = [e for e in events if isinstance(e, ev.CompactionFailed)]
+    assert failed.turn == 3 and failed.failure.code == "cancelled"
+    assert failed.usage is not None and failed.usage.requests == 1
+    end = turn_ends(events)[2]
+    assert end.reason == "aborted" and end.usage is not None and end.usage.requests == 2
+    assert_balanced(events)
