@@ -12,7 +12,7 @@ import trio
 import trio.testing
 from _sse_server import DONE, Stream, sse_finish, sse_text, sse_usage, start_server
 
-from trio_harness import Budget, CompactionError, ContextPolicy, ScriptedModel, UsageTotals
+from trio_harness import AgentDisposedError, Budget, CompactionError, ContextPolicy, ScriptedModel, UsageTotals
 from trio_harness._cli import EXIT_LIMIT, _exit_code
 from trio_harness.acp import stop_reason_for
 from trio_harness.agents import AgentOptions, Tool, ToolContext, TurnOutcome
@@ -438,3 +438,30 @@ async def test_a_compaction_inside_a_turn_cancelled_part_way_counts_in_the_turns
     end = turn_ends(events)[2]
     assert end.reason == "aborted" and end.usage is not None and end.usage.requests == 2
     assert_balanced(events)
+
+
+async def test_a_compaction_cancelled_part_way_by_disposal_is_stored_with_what_it_spent(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    model = HangsAtSummary([{"text": "one"}, {"text": "two"}], context_window=1_000, summary=SUMMARY, hang_at=2)
+    async with open_test_harness(model, store=tmp_path) as h:
+        handle = await h.agents.create(session_id="s", options=AgentOptions(context=ContextPolicy(auto=False)))
+        agent = handle.agent
+        for text in ("a" * 1600, "b" * 1600):
+            agent.followup(text)
+            await agent.when_idle()
+
+        async def compact() -> None:
+            with pytest.raises(AgentDisposedError):
+                await agent.compact(keep_tokens=0)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(compact)
+            await trio.testing.wait_all_tasks_blocked()
+            assert model.summaries == 2
+            await handle.dispose()
+    async with open_test_harness(ScriptedModel([]), store=tmp_path) as h:
+        async with h.agents.open(session_id="s", resume=True) as resumed:
+            (failed,) = [e for e in resumed.session.events if isinstance(e, ev.CompactionFailed)]
+            assert failed.failure.code == "cancelled" and failed.usage is not None and failed.usage.requests == 1
+            assert resumed.usage.requests == 3
