@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import os
+import pty
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import trio
 
 from trio_harness.agents import Agent
 from trio_harness.session import _events as ev
 from trio_harness.tools import BashToolOptions
 
-__all__ = ["UNASKED_BASH", "WAIT", "group_alive", "turn_ends"]
+__all__ = ["APPROVAL_PROMPT", "UNASKED_BASH", "WAIT", "cli_on_a_terminal", "group_alive", "turn_ends"]
 
 UNASKED_BASH = BashToolOptions(requires_approval=False)
 """``open_harness(bash_tool_options=UNASKED_BASH)``: ``bash`` commands run without an approver
@@ -44,3 +51,70 @@ def group_alive(pgid: int) -> bool:
         if int(fields[2]) == pgid and fields[0] != "Z":
             return True
     return False
+
+
+APPROVAL_PROMPT = b"allow? [y]es / [n]o / [a]lways: "
+"""The question ``trio-harness run`` asks on its terminal before a call that requires approval."""
+
+# Runs ``python -m trio_harness ARGS`` with stdout and stderr on a pty that is its controlling terminal.
+_ON_A_TERMINAL = (
+    "import fcntl, os, sys, termios; fcntl.ioctl(2, termios.TIOCSCTTY, 0); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'trio_harness', *sys.argv[1:]])"
+)
+
+
+async def cli_on_a_terminal(
+    args: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    answers: Sequence[str] = (),
+    stdin: bytes | None = None,
+) -> tuple[int, str, int]:
+    """Run ``trio-harness ARGS`` with stdout and stderr on a pty, answering each approval question in turn.
+
+    ``stdin``: bytes written to a pipe on standard input, then closed (None: ``/dev/null``), so
+    answers can only come from the terminal.  Returns the exit code, everything the terminal
+    showed (``\r\n`` as ``\n``) and how many questions were answered.
+    """
+    master, slave = pty.openpty()
+    try:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-c", _ON_A_TERMINAL, *args],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+        )
+    finally:
+        os.close(slave)
+    terminal = trio.lowlevel.FdStream(master)
+    output = b""
+    asked = 0
+    try:
+        with trio.fail_after(WAIT):
+            if stdin is not None:
+                assert process.stdin is not None
+                await process.stdin.send_all(stdin)
+                await process.stdin.aclose()
+            while True:
+                try:
+                    data = await terminal.receive_some()
+                except (trio.BrokenResourceError, OSError):  # EIO: the other side is closed
+                    data = b""
+                if not data:
+                    break
+                output += data
+                while output.count(APPROVAL_PROMPT) > asked:
+                    await terminal.send_all(answers[asked].encode() + b"\n")
+                    asked += 1
+            code = await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+        with trio.CancelScope(shield=True):
+            await process.wait()
+            await terminal.aclose()
+    return code, output.decode().replace("\r\n", "\n"), asked

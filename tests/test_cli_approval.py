@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import subprocess
 import sys
 from pathlib import Path
@@ -16,12 +15,12 @@ from typing import Any
 
 import pytest
 import trio
-from _util import WAIT
+from _util import APPROVAL_PROMPT, WAIT, cli_on_a_terminal
 
 from trio_harness.session import JsonlPersistence
 from trio_harness.session import _events as ev
 
-PROMPT = b"allow? [y]es / [n]o / [a]lways: "
+PROMPT = APPROVAL_PROMPT
 ONE = "echo one >> out.txt"
 TWO = "echo two >> out.txt"
 
@@ -94,57 +93,12 @@ async def test_without_a_terminal_commands_are_denied_with_a_line_naming_yes(tmp
     assert all("--yes" in (message or "") for _, _, message in outcomes)
 
 
-# Runs the command with stdout and stderr on a pty that is its controlling
-# terminal, and the prompt on stdin (a pipe): answers can only come from the terminal.
-WRAPPER = (
-    "import fcntl, os, sys, termios; fcntl.ioctl(2, termios.TIOCSCTTY, 0); "
-    "os.execv(sys.executable, [sys.executable, '-m', 'trio_harness', *sys.argv[1:]])"
-)
-
-
 async def run_on_a_terminal(tmp_path: Path, answers: list[str]) -> tuple[int, str, int]:
-    """Run ``trio-harness run -`` on a pty, answering each approval question in turn."""
-    model = two_commands(tmp_path)
-    master, slave = pty.openpty()
-    try:
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-c", WRAPPER, "run", "-", "--model", model, "--store", str(tmp_path / "store")],
-            cwd=tmp_path,
-            env=cli_env(),
-            stdin=subprocess.PIPE,
-            stdout=slave,
-            stderr=slave,
-            start_new_session=True,
-        )
-    finally:
-        os.close(slave)
-    terminal = trio.lowlevel.FdStream(master)
-    output = b""
-    asked = 0
-    try:
-        with trio.fail_after(WAIT):
-            assert process.stdin is not None
-            await process.stdin.send_all(b"please write the two lines")
-            await process.stdin.aclose()
-            while True:
-                try:
-                    data = await terminal.receive_some()
-                except (trio.BrokenResourceError, OSError):  # EIO: the other side is closed
-                    data = b""
-                if not data:
-                    break
-                output += data
-                while output.count(PROMPT) > asked:
-                    await terminal.send_all(answers[asked].encode() + b"\n")
-                    asked += 1
-            code = await process.wait()
-    finally:
-        if process.returncode is None:
-            process.kill()
-        with trio.CancelScope(shield=True):
-            await process.wait()
-            await terminal.aclose()
-    return code, output.decode().replace("\r\n", "\n"), asked
+    """Run ``trio-harness run -`` on a pty, the prompt on stdin (a pipe): answers come from the terminal only."""
+    args = ["run", "-", "--model", two_commands(tmp_path), "--store", str(tmp_path / "store")]
+    return await cli_on_a_terminal(
+        args, cwd=tmp_path, env=cli_env(), answers=answers, stdin=b"please write the two lines"
+    )
 
 
 @pytest.mark.parametrize(

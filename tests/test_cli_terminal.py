@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import re
 import subprocess
 import sys
@@ -18,13 +17,13 @@ from typing import Any
 
 import pytest
 import trio
-from _util import WAIT
+from _util import APPROVAL_PROMPT, WAIT, cli_on_a_terminal
 from hypothesis import given
 from hypothesis import strategies as st
 
 from trio_harness._cli_progress import KEPT_CONTROLS, inert
 
-PROMPT = b"allow? [y]es / [n]o / [a]lways: "
+PROMPT = APPROVAL_PROMPT
 # An attacker's command: erases the question line and draws a harmless-looking one.
 FORGED = "touch pwned #\x1b[2K\x1b[1A\r[approve] bash: ls -la"
 OSC52 = "\x1b]52;c;cHduZWQ=\x07"  # sets the clipboard
@@ -47,52 +46,10 @@ def bash(command: str, **extra: Any) -> dict[str, Any]:
     return {"tool_calls": [{"name": "bash", "arguments": {"command": command, **extra}}]}
 
 
-# Runs the command with stdout and stderr on a pty that is its controlling terminal.
-WRAPPER = (
-    "import fcntl, os, sys, termios; fcntl.ioctl(2, termios.TIOCSCTTY, 0); "
-    "os.execv(sys.executable, [sys.executable, '-m', 'trio_harness', *sys.argv[1:]])"
-)
-
-
 async def on_a_terminal(tmp_path: Path, args: list[str], answers: Sequence[str] = ()) -> tuple[int, str]:
     """Run ``trio-harness ARGS`` with stdout and stderr on a pty, answering each approval question."""
-    master, slave = pty.openpty()
-    try:
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-c", WRAPPER, *args],
-            cwd=tmp_path,
-            env=cli_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=slave,
-            stderr=slave,
-            start_new_session=True,
-        )
-    finally:
-        os.close(slave)
-    terminal = trio.lowlevel.FdStream(master)
-    output = b""
-    asked = 0
-    try:
-        with trio.fail_after(WAIT):
-            while True:
-                try:
-                    data = await terminal.receive_some()
-                except (trio.BrokenResourceError, OSError):  # EIO: the other side is closed
-                    data = b""
-                if not data:
-                    break
-                output += data
-                while output.count(PROMPT) > asked:
-                    await terminal.send_all(answers[asked].encode() + b"\n")
-                    asked += 1
-            code = await process.wait()
-    finally:
-        if process.returncode is None:
-            process.kill()
-        with trio.CancelScope(shield=True):
-            await process.wait()
-            await terminal.aclose()
-    return code, output.decode().replace("\r\n", "\n")
+    code, shown, _ = await cli_on_a_terminal(args, cwd=tmp_path, env=cli_env(), answers=answers)
+    return code, shown
 
 
 async def piped(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
@@ -337,39 +294,9 @@ async def test_on_a_terminal_a_retry_shows_its_reason_first_and_counts_down(
         Stream([sse_text("recovered"), sse_finish("stop"), DONE]),
     )
     model = f"openai:m@{server.base_url}"
-    master, slave = pty.openpty()
-    try:
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-c", WRAPPER, "run", "hi", "--model", model, "--store", str(tmp_path / "s")],
-            cwd=tmp_path,
-            env=cli_env(OPENAI_API_KEY="k"),
-            stdin=subprocess.DEVNULL,
-            stdout=slave,
-            stderr=slave,
-            start_new_session=True,
-        )
-    finally:
-        os.close(slave)
-    terminal = trio.lowlevel.FdStream(master)
-    output = b""
-    try:
-        with trio.fail_after(WAIT):
-            while True:
-                try:
-                    data = await terminal.receive_some()
-                except (trio.BrokenResourceError, OSError):
-                    data = b""
-                if not data:
-                    break
-                output += data
-            assert await process.wait() == 0, output
-    finally:
-        if process.returncode is None:
-            process.kill()
-        with trio.CancelScope(shield=True):
-            await process.wait()
-            await terminal.aclose()
-    text = output.decode()
+    args = ["run", "hi", "--model", model, "--store", str(tmp_path / "s")]
+    code, text, _ = await cli_on_a_terminal(args, cwd=tmp_path, env=cli_env(OPENAI_API_KEY="k"))
+    assert code == 0, text
     # The reason (cut to fit: the provider's message is long) comes first, then the countdown.
     assert "… openai:m@http://127.0.0.1:" in text
     shown = re.findall(r"\(http-503\): retry 1 of 4 in ([0-9.]+s)", text)
