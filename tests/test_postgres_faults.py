@@ -306,6 +306,8 @@ async def test_events_a_crash_lost_after_an_unsynced_flush_are_put_back_on_retak
     async with persistence:
         await stored_session(persistence, "s1")
         sessions = SessionStore(persistence)
+        restored: list[tuple[str, object]] = []
+        sessions.bus.on("session/restored", lambda notice: restored.append((notice.subject.id, notice.data["events"])))
         entry = sessions.enter(await sessions.prepare_resume("s1"))
         synced = len(entry.session)
         one_turn(entry.session, 2, "unsynced")
@@ -317,6 +319,7 @@ async def test_events_a_crash_lost_after_an_unsynced_flush_are_put_back_on_retak
         with caplog.at_level(logging.WARNING, logger="trio_harness.session.postgres"):
             await entry.session.flush()
         assert "lost the last 5 events committed without sync" in caplog.text
+        assert restored == [("s1", 5)]  # the application hears of it, not only the log
         assert (await persistence.load("s1")).events == tuple(entry.session.events)
         await sessions.detach(entry)
 

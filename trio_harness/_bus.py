@@ -1,6 +1,7 @@
 """Live notifications: a synchronous event bus with contained listener errors.
 
 Names used by the harness: ``session/created``, ``session/disposed``,
+``session/restored`` (PostgreSQL: ``events`` lost by the server were stored again),
 ``agent/created``, ``agent/session-start``, ``agent/disposed``,
 ``agent/status``, ``agent/cancel-requested``, ``agent/inbox/inserted``,
 ``agent/inbox/claimed``, ``agent/inbox/discarded``, ``task/done``.

@@ -459,6 +459,9 @@ class _PgWriter:
     # True once this writer held the lock: a lost connection then needs a re-take.
     _held: bool = attrs.field(default=False, init=False)
     _last_used: float = attrs.field(factory=trio.current_time, init=False)
+    # Told how many events a retake stored again after the server lost them (SessionStore sets it:
+    # the ``session/restored`` notice); None: only the log warning says so.
+    on_restored: Callable[[int], None] | None = attrs.field(default=None, init=False)
     # Background work of this writer in the store's service: heartbeat, mail delivery.
     _heartbeat_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     _mail_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
@@ -814,6 +817,8 @@ class _PgWriter:
             lines[:0] = lost
             acks[:0] = [mail_id for mail_id in lost_acks if mail_id not in acks]
             self._acks[:0] = [mail_id for mail_id in lost_acks if mail_id not in self._acks]
+            if self.on_restored is not None:
+                self.on_restored(len(lost))
         self.wake_mail()  # what was posted meanwhile
         if outcome == "stored":
             settle(None)

@@ -160,7 +160,12 @@ class SessionStore:
             raise SessionExistsError(f"session {session.id!r} was not prepared by this store or was discarded")
         entry = SessionEntry(session=session, writer=writer)
         self._live[session.id] = entry
+        if hasattr(writer, "on_restored"):  # a store that can lose acknowledged events and put them back
+            writer.on_restored = functools.partial(self._restored, entry)
         return entry
+
+    def _restored(self, entry: SessionEntry, count: int) -> None:
+        self.bus.emit("session/restored", entry.session, events=count)
 
     def receive(self, entry: SessionEntry, deliver: Callable[[InboxMessage], object]) -> None:
         """Route messages posted to ``entry``'s session (:meth:`post`) to ``deliver``.
