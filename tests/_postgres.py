@@ -28,12 +28,15 @@ import tempfile
 import threading
 import urllib.parse
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import pytest
+
+if TYPE_CHECKING:
+    from trio_harness.session import PostgresPersistence
 
 SERVER_MISSING = (
     "PostgreSQL server binaries (initdb, pg_ctl) were not found under /usr/lib/postgresql/*/bin or on PATH; "
@@ -410,6 +413,23 @@ def postgres_cluster() -> Iterator[Cluster]:
         _users[0] -= 1
         if _users[0] == 0:
             _shared.pop().stop()
+
+
+@pytest.fixture
+def schema() -> str:
+    """A fresh schema name in the shared cluster's database (nothing is created yet)."""
+    return fresh_schema()
+
+
+@pytest.fixture
+async def store(postgres_cluster: Cluster, schema: str) -> AsyncIterator[PostgresPersistence]:
+    """A checked PostgreSQL store on the shared cluster, in its own schema, open for the test."""
+    from trio_harness.session import PostgresPersistence
+
+    persistence = PostgresPersistence(postgres_cluster.dsn(), schema=schema)
+    await persistence.check()
+    async with persistence:
+        yield persistence
 
 
 # ---------------------------------------------------------------- worker processes

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import trio
+from _util import NEEDS_BUBBLEWRAP
 
 from trio_harness import BashOptions, BashToolOptions, ScriptedModel
 from trio_harness.bash import (
@@ -40,11 +41,7 @@ from trio_harness.bash._sandbox import open_sandbox
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("bwrap") is None and not os.environ.get("CI"),
-    reason="the bash sandbox needs bubblewrap, which is not installed (apt-get install bubblewrap); "
-    "with CI set these tests fail instead",
-)
+pytestmark = NEEDS_BUBBLEWRAP
 
 BOUND = 20.0
 

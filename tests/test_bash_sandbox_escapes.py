@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import trio
 from _sandbox_attacks import ATTACKS, SECRET, run_attacks
+from _util import NEEDS_BUBBLEWRAP
 
 import trio_harness
 from trio_harness import BashOptions, BashToolOptions, ScriptedModel
@@ -38,11 +39,7 @@ from trio_harness.bash import (
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("bwrap") is None and not os.environ.get("CI"),
-    reason="the bash sandbox needs bubblewrap, which is not installed (apt-get install bubblewrap); "
-    "with CI set these tests fail instead",
-)
+pytestmark = NEEDS_BUBBLEWRAP
 
 NOBODY = 65534
 AS_ROOT = os.geteuid() == 0

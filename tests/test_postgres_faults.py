@@ -19,14 +19,14 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 import trio
-from _postgres import Cluster, fresh_schema, postgres_cluster, proxy_for, running_cluster
+from _postgres import Cluster, fresh_schema, postgres_cluster, proxy_for, running_cluster, schema, store
 from _util import WAIT
 
 from trio_harness import SessionStoreError
@@ -34,22 +34,9 @@ from trio_harness.session import PostgresPersistence, Session, SessionEntry, Ses
 from trio_harness.session import _events as ev
 from trio_harness.session._events import InboxMessage
 
-__all__ = ["postgres_cluster"]  # the fixture, imported for pytest
+__all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def schema() -> str:
-    return fresh_schema()
-
-
-@pytest.fixture
-async def store(postgres_cluster: Cluster, schema: str) -> AsyncIterator[PostgresPersistence]:
-    persistence = PostgresPersistence(postgres_cluster.dsn(), schema=schema)
-    await persistence.check()
-    async with persistence:
-        yield persistence
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 import trio
 import trio.testing
-from _postgres import Cluster, fresh_schema, postgres_cluster, worker_argv
+from _postgres import Cluster, postgres_cluster, schema, store, worker_argv
 from _util import WAIT
 
 from trio_harness import (
@@ -39,22 +39,9 @@ from trio_harness.session import _events as ev
 from trio_harness.session._events import Event, InboxMessage
 from trio_harness.session._postgres import SCHEMA_VERSION, _call
 
-__all__ = ["postgres_cluster"]  # the fixture, imported for pytest
+__all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def schema() -> str:
-    return fresh_schema()
-
-
-@pytest.fixture
-async def store(postgres_cluster: Cluster, schema: str) -> AsyncIterator[PostgresPersistence]:
-    persistence = PostgresPersistence(postgres_cluster.dsn(), schema=schema)
-    await persistence.check()
-    async with persistence:
-        yield persistence
 
 
 def admin(cluster: Cluster) -> psycopg.Connection[Any]:
