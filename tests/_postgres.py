@@ -36,6 +36,8 @@ import attrs
 import pytest
 
 if TYPE_CHECKING:
+    import psycopg
+
     from trio_harness.session import PostgresPersistence
 
 SERVER_MISSING = (
@@ -413,6 +415,13 @@ def postgres_cluster() -> Iterator[Cluster]:
         _users[0] -= 1
         if _users[0] == 0:
             _shared.pop().stop()
+
+
+def admin(cluster: Cluster) -> psycopg.Connection[Any]:
+    """An autocommit connection to the cluster as its superuser, for setting up and inspecting faults."""
+    import psycopg
+
+    return psycopg.connect(cluster.dsn(), autocommit=True)
 
 
 @pytest.fixture

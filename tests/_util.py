@@ -24,6 +24,7 @@ __all__ = [
     "WAIT",
     "cli_on_a_terminal",
     "group_alive",
+    "read_line",
     "turn_ends",
 ]
 
@@ -136,3 +137,14 @@ async def cli_on_a_terminal(
             await process.wait()
             await terminal.aclose()
     return code, output.decode().replace("\r\n", "\n"), asked
+
+
+async def read_line(stream: trio.abc.ReceiveStream, what: str) -> bytes:
+    """The first line a child process writes (bounded by :data:`WAIT`); ``what`` says who, if it exits first."""
+    line = b""
+    with trio.fail_after(WAIT):
+        while not line.endswith(b"\n"):
+            chunk = await stream.receive_some(100)
+            assert chunk, f"{what} exited early"
+            line += chunk
+    return line

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import trio
 from _acp_clients import open_server
-from _util import WAIT, group_alive
+from _util import WAIT, group_alive, read_line
 
 from trio_harness import BashError, _lifeline
 from trio_harness.bash import BashRequest, SandboxUnavailableError, open_bash_executor
@@ -392,12 +392,7 @@ async def test_a_fork_without_exec_does_not_hold_the_lifeline_open(tmp_path: Pat
     assert process.stdout is not None
     forked: list[int] = []
     try:
-        with trio.fail_after(WAIT):
-            line = b""
-            while not line.endswith(b"\n"):
-                chunk = await process.stdout.receive_some(100)
-                assert chunk, "the program exited early"
-                line += chunk
+        line = await read_line(process.stdout, "the program")
         group, child = (int(word) for word in line.split())
         forked.append(child)
         process.kill()

@@ -27,7 +27,7 @@ from typing import Any, cast
 import pytest
 import trio
 from _acp_clients import open_server, tool_ends
-from _util import WAIT, group_alive, turn_ends
+from _util import WAIT, group_alive, read_line, turn_ends
 
 from trio_harness import (
     AgentOptions,
@@ -119,12 +119,7 @@ async def http_server(
         )
     assert process.stdout is not None
     try:
-        with trio.fail_after(WAIT):
-            line = b""
-            while not line.endswith(b"\n"):
-                chunk = await process.stdout.receive_some(100)
-                assert chunk, "the HTTP test server exited before listening"
-                line += chunk
+        line = await read_line(process.stdout, "the HTTP test server")
         port = int(line.split()[1])
         yield f"http://127.0.0.1:{port}/mcp", record, process
     finally:

@@ -21,12 +21,11 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 import trio
-from _postgres import Cluster, fresh_schema, postgres_cluster, proxy_for, running_cluster, schema, store
+from _postgres import Cluster, admin, fresh_schema, postgres_cluster, proxy_for, running_cluster, schema, store
 from _util import WAIT
 
 from trio_harness import SessionStoreError
@@ -48,10 +47,6 @@ def own_cluster() -> Iterator[Cluster]:
     """
     with running_cluster(settings=["wal_writer_delay=10000ms", "autovacuum=off"]) as cluster:
         yield cluster
-
-
-def admin(cluster: Cluster) -> psycopg.Connection[Any]:
-    return psycopg.connect(cluster.dsn(), autocommit=True)
 
 
 def one_turn(session: Session, number: int, text: str = "do it") -> None:

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 import trio
 import trio.testing
-from _postgres import Cluster, postgres_cluster, schema, store, worker_argv
+from _postgres import Cluster, admin, postgres_cluster, schema, store, worker_argv
 from _util import WAIT
 
 from trio_harness import (
@@ -42,10 +42,6 @@ from trio_harness.session._postgres import SCHEMA_VERSION, _call
 __all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def admin(cluster: Cluster) -> psycopg.Connection[Any]:
-    return psycopg.connect(cluster.dsn(), autocommit=True)
 
 
 def one_turn(session: Session, number: int, text: str = "do it") -> None:
