@@ -8,8 +8,8 @@ statement is cancelled on the server (``cancel_safe``, the socket shut when
 the server does not act on it), the thread waited for (shielded) and the
 transaction rolled back, so nothing cancelled is half-committed.
 
-Nothing here knows what the connections store: the session store
-(:mod:`._postgres`) and its writers (:mod:`._pg_writer`) build on it.
+Nothing here knows of sessions: the session store (:mod:`._postgres`) and
+its writers (:mod:`._pg_writer`) build on it.
 """
 
 from __future__ import annotations

@@ -180,6 +180,7 @@ class PostgresPersistence:
     probe_after: float = attrs.field(default=30.0, init=False)
     _sql: _Sql = attrs.field(init=False)
     _tables: _Tables = attrs.field(init=False)
+    # The shared connections (reads, lists, forks, posts); writers take their own from it and give them back.
     _pool: _Pool | None = attrs.field(default=None, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _depth: int = attrs.field(default=0, init=False)
