@@ -35,6 +35,12 @@ class Agent(Protocol):
     dispose it.  Once disposal has started, every operation that would change
     the agent (``send``, ``followup``, ``steer``, ``inject``, ``cancel``,
     ``maintenance``) raises :class:`~trio_harness.AgentDisposedError`.
+
+    A loop may also define ``deliver_posted(message)``: the registry then hands
+    it the messages posted through the store (``harness.sessions.post``)
+    instead of calling ``send``, so that it can act on each only once its
+    splice is stored (the built-in loop does, docs/postgres.rst); without it a
+    posted message goes through ``send`` and the loop acts on it at once.
     """
 
     @property

@@ -362,6 +362,33 @@ class ReactAgent:
         Raises:
             AgentDisposedError: the agent is being disposed.
         """
+        msg, queue = self._route(message, mode, settings)
+        self._inbox.append(queue, msg)
+        if mode != "inject":
+            self._wake()
+        return msg.id
+
+    def deliver_posted(self, message: InboxMessage) -> None:
+        """Take a message posted through the store (``harness.sessions.post``), acting on it once stored.
+
+        Its splice is logged now and the agent wakes (unless it is an inject)
+        only after a flush has stored that splice with the mailbox delete: a
+        worker that lost the session before that commit never acts on it,
+        and the worker that takes the session over delivers it instead.
+
+        Raises:
+            AgentDisposedError: the agent is being disposed.
+        """
+        msg, queue = self._route(message, message.mode, None)
+        self._inbox.stage(queue, msg, self._posted_applied)
+
+    def _posted_applied(self, message: InboxMessage) -> None:
+        if message.mode != "inject":
+            self._wake()
+
+    def _route(
+        self, message: str | InboxMessage, mode: SendMode, settings: ModelSettings | None
+    ) -> tuple[InboxMessage, ev.InboxQueue]:
         self._check_live("send it a message")
         if mode not in ("followup", "steer", "inject"):
             raise ValueError(f"unknown send mode {mode!r}; use followup, steer or inject")
@@ -375,10 +402,7 @@ class ReactAgent:
         queue: ev.InboxQueue = "next-turn" if mode == "followup" else "next-step"
         if mode == "steer" and self._phase == "running" and self._cause is not None:
             queue = "next-turn"  # never join a converging, cancelled turn
-        self._inbox.append(queue, msg)
-        if mode != "inject":
-            self._wake()
-        return msg.id
+        return msg, queue
 
     def followup(self, message: str | InboxMessage, *, settings: ModelSettings | None = None) -> str:
         """Queue ``message`` for a new turn and wake the agent (``settings``: that turn's model settings)."""
