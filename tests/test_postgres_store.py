@@ -479,6 +479,21 @@ async def test_a_missing_role_is_named(postgres_cluster: Cluster) -> None:
         await persistence.check()
 
 
+async def test_connection_settings_of_the_dsn_win_over_the_store_defaults(postgres_cluster: Cluster) -> None:
+    persistence = PostgresPersistence(postgres_cluster.dsn() + "&connect_timeout=7&application_name=mine")
+    conn = await persistence._connect_once()
+    try:
+        parameters = conn.info.get_parameters()
+        assert parameters["connect_timeout"] == "7" and parameters["application_name"] == "mine"
+    finally:
+        conn.close()
+    conn = await PostgresPersistence(postgres_cluster.dsn(), connect_timeout=30.0)._connect_once()
+    try:
+        assert conn.info.get_parameters()["connect_timeout"] == "30"  # per attempt, from the store's setting
+    finally:
+        conn.close()
+
+
 async def test_an_unreachable_server_is_retried_with_backoff_then_reported_without_the_password(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:

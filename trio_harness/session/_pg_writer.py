@@ -660,7 +660,10 @@ class _PgWriter:
                     # A statement still hangs on the connection (the network is
                     # gone): it cannot be closed under that thread; the server
                     # drops it, and the session's lock, when it notices.
-                    log.warning("session %r: closed while a statement still runs; its lock goes with the connection")
+                    log.warning(
+                        "session %r: closed while a statement still runs; its lock goes with the connection",
+                        self.header.id,
+                    )
             finally:
                 if acquired:
                     self._lock.release()

@@ -355,8 +355,8 @@ class PostgresPersistence:
         pg = _psycopg()
         params = pg.conninfo.conninfo_to_dict(self.dsn)
         kwargs: dict[str, Any] = {"autocommit": True}
-        kwargs.setdefault("connect_timeout", max(2, math.ceil(self.connect_timeout)))
         for name, value in (
+            ("connect_timeout", max(2, math.ceil(self.connect_timeout))),  # per attempt; a DSN's own value wins
             ("application_name", "trio-harness"),
             ("keepalives", 1),
             ("keepalives_idle", 5),
