@@ -8,11 +8,12 @@ in a facts record the connection reads (:class:`_ProcessFacts`,
 A stdio server runs in its own session and process group, with the
 environment of its :class:`~trio_harness.bash.EnvPolicy` and the lifeline's
 token, registered with the lifeline (:mod:`trio_harness._lifeline`) while it
-runs.  Stopping it is the MCP shutdown: its stdin is closed, and after
-``grace_period`` what is left of its group is terminated as a bash command's
-is (:func:`~trio_harness.bash._process.terminate_group`: SIGTERM, SIGKILL
-after another ``grace_period``).  A server that exits by itself takes its
-group with it the same way.
+runs.  Stopping it is the MCP shutdown: its stdin is closed, and once it has
+exited (after ``grace_period`` if it has not) what is left of its group is
+terminated as a bash command's is (``terminate_group`` of
+:mod:`trio_harness.bash._process`: SIGTERM, then SIGKILL after another
+``grace_period``).  A server that exits by itself takes its group with it the
+same way.
 
 The process handling is ours rather than the SDK's ``stdio_client`` because
 the harness guarantees more than it does: the whole process group goes (also
@@ -188,13 +189,12 @@ async def _settle_exit(facts: _ProcessFacts, returncode: int) -> None:
     facts.set_exit(returncode)
 
 
-async def _wait_exit(process: trio.Process, facts: _ProcessFacts, bound: float) -> bool:
+async def _wait_exit(process: trio.Process, facts: _ProcessFacts, bound: float) -> None:
+    """Reap the server (within ``bound``) and record its exit."""
     with trio.move_on_after(bound):
         await process.wait()
-    if process.returncode is None:
-        return False
-    await _settle_exit(facts, process.returncode)
-    return True
+    if process.returncode is not None:
+        await _settle_exit(facts, process.returncode)
 
 
 async def _reap(process: trio.Process, facts: _ProcessFacts, grace: float) -> None:
@@ -204,7 +204,7 @@ async def _reap(process: trio.Process, facts: _ProcessFacts, grace: float) -> No
 
 
 async def _stop_process(process: trio.Process, facts: _ProcessFacts, grace: float) -> None:
-    """The MCP stdio shutdown: close stdin; after ``grace``, terminate what is left of the group."""
+    """The MCP stdio shutdown: close stdin; once the server exited (or after ``grace``), end its group."""
     facts.stopping = True
     if process.stdin is not None:
         await trio.aclose_forcefully(process.stdin)
