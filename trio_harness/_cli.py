@@ -70,7 +70,6 @@ from ._errors import (
 from .bash._sandbox import SandboxUnavailableError
 
 if TYPE_CHECKING:
-    from ._bus import Notice
     from ._cli_progress import Printer
     from ._records import Failure, ModelSettings
     from .agents._approval import ApprovalDecision, ApprovalRequest
@@ -710,6 +709,7 @@ async def _run_prompt(
     from .agents._inbox import new_message_id
     from .agents._turns import TurnWatcher
     from .session._events import InboxMessage
+    from .tools._mcp import MCP_NOTICES, mcp_notice_line, mcp_skipped_line
 
     colour = use_colour(sys.stderr, os.environ)
     printer = Printer(
@@ -741,9 +741,9 @@ async def _run_prompt(
             if not args.quiet:  # MCP servers: a tool left out, a restart: one line each
                 for connection in harness.mcp_connections:
                     for tool, reason in connection.skipped_tools.items():
-                        printer.line(printer.show(_mcp_skipped_line(connection.name, tool, reason)))
-                for name in ("mcp/restarted", "mcp/restart-failed", "mcp/tool-skipped"):
-                    harness.bus.on(name, lambda notice: printer.line(printer.show(_mcp_notice_line(notice))))
+                        printer.line(printer.show(mcp_skipped_line(connection.name, tool, reason)))
+                for name in MCP_NOTICES:
+                    harness.bus.on(name, lambda notice: printer.line(printer.show(mcp_notice_line(notice))))
             options = _agent_options(args, args.system_prompt)
             try:
                 if args.session:
@@ -850,24 +850,6 @@ def _resume_hint(args: argparse.Namespace, session_id: str, *, kept: bool) -> No
     command = " ".join(shlex.quote(word) for word in words) + " PROMPT"
     what = f"kept session {session_id}; retry or continue with" if kept else "continue with"
     print(f"[session] {what}: {command}", file=sys.stderr, flush=True)
-
-
-def _mcp_skipped_line(server: str, tool: str, reason: str) -> str:
-    return f"[mcp] MCP server {server!r}: the tool {tool!r} is not offered: {reason}"
-
-
-def _mcp_notice_line(notice: Notice) -> str:
-    """The line ``run`` shows for an ``mcp/restarted``, ``mcp/restart-failed`` or ``mcp/tool-skipped`` notice."""
-    if notice.name == "mcp/tool-skipped":
-        return _mcp_skipped_line(notice.subject.id, notice.data["tool"], notice.data["reason"])
-    verb = "restarted" if notice.data.get("transport") == "stdio" else "reconnected"
-    server = f"MCP server {notice.subject.id!r}"
-    if notice.name == "mcp/restarted":
-        return f"[mcp] {server} {verb}; it had stopped: {notice.data.get('reason')}"
-    return (
-        f"[mcp] {server} could not be {verb}: {notice.data.get('error')}; "
-        f"next attempt in {notice.data.get('retry_in', 0):g} s"
-    )
 
 
 def _policy_flags(args: argparse.Namespace) -> list[str]:

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, TypeVarTuple
 import attrs
 import trio
 
-from .._bus import Notice
+from .._bus import EventBus, Notice
 from .._errors import (
     AgentDisposedError,
     AgentExistsError,
@@ -75,7 +75,7 @@ from ..agents._turns import TurnOutcome, TurnWatcher
 from ..model._cost import load_prices
 from ..session import _events as ev
 from ..session._events import InboxMessage
-from ..tools._mcp import connect_mcp_servers
+from ..tools._mcp import MCP_NOTICES, connect_mcp_servers, mcp_notice_line
 from ..tools._mcp_config import with_env_policy
 from . import _jsonrpc as rpc
 from ._modes import MODE_ASK, MODE_AUTO, MODE_IDS, mode_state
@@ -317,6 +317,8 @@ class AcpServer:
         self._scope = await self.harness.scope.open_child("acp")
         # A streamed tool call turns in_progress when it starts running (docs/acp.rst).
         self._scope.add_exit_callback(self.harness.bus.on("agent/tool/started", self._tool_started))
+        for name in MCP_NOTICES:  # an MCP server restarted or a tool left out: one line each in the log
+            self._scope.add_exit_callback(self.harness.bus.on(name, _log_mcp_notice))
         outbox = self._outbox = rpc.Outbox(self.outbox_limit)
         writer_done = trio.Event()
         reader = rpc.LineReader(receive, max_line_bytes=self.max_line_bytes)
@@ -573,7 +575,7 @@ class AcpServer:
             owner=self._scope,
             cwd=params.cwd,
             options=self._agent_options(),
-            setup=_mcp_setup(with_env_policy(params.mcp_configs(), self.harness.bash.env_policy)),
+            setup=_mcp_setup(with_env_policy(params.mcp_configs(), self.harness.bash.env_policy), self.harness.bus),
         )
         record = await self._adopt(handle)
         return {
@@ -592,7 +594,7 @@ class AcpServer:
                 f"session {shorten(session_id, 200)!r} is already open on this connection",
                 {"sessionId": session_id},
             )
-        setup = _mcp_setup(with_env_policy(params.mcp_configs(), self.harness.bash.env_policy))
+        setup = _mcp_setup(with_env_policy(params.mcp_configs(), self.harness.bash.env_policy), self.harness.bus)
         try:
             handle = await self.harness.agents.resume(
                 session_id, owner=self._scope, options=self._agent_options(), setup=setup
@@ -1035,15 +1037,22 @@ class AcpServer:
         self._requests.close()
 
 
-def _mcp_setup(servers: Sequence[McpServerConfig]) -> Setup | None:
-    """The agent setup that starts a session's MCP servers in the agent's scope (tools for it alone)."""
+def _mcp_setup(servers: Sequence[McpServerConfig], bus: EventBus) -> Setup | None:
+    """The agent setup that starts a session's MCP servers in the agent's scope (tools for it alone).
+
+    Their notices (``mcp/restarted``, ...) go to the harness bus, as the harness's own servers' do.
+    """
     if not servers:
         return None
 
     async def setup(agent: Agent) -> None:
-        await connect_mcp_servers(agent.scope, agent.tools, servers)
+        await connect_mcp_servers(agent.scope, agent.tools, servers, bus=bus)
 
     return setup
+
+
+def _log_mcp_notice(notice: Notice) -> None:
+    log.warning("%s", mcp_notice_line(notice).removeprefix("[mcp] "))
 
 
 async def _warm_prices() -> None:

@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from mcp.types import LoggingMessageNotificationParams
     from mcp.types import Tool as McpTool
 
-    from .._bus import EventBus
+    from .._bus import EventBus, Notice
     from .._scope import Scope
 
 # The MCP SDK (and anyio, httpx2 and starlette with it) is imported when a
@@ -789,3 +789,28 @@ async def connect_mcp_servers(
         )
         raise error from failures[0]
     return connections
+
+
+# ------------------------------------------------------------------ notice lines
+
+MCP_NOTICES = ("mcp/restarted", "mcp/restart-failed", "mcp/tool-skipped")
+"""The bus notices of a connection, each shown as one line (``run``) or logged (``acp``)."""
+
+
+def mcp_skipped_line(server: str, tool: str, reason: str) -> str:
+    """The line that says a server's tool is not offered, and why."""
+    return f"[mcp] MCP server {server!r}: the tool {tool!r} is not offered: {reason}"
+
+
+def mcp_notice_line(notice: Notice) -> str:
+    """The line for an ``mcp/restarted``, ``mcp/restart-failed`` or ``mcp/tool-skipped`` notice."""
+    if notice.name == "mcp/tool-skipped":
+        return mcp_skipped_line(notice.subject.id, notice.data["tool"], notice.data["reason"])
+    verb = "restarted" if notice.data.get("transport") == "stdio" else "reconnected"
+    server = f"MCP server {notice.subject.id!r}"
+    if notice.name == "mcp/restarted":
+        return f"[mcp] {server} {verb}; it had stopped: {notice.data.get('reason')}"
+    return (
+        f"[mcp] {server} could not be {verb}: {notice.data.get('error')}; "
+        f"next attempt in {notice.data.get('retry_in', 0):g} s"
+    )
