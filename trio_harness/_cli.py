@@ -1052,7 +1052,7 @@ def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 5
             lines.append(f"  [tool] {event.name} {_shorten(_compact_arguments(event.arguments), width)}")
         elif isinstance(event, ev.ToolResult):
             label = "[tool error]" if event.is_error else "[tool result]"
-            lines.append(f"  {label} {_shorten(event.content, width)}")
+            lines += _result_lines(label, event.content, width)
         elif isinstance(event, ev.ApprovalDecided):
             decided = f"  [approval] {event.name}: {event.outcome.replace('_', ' ')} ({event.source})"
             if event.cause is not None:
@@ -1081,6 +1081,19 @@ def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 5
                 reason += f": {event.failure.message} ({event.failure.code})"
             lines.append(f"--- turn {event.turn} ended: {reason} ---")
     return lines
+
+
+def _result_lines(label: str, content: str, width: int) -> list[str]:
+    """A tool result in a transcript: beside its label when one line, else its lines indented under it.
+
+    Either way it is cut to ``width`` characters (newlines included), ending in ``…`` when cut.
+    """
+    content = content.strip("\n")
+    if "\n" not in content:
+        return [f"  {label} {_shorten(content, width)}".rstrip()]
+    if len(content) > width:
+        content = content[: max(width - 1, 0)] + "…"
+    return [f"  {label}", *(f"    {line}".rstrip() for line in content.split("\n"))]
 
 
 def _indent(text: str) -> str:
