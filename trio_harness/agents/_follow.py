@@ -152,4 +152,3 @@ class Followers:
         """Report an outcome with no end to every follower still waiting (the agent is disposed)."""
         for followed in list(self._live):
             followed._watcher.abandon()
-
