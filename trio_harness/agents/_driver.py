@@ -611,7 +611,7 @@ class ReactAgent:
 
         Both callbacks are called synchronously from the session's append, as
         session observers are: they must not block, and their errors are
-        logged (docs/agents.rst, "Following a prompt").
+        logged (docs/long-sessions.rst, "Following a prompt").
 
         Returns:
             The :class:`~trio_harness.agents.FollowedPrompt`: its message id,

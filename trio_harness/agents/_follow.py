@@ -13,7 +13,7 @@ queued, the events of the turn that runs it, and how that turn ended.
   prompts stay queued).
 
 The callbacks run synchronously inside :meth:`~trio_harness.session.Session.append`,
-as session observers do (docs/sessions.rst): they must not block, and their
+as session observers do (docs/long-sessions.rst, "Following a prompt"): they must not block, and their
 errors are logged and contained.  That is what lets the ACP bridge and the
 command line keep each update in the order the log has it, with nothing
 dropped; a consumer that would rather iterate at its own pace reads
