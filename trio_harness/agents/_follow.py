@@ -126,9 +126,6 @@ class Followers:
     # Each live follower and the remover of its session observer.
     _live: dict[FollowedPrompt, Callable[[], None]] = attrs.field(factory=dict, init=False)
 
-    def __len__(self) -> int:
-        return len(self._live)
-
     def watch(
         self,
         message_id: str,
