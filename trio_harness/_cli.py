@@ -706,9 +706,6 @@ async def _run_prompt(
     from ._cli_progress import Printer, Style, use_colour
     from ._harness import open_harness
     from .agents._approval import allow_all
-    from .agents._inbox import new_message_id
-    from .agents._turns import TurnWatcher
-    from .session._events import InboxMessage
     from .tools._mcp import MCP_NOTICES, mcp_notice_line, mcp_skipped_line
 
     colour = use_colour(sys.stderr, os.environ)
@@ -766,20 +763,23 @@ async def _run_prompt(
             finished = trio.Event()
             interrupts = 0
 
+            # Once finished (a second Ctrl-C stops at once), nothing more of the turn is shown.
+            def on_event(event: Event) -> None:
+                if not finished.is_set():
+                    printer.event(event)
+
             def on_done(result: TurnOutcome) -> None:
                 nonlocal outcome
-                outcome = result
-                finished.set()
+                if not finished.is_set():
+                    outcome = result
+                    finished.set()
 
-            message = InboxMessage(id=new_message_id(), text=prompt, mode="followup")
-            watcher = TurnWatcher(message.id, printer.event, on_done)
-            remove = agent.session.observe(watcher)
             try:
                 # Ctrl-C from here on cancels the turn cleanly (a second one stops at once).
                 with trio.open_signal_receiver(signal.SIGINT) as signals:
                     if not args.quiet:
                         printer.line(f"[session] {agent.id}")
-                    agent.followup(message)
+                    agent.follow(prompt, on_event=on_event, on_done=on_done)
                     async with trio.open_nursery() as nursery:
 
                         async def on_interrupt() -> None:
@@ -799,7 +799,6 @@ async def _run_prompt(
                         nursery.cancel_scope.cancel()
                 printer.break_line()
             finally:
-                remove()
                 with trio.CancelScope(shield=True):
                     await handle.dispose()
     except McpStartError as exc:

@@ -174,7 +174,16 @@ class Session:
         return event
 
     def observe(self, observer: Callable[[Event], None]) -> Callable[[], None]:
-        """Call ``observer(event)`` after every append; returns a remover."""
+        """Call ``observer(event)`` after every append; returns a remover.
+
+        This is the low-level hook: the observer runs synchronously inside
+        :meth:`append`, on the driver's hot path and in the shielded blocks
+        that close a turn, so it **must not block** (it cannot await, and what
+        it does delays the agent); its errors are logged and contained.  It
+        sees every event in order.  To read events at the reader's own pace,
+        use ``agent.events()``; to follow one prompt's turn, ``agent.follow()``
+        (docs/long-sessions.rst, "Event streams").
+        """
         self._observers.append(observer)
 
         def remove() -> None:
