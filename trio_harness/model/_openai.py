@@ -36,6 +36,7 @@ import trio
 
 from .._errors import ModelError
 from .._redact import redact_urls
+from .._util import is_positive_int
 from ._chunks import ChunkParser, message_of
 from ._context import context_window_for
 from ._protocol import (
@@ -180,7 +181,7 @@ class OpenAIProvider:
             )
         if self.context_window is None:
             self.context_window = context_window_for(self.model)
-        elif type(self.context_window) is not int or self.context_window <= 0:
+        elif not is_positive_int(self.context_window):
             raise ModelError(f"OpenAIProvider context_window must be a positive int, got {self.context_window!r}")
 
         def finite(value: float) -> float | None:

@@ -527,13 +527,6 @@ def encode_event(event: Event) -> str:
     return line
 
 
-def event_to_dict(event: Event) -> dict[str, Any]:
-    """The JSON-ready dict of an event, ``"type"`` first."""
-    data: dict[str, Any] = {"type": event.type}
-    data.update(_unstructure[type(event)](event))
-    return data
-
-
 def decode_event_dict(data: Any) -> AnyEvent:
     """Decode an already-parsed JSON object into an event."""
     if not isinstance(data, dict):
@@ -552,7 +545,7 @@ def decode_event_dict(data: Any) -> AnyEvent:
     try:
         event: AnyEvent = _structure[cls.type](fields, cls)
     except Exception as exc:
-        raise EventDecodeError(f"invalid {tag!r} event: {_describe(exc)}") from exc
+        raise EventDecodeError(f"invalid {tag!r} event: {_decode_reason(exc)}") from exc
     return event
 
 
@@ -621,10 +614,10 @@ def decode_header(line: str | bytes) -> SessionHeader:
     try:
         return _converter.structure(fields, SessionHeader)
     except Exception as exc:
-        raise EventDecodeError(f"invalid session header: {_describe(exc)}") from exc
+        raise EventDecodeError(f"invalid session header: {_decode_reason(exc)}") from exc
 
 
-def _describe(exc: BaseException) -> str:
+def _decode_reason(exc: BaseException) -> str:
     if isinstance(exc, cattrs.ForbiddenExtraKeysError):
         return f"unexpected keys {sorted(exc.extra_fields)}"
     if isinstance(exc, KeyError):
@@ -649,5 +642,5 @@ def decode_inbox_message(text: str | bytes) -> InboxMessage:
             raise TypeError(f"expected a JSON object, got {type(data).__name__}")
         message: InboxMessage = _converter.structure(data, InboxMessage)
     except Exception as exc:
-        raise EventDecodeError(f"invalid inbox message: {_describe(exc)}") from exc
+        raise EventDecodeError(f"invalid inbox message: {_decode_reason(exc)}") from exc
     return message

@@ -57,6 +57,8 @@ import trio
 from .._errors import McpConfigError, McpError, McpStartError, ToolError
 from .._lifeline import forget_group, lifeline
 from .._redact import redact_urls
+from .._util import describe
+from .._util import split_cancelled as _split_cancelled
 from .._version import __version__
 from ..agents._tools import Tool, ToolContext, ToolOutput, ToolSet
 from ..bash._env import EnvPolicy
@@ -213,11 +215,13 @@ def render_mcp_result(result: CallToolResult) -> ToolOutput:
 
 
 def _describe(exc: BaseException) -> str:
-    """``Type: message`` of an error, through exception groups, on one line."""
+    """``Type: message`` of an error, through exception groups, on one line (URLs redacted)."""
+    return describe(exc, leaf=_describe_leaf)
+
+
+def _describe_leaf(exc: BaseException) -> str:
     from mcp.shared.exceptions import MCPError
 
-    if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(_describe(inner) for inner in exc.exceptions)
     if isinstance(exc, MCPError):
         return exc.message
     text = redact_urls(" ".join(str(exc).split()))
@@ -1354,14 +1358,6 @@ def _dangling_ref(schema: Mapping[str, Any]) -> str | None:
         except Unresolvable as exc:
             return f"its $ref {ref!r} resolves to nothing ({type(exc).__name__})"
     return None
-
-
-def _split_cancelled(exc: BaseException) -> tuple[BaseException | None, BaseException | None]:
-    if isinstance(exc, trio.Cancelled):
-        return exc, None
-    if isinstance(exc, BaseExceptionGroup):
-        return exc.split(trio.Cancelled)
-    return None, exc
 
 
 # ---------------------------------------------------------------- connecting
