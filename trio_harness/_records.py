@@ -225,7 +225,7 @@ class ModelSettings:
 
     Every field is optional; None means "not set here".  Settings are given
     per harness (``open_harness(model_settings=...)``), per agent
-    (:attr:`~trio_harness.AgentOptions.model_settings`) and per turn
+    (``AgentOptions.model_settings``) and per turn
     (``agent.followup(text, settings=...)``), and merged field by field with
     :meth:`merge`: a turn's value wins over an agent's, an agent's over the
     harness's, the harness's over the model spec's query parameters.  The

@@ -162,8 +162,8 @@ def tool(
         fn: the function (``async def`` or plain ``def``).
         name: the tool's name (default: the function's ``__name__``).
         description: what the model is told (default: from the docstring).
-        parallel_safe: see :attr:`Tool.parallel_safe`.
-        requires_approval: see :attr:`Tool.requires_approval`.
+        parallel_safe: see ``Tool.parallel_safe``.
+        requires_approval: see ``Tool.requires_approval``.
         thread: run a plain function in a worker thread
             (``trio.to_thread.run_sync``) instead of inline on the event loop.
             A cancelled turn waits for the function to return (a thread

@@ -172,7 +172,7 @@ class SandboxPolicy:
             ``"~/.kube"``: a directory by an empty one, a file by an unreadable
             one (reads fail with "Permission denied"); a path that does not
             exist is skipped.  A hidden path wins over a writable one.
-        hide_defaults: also hide :data:`DEFAULT_HIDDEN` (``~/.ssh``,
+        hide_defaults: also hide ``DEFAULT_HIDDEN`` (``~/.ssh``,
             ``~/.gnupg``, ``~/.aws``, ``~/.config/gcloud``, ``~/.netrc``,
             ``/etc/shadow``, ``/etc/gshadow``).
         hide_sessions: also hide the session store's root (the executor's

@@ -131,7 +131,7 @@ class TaskHooks:
             once, in its own nursery.
         read_output: for a stream task, returns the output produced since the
             previous call (consuming).  None declares a final-output task whose
-            result is :attr:`TaskOutcome.output`.
+            result is ``TaskOutcome.output``.
         release: optional; called once, synchronously, when the service
             forgets the finished task (it was reported and pruned beyond the
             service's ``finished_cap``), to free what the producer kept for
