@@ -1,6 +1,6 @@
 """Sphinx configuration of the trio_harness documentation (``nox -s docs``).
 
-Besides the usual settings this file holds six small hooks that keep the
+Besides the usual settings this file holds seven small hooks that keep the
 build warning-free and the reference accurate:
 
 * re-exported constants and type aliases get the attribute docstring written
@@ -16,6 +16,7 @@ build warning-free and the reference accurate:
 * a reference to a re-exported name (``trio_harness.Tool``) resolves to the
   full entry where the name is defined (``trio_harness.agents.Tool``), as the
   reference pages document each object once;
+* ``.. notice-table::`` renders the bus notices from ``trio_harness._bus.NOTICES``;
 * ``.. cli-help:: run`` renders ``trio-harness run --help`` from the real
   argument parser, so the CLI page cannot drift from the code.
 """
@@ -255,6 +256,22 @@ class CliHelp(Directive):
         return [block]
 
 
+class NoticeTable(Directive):
+    """``.. notice-table::``: the bus notices, from ``trio_harness._bus.NOTICES``."""
+
+    def run(self) -> list[nodes.Node]:
+        from docutils.statemachine import StringList
+
+        from trio_harness._bus import NOTICES
+
+        lines = [".. list-table::", "   :header-rows: 1", "   :widths: 25 75", "", "   * - notice", "     - subject and data"]
+        for name, text in NOTICES.items():
+            lines += [f"   * - ``{name}``", f"     - {text}"]
+        container = nodes.container()
+        self.state.nested_parse(StringList(lines, source="notice-table"), self.content_offset, container)
+        return list(container.children)
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("autodoc-process-docstring", _process_docstring)
     app.connect("autodoc-process-docstring", _property_docstring, priority=600)  # after napoleon
@@ -262,4 +279,5 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("viewcode-follow-imported", _follow_imported)
     app.connect("missing-reference", _resolve_reexport)
     app.add_directive("cli-help", CliHelp)
+    app.add_directive("notice-table", NoticeTable)
     return {"parallel_read_safe": True}
