@@ -264,7 +264,8 @@ class NoticeTable(Directive):
 
         from trio_harness._bus import NOTICES
 
-        lines = [".. list-table::", "   :header-rows: 1", "   :widths: 25 75", "", "   * - notice", "     - subject and data"]
+        lines = [".. list-table::", "   :header-rows: 1", "   :widths: 25 75", ""]
+        lines += ["   * - notice", "     - subject and data"]
         for name, text in NOTICES.items():
             lines += [f"   * - ``{name}``", f"     - {text}"]
         container = nodes.container()
