@@ -12,8 +12,8 @@ Users import them from their public homes: ``trio_harness.model.Failure``,
 ``trio_harness.model.ModelSettings``, ``trio_harness.model.UsageTotals``.
 
 Fields added after the first log format carry ``metadata={"omit_if_default":
-True}``: the codec leaves them out of a line while they hold their default, so
-a log written without the feature reads exactly as before.
+True}``: the codec leaves them out of a line while they hold their default, and
+a line without them reads back with their defaults.
 """
 
 from __future__ import annotations

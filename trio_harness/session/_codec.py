@@ -76,8 +76,8 @@ _converter.register_structure_hook_factory(_is_homogeneous_tuple, _strict_tuple)
 def _register_omitting(kind: type[Any], seen: set[type[Any]]) -> None:
     """Leave fields marked ``omit_if_default`` out of ``kind``'s lines (and its nested records') at their default.
 
-    So a field added to the format after a log was written reads back as its
-    default, and a log that does not use it is written exactly as before.
+    So a log line without such a field reads back with its default, and a
+    field left at its default takes no space in the line.
     """
     if kind in seen:
         return
