@@ -9,18 +9,14 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from _util import echo_tool
 
-from trio_harness.agents import Agent, AgentHandle, ReactAgent, Tool, ToolContext
+from trio_harness.agents import Agent, AgentHandle, ReactAgent
 from trio_harness.model._scripted import ScriptedModel
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
 
-
-async def echo(ctx: ToolContext, args: dict[str, object]) -> str:
-    return f"echo {args.get('x')}"
-
-
-ECHO = Tool("echo", "echo", {"type": "object", "properties": {"x": {"type": "string"}}}, echo)
+ECHO = echo_tool()
 
 SCRIPT: list[dict[str, Any]] = [
     {"tool_calls": [{"name": "echo", "arguments": {"x": "1"}}]},
