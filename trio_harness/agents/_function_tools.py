@@ -104,7 +104,16 @@ class FunctionTool(Tool, Generic[P, R]):
 
 
 @overload
-def tool(fn: Callable[P, R], /) -> FunctionTool[P, R]: ...
+def tool(
+    fn: Callable[P, R],
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    parallel_safe: bool = True,
+    requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
+    thread: bool = False,
+) -> FunctionTool[P, R]: ...
 
 
 @overload
@@ -128,7 +137,7 @@ def tool(
     requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
     thread: bool = False,
 ) -> FunctionTool[P, R] | Callable[[Callable[P, R]], FunctionTool[P, R]]:
-    """Make a :class:`Tool` from a typed function; usable bare (``@tool``) or with arguments.
+    """Make a :class:`Tool` from a typed function: ``@tool``, ``@tool(name=...)`` or ``tool(fn, name=...)``.
 
     ::
 
