@@ -28,16 +28,13 @@ async def test_split_cancelled_separates_a_cancellation_from_the_failures() -> N
     assert split_cancelled(failure) == (None, failure)
     with trio.CancelScope() as cancel_scope:
         cancel_scope.cancel()
-        try:
+        with pytest.raises(trio.Cancelled) as caught:
             await trio.sleep(1)
-        except trio.Cancelled as exc:
-            cancelled = exc
-            assert split_cancelled(exc) == (exc, None)
-            mixed = BaseExceptionGroup("both", [exc, failure])
-            part, rest = split_cancelled(mixed)
-            assert isinstance(part, BaseExceptionGroup) and part.exceptions == (cancelled,)
-            assert isinstance(rest, BaseExceptionGroup) and rest.exceptions == (failure,)
-            raise
+    cancelled = caught.value
+    assert split_cancelled(cancelled) == (cancelled, None)
+    part, rest = split_cancelled(BaseExceptionGroup("both", [cancelled, failure]))
+    assert isinstance(part, BaseExceptionGroup) and part.exceptions == (cancelled,)
+    assert isinstance(rest, BaseExceptionGroup) and rest.exceptions == (failure,)
 
 
 @pytest.mark.parametrize("value", [1, 10**20])
