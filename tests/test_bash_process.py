@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import trio
-from _util import WAIT
+from _util import WAIT, wait_until
 
 from trio_harness.bash._process import (
     group_alive,
@@ -24,12 +23,6 @@ from trio_harness.bash._process import (
     signal_group,
     terminate_group,
 )
-
-
-async def wait_until(predicate: Callable[[], bool]) -> None:
-    with trio.fail_after(WAIT):
-        while not predicate():
-            await trio.sleep(0.01)
 
 
 def state(pid: int) -> bytes:

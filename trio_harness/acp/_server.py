@@ -250,7 +250,7 @@ class AcpServer:
             applies, and with none such calls run without asking.  An
             approver set in ``agent_options`` wins either way.
         initial_mode: the session mode every session starts in (``ask`` or
-            ``auto``, see :mod:`trio_harness.acp._modes`); modes are offered
+            ``auto``, see ``trio_harness/acp/_modes.py``); modes are offered
             only while ``ask_permission`` is on and ``agent_options`` sets no
             approver (the modes switch the asking approver).
     """

@@ -39,6 +39,8 @@ import trio
 from .._errors import AgentDisposedError, CompactionError, SessionStoreError
 from .._initiator import _set_initiator
 from .._records import plain_constructor
+from .._util import describe as _describe
+from .._util import split_cancelled as _split_cancelled
 from ..model._context import CHARS_PER_TOKEN, is_context_overflow, tokens_for_chars, tools_chars
 from ..model._cost import price_route, usage_cost
 from ..model._protocol import (
@@ -105,22 +107,6 @@ class _OverBudget(Exception):
     def __init__(self, failure: Failure) -> None:
         super().__init__(failure.message)
         self.failure = failure
-
-
-def _split_cancelled(exc: BaseException) -> tuple[BaseException | None, BaseException | None]:
-    """Split ``exc`` into (the cancellation part, the rest); either may be None."""
-    if isinstance(exc, trio.Cancelled):
-        return exc, None
-    if isinstance(exc, BaseExceptionGroup):
-        return exc.split(trio.Cancelled)
-    return None, exc
-
-
-def _describe(exc: BaseException) -> str:
-    """``Type: message`` of an error, listing the leaves of an exception group."""
-    if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(_describe(inner) for inner in exc.exceptions)
-    return f"{type(exc).__name__}: {exc}"
 
 
 _NO_SETTINGS = ModelSettings()

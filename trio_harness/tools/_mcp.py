@@ -49,6 +49,8 @@ import trio
 
 from .._errors import McpConfigError, McpError, McpStartError, ToolError
 from .._redact import redact_urls
+from .._util import describe
+from .._util import split_cancelled as _split_cancelled
 from .._version import __version__
 from ..agents._tools import Tool, ToolContext, ToolOutput, ToolSet
 from ._mcp_config import McpHttpServer, McpServerConfig, McpStdioServer
@@ -85,11 +87,13 @@ _RESTART_BACKOFF_MAX = 60.0
 
 
 def _describe(exc: BaseException) -> str:
-    """``Type: message`` of an error, through exception groups, on one line."""
+    """``Type: message`` of an error, through exception groups, on one line (URLs redacted)."""
+    return describe(exc, leaf=_describe_leaf)
+
+
+def _describe_leaf(exc: BaseException) -> str:
     from mcp.shared.exceptions import MCPError
 
-    if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(_describe(inner) for inner in exc.exceptions)
     if isinstance(exc, MCPError):
         return exc.message
     text = redact_urls(" ".join(str(exc).split()))
@@ -688,12 +692,6 @@ def _seconds(delay: float) -> str:
     return f"{max(1, math.ceil(delay))} s"
 
 
-def _split_cancelled(exc: BaseException) -> tuple[BaseException | None, BaseException | None]:
-    if isinstance(exc, trio.Cancelled):
-        return exc, None
-    if isinstance(exc, BaseExceptionGroup):
-        return exc.split(trio.Cancelled)
-    return None, exc
 
 
 # ---------------------------------------------------------------- connecting
