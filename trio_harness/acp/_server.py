@@ -27,7 +27,7 @@ Prompt mechanics: the prompt text is sent with ``agent.followup``; a
 :class:`~trio_harness.agents.TurnWatcher` observes the session log,
 finds the turn that claims the message, streams that turn's events as
 ``session/update`` notifications, and answers at its ``turn/end`` (after
-flushing the log) with the stop reason :func:`~trio_harness.acp.stop_reason_for`
+flushing the log) with the stop reason ``stop_reason_for``
 maps it to.  A message removed from the inbox by a cancel before any
 turn claimed it answers ``cancelled`` (same section).
 

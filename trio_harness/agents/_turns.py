@@ -4,8 +4,8 @@ A front end that sends a prompt wants that prompt's turn: its events as they
 are appended, and how it ended.  :class:`TurnWatcher` finds the turn that
 claimed the message and reports a :class:`TurnOutcome` carrying that turn's
 ``turn/end`` event.  What an outcome means to the front end is the front end's
-business: the ACP bridge maps it to a stop reason
-(:func:`trio_harness.acp.stop_reason_for`), the command line to an exit code.
+business: the ACP bridge maps it to a stop reason, the command line to an
+exit code.
 """
 
 from __future__ import annotations

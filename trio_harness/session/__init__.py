@@ -7,7 +7,6 @@ from ._codec import encode_header as encode_header
 from ._events import FORMAT_VERSION as FORMAT_VERSION
 from ._events import SessionHeader as SessionHeader
 from ._jsonl import JsonlPersistence as JsonlPersistence
-from ._jsonl import escape_session_id as escape_session_id
 from ._persistence import LoadedSession as LoadedSession
 from ._persistence import MailboxWriter as MailboxWriter
 from ._persistence import MemoryPersistence as MemoryPersistence
