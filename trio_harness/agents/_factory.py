@@ -76,7 +76,7 @@ class ReactLoopFactory:
             provider = self.model
         else:
             raise ModelError("no model: pass model=... to open_harness() or AgentOptions(model=...)")
-        return ReactAgent(
+        return ReactAgent._create(
             session=session,
             options=options,
             scope=scope,
