@@ -15,8 +15,6 @@ from typing import Any, Protocol
 
 import attrs
 
-__all__ = ["EventBus", "Notice", "NoticeSubject"]
-
 log = logging.getLogger("trio_harness.bus")
 
 

@@ -58,8 +58,6 @@ from .tools._mcp_config import McpServerConfig, with_env_policy
 from .tools._subagent import SubagentOptions, SubagentToolPlugin
 from .tools._tasks import TaskToolOptions, TaskToolsPlugin
 
-__all__ = ["Harness", "open_harness", "open_store", "resolve_store"]
-
 _O = TypeVar("_O", BashOptions, TaskOptions, TaskToolOptions, SubagentOptions, BashToolOptions)
 
 

@@ -39,8 +39,6 @@ import trio
 from ._construct import NoPublicConstructor
 from ._errors import PluginError, ScopeClosedError
 
-__all__ = ["ExitCallback", "LoadedPlugin", "Plugin", "Scope", "current_scope", "open_scope"]
-
 log = logging.getLogger("trio_harness.scope")
 
 T = TypeVar("T")

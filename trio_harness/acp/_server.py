@@ -121,7 +121,6 @@ if TYPE_CHECKING:
     from ..session._events import Event, SessionHeader
     from ..tools._mcp_config import McpServerConfig
 
-__all__ = ["PROTOCOL_VERSION", "AcpServer", "serve_stdio"]
 
 log = logging.getLogger("trio_harness.acp")
 

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from ._stream import EventStream
     from ._tools import ToolSet
 
-__all__ = ["Agent", "AgentStatus"]
 
 T = TypeVar("T")
 

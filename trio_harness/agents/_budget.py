@@ -26,8 +26,6 @@ from .._records import Failure, UsageTotals, plain_constructor
 from ..session import _events as ev
 from ..session._session import Session
 
-__all__ = ["BUDGET_REQUESTS", "BUDGET_TOKENS", "Budget", "UsageCounter", "budget_failure"]
-
 BUDGET_TOKENS: Final = "budget-tokens"
 """The failure code of a turn that ended on a token budget."""
 

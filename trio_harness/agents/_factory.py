@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     from ._registry import AgentRegistry
     from ._tools import ToolSet
 
-__all__ = ["ReactLoopFactory"]
-
 
 @attrs.define(eq=False)
 class ReactLoopFactory:

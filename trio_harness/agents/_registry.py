@@ -59,7 +59,6 @@ if TYPE_CHECKING:
     from ..session._session import Session
     from ..session._store import SessionEntry, SessionStore
 
-__all__ = ["AgentFactory", "AgentHandle", "AgentRegistry", "LoopAgent", "Setup"]
 
 Setup = Callable[["Agent"], Awaitable["Callable[[], None] | None"]]
 """``async def setup(agent) -> commit | None``: compose the agent's world (never drive it)."""

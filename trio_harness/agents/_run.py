@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from .._records import ModelSettings
     from ._driver import ReactAgent
 
-__all__ = ["FINAL_ANSWER", "OUTPUT_INVALID", "PendingOutput", "RunResult", "output_instructions", "run_prompt"]
 
 T = TypeVar("T")
 

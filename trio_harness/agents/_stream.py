@@ -29,8 +29,6 @@ import trio
 from ..session._events import Event
 from ..session._session import Session
 
-__all__ = ["DEFAULT_STREAM_BUFFER", "EventStream", "StreamGap", "StreamItem", "StreamRegistry"]
-
 DEFAULT_STREAM_BUFFER = 256
 """How many events an :meth:`agent.events() <trio_harness.agents.ReactAgent.events>` stream buffers by default."""
 

@@ -16,8 +16,6 @@ import attrs
 
 from ..session import _events as ev
 
-__all__ = ["TurnOutcome", "TurnWatcher"]
-
 
 @attrs.frozen
 class TurnOutcome:

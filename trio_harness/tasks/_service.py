@@ -45,19 +45,6 @@ from .._scope import DEFAULT_TEARDOWN_TIMEOUT
 if TYPE_CHECKING:
     from .._scope import Scope
 
-__all__ = [
-    "TaskHooks",
-    "TaskListener",
-    "TaskOutcome",
-    "TaskOwner",
-    "TaskRead",
-    "TaskService",
-    "TaskSnapshot",
-    "TaskSpec",
-    "TaskStatus",
-    "TerminalStatus",
-    "open_task_service",
-]
 
 log = logging.getLogger("trio_harness.tasks")
 

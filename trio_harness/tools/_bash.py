@@ -31,7 +31,6 @@ from ..tasks._service import TaskHooks, TaskOutcome, TaskService, TaskSpec
 if TYPE_CHECKING:
     from .._scope import Scope
 
-__all__ = ["SHELL_METACHARACTERS", "BashToolOptions", "BashToolPlugin", "command_allowed"]
 
 SHELL_METACHARACTERS: frozenset[str] = frozenset(";&|<>()$`\\{}*?[]")
 """Characters that keep a command off the allow-list of command prefixes.
