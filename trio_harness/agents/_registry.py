@@ -179,8 +179,9 @@ class _Abort:
 class AgentHandle(metaclass=NoPublicConstructor, public_way="harness.agents.create() or resume()"):
     """The teardown capability for one agent, held by whoever created or resumed it.
 
-    Returned by :meth:`AgentRegistry.create` and :meth:`AgentRegistry.resume`
-    (the class has no public constructor).  ``dispose()`` is idempotent and memoized: every owner awaits the same
+    Returned by :meth:`~trio_harness.agents.AgentRegistry.create` and
+    :meth:`~trio_harness.agents.AgentRegistry.resume` (the class has no public
+    constructor).  ``dispose()`` is idempotent and memoized: every owner awaits the same
     teardown.  ``async with handle as agent:`` disposes at the end of the block.
     """
 
