@@ -1171,7 +1171,7 @@ class McpConnection:
     # ------------------------------------------------------------ calls
 
     async def call(self, tool: str, arguments: Mapping[str, Any]) -> ToolOutput:
-        """Call ``tool`` (the server's name for it) and map the answer (see :func:`render_mcp_result`).
+        """Call ``tool`` (the server's name for it) and map the answer (docs/mcp.rst, "Results and failures").
 
         Never raises for the server's failures: a timeout, a crash, a refused
         call or a closed connection is an error result naming the server.  A
