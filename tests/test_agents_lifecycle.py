@@ -262,9 +262,8 @@ async def test_disposing_first_releases_the_owner_callback() -> None:
 
 
 async def test_factory_scope_closing_stops_every_agent_and_empties_the_slot() -> None:
-    async with open_test_harness() as h:
+    async with open_test_harness(builtin_loop=False) as h:  # the slot is left empty for this test's factory
         factory_scope = await h.scope.open_child("loop-v2")
-        h.agents._factory = None  # the harness's own factory slot is released for this test
         factory = ReactLoopFactory(bus=h.bus, tools=h.tools, agents=h.agents, model=h.model)
         h.agents.register_factory(factory, factory_scope)
         with pytest.raises(FactoryError, match="already registered"):
@@ -436,8 +435,7 @@ async def test_a_thousand_agents_created_and_disposed_concurrently_leave_nothing
                 nursery.start_soon(one, i)
         assert len(handles) == 1000 and all(hd.disposed for hd in handles)
         assert h.agents.list() == [] and h.sessions.list() == []
-        assert h.agents._factory is not None
-        factory_scope = h.agents._factory[1]
+        (factory_scope,) = [scope for scope in h.scope.children if scope.name == "harness/agents"]
         assert factory_scope.children == ()
         await trio.testing.wait_all_tasks_blocked()
         root_task = trio.lowlevel.current_root_task()

@@ -22,7 +22,7 @@ from trio_harness.session import _events as ev
 from trio_harness.session import decode_event
 from trio_harness.session._recovery import INTERRUPTED_APPROVAL_RESULT
 from trio_harness.testing import NOISE, assert_balanced, assert_events, open_test_harness
-from trio_harness.tools import SHELL_METACHARACTERS, command_allowed
+from trio_harness.tools._bash import SHELL_METACHARACTERS, command_allowed
 
 OBJ: dict[str, Any] = {"type": "object", "properties": {"x": {"type": "string"}}}
 

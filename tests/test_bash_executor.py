@@ -32,8 +32,8 @@ from trio_harness.bash import (
     BashRequest,
     BashResult,
     open_bash_executor,
-    render_result,
 )
+from trio_harness.bash._render import render_result
 
 # ------------------------------------------------------------------ helpers
 

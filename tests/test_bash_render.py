@@ -10,9 +10,9 @@ import signal
 
 import pytest
 
-from trio_harness.bash import BashResult, render_result
+from trio_harness.bash import BashResult
 from trio_harness.bash._output import Taken
-from trio_harness.bash._render import format_seconds, render_read, signal_name
+from trio_harness.bash._render import format_seconds, render_read, render_result, signal_name
 
 
 def result(

@@ -1,8 +1,14 @@
-"""The public surface: every exported name has a docstring and is documented in ``docs/``.
+"""The public surface: exactly the pinned names, each with a docstring, documented in ``docs/``.
 
 A public name is anything in a public package's namespace whose name does not
 start with ``_`` (what ``from ._x import Name as Name`` re-exports), minus
-submodules.  Constants and type aliases have no ``__doc__`` of their own; their
+submodules.  The policy is trio's: no ``__all__`` anywhere in the package; a
+package's public names are its ``as`` re-exports, and :data:`PUBLIC_API` pins
+them, so an accidental export (an import without ``_``, a helper re-exported
+for a test) fails here.  A change of the public surface is a change of
+:data:`PUBLIC_API` and of the API pages, made on purpose.
+
+Constants and type aliases have no ``__doc__`` of their own; their
 docstring is the string literal written under the assignment in the module
 that defines them (the convention Sphinx's autodoc reads), found by following
 the re-export chain.  The documentation check needs no Sphinx build: it reads
@@ -22,6 +28,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+import trio_harness
+import trio_harness.agents
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -312,3 +321,385 @@ def test_a_run_error_keeps_its_turn_end_through_pickle() -> None:
     end = TurnEnd(seq=3, ts=1.0, turn=1, reason="budget")
     again = pickle.loads(pickle.dumps(RunError("stopped", end=end)))
     assert isinstance(again, RunError) and again.end == end and str(again) == "stopped"
+
+
+# ---------------------------------------------------------------- the exact public set
+
+PUBLIC_API: dict[str, frozenset[str]] = {
+    "trio_harness": frozenset(
+        {
+            "Agent",
+            "AgentDisposedError",
+            "AgentError",
+            "AgentExistsError",
+            "AgentHandle",
+            "AgentNotFoundError",
+            "AgentOptions",
+            "allow_all",
+            "ApprovalDecision",
+            "ApprovalRequest",
+            "Approver",
+            "BashError",
+            "BashOptions",
+            "BashToolOptions",
+            "Budget",
+            "CompactionError",
+            "connect_mcp",
+            "ContextPolicy",
+            "current_initiator",
+            "current_scope",
+            "EventBus",
+            "EventDecodeError",
+            "FactoryError",
+            "ForkBoundaryError",
+            "FunctionTool",
+            "Harness",
+            "HarnessError",
+            "Inbox",
+            "InboxError",
+            "InvalidSessionIdError",
+            "JsonlPersistence",
+            "load_mcp_config",
+            "LoadedPlugin",
+            "McpConfigError",
+            "McpError",
+            "McpHttpServer",
+            "McpStartError",
+            "McpStdioServer",
+            "MemoryPersistence",
+            "ModelError",
+            "ModelProvider",
+            "ModelSettings",
+            "Notice",
+            "NoticeSubject",
+            "open_harness",
+            "open_model",
+            "open_scope",
+            "OutputValidationError",
+            "Plugin",
+            "PluginError",
+            "RunError",
+            "RunResult",
+            "Scope",
+            "ScopeClosedError",
+            "ScriptedModel",
+            "Session",
+            "SessionCorruptError",
+            "SessionError",
+            "SessionExistsError",
+            "SessionHeader",
+            "SessionLockedError",
+            "SessionNotFoundError",
+            "SessionStoreError",
+            "SubagentOptions",
+            "TaskError",
+            "TaskNotFoundError",
+            "TaskOptions",
+            "TaskStartError",
+            "TaskToolOptions",
+            "Tool",
+            "tool",
+            "ToolContext",
+            "ToolError",
+            "ToolOutput",
+            "UnsupportedFormatError",
+            "UsageTotals",
+            "with_initiator",
+            "without_initiator",
+        }
+    ),
+    "trio_harness.session": frozenset(
+        {
+            "decode_event",
+            "decode_header",
+            "encode_event",
+            "encode_header",
+            "FORMAT_VERSION",
+            "JsonlPersistence",
+            "LoadedSession",
+            "MailboxWriter",
+            "MemoryPersistence",
+            "PostgresPersistence",
+            "RemoteInbox",
+            "SCHEMA_VERSION",
+            "ServerSideFork",
+            "Session",
+            "SessionEntry",
+            "SessionHeader",
+            "SessionPersistence",
+            "SessionStore",
+            "SessionWriter",
+            "validate_session_id",
+        }
+    ),
+    "trio_harness.agents": frozenset(
+        {
+            "Agent",
+            "AgentFactory",
+            "AgentHandle",
+            "AgentOptions",
+            "AgentRegistry",
+            "AgentStatus",
+            "allow_all",
+            "ApprovalDecision",
+            "ApprovalRequest",
+            "Approver",
+            "Budget",
+            "ContextPolicy",
+            "EventStream",
+            "FollowedPrompt",
+            "FunctionTool",
+            "HistoryProcessor",
+            "Inbox",
+            "LoopAgent",
+            "ReactAgent",
+            "ReactLoopFactory",
+            "RunResult",
+            "Setup",
+            "StreamGap",
+            "StreamItem",
+            "Tool",
+            "tool",
+            "ToolContext",
+            "ToolOutput",
+            "ToolSet",
+            "TurnOutcome",
+            "TurnWatcher",
+            "Verdict",
+        }
+    ),
+    "trio_harness.model": frozenset(
+        {
+            "AssistantMessage",
+            "Chunk",
+            "Emit",
+            "Failure",
+            "Finish",
+            "load_prices",
+            "Message",
+            "ModelProvider",
+            "ModelRequest",
+            "ModelSettings",
+            "open_model",
+            "OpenAIProvider",
+            "OutputFormat",
+            "OutputMode",
+            "ReasoningDelta",
+            "ReplayModel",
+            "resolve_model",
+            "Retry",
+            "ScriptedModel",
+            "TextDelta",
+            "ToolCall",
+            "ToolCallDelta",
+            "ToolMessage",
+            "ToolSpec",
+            "Usage",
+            "usage_cost",
+            "UsageTotals",
+            "UserMessage",
+        }
+    ),
+    "trio_harness.tasks": frozenset(
+        {
+            "open_task_service",
+            "TaskHooks",
+            "TaskListener",
+            "TaskOptions",
+            "TaskOutcome",
+            "TaskOwner",
+            "TaskRead",
+            "TASKS_GUIDANCE",
+            "TaskService",
+            "TaskSnapshot",
+            "TaskSpec",
+            "TaskStatus",
+            "TerminalStatus",
+        }
+    ),
+    "trio_harness.bash": frozenset(
+        {
+            "BashError",
+            "BashExecutor",
+            "BashOptions",
+            "BashProcess",
+            "BashProcessNotFoundError",
+            "BashRequest",
+            "BashResult",
+            "BashSpec",
+            "DEFAULT_ENV_DENY",
+            "EnvPolicy",
+            "ExitFacts",
+            "open_bash_executor",
+            "SandboxPolicy",
+            "SandboxUnavailableError",
+        }
+    ),
+    "trio_harness.tools": frozenset(
+        {
+            "BashToolOptions",
+            "BashToolPlugin",
+            "connect_mcp",
+            "connect_mcp_servers",
+            "load_mcp_config",
+            "McpConnection",
+            "McpHttpServer",
+            "McpServerConfig",
+            "McpStdioServer",
+            "NoticeTarget",
+            "parse_mcp_config",
+            "SubagentOptions",
+            "SubagentToolPlugin",
+            "task_tools",
+            "TaskToolOptions",
+            "TaskToolsPlugin",
+        }
+    ),
+    "trio_harness.testing": frozenset(
+        {
+            "assert_balanced",
+            "assert_events",
+            "event_types",
+            "EventLogMismatch",
+            "harness",
+            "NOISE",
+            "open_test_harness",
+            "scripted_model",
+        }
+    ),
+    "trio_harness.acp": frozenset(
+        {
+            "AcpServer",
+            "DEFAULT_MAX_LINE_BYTES",
+            "PROTOCOL_VERSION",
+            "RpcError",
+            "serve_stdio",
+        }
+    ),
+    "trio_harness.events": frozenset(
+        {
+            "ApprovalDecided",
+            "ApprovalRequested",
+            "AssistantChunk",
+            "AssistantMessage",
+            "CompactionFailed",
+            "ContextCompacted",
+            "Event",
+            "EVENT_TYPES",
+            "InboxMessage",
+            "InboxSpliced",
+            "MessageOrigin",
+            "RequestHeader",
+            "RequestRetry",
+            "StepEnd",
+            "StepStart",
+            "ToolCallRequested",
+            "ToolResult",
+            "TurnEnd",
+            "TurnStart",
+            "UserMessage",
+        }
+    ),
+}
+"""Every public name of every public package; a name added or removed on purpose is added or removed here."""
+
+# Public names that are modules: the public subpackages and ``trio_harness.events``.
+PUBLIC_MODULES = frozenset(PUBLIC_PACKAGES)
+
+# Modules that still define ``__all__`` while another change of issue 23 splits
+# them; a stale entry fails, so the list empties as they are merged.
+ALL_ALLOWLIST: frozenset[str] = frozenset({"trio_harness.agents._driver"})
+
+
+def test_every_public_package_is_pinned() -> None:
+    assert set(PUBLIC_API) == set(PUBLIC_PACKAGES)
+
+
+@pytest.mark.parametrize("package", PUBLIC_PACKAGES)
+def test_the_public_names_are_exactly_the_pinned_ones(package: str) -> None:
+    found = {name for pkg, name, _ in NAMES if pkg == package}
+    added, removed = sorted(found - PUBLIC_API[package]), sorted(PUBLIC_API[package] - found)
+    assert not added, (
+        f"{package} exports {added}, not in PUBLIC_API: make it private (``_name`` or unexported) or pin it"
+    )
+    assert not removed, f"{package} no longer exports {removed}: unpin it in PUBLIC_API (and the API pages)"
+
+
+def _reexports(module: types.ModuleType) -> set[str]:
+    """The names a module's source binds with ``from x import y as y`` (or ``import x.y as y``)."""
+    names = set()
+    for node in ast.walk(ast.parse(inspect.getsource(module))):  # also under an ``if`` (the pytest fixtures)
+        if isinstance(node, ast.ImportFrom | ast.Import):
+            for alias in node.names:
+                if alias.asname is not None and alias.asname == alias.name.rpartition(".")[2]:
+                    names.add(alias.asname)
+    return names
+
+
+@pytest.mark.parametrize("package", PUBLIC_PACKAGES)
+def test_public_names_are_explicit_reexports(package: str) -> None:
+    """A public name is bound by ``from ._x import Name as Name``, not defined or imported in passing."""
+    module = importlib.import_module(package)
+    stray = sorted(name for pkg, name, _ in NAMES if pkg == package and name not in _reexports(module))
+    assert not stray, f"{package} binds {stray} without an explicit ``from ._x import Name as Name`` re-export"
+
+
+@pytest.mark.parametrize("package", PUBLIC_PACKAGES)
+def test_no_private_module_leaks_under_a_public_name(package: str) -> None:
+    module = importlib.import_module(package)
+    leaked = sorted(
+        f"{name} = {value.__name__}"
+        for name, value in vars(module).items()
+        if isinstance(value, types.ModuleType)
+        and not name.startswith("_")
+        and value.__name__.startswith("trio_harness")
+        and value.__name__ not in PUBLIC_MODULES
+    )
+    assert not leaked, f"{package} exposes private modules under public names: {leaked}"
+
+
+def _dunder_all_modules() -> set[str]:
+    """The modules of the package whose source assigns ``__all__`` at top level."""
+    root = Path(__file__).resolve().parent.parent / "trio_harness"
+    found = set()
+    for path in root.rglob("*.py"):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if isinstance(node, ast.AnnAssign | ast.AugAssign):
+                targets = [node.target]
+            if any(isinstance(target, ast.Name) and target.id == "__all__" for target in targets):
+                parts = ("trio_harness", *path.relative_to(root).with_suffix("").parts)
+                found.add(".".join(parts).removesuffix(".__init__"))
+    return found
+
+
+def test_no_module_defines_dunder_all() -> None:
+    """One policy, trio's: the re-exports are the public names, so no module keeps an ``__all__`` to drift."""
+    with_all = _dunder_all_modules()
+    assert with_all - ALL_ALLOWLIST == set(), f"modules with __all__: {sorted(with_all - ALL_ALLOWLIST)}"
+    assert with_all >= ALL_ALLOWLIST, (
+        f"no __all__ any more: remove {sorted(ALL_ALLOWLIST - with_all)} from ALL_ALLOWLIST"
+    )
+
+
+# ---------------------------------------------------------------- objects only the runtime builds
+
+
+@pytest.mark.parametrize(
+    ("cls", "way"),
+    [
+        (trio_harness.Scope, "open_scope() or Scope.open_child()"),
+        (trio_harness.Harness, "open_harness()"),
+        (trio_harness.AgentHandle, "harness.agents.create() or resume()"),
+        (trio_harness.agents.ReactAgent, "harness.agents.create() or resume()"),
+    ],
+    ids=lambda value: getattr(value, "__name__", ""),
+)
+def test_runtime_objects_refuse_direct_construction(cls: type, way: str) -> None:
+    public = f"{indexed_package(cls)}.{cls.__qualname__}"
+    with pytest.raises(
+        TypeError, match=rf"^{re.escape(public)} has no public constructor; get one from {re.escape(way)}$"
+    ):
+        cls()
+    with pytest.raises(TypeError, match="no public constructor"):
+        cls(name="x", parent=None, teardown_timeout=1.0)  # arguments change nothing

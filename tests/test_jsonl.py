@@ -48,7 +48,6 @@ from trio_harness.session import (
     decode_event,
     encode_event,
     encode_header,
-    escape_session_id,
 )
 from trio_harness.session._events import (
     AssistantChunk,
@@ -64,7 +63,7 @@ from trio_harness.session._events import (
     TurnStart,
     UserMessage,
 )
-from trio_harness.session._jsonl import LOG_NAME, unescape_session_id
+from trio_harness.session._jsonl import LOG_NAME, escape_session_id, unescape_session_id
 from trio_harness.session._recovery import closers_for
 
 TS = 1_700_000_000.0

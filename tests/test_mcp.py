@@ -43,8 +43,8 @@ from trio_harness import (
 from trio_harness.agents import Tool, ToolContext, ToolOutput, ToolSet
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
-from trio_harness.tools import McpConnection, connect_mcp_servers, mcp_tool_name, render_mcp_result
-from trio_harness.tools._mcp_tools import _model_names
+from trio_harness.tools import McpConnection, connect_mcp_servers
+from trio_harness.tools._mcp_tools import _model_names, mcp_tool_name, render_mcp_result
 
 SERVERS = Path(__file__).resolve().parent / "mcp_servers"
 

@@ -37,9 +37,8 @@ from trio_harness.model import ScriptedModel
 from trio_harness.session import PostgresPersistence, Session, SessionEntry, SessionStore
 from trio_harness.session import _events as ev
 from trio_harness.session._events import Event, InboxMessage
-from trio_harness.session._pg_schema import _lock_key
+from trio_harness.session._pg_schema import SCHEMA_VERSION, _lock_key
 from trio_harness.session._pg_threads import _call
-from trio_harness.session._postgres import SCHEMA_VERSION
 
 __all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
 

@@ -14,7 +14,8 @@ from trio_harness.agents import ReactAgent
 from trio_harness.model import UserMessage
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
-from trio_harness.tools import SubagentToolPlugin, subagent_depth
+from trio_harness.tools import SubagentToolPlugin
+from trio_harness.tools._subagent import subagent_depth
 
 
 def results(agent: Agent) -> list[ev.ToolResult]:

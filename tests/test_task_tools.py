@@ -30,9 +30,11 @@ from trio_harness.tasks import (
     TaskSnapshot,
     TaskSpec,
     TaskStatus,
+    open_task_service,
+)
+from trio_harness.tasks._render import (
     cut_utf8,
     cut_utf8_tail,
-    open_task_service,
     render_kill_result,
     render_notice,
     render_task_list,

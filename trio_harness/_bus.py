@@ -12,8 +12,6 @@ from typing import Any, Final, Protocol
 
 import attrs
 
-__all__ = ["NOTICES", "EventBus", "Notice", "NoticeSubject"]
-
 log = logging.getLogger("trio_harness.bus")
 
 NOTICES: Final[Mapping[str, str]] = {

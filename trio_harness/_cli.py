@@ -79,7 +79,6 @@ if TYPE_CHECKING:
     from .session._events import Event, SessionHeader
     from .tools._mcp_config import McpServerConfig
 
-__all__ = ["DEFAULT_MODEL", "build_parser", "default_store", "main", "transcript"]
 
 DEFAULT_MODEL: Final = "deepseek:deepseek-chat"
 """The model spec used when neither ``--model`` nor ``$TRIO_HARNESS_MODEL`` is given."""

@@ -34,7 +34,6 @@ from .acp._updates import shorten
 if TYPE_CHECKING:
     from .session._events import Event
 
-__all__ = ["KEPT_CONTROLS", "Printer", "Style", "inert", "result_lines", "use_colour"]
 
 _ERASE: Final = "\r\x1b[2K"
 

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 import attrs
 
 from ._bus import EventBus
+from ._construct import NoPublicConstructor
 from ._errors import SessionStoreError
 from ._scope import DEFAULT_TEARDOWN_TIMEOUT, LoadedPlugin, Plugin, Scope, open_scope
 from .agents._approval import Approver
@@ -56,8 +57,6 @@ from .tools._mcp import McpConnection, connect_mcp_servers
 from .tools._mcp_config import McpServerConfig, with_env_policy
 from .tools._subagent import SubagentOptions, SubagentToolPlugin
 from .tools._tasks import TaskToolOptions, TaskToolsPlugin
-
-__all__ = ["Harness", "open_harness", "open_store", "resolve_store"]
 
 _O = TypeVar("_O", BashOptions, TaskOptions, TaskToolOptions, SubagentOptions, BashToolOptions)
 
@@ -139,7 +138,7 @@ async def open_store(store: SessionPersistence | str | os.PathLike[str]) -> Asyn
 
 
 @attrs.frozen(eq=False, repr=False)
-class Harness:
+class Harness(metaclass=NoPublicConstructor, public_way="open_harness()"):
     """The root of a running harness.  Obtain one from :func:`open_harness`.
 
     Every service is open when the harness is made; none of them holds the
@@ -207,6 +206,7 @@ async def open_harness(
     bash_tool_options: BashToolOptions | Mapping[str, Any] | None = None,
     mcp_servers: Sequence[McpServerConfig] = (),
     model_settings: ModelSettings | None = None,
+    builtin_loop: bool = True,
 ) -> AsyncIterator[Harness]:
     """Open a harness; every service stops (in reverse order) when the block exits.
 
@@ -254,6 +254,14 @@ async def open_harness(
             (:class:`~trio_harness.ModelSettings`); an agent's
             (``AgentOptions.model_settings``) and a turn's
             (``followup(text, settings=...)``) win over them, field by field.
+        builtin_loop: fill the agent factory slot with the default loop
+            (:class:`~trio_harness.agents.ReactLoopFactory`).  False leaves it
+            empty for a loop of your own: an
+            :class:`~trio_harness.agents.AgentFactory` registered with
+            ``harness.agents.register_factory(factory, scope)``, typically from
+            a plugin's ``apply`` so that unloading the plugin disposes its
+            agents (docs/architecture.rst, "The public surface").  Until one is
+            registered, creating an agent raises :exc:`~trio_harness.FactoryError`.
 
     Raises:
         TypeError: a settings argument has an unknown key or the wrong type.
@@ -321,11 +329,12 @@ async def open_harness(
         mcp_scope = await root.open_child("mcp") if servers else None
         agents_scope = await root.open_child("agents")
         agents = AgentRegistry(sessions=sessions, bus=bus)
-        factory = ReactLoopFactory(
-            bus=bus, tools=tools, agents=agents, model=provider, approver=approver, model_settings=model_settings
-        )
-        agents.register_factory(factory, agents_scope)
-        harness = Harness(
+        if builtin_loop:
+            factory = ReactLoopFactory(
+                bus=bus, tools=tools, agents=agents, model=provider, approver=approver, model_settings=model_settings
+            )
+            agents.register_factory(factory, agents_scope)
+        harness = Harness._create(
             scope=root,
             bus=bus,
             sessions=sessions,

@@ -11,8 +11,6 @@ import contextvars
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["current_initiator", "with_initiator", "without_initiator"]
-
 _initiator: contextvars.ContextVar[str | None] = contextvars.ContextVar("trio_harness_initiator", default=None)
 
 

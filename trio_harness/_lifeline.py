@@ -63,8 +63,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-__all__ = ["ENV_NAME", "Lifeline", "forget_group", "lifeline"]
-
 ENV_NAME = "TRIO_HARNESS_LIFELINE"
 """The environment variable carrying the tokens of the harness processes a process belongs to."""
 

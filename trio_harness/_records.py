@@ -26,8 +26,6 @@ from typing import Any, Final
 
 import attrs
 
-__all__ = ["OMIT_IF_DEFAULT", "Failure", "ModelSettings", "ToolCall", "Usage", "UsageTotals"]
-
 OMIT_IF_DEFAULT: Final[Mapping[str, Any]] = {"omit_if_default": True}
 """Field metadata: the codec writes the field only when it differs from its default."""
 

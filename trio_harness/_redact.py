@@ -15,8 +15,6 @@ import re
 from collections.abc import Collection
 from typing import Final
 
-__all__ = ["redact_urls"]
-
 REDACTED: Final = "***"
 """What a hidden userinfo or query value is replaced by."""
 

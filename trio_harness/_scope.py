@@ -35,10 +35,9 @@ from typing import Any, Protocol, TypeVar
 import attrs
 import trio
 
+from ._construct import NoPublicConstructor
 from ._errors import PluginError, ScopeClosedError
 from ._util import is_positive_number
-
-__all__ = ["ExitCallback", "LoadedPlugin", "Plugin", "Scope", "current_scope", "open_scope"]
 
 log = logging.getLogger("trio_harness.scope")
 
@@ -122,10 +121,11 @@ async def _unwind(callbacks: list[ExitCallback | None], *, lifo: bool, where: st
 
 
 @attrs.define(eq=False, repr=False)
-class Scope:
+class Scope(metaclass=NoPublicConstructor, public_way="open_scope() or Scope.open_child()"):
     """A node of the lifecycle tree, owning a nursery and LIFO exit callbacks.
 
-    Obtain one from :func:`open_scope` or :meth:`open_child`.
+    Obtain one from :func:`open_scope` or :meth:`open_child` (the class has no
+    public constructor).
     """
 
     # Dotted path from the root, for messages and logs.
@@ -274,7 +274,7 @@ class Scope:
     async def open_child(self, name: str, *, teardown_timeout: float | None = None) -> Scope:
         """Open a child scope; it closes no later than this scope does."""
         self._check_open(f"open child scope {name!r}")
-        child = Scope(
+        child = Scope._create(
             name=f"{self.name}/{name}",
             parent=self,
             teardown_timeout=self.teardown_timeout if teardown_timeout is None else teardown_timeout,
@@ -407,7 +407,7 @@ async def open_scope(name: str = "root", *, teardown_timeout: float = DEFAULT_TE
     """
     if not is_positive_number(teardown_timeout):
         raise ValueError(f"teardown_timeout must be positive, got {teardown_timeout!r}")
-    scope = Scope(name=name, parent=None, teardown_timeout=teardown_timeout)
+    scope = Scope._create(name=name, parent=None, teardown_timeout=teardown_timeout)
     body_error: BaseException | None = None
     unwrapped: BaseException | None = None
     token: contextvars.Token[Scope | None] | None = None

@@ -13,8 +13,6 @@ from typing import Any, TypeGuard
 
 import trio
 
-__all__ = ["describe", "is_positive_int", "is_positive_number", "positive_int", "split_cancelled"]
-
 
 def split_cancelled(exc: BaseException) -> tuple[BaseException | None, BaseException | None]:
     """Split ``exc`` into (the cancellation part, the rest); either may be None."""

@@ -22,8 +22,6 @@ import attrs
 from ..model._openai import OpenAIProvider
 from . import _jsonrpc as rpc
 
-__all__ = ["EnvKeyAuth"]
-
 _LINKS: Final = {
     "DEEPSEEK_API_KEY": "https://platform.deepseek.com/api_keys",
     "OPENAI_API_KEY": "https://platform.openai.com/api-keys",

@@ -22,39 +22,6 @@ from typing import Any, Final, TypeAlias
 import attrs
 import trio
 
-__all__ = [
-    "AUTH_REQUIRED",
-    "DEFAULT_MAX_LINE_BYTES",
-    "DEFAULT_OUTBOX_LIMIT",
-    "INTERNAL_ERROR",
-    "INVALID_PARAMS",
-    "INVALID_REQUEST",
-    "METHOD_NOT_FOUND",
-    "OVERSIZED",
-    "PARSE_ERROR",
-    "REQUEST_CANCELLED",
-    "RESOURCE_NOT_FOUND",
-    "SESSION_BUSY",
-    "Invalid",
-    "LineReader",
-    "Message",
-    "MessageWriter",
-    "Notification",
-    "Outbox",
-    "OutgoingRequests",
-    "PeerGoneError",
-    "Request",
-    "RequestId",
-    "Response",
-    "RpcError",
-    "encode_message",
-    "error_response",
-    "notification",
-    "parse_message",
-    "request",
-    "result_response",
-]
-
 PARSE_ERROR: Final = -32700
 """The line is not valid JSON (or not UTF-8)."""
 INVALID_REQUEST: Final = -32600

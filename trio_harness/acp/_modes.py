@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-__all__ = ["AVAILABLE_MODES", "MODE_ASK", "MODE_AUTO", "mode_state"]
-
 MODE_ASK: Final = "ask"
 MODE_AUTO: Final = "auto"
 

@@ -46,32 +46,6 @@ from .._errors import McpConfigError
 from ..tools._mcp_config import McpHttpServer, McpServerConfig, McpStdioServer
 from . import _jsonrpc as rpc
 
-__all__ = [
-    "AbsolutePath",
-    "AuthenticateParams",
-    "CancelParams",
-    "CloseSessionParams",
-    "ContentBlock",
-    "EnvVariable",
-    "HttpHeader",
-    "HttpMcpServer",
-    "InitializeParams",
-    "ListCursor",
-    "ListSessionsParams",
-    "LoadSessionParams",
-    "McpServerParams",
-    "NewSessionParams",
-    "PromptParams",
-    "ProtocolVersion",
-    "ResourceBlock",
-    "ResourceLinkBlock",
-    "SetSessionModeParams",
-    "StdioMcpServer",
-    "TextBlock",
-    "TextResource",
-    "decode_params",
-]
-
 AbsolutePath = NewType("AbsolutePath", str)
 """A non-empty absolute path without NUL."""
 

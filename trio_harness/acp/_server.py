@@ -27,7 +27,7 @@ Prompt mechanics: the prompt text is sent with ``agent.follow``, which finds
 the turn that claims the message; that turn's events are streamed as
 ``session/update`` notifications, and the prompt is answered at its
 ``turn/end`` (after flushing the log) with the stop reason
-:func:`~trio_harness.acp.stop_reason_for` maps it to.  A message removed from
+``stop_reason_for`` maps it to.  A message removed from
 the inbox by a cancel before any turn claimed it, or still queued when its
 session is disposed, answers ``cancelled`` (same section).
 
@@ -120,7 +120,6 @@ if TYPE_CHECKING:
     from ..session._events import Event, SessionHeader
     from ..tools._mcp_config import McpServerConfig
 
-__all__ = ["PROTOCOL_VERSION", "AcpServer", "serve_stdio"]
 
 log = logging.getLogger("trio_harness.acp")
 

@@ -48,37 +48,6 @@ from typing import Any, Final, Literal, TypeAlias
 from .._records import Failure, UsageTotals
 from ..session import _events as ev
 
-__all__ = [
-    "FAILURE_META",
-    "NOTICE_META",
-    "TITLE_LENGTH",
-    "TURN_END_META",
-    "USAGE_META",
-    "StopReason",
-    "compaction_failed_update",
-    "context_tokens",
-    "failure_text",
-    "failure_update",
-    "first_user_text",
-    "iso_time",
-    "live_update",
-    "message_id",
-    "message_update",
-    "raw_input",
-    "replay_updates",
-    "session_title",
-    "shorten",
-    "stop_reason_for",
-    "title_of",
-    "tool_call_id",
-    "tool_kind",
-    "tool_started_update",
-    "tool_title",
-    "turn_end_update",
-    "usage_meta",
-    "usage_update",
-]
-
 StopReason: TypeAlias = Literal["end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"]
 """The ACP stop reasons of a prompt turn."""
 

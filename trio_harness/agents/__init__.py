@@ -24,6 +24,7 @@ from ._options import AgentOptions as AgentOptions
 from ._registry import AgentFactory as AgentFactory
 from ._registry import AgentHandle as AgentHandle
 from ._registry import AgentRegistry as AgentRegistry
+from ._registry import LoopAgent as LoopAgent
 from ._registry import Setup as Setup
 from ._run import RunResult as RunResult
 from ._stream import EventStream as EventStream

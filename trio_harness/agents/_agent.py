@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from ._tools import ToolSet
     from ._turns import TurnOutcome
 
-__all__ = ["Agent", "AgentStatus"]
 
 T = TypeVar("T")
 

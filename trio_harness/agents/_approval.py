@@ -23,7 +23,6 @@ import attrs
 if TYPE_CHECKING:
     from ._agent import Agent
 
-__all__ = ["ApprovalDecision", "ApprovalRequest", "Approver", "Verdict", "allow_all"]
 
 Verdict: TypeAlias = Literal["allow_once", "allow_always", "deny", "deny_always"]
 """What an approver decides: ``allow_once`` runs this call; ``allow_always`` runs

@@ -27,8 +27,6 @@ from .._util import positive_int
 from ..session import _events as ev
 from ..session._session import Session
 
-__all__ = ["BUDGET_REQUESTS", "BUDGET_TOKENS", "Budget", "UsageCounter", "budget_failure"]
-
 BUDGET_TOKENS: Final = "budget-tokens"
 """The failure code of a turn that ended on a token budget."""
 

@@ -46,19 +46,6 @@ from ..model._protocol import (
 )
 from ._history import TurnMark
 
-__all__ = [
-    "DEFAULT_SUMMARY_PROMPT",
-    "BudgetCheck",
-    "ContextPolicy",
-    "HistoryProcessor",
-    "SummaryFailed",
-    "SummaryOverBudget",
-    "choose_boundary",
-    "render_transcript",
-    "summarize",
-    "summary_section",
-]
-
 HistoryProcessor = Callable[[Sequence[Message]], Sequence[Message]]
 """A user hook from the derived conversation to the messages sent (must be a pure function of its input)."""
 

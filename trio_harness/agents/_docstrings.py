@@ -22,8 +22,6 @@ from collections.abc import Mapping
 
 import attrs
 
-__all__ = ["Docstring", "parse_docstring"]
-
 # Google section titles: the ones that list parameters, and every other one (they end a section).
 _GOOGLE_PARAMS = frozenset(
     {

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 import attrs
 import trio
 
+from .._construct import NoPublicConstructor
 from .._errors import AgentDisposedError, CompactionError, SessionStoreError
 from .._initiator import _set_initiator
 from .._records import plain_constructor
@@ -140,7 +141,7 @@ def _denied_text(name: str, outcome: ApprovalOutcome, message: str | None, *, re
 
 
 @attrs.define(eq=False, repr=False)
-class ReactAgent:
+class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.create() or resume()"):
     """The default :class:`~trio_harness.Agent`: a ReAct loop over a session.
 
     Built by the agent factory inside the create / resume pipeline; use

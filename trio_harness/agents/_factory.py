@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     from ._registry import AgentRegistry
     from ._tools import ToolSet
 
-__all__ = ["ReactLoopFactory"]
-
 
 @attrs.define(eq=False)
 class ReactLoopFactory:
@@ -76,7 +74,7 @@ class ReactLoopFactory:
             provider = self.model
         else:
             raise ModelError("no model: pass model=... to open_harness() or AgentOptions(model=...)")
-        return ReactAgent(
+        return ReactAgent._create(
             session=session,
             options=options,
             scope=scope,

@@ -36,8 +36,6 @@ from ..session import _events as ev
 from ..session._session import Session
 from ._turns import TurnOutcome, TurnWatcher
 
-__all__ = ["FollowedPrompt", "Followers"]
-
 
 def _ignore(event: ev.Event) -> None:
     return None

@@ -41,7 +41,6 @@ from ._tools import _NAME, Tool, ToolContext, ToolOutput, parse_arguments
 if TYPE_CHECKING:
     import pydantic_core
 
-__all__ = ["FunctionTool", "OutputAdapter", "function_tool", "output_adapter", "tool"]
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -13,8 +13,6 @@ from ..model._protocol import AssistantMessage, Message, ToolMessage, UserMessag
 from ..session import _events as ev
 from ..session._session import Session
 
-__all__ = ["History", "MessagesView", "TurnMark"]
-
 # The event types _consume reads (every other type is skipped).
 _CONVERSATION: frozenset[type[ev.Event]] = frozenset(
     {ev.UserMessage, ev.AssistantMessage, ev.ToolResult, ev.TurnStart, ev.ContextCompacted}

@@ -33,8 +33,6 @@ from .._errors import AgentDisposedError, InboxError
 from ..session._events import InboxMessage, InboxQueue, InboxSpliced, SendMode
 from ..session._session import Session
 
-__all__ = ["Inbox", "new_message_id"]
-
 _counter = itertools.count(1)
 _prefix = os.urandom(4).hex()
 

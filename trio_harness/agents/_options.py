@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from ._approval import Approver
     from ._tools import Tool
 
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "AgentOptions"]
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Use the tools you are given when they help."
 

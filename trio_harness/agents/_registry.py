@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import attrs
 import trio
 
+from .._construct import NoPublicConstructor
 from .._errors import (
     AgentError,
     AgentExistsError,
@@ -58,14 +59,19 @@ if TYPE_CHECKING:
     from ..session._session import Session
     from ..session._store import SessionEntry, SessionStore
 
-__all__ = ["AgentFactory", "AgentHandle", "AgentRegistry", "LoopAgent", "Setup"]
 
 Setup = Callable[["Agent"], Awaitable["Callable[[], None] | None"]]
 """``async def setup(agent) -> commit | None``: compose the agent's world (never drive it)."""
 
 
 class LoopAgent(Agent, Protocol):
-    """What a factory builds: an :class:`Agent` plus the close hook that quiesces it."""
+    """What a factory builds: an :class:`Agent` plus the close hook that quiesces it.
+
+    The registry adds ``dispose_hook`` as a close hook of the agent's scope:
+    it runs first when any owner (the handle, the caller's scope, the
+    factory's scope) starts the teardown, before the scope's children and
+    exit callbacks unwind.
+    """
 
     def dispose_hook(self) -> Awaitable[None] | None:
         """Cancel the driver with cause ``disposed``; the awaitable (if any) waits for quiescence."""
@@ -75,7 +81,10 @@ class LoopAgent(Agent, Protocol):
 class AgentFactory(Protocol):
     """Builds agents for the registry (the loop implementation fills this slot).
 
-    A factory is given the services its agents use when it is made (the
+    The public seam for a loop of your own: ``open_harness(builtin_loop=False)``
+    leaves the slot empty and :meth:`AgentRegistry.register_factory` fills it;
+    consumers (``harness.agents``, the ACP bridge, the ``subagent`` tool) do
+    not change.  A factory is given the services its agents use when it is made (the
     default :class:`~trio_harness.agents.ReactLoopFactory` takes the bus, the
     shared tool set, the registry and the default model); ``build`` receives
     only what differs per agent.
@@ -175,10 +184,12 @@ class _Abort:
 
 
 @attrs.define(eq=False, repr=False)
-class AgentHandle:
+class AgentHandle(metaclass=NoPublicConstructor, public_way="harness.agents.create() or resume()"):
     """The teardown capability for one agent, held by whoever created or resumed it.
 
-    ``dispose()`` is idempotent and memoized: every owner awaits the same
+    Returned by :meth:`~trio_harness.agents.AgentRegistry.create` and
+    :meth:`~trio_harness.agents.AgentRegistry.resume` (the class has no public
+    constructor).  ``dispose()`` is idempotent and memoized: every owner awaits the same
     teardown.  ``async with handle as agent:`` disposes at the end of the block.
     """
 
@@ -536,7 +547,9 @@ class AgentRegistry:
         if not agent_entry.detached:
             self._bus.emit("agent/session-start", agent, source=source)
         entry_for_handle = session_entry
-        return AgentHandle(agent=agent, scope=agent_scope, take_failure=lambda: sessions.take_failure(entry_for_handle))
+        return AgentHandle._create(
+            agent=agent, scope=agent_scope, take_failure=lambda: sessions.take_failure(entry_for_handle)
+        )
 
     def _announce(self, entry: _AgentEntry) -> None:
         if entry.announced or entry.detached or self._entries.get(entry.agent.id) is not entry:

@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from ..session._events import InboxMessage
     from ._agent import Agent
 
-__all__ = ["FINAL_ANSWER", "OUTPUT_INVALID", "PendingOutput", "RunResult", "output_instructions", "run_prompt"]
 
 T = TypeVar("T")
 

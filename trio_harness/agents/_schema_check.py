@@ -24,8 +24,6 @@ from typing import Any
 import jsonschema
 import jsonschema.exceptions
 
-__all__ = ["SchemaValidator", "compile_check"]
-
 Check = Callable[[Any], bool]
 
 # Keywords that never make a value invalid (format is not asserted: no format checker).

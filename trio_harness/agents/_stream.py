@@ -30,8 +30,6 @@ from .._util import is_positive_int
 from ..session._events import Event
 from ..session._session import Session
 
-__all__ = ["DEFAULT_STREAM_BUFFER", "EventStream", "StreamGap", "StreamItem", "StreamRegistry"]
-
 DEFAULT_STREAM_BUFFER = 256
 """How many events an :meth:`agent.events() <trio_harness.agents.ReactAgent.events>` stream buffers by default."""
 

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from ._agent import Agent
     from ._registry import AgentRegistry
 
-__all__ = ["Tool", "ToolContext", "ToolOutput", "ToolSet", "parse_arguments"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 

@@ -6,8 +6,8 @@ claimed the message and reports a :class:`TurnOutcome` carrying that turn's
 ``turn/end`` event.  Front ends do not wire one themselves:
 ``agent.follow(prompt)`` sends the prompt and follows it with one
 (:class:`~trio_harness.agents.FollowedPrompt`).  What an outcome means to the
-front end is the front end's business: the ACP bridge maps it to a stop reason
-(:func:`trio_harness.acp.stop_reason_for`), the command line to an exit code.
+front end is the front end's business: the ACP bridge maps it to a stop reason,
+the command line to an exit code.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from collections.abc import Callable
 import attrs
 
 from ..session import _events as ev
-
-__all__ = ["TurnOutcome", "TurnWatcher"]
 
 
 @attrs.frozen

@@ -16,7 +16,6 @@ from ._records import BashRequest as BashRequest
 from ._records import BashResult as BashResult
 from ._records import BashSpec as BashSpec
 from ._records import ExitFacts as ExitFacts
-from ._render import render_result as render_result
 from ._sandbox import SandboxPolicy as SandboxPolicy
 from ._sandbox import SandboxUnavailableError as SandboxUnavailableError
 

@@ -8,8 +8,6 @@ from typing import Any, Final
 
 import attrs
 
-__all__ = ["DEFAULT_ENV_DENY", "EnvPolicy", "to_env_policy"]
-
 DEFAULT_ENV_DENY: Final = (
     "*_API_KEY",
     "*_TOKEN",

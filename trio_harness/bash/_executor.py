@@ -58,13 +58,6 @@ from ._sandbox import (
     to_policy,
 )
 
-__all__ = [
-    "BashExecutor",
-    "BashProcess",
-    "BashProcessNotFoundError",
-    "open_bash_executor",
-]
-
 _DEFAULT_ENV_POLICY: Final = EnvPolicy()
 
 # Safety bound, on top of the grace period, for awaiting processes at executor exit.

@@ -7,8 +7,6 @@ import attrs
 from ._env import EnvPolicy, to_env_policy
 from ._sandbox import SandboxPolicy, to_policy
 
-__all__ = ["BashOptions"]
-
 
 @attrs.frozen
 class BashOptions:

@@ -24,8 +24,6 @@ import secrets
 
 import attrs
 
-__all__ = ["OutputStream", "Taken", "incomplete_suffix", "leading_continuations"]
-
 
 def incomplete_suffix(data: bytes | bytearray, start: int) -> int:
     """Return how many trailing bytes of ``data[start:]`` form an incomplete UTF-8 character."""

@@ -36,17 +36,6 @@ from .._lifeline import forget_group, lifeline
 from ._output import OutputStream
 from ._records import ExitFacts
 
-__all__ = [
-    "REAP_BOUND",
-    "ProcessGroup",
-    "group_alive",
-    "kill_group_after",
-    "open_group",
-    "reap_unsupervised",
-    "signal_group",
-    "terminate_group",
-]
-
 # Size of one read from a pipe.
 _CHUNK = 256 * 1024
 # Capacity asked for the stdout pipe (Linux F_SETPIPE_SZ): fewer wakeups per byte.

@@ -10,8 +10,6 @@ from collections.abc import Mapping
 
 import attrs
 
-__all__ = ["BashRequest", "BashResult", "BashSpec", "ExitFacts"]
-
 
 @attrs.frozen
 class BashRequest:

@@ -12,8 +12,6 @@ from signal import Signals
 from ._output import Taken
 from ._records import BashResult
 
-__all__ = ["format_seconds", "render_read", "render_result", "signal_name"]
-
 
 def signal_name(number: int) -> str:
     """``SIGTERM`` for 15; ``signal N`` for a number Python does not name."""

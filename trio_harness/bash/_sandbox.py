@@ -62,17 +62,6 @@ from .._errors import BashError
 from .._util import is_positive_int
 from ._seccomp import UnsupportedArchitectureError, build_filter
 
-__all__ = [
-    "DEFAULT_HIDDEN",
-    "INSTALL_HINT",
-    "Sandbox",
-    "SandboxPolicy",
-    "SandboxUnavailableError",
-    "describe_sandbox",
-    "open_sandbox",
-    "to_policy",
-]
-
 INSTALL_HINT = (
     "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap; "
     "Arch: pacman -S bubblewrap), or run without the sandbox"

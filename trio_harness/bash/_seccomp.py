@@ -34,8 +34,6 @@ import errno
 import platform
 import struct
 
-__all__ = ["UnsupportedArchitectureError", "build_filter"]
-
 # <linux/filter.h>, <linux/seccomp.h>, <linux/audit.h>
 _LD_W_ABS = 0x20
 _JEQ_K = 0x15

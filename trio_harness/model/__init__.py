@@ -24,7 +24,6 @@ from ._protocol import ToolSpec as ToolSpec
 from ._protocol import Usage as Usage
 from ._protocol import UsageTotals as UsageTotals
 from ._protocol import UserMessage as UserMessage
-from ._protocol import supports_json_schema as supports_json_schema
 from ._replay import ReplayModel as ReplayModel
 from ._scripted import ScriptedModel as ScriptedModel
 from ._spec import open_model as open_model

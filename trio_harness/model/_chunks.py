@@ -39,8 +39,6 @@ from ._protocol import (
 )
 from ._sse import SSEEnd, SSEEvent, SSEMessages
 
-__all__ = ["ChunkParser"]
-
 _DECODER: Final = json.JSONDecoder()
 
 # The decoder's C scanner, called directly: ``raw_decode`` minus a Python-level

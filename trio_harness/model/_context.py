@@ -16,16 +16,6 @@ from typing import Final
 from .._records import Failure
 from ._protocol import AssistantMessage, Message, ToolMessage, ToolSpec, UserMessage
 
-__all__ = [
-    "CHARS_PER_TOKEN",
-    "KNOWN_CONTEXT_WINDOWS",
-    "context_window_for",
-    "is_context_overflow",
-    "message_chars",
-    "tokens_for_chars",
-    "tools_chars",
-]
-
 CHARS_PER_TOKEN: Final = 4
 """The characters-per-token ratio of every estimate (and of the scripted model's usage)."""
 

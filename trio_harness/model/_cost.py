@@ -14,8 +14,6 @@ import trio
 
 from .._records import UsageTotals
 
-__all__ = ["load_prices", "price_route", "usage_cost"]
-
 # Whether the price table is loaded (True), not installed (False), or not tried yet (None).
 _loaded: bool | None = None
 

@@ -52,8 +52,6 @@ from ._protocol import (
 )
 from ._sse import SSEDecoder, SSEError
 
-__all__ = ["OpenAIProvider"]
-
 _ERROR_BODY_LIMIT: Final = 64 * 1024
 """How much of an error response body is read to find the server's message."""
 

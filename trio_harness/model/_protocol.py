@@ -98,7 +98,8 @@ OutputMode: TypeAlias = Literal["auto", "native", "tool"]
 provider's JSON response format; ``"tool"``: the model is offered a
 ``final_answer`` tool whose parameters are the type's schema, and the answer is
 the arguments of its call; ``"auto"``: native where the provider declares a
-JSON-schema response format (:func:`supports_json_schema`), the tool otherwise.
+JSON-schema response format (a true ``json_schema_output`` attribute), the
+tool otherwise.
 """
 
 

@@ -46,8 +46,6 @@ from ._protocol import (
     UserMessage,
 )
 
-__all__ = ["ReplayModel"]
-
 
 def _replayed_finish(recorded: str) -> FinishReason:
     """The finish reason to replay for a recorded one (``stop`` unless it asked for tools or hit a limit)."""

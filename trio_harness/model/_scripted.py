@@ -57,8 +57,6 @@ from ._protocol import (
     Usage,
 )
 
-__all__ = ["ScriptedModel"]
-
 Response = Mapping[str, Any] | Callable[[ModelRequest], Mapping[str, Any]]
 
 _KEYS = frozenset({"text", "tool_calls", "hang", "error", "reasoning", "delay"})

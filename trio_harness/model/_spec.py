@@ -43,8 +43,6 @@ from .._redact import redact_urls
 from ._openai import OpenAIProvider
 from ._protocol import ModelProvider
 
-__all__ = ["DEEPSEEK_BASE_URL", "OPENAI_BASE_URL", "missing_api_key", "open_model", "resolve_model"]
-
 DEEPSEEK_BASE_URL: Final = "https://api.deepseek.com"
 """The base URL of ``deepseek:`` specs."""
 

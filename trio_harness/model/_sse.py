@@ -38,8 +38,6 @@ from typing import Final, overload
 
 import attrs
 
-__all__ = ["MAX_EVENT_CHARS", "SSEDecoder", "SSEEnd", "SSEError", "SSEEvent", "SSEMessages"]
-
 MAX_EVENT_CHARS: Final = 16 * 1024 * 1024
 """The longest event (in characters) a decoder buffers before giving up."""
 

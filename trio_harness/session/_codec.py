@@ -24,15 +24,6 @@ from cattrs.preconf.json import make_converter
 from .._errors import EventDecodeError, UnsupportedFormatError
 from ._events import EVENT_TYPES, FORMAT_VERSION, AnyEvent, Event, InboxMessage, SessionHeader
 
-__all__ = [
-    "decode_event",
-    "decode_header",
-    "decode_inbox_message",
-    "encode_event",
-    "encode_header",
-    "encode_inbox_message",
-]
-
 _converter = make_converter(forbid_extra_keys=True, detailed_validation=False)
 
 

@@ -15,33 +15,6 @@ import attrs
 
 from .._records import OMIT_IF_DEFAULT, Failure, ModelSettings, ToolCall, Usage, UsageTotals
 
-__all__ = [
-    "EVENT_TYPES",
-    "AnyEvent",
-    "ApprovalDecided",
-    "ApprovalOutcome",
-    "ApprovalRequested",
-    "ApprovalSource",
-    "AssistantChunk",
-    "AssistantMessage",
-    "CompactionFailed",
-    "CompactionReason",
-    "ContextCompacted",
-    "Event",
-    "InboxMessage",
-    "InboxSpliced",
-    "MessageOrigin",
-    "RequestHeader",
-    "RequestRetry",
-    "StepEnd",
-    "StepStart",
-    "ToolCallRequested",
-    "ToolResult",
-    "TurnEnd",
-    "TurnStart",
-    "UserMessage",
-]
-
 # ---------------------------------------------------------------- validators
 #
 # The records a caller builds (InboxMessage, SessionHeader) check their fields'

@@ -62,8 +62,6 @@ from ._events import Event, SessionHeader, TurnEnd
 from ._persistence import LoadedSession
 from ._session import SessionWriter, validate_session_id
 
-__all__ = ["DEFAULT_MAX_LOG_BYTES", "JsonlPersistence", "escape_session_id", "unescape_session_id"]
-
 log = logging.getLogger("trio_harness.session.jsonl")
 
 LOG_NAME = "session.jsonl"

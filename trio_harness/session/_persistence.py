@@ -11,8 +11,6 @@ from .._errors import SessionExistsError, SessionLockedError, SessionNotFoundErr
 from ._events import Event, InboxMessage, SessionHeader
 from ._session import SessionWriter, validate_session_id
 
-__all__ = ["LoadedSession", "MailboxWriter", "MemoryPersistence", "RemoteInbox", "ServerSideFork", "SessionPersistence"]
-
 
 @attrs.frozen
 class LoadedSession:

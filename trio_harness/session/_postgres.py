@@ -60,7 +60,7 @@ from .._redact import redact_urls
 from ._codec import decode_event, decode_header, decode_inbox_message, encode_event, encode_header, encode_inbox_message
 from ._events import Event, InboxMessage, SessionHeader
 from ._persistence import LoadedSession
-from ._pg_schema import SCHEMA_VERSION, _lock_key, _psycopg, _quote, _scalar, _Sql, _Tables
+from ._pg_schema import _lock_key, _psycopg, _quote, _scalar, _Sql, _Tables
 from ._pg_threads import _call, _execute, _open_connection, _Pool
 from ._pg_writer import _PgWriter, _Tainted, _try_lock
 from ._session import SessionWriter, validate_session_id
@@ -70,7 +70,6 @@ if TYPE_CHECKING:
 
     import psycopg
 
-__all__ = ["SCHEMA_VERSION", "PostgresPersistence", "redact_dsn"]
 
 log = logging.getLogger("trio_harness.session.postgres")
 

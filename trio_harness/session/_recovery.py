@@ -17,8 +17,6 @@ from ._events import (
     TurnStart,
 )
 
-__all__ = ["INTERRUPTED_APPROVAL_RESULT", "INTERRUPTED_TOOL_RESULT", "closers_for", "open_turn_at"]
-
 INTERRUPTED_TOOL_RESULT = "error: the tool call was interrupted before it returned a result (the process stopped)"
 
 INTERRUPTED_APPROVAL_RESULT = "error: not run: the process stopped while the call was waiting for approval"

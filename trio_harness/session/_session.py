@@ -14,8 +14,6 @@ from .._errors import HarnessError, InvalidSessionIdError, SessionStoreError
 from .._records import plain_constructor
 from ._events import EVENT_TYPES, Event, SessionHeader
 
-__all__ = ["Session", "SessionWriter", "validate_session_id"]
-
 log = logging.getLogger("trio_harness.session")
 
 E = TypeVar("E", bound=Event)

@@ -35,8 +35,6 @@ from ._persistence import RemoteInbox, ServerSideFork, SessionPersistence, has_m
 from ._recovery import closers_for, open_turn_at
 from ._session import Session, SessionWriter, validate_session_id
 
-__all__ = ["SessionEntry", "SessionStore"]
-
 log = logging.getLogger("trio_harness.session")
 
 _SEND_MODES = ("followup", "steer", "inject")

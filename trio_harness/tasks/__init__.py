@@ -9,16 +9,6 @@ from __future__ import annotations
 
 from ._options import TaskOptions as TaskOptions
 from ._render import TASKS_GUIDANCE as TASKS_GUIDANCE
-from ._render import bound_text as bound_text
-from ._render import cut_utf8 as cut_utf8
-from ._render import cut_utf8_tail as cut_utf8_tail
-from ._render import render_kill_result as render_kill_result
-from ._render import render_notice as render_notice
-from ._render import render_task_list as render_task_list
-from ._render import render_task_output as render_task_output
-from ._render import status_line as status_line
-from ._render import truncation_marker as truncation_marker
-from ._render import utf8_len as utf8_len
 from ._service import TaskHooks as TaskHooks
 from ._service import TaskListener as TaskListener
 from ._service import TaskOutcome as TaskOutcome
@@ -30,29 +20,3 @@ from ._service import TaskSpec as TaskSpec
 from ._service import TaskStatus as TaskStatus
 from ._service import TerminalStatus as TerminalStatus
 from ._service import open_task_service as open_task_service
-
-__all__ = [
-    "TASKS_GUIDANCE",
-    "TaskHooks",
-    "TaskListener",
-    "TaskOptions",
-    "TaskOutcome",
-    "TaskOwner",
-    "TaskRead",
-    "TaskService",
-    "TaskSnapshot",
-    "TaskSpec",
-    "TaskStatus",
-    "TerminalStatus",
-    "bound_text",
-    "cut_utf8",
-    "cut_utf8_tail",
-    "open_task_service",
-    "render_kill_result",
-    "render_notice",
-    "render_task_list",
-    "render_task_output",
-    "status_line",
-    "truncation_marker",
-    "utf8_len",
-]

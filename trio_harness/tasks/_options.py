@@ -6,8 +6,6 @@ import attrs
 
 from ._service import DEFAULT_FINISHED_CAP, DEFAULT_PER_OWNER_CAP
 
-__all__ = ["TaskOptions"]
-
 
 @attrs.frozen
 class TaskOptions:

@@ -14,20 +14,6 @@ from collections.abc import Iterable, Mapping
 
 from ._service import TaskRead, TaskSnapshot
 
-__all__ = [
-    "TASKS_GUIDANCE",
-    "bound_text",
-    "cut_utf8",
-    "cut_utf8_tail",
-    "render_kill_result",
-    "render_notice",
-    "render_task_list",
-    "render_task_output",
-    "status_line",
-    "truncation_marker",
-    "utf8_len",
-]
-
 TASKS_GUIDANCE = """\
 ## Background tasks
 

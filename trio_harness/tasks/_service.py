@@ -46,19 +46,6 @@ from .._util import is_positive_int, is_positive_number
 if TYPE_CHECKING:
     from .._scope import Scope
 
-__all__ = [
-    "TaskHooks",
-    "TaskListener",
-    "TaskOutcome",
-    "TaskOwner",
-    "TaskRead",
-    "TaskService",
-    "TaskSnapshot",
-    "TaskSpec",
-    "TaskStatus",
-    "TerminalStatus",
-    "open_task_service",
-]
 
 log = logging.getLogger("trio_harness.tasks")
 

@@ -8,8 +8,6 @@ from typing import Any
 from ..session import _events as ev
 from ..session._session import Session
 
-__all__ = ["NOISE", "EventLogMismatch", "assert_balanced", "assert_events", "event_types"]
-
 NOISE: frozenset[str] = frozenset({"assistant/chunk", "agent/inbox/spliced", "request/header", "request/retry"})
 """Event types most assertions want to ignore (pass as ``ignore=NOISE``)."""
 

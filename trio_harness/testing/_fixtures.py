@@ -10,8 +10,6 @@ from .._harness import Harness
 from ..model._scripted import ScriptedModel
 from ._harness import open_test_harness
 
-__all__ = ["harness", "scripted_model"]
-
 
 @pytest.fixture
 def scripted_model() -> ScriptedModel:

@@ -10,8 +10,6 @@ from .._harness import Harness, open_harness
 from ..model._protocol import ModelProvider
 from ..model._scripted import ScriptedModel
 
-__all__ = ["open_test_harness"]
-
 
 @asynccontextmanager
 async def open_test_harness(

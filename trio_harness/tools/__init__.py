@@ -16,10 +16,8 @@ in a child scope of the scope it is given and registers its tools into a tool
 set until that scope closes (docs/mcp.rst).
 """
 
-from ._bash import SHELL_METACHARACTERS as SHELL_METACHARACTERS
 from ._bash import BashToolOptions as BashToolOptions
 from ._bash import BashToolPlugin as BashToolPlugin
-from ._bash import command_allowed as command_allowed
 from ._mcp import McpConnection as McpConnection
 from ._mcp import connect_mcp as connect_mcp
 from ._mcp import connect_mcp_servers as connect_mcp_servers
@@ -28,38 +26,9 @@ from ._mcp_config import McpServerConfig as McpServerConfig
 from ._mcp_config import McpStdioServer as McpStdioServer
 from ._mcp_config import load_mcp_config as load_mcp_config
 from ._mcp_config import parse_mcp_config as parse_mcp_config
-from ._mcp_tools import mcp_tool_name as mcp_tool_name
-from ._mcp_tools import render_mcp_result as render_mcp_result
 from ._subagent import SubagentOptions as SubagentOptions
 from ._subagent import SubagentToolPlugin as SubagentToolPlugin
-from ._subagent import subagent_depth as subagent_depth
 from ._tasks import NoticeTarget as NoticeTarget
 from ._tasks import TaskToolOptions as TaskToolOptions
 from ._tasks import TaskToolsPlugin as TaskToolsPlugin
-from ._tasks import effective_limit as effective_limit
 from ._tasks import task_tools as task_tools
-
-__all__ = [
-    "SHELL_METACHARACTERS",
-    "BashToolOptions",
-    "BashToolPlugin",
-    "McpConnection",
-    "McpHttpServer",
-    "McpServerConfig",
-    "McpStdioServer",
-    "NoticeTarget",
-    "SubagentOptions",
-    "SubagentToolPlugin",
-    "TaskToolOptions",
-    "TaskToolsPlugin",
-    "command_allowed",
-    "connect_mcp",
-    "connect_mcp_servers",
-    "effective_limit",
-    "load_mcp_config",
-    "mcp_tool_name",
-    "parse_mcp_config",
-    "render_mcp_result",
-    "subagent_depth",
-    "task_tools",
-]

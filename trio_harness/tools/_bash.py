@@ -31,7 +31,6 @@ from ..tasks._service import TaskHooks, TaskOutcome, TaskService, TaskSpec
 if TYPE_CHECKING:
     from .._scope import Scope
 
-__all__ = ["SHELL_METACHARACTERS", "BashToolOptions", "BashToolPlugin", "command_allowed"]
 
 SHELL_METACHARACTERS: frozenset[str] = frozenset(";&|<>()$`\\{}*?[]")
 """Characters that keep a command off the allow-list of command prefixes.
@@ -112,7 +111,7 @@ class BashToolOptions:
         requires_approval: ask the approver before each command (default on;
             without an approver configured, commands are denied).
         allow_prefixes: command prefixes that never ask, e.g. ``["git status",
-            "ls"]`` (matched by :func:`command_allowed`).
+            "ls"]`` (the rule: :doc:`/approval`, "Which calls are asked").
     """
 
     run_in_background: bool = True
@@ -150,8 +149,8 @@ class BashToolPlugin:
             tasks (projected into their snapshots).
         requires_approval: ask the approver before each command (default
             on); without an approver configured, commands are denied.
-        allow_prefixes: command prefixes that never ask (see
-            :func:`command_allowed` for the exact rule).
+        allow_prefixes: command prefixes that never ask (the exact rule:
+            :doc:`/approval`, "Which calls are asked").
     """
 
     name: ClassVar[str] = "bash"

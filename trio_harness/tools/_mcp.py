@@ -71,7 +71,6 @@ if TYPE_CHECKING:
 # server is connected, not with the package: it would double the import time
 # of ``import trio_harness`` for programs that use no MCP server.
 
-__all__ = ["McpConnection", "connect_mcp", "connect_mcp_servers"]
 
 log = logging.getLogger("trio_harness.mcp")
 
@@ -547,7 +546,7 @@ class McpConnection:
     # ------------------------------------------------------------ calls
 
     async def call(self, tool: str, arguments: Mapping[str, Any]) -> ToolOutput:
-        """Call ``tool`` (the server's name for it) and map the answer (see :func:`render_mcp_result`).
+        """Call ``tool`` (the server's name for it) and map the answer (docs/mcp.rst, "Results and failures").
 
         Never raises for the server's failures: a timeout, a crash, a refused
         call or a closed connection is an error result naming the server.  A
@@ -690,8 +689,6 @@ class McpConnection:
 
 def _seconds(delay: float) -> str:
     return f"{max(1, math.ceil(delay))} s"
-
-
 
 
 # ---------------------------------------------------------------- connecting

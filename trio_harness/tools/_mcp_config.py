@@ -32,19 +32,6 @@ from .._redact import redact_urls
 from .._util import is_positive_number
 from ..bash._env import EnvPolicy, to_env_policy
 
-__all__ = [
-    "DEFAULT_CALL_TIMEOUT",
-    "DEFAULT_GRACE_PERIOD",
-    "DEFAULT_MAX_RESTARTS",
-    "DEFAULT_RESTART_WINDOW",
-    "DEFAULT_STARTUP_TIMEOUT",
-    "McpHttpServer",
-    "McpServerConfig",
-    "McpStdioServer",
-    "load_mcp_config",
-    "parse_mcp_config",
-]
-
 DEFAULT_STARTUP_TIMEOUT: Final = 30.0
 """Seconds a server gets to start and answer the handshake and the first tool listing."""
 

@@ -24,7 +24,6 @@ from ..agents._tools import ToolOutput
 if TYPE_CHECKING:
     from mcp.types import CallToolResult
 
-__all__ = ["mcp_tool_name", "render_mcp_result"]
 
 MAX_TOOL_NAME: Final = 64
 """The longest tool name the model APIs accept (OpenAI: 64 characters of ``[A-Za-z0-9_-]``)."""

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from ..agents._agent import Agent
     from ..agents._registry import AgentHandle, AgentRegistry
 
-__all__ = ["SubagentOptions", "SubagentToolPlugin", "subagent_depth"]
 
 DESCRIPTION = (
     "Run a subagent: a fresh agent with its own context that works on the task you describe "

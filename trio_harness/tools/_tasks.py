@@ -35,7 +35,6 @@ from ..tasks._service import TaskOwner, TaskService, TaskSnapshot
 if TYPE_CHECKING:
     from .._scope import Scope
 
-__all__ = ["NoticeTarget", "TaskToolOptions", "TaskToolsPlugin", "effective_limit", "task_tools"]
 
 log = logging.getLogger("trio_harness.tasks")
 
