@@ -26,7 +26,7 @@ from .._records import Failure, UsageTotals, plain_constructor
 from ..session import _events as ev
 from ..session._session import Session
 
-__all__ = ["BUDGET_REQUESTS", "BUDGET_TOKENS", "Budget", "UsageCounter", "budget_failure"]
+__all__ = ["BUDGET_REQUESTS", "BUDGET_TOKENS", "Budget", "OverBudget", "UsageCounter", "budget_failure"]
 
 BUDGET_TOKENS: Final = "budget-tokens"
 """The failure code of a turn that ended on a token budget."""
@@ -92,6 +92,14 @@ _COUNTED: frozenset[type[ev.Event]] = frozenset(
 )
 
 
+class OverBudget(Exception):
+    """Raised inside a step when a budget forbids the next model request; the step ends the turn with it."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
 @attrs.define(eq=False)
 class UsageCounter:
     """The usage totals of a session, folded from its log incrementally."""
@@ -142,3 +150,17 @@ class UsageCounter:
             return t  # nothing that counts was logged since
         self._totals = _plain_totals(tokens_in, tokens_out, cached, reasoning, requests)
         return self._totals
+
+    def over_budget(
+        self, turn_budget: Budget | None, session_budget: Budget | None, turn_start: UsageTotals
+    ) -> Failure | None:
+        """Why the next request must not be made: the turn's or the session's budget is used up (else None).
+
+        ``turn_start`` is the totals when the running turn started.
+        """
+        if turn_budget is None and session_budget is None:
+            return None
+        totals = self.totals
+        return budget_failure(turn_budget, totals - turn_start, "turn") or budget_failure(
+            session_budget, totals, "session"
+        )

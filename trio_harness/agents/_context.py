@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import attrs
 import trio
@@ -30,13 +30,12 @@ from .._errors import AgentDisposedError, CompactionError
 from .._records import Failure, UsageTotals
 from ..model._context import CHARS_PER_TOKEN, tokens_for_chars
 from ..session import _events as ev
-from ._budget import budget_failure
+from ._budget import OverBudget, budget_failure
 from ._compaction import SummaryFailed, SummaryOverBudget, choose_boundary, summarize
 from ._history import TurnMark
 
 if TYPE_CHECKING:
     from .._bus import EventBus
-    from .._records import ModelSettings
     from ..model._protocol import Message, ModelProvider
     from ..session._session import Session
     from ._agent import Agent
@@ -44,6 +43,7 @@ if TYPE_CHECKING:
     from ._compaction import BudgetCheck, ContextPolicy
     from ._history import History
     from ._options import AgentOptions
+    from ._request import RequestBuilder
 
 __all__ = ["ContextWindow"]
 
@@ -54,9 +54,8 @@ log = logging.getLogger("trio_harness.agent")
 class ContextWindow:
     """The context window of one agent: its estimate, and the compactions that keep it below the threshold.
 
-    It is given what it reads of the driver's next request as callables:
-    the characters besides the conversation (system prompt, summary, tools),
-    the model name and the merged model settings, and the latest turn.
+    It reads the next request (its size besides the conversation, its model
+    and settings) and the latest turn of the agent.
     """
 
     _session: Session = attrs.field(alias="session")
@@ -67,9 +66,8 @@ class ContextWindow:
     _bus: EventBus = attrs.field(alias="bus")
     # The agent (its maintenance phase, the source of agent/compaction-failed).
     _agent: Agent = attrs.field(alias="agent")
-    _fixed_chars: Callable[[], int] = attrs.field(alias="fixed_chars")
-    _model_name: Callable[[], str] = attrs.field(alias="model_name")
-    _model_settings: Callable[[], ModelSettings] = attrs.field(alias="model_settings")
+    # The next request: its characters besides the conversation, its model and settings.
+    _request: RequestBuilder = attrs.field(alias="request")
     _last_turn: Callable[[], int] = attrs.field(alias="last_turn")
     # The cancel scope of agent.compact() while it runs (disposal cancels it).
     _manual_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
@@ -113,7 +111,7 @@ class ContextWindow:
 
     def estimate(self) -> int:
         """The estimated tokens of the next request (O(events appended since the last estimate))."""
-        return self._history.estimate(self._fixed_chars)
+        return self._history.estimate(self._request.fixed_chars)
 
     # ------------------------------------------------------------ inside a turn
 
@@ -146,6 +144,24 @@ class ContextWindow:
             )
         return None
 
+    async def compact_refused(self, turn: int, turn_start: UsageTotals, refused: str) -> Failure | Literal[True] | None:
+        """The provider refused a request as too long: compact once so that the retry fits.
+
+        Returns True to retry, None when nothing can be compacted (the
+        refusal stands), or the failure ending the turn.
+
+        Raises:
+            OverBudget: the budgets do not allow the compaction.
+        """
+        try:
+            compacted = await self.compact("overflow", turn, turn_start)
+        except SummaryOverBudget as exc:
+            message = f"{exc.failure.message}: no compaction to make the refused request fit ({refused})"
+            raise OverBudget(attrs.evolve(exc.failure, message=message)) from None
+        except CompactionError as exc:
+            return Failure("compaction-failed", f"{exc} (after the provider said: {refused})")
+        return None if compacted is None else True
+
     def _plan(
         self, turn: int | None, estimate: int, keep: int | None, *, all_but_latest: bool = False
     ) -> tuple[ContextPolicy, int | None, TurnMark, Sequence[Message]] | None:
@@ -173,7 +189,7 @@ class ContextWindow:
             keep = int(policy.keep * window)
             # What the request needs besides the kept turns (system prompt, tools, summary) must leave
             # room below the threshold, or every step would compact again.
-            room = policy.threshold * window - tokens_for_chars(self._fixed_chars()) - policy.summary_tokens
+            room = policy.threshold * window - tokens_for_chars(self._request.fixed_chars()) - policy.summary_tokens
             keep = max(0, min(keep, int(room / 2)))
         marks = history.marks
         if turn is None:  # between turns, the end of the conversation is a turn boundary too
@@ -224,8 +240,8 @@ class ContextWindow:
         try:
             summary, usage, partials = await summarize(
                 self._provider,
-                model=self._model_name(),
-                settings=self._model_settings(),
+                model=self._request.model_name(),
+                settings=self._request.settings(),
                 policy=policy,
                 previous=self._history.summary,
                 messages=messages[: mark.index],

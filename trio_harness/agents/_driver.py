@@ -35,25 +35,18 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 import attrs
 import trio
 
-from .._errors import AgentDisposedError, CompactionError, SessionStoreError
+from .._errors import AgentDisposedError, SessionStoreError
 from .._initiator import _set_initiator
-from .._records import plain_constructor
-from ..model._context import is_context_overflow, tools_chars
+from ..model._context import is_context_overflow
 from ..model._cost import price_route, usage_cost
 from ..model._protocol import (
-    Chunk,
     Failure,
     Finish,
     ModelProvider,
     ModelRequest,
     ModelSettings,
     OutputMode,
-    ReasoningDelta,
-    Retry,
-    TextDelta,
     ToolCall,
-    ToolCallDelta,
-    Usage,
     UsageTotals,
     supports_json_schema,
 )
@@ -61,18 +54,18 @@ from ..session import _events as ev
 from ..session._events import ApprovalOutcome, CancelCause, InboxMessage, SendMode, TurnEndReason
 from ..session._session import Session
 from ._approval import ApprovalGate, Approver
-from ._budget import UsageCounter, budget_failure
-from ._compaction import SummaryOverBudget, summary_section
+from ._budget import OverBudget, UsageCounter
 from ._context import ContextWindow
 from ._dispatch import ToolDispatch
 from ._function_tools import caller_namespace, output_adapter
 from ._history import History
 from ._inbox import Inbox
+from ._model_stream import stream_response
 from ._options import AgentOptions
-from ._run import PendingOutput, RunResult, output_instructions, run_prompt
+from ._request import RequestBuilder
+from ._run import PendingOutput, RunResult, run_prompt
 from ._stream import DEFAULT_STREAM_BUFFER, EventStream, StreamRegistry
 from ._tools import Tool, ToolSet
-from ._util import split_cancelled
 
 if TYPE_CHECKING:
     from .._bus import EventBus
@@ -90,20 +83,8 @@ Phase = Literal["idle", "maintenance", "running"]
 T = TypeVar("T")
 
 
-class _OverBudget(Exception):
-    """Raised inside a step when a budget forbids the next model request; the step ends the turn with it."""
-
-    def __init__(self, failure: Failure) -> None:
-        super().__init__(failure.message)
-        self.failure = failure
-
-
-_NO_SETTINGS = ModelSettings()
 # The turn end's stand-in for a shield when its flushes cannot wait (reusable: it does nothing).
 _UNSHIELDED = nullcontext()
-
-# Built from values the driver has checked: a plain constructor (the same objects, cheaper).
-_tool_call = plain_constructor(ToolCall) or ToolCall
 
 
 @attrs.define(eq=False, repr=False)
@@ -129,10 +110,12 @@ class ReactAgent:
     _approver: Approver | None = attrs.field(default=None, alias="approver")
     # Harness-wide model settings (open_harness(model_settings=...)).
     _harness_settings: ModelSettings | None = attrs.field(default=None, alias="model_settings")
-    # Approval (the standing decisions), tool dispatch (the tools, their caches) and the
+    # Approval (the standing decisions), tool dispatch (the tools, their caches), the next
+    # request (the running turn's settings and output type, the merged settings) and the
     # context window (estimate, compactions, maintenance): each owns its state.
     _approvals: ApprovalGate = attrs.field(init=False)
     _dispatch: ToolDispatch = attrs.field(init=False)
+    _request: RequestBuilder = attrs.field(init=False)
     _context: ContextWindow = attrs.field(init=False)
     _inbox: Inbox = attrs.field(init=False)
     _history: History = attrs.field(init=False)
@@ -154,23 +137,11 @@ class ReactAgent:
     # Set by the disposal close hook; no wake is ever latched after it.
     _disposing: bool = attrs.field(default=False, init=False)
     _last_turn: int = attrs.field(default=0, init=False)
-    # The model settings of the running turn (from the message that opened it).
-    _turn_settings: ModelSettings | None = attrs.field(default=None, init=False)
-    # Provider, harness and agent settings merged (they do not change); built on first use.
-    _base_settings: ModelSettings | None = attrs.field(default=None, init=False)
-    _base_empty: bool | None = attrs.field(default=None, init=False)
-    # The running turn's settings merged over the base, and whether that is empty:
-    # merged once per turn, not per step.
-    _merged_settings: tuple[ModelSettings, ModelSettings, ModelSettings, bool] | None = attrs.field(
-        default=None, init=False
-    )
     _usage: UsageCounter = attrs.field(init=False)
     _streams: StreamRegistry = attrs.field(factory=StreamRegistry, init=False)
     # run(): the output type of each queued run() prompt, and the watchers to release at disposal.
     _outputs: dict[str, PendingOutput] = attrs.field(factory=dict, init=False)
     _run_watchers: set[TurnWatcher] = attrs.field(factory=set, init=False)
-    # The output type of the running turn (from the run() prompt that opened it).
-    _turn_output: PendingOutput | None = attrs.field(default=None, init=False)
     # The session's usage when the running turn started.
     _turn_start_usage: UsageTotals = attrs.field(factory=UsageTotals, init=False)
 
@@ -201,6 +172,13 @@ class ReactAgent:
             cause=self._current_cause,
             shared=self._shared_tools,
         )
+        self._request = RequestBuilder(
+            options=self._options,
+            provider=self._provider,
+            history=self._history,
+            dispatch=self._dispatch,
+            harness_settings=self._harness_settings,
+        )
         self._context = ContextWindow(
             session=self._session,
             history=self._history,
@@ -209,9 +187,7 @@ class ReactAgent:
             provider=self._provider,
             bus=self._bus,
             agent=self,
-            fixed_chars=self._fixed_chars,
-            model_name=self._model_name,
-            model_settings=self._model_settings,
+            request=self._request,
             last_turn=self._latest_turn,
         )
 
@@ -307,7 +283,7 @@ class ReactAgent:
         """
         provider, api_url = price_route(self._provider)
         when = None if at is None else datetime.datetime.fromtimestamp(at, datetime.UTC)
-        return usage_cost(usage, self._model_name(), provider=provider, api_url=api_url, at=when)
+        return usage_cost(usage, self._request.model_name(), provider=provider, api_url=api_url, at=when)
 
     def send(self, message: str | InboxMessage, *, mode: SendMode, settings: ModelSettings | None = None) -> str:
         """Persist ``message`` into the inbox, then wake the driver unless ``mode`` is inject.
@@ -731,8 +707,8 @@ class ReactAgent:
     async def _run_turn(self) -> None:
         turn = self._last_turn = self._last_turn + 1
         session = self._session
-        self._turn_settings = None
-        self._turn_output = None
+        request = self._request
+        request.clear_turn()
         self._turn_start_usage = self._usage.totals
         session.append(ev.TurnStart, turn=turn)
         reason: TurnEndReason = "completed"
@@ -773,9 +749,7 @@ class ReactAgent:
                     reason, failure = "error", Failure("store-error", str(exc))
                 usage = self._usage.totals - self._turn_start_usage
                 session.append(ev.TurnEnd, turn=turn, reason=reason, cause=cause, failure=failure, usage=usage)
-                # Between turns the request is the log's alone (what a resumed agent sees).
-                self._turn_settings = None
-                self._turn_output = None
+                request.clear_turn()
                 try:
                     await session.flush()
                 except SessionStoreError:
@@ -785,6 +759,7 @@ class ReactAgent:
 
     async def _run_step(self, turn: int, step: int) -> tuple[TurnEndReason, Failure | None] | None:
         session = self._session
+        request = self._request
         session.append(ev.StepStart, turn=turn, step=step)
         try:
             # Reset before claiming: a wake raised while the claim is logged
@@ -801,23 +776,23 @@ class ReactAgent:
                     mode=message.mode,
                     origin=message.origin,
                 )
-                if message.settings is not None and self._turn_settings is None:
-                    self._turn_settings = message.settings
-                if self._outputs and self._turn_output is None:
-                    self._turn_output = self._outputs.get(message.id)
+                if message.settings is not None and request.turn_settings is None:
+                    request.turn_settings = message.settings
+                if self._outputs and request.turn_output is None:
+                    request.turn_output = self._outputs.get(message.id)
             exhausted = self._budget_failure()
             if exhausted is not None:
                 return "budget", exhausted
-            tools = self._available_tools()
+            tools = request.tools()
             try:
                 finish, calls = await self._ask(turn, step, tools)
-            except _OverBudget as exc:  # the request after a compaction, or the retry after a refusal
+            except OverBudget as exc:  # the request after a compaction, or the retry after a refusal
                 return "budget", exc.failure
             if finish.reason == "error":
                 return "error", finish.failure
             if calls:
                 await self._dispatch.run(turn, step, calls, tools)
-                pending = self._turn_output
+                pending = request.turn_output
                 if pending is not None and pending.tool is not None:  # a final_answer call settles the turn
                     if pending.valid:
                         return "completed", None
@@ -826,33 +801,21 @@ class ReactAgent:
                 return None
             if finish.reason == "max-tokens":
                 return "max-tokens", None
-            if self._turn_output is not None:
-                return self._check_output(self._turn_output)
+            if request.turn_output is not None:
+                return self._check_output(request.turn_output)
             return "completed", None
         finally:
             session.append(ev.StepEnd, turn=turn, step=step)
 
     def _check_output(self, pending: PendingOutput) -> tuple[TurnEndReason, Failure | None] | None:
         """Validate a run() turn's final answer: complete it, steer the errors back, or fail it."""
-        events = self._session.events
-        text = ""
-        for index in range(len(events) - 1, -1, -1):
-            event = events[index]
-            if type(event) is ev.AssistantMessage:
-                text = event.text
-                break
-        verdict = pending.check(text)
+        verdict = pending.check_turn(self._session.events)
         if verdict is None:
             return "completed", None
         if isinstance(verdict, Failure):
             return "error", verdict
         self._inbox.append("next-step", Inbox.message(verdict, "steer"))
         return None
-
-    def _available_tools(self) -> dict[str, Tool]:
-        """The tools of the next step (do not mutate: it may be the previous step's dict)."""
-        pending = self._turn_output
-        return self._dispatch.tools(pending.tool if pending is not None else None)
 
     async def _ask(self, turn: int, step: int, tools: dict[str, Tool]) -> tuple[Finish, list[ToolCall]]:
         """Log the request header and stream the request; compact first when the context is full.
@@ -862,7 +825,7 @@ class ReactAgent:
         request is checked against the budgets first.
 
         Raises:
-            _OverBudget: a budget forbids the request, or the compaction
+            OverBudget: a budget forbids the request, or the compaction
                 that would make the refused request fit.
         """
         session = self._session
@@ -873,8 +836,8 @@ class ReactAgent:
         while True:
             exhausted = self._budget_failure()  # the summary requests of a compaction count
             if exhausted is not None:
-                raise _OverBudget(exhausted)
-            request = self._build_request(tools)
+                raise OverBudget(exhausted)
+            request = self._request.build(tools)
             session.append(
                 ev.RequestHeader,
                 turn=turn,
@@ -883,57 +846,18 @@ class ReactAgent:
                 model=request.model,
                 tools=self._dispatch.names(tools),
                 max_tokens=request.max_tokens,
-                settings=self._header_settings(request.settings),
+                settings=self._request.header_settings(request.settings),
             )
-            finish, calls = await self._stream(request, turn, step)
+            finish, calls = await stream_response(self._provider, session, request, turn, step)
             if retried or finish.reason != "error" or not is_context_overflow(finish.failure):
                 return finish, calls
             retried = True
             refused = finish.failure.message if finish.failure is not None else "too long"
-            try:
-                compacted = await self._context.compact("overflow", turn, self._turn_start_usage)
-            except SummaryOverBudget as exc:
-                message = f"{exc.failure.message}: no compaction to make the refused request fit ({refused})"
-                raise _OverBudget(attrs.evolve(exc.failure, message=message)) from None
-            except CompactionError as exc:
-                return Finish("error", Failure("compaction-failed", f"{exc} (after the provider said: {refused})")), []
-            if compacted is None:
-                return finish, calls  # nothing left to compact: the refusal stands
-
-    def _system_prompt(self) -> str:
-        sections = (*self._shared_tools.prompt_sections(), *self._dispatch.own.prompt_sections())
-        summary = self._history.summary
-        if summary is not None:
-            sections = (*sections, summary_section(summary))
-        if self._turn_output is not None:
-            sections = (*sections, output_instructions(self._turn_output))
-        return "\n\n".join((self._options.system_prompt, *sections)) if sections else self._options.system_prompt
-
-    def _model_name(self) -> str:
-        return self._options.model_name or getattr(self._provider, "model", "") or ""
-
-    def _build_request(self, tools: dict[str, Tool]) -> ModelRequest:
-        settings = self._model_settings()
-        messages = self._history.messages()
-        processor = self._options.history_processor
-        if processor is not None:
-            messages = processor(messages)
-        return ModelRequest(
-            model=self._model_name(),
-            system=self._system_prompt(),
-            messages=messages,
-            tools=self._dispatch.specs(tools),
-            max_tokens=settings.max_tokens,
-            settings=settings,
-            output=self._turn_output.request_format if self._turn_output is not None else None,
-        )
+            outcome = await self._context.compact_refused(turn, self._turn_start_usage, refused)
+            if outcome is not True:
+                return (finish, calls) if outcome is None else (Finish("error", outcome), [])
 
     # ------------------------------------------------------------ context window
-
-    def _fixed_chars(self) -> int:
-        """The characters of the request besides the conversation: system prompt (summary included) and tools."""
-        specs = tuple(tool.spec for tool in self._available_tools().values())
-        return len(self._system_prompt()) + tools_chars(specs)
 
     def context_estimate(self) -> int:
         """The estimated tokens of the next request (O(events appended since the last estimate))."""
@@ -966,143 +890,9 @@ class ReactAgent:
 
     def _budget_failure(self) -> Failure | None:
         """Why the next request must not be made: a turn or session budget is used up (else None)."""
-        options = self._options
-        if options.turn_budget is None and options.session_budget is None:
-            return None
-        totals = self._usage.totals
-        return budget_failure(options.turn_budget, totals - self._turn_start_usage, "turn") or budget_failure(
-            options.session_budget, totals, "session"
-        )
-
-    def _header_settings(self, settings: ModelSettings) -> ModelSettings | None:
-        """What ``request/header`` records: the settings, or None when none is set."""
-        if settings is self._base_settings and self._base_empty is not None:
-            return None if self._base_empty else settings
-        merged = self._merged_settings
-        if merged is not None and settings is merged[2]:
-            return None if merged[3] else settings
-        return None if settings.empty else settings
-
-    def _model_settings(self) -> ModelSettings:
-        """The merged settings of the next request: turn > agent > harness > the provider's (its spec)."""
-        base = self._base_settings
-        if base is None:
-            provider = getattr(self._provider, "settings", None)
-            base = provider if isinstance(provider, ModelSettings) else _NO_SETTINGS
-            base = base.merge(self._harness_settings)
-            if self._options.max_tokens is not None:
-                base = base.merge(ModelSettings(max_tokens=self._options.max_tokens))
-            base = self._base_settings = base.merge(self._options.model_settings)
-            self._base_empty = base.empty
-        turn = self._turn_settings
-        if turn is None:
-            return base
-        merged = self._merged_settings
-        if merged is not None and merged[0] is turn and merged[1] is base:
-            return merged[2]
-        settings = base.merge(turn)
-        self._merged_settings = (turn, base, settings, settings.empty)
-        return settings
+        return self._usage.over_budget(self._options.turn_budget, self._options.session_budget, self._turn_start_usage)
 
     def build_request(self) -> ModelRequest:
         """The request the next step would send (for inspection and tests)."""
-        return self._build_request(self._available_tools())
-
-    # ------------------------------------------------------------ streaming
-
-    async def _stream(self, request: ModelRequest, turn: int, step: int) -> tuple[Finish, list[ToolCall]]:
-        session = self._session
-        text: list[str] = []
-        reasoning: list[str] = []
-        pieces: dict[int, list[Any]] = {}
-        usage: Usage | None = None
-        finish: Finish | None = None
-
-        def emit(chunk: Chunk) -> None:
-            nonlocal usage, finish
-            if finish is not None:
-                return  # nothing counts after the finish
-            # ``type(chunk) is`` narrows like isinstance and is cheaper on this hot path.
-            if type(chunk) is TextDelta:
-                text.append(chunk.text)
-                session.append(ev.AssistantChunk, turn=turn, step=step, kind="text", text=chunk.text)
-            elif type(chunk) is ReasoningDelta:
-                reasoning.append(chunk.text)
-                session.append(ev.AssistantChunk, turn=turn, step=step, kind="reasoning", text=chunk.text)
-            elif type(chunk) is ToolCallDelta:
-                entry = pieces.setdefault(chunk.index, [None, None, []])
-                if chunk.id:
-                    entry[0] = chunk.id
-                if chunk.name:
-                    entry[1] = chunk.name
-                if chunk.arguments:
-                    entry[2].append(chunk.arguments)
-            elif type(chunk) is Usage:
-                usage = chunk
-            elif type(chunk) is Finish:
-                finish = chunk
-            elif type(chunk) is Retry:
-                session.append(
-                    ev.RequestRetry,
-                    turn=turn,
-                    step=step,
-                    attempt=chunk.attempt,
-                    delay=chunk.delay,
-                    failure=chunk.failure,
-                )
-
-        try:
-            await self._provider.stream(request, emit)
-        except BaseException as exc:
-            cancelled, failed = split_cancelled(exc)
-            if cancelled is None:
-                if not isinstance(failed, Exception):
-                    raise
-                log.exception("agent %s: model provider %s raised", self.id, self._provider.name)
-                finish = Finish("error", Failure("provider-crashed", f"the model provider raised {failed!r}"))
-            else:
-                if failed is not None:
-                    log.error(
-                        "agent %s: model provider %s raised while cancelled: %r", self.id, self._provider.name, failed
-                    )
-                self._log_partial(turn, step, text, reasoning, usage)
-                if cancelled is exc:
-                    raise
-                raise cancelled from None
-        if finish is None:
-            finish = Finish("error", Failure("no-finish", "the model stream ended without a finish"))
-        if finish.reason == "error" and finish.failure is None:
-            finish = Finish("error", Failure("unknown", "the model reported an error without details"))
-        calls: list[ToolCall] = []
-        if finish.reason != "error":
-            for index in sorted(pieces):
-                call_id, name, args = pieces[index]
-                if not name:
-                    continue
-                calls.append(
-                    _tool_call(id=call_id or f"call-{turn}-{step}-{index}", name=name, arguments="".join(args))
-                )
-        session.append(
-            ev.AssistantMessage,
-            turn=turn,
-            step=step,
-            text="".join(text),
-            reasoning="".join(reasoning),
-            tool_calls=tuple(calls),
-            usage=usage,
-            finish=finish.reason,
-        )
-        return finish, calls
-
-    def _log_partial(self, turn: int, step: int, text: list[str], reasoning: list[str], usage: Usage | None) -> None:
-        """Log what a cancelled stream had produced, as an aborted assistant message."""
-        if text or reasoning:
-            self._session.append(
-                ev.AssistantMessage,
-                turn=turn,
-                step=step,
-                text="".join(text),
-                reasoning="".join(reasoning),
-                usage=usage,
-                finish="aborted",
-            )
+        request = self._request
+        return request.build(request.tools())
