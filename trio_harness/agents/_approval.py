@@ -174,7 +174,7 @@ def _denied_text(name: str, outcome: ApprovalOutcome, message: str | None, *, re
     return f"{text}; message: {message}" if message else text
 
 
-@attrs.define(eq=False, repr=False)
+@attrs.define(eq=False, repr=False, weakref_slot=False)
 class ApprovalGate:
     """One agent's approval: asks its approver before calls that require it, remembers "always".
 

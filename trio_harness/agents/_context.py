@@ -20,8 +20,8 @@ log alone, so a resumed agent decides as a never-restarted one would
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import attrs
 import trio
@@ -30,6 +30,7 @@ from .._errors import AgentDisposedError, CompactionError
 from .._records import Failure, UsageTotals
 from ..model._context import CHARS_PER_TOKEN, tokens_for_chars
 from ..session import _events as ev
+from ._agent import Agent
 from ._budget import OverBudget, budget_failure
 from ._compaction import SummaryFailed, SummaryOverBudget, choose_boundary, summarize
 from ._history import TurnMark
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
     from .._bus import EventBus
     from ..model._protocol import Message, ModelProvider
     from ..session._session import Session
-    from ._agent import Agent
     from ._budget import UsageCounter
     from ._compaction import BudgetCheck, ContextPolicy
     from ._history import History
@@ -50,12 +50,21 @@ __all__ = ["ContextWindow"]
 log = logging.getLogger("trio_harness.agent")
 
 
-@attrs.define(eq=False, repr=False)
+class _Agent(Agent, Protocol):
+    """What the context window reads of its agent."""
+
+    @property
+    def turn(self) -> int:
+        """The number of the latest turn (0 before the first)."""
+        ...
+
+
+@attrs.define(eq=False, repr=False, weakref_slot=False)
 class ContextWindow:
     """The context window of one agent: its estimate, and the compactions that keep it below the threshold.
 
     It reads the next request (its size besides the conversation, its model
-    and settings) and the latest turn of the agent.
+    and settings) and the agent's latest turn.
     """
 
     _session: Session = attrs.field(alias="session")
@@ -64,11 +73,10 @@ class ContextWindow:
     _options: AgentOptions = attrs.field(alias="options")
     _provider: ModelProvider = attrs.field(alias="provider")
     _bus: EventBus = attrs.field(alias="bus")
-    # The agent (its maintenance phase, the source of agent/compaction-failed).
-    _agent: Agent = attrs.field(alias="agent")
+    # The agent (its latest turn, its maintenance phase, the source of agent/compaction-failed).
+    _agent: _Agent = attrs.field(alias="agent")
     # The next request: its characters besides the conversation, its model and settings.
     _request: RequestBuilder = attrs.field(alias="request")
-    _last_turn: Callable[[], int] = attrs.field(alias="last_turn")
     # The cancel scope of agent.compact() while it runs (disposal cancels it).
     _manual_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     # The cancel scope of the automatic compaction running as maintenance between
@@ -86,7 +94,7 @@ class ContextWindow:
             if isinstance(event, ev.TurnStart):
                 break
             if isinstance(event, ev.CompactionFailed):  # since the latest turn: as the agent that logged it decided
-                self._skipped_at = self._last_turn()
+                self._skipped_at = self._agent.turn
                 break
 
     @property
@@ -252,17 +260,17 @@ class ContextWindow:
             if spent.requests:  # cancelled after a summary request completed: what it spent is logged and counts
                 failure = Failure("cancelled", "the compaction was cancelled")
                 session.append(ev.CompactionFailed, reason=reason, failure=failure, turn=turn, usage=spent)
-                self._skipped_at = self._last_turn()
+                self._skipped_at = self._agent.turn
             raise
         except SummaryOverBudget as exc:
             if exc.usage.requests:  # stopped part-way (a token budget): what it spent is logged and counts
                 session.append(ev.CompactionFailed, reason=reason, failure=exc.failure, turn=turn, usage=exc.usage)
-                self._skipped_at = self._last_turn()
+                self._skipped_at = self._agent.turn
             raise  # not started: nothing to log, a resumed agent decides the same from the log
         except SummaryFailed as exc:
             # Logged: its usage counts, and a resumed agent skips as this one does.
             session.append(ev.CompactionFailed, reason=reason, failure=exc.failure, turn=turn, usage=exc.usage)
-            self._skipped_at = self._last_turn()
+            self._skipped_at = self._agent.turn
             raise
         return session.append(
             ev.ContextCompacted,
@@ -314,7 +322,7 @@ class ContextWindow:
         as a never-restarted one would.
         """
         policy = self._options.context
-        if not policy.auto or self._closed or self._skipped_at == self._last_turn():
+        if not policy.auto or self._closed or self._skipped_at == self._agent.turn:
             return False
         window = self.window()
         if window is None:
@@ -356,20 +364,20 @@ class ContextWindow:
             except SummaryOverBudget as exc:
                 # The session's budget cannot afford it: not a failure, as when it is used up already
                 # (a compaction stopped part-way by a token limit is logged, and reported).
-                self._skipped_at = self._last_turn()
+                self._skipped_at = self._agent.turn
                 if exc.usage.requests:
                     log.warning("agent %s: automatic compaction stopped: %s", agent_id, exc)
                     self._bus.emit("agent/compaction-failed", self._agent, error=exc)
                 else:
                     log.debug("agent %s: no automatic compaction: %s", agent_id, exc)
             except Exception as exc:
-                self._skipped_at = self._last_turn()
+                self._skipped_at = self._agent.turn
                 log.warning("agent %s: automatic compaction failed: %s", agent_id, exc)
                 self._bus.emit("agent/compaction-failed", self._agent, error=exc)
             finally:
                 self._auto_scope = None
         if scope.cancelled_caught:
-            self._skipped_at = self._last_turn()
+            self._skipped_at = self._agent.turn
         return self._auto_cancelled
 
     def cancel_maintenance(self) -> None:

@@ -48,7 +48,7 @@ def _aborted_text(cause: CancelCause | None) -> str:
     return f"error: not run: the turn was aborted (cause: {cause or 'cancelled'})"
 
 
-@attrs.define(eq=False, repr=False)
+@attrs.define(eq=False, repr=False, weakref_slot=False)
 class ToolDispatch:
     """One agent's tools: which the next step offers, and running a step's calls."""
 

@@ -17,9 +17,14 @@ closed.
 
 Where is a turn cancelled?  :meth:`ReactAgent.cancel` cancels the activity's
 cancel scope; the ``finally`` blocks of :meth:`_run_turn`, :meth:`_run_step`
-and :meth:`_run_tools` close the turn (synthetic tool results, ``step/end``,
-``turn/end`` with the cause) and flush the session, so the log stays balanced
-whatever interrupted it.
+and ``ToolDispatch.run`` (``_dispatch.py``) close the turn (synthetic tool
+results, ``step/end``, ``turn/end`` with the cause) and flush the session, so
+the log stays balanced whatever interrupted it.
+
+The driver's parts have their own modules: approval (``_approval.py``), tool
+dispatch (``_dispatch.py``), the next request (``_request.py``), the model's
+response (``_model_stream.py``) and the context window with its maintenance
+(``_context.py``).
 """
 
 from __future__ import annotations
@@ -159,9 +164,8 @@ class ReactAgent:
         for event in self._session.events:
             if isinstance(event, ev.TurnStart):
                 self._last_turn = event.turn
-        self._approvals = ApprovalGate(
-            session=self._session, agent=self, approver=self._approver, cause=self._current_cause
-        )
+        cause = self._current_cause
+        self._approvals = ApprovalGate(session=self._session, agent=self, approver=self._approver, cause=cause)
         self._dispatch = ToolDispatch(
             session=self._session,
             agent=self,
@@ -169,7 +173,7 @@ class ReactAgent:
             agents=self._agents,
             options=self._options,
             approvals=self._approvals,
-            cause=self._current_cause,
+            cause=cause,
             shared=self._shared_tools,
         )
         self._request = RequestBuilder(
@@ -188,7 +192,6 @@ class ReactAgent:
             bus=self._bus,
             agent=self,
             request=self._request,
-            last_turn=self._latest_turn,
         )
 
     def __repr__(self) -> str:
@@ -537,9 +540,6 @@ class ReactAgent:
 
     def _current_cause(self) -> CancelCause | None:
         return self._cause
-
-    def _latest_turn(self) -> int:
-        return self._last_turn
 
     def _check_live(self, what: str) -> None:
         """Refuse an operation once disposal started (docs/guarantees.rst, "The driver")."""

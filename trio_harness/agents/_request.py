@@ -25,7 +25,7 @@ __all__ = ["RequestBuilder"]
 _NO_SETTINGS = ModelSettings()
 
 
-@attrs.define(eq=False, repr=False)
+@attrs.define(eq=False, repr=False, weakref_slot=False)
 class RequestBuilder:
     """Builds one agent's next model request.
 
