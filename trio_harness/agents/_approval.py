@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ._agent import Agent
     from ._tools import Tool
 
-__all__ = ["ApprovalDecision", "ApprovalRequest", "Approver", "Verdict", "allow_all"]
+__all__ = ["ApprovalDecision", "ApprovalGate", "ApprovalRequest", "Approver", "Verdict", "allow_all"]
 
 log = logging.getLogger("trio_harness.agent")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import trio
 
+__all__ = ["describe", "split_cancelled"]
+
 
 def split_cancelled(exc: BaseException) -> tuple[BaseException | None, BaseException | None]:
     """Split ``exc`` into (the cancellation part, the rest); either may be None."""
