@@ -1,8 +1,8 @@
 """Session events -> ACP ``session/update`` payloads, and turn ends -> ACP stop reasons.
 
 The live stream of a prompt is the translation of the events of the turn that
-claimed its message (:class:`~trio_harness.agents.TurnWatcher` finds that
-turn; :func:`stop_reason_for` maps how it ended); a ``session/load`` replays a
+claimed its message (``agent.follow``, :class:`~trio_harness.agents.FollowedPrompt`,
+finds that turn; :func:`stop_reason_for` maps how it ended); a ``session/load`` replays a
 whole stored log with :func:`replay_updates`.
 
 Translation table (live):
