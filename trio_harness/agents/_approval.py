@@ -11,6 +11,9 @@ saying that it was denied (docs/approval.rst).
 With no approver configured, a call that requires approval is denied: the
 model's error result and the log's ``approval/decided`` say how to allow it.
 :func:`allow_all` is the explicit way to run every such call unasked.
+
+Each agent holds one ``ApprovalGate``: it asks the approver and remembers the
+session's ``allow_always`` / ``deny_always`` decisions (rebuilt from the log).
 """
 
 from __future__ import annotations

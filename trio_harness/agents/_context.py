@@ -1,6 +1,6 @@
 """One agent's context window: the estimate of the next request, and when to compact it.
 
-:mod:`._compaction` holds the algorithm (the policy record, where to cut, the
+``_compaction.py`` holds the algorithm (the policy record, where to cut, the
 summary requests); this module decides when it runs and records what it did:
 
 * inside a turn, before each step, when the next request would pass

@@ -4,11 +4,10 @@ A step's calls run in the model's order; a run of consecutive
 ``parallel_safe`` calls runs in a nursery, at most
 ``AgentOptions.tool_concurrency`` at a time.  Each call is logged
 (``tool/call-requested``), its arguments validated, asked about when its tool
-requires approval (:class:`~trio_harness.agents._approval.ApprovalGate`), and
-run; the results are logged in the model's order whatever order they finish
-in.  Whatever interrupts the step, the ``finally`` of :meth:`ToolDispatch.run`
-gives every call without a result the synthetic "not run" result, so the log
-stays balanced.
+requires approval (``ApprovalGate``, ``_approval.py``), and run; the results
+are logged in the model's order whatever order they finish in.  Whatever
+interrupts the step, the ``finally`` of ``ToolDispatch.run`` gives every call
+without a result the synthetic "not run" result, so the log stays balanced.
 """
 
 from __future__ import annotations
