@@ -685,7 +685,7 @@ def test_a_plain_record_gets_a_plain_constructor() -> None:
 
 def test_the_records_the_driver_builds_from_checked_values_use_plain_constructors() -> None:
     from trio_harness import _records
-    from trio_harness.agents import _budget, _driver, _history
+    from trio_harness.agents import _budget, _dispatch, _history, _model_stream
     from trio_harness.model._protocol import AssistantMessage as AssistantRecord
     from trio_harness.model._protocol import ToolMessage
     from trio_harness.model._protocol import UserMessage as UserRecord
@@ -698,7 +698,7 @@ def test_the_records_the_driver_builds_from_checked_values_use_plain_constructor
         (_history._turn_mark, _history.TurnMark, {"seq": 3, "index": 1, "chars": 10}),
         (_budget._plain_totals, UsageTotals, {"input_tokens": 1, "output_tokens": 2, "requests": 3}),
         (_records._plain_totals, UsageTotals, {"input_tokens": 1, "cache_hit_tokens": 2, "reasoning_tokens": 4}),
-        (_driver._tool_call, ToolCall, {"id": "c1", "name": "echo", "arguments": "{}"}),
+        (_model_stream._tool_call, ToolCall, {"id": "c1", "name": "echo", "arguments": "{}"}),
     ]
     for construct, cls, fields in cases:
         assert construct is not cls, cls  # a plain constructor, not the class
@@ -712,7 +712,7 @@ def test_the_records_the_driver_builds_from_checked_values_use_plain_constructor
     from trio_harness.agents._tools import ToolContext
 
     given: dict[str, Any] = {"agent": None, "agents": None, "call_id": "c1", "turn": 1, "step": 2}
-    context = _driver._tool_context(**given)
+    context = _dispatch._tool_context(**given)
     assert type(context) is ToolContext
     assert attrs.asdict(context, recurse=False) == attrs.asdict(ToolContext(**given), recurse=False)
 

@@ -608,7 +608,7 @@ PUBLIC_MODULES = frozenset(PUBLIC_PACKAGES)
 
 # Modules that still define ``__all__`` while another change of issue 23 splits
 # them; a stale entry fails, so the list empties as they are merged.
-ALL_ALLOWLIST: frozenset[str] = frozenset({"trio_harness.agents._driver"})
+ALL_ALLOWLIST: frozenset[str] = frozenset()
 
 
 def test_every_public_package_is_pinned() -> None:

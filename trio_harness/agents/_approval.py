@@ -11,17 +11,32 @@ saying that it was denied (docs/approval.rst).
 With no approver configured, a call that requires approval is denied: the
 model's error result and the log's ``approval/decided`` say how to allow it.
 :func:`allow_all` is the explicit way to run every such call unasked.
+
+Each agent holds one ``ApprovalGate``: it asks the approver and remembers the
+session's ``allow_always`` / ``deny_always`` decisions (rebuilt from the log).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, get_args
 
 import attrs
+import trio
+
+from .._util import describe, split_cancelled
+from ..session import _events as ev
 
 if TYPE_CHECKING:
+    from .._records import ToolCall
+    from ..session._events import ApprovalOutcome, CancelCause
+    from ..session._session import Session
     from ._agent import Agent
+    from ._tools import Tool
+
+log = logging.getLogger("trio_harness.agent")
 
 
 Verdict: TypeAlias = Literal["allow_once", "allow_always", "deny", "deny_always"]
@@ -142,3 +157,169 @@ async def allow_all(request: ApprovalRequest) -> ApprovalDecision:
     see docs/approval.rst, "What approval protects against".
     """
     return ApprovalDecision.allow_once()
+
+
+_NO_APPROVER = (
+    "the call to {name!r} requires approval and no approver is configured; to allow such calls, "
+    "pass approver= to open_harness or AgentOptions (trio_harness.allow_all runs every call unasked), "
+    "or turn approval off for bash with bash_tool_options=BashToolOptions(requires_approval=False)"
+)
+
+
+def _denied_text(name: str, outcome: ApprovalOutcome, message: str | None, *, remembered: bool = False) -> str:
+    """The error result of a call that was not approved (docs/approval.rst)."""
+    if remembered:
+        text = f"error: denied: calls to {name!r} were denied for this session, so this call did not run"
+    else:
+        always = " (and later calls of this tool in this session)" if outcome == "deny_always" else ""
+        text = f"error: denied: the call to {name!r}{always} was not approved, so it did not run"
+    return f"{text}; message: {message}" if message else text
+
+
+@attrs.define(eq=False, repr=False, weakref_slot=False)
+class ApprovalGate:
+    """One agent's approval: asks its approver before calls that require it, remembers "always".
+
+    The standing (``allow_always`` / ``deny_always``) decisions are rebuilt
+    from the session's log, so a resumed agent decides as the one that logged
+    them (a fork's copied events excluded).
+    """
+
+    _session: Session = attrs.field(alias="session")
+    # The agent whose calls are asked about (ApprovalRequest.agent).
+    _agent: Agent = attrs.field(alias="agent")
+    # None: calls that require approval are denied.
+    approver: Approver | None
+    # The running turn's cancel cause, recorded when a cancel ends the wait.
+    _cause: Callable[[], CancelCause | None] = attrs.field(alias="cause")
+    # allow_always / deny_always decisions of this session and their messages, per tool name.
+    _standing: dict[str, tuple[ApprovalOutcome, str | None]] = attrs.field(factory=dict, init=False)
+    _warned_no_approver: bool = attrs.field(default=False, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        events = self._session.events
+        for index in range(self._session.header.seed_length, len(events)):
+            event = events[index]
+            if type(event) is ev.ApprovalDecided and event.outcome in ("allow_always", "deny_always"):
+                self._standing[event.name] = (event.outcome, event.message)
+
+    @property
+    def standing_decisions(self) -> dict[str, ApprovalOutcome]:
+        """The ``allow_always`` / ``deny_always`` decisions of this session, by tool name (a copy)."""
+        return {name: outcome for name, (outcome, _) in self._standing.items()}
+
+    async def approve(
+        self,
+        tool: Tool,
+        call: ToolCall,
+        args: dict[str, Any],
+        turn: int,
+        step: int,
+        asked: list[trio.Event] | None,
+        index: int,
+    ) -> str | None:
+        """Decide whether ``call`` runs: None to run it, else the error result to give the model.
+
+        ``asked`` (calls run in parallel) orders the asks: this one waits
+        until every earlier call has had its answer, and sets its own event
+        when done.  Runs in the turn's cancel scope: a cancel or a disposal
+        while waiting raises :class:`trio.Cancelled` here, after
+        ``approval/decided`` records it, and the call gets the synthetic "not
+        run" result of an aborted turn.
+        """
+        session = self._session
+        where = {"turn": turn, "step": step, "call_id": call.id, "name": call.name}
+        try:
+            if asked is not None:
+                for earlier in asked[:index]:  # every earlier call has had its answer
+                    await earlier.wait()
+            try:
+                needed = tool.needs_approval(args)
+            except Exception as exc:
+                log.debug("tool %s: requires_approval raised", call.name, exc_info=True)
+                message = f"deciding whether the call needs approval failed: {describe(exc)}"
+                session.append(ev.ApprovalDecided, **where, outcome="deny", source="error", message=message)
+                return f"error: denied: {message}; the call to {call.name!r} did not run"
+            if not needed:
+                return None
+            standing = self._standing.get(call.name)
+            if standing is not None:
+                outcome, remembered_message = standing
+                session.append(
+                    ev.ApprovalDecided, **where, outcome=outcome, source="remembered", message=remembered_message
+                )
+                if outcome == "allow_always":
+                    return None
+                return _denied_text(call.name, outcome, remembered_message, remembered=True)
+            approver = self.approver
+            if approver is None:
+                # Nobody to ask: denied, saying how to allow it (docs/approval.rst).
+                message = _NO_APPROVER.format(name=call.name)
+                if not self._warned_no_approver:
+                    self._warned_no_approver = True
+                    log.warning("agent %s: %s", session.id, message)
+                session.append(ev.ApprovalDecided, **where, outcome="deny", source="error", message=message)
+                return f"error: denied: {message}; the call did not run"
+            session.append(ev.ApprovalRequested, **where, arguments=call.arguments)
+            request = ApprovalRequest(
+                tool=call.name,
+                arguments=args,
+                raw_arguments=call.arguments,
+                call_id=call.id,
+                agent_id=session.id,
+                turn=turn,
+                step=step,
+                agent=self._agent,
+            )
+            try:
+                decision: object = await approver(request)
+            except BaseException as exc:
+                cancelled, failed = split_cancelled(exc)
+                if cancelled is None:
+                    if not isinstance(failed, Exception):
+                        raise
+                    log.debug("agent %s: the approver raised", session.id, exc_info=True)
+                    message = f"the approver failed: {describe(failed)}"
+                    session.append(ev.ApprovalDecided, **where, outcome="deny", source="error", message=message)
+                    return f"error: denied: approval could not be obtained ({message}); the call did not run"
+                # The wait ended by a cancel or a disposal: the call does not run.
+                note = f"the approver also raised: {describe(failed)}" if failed is not None else None
+                session.append(
+                    ev.ApprovalDecided,
+                    **where,
+                    outcome="cancelled",
+                    source="cancelled",
+                    message=note,
+                    cause=self._cause(),
+                )
+                if cancelled is exc:
+                    raise
+                raise cancelled from None
+            if not isinstance(decision, ApprovalDecision):
+                message = f"the approver returned {type(decision).__name__} {decision!r:.80}, not an ApprovalDecision"
+                session.append(ev.ApprovalDecided, **where, outcome="deny", source="error", message=message)
+                return f"error: denied: approval could not be obtained ({message}); the call did not run"
+            verdict = decision.verdict
+            if trio.current_effective_deadline() == -math.inf:
+                # The decision arrived in the instant the turn was cancelled: the
+                # cancel wins, nothing of the decision applies, and the call ends
+                # "not run" like every call that had not started.
+                late = f"the decision {verdict} arrived after the cancel and was not applied"
+                session.append(
+                    ev.ApprovalDecided,
+                    **where,
+                    outcome="cancelled",
+                    source="cancelled",
+                    message=late,
+                    cause=self._cause(),
+                )
+                await trio.lowlevel.checkpoint()  # raises Cancelled
+            session.append(ev.ApprovalDecided, **where, outcome=verdict, source="approver", message=decision.message)
+            if verdict == "allow_always" or verdict == "deny_always":
+                self._standing[call.name] = (verdict, decision.message)
+            if not decision.allowed:
+                return _denied_text(call.name, verdict, decision.message)
+            return None
+        finally:
+            if asked is not None:
+                asked[index].set()

@@ -86,6 +86,14 @@ _COUNTED: frozenset[type[ev.Event]] = frozenset(
 )
 
 
+class OverBudget(Exception):
+    """Raised inside a step when a budget forbids the next model request; the step ends the turn with it."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
 @attrs.define(eq=False)
 class UsageCounter:
     """The usage totals of a session, folded from its log incrementally."""
@@ -136,3 +144,17 @@ class UsageCounter:
             return t  # nothing that counts was logged since
         self._totals = _plain_totals(tokens_in, tokens_out, cached, reasoning, requests)
         return self._totals
+
+    def over_budget(
+        self, turn_budget: Budget | None, session_budget: Budget | None, turn_start: UsageTotals
+    ) -> Failure | None:
+        """Why the next request must not be made: the turn's or the session's budget is used up (else None).
+
+        ``turn_start`` is the totals when the running turn started.
+        """
+        if turn_budget is None and session_budget is None:
+            return None
+        totals = self.totals
+        return budget_failure(turn_budget, totals - turn_start, "turn") or budget_failure(
+            session_budget, totals, "session"
+        )

@@ -14,10 +14,13 @@ a summary of everything before the boundary (the previous summary included),
 and logs a ``context/compacted`` event.  Requests are then built from the
 system prompt, the summary and the events after the boundary.  The event is
 appended only once the summary is complete: a cancelled compaction compacts
-nothing (the driver logs what its completed summary requests spent).  A
+nothing (the agent logs what its completed summary requests spent).  A
 provider refusing a request as too long triggers one compaction and one retry
 of the step; ``agent.compact()`` runs one on demand, as a maintenance activity
 (docs/long-sessions.rst, "Context-window management").
+
+This module is the algorithm; when it runs, and what is logged, is decided by
+each agent's ``ContextWindow`` (``_context.py``).
 """
 
 from __future__ import annotations

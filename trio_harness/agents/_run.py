@@ -28,6 +28,7 @@ JSON-schema response format, the tool otherwise.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
@@ -158,6 +159,14 @@ class PendingOutput:
             f"Your answer does not match the required JSON schema ({self.error}). "
             "Answer again with only the JSON value, matching the schema exactly."
         )
+
+    def check_turn(self, events: Sequence[ev.Event]) -> str | Failure | None:
+        """:meth:`check` the text of the turn's last assistant message (``events``: the session's)."""
+        for index in range(len(events) - 1, -1, -1):
+            event = events[index]
+            if type(event) is ev.AssistantMessage:
+                return self.check(event.text)
+        return self.check("")
 
     async def _final_answer(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutput:
         if self.valid:
