@@ -56,8 +56,8 @@ from ._options import AgentOptions
 
 if TYPE_CHECKING:
     from .._bus import EventBus
+    from ..session._registry import SessionEntry, SessionRegistry
     from ..session._session import Session
-    from ..session._store import SessionEntry, SessionStore
 
 
 Setup = Callable[["Agent"], Awaitable["Callable[[], None] | None"]]
@@ -115,7 +115,7 @@ class _AgentEntry:
 
 
 def _deliver(agent: Agent, message: InboxMessage) -> None:
-    """Splice a message posted to the agent's session into its inbox (``SessionStore.post``).
+    """Splice a message posted to the agent's session into its inbox (``SessionRegistry.post``).
 
     An agent with ``deliver_posted`` (the built-in loop) acts on it only once
     its splice is stored; another loop gets it through ``send`` and acts at once.
@@ -244,7 +244,7 @@ class AgentRegistry:
     by the factory registered with :meth:`register_factory`.
     """
 
-    _sessions: SessionStore = attrs.field(alias="sessions")
+    _sessions: SessionRegistry = attrs.field(alias="sessions")
     _bus: EventBus = attrs.field(alias="bus")
     _entries: dict[str, _AgentEntry] = attrs.field(factory=dict, init=False)
     _factory: tuple[AgentFactory, Scope] | None = attrs.field(default=None, init=False)

@@ -9,7 +9,7 @@ from ._sandbox import SandboxPolicy, to_policy
 
 
 @attrs.frozen
-class BashOptions:
+class BashRuntimeOptions:
     """Settings of the harness's bash executor: the keyword arguments of
     :func:`~trio_harness.bash.open_bash_executor`, with the same defaults.
 

@@ -12,7 +12,7 @@ not at all.  The writer only appends, batching lines in memory and writing +
 flush that returned is durable even if the process is killed next.
 
 One writer per session: the writer holds an exclusive ``flock`` on the log from
-the moment the log appears (new sessions) or from :meth:`JsonlPersistence.resume`
+the moment the log appears (new sessions) or from :meth:`JsonlStore.resume`
 (before the log is read) until it is closed, so a session live in one process
 cannot be resumed in another.
 
@@ -202,7 +202,7 @@ async def _read_all(fd: int, size: int) -> bytes:
 
 @attrs.define(eq=False)
 class _JsonlWriter:
-    store: JsonlPersistence
+    store: JsonlStore
     header: SessionHeader
     path: Path
     # The encoded header line, written by the first flush of a new session.
@@ -372,7 +372,7 @@ def _make_private_dirs(root: Path) -> None:
 
 
 @attrs.define(eq=False)
-class JsonlPersistence:
+class JsonlStore:
     """Sessions stored as JSONL files in one directory per session under ``root``.
 
     Args:
@@ -689,7 +689,7 @@ class JsonlPersistence:
             if info.st_size > self.max_log_bytes:
                 raise SessionStoreError(
                     f"{path} is {info.st_size:,} bytes, more than the {self.max_log_bytes:,} bytes this store reads "
-                    "(raise JsonlPersistence(max_log_bytes=...) to load it)",
+                    "(raise JsonlStore(max_log_bytes=...) to load it)",
                     path=str(path),
                 )
         except BaseException:

@@ -7,7 +7,7 @@ live one layer up, in :mod:`trio_harness.tools`.
 
 from __future__ import annotations
 
-from ._options import TaskOptions as TaskOptions
+from ._options import TaskRuntimeOptions as TaskRuntimeOptions
 from ._render import TASKS_GUIDANCE as TASKS_GUIDANCE
 from ._service import TaskHooks as TaskHooks
 from ._service import TaskListener as TaskListener

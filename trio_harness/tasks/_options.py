@@ -8,7 +8,7 @@ from ._service import DEFAULT_FINISHED_CAP, DEFAULT_PER_OWNER_CAP
 
 
 @attrs.frozen
-class TaskOptions:
+class TaskRuntimeOptions:
     """Settings of the harness's task service: the keyword arguments of
     :func:`~trio_harness.tasks.open_task_service`, with the same defaults.
 
