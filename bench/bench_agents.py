@@ -71,7 +71,7 @@ from trio_harness import (
     Agent,
     AgentOptions,
     Harness,
-    JsonlPersistence,
+    JsonlStore,
     ScriptedModel,
     Tool,
     ToolContext,
@@ -169,7 +169,7 @@ class InstantModel:
             emit(Finish("tool-calls"))
 
 
-def _open(model: Any, store: str | JsonlPersistence = ":memory:") -> Any:
+def _open(model: Any, store: str | JsonlStore = ":memory:") -> Any:
     return open_harness(model=model, store=store, builtin_tools=False)
 
 
@@ -356,7 +356,7 @@ async def measure_jsonl(batch: int = JSONL_BATCH, batches: int = JSONL_BATCHES) 
         result.fsync_us = await _raw_fsync(root, FSYNC_ROUNDS)
     with tempfile.TemporaryDirectory(prefix="bench-agents-") as root:
         model = ScriptedModel([])
-        async with _open(model, store=JsonlPersistence(root, fsync=False)) as harness:
+        async with _open(model, store=JsonlStore(root, fsync=False)) as harness:
             harness.tools.add(ECHO)
             handle = await harness.agents.create()
             for index in range(batches + 1):

@@ -6,9 +6,9 @@ Figures:
   a flush (``write`` + ``fsync``) every 15 events: the event mix of one
   tool-calling turn (target >= 100,000 events/s);
 * the same without ``fsync``, to separate the CPU cost from the disk's;
-* the time to resume (:meth:`SessionStore.prepare_resume`) a stored
+* the time to resume (:meth:`SessionRegistry.prepare_resume`) a stored
   100,000-event session (target < 1.0 s);
-* the PostgreSQL store (:class:`PostgresPersistence`), on
+* the PostgreSQL store (:class:`PostgresStore`), on
   ``$TRIO_HARNESS_POSTGRES_URL`` or a throwaway local cluster with default
   durability: appends per second with a flush every 100 events (target >=
   40,000 events/s), the resume of a 100,000-event session (target < 1.5 s),
@@ -43,7 +43,7 @@ from typing import Any
 import trio
 
 from trio_harness.model._protocol import ToolCall, Usage
-from trio_harness.session import JsonlPersistence, Session, SessionStore, encode_event
+from trio_harness.session import JsonlStore, Session, SessionRegistry, encode_event
 from trio_harness.session._events import (
     AssistantChunk,
     AssistantMessage,
@@ -132,7 +132,7 @@ def fill(session: Session, turns: int, first_turn: int = 1) -> None:
 
 async def appends_per_second(directory: Path, *, fsync: bool, inline_fsync: bool = False) -> float:
     """Events/s appended with a flush after every turn (15 events)."""
-    store = SessionStore(JsonlPersistence(directory, fsync=fsync, inline_fsync=inline_fsync))
+    store = SessionRegistry(JsonlStore(directory, fsync=fsync, inline_fsync=inline_fsync))
     session = await store.prepare_new("bench-append", cwd="/bench")
     entry = store.enter(session)
     turns = APPEND_EVENTS // TURN_LENGTH
@@ -154,8 +154,8 @@ async def appends_per_second(directory: Path, *, fsync: bool, inline_fsync: bool
 
 async def resume_seconds(directory: Path) -> tuple[float, int]:
     """Seconds to resume a stored 100,000-event session; returns (seconds, bytes)."""
-    persistence = JsonlPersistence(directory, fsync=False)
-    writer_store = SessionStore(persistence)
+    persistence = JsonlStore(directory, fsync=False)
+    writer_store = SessionRegistry(persistence)
     session = await writer_store.prepare_new("bench-load", cwd="/bench")
     entry = writer_store.enter(session)
     fill(session, LOAD_EVENTS // TURN_LENGTH)
@@ -166,7 +166,7 @@ async def resume_seconds(directory: Path) -> tuple[float, int]:
 
     best = float("inf")
     for _ in range(3):
-        store = SessionStore(JsonlPersistence(directory))
+        store = SessionRegistry(JsonlStore(directory))
         started = time.perf_counter()
         resumed = await store.prepare_resume("bench-load")
         best = min(best, time.perf_counter() - started)
@@ -247,11 +247,11 @@ def raw_appends(dsn: str, schema: str, lines: list[str]) -> float:
 
 _HOLDER = """
 import sys, trio
-from trio_harness.session import PostgresPersistence, SessionStore
+from trio_harness.session import PostgresStore, SessionRegistry
 
 async def main(dsn, schema, session_id):
-    async with PostgresPersistence(dsn, schema=schema) as store:
-        session = await SessionStore(store).prepare_resume(session_id)
+    async with PostgresStore(dsn, schema=schema) as store:
+        session = await SessionRegistry(store).prepare_resume(session_id)
         print("held", flush=True)
         await trio.sleep_forever()
 
@@ -260,15 +260,15 @@ trio.run(main, *sys.argv[1:4])
 
 
 async def postgres_figures(dsn: str) -> dict[str, float]:
-    from trio_harness.session import PostgresPersistence
+    from trio_harness.session import PostgresStore
 
     schema = f"bench_{uuid.uuid4().hex[:8]}"
-    persistence = PostgresPersistence(dsn, schema=schema)
+    persistence = PostgresStore(dsn, schema=schema)
     await persistence.check()
     figures: dict[str, float] = {}
     async with persistence:
         # Appends: a flush every 100 events, the tool-calling turn mix.
-        store = SessionStore(persistence)
+        store = SessionRegistry(persistence)
         session = await store.prepare_new("bench-append", cwd="/bench")
         entry = store.enter(session)
         mix = [step for turn in range(1, POSTGRES_BATCH // TURN_LENGTH + 2) for step in turn_events(turn)]
@@ -311,7 +311,7 @@ async def postgres_figures(dsn: str) -> dict[str, float]:
         await store.detach(entry)
 
     # Takeover after kill -9 of the holder (another process).
-    taker = PostgresPersistence(dsn, schema=schema, lock_timeout=5.0)
+    taker = PostgresStore(dsn, schema=schema, lock_timeout=5.0)
     takeovers = []
     async with taker:
         for _ in range(TAKEOVERS):
@@ -324,7 +324,7 @@ async def postgres_figures(dsn: str) -> dict[str, float]:
                     raise RuntimeError("the holder process did not take the session")
                 holder.send_signal(signal.SIGKILL)
                 killed = time.perf_counter()
-                sessions = SessionStore(taker)
+                sessions = SessionRegistry(taker)
                 taken = await sessions.prepare_resume("bench-takeover")
                 takeovers.append(time.perf_counter() - killed)
                 await sessions.discard(taken)
@@ -378,7 +378,7 @@ async def bench(directory: str | None = None) -> list[dict[str, object]]:
             "target": ">= 100,000 events/s",
         },
         {
-            "figure": "  the same with JsonlPersistence(inline_fsync=True) (fsync on the loop's thread)",
+            "figure": "  the same with JsonlStore(inline_fsync=True) (fsync on the loop's thread)",
             "value": round(inline),
             "unit": "events/s",
             "target": ">= 100,000 events/s",

@@ -28,7 +28,7 @@ import trio
 
 from trio_harness import ScriptedModel, Tool, ToolContext, open_harness
 from trio_harness import events as ev
-from trio_harness.session import JsonlPersistence
+from trio_harness.session import JsonlStore
 
 SESSION_ID = "crash-demo"
 
@@ -93,7 +93,7 @@ def show_file(path: Path) -> None:
 async def main() -> None:
     with tempfile.TemporaryDirectory(prefix="trio-harness-crash-") as store:
         await run_writer_and_kill(store)
-        show_file(JsonlPersistence(Path(store)).path_of(SESSION_ID))
+        show_file(JsonlStore(Path(store)).path_of(SESSION_ID))
 
         model = ScriptedModel([{"text": "Tagged v1.0."}, {"text": "Deploy it again? Say so."}])
         async with (

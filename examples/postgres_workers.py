@@ -50,18 +50,18 @@ def emit(**fields: Any) -> None:
 
 async def worker(name: str, dsn: str, schema: str, role: str) -> None:
     """``role`` is ``create`` (make the session) or ``takeover`` (wait for it to be free)."""
-    from trio_harness.session import PostgresPersistence, SessionStore
+    from trio_harness.session import PostgresStore, SessionRegistry
 
     model = ScriptedModel([{"text": f"{name} answering #{n}"} for n in range(1, 20)])
-    store = PostgresPersistence(dsn, schema=schema, lock_timeout=10.0)
+    store = PostgresStore(dsn, schema=schema, lock_timeout=10.0)
     stdin = trio.lowlevel.FdStream(os.dup(0))
     async with open_harness(model=model, store=store, builtin_tools=False) as harness:
         if role == "create":
             handle = await harness.agents.create(session_id=SESSION_ID)
         else:
-            async with PostgresPersistence(dsn, schema=schema) as probe:  # lock_timeout=0: refuse at once
+            async with PostgresStore(dsn, schema=schema) as probe:  # lock_timeout=0: refuse at once
                 try:
-                    await SessionStore(probe).prepare_resume(SESSION_ID)
+                    await SessionRegistry(probe).prepare_resume(SESSION_ID)
                 except SessionLockedError as exc:
                     emit(refused=str(exc).split(" (")[0])
             await stdin.receive_some()  # the parent says: A is gone
@@ -180,10 +180,10 @@ async def start(name: str, dsn: str, schema: str, role: str) -> Worker:
 
 
 async def demo(dsn: str) -> None:
-    from trio_harness.session import PostgresPersistence
+    from trio_harness.session import PostgresStore
 
     schema = f"demo_{os.getpid()}"
-    store = PostgresPersistence(dsn, schema=schema)
+    store = PostgresStore(dsn, schema=schema)
     await store.check()  # creates the tables (every worker may run it: it is idempotent)
     a = await start("A", dsn, schema, "create")
     workers = [a]

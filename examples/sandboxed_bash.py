@@ -1,4 +1,4 @@
-"""Sandboxed bash: ``BashOptions(sandbox=SandboxPolicy())`` confines the model's commands.
+"""Sandboxed bash: ``BashRuntimeOptions(sandbox=SandboxPolicy())`` confines the model's commands.
 
 What it shows (the model is scripted, the commands are real and run under
 bubblewrap, ``bwrap``):
@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 
-from trio_harness import BashOptions, ScriptedModel, allow_all, open_harness
+from trio_harness import BashRuntimeOptions, ScriptedModel, allow_all, open_harness
 from trio_harness import events as ev
 from trio_harness.bash import SandboxPolicy, SandboxUnavailableError
 
@@ -55,7 +55,7 @@ async def main() -> None:
             {"text": "The build log is written; the rest was refused by the sandbox."},
         ]
     )
-    options = BashOptions(sandbox=SandboxPolicy(network=False))
+    options = BashRuntimeOptions(sandbox=SandboxPolicy(network=False))
     with tempfile.TemporaryDirectory(prefix="sandboxed-bash-") as project:
         try:
             # allow_all: the sandbox, not a question, is what confines these commands.

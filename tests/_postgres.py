@@ -38,7 +38,7 @@ import pytest
 if TYPE_CHECKING:
     import psycopg
 
-    from trio_harness.session import PostgresPersistence
+    from trio_harness.session import PostgresStore
 
 SERVER_MISSING = (
     "PostgreSQL server binaries (initdb, pg_ctl) were not found under /usr/lib/postgresql/*/bin or on PATH; "
@@ -431,11 +431,11 @@ def schema() -> str:
 
 
 @pytest.fixture
-async def store(postgres_cluster: Cluster, schema: str) -> AsyncIterator[PostgresPersistence]:
+async def store(postgres_cluster: Cluster, schema: str) -> AsyncIterator[PostgresStore]:
     """A checked PostgreSQL store on the shared cluster, in its own schema, open for the test."""
-    from trio_harness.session import PostgresPersistence
+    from trio_harness.session import PostgresStore
 
-    persistence = PostgresPersistence(postgres_cluster.dsn(), schema=schema)
+    persistence = PostgresStore(postgres_cluster.dsn(), schema=schema)
     await persistence.check()
     async with persistence:
         yield persistence
@@ -475,7 +475,7 @@ async def _worker(command: str, dsn: str, schema: str, session_id: str, options:
 
     from trio_harness import SessionLockedError, SessionStoreError, open_harness
     from trio_harness.model import ScriptedModel
-    from trio_harness.session import PostgresPersistence
+    from trio_harness.session import PostgresStore
     from trio_harness.session import _events as ev
 
     settings: dict[str, float] = {}
@@ -483,7 +483,7 @@ async def _worker(command: str, dsn: str, schema: str, session_id: str, options:
         if option.startswith("--") and "=" in option:
             name, value = option[2:].split("=", 1)
             settings[name] = float(value)
-    persistence = PostgresPersistence(
+    persistence = PostgresStore(
         dsn,
         schema=schema,
         lock_timeout=settings.get("lock-timeout", 0.0),

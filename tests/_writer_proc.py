@@ -20,7 +20,7 @@ from typing import Any
 import trio
 
 from trio_harness.model._protocol import ToolCall, Usage
-from trio_harness.session import JsonlPersistence, SessionStore
+from trio_harness.session import JsonlStore, SessionRegistry
 from trio_harness.session._events import (
     AssistantMessage,
     Event,
@@ -73,7 +73,7 @@ def expected_event(index: int) -> Event:
 
 
 async def main(root: str, session_id: str, every: int, limit: int | None) -> None:
-    store = SessionStore(JsonlPersistence(root), clock=lambda: TS)
+    store = SessionRegistry(JsonlStore(root), clock=lambda: TS)
     session = await store.prepare_new(session_id, cwd="/")
     store.enter(session)
     count = 0

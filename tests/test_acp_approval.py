@@ -22,7 +22,7 @@ from _acp_clients import run_python_client, tool_ends
 from _util import WAIT
 
 from trio_harness.acp._jsonrpc import OutgoingRequests, PeerGoneError, Response
-from trio_harness.session import JsonlPersistence
+from trio_harness.session import JsonlStore
 from trio_harness.session import _events as ev
 
 pytest.importorskip("acp")
@@ -110,7 +110,7 @@ async def run_client(tmp_path: Path, mode: str, responses: list[dict[str, Any]])
 
 
 async def stored(tmp_path: Path, session_id: str) -> tuple[ev.Event, ...]:
-    return (await JsonlPersistence(tmp_path / "store").load(session_id)).events
+    return (await JsonlStore(tmp_path / "store").load(session_id)).events
 
 
 def decisions(events: tuple[ev.Event, ...]) -> list[tuple[str, str]]:
@@ -253,7 +253,7 @@ async def test_a_disconnect_during_the_request_ends_it_as_cancelled(tmp_path: Pa
             await stdout.aclose()
             await stdin.aclose()
     assert not (tmp_path / "out.txt").exists()
-    events = (await JsonlPersistence(store).load(session_id)).events
+    events = (await JsonlStore(store).load(session_id)).events
     (decided,) = [e for e in events if isinstance(e, ev.ApprovalDecided)]
     assert (decided.outcome, decided.source, decided.cause) == ("cancelled", "cancelled", "disposed")
     end = events[-1]

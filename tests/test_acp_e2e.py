@@ -16,13 +16,13 @@ from _acp_clients import Msg, conversation, open_server, tool_ends, tool_statuse
 from _util import WAIT
 
 from trio_harness.acp._modes import mode_state
-from trio_harness.session import JsonlPersistence
+from trio_harness.session import JsonlStore
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced
 
 
 async def stored_events(store: Path, session_id: str) -> tuple[ev.Event, ...]:
-    loaded = await JsonlPersistence(store).load(session_id)
+    loaded = await JsonlStore(store).load(session_id)
     return loaded.events
 
 
@@ -344,7 +344,7 @@ async def test_disconnect_racing_session_new_leaves_a_clean_store(tmp_path: Path
         await client.send(new)
         await client.close_input()
         assert await client.wait_exit() == 0
-    for header in await JsonlPersistence(tmp_path / "store").list():
+    for header in await JsonlStore(tmp_path / "store").list():
         assert_balanced(await stored_events(tmp_path / "store", header.id))
 
 

@@ -403,9 +403,9 @@ async def test_harness_exit_disposes_everything_and_flushes(tmp_path: Path, auto
         handle.agent.followup("go")
         await trio.testing.wait_all_tasks_blocked()
     assert handle.disposed
-    from trio_harness.session import JsonlPersistence
+    from trio_harness.session import JsonlStore
 
-    loaded = await JsonlPersistence(tmp_path).load("left-running")
+    loaded = await JsonlStore(tmp_path).load("left-running")
     end = loaded.events[-1]
     assert isinstance(end, ev.TurnEnd) and end.cause == "disposed"
 

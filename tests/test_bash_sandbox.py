@@ -26,7 +26,7 @@ import pytest
 import trio
 from _util import NEEDS_BUBBLEWRAP
 
-from trio_harness import BashOptions, BashToolOptions, ScriptedModel
+from trio_harness import BashRuntimeOptions, BashToolOptions, ScriptedModel
 from trio_harness.bash import (
     BashError,
     BashExecutor,
@@ -444,7 +444,7 @@ async def test_the_tool_says_it_is_sandboxed_and_writes_only_the_session_directo
     ]
     model = ScriptedModel([{"tool_calls": calls}, {"text": "done"}])
     unasked = BashToolOptions(requires_approval=False)
-    sandboxed = BashOptions(sandbox=True)
+    sandboxed = BashRuntimeOptions(sandbox=True)
     async with open_test_harness(
         model, builtin_tools=["bash", "tasks"], bash_options=sandboxed, bash_tool_options=unasked
     ) as h:

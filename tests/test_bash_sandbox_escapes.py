@@ -27,7 +27,7 @@ from _sandbox_attacks import ATTACKS, SECRET, run_attacks
 from _util import NEEDS_BUBBLEWRAP
 
 import trio_harness
-from trio_harness import BashOptions, BashToolOptions, ScriptedModel
+from trio_harness import BashRuntimeOptions, BashToolOptions, ScriptedModel
 from trio_harness.bash import (
     BashError,
     BashExecutor,
@@ -227,7 +227,7 @@ async def test_the_session_store_is_hidden_from_the_bash_tool(tmp_path: Path, ou
             model,
             store=str(store),
             builtin_tools=["bash", "tasks"],
-            bash_options=BashOptions(sandbox=policy),
+            bash_options=BashRuntimeOptions(sandbox=policy),
             bash_tool_options=BashToolOptions(requires_approval=False),
         ) as harness:
             async with harness.agents.open(cwd=str(tmp_path)) as agent:

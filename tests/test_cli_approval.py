@@ -17,7 +17,7 @@ import pytest
 import trio
 from _util import APPROVAL_PROMPT, WAIT, cli_on_a_terminal
 
-from trio_harness.session import JsonlPersistence
+from trio_harness.session import JsonlStore
 from trio_harness.session import _events as ev
 
 PROMPT = APPROVAL_PROMPT
@@ -46,7 +46,7 @@ def written(tmp_path: Path) -> str | None:
 
 
 async def decisions(store: Path) -> list[tuple[str, str, str | None]]:
-    persistence = JsonlPersistence(store)
+    persistence = JsonlStore(store)
     (header,) = await persistence.list()
     events = (await persistence.load(header.id)).events
     return [(e.outcome, e.source, e.message) for e in events if isinstance(e, ev.ApprovalDecided)]

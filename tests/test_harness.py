@@ -11,7 +11,7 @@ import attrs
 import pytest
 import trio
 
-from trio_harness import BashOptions, ScriptedModel, SubagentOptions, TaskOptions, TaskToolOptions, open_harness
+from trio_harness import BashRuntimeOptions, ScriptedModel, SubagentOptions, TaskRuntimeOptions, TaskToolOptions, open_harness
 from trio_harness._bus import Notice
 from trio_harness.agents import ToolSet
 from trio_harness.bash import open_bash_executor
@@ -109,8 +109,8 @@ async def test_settings_records_configure_each_service_and_plugin() -> None:
     async with open_harness(
         model=ScriptedModel([]),
         teardown_timeout=7,
-        bash_options=BashOptions(grace_period=0.5, max_timeout=60.0),
-        task_options=TaskOptions(finished_cap=4),
+        bash_options=BashRuntimeOptions(grace_period=0.5, max_timeout=60.0),
+        task_options=TaskRuntimeOptions(finished_cap=4),
         task_tool_options=TaskToolOptions(quiet=True, output_limit_bytes=500),
         subagent_options=SubagentOptions(max_depth=1, child_tools=["task_list"]),
     ) as h:
@@ -122,7 +122,7 @@ async def test_settings_records_configure_each_service_and_plugin() -> None:
         assert (task_tools.quiet, task_tools.output_limit_bytes, task_tools.wake_budget) == (True, 500, 3)
         assert (subagent.max_depth, subagent.child_tools, subagent.tasks) == (1, ["task_list"], h.tasks)
         assert isinstance(plugins["bash"], BashToolPlugin) and plugins["bash"].bash is h.bash
-    async with open_harness(builtin_tools=False, task_options=TaskOptions(teardown_timeout=2.5)) as h:
+    async with open_harness(builtin_tools=False, task_options=TaskRuntimeOptions(teardown_timeout=2.5)) as h:
         assert h.tasks.teardown_timeout == 2.5
 
 
@@ -134,8 +134,8 @@ async def test_settings_given_as_dicts_are_converted() -> None:
 @pytest.mark.parametrize(
     ("parameter", "kind"),
     [
-        ("bash_options", "BashOptions"),
-        ("task_options", "TaskOptions"),
+        ("bash_options", "BashRuntimeOptions"),
+        ("task_options", "TaskRuntimeOptions"),
         ("task_tool_options", "TaskToolOptions"),
         ("subagent_options", "SubagentOptions"),
     ],
@@ -163,8 +163,8 @@ def _defaults(fn: Callable[..., object], skip: tuple[str, ...] = ()) -> dict[str
 def test_settings_records_match_what_they_configure() -> None:
     """Each record has the fields and defaults of the function or plugin it configures (no drift)."""
     # session_root is the harness's to pass (its store's root), not a setting.
-    assert attrs.asdict(BashOptions(), recurse=False) == _defaults(open_bash_executor, skip=("session_root",))
-    assert attrs.asdict(TaskOptions()) == {**_defaults(open_task_service), "teardown_timeout": None}
+    assert attrs.asdict(BashRuntimeOptions(), recurse=False) == _defaults(open_bash_executor, skip=("session_root",))
+    assert attrs.asdict(TaskRuntimeOptions()) == {**_defaults(open_task_service), "teardown_timeout": None}
     unset: Any = None  # the services are not settings
     plugins = (
         (TaskToolOptions(), TaskToolsPlugin(unset, ToolSet())),

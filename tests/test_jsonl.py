@@ -41,9 +41,9 @@ from trio_harness.model._protocol import ToolCall
 from trio_harness.model._scripted import ScriptedModel
 from trio_harness.session import (
     FORMAT_VERSION,
-    JsonlPersistence,
+    JsonlStore,
     SessionHeader,
-    SessionStore,
+    SessionRegistry,
     _jsonl,
     decode_event,
     encode_event,
@@ -96,7 +96,7 @@ def turn_steps(turn: int, calls: int = 1) -> list[Step]:
     return steps
 
 
-async def write_log(persistence: JsonlPersistence, events: list[Event], session_id: str = "s1") -> Path:
+async def write_log(persistence: JsonlStore, events: list[Event], session_id: str = "s1") -> Path:
     """Write a new session through the writer (one flush); returns the log path."""
     writer = await persistence.open_writer(header(session_id))
     for event in events:
@@ -116,20 +116,20 @@ def snapshot(root: Path) -> dict[str, tuple[bytes, int] | None]:
 
 
 @pytest.fixture
-def persistence(tmp_path: Path) -> JsonlPersistence:
-    return JsonlPersistence(tmp_path / "root")
+def persistence(tmp_path: Path) -> JsonlStore:
+    return JsonlStore(tmp_path / "root")
 
 
 # ------------------------------------------------------------------ layout
 
 
-async def test_no_file_or_directory_before_the_first_flush(persistence: JsonlPersistence) -> None:
+async def test_no_file_or_directory_before_the_first_flush(persistence: JsonlStore) -> None:
     writer = await persistence.open_writer(header())
     await writer.flush()  # nothing written: nothing created
     assert not persistence.root.exists()
     assert not await persistence.exists("s1")
 
-    store = SessionStore(persistence, clock=fixed_clock)
+    store = SessionRegistry(persistence, clock=fixed_clock)
     session = await store.prepare_new("s2")
     entry = store.enter(session)
     session.append(TurnStart, turn=1)  # buffered, not flushed
@@ -142,8 +142,8 @@ async def test_no_file_or_directory_before_the_first_flush(persistence: JsonlPer
 
 
 async def test_a_flush_in_a_cancelled_scope_raises_cancelled_and_writes_nothing(tmp_path: Path) -> None:
-    persistence = JsonlPersistence(tmp_path, fsync=False)
-    store = SessionStore(persistence, clock=fixed_clock)
+    persistence = JsonlStore(tmp_path, fsync=False)
+    store = SessionRegistry(persistence, clock=fixed_clock)
     session = await store.prepare_new("s1")
     entry = store.enter(session)
     session.append(TurnStart, turn=1)
@@ -164,8 +164,8 @@ async def test_overlapping_flushes_write_their_batches_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The first flush waits for its fsync in a worker thread; a second flush meanwhile waits for it.
-    persistence = JsonlPersistence(tmp_path)
-    store = SessionStore(persistence, clock=fixed_clock)
+    persistence = JsonlStore(tmp_path)
+    store = SessionRegistry(persistence, clock=fixed_clock)
     session = await store.prepare_new("s1")
     entry = store.enter(session)
     session.append(TurnStart, turn=1)
@@ -199,7 +199,7 @@ async def test_overlapping_flushes_write_their_batches_in_order(
     await store.detach(entry)
 
 
-async def test_the_log_is_a_header_line_then_one_event_per_line(persistence: JsonlPersistence) -> None:
+async def test_the_log_is_a_header_line_then_one_event_per_line(persistence: JsonlStore) -> None:
     events = build(turn_steps(1, calls=2) + turn_steps(2))
     path = await write_log(persistence, events)
     assert path == persistence.root / "s1" / LOG_NAME
@@ -226,8 +226,8 @@ async def test_the_log_is_a_header_line_then_one_event_per_line(persistence: Jso
     assert (loaded.dropped_tail, loaded.valid_length) == (0, len(data))
 
 
-async def test_the_writer_only_appends(persistence: JsonlPersistence) -> None:
-    store = SessionStore(persistence, clock=fixed_clock)
+async def test_the_writer_only_appends(persistence: JsonlStore) -> None:
+    store = SessionRegistry(persistence, clock=fixed_clock)
     session = await store.prepare_new("s1")
     entry = store.enter(session)
     path = persistence.path_of("s1")
@@ -258,13 +258,13 @@ async def test_the_writer_only_appends(persistence: JsonlPersistence) -> None:
 
 async def test_flush_without_fsync_writes_the_same_bytes(tmp_path: Path) -> None:
     events = build(turn_steps(1))
-    synced = await write_log(JsonlPersistence(tmp_path / "a"), events)
-    unsynced = await write_log(JsonlPersistence(tmp_path / "b", fsync=False), events)
+    synced = await write_log(JsonlStore(tmp_path / "a"), events)
+    unsynced = await write_log(JsonlStore(tmp_path / "b", fsync=False), events)
     assert synced.read_bytes() == unsynced.read_bytes()
 
 
-async def test_a_lone_surrogate_does_not_poison_the_writer(persistence: JsonlPersistence) -> None:
-    store = SessionStore(persistence, clock=fixed_clock)
+async def test_a_lone_surrogate_does_not_poison_the_writer(persistence: JsonlStore) -> None:
+    store = SessionRegistry(persistence, clock=fixed_clock)
     session = await store.prepare_new("s1")
     entry = store.enter(session)
     session.append(TurnStart, turn=1)
@@ -279,14 +279,14 @@ async def test_a_second_writer_of_the_same_log_is_refused_at_prepare(tmp_path: P
     # Two stores over one root stand for two processes (flock is per open file);
     # the real second process is in test_a_session_live_in_another_process_cannot_be_resumed.
     root = tmp_path / "root"
-    await write_log(JsonlPersistence(root), build(turn_steps(1)))
-    first = SessionStore(JsonlPersistence(root), clock=fixed_clock)
-    second = SessionStore(JsonlPersistence(root), clock=fixed_clock)
+    await write_log(JsonlStore(root), build(turn_steps(1)))
+    first = SessionRegistry(JsonlStore(root), clock=fixed_clock)
+    second = SessionRegistry(JsonlStore(root), clock=fixed_clock)
     a = await first.prepare_resume("s1")
     # Refused before publication, before any flush of the first writer.
     with pytest.raises(SessionLockedError, match="live in another process") as info:
         await second.prepare_resume("s1")
-    assert isinstance(info.value, SessionExistsError) and info.value.path == str(JsonlPersistence(root).path_of("s1"))
+    assert isinstance(info.value, SessionExistsError) and info.value.path == str(JsonlStore(root).path_of("s1"))
     entry_a = first.enter(a)
     for cls, fields in turn_steps(2):
         a.append(cls, **fields)
@@ -298,9 +298,9 @@ async def test_a_second_writer_of_the_same_log_is_refused_at_prepare(tmp_path: P
     await first.discard(c)
 
 
-async def test_a_prepared_resume_in_this_process_holds_the_session(persistence: JsonlPersistence) -> None:
+async def test_a_prepared_resume_in_this_process_holds_the_session(persistence: JsonlStore) -> None:
     await write_log(persistence, build(turn_steps(1)))
-    store = SessionStore(persistence, clock=fixed_clock)
+    store = SessionRegistry(persistence, clock=fixed_clock)
     held = await store.prepare_resume("s1")  # prepared, not live yet (setup running)
     with pytest.raises(SessionLockedError, match="being resumed in this process"):
         await store.prepare_resume("s1")
@@ -308,7 +308,7 @@ async def test_a_prepared_resume_in_this_process_holds_the_session(persistence: 
     await store.discard(await store.prepare_resume("s1"))
 
 
-async def test_a_new_session_never_overwrites_a_stored_one(persistence: JsonlPersistence) -> None:
+async def test_a_new_session_never_overwrites_a_stored_one(persistence: JsonlStore) -> None:
     path = await write_log(persistence, build(turn_steps(1)))
     before = path.read_bytes()
     writer = await persistence.open_writer(header())
@@ -320,7 +320,7 @@ async def test_a_new_session_never_overwrites_a_stored_one(persistence: JsonlPer
 
 
 async def test_save_writes_a_whole_session_atomically_and_refuses_to_overwrite(
-    persistence: JsonlPersistence,
+    persistence: JsonlStore,
 ) -> None:
     events = build(turn_steps(1))
     await persistence.save(header("forked", parent_session="s0", seed_length=len(events)), events)
@@ -335,7 +335,7 @@ async def test_save_writes_a_whole_session_atomically_and_refuses_to_overwrite(
 
 
 async def test_list_returns_readable_headers_and_skips_damaged_ones(
-    persistence: JsonlPersistence, caplog: pytest.LogCaptureFixture
+    persistence: JsonlStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     await write_log(persistence, build(turn_steps(1)), "b")
     await persistence.save(SessionHeader(id="a", created_at=TS - 5), [])
@@ -349,7 +349,7 @@ async def test_list_returns_readable_headers_and_skips_damaged_ones(
     caplog.set_level(logging.WARNING, logger="trio_harness.session.jsonl")
     assert [h.id for h in (await persistence.list())] == ["a", "b"]
     assert any("bad" in r.getMessage() for r in caplog.records)
-    assert (await JsonlPersistence(persistence.root / "missing").list()) == []
+    assert (await JsonlStore(persistence.root / "missing").list()) == []
 
 
 # ------------------------------------------------------------------ ids
@@ -377,7 +377,7 @@ def test_escaping_is_one_to_one_and_stays_a_single_safe_name(session_id: str) ->
     assert "/" not in name and "\x00" not in name and not name.startswith(".")
     assert len(name.encode()) <= 255
     root = Path("/store/root")
-    path = JsonlPersistence(root).path_of(session_id)
+    path = JsonlStore(root).path_of(session_id)
     assert path.parent.parent == root and path.parent.name == name
 
 
@@ -407,7 +407,7 @@ def test_escaped_names_are_never_hidden_or_relative(session_id: str, name: str) 
 
 
 @pytest.mark.parametrize(("a", "b"), [("A", "%41"), ("a b", "a%20b"), ("é", "%C3%A9"), ("a", "A"), ("-", "%2D")])
-async def test_lookalike_ids_get_separate_directories(persistence: JsonlPersistence, a: str, b: str) -> None:
+async def test_lookalike_ids_get_separate_directories(persistence: JsonlStore, a: str, b: str) -> None:
     await write_log(persistence, build(turn_steps(1)), a)
     await write_log(persistence, build(turn_steps(1) + turn_steps(2)), b)
     assert len((await persistence.load(a)).events) == len(turn_steps(1))
@@ -417,7 +417,7 @@ async def test_lookalike_ids_get_separate_directories(persistence: JsonlPersiste
 
 @pytest.mark.parametrize("session_id", ["/", "a/b", "..", ".", "a\x00b", "", "../../etc", "a\\b", "x" * 201, "\ud800"])
 async def test_ids_that_could_escape_the_root_are_rejected(
-    persistence: JsonlPersistence, tmp_path: Path, session_id: str
+    persistence: JsonlStore, tmp_path: Path, session_id: str
 ) -> None:
     with pytest.raises(InvalidSessionIdError):
         persistence.path_of(session_id)
@@ -428,7 +428,7 @@ async def test_ids_that_could_escape_the_root_are_rejected(
     with pytest.raises(InvalidSessionIdError):
         await persistence.open_writer(SessionHeader(id=session_id, created_at=TS))
     with pytest.raises(InvalidSessionIdError):
-        await SessionStore(persistence).prepare_new(session_id)
+        await SessionRegistry(persistence).prepare_new(session_id)
     assert sorted(os.listdir(tmp_path)) == []
 
 
@@ -441,7 +441,7 @@ def test_an_id_escaping_to_a_too_long_name_is_rejected() -> None:
 
 
 async def test_a_torn_last_line_is_dropped_and_cut_off_before_the_next_append(
-    persistence: JsonlPersistence,
+    persistence: JsonlStore,
 ) -> None:
     events = build(turn_steps(1) + turn_steps(2)[:3])
     path = await write_log(persistence, events)
@@ -455,7 +455,7 @@ async def test_a_torn_last_line_is_dropped_and_cut_off_before_the_next_append(
     assert (loaded.dropped_tail, loaded.valid_length) == (len(torn), len(valid))
     assert path.read_bytes() == valid + torn  # loading changed nothing
 
-    store = SessionStore(persistence, clock=fixed_clock)
+    store = SessionRegistry(persistence, clock=fixed_clock)
     session = await store.prepare_resume("s1")
     entry = store.enter(session)
     session.append(TurnStart, turn=3)
@@ -470,7 +470,7 @@ async def test_a_torn_last_line_is_dropped_and_cut_off_before_the_next_append(
 
 
 async def test_a_bad_line_after_the_last_turn_end_is_uncommitted_and_dropped(
-    persistence: JsonlPersistence, caplog: pytest.LogCaptureFixture
+    persistence: JsonlStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     events = build(turn_steps(1))
     path = await write_log(persistence, events)
@@ -484,7 +484,7 @@ async def test_a_bad_line_after_the_last_turn_end_is_uncommitted_and_dropped(
     assert loaded.valid_length == len(valid) and loaded.dropped_tail == path.stat().st_size - len(valid)
     assert any(f"{path}:{len(events) + 2}" in r.getMessage() for r in caplog.records)
 
-    store = SessionStore(persistence, clock=fixed_clock)
+    store = SessionRegistry(persistence, clock=fixed_clock)
     entry = store.enter(await store.prepare_resume("s1"))
     entry.session.append(TurnStart, turn=2)
     await store.detach(entry)
@@ -511,7 +511,7 @@ DAMAGE = [
 
 @pytest.mark.parametrize(("replacement", "message"), [(r, m) for _, r, m in DAMAGE], ids=[d[0] for d in DAMAGE])
 async def test_damage_before_a_later_turn_end_is_an_error_naming_file_and_line(
-    persistence: JsonlPersistence, replacement: bytes, message: str
+    persistence: JsonlStore, replacement: bytes, message: str
 ) -> None:
     events = build(turn_steps(1) + turn_steps(2))
     path = await write_log(persistence, events)
@@ -524,7 +524,7 @@ async def test_damage_before_a_later_turn_end_is_an_error_naming_file_and_line(
     assert info.value.path == str(path) and info.value.line == line == 4
     assert f"{path}:4: " in str(info.value)
     assert message in str(info.value)
-    store = SessionStore(persistence, clock=fixed_clock)
+    store = SessionRegistry(persistence, clock=fixed_clock)
     with pytest.raises(SessionCorruptError):
         await store.prepare_resume("s1")
     assert store.get("s1") is None
@@ -551,7 +551,7 @@ async def test_damage_before_a_later_turn_end_is_an_error_naming_file_and_line(
     ids=["empty header", "bad header", "event as header", "future version", "foreign header"],
 )
 async def test_a_bad_header_fails_the_load_and_changes_nothing(
-    persistence: JsonlPersistence, first_line: bytes, error: type[Exception], message: str
+    persistence: JsonlStore, first_line: bytes, error: type[Exception], message: str
 ) -> None:
     path = await write_log(persistence, build(turn_steps(1)))
     lines = path.read_bytes().split(b"\n")
@@ -564,11 +564,11 @@ async def test_a_bad_header_fails_the_load_and_changes_nothing(
         assert (info.value.path, info.value.line) == (str(path), 1)
         assert str(info.value).startswith(f"{path}:1: ")
     with pytest.raises(error):
-        await SessionStore(persistence).prepare_resume("s1")
+        await SessionRegistry(persistence).prepare_resume("s1")
     assert snapshot(persistence.root) == before
 
 
-async def test_a_header_without_a_newline_is_an_incomplete_session(persistence: JsonlPersistence) -> None:
+async def test_a_header_without_a_newline_is_an_incomplete_session(persistence: JsonlStore) -> None:
     path = persistence.root / "s1" / LOG_NAME
     path.parent.mkdir(parents=True)
     path.write_bytes(encode_header(header()).encode())
@@ -576,7 +576,7 @@ async def test_a_header_without_a_newline_is_an_incomplete_session(persistence: 
         await persistence.load("s1")
 
 
-async def test_loading_an_unknown_session_is_not_found(persistence: JsonlPersistence) -> None:
+async def test_loading_an_unknown_session_is_not_found(persistence: JsonlStore) -> None:
     with pytest.raises(SessionNotFoundError, match="no stored session 'ghost'"):
         await persistence.load("ghost")
     assert not persistence.root.exists()
@@ -676,7 +676,7 @@ class CutExpectation:
 @given(events=session_logs())
 async def test_a_log_cut_at_any_byte_loads_exactly_its_complete_lines(tmp_path: Path, events: list[Event]) -> None:
     example = tmp_path / uuid.uuid4().hex
-    data = (await write_log(JsonlPersistence(example / "full", fsync=False), events)).read_bytes()
+    data = (await write_log(JsonlStore(example / "full", fsync=False), events)).read_bytes()
     ends = [i + 1 for i, byte in enumerate(data) if byte == ord("\n")]
     expect = CutExpectation(header_end=ends[0], line_ends=ends[1:])
     assert len(expect.line_ends) == len(events)
@@ -685,8 +685,8 @@ async def test_a_log_cut_at_any_byte_loads_exactly_its_complete_lines(tmp_path: 
     # prepare_resume, its events; or, inside the header, the corrupt line twice.
     outcomes: dict[int, tuple[object, ...]] = {}
 
-    async def check(offset: int, persistence: JsonlPersistence) -> None:
-        store = SessionStore(persistence, clock=fixed_clock)
+    async def check(offset: int, persistence: JsonlStore) -> None:
+        store = SessionRegistry(persistence, clock=fixed_clock)
         cut = persistence.path_of("s1")
         cut.unlink(missing_ok=True)  # a fresh file (rewriting one in place is slow on ext4)
         cut.write_bytes(data[:offset])
@@ -711,7 +711,7 @@ async def test_a_log_cut_at_any_byte_loads_exactly_its_complete_lines(tmp_path: 
 
     async def worker(slot: int, slots: int) -> None:
         # The same session id in a store root of the worker's own, one cut at a time.
-        persistence = JsonlPersistence(example / f"cut-{slot}", fsync=False)
+        persistence = JsonlStore(example / f"cut-{slot}", fsync=False)
         persistence.path_of("s1").parent.mkdir(parents=True)
         for offset in range(slot, len(data) + 1, slots):
             await check(offset, persistence)
@@ -773,13 +773,13 @@ async def test_a_flushed_event_survives_sigkill_right_after_the_flush(tmp_path: 
     assert process.returncode == -signal.SIGKILL
     assert reported >= 3 * every
 
-    persistence = JsonlPersistence(root)
+    persistence = JsonlStore(root)
     loaded = await persistence.load("killed")
     assert len(loaded.events) >= reported
     assert list(loaded.events) == [expected_event(i) for i in range(len(loaded.events))]
 
     # The killed writer's lock is gone: the log resumes and stays valid.
-    store = SessionStore(persistence, clock=fixed_clock)
+    store = SessionRegistry(persistence, clock=fixed_clock)
     session = await store.prepare_resume("killed")
     entry = store.enter(session)
     session.append(TurnStart, turn=10_000)
@@ -835,7 +835,7 @@ async def test_a_session_live_in_another_process_cannot_be_resumed(tmp_path: Pat
             assert setups == ["ran"]
             handle.agent.inject("written by this process")  # logged, does not wake the agent
             await handle.dispose()
-        loaded = await JsonlPersistence(root).load("shared")
+        loaded = await JsonlStore(root).load("shared")
         assert list(loaded.events[:CYCLE]) == [expected_event(i) for i in range(CYCLE)]
         assert [e.seq for e in loaded.events] == list(range(len(loaded.events)))
         spliced = loaded.events[CYCLE]
@@ -868,9 +868,9 @@ def open_fds() -> set[str]:
 
 @pytest.mark.parametrize("step", ["write", "fsync", "link"])
 async def test_a_failed_first_flush_leaves_nothing_and_a_retry_stores_every_event(
-    persistence: JsonlPersistence, monkeypatch: pytest.MonkeyPatch, step: str
+    persistence: JsonlStore, monkeypatch: pytest.MonkeyPatch, step: str
 ) -> None:
-    store = SessionStore(persistence, clock=fixed_clock)
+    store = SessionRegistry(persistence, clock=fixed_clock)
     session = await store.prepare_new("s1", cwd="/work")
     entry = store.enter(session)
     for cls, fields in turn_steps(1):
@@ -903,9 +903,9 @@ async def test_a_failed_first_flush_leaves_nothing_and_a_retry_stores_every_even
 
 @pytest.mark.parametrize("step", ["write", "fsync"])
 async def test_a_failed_later_flush_is_cut_back_and_retried_without_duplicates(
-    persistence: JsonlPersistence, monkeypatch: pytest.MonkeyPatch, step: str
+    persistence: JsonlStore, monkeypatch: pytest.MonkeyPatch, step: str
 ) -> None:
-    store = SessionStore(persistence, clock=fixed_clock)
+    store = SessionRegistry(persistence, clock=fixed_clock)
     session = await store.prepare_new("s1", cwd="/work")
     entry = store.enter(session)
     for cls, fields in turn_steps(1):
@@ -925,9 +925,9 @@ async def test_a_failed_later_flush_is_cut_back_and_retried_without_duplicates(
 
 
 async def test_a_header_that_cannot_be_encoded_is_refused_before_anything_is_stored(
-    persistence: JsonlPersistence,
+    persistence: JsonlStore,
 ) -> None:
-    store = SessionStore(persistence, clock=lambda: float("nan"))
+    store = SessionRegistry(persistence, clock=lambda: float("nan"))
     # The header record refuses a non-finite timestamp before the store sees it.
     with pytest.raises(ValueError, match="created_at must be finite"):
         await store.prepare_new("s1")
@@ -978,12 +978,12 @@ async def test_a_symlink_planted_as_a_session_directory_is_never_followed(tmp_pa
 
 
 async def test_a_symlinked_log_is_never_read_or_appended_through(tmp_path: Path) -> None:
-    persistence = JsonlPersistence(tmp_path / "root")
+    persistence = JsonlStore(tmp_path / "root")
     outside = plant_outside_log(tmp_path, "s1")
     before = (outside / LOG_NAME).read_bytes()
     (persistence.root / "s1").mkdir(parents=True)
     (persistence.root / "s1" / LOG_NAME).symlink_to(outside / LOG_NAME)
-    store = SessionStore(persistence, clock=fixed_clock)
+    store = SessionRegistry(persistence, clock=fixed_clock)
     for attempt in (persistence.load("s1"), store.prepare_resume("s1")):
         with pytest.raises(SessionStoreError, match=r"root/s1/session.jsonl is a symbolic link; refusing to follow"):
             await attempt
@@ -993,7 +993,7 @@ async def test_a_symlinked_log_is_never_read_or_appended_through(tmp_path: Path)
 
 @pytest.mark.parametrize("planted", ["fifo", "dev-zero", "device", "directory"])
 async def test_a_special_file_planted_as_the_log_is_refused_before_any_read(
-    persistence: JsonlPersistence, planted: str, caplog: pytest.LogCaptureFixture
+    persistence: JsonlStore, planted: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     log_path = persistence.path_of("s1")
     log_path.parent.mkdir(parents=True)
@@ -1009,7 +1009,7 @@ async def test_a_special_file_planted_as_the_log_is_refused_before_any_read(
     else:
         log_path.mkdir()
         expected = "is a directory|Is a directory"
-    store = SessionStore(persistence, clock=fixed_clock)
+    store = SessionRegistry(persistence, clock=fixed_clock)
     caplog.set_level(logging.WARNING, logger="trio_harness.session.jsonl")
     # A real deadline only as a bound: a read of a FIFO or of /dev/zero would never end.
     with trio.fail_after(WAIT):
@@ -1033,7 +1033,7 @@ def open_fds_of(path: Path) -> int:
 
 
 async def test_list_does_not_follow_planted_links(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    persistence = JsonlPersistence(tmp_path / "root")
+    persistence = JsonlStore(tmp_path / "root")
     await write_log(persistence, build(turn_steps(1)), "good")
     outside = plant_outside_log(tmp_path, "linked")
     (persistence.root / "linked").symlink_to(outside, target_is_directory=True)
@@ -1050,21 +1050,21 @@ async def test_list_does_not_follow_planted_links(tmp_path: Path, caplog: pytest
 
 
 async def test_a_log_above_the_size_limit_is_refused_naming_the_limit(tmp_path: Path) -> None:
-    path = await write_log(JsonlPersistence(tmp_path / "root"), build(turn_steps(1)))
+    path = await write_log(JsonlStore(tmp_path / "root"), build(turn_steps(1)))
     size = path.stat().st_size
-    small = JsonlPersistence(tmp_path / "root", max_log_bytes=size - 1)
-    for attempt in (small.load("s1"), SessionStore(small).prepare_resume("s1")):
+    small = JsonlStore(tmp_path / "root", max_log_bytes=size - 1)
+    for attempt in (small.load("s1"), SessionRegistry(small).prepare_resume("s1")):
         with pytest.raises(
             SessionStoreError, match=rf"{size:,} bytes, more than the {size - 1:,} bytes.*max_log_bytes"
         ):
             await attempt
-    exact = JsonlPersistence(tmp_path / "root", max_log_bytes=size)
+    exact = JsonlStore(tmp_path / "root", max_log_bytes=size)
     assert len((await exact.load("s1")).events) == len(turn_steps(1))
-    assert JsonlPersistence(tmp_path).max_log_bytes == 1 << 30
+    assert JsonlStore(tmp_path).max_log_bytes == 1 << 30
 
 
 async def test_a_cancelled_resume_abandons_a_blocked_read_without_leaking_the_log(
-    persistence: JsonlPersistence, monkeypatch: pytest.MonkeyPatch
+    persistence: JsonlStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await write_log(persistence, build(turn_steps(1)))
     path = persistence.path_of("s1")
@@ -1085,7 +1085,7 @@ async def test_a_cancelled_resume_abandons_a_blocked_read_without_leaking_the_lo
 
     monkeypatch.setattr(_jsonl, "_pread_all", blocked)
     monkeypatch.setattr(os, "close", close)
-    store = SessionStore(persistence, clock=fixed_clock)
+    store = SessionRegistry(persistence, clock=fixed_clock)
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(store.prepare_resume, "s1")
@@ -1094,7 +1094,7 @@ async def test_a_cancelled_resume_abandons_a_blocked_read_without_leaking_the_lo
     assert scope.cancelled_caught
     # The abandoned reader owns the descriptor until its read returns: the lock is still held.
     with pytest.raises(SessionLockedError):
-        await SessionStore(JsonlPersistence(persistence.root)).prepare_resume("s1")
+        await SessionRegistry(JsonlStore(persistence.root)).prepare_resume("s1")
     assert not closed.is_set()  # never closed under a running read
     release.set()
     await trio.to_thread.run_sync(closed.wait)  # closed by the reader when its read returned

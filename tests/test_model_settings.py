@@ -18,7 +18,7 @@ from _util import WAIT
 from trio_harness import ModelError, ModelSettings, ScriptedModel, open_harness
 from trio_harness.agents import AgentOptions, Tool, ToolContext
 from trio_harness.model import OpenAIProvider, resolve_model
-from trio_harness.session import JsonlPersistence, decode_event, encode_event
+from trio_harness.session import JsonlStore, decode_event, encode_event
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
 
@@ -317,8 +317,8 @@ async def test_cli_flags_reach_the_request(nursery: trio.Nursery, tmp_path: Path
     assert body["temperature"] == 0.25 and body["max_tokens"] == 32
     assert body["messages"][0] == {"role": "system", "content": "Be terse."}
     # recorded in the stored session's request header
-    (session_id,) = [header.id for header in await JsonlPersistence(store).list()]
-    loaded = await JsonlPersistence(store).load(session_id)
+    (session_id,) = [header.id for header in await JsonlStore(store).list()]
+    loaded = await JsonlStore(store).load(session_id)
     (header,) = headers(loaded.events)
     assert header.settings == ModelSettings(temperature=0.25, max_tokens=32)
 

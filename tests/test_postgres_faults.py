@@ -29,7 +29,7 @@ from _postgres import Cluster, admin, fresh_schema, postgres_cluster, proxy_for,
 from _util import WAIT
 
 from trio_harness import SessionStoreError
-from trio_harness.session import PostgresPersistence, Session, SessionEntry, SessionStore
+from trio_harness.session import PostgresStore, Session, SessionEntry, SessionRegistry
 from trio_harness.session import _events as ev
 from trio_harness.session._events import InboxMessage
 
@@ -58,8 +58,8 @@ def one_turn(session: Session, number: int, text: str = "do it") -> None:
     session.append(ev.TurnEnd, turn=number, reason="completed")
 
 
-async def stored_session(persistence: PostgresPersistence, session_id: str) -> None:
-    sessions = SessionStore(persistence)
+async def stored_session(persistence: PostgresStore, session_id: str) -> None:
+    sessions = SessionRegistry(persistence)
     entry = sessions.enter(await sessions.prepare_new(session_id, cwd="/work"))
     one_turn(entry.session, 1)
     await sessions.detach(entry)
@@ -86,14 +86,14 @@ def advisory_locks(cluster: Cluster) -> int:
 
 CANCELLED_CALLS = """
 import sys, trio
-from trio_harness.session import PostgresPersistence, SessionStore
+from trio_harness.session import PostgresStore, SessionRegistry
 from trio_harness.session._events import InboxMessage, TurnStart
 
 async def main(dsn, schema):
-    store = PostgresPersistence(dsn, schema=schema)
+    store = PostgresStore(dsn, schema=schema)
     await store.check()
     async with store:
-        sessions = SessionStore(store)
+        sessions = SessionRegistry(store)
         for other in ("s2", "s3"):
             await sessions.detach(sessions.enter(await sessions.prepare_new(other)))
         entry = sessions.enter(await sessions.prepare_new("s1"))
@@ -147,11 +147,11 @@ def test_a_store_call_cancelled_before_its_thread_began_returns_at_once(postgres
 
 
 async def test_a_resume_cancelled_while_taking_the_lock_leaves_the_session_free(
-    postgres_cluster: Cluster, schema: str, store: PostgresPersistence
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
 ) -> None:
     await stored_session(store, "s1")
     with proxy_for(postgres_cluster) as proxy:
-        proxied = PostgresPersistence(proxy.dsn(), schema=schema)
+        proxied = PostgresStore(proxy.dsn(), schema=schema)
         async with proxied:
             await proxied.load("s1")  # a pooled connection
             # The lock is taken on the server; its answer is held back while the caller is cancelled.
@@ -160,7 +160,7 @@ async def test_a_resume_cancelled_while_taking_the_lock_leaves_the_session_free(
 
             async def resume() -> None:
                 with scope:
-                    await SessionStore(proxied).prepare_resume("s1")
+                    await SessionRegistry(proxied).prepare_resume("s1")
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(resume)
@@ -173,22 +173,22 @@ async def test_a_resume_cancelled_while_taking_the_lock_leaves_the_session_free(
                 release.set()
             assert scope.cancelled_caught
             # Another worker takes the session: no pooled connection kept the lock.
-            taker = PostgresPersistence(postgres_cluster.dsn(), schema=schema, lock_timeout=3.0)
+            taker = PostgresStore(postgres_cluster.dsn(), schema=schema, lock_timeout=3.0)
             async with taker:
-                sessions = SessionStore(taker)
+                sessions = SessionRegistry(taker)
                 entry = sessions.enter(await sessions.prepare_resume("s1"))
                 await sessions.detach(entry)
             await proxied.load("s1")  # and the store still works
 
 
 async def test_a_flush_cancelled_while_retaking_its_session_leaves_the_session_free(
-    postgres_cluster: Cluster, schema: str, store: PostgresPersistence
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
 ) -> None:
     await stored_session(store, "s1")
     with proxy_for(postgres_cluster) as proxy:
-        proxied = PostgresPersistence(proxy.dsn(), schema=schema)
+        proxied = PostgresStore(proxy.dsn(), schema=schema)
         async with proxied:
-            sessions = SessionStore(proxied)
+            sessions = SessionRegistry(proxied)
             entry = sessions.enter(await sessions.prepare_resume("s1"))
             with admin(postgres_cluster) as conn:
                 conn.execute("SELECT pg_terminate_backend(%s)", (backend_pid(entry),))
@@ -213,9 +213,9 @@ async def test_a_flush_cancelled_while_retaking_its_session_leaves_the_session_f
                 await trio.sleep(0.1)
                 release.set()
             assert scope.cancelled_caught
-            taker = PostgresPersistence(postgres_cluster.dsn(), schema=schema, lock_timeout=3.0)
+            taker = PostgresStore(postgres_cluster.dsn(), schema=schema, lock_timeout=3.0)
             async with taker:
-                other = SessionStore(taker)
+                other = SessionRegistry(taker)
                 taken = other.enter(await other.prepare_resume("s1"))
                 await other.detach(taken)
             await sessions.detach(entry)  # nobody took it meanwhile: the writer takes it again
@@ -223,10 +223,10 @@ async def test_a_flush_cancelled_while_retaking_its_session_leaves_the_session_f
 
 
 async def test_a_connection_that_holds_an_advisory_lock_is_never_used_to_take_a_session(
-    postgres_cluster: Cluster, schema: str, store: PostgresPersistence
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
 ) -> None:
     await stored_session(store, "s1")
-    sessions = SessionStore(store)
+    sessions = SessionRegistry(store)
     async with store._require_pool().connection() as conn:  # a pooled connection that holds some lock
         conn.execute("SELECT pg_advisory_lock(42)")
         tainted = conn.info.backend_pid
@@ -240,7 +240,7 @@ async def test_a_connection_that_holds_an_advisory_lock_is_never_used_to_take_a_
 
 
 async def test_pooled_connections_killed_by_the_server_are_not_handed_out_again(
-    postgres_cluster: Cluster, store: PostgresPersistence
+    postgres_cluster: Cluster, store: PostgresStore
 ) -> None:
     await stored_session(store, "s1")
     async with trio.open_nursery() as nursery:  # several pooled connections
@@ -251,19 +251,19 @@ async def test_pooled_connections_killed_by_the_server_are_not_handed_out_again(
     with admin(postgres_cluster) as conn:
         for pid in pids:
             conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
-    sessions = SessionStore(store)
+    sessions = SessionRegistry(store)
     message_id = await sessions.post("s1", "after the kill")
     assert [message.id for message in await store.pending_mail("s1")] == [message_id]
     assert await store.exists("s1")
 
 
 async def test_after_a_server_restart_posts_and_turns_go_on(own_cluster: Cluster) -> None:
-    persistence = PostgresPersistence(own_cluster.dsn(), schema=fresh_schema())
+    persistence = PostgresStore(own_cluster.dsn(), schema=fresh_schema())
     await persistence.check()
     async with persistence:
         await stored_session(persistence, "s1")
         await stored_session(persistence, "s2")
-        sessions = SessionStore(persistence)
+        sessions = SessionRegistry(persistence)
         entry = sessions.enter(await sessions.prepare_resume("s2"))
         async with trio.open_nursery() as nursery:
             for _ in range(3):
@@ -283,11 +283,11 @@ async def test_after_a_server_restart_posts_and_turns_go_on(own_cluster: Cluster
 async def test_events_a_crash_lost_after_an_unsynced_flush_are_put_back_on_retake(
     own_cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
-    persistence = PostgresPersistence(own_cluster.dsn(), schema=fresh_schema())
+    persistence = PostgresStore(own_cluster.dsn(), schema=fresh_schema())
     await persistence.check()
     async with persistence:
         await stored_session(persistence, "s1")
-        sessions = SessionStore(persistence)
+        sessions = SessionRegistry(persistence)
         restored: list[tuple[str, object]] = []
         sessions.bus.on("session/restored", lambda notice: restored.append((notice.subject.id, notice.data["events"])))
         entry = sessions.enter(await sessions.prepare_resume("s1"))
@@ -310,12 +310,12 @@ async def test_events_a_crash_lost_after_an_unsynced_flush_are_put_back_on_retak
 
 
 async def test_a_first_flush_whose_commit_answer_is_lost_counts_as_stored(
-    postgres_cluster: Cluster, schema: str, store: PostgresPersistence
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
 ) -> None:
     with proxy_for(postgres_cluster) as proxy:
-        proxied = PostgresPersistence(proxy.dsn(), schema=schema)
+        proxied = PostgresStore(proxy.dsn(), schema=schema)
         async with proxied:
-            sessions = SessionStore(proxied)
+            sessions = SessionRegistry(proxied)
             entry = sessions.enter(await sessions.prepare_new("s1"))
             one_turn(entry.session, 1)
             dropped = proxy.drop_after(b"COMMIT")
@@ -329,23 +329,23 @@ async def test_a_first_flush_whose_commit_answer_is_lost_counts_as_stored(
 
 
 async def test_a_post_whose_commit_answer_is_lost_returns_and_is_delivered_once(
-    postgres_cluster: Cluster, schema: str, store: PostgresPersistence
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
 ) -> None:
     await stored_session(store, "s1")
     with proxy_for(postgres_cluster) as proxy:
-        proxied = PostgresPersistence(proxy.dsn(), schema=schema)
+        proxied = PostgresStore(proxy.dsn(), schema=schema)
         async with proxied:
             dropped = proxy.drop_after(b"COMMIT")
-            message_id = await SessionStore(proxied).post("s1", "once")
+            message_id = await SessionRegistry(proxied).post("s1", "once")
             assert dropped.is_set()
     assert [message.id for message in await store.pending_mail("s1")] == [message_id]
 
 
 async def test_a_retried_post_of_a_delivered_message_is_not_delivered_again(
-    postgres_cluster: Cluster, schema: str, store: PostgresPersistence
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
 ) -> None:
     await stored_session(store, "s1")
-    sessions = SessionStore(store)
+    sessions = SessionRegistry(store)
     entry = sessions.enter(await sessions.prepare_resume("s1"))
     delivered: list[str] = []
 
@@ -355,7 +355,7 @@ async def test_a_retried_post_of_a_delivered_message_is_not_delivered_again(
 
     sessions.receive(entry, deliver)
     with proxy_for(postgres_cluster) as proxy:
-        proxied = PostgresPersistence(proxy.dsn(), schema=schema)
+        proxied = PostgresStore(proxy.dsn(), schema=schema)
         async with proxied:
             message = InboxMessage(f"msg-{uuid.uuid4().hex}", "once")
             await proxied.post("s1", message)
@@ -378,7 +378,7 @@ async def test_a_retried_post_of_a_delivered_message_is_not_delivered_again(
 async def test_a_database_that_is_not_utf8_is_refused_by_check(postgres_cluster: Cluster) -> None:
     database = f"latin_{uuid.uuid4().hex[:8]}"
     postgres_cluster.psql(f"CREATE DATABASE {database} TEMPLATE template0 ENCODING 'LATIN1' LOCALE 'C'")
-    persistence = PostgresPersistence(postgres_cluster.dsn(database), schema=fresh_schema())
+    persistence = PostgresStore(postgres_cluster.dsn(database), schema=fresh_schema())
     with pytest.raises(SessionStoreError, match="has the encoding LATIN1; the session store needs UTF8"):
         await persistence.check()
 
@@ -386,11 +386,11 @@ async def test_a_database_that_is_not_utf8_is_refused_by_check(postgres_cluster:
 async def test_any_exception_of_a_writer_is_a_store_error(postgres_cluster: Cluster) -> None:
     database = f"latin_{uuid.uuid4().hex[:8]}"
     postgres_cluster.psql(f"CREATE DATABASE {database} TEMPLATE template0 ENCODING 'LATIN1' LOCALE 'C'")
-    persistence = PostgresPersistence(postgres_cluster.dsn(database), schema=fresh_schema())
+    persistence = PostgresStore(postgres_cluster.dsn(database), schema=fresh_schema())
     with psycopg.connect(postgres_cluster.dsn(database), autocommit=True) as conn:
         persistence._migrate_from(conn, 0)  # the tables, made past check()'s refusal
     async with persistence:
-        sessions = SessionStore(persistence)
+        sessions = SessionRegistry(persistence)
         entry = sessions.enter(await sessions.prepare_new("s1"))
         one_turn(entry.session, 1, "\N{CHECK MARK} not in LATIN1")
         with pytest.raises(SessionStoreError, match="UnicodeEncodeError"):
@@ -403,12 +403,12 @@ async def test_any_exception_of_a_writer_is_a_store_error(postgres_cluster: Clus
 
 
 async def test_a_flush_to_a_frozen_backend_fails_within_the_write_timeout_and_dispose_returns(
-    postgres_cluster: Cluster, schema: str, store: PostgresPersistence
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
 ) -> None:
     await stored_session(store, "s1")
-    persistence = PostgresPersistence(postgres_cluster.dsn(), schema=schema, write_timeout=0.5)
+    persistence = PostgresStore(postgres_cluster.dsn(), schema=schema, write_timeout=0.5)
     async with persistence:
-        sessions = SessionStore(persistence)
+        sessions = SessionRegistry(persistence)
         entry = sessions.enter(await sessions.prepare_resume("s1"))
         pid = backend_pid(entry)
         thawed = threading.Event()
@@ -439,9 +439,9 @@ async def test_a_flush_to_a_frozen_backend_fails_within_the_write_timeout_and_di
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
             watchdog.join()
-    taker = PostgresPersistence(postgres_cluster.dsn(), schema=schema, lock_timeout=10.0)
+    taker = PostgresStore(postgres_cluster.dsn(), schema=schema, lock_timeout=10.0)
     async with taker:  # thawed, the backend finds its socket shut and exits, releasing the session
-        other = SessionStore(taker)
+        other = SessionRegistry(taker)
         taken = other.enter(await other.prepare_resume("s1"))
         await other.detach(taken)
 
@@ -456,7 +456,7 @@ async def test_a_role_without_create_on_a_fresh_database_is_told_to_grant_create
     database, role = f"fresh_{suffix}", f"app_{suffix}"
     postgres_cluster.psql(f"CREATE DATABASE {database}")
     postgres_cluster.psql(f"CREATE ROLE {role} LOGIN")
-    persistence = PostgresPersistence(postgres_cluster.dsn(database, user=role), schema=fresh_schema())
+    persistence = PostgresStore(postgres_cluster.dsn(database, user=role), schema=fresh_schema())
     with pytest.raises(SessionStoreError, match=f'GRANT CREATE ON DATABASE "{database}" TO "{role}"'):
         await persistence.check()
     postgres_cluster.psql(f'GRANT CREATE ON DATABASE "{database}" TO "{role}"')

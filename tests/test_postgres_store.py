@@ -34,7 +34,7 @@ from trio_harness import (
 )
 from trio_harness._cli import main as cli_main
 from trio_harness.model import ScriptedModel
-from trio_harness.session import PostgresPersistence, Session, SessionEntry, SessionStore
+from trio_harness.session import PostgresStore, Session, SessionEntry, SessionRegistry
 from trio_harness.session import _events as ev
 from trio_harness.session._events import Event, InboxMessage
 from trio_harness.session._postgres import SCHEMA_VERSION, _call
@@ -56,8 +56,8 @@ def one_turn(session: Session, number: int, text: str = "do it") -> None:
     session.append(ev.TurnEnd, turn=number, reason="completed")
 
 
-async def stored_session(persistence: PostgresPersistence, session_id: str, turns: int = 1) -> tuple[Event, ...]:
-    store = SessionStore(persistence)
+async def stored_session(persistence: PostgresStore, session_id: str, turns: int = 1) -> tuple[Event, ...]:
+    store = SessionRegistry(persistence)
     session = await store.prepare_new(session_id, cwd="/work")
     entry = store.enter(session)
     for number in range(1, turns + 1):
@@ -156,7 +156,7 @@ async def start_worker(
 
 
 async def test_two_worker_processes_racing_for_one_session_exactly_one_wins(
-    postgres_cluster: Cluster, schema: str, store: PostgresPersistence, workers: list[Worker]
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, workers: list[Worker]
 ) -> None:
     for round_number in range(3):
         session_id = f"contested-{round_number}"
@@ -174,18 +174,18 @@ async def test_two_worker_processes_racing_for_one_session_exactly_one_wins(
 
 
 async def test_kill_9_of_the_holder_frees_the_session_at_once_for_another_worker(
-    postgres_cluster: Cluster, schema: str, store: PostgresPersistence, workers: list[Worker]
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, workers: list[Worker]
 ) -> None:
     events = await stored_session(store, "s1")
     holder = await start_worker(workers, postgres_cluster, schema, "hold", "s1")
     await holder.until("held")
     with pytest.raises(SessionLockedError, match="live on another worker"):
-        await SessionStore(store).prepare_resume("s1")
-    taker = PostgresPersistence(postgres_cluster.dsn(), schema=schema, lock_timeout=10.0)
+        await SessionRegistry(store).prepare_resume("s1")
+    taker = PostgresStore(postgres_cluster.dsn(), schema=schema, lock_timeout=10.0)
     async with taker:
         holder.signal(signal.SIGKILL)
         killed = time.perf_counter()
-        resumed = await SessionStore(taker).prepare_resume("s1")
+        resumed = await SessionRegistry(taker).prepare_resume("s1")
         took = time.perf_counter() - killed
         await holder.kill()
         assert tuple(resumed.events) == events
@@ -194,7 +194,7 @@ async def test_kill_9_of_the_holder_frees_the_session_at_once_for_another_worker
 
 
 async def test_a_frozen_holder_is_evicted_within_its_idle_timeout_and_can_never_append_again(
-    postgres_cluster: Cluster, schema: str, store: PostgresPersistence, workers: list[Worker]
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, workers: list[Worker]
 ) -> None:
     await stored_session(store, "s1")
     holder = await start_worker(
@@ -202,10 +202,10 @@ async def test_a_frozen_holder_is_evicted_within_its_idle_timeout_and_can_never_
     )
     held = await holder.until("held")
     with pytest.raises(SessionLockedError):
-        await SessionStore(store).prepare_resume("s1")
-    taker = PostgresPersistence(postgres_cluster.dsn(), schema=schema, lock_timeout=10.0)
+        await SessionRegistry(store).prepare_resume("s1")
+    taker = PostgresStore(postgres_cluster.dsn(), schema=schema, lock_timeout=10.0)
     async with taker:
-        sessions = SessionStore(taker)
+        sessions = SessionRegistry(taker)
         holder.signal(signal.SIGSTOP)
         frozen = time.perf_counter()
         resumed = await sessions.prepare_resume("s1")
@@ -230,17 +230,17 @@ async def test_a_frozen_holder_is_evicted_within_its_idle_timeout_and_can_never_
 
 
 async def test_an_idle_holder_keeps_its_session_past_the_idle_timeout_through_its_heartbeat(
-    postgres_cluster: Cluster, schema: str, store: PostgresPersistence
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
 ) -> None:
     await stored_session(store, "s1")
-    quick = PostgresPersistence(postgres_cluster.dsn(), schema=schema, heartbeat=0.1, idle_session_timeout=0.5)
+    quick = PostgresStore(postgres_cluster.dsn(), schema=schema, heartbeat=0.1, idle_session_timeout=0.5)
     async with quick:
-        sessions = SessionStore(quick)
+        sessions = SessionRegistry(quick)
         entry = sessions.enter(await sessions.prepare_resume("s1"))
         pid = backend_pid(entry)
         await trio.sleep(1.5)  # the server's timer is real time: three idle timeouts pass
         with pytest.raises(SessionLockedError):
-            await SessionStore(store).prepare_resume("s1")
+            await SessionRegistry(store).prepare_resume("s1")
         one_turn(entry.session, 2)
         await entry.session.flush()
         assert backend_pid(entry) == pid  # the same connection: never dropped, never taken again
@@ -248,9 +248,9 @@ async def test_an_idle_holder_keeps_its_session_past_the_idle_timeout_through_it
 
 
 async def test_an_unsynced_flush_is_made_durable_by_the_next_synced_one_even_without_new_events(
-    store: PostgresPersistence,
+    store: PostgresStore,
 ) -> None:
-    sessions = SessionStore(store)
+    sessions = SessionRegistry(store)
     entry = sessions.enter(await sessions.prepare_new("s1"))
     one_turn(entry.session, 1)
     await entry.session.flush()
@@ -270,16 +270,16 @@ async def test_an_unsynced_flush_is_made_durable_by_the_next_synced_one_even_wit
 
 @pytest.mark.parametrize("taker_still_holds", [True, False])
 async def test_a_writer_whose_connection_was_killed_cannot_append_after_another_took_the_session(
-    postgres_cluster: Cluster, schema: str, store: PostgresPersistence, taker_still_holds: bool
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, taker_still_holds: bool
 ) -> None:
     await stored_session(store, "s1")
-    first = SessionStore(store)
+    first = SessionRegistry(store)
     entry = first.enter(await first.prepare_resume("s1"))
     with admin(postgres_cluster) as conn:
         conn.execute("SELECT pg_terminate_backend(%s)", (backend_pid(entry),))
-    taker = PostgresPersistence(postgres_cluster.dsn(), schema=schema, lock_timeout=10.0)
+    taker = PostgresStore(postgres_cluster.dsn(), schema=schema, lock_timeout=10.0)
     async with taker:
-        second = SessionStore(taker)
+        second = SessionRegistry(taker)
         taken = second.enter(await second.prepare_resume("s1"))
         one_turn(taken.session, 2, "the taker's turn")
         await taken.session.flush()
@@ -300,10 +300,10 @@ async def test_a_writer_whose_connection_was_killed_cannot_append_after_another_
 
 
 async def test_a_lost_connection_is_taken_again_when_nobody_took_the_session(
-    postgres_cluster: Cluster, store: PostgresPersistence
+    postgres_cluster: Cluster, store: PostgresStore
 ) -> None:
     await stored_session(store, "s1")
-    sessions = SessionStore(store)
+    sessions = SessionRegistry(store)
     entry = sessions.enter(await sessions.prepare_resume("s1"))
     with admin(postgres_cluster) as conn:
         conn.execute("SELECT pg_terminate_backend(%s)", (backend_pid(entry),))
@@ -311,15 +311,15 @@ async def test_a_lost_connection_is_taken_again_when_nobody_took_the_session(
     await entry.session.flush()  # reconnects, takes the session again, stores the batch
     assert (await store.load("s1")).events == tuple(entry.session.events)
     with pytest.raises(SessionLockedError):  # held again
-        await SessionStore(store).prepare_resume("s1")
+        await SessionRegistry(store).prepare_resume("s1")
     await sessions.detach(entry)
 
 
 async def test_a_batch_committed_before_the_connection_died_is_not_stored_twice(
-    postgres_cluster: Cluster, store: PostgresPersistence
+    postgres_cluster: Cluster, store: PostgresStore
 ) -> None:
     await stored_session(store, "s1")
-    sessions = SessionStore(store)
+    sessions = SessionRegistry(store)
     entry = sessions.enter(await sessions.prepare_resume("s1"))
     writer: Any = entry.writer
     one_turn(entry.session, 2)
@@ -338,15 +338,15 @@ async def test_a_batch_committed_before_the_connection_died_is_not_stored_twice(
 
 
 async def test_fork_copies_the_events_on_the_server(
-    store: PostgresPersistence, monkeypatch: pytest.MonkeyPatch
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     events = await stored_session(store, "parent", turns=2)
 
     async def no_save(self: object, header: object, events: object) -> None:
         raise AssertionError("the events were sent back to the server")
 
-    monkeypatch.setattr(PostgresPersistence, "save", no_save)
-    child = await SessionStore(store).fork("parent", len(events) // 2, "child")
+    monkeypatch.setattr(PostgresStore, "save", no_save)
+    child = await SessionRegistry(store).fork("parent", len(events) // 2, "child")
     assert (await store.load("child")).events == events[: len(events) // 2]
     assert child.seed_length == len(events) // 2
 
@@ -355,10 +355,10 @@ async def test_fork_copies_the_events_on_the_server(
 
 
 async def test_a_flush_cancelled_mid_transaction_is_rolled_back_and_the_connection_stays_usable(
-    postgres_cluster: Cluster, schema: str, store: PostgresPersistence
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
 ) -> None:
     await stored_session(store, "s1")
-    sessions = SessionStore(store)
+    sessions = SessionRegistry(store)
     entry = sessions.enter(await sessions.prepare_resume("s1"))
     first_new = len(entry.session)
     pid = backend_pid(entry)
@@ -423,7 +423,7 @@ async def test_a_call_cancelled_after_its_statement_completed_reports_the_result
 async def test_a_connect_cancelled_at_any_point_leaves_no_connection_open(
     postgres_cluster: Cluster, schema: str, order: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    persistence = PostgresPersistence(postgres_cluster.dsn(), schema=schema)
+    persistence = PostgresStore(postgres_cluster.dsn(), schema=schema)
     real = trio.to_thread.run_sync
     made: list[psycopg.Connection[Any]] = []
     real_connect = psycopg.connect
@@ -461,18 +461,18 @@ async def test_a_connect_cancelled_at_any_point_leaves_no_connection_open(
 
 async def test_a_bad_dsn_is_refused_at_construction_without_its_password() -> None:
     with pytest.raises(SessionStoreError, match="cannot be parsed") as caught:
-        PostgresPersistence("host=x password=s3cret bogus")
+        PostgresStore("host=x password=s3cret bogus")
     assert "s3cret" not in str(caught.value)
 
 
 async def test_a_missing_database_is_named_with_what_to_do(postgres_cluster: Cluster) -> None:
-    persistence = PostgresPersistence(postgres_cluster.dsn(dbname="no_such_db"))
+    persistence = PostgresStore(postgres_cluster.dsn(dbname="no_such_db"))
     with pytest.raises(SessionStoreError, match=r"database 'no_such_db' does not exist.*createdb no_such_db"):
         await persistence.check()
 
 
 async def test_a_missing_role_is_named(postgres_cluster: Cluster) -> None:
-    persistence = PostgresPersistence(postgres_cluster.dsn(user="nobody_here"))
+    persistence = PostgresStore(postgres_cluster.dsn(user="nobody_here"))
     with pytest.raises(SessionStoreError, match=r"role .* does not exist"):
         await persistence.check()
 
@@ -481,7 +481,7 @@ async def test_an_unreachable_server_is_retried_with_backoff_then_reported_witho
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     dsn = f"postgresql://someone:s3cret@/db?host={tmp_path}&port=5999"
-    persistence = PostgresPersistence(dsn, connect_timeout=3.0)
+    persistence = PostgresStore(dsn, connect_timeout=3.0)
     with pytest.raises(SessionStoreError, match=r"cannot connect to PostgreSQL .* \(retried for 3 s\)") as caught:
         await persistence.check()
     assert "s3cret" not in str(caught.value) and "***" in str(caught.value)
@@ -494,15 +494,15 @@ async def test_a_role_without_privileges_is_told_what_to_grant(postgres_cluster:
     try:
         # It may not create the tables...
         with pytest.raises(SessionStoreError, match="permission denied"):
-            await PostgresPersistence(postgres_cluster.dsn(user=role), schema=schema).check()
+            await PostgresStore(postgres_cluster.dsn(user=role), schema=schema).check()
         # ...and once an owner created them, it may not use them until granted.
-        await PostgresPersistence(postgres_cluster.dsn(), schema=schema).check()
+        await PostgresStore(postgres_cluster.dsn(), schema=schema).check()
         postgres_cluster.psql(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
         postgres_cluster.psql(f"GRANT SELECT ON {schema}.schema_version TO {role}")
         with pytest.raises(SessionStoreError, match=r"lacks SELECT on sessions.*GRANT SELECT, INSERT, DELETE"):
-            await PostgresPersistence(postgres_cluster.dsn(user=role), schema=schema).check()
+            await PostgresStore(postgres_cluster.dsn(user=role), schema=schema).check()
         postgres_cluster.psql(f"GRANT SELECT, INSERT, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}")
-        limited = PostgresPersistence(postgres_cluster.dsn(user=role), schema=schema)
+        limited = PostgresStore(postgres_cluster.dsn(user=role), schema=schema)
         await limited.check()
         async with limited:
             events = await stored_session(limited, "by-the-limited-role")
@@ -512,7 +512,7 @@ async def test_a_role_without_privileges_is_told_what_to_grant(postgres_cluster:
 
 
 async def test_using_a_store_that_is_not_open_says_how_to_open_it(postgres_cluster: Cluster, schema: str) -> None:
-    persistence = PostgresPersistence(postgres_cluster.dsn(), schema=schema)
+    persistence = PostgresStore(postgres_cluster.dsn(), schema=schema)
     await persistence.check()  # needs no service
     with pytest.raises(SessionStoreError, match="is not open: use `async with`"):
         await persistence.list()
@@ -526,26 +526,26 @@ async def test_the_migration_is_idempotent_versioned_and_safe_from_many_workers_
 ) -> None:
     async with trio.open_nursery() as nursery:
         for _ in range(5):
-            nursery.start_soon(PostgresPersistence(postgres_cluster.dsn(), schema=schema).check)
-    await PostgresPersistence(postgres_cluster.dsn(), schema=schema).check()
+            nursery.start_soon(PostgresStore(postgres_cluster.dsn(), schema=schema).check)
+    await PostgresStore(postgres_cluster.dsn(), schema=schema).check()
     rows = postgres_cluster.psql(f"SELECT version FROM {schema}.schema_version")
     assert rows.split() == [str(SCHEMA_VERSION)]
     postgres_cluster.psql(f"INSERT INTO {schema}.schema_version (version) VALUES ({SCHEMA_VERSION + 1})")
     with pytest.raises(SessionStoreError, match="newer trio-harness"):
-        await PostgresPersistence(postgres_cluster.dsn(), schema=schema).check()
+        await PostgresStore(postgres_cluster.dsn(), schema=schema).check()
 
 
 async def test_settings_out_of_range_are_refused(postgres_cluster: Cluster) -> None:
     with pytest.raises(ValueError, match="heartbeat"):
-        PostgresPersistence(postgres_cluster.dsn(), heartbeat=1.5, idle_session_timeout=2.0)
+        PostgresStore(postgres_cluster.dsn(), heartbeat=1.5, idle_session_timeout=2.0)
     with pytest.raises(ValueError, match="pool_size"):
-        PostgresPersistence(postgres_cluster.dsn(), pool_size=0)
+        PostgresStore(postgres_cluster.dsn(), pool_size=0)
     with pytest.raises(ValueError, match="schema"):
-        PostgresPersistence(postgres_cluster.dsn(), schema="")
+        PostgresStore(postgres_cluster.dsn(), schema="")
 
 
 async def test_shared_connections_stay_within_the_pool_size(postgres_cluster: Cluster, schema: str) -> None:
-    persistence = PostgresPersistence(postgres_cluster.dsn(), schema=schema, pool_size=2)
+    persistence = PostgresStore(postgres_cluster.dsn(), schema=schema, pool_size=2)
     await persistence.check()
     async with persistence:
         await stored_session(persistence, "s1")
@@ -575,7 +575,7 @@ async def test_shared_connections_stay_within_the_pool_size(postgres_cluster: Cl
 # ------------------------------------------------------------------ remote inbox
 
 
-async def test_posted_messages_reach_a_live_agent_once_and_in_order(store: PostgresPersistence) -> None:
+async def test_posted_messages_reach_a_live_agent_once_and_in_order(store: PostgresStore) -> None:
     async with open_harness(model=ScriptedModel([]), store=store, builtin_tools=False) as harness:
         async with harness.agents.open(session_id="agent") as agent:
             spliced: list[str] = []
@@ -603,7 +603,7 @@ async def test_posted_messages_reach_a_live_agent_once_and_in_order(store: Postg
 
 
 async def test_a_posted_message_keeps_every_field_and_old_mailbox_rows_still_read(
-    store: PostgresPersistence, postgres_cluster: Cluster, schema: str
+    store: PostgresStore, postgres_cluster: Cluster, schema: str
 ) -> None:
     await stored_session(store, "mail")
     notice = InboxMessage("m1", "task done", "inject", origin="task-notice", settings=ModelSettings(temperature=0.2))
@@ -616,18 +616,18 @@ async def test_a_posted_message_keeps_every_field_and_old_mailbox_rows_still_rea
     assert await store.pending_mail("mail") == [notice, InboxMessage("m2", "hi", "followup")]
 
 
-async def test_posting_to_an_unknown_session_is_refused(store: PostgresPersistence) -> None:
+async def test_posting_to_an_unknown_session_is_refused(store: PostgresStore) -> None:
     with pytest.raises(SessionNotFoundError):
         await store.post("nobody", InboxMessage("m1", "hi"))
 
 
 async def test_remote_delivery_across_two_processes(
-    postgres_cluster: Cluster, schema: str, store: PostgresPersistence, workers: list[Worker]
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, workers: list[Worker]
 ) -> None:
     await stored_session(store, "remote")
     holder = await start_worker(workers, postgres_cluster, schema, "hold", "remote")
     await holder.until("held")
-    poster = SessionStore(store)  # this process holds nothing: the worker does
+    poster = SessionRegistry(store)  # this process holds nothing: the worker does
     texts = ["first", "second", "third"]
     posted_at: list[float] = []
     for text in texts:
@@ -647,13 +647,13 @@ async def test_remote_delivery_across_two_processes(
 
 
 async def test_a_message_posted_to_a_holder_that_crashes_is_delivered_once_on_resume(
-    postgres_cluster: Cluster, schema: str, store: PostgresPersistence, workers: list[Worker]
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, workers: list[Worker]
 ) -> None:
     await stored_session(store, "fragile")
     holder = await start_worker(workers, postgres_cluster, schema, "hold", "fragile")
     await holder.until("held")
     holder.signal(signal.SIGSTOP)  # it cannot take the message...
-    await SessionStore(store).post("fragile", "are you there?")
+    await SessionRegistry(store).post("fragile", "are you there?")
     await holder.kill()  # ...and dies with it posted, undelivered
     assert [m.text for m in await store.pending_mail("fragile")] == ["are you there?"]
     for attempt in range(2):

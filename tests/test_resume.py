@@ -94,9 +94,9 @@ async def test_resume_after_crash_mid_turn_closes_the_turn(
 ) -> None:
     """A log that died mid-turn is closed with interrupted on resume; the inbox is intact."""
     from trio_harness.model._protocol import ToolCall
-    from trio_harness.session import JsonlPersistence, SessionHeader
+    from trio_harness.session import JsonlStore, SessionHeader
 
-    store = JsonlPersistence(tmp_path)
+    store = JsonlStore(tmp_path)
     header = SessionHeader(id="crashed", created_at=1.0)
     writer = await store.open_writer(header)
     from trio_harness.session import Session
@@ -224,10 +224,10 @@ async def test_a_failing_setup_on_resume_leaves_the_stored_log_untouched(
         await _store_one_turn(tmp_path)
     else:
         # Killed mid-turn: resume appends closers (in memory) before setup runs.
-        from trio_harness.session import JsonlPersistence, Session, SessionHeader
+        from trio_harness.session import JsonlStore, Session, SessionHeader
 
         header = SessionHeader(id="kept", created_at=1.0)
-        writer = await JsonlPersistence(tmp_path).open_writer(header)
+        writer = await JsonlStore(tmp_path).open_writer(header)
         session = Session(header=header, events=[], writer=writer)
         session.append(ev.TurnStart, turn=1)
         session.append(ev.StepStart, turn=1, step=1)

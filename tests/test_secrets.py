@@ -16,7 +16,7 @@ import trio
 from _acp_clients import open_server as open_acp_server
 from _util import WAIT
 
-from trio_harness import BashError, BashOptions, BashToolOptions, McpStdioServer, ScriptedModel, open_harness
+from trio_harness import BashError, BashRuntimeOptions, BashToolOptions, McpStdioServer, ScriptedModel, open_harness
 from trio_harness.bash import DEFAULT_ENV_DENY, BashRequest, EnvPolicy, open_bash_executor
 from trio_harness.session import _events as ev
 
@@ -86,20 +86,20 @@ async def test_bash_env_lacks_api_keys_tokens_secrets_and_passwords(tmp_path: Pa
 
 async def test_the_allow_list_passes_a_variable_on_purpose(tmp_path: Path, secret_env: None) -> None:
     policy = EnvPolicy(allow=("FOO_TOKEN",))
-    output, _, _ = await run_env_through_agent(tmp_path, bash_options=BashOptions(env_policy=policy))
+    output, _, _ = await run_env_through_agent(tmp_path, bash_options=BashRuntimeOptions(env_policy=policy))
     assert "FOO_TOKEN=tok-2222secret" in output
     assert leaked(output) == ["FOO_TOKEN"]
 
 
 async def test_the_policy_holds_in_the_sandbox(tmp_path: Path, secret_env: None) -> None:
-    output, _, log = await run_env_through_agent(tmp_path, bash_options=BashOptions(sandbox=True))
+    output, _, log = await run_env_through_agent(tmp_path, bash_options=BashRuntimeOptions(sandbox=True))
     assert "TRIO_TEST_PLAIN=plain-value-7777" in output
     assert leaked(output) == [] and leaked(log) == []
 
 
 async def test_the_models_key_variable_is_hidden_even_with_an_empty_deny_list(tmp_path: Path, secret_env: None) -> None:
     """The harness hides the variable its model's key came from; everything else passes with deny=()."""
-    options = BashOptions(env_policy=EnvPolicy(deny=()))
+    options = BashRuntimeOptions(env_policy=EnvPolicy(deny=()))
     async with open_harness(model="deepseek:deepseek-chat", builtin_tools=False, bash_options=options) as h:
         spec = h.bash.resolve(BashRequest(command="env", workdir=str(tmp_path)))
         result = await h.bash.run(spec)
@@ -128,7 +128,7 @@ async def test_a_policy_as_a_dict_and_bad_policies(tmp_path: Path, secret_env: N
         async with open_bash_executor(env_policy={"allow": "FOO_TOKEN"}):
             pass
     with pytest.raises(TypeError, match="env_policy must be an EnvPolicy"):
-        BashOptions(env_policy=42)  # type: ignore[arg-type]
+        BashRuntimeOptions(env_policy=42)  # type: ignore[arg-type]
 
 
 def test_the_default_deny_list_and_matching() -> None:
@@ -175,8 +175,8 @@ async def mcp_sees(tmp_path: Path, variables: list[str], server: McpStdioServer,
 
 
 async def test_mcp_stdio_servers_follow_the_harness_policy(tmp_path: Path, secret_env: None) -> None:
-    """BashOptions.env_policy also filters what an MCP stdio server inherits (the SDK's few variables)."""
-    options = BashOptions(env_policy=EnvPolicy(deny=(*DEFAULT_ENV_DENY, "HOME")))
+    """BashRuntimeOptions.env_policy also filters what an MCP stdio server inherits (the SDK's few variables)."""
+    options = BashRuntimeOptions(env_policy=EnvPolicy(deny=(*DEFAULT_ENV_DENY, "HOME")))
     seen = await mcp_sees(tmp_path, ["HOME", "PATH", "DEEPSEEK_API_KEY"], where_server(tmp_path), bash_options=options)
     assert seen["HOME"] is None
     assert seen["PATH"] is not None
@@ -185,7 +185,7 @@ async def test_mcp_stdio_servers_follow_the_harness_policy(tmp_path: Path, secre
 
 async def test_an_mcp_servers_own_policy_and_env_win(tmp_path: Path, secret_env: None) -> None:
     server = where_server(tmp_path, env={"FOO_TOKEN": "from-config"}, env_policy=EnvPolicy(deny=("PATH",)))
-    options = BashOptions(env_policy=EnvPolicy(deny=(*DEFAULT_ENV_DENY, "HOME")))
+    options = BashRuntimeOptions(env_policy=EnvPolicy(deny=(*DEFAULT_ENV_DENY, "HOME")))
     seen = await mcp_sees(tmp_path, ["HOME", "PATH", "FOO_TOKEN"], server, bash_options=options)
     assert seen == {"HOME": str(Path.home()), "PATH": None, "FOO_TOKEN": "from-config"}
 

@@ -11,11 +11,11 @@ import trio
 
 from trio_harness._errors import InvalidSessionIdError
 from trio_harness.session import (
-    JsonlPersistence,
-    MemoryPersistence,
+    JsonlStore,
+    MemoryStore,
     Session,
     SessionHeader,
-    SessionStore,
+    SessionRegistry,
     validate_session_id,
 )
 from trio_harness.session._events import AssistantChunk, Event, StepStart, TurnStart
@@ -218,8 +218,8 @@ def test_valid_session_ids_are_returned_unchanged(session_id: str) -> None:
 async def test_flush_waits_unless_the_writer_says_its_flush_never_waits(tmp_path: Path) -> None:
     # The driver shields a turn's final flushes only when they may wait (docs/guarantees.rst, "No silent loss").
     assert not Session(header=SessionHeader(id="s", created_at=1.0), events=[]).flush_waits  # no writer
-    persistence = MemoryPersistence()
-    memory = SessionStore(persistence)
+    persistence = MemoryStore()
+    memory = SessionRegistry(persistence)
     in_memory = await memory.prepare_new("m")
     assert not in_memory.flush_waits
     in_memory.append(TurnStart, turn=1)
@@ -228,7 +228,7 @@ async def test_flush_waits_unless_the_writer_says_its_flush_never_waits(tmp_path
         await in_memory.flush()  # never waits, so nothing cancels it
     assert not scope.cancelled_caught
     assert list((await persistence.load("m")).events) == list(in_memory.events)
-    jsonl = SessionStore(JsonlPersistence(tmp_path))
+    jsonl = SessionRegistry(JsonlStore(tmp_path))
     on_disk = await jsonl.prepare_new("j")
     assert on_disk.flush_waits
     await jsonl.discard(on_disk)

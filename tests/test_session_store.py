@@ -31,13 +31,13 @@ from trio_harness.agents import Agent, AgentHandle
 from trio_harness.model._protocol import ToolCall
 from trio_harness.model._scripted import ScriptedModel
 from trio_harness.session import (
-    JsonlPersistence,
-    MemoryPersistence,
+    JsonlStore,
+    MemoryStore,
     Session,
     SessionEntry,
     SessionHeader,
-    SessionPersistence,
     SessionStore,
+    SessionRegistry,
 )
 from trio_harness.session._events import (
     AssistantMessage,
@@ -64,19 +64,19 @@ class FakeClock:
 
 
 @pytest.fixture(params=["memory", "jsonl"])
-def persistence(request: pytest.FixtureRequest, tmp_path: Path) -> SessionPersistence:
+def persistence(request: pytest.FixtureRequest, tmp_path: Path) -> SessionStore:
     if request.param == "memory":
-        return MemoryPersistence()
-    return JsonlPersistence(tmp_path / "sessions")
+        return MemoryStore()
+    return JsonlStore(tmp_path / "sessions")
 
 
 @pytest.fixture
-def store(persistence: SessionPersistence) -> SessionStore:
-    return SessionStore(persistence, clock=FakeClock())
+def store(persistence: SessionStore) -> SessionRegistry:
+    return SessionRegistry(persistence, clock=FakeClock())
 
 
 @pytest.fixture
-def notices(store: SessionStore) -> list[tuple[str, str]]:
+def notices(store: SessionRegistry) -> list[tuple[str, str]]:
     seen: list[tuple[str, str]] = []
     store.bus.on("*", lambda n: seen.append((n.name, n.subject.id)))
     return seen
@@ -123,7 +123,7 @@ def append_all(session: Session, steps: list[Step]) -> None:
         session.append(cls, **fields)
 
 
-async def store_session(store: SessionStore, session_id: str, steps: list[Step]) -> tuple[Event, ...]:
+async def store_session(store: SessionRegistry, session_id: str, steps: list[Step]) -> tuple[Event, ...]:
     """Create, publish, fill and detach a session; returns its events."""
     session = await store.prepare_new(session_id, cwd="/work")
     entry = store.enter(session)
@@ -133,7 +133,7 @@ async def store_session(store: SessionStore, session_id: str, steps: list[Step])
     return tuple(session.events)
 
 
-async def stored_events(persistence: SessionPersistence, session_id: str) -> tuple[Event, ...]:
+async def stored_events(persistence: SessionStore, session_id: str) -> tuple[Event, ...]:
     return (await persistence.load(session_id)).events
 
 
@@ -141,7 +141,7 @@ async def stored_events(persistence: SessionPersistence, session_id: str) -> tup
 
 
 async def test_prepare_enter_announce_publishes_in_steps(
-    store: SessionStore, persistence: SessionPersistence, notices: list[tuple[str, str]]
+    store: SessionRegistry, persistence: SessionStore, notices: list[tuple[str, str]]
 ) -> None:
     session = await store.prepare_new("s1", cwd="/work")
     assert session.id == "s1" and session.header.cwd == "/work" and len(session) == 0
@@ -161,7 +161,7 @@ async def test_prepare_enter_announce_publishes_in_steps(
 
 
 async def test_a_second_live_session_with_the_same_id_is_refused(
-    store: SessionStore, persistence: SessionPersistence, notices: list[tuple[str, str]]
+    store: SessionRegistry, persistence: SessionStore, notices: list[tuple[str, str]]
 ) -> None:
     winner = await store.prepare_new("s1")
     loser = await store.prepare_new("s1")  # both prepared while neither is live
@@ -180,7 +180,7 @@ async def test_a_second_live_session_with_the_same_id_is_refused(
     assert notices == [("session/created", "s1"), ("session/disposed", "s1")]
 
 
-async def test_enter_refuses_a_session_this_store_did_not_prepare(store: SessionStore) -> None:
+async def test_enter_refuses_a_session_this_store_did_not_prepare(store: SessionRegistry) -> None:
     session = await store.prepare_new("s1")
     await store.discard(session)
     with pytest.raises(SessionExistsError, match="not prepared by this store or was discarded"):
@@ -189,7 +189,7 @@ async def test_enter_refuses_a_session_this_store_did_not_prepare(store: Session
 
 
 async def test_detach_removes_the_entry_and_emits_disposed_after_removal(
-    store: SessionStore, notices: list[tuple[str, str]]
+    store: SessionRegistry, notices: list[tuple[str, str]]
 ) -> None:
     live_at_dispatch: list[Session | None] = []
     store.bus.on("session/disposed", lambda n: live_at_dispatch.append(store.get(n.subject.id)))
@@ -204,7 +204,7 @@ async def test_detach_removes_the_entry_and_emits_disposed_after_removal(
 
 
 async def test_a_stale_detach_does_not_remove_a_later_entry_with_the_same_id(
-    store: SessionStore, notices: list[tuple[str, str]]
+    store: SessionRegistry, notices: list[tuple[str, str]]
 ) -> None:
     first = store.enter(await store.prepare_new("s1"))
     store.announce(first)
@@ -226,7 +226,7 @@ async def test_a_stale_detach_does_not_remove_a_later_entry_with_the_same_id(
 
 
 async def test_a_stale_entry_object_cannot_remove_the_live_entry(
-    store: SessionStore, notices: list[tuple[str, str]]
+    store: SessionRegistry, notices: list[tuple[str, str]]
 ) -> None:
     # Detach is bound to the entry object, not the id: a foreign entry for the
     # same session neither removes the live one nor announces anything.
@@ -242,7 +242,7 @@ async def test_a_stale_entry_object_cannot_remove_the_live_entry(
 
 
 async def test_detaching_a_never_announced_entry_emits_no_disposed(
-    store: SessionStore, notices: list[tuple[str, str]]
+    store: SessionRegistry, notices: list[tuple[str, str]]
 ) -> None:
     entry = store.enter(await store.prepare_new("s1"))
     await store.detach(entry)
@@ -253,7 +253,7 @@ async def test_detaching_a_never_announced_entry_emits_no_disposed(
 
 
 async def test_detach_flushes_even_when_the_caller_is_cancelled(
-    store: SessionStore, persistence: SessionPersistence
+    store: SessionRegistry, persistence: SessionStore
 ) -> None:
     session = await store.prepare_new("s1")
     entry = store.enter(session)
@@ -266,14 +266,14 @@ async def test_detach_flushes_even_when_the_caller_is_cancelled(
     assert await stored_events(persistence, "s1") == tuple(session.events)
 
 
-async def test_prepare_new_of_a_stored_id_is_refused(store: SessionStore) -> None:
+async def test_prepare_new_of_a_stored_id_is_refused(store: SessionRegistry) -> None:
     await store_session(store, "s1", balanced_turn(1))
     with pytest.raises(SessionExistsError, match="'s1' already exists in the store; resume it instead"):
         await store.prepare_new("s1")
 
 
 async def test_prepare_new_records_lineage_without_ownership(
-    store: SessionStore, persistence: SessionPersistence
+    store: SessionRegistry, persistence: SessionStore
 ) -> None:
     parent = store.enter(await store.prepare_new("parent"))
     child = await store.prepare_new("child", parent_session="parent")
@@ -286,7 +286,7 @@ async def test_prepare_new_records_lineage_without_ownership(
     assert (await persistence.load("child")).header.parent_session == "parent"
 
 
-async def test_prepare_new_without_an_id_makes_a_fresh_one(store: SessionStore) -> None:
+async def test_prepare_new_without_an_id_makes_a_fresh_one(store: SessionRegistry) -> None:
     first, second = await store.prepare_new(), await store.prepare_new()
     assert first.id != second.id and first.id and second.id
 
@@ -295,7 +295,7 @@ async def test_prepare_new_without_an_id_makes_a_fresh_one(store: SessionStore) 
 
 
 async def test_resume_reads_a_balanced_log_back_without_closers(
-    store: SessionStore, persistence: SessionPersistence
+    store: SessionRegistry, persistence: SessionStore
 ) -> None:
     written = await store_session(store, "s1", balanced_turn(1) + balanced_turn(2))
     session = await store.prepare_resume("s1")
@@ -309,14 +309,14 @@ async def test_resume_reads_a_balanced_log_back_without_closers(
     assert await stored_events(persistence, "s1") == (*written, appended)
 
 
-async def test_prepare_resume_of_a_live_session_is_refused(store: SessionStore) -> None:
+async def test_prepare_resume_of_a_live_session_is_refused(store: SessionRegistry) -> None:
     entry = store.enter(await store.prepare_new("s1"))
     with pytest.raises(SessionExistsError, match="'s1' is live"):
         await store.prepare_resume("s1")
     assert store.get("s1") is entry.session
 
 
-async def test_prepare_resume_of_an_unknown_id_is_not_found(store: SessionStore) -> None:
+async def test_prepare_resume_of_an_unknown_id_is_not_found(store: SessionRegistry) -> None:
     with pytest.raises(SessionNotFoundError, match="no stored session 'nobody'"):
         await store.prepare_resume("nobody")
     with pytest.raises(InvalidSessionIdError):
@@ -324,7 +324,7 @@ async def test_prepare_resume_of_an_unknown_id_is_not_found(store: SessionStore)
 
 
 async def test_resume_of_a_log_that_died_mid_turn_appends_closers(
-    store: SessionStore, persistence: SessionPersistence
+    store: SessionRegistry, persistence: SessionStore
 ) -> None:
     written = await store_session(store, "s1", balanced_turn(1) + died_mid_turn(2))
     session = await store.prepare_resume("s1")
@@ -368,7 +368,7 @@ async def test_resume_of_a_log_that_died_mid_turn_appends_closers(
     ids=["open turn", "open step", "step ended", "no results"],
 )
 async def test_recovery_closes_exactly_what_is_open(
-    store: SessionStore, tail: list[Step], expected: list[type[Event]]
+    store: SessionRegistry, tail: list[Step], expected: list[type[Event]]
 ) -> None:
     written = await store_session(store, "s1", balanced_turn(1) + tail)
     session = await store.prepare_resume("s1")
@@ -384,7 +384,7 @@ async def test_recovery_closes_exactly_what_is_open(
 
 
 async def test_fork_copies_events_up_to_the_boundary_with_lineage(
-    store: SessionStore, persistence: SessionPersistence, notices: list[tuple[str, str]]
+    store: SessionRegistry, persistence: SessionStore, notices: list[tuple[str, str]]
 ) -> None:
     written = await store_session(store, "parent", balanced_turn(1) + balanced_turn(2))
     notices.clear()
@@ -403,7 +403,7 @@ async def test_fork_copies_events_up_to_the_boundary_with_lineage(
 
 
 async def test_fork_of_a_live_session_and_resume_of_the_child_as_an_independent_root(
-    store: SessionStore, persistence: SessionPersistence
+    store: SessionRegistry, persistence: SessionStore
 ) -> None:
     parent = await store.prepare_new("parent", cwd="/work")
     parent_entry = store.enter(parent)
@@ -422,7 +422,7 @@ async def test_fork_of_a_live_session_and_resume_of_the_child_as_an_independent_
     await store.detach(parent_entry)
 
 
-async def test_fork_refusals_are_distinct(store: SessionStore, persistence: SessionPersistence) -> None:
+async def test_fork_refusals_are_distinct(store: SessionRegistry, persistence: SessionStore) -> None:
     written = await store_session(store, "src", balanced_turn(1) + died_mid_turn(2))
     inside = len(balanced_turn(1)) + 2  # after turn/start and step/start of turn 2
     await store_session(store, "taken", balanced_turn(1))
@@ -448,13 +448,13 @@ async def test_fork_refusals_are_distinct(store: SessionStore, persistence: Sess
     await store.detach(live)
 
 
-async def test_fork_boundary_errors_are_value_errors(store: SessionStore) -> None:
+async def test_fork_boundary_errors_are_value_errors(store: SessionRegistry) -> None:
     await store_session(store, "src", balanced_turn(1))
     with pytest.raises(ValueError, match=r"outside 0\.\.12"):
         await store.fork("src", 13, "child")
 
 
-async def test_a_session_without_events_is_never_stored(store: SessionStore, persistence: SessionPersistence) -> None:
+async def test_a_session_without_events_is_never_stored(store: SessionRegistry, persistence: SessionStore) -> None:
     entry = store.enter(await store.prepare_new("empty"))
     store.announce(entry)
     await store.detach(entry)
@@ -466,7 +466,7 @@ async def test_a_session_without_events_is_never_stored(store: SessionStore, per
 # ------------------------------------------------------------------ queries
 
 
-async def test_stored_lists_headers_oldest_first(store: SessionStore) -> None:
+async def test_stored_lists_headers_oldest_first(store: SessionRegistry) -> None:
     await store_session(store, "b", balanced_turn(1))
     await store_session(store, "a", balanced_turn(1))
     headers = await store.stored()
@@ -474,7 +474,7 @@ async def test_stored_lists_headers_oldest_first(store: SessionStore) -> None:
     assert headers[0].created_at < headers[1].created_at
 
 
-async def test_load_events_reads_the_live_log_then_the_stored_one(store: SessionStore) -> None:
+async def test_load_events_reads_the_live_log_then_the_stored_one(store: SessionRegistry) -> None:
     session = await store.prepare_new("s1")
     entry = store.enter(session)
     append_all(session, balanced_turn(1))  # not flushed yet
@@ -487,7 +487,7 @@ async def test_load_events_reads_the_live_log_then_the_stored_one(store: Session
         await store.load_events("ghost")
 
 
-async def test_listeners_see_the_session_in_notices(store: SessionStore) -> None:
+async def test_listeners_see_the_session_in_notices(store: SessionRegistry) -> None:
     got: list[Notice] = []
     store.bus.on("session/created", got.append)
     entry = store.enter(await store.prepare_new("s1"))
@@ -499,9 +499,9 @@ async def test_listeners_see_the_session_in_notices(store: SessionStore) -> None
 # ------------------------------------------------------------------ one writer per session
 
 
-async def test_a_session_held_by_one_store_cannot_be_resumed_through_another(persistence: SessionPersistence) -> None:
+async def test_a_session_held_by_one_store_cannot_be_resumed_through_another(persistence: SessionStore) -> None:
     # Two stores over one persistence stand for two harnesses (or processes) sharing it.
-    first, second = SessionStore(persistence, clock=FakeClock()), SessionStore(persistence, clock=FakeClock())
+    first, second = SessionRegistry(persistence, clock=FakeClock()), SessionRegistry(persistence, clock=FakeClock())
     await store_session(first, "s1", balanced_turn(1))
     held = await first.prepare_resume("s1")  # prepared only: not live yet
     with pytest.raises(SessionLockedError, match=r"'s1' is (already )?live"):
@@ -517,14 +517,14 @@ async def test_a_session_held_by_one_store_cannot_be_resumed_through_another(per
     await first.discard(resumed)
 
 
-async def test_a_created_session_is_held_from_its_first_flush(persistence: SessionPersistence) -> None:
-    first, second = SessionStore(persistence, clock=FakeClock()), SessionStore(persistence, clock=FakeClock())
+async def test_a_created_session_is_held_from_its_first_flush(persistence: SessionStore) -> None:
+    first, second = SessionRegistry(persistence, clock=FakeClock()), SessionRegistry(persistence, clock=FakeClock())
     entry = first.enter(await first.prepare_new("s1"))
     rival = second.enter(await second.prepare_new("s1"))  # nothing stored yet: both may prepare
     append_all(entry.session, balanced_turn(1))
     await entry.session.flush()
     with pytest.raises(SessionLockedError):
-        await SessionStore(persistence).prepare_resume("s1")
+        await SessionRegistry(persistence).prepare_resume("s1")
     append_all(rival.session, balanced_turn(1))
     with pytest.raises(SessionStoreError, match="'s1' is already stored") as caught:
         await rival.session.flush()  # the first flush of the other writer won the id
@@ -535,7 +535,7 @@ async def test_a_created_session_is_held_from_its_first_flush(persistence: Sessi
     assert await stored_events(persistence, "s1") == tuple(entry.session.events)
 
 
-async def test_a_discarded_preparation_stores_nothing(store: SessionStore, persistence: SessionPersistence) -> None:
+async def test_a_discarded_preparation_stores_nothing(store: SessionRegistry, persistence: SessionStore) -> None:
     session = await store.prepare_new("s1")
     append_all(session, balanced_turn(1))
     await store.discard(session)

@@ -37,13 +37,13 @@ from trio_harness import (
 from trio_harness.model import ScriptedModel
 from trio_harness.model._protocol import ToolCall
 from trio_harness.session import (
-    JsonlPersistence,
-    MemoryPersistence,
-    PostgresPersistence,
+    JsonlStore,
+    MemoryStore,
+    PostgresStore,
     Session,
     SessionHeader,
-    SessionPersistence,
     SessionStore,
+    SessionRegistry,
 )
 from trio_harness.session import _events as ev
 from trio_harness.session._events import Event, InboxMessage
@@ -67,16 +67,16 @@ class Kit:
     """One store under test, and what the tests need around it."""
 
     kind: str
-    persistence: SessionPersistence
+    persistence: SessionStore
     # Another provider object on the same storage (another process's view;
     # the in-memory store has no such thing, so it is the same object).
-    twin: Callable[[], SessionPersistence]
+    twin: Callable[[], SessionStore]
     # Break the store so that a new session cannot be stored, and mend it.
     breaks: Callable[[], None] | None = None
     mends: Callable[[], None] | None = None
 
-    def store(self, clock: Callable[[], float] | None = None) -> SessionStore:
-        return SessionStore(self.persistence, clock=clock if clock is not None else FakeClock())
+    def store(self, clock: Callable[[], float] | None = None) -> SessionRegistry:
+        return SessionRegistry(self.persistence, clock=clock if clock is not None else FakeClock())
 
 
 def _psql(cluster: Cluster, sql: str) -> None:
@@ -86,7 +86,7 @@ def _psql(cluster: Cluster, sql: str) -> None:
 @pytest.fixture(params=STORES)
 async def kit(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Kit]:
     if request.param == "memory":
-        memory = MemoryPersistence()
+        memory = MemoryStore()
         yield Kit("memory", memory, twin=lambda: memory)
         return
     if request.param == "jsonl":
@@ -102,20 +102,20 @@ async def kit(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[K
             root.mkdir()
 
         yield Kit(
-            "jsonl", JsonlPersistence(root), twin=lambda: JsonlPersistence(root), breaks=break_jsonl, mends=mend_jsonl
+            "jsonl", JsonlStore(root), twin=lambda: JsonlStore(root), breaks=break_jsonl, mends=mend_jsonl
         )
         return
     cluster: Cluster = request.getfixturevalue("postgres_cluster")
     schema = fresh_schema()
     async with AsyncExitStack() as stack:
-        first = PostgresPersistence(cluster.dsn(), schema=schema)
+        first = PostgresStore(cluster.dsn(), schema=schema)
         await first.check()
         await stack.enter_async_context(first)
 
         yield Kit(
             "postgres",
             first,
-            twin=lambda: PostgresPersistence(cluster.dsn(), schema=schema),
+            twin=lambda: PostgresStore(cluster.dsn(), schema=schema),
             breaks=lambda: _psql(cluster, f"ALTER TABLE {schema}.events RENAME TO events_away"),
             mends=lambda: _psql(cluster, f"ALTER TABLE {schema}.events_away RENAME TO events"),
         )
@@ -143,9 +143,9 @@ async def appended(session: Session, predicate: Callable[[Event], bool]) -> Even
     return found[0]
 
 
-async def opened(stack: AsyncExitStack, persistence: SessionPersistence) -> SessionPersistence:
+async def opened(stack: AsyncExitStack, persistence: SessionStore) -> SessionStore:
     """Open a twin's service (PostgreSQL) for the rest of the test."""
-    if isinstance(persistence, PostgresPersistence):
+    if isinstance(persistence, PostgresStore):
         await stack.enter_async_context(persistence)
     return persistence
 
@@ -181,7 +181,7 @@ def append(session: Session, steps: list[tuple[type[Event], dict[str, Any]]]) ->
         session.append(cls, **fields)
 
 
-async def create(store: SessionStore, session_id: str, steps: list[tuple[type[Event], dict[str, Any]]]) -> Session:
+async def create(store: SessionRegistry, session_id: str, steps: list[tuple[type[Event], dict[str, Any]]]) -> Session:
     """Create, fill and detach a session."""
     session = await store.prepare_new(session_id, cwd="/work")
     entry = store.enter(session)
@@ -259,7 +259,7 @@ async def test_a_session_held_by_one_writer_cannot_be_resumed_through_another_st
 async def test_a_session_held_through_one_provider_object_is_refused_through_another(kit: Kit) -> None:
     await create(kit.store(), "s1", turn(1))
     async with AsyncExitStack() as stack:
-        other = SessionStore(await opened(stack, kit.twin()))
+        other = SessionRegistry(await opened(stack, kit.twin()))
         mine = kit.store()
         held = await mine.prepare_resume("s1")
         with pytest.raises(SessionLockedError):
@@ -351,7 +351,7 @@ async def test_a_session_that_died_mid_turn_is_closed_on_resume(kit: Kit) -> Non
 
 
 async def test_events_and_header_round_trip_exactly(kit: Kit) -> None:
-    store = SessionStore(kit.persistence, clock=FakeClock())
+    store = SessionRegistry(kit.persistence, clock=FakeClock())
     session = await store.prepare_new("unicode-ß-☃", cwd="/home/zoë/proj ect", parent_session="parent")
     entry = store.enter(session)
     session.append(ev.InboxSpliced, queue="next-turn", start=0, inserted=(InboxMessage("m1", 'héllo\n\t"quoted" 🎉'),))
@@ -370,12 +370,12 @@ async def test_events_and_header_round_trip_exactly(kit: Kit) -> None:
 
 async def test_stored_sessions_are_listed_oldest_first_then_by_id(kit: Kit) -> None:
     clock = FakeClock()
-    await create(SessionStore(kit.persistence, clock=clock), "b", turn(1))
-    await create(SessionStore(kit.persistence, clock=clock), "a", turn(1))
+    await create(SessionRegistry(kit.persistence, clock=clock), "b", turn(1))
+    await create(SessionRegistry(kit.persistence, clock=clock), "a", turn(1))
     tied = FakeClock(now=clock.now + 10)
     for session_id in ("z", "y"):
         tied.now = clock.now + 10  # the same creation time: ordered by id
-        await create(SessionStore(kit.persistence, clock=lambda: tied.now), session_id, turn(1))
+        await create(SessionRegistry(kit.persistence, clock=lambda: tied.now), session_id, turn(1))
     assert [h.id for h in await kit.persistence.list()] == ["b", "a", "y", "z"]
     assert [h.id for h in await kit.store().stored()] == ["b", "a", "y", "z"]
 

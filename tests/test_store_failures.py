@@ -24,10 +24,10 @@ import pytest
 import trio
 from _util import WAIT
 
-from trio_harness import JsonlPersistence, ScriptedModel, Session, SessionStoreError, open_harness
+from trio_harness import JsonlStore, ScriptedModel, Session, SessionStoreError, open_harness
 from trio_harness.session import _events as ev
 from trio_harness.session._events import Event, SessionHeader
-from trio_harness.session._persistence import LoadedSession, MemoryPersistence
+from trio_harness.session._persistence import LoadedSession, MemoryStore
 from trio_harness.session._session import SessionWriter
 from trio_harness.testing import assert_balanced
 
@@ -73,7 +73,7 @@ async def test_a_refused_turn_ends_in_error_and_a_later_flush_stores_it(tmp_path
         mend_store(root)
         await agent.when_idle()  # retries the flush, which now succeeds
         assert store_failure_of(agent.session) is None
-        loaded = await JsonlPersistence(root).load("s1")
+        loaded = await JsonlStore(root).load("s1")
         assert list(loaded.events) == kept
         assert_balanced(loaded.events)
         await handle.dispose()
@@ -171,7 +171,7 @@ class _SyncFailingWriter:
 
 @attrs.define(eq=False)
 class _SyncFailingStore:
-    inner: MemoryPersistence = attrs.field(factory=MemoryPersistence)
+    inner: MemoryStore = attrs.field(factory=MemoryStore)
     failing: list[bool] = attrs.field(factory=lambda: [True])
 
     async def exists(self, session_id: str) -> bool:

@@ -43,13 +43,13 @@ from .agents._factory import ReactLoopFactory
 from .agents._registry import AgentRegistry
 from .agents._tools import ToolSet
 from .bash._executor import BashExecutor, open_bash_executor
-from .bash._options import BashOptions
+from .bash._options import BashRuntimeOptions
 from .model._protocol import ModelProvider, ModelSettings
 from .model._spec import open_model
-from .session._jsonl import JsonlPersistence
-from .session._persistence import MemoryPersistence, SessionPersistence
-from .session._store import SessionStore
-from .tasks._options import TaskOptions
+from .session._jsonl import JsonlStore
+from .session._persistence import MemoryStore, SessionStore
+from .session._registry import SessionRegistry
+from .tasks._options import TaskRuntimeOptions
 from .tasks._service import TaskService, open_task_service
 from .tools._bash import BashToolOptions, BashToolPlugin
 from .tools._mcp import McpConnection, connect_mcp_servers
@@ -59,7 +59,7 @@ from .tools._tasks import TaskToolOptions, TaskToolsPlugin
 
 __all__ = ["Harness", "open_harness", "open_store", "resolve_store"]
 
-_O = TypeVar("_O", BashOptions, TaskOptions, TaskToolOptions, SubagentOptions, BashToolOptions)
+_O = TypeVar("_O", BashRuntimeOptions, TaskRuntimeOptions, TaskToolOptions, SubagentOptions, BashToolOptions)
 
 
 def _option_record(kind: type[_O], value: _O | Mapping[str, Any] | None, parameter: str) -> _O:
@@ -80,7 +80,7 @@ def _option_record(kind: type[_O], value: _O | Mapping[str, Any] | None, paramet
     return kind(**value)
 
 
-def resolve_store(store: SessionPersistence | str | os.PathLike[str]) -> SessionPersistence:
+def resolve_store(store: SessionStore | str | os.PathLike[str]) -> SessionStore:
     """Turn ``":memory:"``, a directory path, a ``postgresql://`` URL or a persistence object into a provider.
 
     Raises:
@@ -89,13 +89,13 @@ def resolve_store(store: SessionPersistence | str | os.PathLike[str]) -> Session
         TypeError: ``store`` is none of these.
     """
     if isinstance(store, str) and store.startswith(("postgresql://", "postgres://")):
-        from .session._postgres import PostgresPersistence
+        from .session._postgres import PostgresStore
 
-        return PostgresPersistence(store)
+        return PostgresStore(store)
     if isinstance(store, str | os.PathLike):
         if os.fspath(store) == ":memory:":
-            return MemoryPersistence()
-        return JsonlPersistence(Path(store))
+            return MemoryStore()
+        return JsonlStore(Path(store))
     missing = [
         name
         for name in ("check", "exists", "list", "load", "open_writer", "resume", "save")
@@ -109,7 +109,7 @@ def resolve_store(store: SessionPersistence | str | os.PathLike[str]) -> Session
     return store
 
 
-def _store_service(persistence: SessionPersistence) -> AbstractAsyncContextManager[object]:
+def _store_service(persistence: SessionStore) -> AbstractAsyncContextManager[object]:
     """The store's own service (a PostgreSQL store's heartbeats and listener), or nothing.
 
     A provider with an ``open_service()`` method is opened for as long as it is
@@ -123,7 +123,7 @@ def _store_service(persistence: SessionPersistence) -> AbstractAsyncContextManag
 
 
 @asynccontextmanager
-async def open_store(store: SessionPersistence | str | os.PathLike[str]) -> AsyncIterator[SessionPersistence]:
+async def open_store(store: SessionStore | str | os.PathLike[str]) -> AsyncIterator[SessionStore]:
     """Resolve and check a store, and keep it open for the block (no harness).
 
     The command line's ``sessions list|show`` read stores this way.
@@ -160,7 +160,7 @@ class Harness:
 
     scope: Scope
     bus: EventBus
-    sessions: SessionStore
+    sessions: SessionRegistry
     agents: AgentRegistry
     tasks: TaskService
     bash: BashExecutor
@@ -195,12 +195,12 @@ class Harness:
 async def open_harness(
     *,
     model: ModelProvider | str | None = None,
-    store: SessionPersistence | str | os.PathLike[str] = ":memory:",
+    store: SessionStore | str | os.PathLike[str] = ":memory:",
     builtin_tools: bool | Sequence[str] = True,
     clock: Callable[[], float] = time.time,
     teardown_timeout: float = DEFAULT_TEARDOWN_TIMEOUT,
-    bash_options: BashOptions | Mapping[str, Any] | None = None,
-    task_options: TaskOptions | Mapping[str, Any] | None = None,
+    bash_options: BashRuntimeOptions | Mapping[str, Any] | None = None,
+    task_options: TaskRuntimeOptions | Mapping[str, Any] | None = None,
     task_tool_options: TaskToolOptions | Mapping[str, Any] | None = None,
     subagent_options: SubagentOptions | Mapping[str, Any] | None = None,
     approver: Approver | None = None,
@@ -210,7 +210,7 @@ async def open_harness(
 ) -> AsyncIterator[Harness]:
     """Open a harness; every service stops (in reverse order) when the block exits.
 
-    The four settings arguments take their record (``bash_options=BashOptions(...)``)
+    The four settings arguments take their record (``bash_options=BashRuntimeOptions(...)``)
     or, as before the records existed, a dict of the record's fields; a dict is
     converted here, and an unknown key raises :exc:`TypeError` naming it.
 
@@ -221,7 +221,7 @@ async def open_harness(
             ``postgresql://`` URL for the PostgreSQL store, or a provider;
             checked at once (:exc:`SessionStoreError` when it cannot be
             written).  A provider with a service of its own
-            (:class:`~trio_harness.session.PostgresPersistence`) is opened
+            (:class:`~trio_harness.session.PostgresStore`) is opened
             before the services start and closed after the sessions are
             detached.
         builtin_tools: load the built-in tool plugins (``"tasks"``, ``"bash"``,
@@ -231,8 +231,8 @@ async def open_harness(
             step (an agent's disposal waiting for its tasks, the task
             service's exit); a task still live after it is force-settled
             ``failed`` and reported as ``task/done``.
-        bash_options: settings of the bash executor (:class:`~trio_harness.bash.BashOptions`).
-        task_options: settings of the task service (:class:`~trio_harness.tasks.TaskOptions`).
+        bash_options: settings of the bash executor (:class:`~trio_harness.bash.BashRuntimeOptions`).
+        task_options: settings of the task service (:class:`~trio_harness.tasks.TaskRuntimeOptions`).
         task_tool_options: settings of the task tools plugin
             (:class:`~trio_harness.tools.TaskToolOptions`).
         subagent_options: settings of the subagent tool plugin
@@ -268,8 +268,8 @@ async def open_harness(
         raise ValueError(f"teardown_timeout must be a positive number of seconds, got {teardown_timeout!r}")
     if model_settings is not None and not isinstance(model_settings, ModelSettings):
         raise TypeError(f"model_settings must be a ModelSettings, got {type(model_settings).__name__}")
-    bash_settings = _option_record(BashOptions, bash_options, "bash_options")
-    task_settings = _option_record(TaskOptions, task_options, "task_options")
+    bash_settings = _option_record(BashRuntimeOptions, bash_options, "bash_options")
+    task_settings = _option_record(TaskRuntimeOptions, task_options, "task_options")
     task_tool_settings = _option_record(TaskToolOptions, task_tool_options, "task_tool_options")
     subagent_settings = _option_record(SubagentOptions, subagent_options, "subagent_options")
     bash_tool_settings = _option_record(BashToolOptions, bash_tool_options, "bash_tool_options")
@@ -289,7 +289,7 @@ async def open_harness(
 
     servers = tuple(mcp_servers)
     bus = EventBus()
-    sessions = SessionStore(persistence=persistence, bus=bus, clock=clock)
+    sessions = SessionRegistry(persistence=persistence, bus=bus, clock=clock)
     tools = ToolSet()
     async with (
         _reporting_unstored(sessions),
@@ -306,7 +306,7 @@ async def open_harness(
         key_env = getattr(provider, "api_key_env", None)
         env_policy = bash_settings.env_policy.hiding([key_env] if isinstance(key_env, str) and key_env else [])
         # The sandbox hides the store's root: other sessions' transcripts (docs/sandbox.rst).
-        store_root = persistence.root if isinstance(persistence, JsonlPersistence) else None
+        store_root = persistence.root if isinstance(persistence, JsonlStore) else None
         bash_kwargs = attrs.asdict(bash_settings, recurse=False) | {"env_policy": env_policy}
         bash = await bash_scope.enter_async_context(open_bash_executor(**bash_kwargs, session_root=store_root))
         tasks_scope = await root.open_child("tasks")
@@ -350,7 +350,7 @@ async def open_harness(
 
 
 @asynccontextmanager
-async def _reporting_unstored(sessions: SessionStore) -> AsyncIterator[None]:
+async def _reporting_unstored(sessions: SessionRegistry) -> AsyncIterator[None]:
     """Raise, once every service stopped, what the store could not take (docs/guarantees.rst)."""
     try:
         yield

@@ -56,7 +56,7 @@ from ._options import AgentOptions
 if TYPE_CHECKING:
     from .._bus import EventBus
     from ..session._session import Session
-    from ..session._store import SessionEntry, SessionStore
+    from ..session._registry import SessionEntry, SessionRegistry
 
 __all__ = ["AgentFactory", "AgentHandle", "AgentRegistry", "LoopAgent", "Setup"]
 
@@ -106,7 +106,7 @@ class _AgentEntry:
 
 
 def _deliver(agent: Agent, message: InboxMessage) -> None:
-    """Splice a message posted to the agent's session into its inbox (``SessionStore.post``)."""
+    """Splice a message posted to the agent's session into its inbox (``SessionRegistry.post``)."""
     agent.send(message, mode=message.mode)
 
 
@@ -225,7 +225,7 @@ class AgentRegistry:
     by the factory registered with :meth:`register_factory`.
     """
 
-    _sessions: SessionStore = attrs.field(alias="sessions")
+    _sessions: SessionRegistry = attrs.field(alias="sessions")
     _bus: EventBus = attrs.field(alias="bus")
     _entries: dict[str, _AgentEntry] = attrs.field(factory=dict, init=False)
     _factory: tuple[AgentFactory, Scope] | None = attrs.field(default=None, init=False)

@@ -11,7 +11,7 @@ from ._executor import BashExecutor as BashExecutor
 from ._executor import BashProcess as BashProcess
 from ._executor import BashProcessNotFoundError as BashProcessNotFoundError
 from ._executor import open_bash_executor as open_bash_executor
-from ._options import BashOptions as BashOptions
+from ._options import BashRuntimeOptions as BashRuntimeOptions
 from ._records import BashRequest as BashRequest
 from ._records import BashResult as BashResult
 from ._records import BashSpec as BashSpec

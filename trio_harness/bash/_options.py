@@ -7,11 +7,11 @@ import attrs
 from ._env import EnvPolicy, to_env_policy
 from ._sandbox import SandboxPolicy, to_policy
 
-__all__ = ["BashOptions"]
+__all__ = ["BashRuntimeOptions"]
 
 
 @attrs.frozen
-class BashOptions:
+class BashRuntimeOptions:
     """Settings of the harness's bash executor: the keyword arguments of
     :func:`~trio_harness.bash.open_bash_executor`, with the same defaults.
 

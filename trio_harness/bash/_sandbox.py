@@ -153,7 +153,7 @@ def _paths(value: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> 
 
 @attrs.frozen
 class SandboxPolicy:
-    """What a sandboxed bash command may do (``BashOptions(sandbox=SandboxPolicy())``).
+    """What a sandboxed bash command may do (``BashRuntimeOptions(sandbox=SandboxPolicy())``).
 
     Always writable: the command's writable directory (the session's working
     directory for the ``bash`` tool; otherwise the command's working directory).

@@ -12,7 +12,7 @@ not at all.  The writer only appends, batching lines in memory and writing +
 flush that returned is durable even if the process is killed next.
 
 One writer per session: the writer holds an exclusive ``flock`` on the log from
-the moment the log appears (new sessions) or from :meth:`JsonlPersistence.resume`
+the moment the log appears (new sessions) or from :meth:`JsonlStore.resume`
 (before the log is read) until it is closed, so a session live in one process
 cannot be resumed in another.
 
@@ -62,7 +62,7 @@ from ._events import Event, SessionHeader, TurnEnd
 from ._persistence import LoadedSession
 from ._session import SessionWriter, validate_session_id
 
-__all__ = ["DEFAULT_MAX_LOG_BYTES", "JsonlPersistence", "escape_session_id", "unescape_session_id"]
+__all__ = ["DEFAULT_MAX_LOG_BYTES", "JsonlStore", "escape_session_id", "unescape_session_id"]
 
 log = logging.getLogger("trio_harness.session.jsonl")
 
@@ -204,7 +204,7 @@ async def _read_all(fd: int, size: int) -> bytes:
 
 @attrs.define(eq=False)
 class _JsonlWriter:
-    store: JsonlPersistence
+    store: JsonlStore
     header: SessionHeader
     path: Path
     # The encoded header line, written by the first flush of a new session.
@@ -374,7 +374,7 @@ def _make_private_dirs(root: Path) -> None:
 
 
 @attrs.define(eq=False)
-class JsonlPersistence:
+class JsonlStore:
     """Sessions stored as JSONL files in one directory per session under ``root``.
 
     Args:
@@ -691,7 +691,7 @@ class JsonlPersistence:
             if info.st_size > self.max_log_bytes:
                 raise SessionStoreError(
                     f"{path} is {info.st_size:,} bytes, more than the {self.max_log_bytes:,} bytes this store reads "
-                    "(raise JsonlPersistence(max_log_bytes=...) to load it)",
+                    "(raise JsonlStore(max_log_bytes=...) to load it)",
                     path=str(path),
                 )
         except BaseException:

@@ -11,7 +11,7 @@ from .._errors import SessionExistsError, SessionLockedError, SessionNotFoundErr
 from ._events import Event, InboxMessage, SessionHeader
 from ._session import SessionWriter, validate_session_id
 
-__all__ = ["LoadedSession", "MailboxWriter", "MemoryPersistence", "RemoteInbox", "ServerSideFork", "SessionPersistence"]
+__all__ = ["LoadedSession", "MailboxWriter", "MemoryStore", "RemoteInbox", "ServerSideFork", "SessionStore"]
 
 
 @attrs.frozen
@@ -32,7 +32,7 @@ class LoadedSession:
     valid_length: int = 0
 
 
-class SessionPersistence(Protocol):
+class SessionStore(Protocol):
     """Where sessions are stored.  Implementations: memory, JSONL directory, PostgreSQL.
 
     One writer at a time: a session is *held* by the writer that created it
@@ -102,7 +102,7 @@ class SessionPersistence(Protocol):
 class RemoteInbox(Protocol):
     """A store that keeps messages posted to a session until its holder takes them (PostgreSQL).
 
-    :meth:`SessionStore.post <trio_harness.session.SessionStore.post>` uses
+    :meth:`SessionRegistry.post <trio_harness.session.SessionRegistry.post>` uses
     it; a store without it delivers only to agents live in this process.
     """
 
@@ -165,7 +165,7 @@ class ServerSideFork(Protocol):
 
 @attrs.define(eq=False)
 class _MemoryWriter:
-    store: MemoryPersistence
+    store: MemoryStore
     header: SessionHeader
     # The events stored already (resume); None until the first flush of a new session.
     _record: list[Event] | None
@@ -202,7 +202,7 @@ class _MemoryWriter:
 
 
 @attrs.define(eq=False)
-class MemoryPersistence:
+class MemoryStore:
     """Sessions kept in this process's memory (tests, examples, ephemeral agents).
 
     Like the JSONL store, a new session's record appears at its first flush,

@@ -7,7 +7,7 @@ live one layer up, in :mod:`trio_harness.tools`.
 
 from __future__ import annotations
 
-from ._options import TaskOptions as TaskOptions
+from ._options import TaskRuntimeOptions as TaskRuntimeOptions
 from ._render import TASKS_GUIDANCE as TASKS_GUIDANCE
 from ._render import bound_text as bound_text
 from ._render import cut_utf8 as cut_utf8
@@ -35,7 +35,7 @@ __all__ = [
     "TASKS_GUIDANCE",
     "TaskHooks",
     "TaskListener",
-    "TaskOptions",
+    "TaskRuntimeOptions",
     "TaskOutcome",
     "TaskOwner",
     "TaskRead",

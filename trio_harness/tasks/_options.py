@@ -6,11 +6,11 @@ import attrs
 
 from ._service import DEFAULT_FINISHED_CAP, DEFAULT_PER_OWNER_CAP
 
-__all__ = ["TaskOptions"]
+__all__ = ["TaskRuntimeOptions"]
 
 
 @attrs.frozen
-class TaskOptions:
+class TaskRuntimeOptions:
     """Settings of the harness's task service: the keyword arguments of
     :func:`~trio_harness.tasks.open_task_service`, with the same defaults.
 

@@ -166,7 +166,7 @@ class McpStdioServer:
         restart_window: the seconds over which restarts are counted.
         env_policy: which inherited variables it gets
             (:class:`~trio_harness.bash.EnvPolicy`); None for the harness's
-            (``BashOptions.env_policy``, which also hides the model's API key
+            (``BashRuntimeOptions.env_policy``, which also hides the model's API key
             variable), or the default policy outside a harness.
 
     Raises:

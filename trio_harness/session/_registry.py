@@ -31,11 +31,11 @@ from .._errors import (
     SessionStoreError,
 )
 from ._events import Event, InboxMessage, SendMode, SessionHeader
-from ._persistence import RemoteInbox, ServerSideFork, SessionPersistence, has_mailbox
+from ._persistence import RemoteInbox, ServerSideFork, SessionStore, has_mailbox
 from ._recovery import closers_for, open_turn_at
 from ._session import Session, SessionWriter, validate_session_id
 
-__all__ = ["SessionEntry", "SessionStore"]
+__all__ = ["SessionEntry", "SessionRegistry"]
 
 log = logging.getLogger("trio_harness.session")
 
@@ -57,10 +57,10 @@ class SessionEntry:
 
 
 @attrs.define(eq=False)
-class SessionStore:
+class SessionRegistry:
     """Live sessions of this process, over a persistence provider."""
 
-    persistence: SessionPersistence
+    persistence: SessionStore
     bus: EventBus = attrs.field(factory=EventBus)
     clock: Callable[[], float] = time.time
     _live: dict[str, SessionEntry] = attrs.field(factory=dict, init=False)
