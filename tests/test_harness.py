@@ -11,7 +11,14 @@ import attrs
 import pytest
 import trio
 
-from trio_harness import BashRuntimeOptions, ScriptedModel, SubagentOptions, TaskRuntimeOptions, TaskToolOptions, open_harness
+from trio_harness import (
+    BashRuntimeOptions,
+    ScriptedModel,
+    SubagentOptions,
+    TaskRuntimeOptions,
+    TaskToolOptions,
+    open_harness,
+)
 from trio_harness._bus import Notice
 from trio_harness.agents import ToolSet
 from trio_harness.bash import open_bash_executor

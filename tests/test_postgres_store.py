@@ -337,9 +337,7 @@ async def test_a_batch_committed_before_the_connection_died_is_not_stored_twice(
     await sessions.detach(entry)
 
 
-async def test_fork_copies_the_events_on_the_server(
-    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_fork_copies_the_events_on_the_server(store: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
     events = await stored_session(store, "parent", turns=2)
 
     async def no_save(self: object, header: object, events: object) -> None:

@@ -36,8 +36,8 @@ from trio_harness.session import (
     Session,
     SessionEntry,
     SessionHeader,
-    SessionStore,
     SessionRegistry,
+    SessionStore,
 )
 from trio_harness.session._events import (
     AssistantMessage,
@@ -272,9 +272,7 @@ async def test_prepare_new_of_a_stored_id_is_refused(store: SessionRegistry) -> 
         await store.prepare_new("s1")
 
 
-async def test_prepare_new_records_lineage_without_ownership(
-    store: SessionRegistry, persistence: SessionStore
-) -> None:
+async def test_prepare_new_records_lineage_without_ownership(store: SessionRegistry, persistence: SessionStore) -> None:
     parent = store.enter(await store.prepare_new("parent"))
     child = await store.prepare_new("child", parent_session="parent")
     assert child.header.parent_session == "parent"

@@ -42,8 +42,8 @@ from trio_harness.session import (
     PostgresStore,
     Session,
     SessionHeader,
-    SessionStore,
     SessionRegistry,
+    SessionStore,
 )
 from trio_harness.session import _events as ev
 from trio_harness.session._events import Event, InboxMessage
@@ -101,9 +101,7 @@ async def kit(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[K
             root.unlink()
             root.mkdir()
 
-        yield Kit(
-            "jsonl", JsonlStore(root), twin=lambda: JsonlStore(root), breaks=break_jsonl, mends=mend_jsonl
-        )
+        yield Kit("jsonl", JsonlStore(root), twin=lambda: JsonlStore(root), breaks=break_jsonl, mends=mend_jsonl)
         return
     cluster: Cluster = request.getfixturevalue("postgres_cluster")
     schema = fresh_schema()

@@ -55,8 +55,8 @@ from ._options import AgentOptions
 
 if TYPE_CHECKING:
     from .._bus import EventBus
-    from ..session._session import Session
     from ..session._registry import SessionEntry, SessionRegistry
+    from ..session._session import Session
 
 __all__ = ["AgentFactory", "AgentHandle", "AgentRegistry", "LoopAgent", "Setup"]
 

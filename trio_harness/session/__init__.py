@@ -16,8 +16,8 @@ from ._persistence import ServerSideFork as ServerSideFork
 from ._persistence import SessionStore as SessionStore
 from ._postgres import SCHEMA_VERSION as SCHEMA_VERSION
 from ._postgres import PostgresStore as PostgresStore
+from ._registry import SessionEntry as SessionEntry
+from ._registry import SessionRegistry as SessionRegistry
 from ._session import Session as Session
 from ._session import SessionWriter as SessionWriter
 from ._session import validate_session_id as validate_session_id
-from ._registry import SessionEntry as SessionEntry
-from ._registry import SessionRegistry as SessionRegistry
