@@ -28,10 +28,10 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import attrs
 
@@ -62,22 +62,16 @@ __all__ = ["Harness", "open_harness", "open_store", "resolve_store"]
 _O = TypeVar("_O", BashRuntimeOptions, TaskRuntimeOptions, TaskToolOptions, SubagentOptions, BashToolOptions)
 
 
-def _option_record(kind: type[_O], value: _O | Mapping[str, Any] | None, parameter: str) -> _O:
-    """``value`` as a ``kind`` record; a mapping (the older form) is converted, its keys checked."""
+def _option_record(kind: type[_O], value: _O | None, parameter: str) -> _O:
+    """``value`` (a ``kind`` record, or None for the defaults), or a TypeError naming ``kind``."""
     if value is None:
         return kind()
-    if isinstance(value, kind):
-        return value
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{parameter} must be a {kind.__name__} (or a dict of its fields), got {type(value).__name__}")
-    known = [field.name for field in attrs.fields(kind)]
-    unknown = sorted(str(key) for key in value if key not in known)
-    if unknown:
+    if not isinstance(value, kind):
         raise TypeError(
-            f"{parameter} has unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-            f"{kind.__name__} takes {', '.join(known)}"
+            f"{parameter} must be a {kind.__name__} record ({parameter}={kind.__name__}(...)), "
+            f"got {type(value).__name__}"
         )
-    return kind(**value)
+    return value
 
 
 def resolve_store(store: SessionStore | str | os.PathLike[str]) -> SessionStore:
@@ -199,20 +193,19 @@ async def open_harness(
     builtin_tools: bool | Sequence[str] = True,
     clock: Callable[[], float] = time.time,
     teardown_timeout: float = DEFAULT_TEARDOWN_TIMEOUT,
-    bash_options: BashRuntimeOptions | Mapping[str, Any] | None = None,
-    task_options: TaskRuntimeOptions | Mapping[str, Any] | None = None,
-    task_tool_options: TaskToolOptions | Mapping[str, Any] | None = None,
-    subagent_options: SubagentOptions | Mapping[str, Any] | None = None,
+    bash_options: BashRuntimeOptions | None = None,
+    task_options: TaskRuntimeOptions | None = None,
+    task_tool_options: TaskToolOptions | None = None,
+    subagent_options: SubagentOptions | None = None,
     approver: Approver | None = None,
-    bash_tool_options: BashToolOptions | Mapping[str, Any] | None = None,
+    bash_tool_options: BashToolOptions | None = None,
     mcp_servers: Sequence[McpServerConfig] = (),
     model_settings: ModelSettings | None = None,
 ) -> AsyncIterator[Harness]:
     """Open a harness; every service stops (in reverse order) when the block exits.
 
-    The four settings arguments take their record (``bash_options=BashRuntimeOptions(...)``)
-    or, as before the records existed, a dict of the record's fields; a dict is
-    converted here, and an unknown key raises :exc:`TypeError` naming it.
+    The five settings arguments each take their record whole
+    (``bash_options=BashRuntimeOptions(grace_period=0.5)``), or None for its defaults.
 
     Args:
         model: the default model: a provider object or a spec string
@@ -256,7 +249,7 @@ async def open_harness(
             (``followup(text, settings=...)``) win over them, field by field.
 
     Raises:
-        TypeError: a settings argument has an unknown key or the wrong type.
+        TypeError: a settings argument is not its record.
         McpConfigError: two MCP servers have the same name.
         McpStartError: an MCP server could not be started (the message names
             it and why); every service was stopped again.
@@ -307,13 +300,12 @@ async def open_harness(
         env_policy = bash_settings.env_policy.hiding([key_env] if isinstance(key_env, str) and key_env else [])
         # The sandbox hides the store's root: other sessions' transcripts (docs/sandbox.rst).
         store_root = persistence.root if isinstance(persistence, JsonlStore) else None
-        bash_kwargs = attrs.asdict(bash_settings, recurse=False) | {"env_policy": env_policy}
-        bash = await bash_scope.enter_async_context(open_bash_executor(**bash_kwargs, session_root=store_root))
+        bash_settings = attrs.evolve(bash_settings, env_policy=env_policy)
+        bash = await bash_scope.enter_async_context(open_bash_executor(bash_settings, session_root=store_root))
         tasks_scope = await root.open_child("tasks")
-        task_kwargs = attrs.asdict(task_settings, recurse=False)
-        if task_kwargs["teardown_timeout"] is None:
-            task_kwargs["teardown_timeout"] = teardown_timeout
-        tasks = await tasks_scope.enter_async_context(open_task_service(**task_kwargs))
+        if task_settings.teardown_timeout is None:
+            task_settings = attrs.evolve(task_settings, teardown_timeout=teardown_timeout)
+        tasks = await tasks_scope.enter_async_context(open_task_service(task_settings))
         tasks.on_task_done(lambda snapshot: bus.emit("task/done", snapshot), scope=tasks_scope)
         plugins_scope = await root.open_child("plugins")
         # Opened (when there are servers) before the agents' scope, so it closes after
@@ -338,11 +330,11 @@ async def open_harness(
         )
 
         if "tasks" in wanted:
-            await harness.load(TaskToolsPlugin(tasks, tools, **attrs.asdict(task_tool_settings, recurse=False)))
+            await harness.load(TaskToolsPlugin(tasks, tools, task_tool_settings))
         if "bash" in wanted:
-            await harness.load(BashToolPlugin(bash, tasks, tools, **attrs.asdict(bash_tool_settings, recurse=False)))
+            await harness.load(BashToolPlugin(bash, tasks, tools, bash_tool_settings))
         if "subagent" in wanted:
-            await harness.load(SubagentToolPlugin(tasks, tools, **attrs.asdict(subagent_settings, recurse=False)))
+            await harness.load(SubagentToolPlugin(tasks, tools, subagent_settings))
         if mcp_scope is not None:
             servers = with_env_policy(servers, env_policy)
             harness._mcp_connections.extend(await connect_mcp_servers(mcp_scope, tools, servers, bus=bus))

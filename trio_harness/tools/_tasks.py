@@ -317,9 +317,10 @@ class _Notifier:
 
 @attrs.frozen
 class TaskToolOptions:
-    """Settings of the task tools plugin that :func:`~trio_harness.open_harness`
-    loads (``task_tool_options=``): the option fields of :class:`TaskToolsPlugin`,
-    with the same defaults and meanings.
+    """Settings of the model-facing task tools (``task_output``, ``task_list``,
+    ``task_kill``) and completion notices (:class:`TaskToolsPlugin`;
+    :func:`~trio_harness.open_harness` takes them as ``task_tool_options=``).
+    The task service itself has its own, :class:`~trio_harness.tasks.TaskRuntimeOptions`.
 
     Attributes:
         default_wait: seconds ``task_output(wait=true)`` waits by default.
@@ -350,39 +351,31 @@ class TaskToolsPlugin:
         name: ``"task-tools"`` (also the controller name it attaches).
         tasks: the task service to control.
         tools: the tool set to register into (normally the harness-wide one).
-        default_wait: seconds ``task_output(wait=true)`` waits by default.
-        max_wait: the longest wait a call may ask for, in seconds.
-        output_limit_bytes: a byte cap on every tool result and notice.
-        quiet: only inject notices (never wake an idle owner).
-        wake_budget: how many notices may wake one owner per ``wake_window``
-            seconds (Trio time); past the budget notices are injected.
-        wake_window: the budget window, in seconds.
+        options: the tools' settings (:class:`TaskToolOptions`), checked here
+            (a bad value raises :exc:`ValueError`).
     """
 
     name: ClassVar[str] = "task-tools"
 
     tasks: TaskService
     tools: ToolSet
-    default_wait: float = DEFAULT_WAIT
-    max_wait: float = MAX_WAIT
-    output_limit_bytes: int | None = None
-    quiet: bool = False
-    wake_budget: int = 3
-    wake_window: float = 60.0
+    options: TaskToolOptions = attrs.field(
+        factory=TaskToolOptions, validator=attrs.validators.instance_of(TaskToolOptions)
+    )
 
     def __attrs_post_init__(self) -> None:
-        _check_wait(self.default_wait, self.max_wait)
-        _check_limit(self.output_limit_bytes)
-        if self.wake_budget < 0 or not self.wake_window >= 0:
+        _check_wait(self.options.default_wait, self.options.max_wait)
+        _check_limit(self.options.output_limit_bytes)
+        if self.options.wake_budget < 0 or not self.options.wake_window >= 0:
             raise ValueError("wake_budget and wake_window must be >= 0")
 
     async def apply(self, scope: Scope) -> None:
         """Register the tools, the guidance, the controller and the notice listener in ``scope``."""
         for tool in task_tools(
             self.tasks,
-            default_wait=self.default_wait,
-            max_wait=self.max_wait,
-            output_limit_bytes=self.output_limit_bytes,
+            default_wait=self.options.default_wait,
+            max_wait=self.options.max_wait,
+            output_limit_bytes=self.options.output_limit_bytes,
         ):
             self.tools.add(tool, scope=scope)
         self.tools.add_prompt_section(TASKS_GUIDANCE, scope=scope)
@@ -394,9 +387,9 @@ class TaskToolsPlugin:
             raise
         notifier = _Notifier(
             tasks=self.tasks,
-            output_limit_bytes=self.output_limit_bytes,
-            quiet=self.quiet,
-            wake_budget=self.wake_budget,
-            wake_window=self.wake_window,
+            output_limit_bytes=self.options.output_limit_bytes,
+            quiet=self.options.quiet,
+            wake_budget=self.options.wake_budget,
+            wake_window=self.options.wake_window,
         )
         self.tasks.on_task_done(notifier, scope=scope)
