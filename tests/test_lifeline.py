@@ -183,7 +183,7 @@ LIBRARY_PROGRAM = """
 import signal
 import sys
 import trio
-from trio_harness import BashToolOptions, McpStdioServer, ScriptedModel, open_harness
+from trio_harness import BashRuntimeOptions, BashToolOptions, McpStdioServer, ScriptedModel, open_harness
 
 signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
 
