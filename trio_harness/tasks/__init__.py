@@ -7,6 +7,9 @@ live one layer up, in :mod:`trio_harness.tools`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from .._deprecate import renamed as _renamed
 from ._options import TaskRuntimeOptions as TaskRuntimeOptions
 from ._render import TASKS_GUIDANCE as TASKS_GUIDANCE
 from ._render import bound_text as bound_text
@@ -56,3 +59,7 @@ __all__ = [
     "truncation_marker",
     "utf8_len",
 ]
+
+if not TYPE_CHECKING:  # renamed in this release; the old name goes in the next (docs/sessions.rst)
+    __getattr__ = _renamed(__name__, {"TaskOptions": ("trio_harness.tasks.TaskRuntimeOptions", TaskRuntimeOptions)})
+del TYPE_CHECKING, _renamed
