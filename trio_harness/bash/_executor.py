@@ -205,7 +205,7 @@ class BashExecutor:
     spill_dir: str
     sandbox: SandboxPolicy | None
     _checked: Sandbox | None = attrs.field(repr=False)
-    env_policy: EnvPolicy = attrs.field(kw_only=True, factory=EnvPolicy)
+    env_policy: EnvPolicy = attrs.field(kw_only=True)
     _nursery: trio.Nursery = attrs.field(repr=False)
     _procs: dict[str, BashProcess] = attrs.field(factory=dict, init=False, repr=False)
     _live: set[ProcessGroup] = attrs.field(factory=set, init=False, repr=False)
