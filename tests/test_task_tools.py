@@ -114,9 +114,9 @@ async def test_three_tools_with_their_schemas(tasks: TaskService) -> None:
 def test_tool_options_are_validated() -> None:
     service = cast(TaskService, object())
     with pytest.raises(ValueError, match="wait"):
-        task_tools(service, default_wait=-1)
+        task_tools(service, TaskToolOptions(default_wait=-1))
     with pytest.raises(ValueError, match="output_limit_bytes"):
-        task_tools(service, output_limit_bytes=0)
+        task_tools(service, TaskToolOptions(output_limit_bytes=0))
     with pytest.raises(ValueError, match="output_limit_bytes"):
         TaskToolsPlugin(service, ToolSet(), TaskToolOptions(output_limit_bytes=-3))
 
@@ -696,7 +696,7 @@ async def test_an_unlimited_plugin_words_argument_errors_as_the_driver_does(
     assert tool is not None
     with pytest.raises(ValueError, match=r"^arguments for tool 'task_kill' do not match its schema"):
         tool.validate("{}")
-    limited = task_tools(tasks, output_limit_bytes=10_000)[2]
+    limited = task_tools(tasks, TaskToolOptions(output_limit_bytes=10_000))[2]
     ctx = ToolContext(agent=cast(Any, None), agents=cast(Any, None), call_id="c", turn=1, step=1)
     result = await limited.handler(ctx, limited.validate("{}"))
     assert isinstance(result, ToolOutput) and result.is_error

@@ -123,13 +123,7 @@ class _BoundedTool(Tool):
             return _InvalidArguments(str(exc))
 
 
-def task_tools(
-    tasks: TaskService,
-    *,
-    default_wait: float = DEFAULT_WAIT,
-    max_wait: float = MAX_WAIT,
-    output_limit_bytes: int | None = None,
-) -> list[Tool]:
+def task_tools(tasks: TaskService, options: TaskToolOptions | None = None) -> list[Tool]:
     """Build the ``task_output``, ``task_list`` and ``task_kill`` tools.
 
     The calling agent (``ctx.agent``) is the caller for authorization: it sees
@@ -137,11 +131,11 @@ def task_tools(
 
     Args:
         tasks: the task service.
-        default_wait: seconds ``task_output(wait=true)`` waits when no
-            ``timeout_ms`` is given (capped by ``max_wait``).
-        max_wait: the longest wait a call may ask for, in seconds.
-        output_limit_bytes: a byte cap on every tool result, combined with
-            each task's own ``output_limit_bytes`` (the stricter wins).
+        options: the tools' settings (:class:`TaskToolOptions`; None for the
+            defaults): its ``default_wait`` (capped by ``max_wait``) is used
+            when a ``task_output(wait=true)`` call gives no ``timeout_ms``; its
+            ``output_limit_bytes`` is combined with each task's own (the
+            stricter wins).  Its notice settings are not used here.
 
     Returns:
         The three tools, in the order output, list, kill.  With a limit, every
@@ -150,6 +144,9 @@ def task_tools(
     Raises:
         ValueError: a wait is negative or NaN, or the limit is not positive.
     """
+    if options is None:
+        options = TaskToolOptions()
+    default_wait, max_wait, output_limit_bytes = options.default_wait, options.max_wait, options.output_limit_bytes
     _check_wait(default_wait, max_wait)
     _check_limit(output_limit_bytes)
     default = min(default_wait, max_wait)
@@ -371,12 +368,7 @@ class TaskToolsPlugin:
 
     async def apply(self, scope: Scope) -> None:
         """Register the tools, the guidance, the controller and the notice listener in ``scope``."""
-        for tool in task_tools(
-            self.tasks,
-            default_wait=self.options.default_wait,
-            max_wait=self.options.max_wait,
-            output_limit_bytes=self.options.output_limit_bytes,
-        ):
+        for tool in task_tools(self.tasks, self.options):
             self.tools.add(tool, scope=scope)
         self.tools.add_prompt_section(TASKS_GUIDANCE, scope=scope)
         detach: Callable[[], None] = self.tasks.attach_controller(self.name)
