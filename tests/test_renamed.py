@@ -10,6 +10,7 @@ import trio_harness
 from trio_harness.session import JsonlStore, MemoryStore, PostgresStore, SessionRegistry, SessionStore
 from trio_harness.testing import open_test_harness
 
+# The old names, kept for one release, are what the rest of this file tests.
 RENAMED = [
     ("trio_harness", "BashOptions", "trio_harness.BashRuntimeOptions"),
     ("trio_harness", "TaskOptions", "trio_harness.TaskRuntimeOptions"),

@@ -91,7 +91,7 @@ from .tools import TaskToolOptions as TaskToolOptions
 from .tools import connect_mcp as connect_mcp
 from .tools import load_mcp_config as load_mcp_config
 
-if not TYPE_CHECKING:  # renamed in this release; the old names go in the next (docs/sessions.rst)
+if not TYPE_CHECKING:  # old names, kept for one release (docs/sessions.rst, "Renamed in this release")
     __getattr__ = _renamed(
         __name__,
         {
@@ -101,7 +101,7 @@ if not TYPE_CHECKING:  # renamed in this release; the old names go in the next (
             "JsonlPersistence": ("trio_harness.JsonlStore", JsonlStore),
         },
     )
-del TYPE_CHECKING, _renamed
+del TYPE_CHECKING, _renamed  # end of old names
 
 _publish_exceptions(__name__, globals())  # trio_harness.X in tracebacks, not the private module
 del _publish_exceptions

@@ -23,9 +23,9 @@ from ._render import render_result as render_result
 from ._sandbox import SandboxPolicy as SandboxPolicy
 from ._sandbox import SandboxUnavailableError as SandboxUnavailableError
 
-if not TYPE_CHECKING:  # renamed in this release; the old name goes in the next (docs/sessions.rst)
+if not TYPE_CHECKING:  # old names, kept for one release (docs/sessions.rst, "Renamed in this release")
     __getattr__ = _renamed(__name__, {"BashOptions": ("trio_harness.bash.BashRuntimeOptions", BashRuntimeOptions)})
-del TYPE_CHECKING, _renamed
+del TYPE_CHECKING, _renamed  # end of old names
 
 _publish_exceptions(__name__, globals())  # trio_harness.X in tracebacks, not the private module
 del _publish_exceptions

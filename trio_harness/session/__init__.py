@@ -25,7 +25,7 @@ from ._session import Session as Session
 from ._session import SessionWriter as SessionWriter
 from ._session import validate_session_id as validate_session_id
 
-if not TYPE_CHECKING:  # renamed in this release; the old names go in the next (docs/sessions.rst)
+if not TYPE_CHECKING:  # old names, kept for one release (docs/sessions.rst, "Renamed in this release")
     __getattr__ = _renamed(
         __name__,
         {
@@ -35,4 +35,4 @@ if not TYPE_CHECKING:  # renamed in this release; the old names go in the next (
             "PostgresPersistence": ("trio_harness.session.PostgresStore", PostgresStore),
         },
     )
-del TYPE_CHECKING, _renamed
+del TYPE_CHECKING, _renamed  # end of old names

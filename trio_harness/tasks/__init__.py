@@ -60,6 +60,6 @@ __all__ = [
     "utf8_len",
 ]
 
-if not TYPE_CHECKING:  # renamed in this release; the old name goes in the next (docs/sessions.rst)
+if not TYPE_CHECKING:  # old names, kept for one release (docs/sessions.rst, "Renamed in this release")
     __getattr__ = _renamed(__name__, {"TaskOptions": ("trio_harness.tasks.TaskRuntimeOptions", TaskRuntimeOptions)})
-del TYPE_CHECKING, _renamed
+del TYPE_CHECKING, _renamed  # end of old names
