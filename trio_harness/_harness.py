@@ -4,7 +4,7 @@
 order they depend on each other::
 
     harness (root scope)
-      sessions   the session store (flushes and detaches what is left, last)
+      sessions   the session registry (flushes and detaches what is left, last)
       bash       the bash executor (kills every process group it started)
       tasks      the task service (cancels and awaits every live task)
       plugins    tool plugins (task tools, bash, subagent, yours)
@@ -14,11 +14,11 @@ order they depend on each other::
 Child scopes close newest first, so on exit every agent is disposed first
 (its turn closed, its owned tasks stopped, its session flushed), then the
 MCP servers stop, then the plugins unload, then unowned tasks stop, then processes are killed, and the
-session store closes last.
+session registry closes last (then the store's own service, if it has one).
 
-Each service is given the few services it uses (the registry the store and
-the bus; the agent factory the bus, the shared tool set, the registry and the
-default model; each tool plugin its services), never the :class:`Harness`:
+Each service is given the few services it uses (the agent registry the
+session registry and the bus; the agent factory the bus, the shared tool set,
+the agent registry and the default model; each tool plugin its services), never the :class:`Harness`:
 the harness is the top of the stack, built once every service is open
 (docs/architecture.rst, "Layers").
 """
@@ -75,7 +75,7 @@ def _option_record(kind: type[_O], value: _O | None, parameter: str) -> _O:
 
 
 def resolve_store(store: SessionStore | str | os.PathLike[str]) -> SessionStore:
-    """Turn ``":memory:"``, a directory path, a ``postgresql://`` URL or a persistence object into a provider.
+    """Turn ``":memory:"``, a directory path, a ``postgresql://`` URL or a store object into a store.
 
     Raises:
         SessionStoreError: a ``postgresql://`` URL that cannot be parsed, or
@@ -97,8 +97,7 @@ def resolve_store(store: SessionStore | str | os.PathLike[str]) -> SessionStore:
     ]
     if missing:
         raise TypeError(
-            f"store must be ':memory:', a directory path or a session persistence provider; "
-            f"{store!r} has no {', '.join(missing)}"
+            f"store must be ':memory:', a directory path or a session store; {store!r} has no {', '.join(missing)}"
         )
     return store
 
@@ -142,7 +141,7 @@ class Harness:
     Attributes:
         scope: the root scope.
         bus: live notifications (``session/*``, ``agent/*``, ``task/*``).
-        sessions: the session store service.
+        sessions: the session registry (the live sessions, over the store).
         agents: the agent registry service.
         tasks: the background task service.
         bash: the bash executor service.
@@ -211,9 +210,10 @@ async def open_harness(
         model: the default model: a provider object or a spec string
             (``scripted:PATH``, ``deepseek:MODEL``, ``openai:MODEL@BASE_URL``).
         store: ``":memory:"``, a directory for the JSONL store, a
-            ``postgresql://`` URL for the PostgreSQL store, or a provider;
-            checked at once (:exc:`SessionStoreError` when it cannot be
-            written).  A provider with a service of its own
+            ``postgresql://`` URL for the PostgreSQL store, or a
+            :class:`~trio_harness.session.SessionStore`; checked at once
+            (:exc:`SessionStoreError` when it cannot be written).  A store
+            with a service of its own
             (:class:`~trio_harness.session.PostgresStore`) is opened
             before the services start and closed after the sessions are
             detached.
