@@ -1,6 +1,6 @@
 """Sphinx configuration of the trio_harness documentation (``nox -s docs``).
 
-Besides the usual settings this file holds five small hooks that keep the
+Besides the usual settings this file holds seven small hooks that keep the
 build warning-free and the reference accurate:
 
 * re-exported constants and type aliases get the attribute docstring written
@@ -13,6 +13,10 @@ build warning-free and the reference accurate:
 * ``[source]`` links follow re-exports to the defining module: a public
   exception's ``__module__`` is its public package (``trio_harness.RunError``),
   where viewcode would otherwise look for its source;
+* a reference to a re-exported name (``trio_harness.Tool``) resolves to the
+  full entry where the name is defined (``trio_harness.agents.Tool``), as the
+  reference pages document each object once;
+* ``.. notice-table::`` renders the bus notices from ``trio_harness._bus.NOTICES``;
 * ``.. cli-help:: run`` renders ``trio-harness run --help`` from the real
   argument parser, so the CLI page cannot drift from the code.
 """
@@ -57,7 +61,19 @@ html_title = f"trio_harness {release}"
 html_static_path: list[str] = []
 
 default_role = "code"
-nitpicky = False
+nitpicky = True
+# Targets outside this project: the build is offline (no intersphinx), so the
+# standard library's, trio's and the other dependencies' names have no inventory.
+nitpick_ignore_regex = [
+    (r"py:.*", r"(typing|collections|contextlib|contextvars|datetime|decimal|os|pathlib|random|tempfile)\..*"),
+    (r"py:mod", r"fnmatch"),
+    (r"py:class", r"AbstractAsyncContextManager|Decimal|CallToolResult"),
+    (r"py:.*", r"(trio|httpx|mcp)\..*"),
+    # Type parameters in signatures (``T``, ``~P``, ``trio_harness.agents._run.T``) are not objects.
+    (r"py:class", r"(.*\.)?~?[A-Z]"),
+    # Private types that signatures of runtime-built objects name (not part of the public surface).
+    (r"py:class", r"_Feed|_Recorded|Notify|CancelCause|ProcessGroup|Sandbox|LoopAgent"),
+]
 pygments_style = "sphinx"
 
 autodoc_typehints = "description"
@@ -177,6 +193,38 @@ def _follow_imported(app: Sphinx, modname: str, attribute: str) -> str | None:
     return _defining_module(modname, attribute.split(".")[0])
 
 
+# ---------------------------------------------------------------- re-exported names
+
+_PACKAGES = ("agents", "session", "model", "tasks", "bash", "tools", "testing", "acp")
+
+
+def _resolve_reexport(app: Sphinx, env: Any, node: Any, contnode: nodes.Element) -> nodes.Element | None:
+    """Resolve ``Name[.member]`` or ``trio_harness.Name[.member]`` to the page that documents ``Name``.
+
+    A package page documents each object once, under the package that defines
+    it; a reference by another exported path (the top-level re-export, or the
+    short name from a docstring shown on another page, or a member named from
+    its class's docstring) resolves there.
+    """
+    target = node.get("reftarget", "")
+    if node.get("refdomain") != "py" or not target:
+        return None
+    domain = env.get_domain("py")
+    owner = node.get("py:class")
+    for name in (target, f"{owner}.{target}") if owner else (target,):
+        head, _, rest = name.removeprefix("trio_harness.").partition(".")
+        for package in ("", *_PACKAGES):
+            if getattr(importlib.import_module(f"trio_harness.{package}".rstrip(".")), head, None) is None:
+                continue
+            canonical = ".".join(filter(None, ("trio_harness", package, head, rest)))
+            if canonical in domain.objects:
+                resolved: nodes.Element | None = domain.resolve_xref(
+                    env, node["refdoc"], app.builder, node["reftype"], canonical, node, contnode
+                )
+                return resolved
+    return None
+
+
 # ---------------------------------------------------------------- the CLI's own help
 
 
@@ -208,10 +256,29 @@ class CliHelp(Directive):
         return [block]
 
 
+class NoticeTable(Directive):
+    """``.. notice-table::``: the bus notices, from ``trio_harness._bus.NOTICES``."""
+
+    def run(self) -> list[nodes.Node]:
+        from docutils.statemachine import StringList
+
+        from trio_harness._bus import NOTICES
+
+        lines = [".. list-table::", "   :header-rows: 1", "   :widths: 25 75", ""]
+        lines += ["   * - notice", "     - subject and data"]
+        for name, text in NOTICES.items():
+            lines += [f"   * - ``{name}``", f"     - {text}"]
+        container = nodes.container()
+        self.state.nested_parse(StringList(lines, source="notice-table"), self.content_offset, container)
+        return list(container.children)
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("autodoc-process-docstring", _process_docstring)
     app.connect("autodoc-process-docstring", _property_docstring, priority=600)  # after napoleon
     app.connect("autodoc-process-signature", _process_signature)
     app.connect("viewcode-follow-imported", _follow_imported)
+    app.connect("missing-reference", _resolve_reexport)
     app.add_directive("cli-help", CliHelp)
+    app.add_directive("notice-table", NoticeTable)
     return {"parallel_read_safe": True}

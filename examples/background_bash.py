@@ -24,6 +24,7 @@ import trio
 
 from trio_harness import ScriptedModel, allow_all, open_harness
 from trio_harness import events as ev
+from trio_harness.agents import EventStream
 
 
 def call(name: str, **arguments: Any) -> dict[str, Any]:
@@ -56,30 +57,38 @@ async def main() -> None:
     )
     # allow_all: every bash command runs unasked (without an approver they are denied; see approval.py).
     async with open_harness(model=model, approver=allow_all) as harness, harness.agents.open() as agent:
-        turn_two_ended = trio.Event()
+        shown = {1: trio.Event(), 2: trio.Event()}  # each turn's events are printed
 
-        def on_event(event: ev.Event) -> None:
-            if isinstance(event, ev.ToolCallRequested):
-                print(f">>> {event.name} {event.arguments}")
-            elif isinstance(event, ev.ToolResult):
-                print("\n".join(f"    {line}" for line in event.content.splitlines()))
-            elif isinstance(event, ev.UserMessage):
-                print(f"--- turn {event.turn}, {event.mode}: {event.text}")
-            elif isinstance(event, ev.AssistantMessage) and event.text:
-                print(f"<<< {event.text}")
-            elif isinstance(event, ev.TurnEnd) and event.turn == 2:
-                turn_two_ended.set()
+        async def show(stream: EventStream) -> None:
+            async for event in stream:
+                if isinstance(event, ev.ToolCallRequested):
+                    print(f">>> {event.name} {event.arguments}")
+                elif isinstance(event, ev.ToolResult):
+                    print("\n".join(f"    {line}" for line in event.content.splitlines()))
+                elif isinstance(event, ev.UserMessage):
+                    print(f"--- turn {event.turn}, {event.mode}: {event.text}")
+                elif isinstance(event, ev.AssistantMessage) and event.text:
+                    print(f"<<< {event.text}")
+                elif isinstance(event, ev.TurnEnd):
+                    shown[event.turn].set()
+                    if event.turn == 2:
+                        return
 
-        agent.session.observe(on_event)
-        agent.followup("Count to three, build the project, and don't start the server.")
-        await agent.when_idle()
-        print("turn 1 is over; the application sees:")
-        for snapshot in harness.tasks.list(agent):
-            print(f"    {snapshot.id}: {snapshot.status} {dict(snapshot.detail)}")
+        async with agent.events() as stream, trio.open_nursery() as nursery:
+            nursery.start_soon(show, stream)
+            # followup + when_idle here: the listing below should see the build still running,
+            # and run() first loads the price table (for the turn's cost), which takes a while.
+            agent.followup("Count to three, build the project, and don't start the server.")
+            await agent.when_idle()
+            await shown[1].wait()
+            print("turn 1 is over; the application sees:")
+            for snapshot in harness.tasks.list(agent):
+                print(f"    {snapshot.id}: {snapshot.status} {dict(snapshot.detail)}")
 
-        # bash-3 is still running; when it ends, its notice wakes the idle agent.
-        with trio.fail_after(20):
-            await turn_two_ended.wait()
+            # bash-3 is still running; when it ends, its notice wakes the idle agent
+            # for a turn nobody prompted: the stream shows it too.
+            with trio.fail_after(20):
+                await shown[2].wait()
         await agent.when_idle()
 
         print("after turn 2:")

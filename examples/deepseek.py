@@ -9,7 +9,9 @@ What it shows:
 * the DeepSeek route needs ``DEEPSEEK_API_KEY``: when it is set this example
   talks to DeepSeek's API, otherwise it falls back to the offline scripted
   model, and it prints which one it used;
-* the answer streamed to the terminal as it arrives;
+* ``await agent.run(prompt)``, with the answer streamed to the terminal as it
+  arrives by a task reading ``agent.events()``; cancelling ``run()`` (here
+  after 45 s) cancels its turn;
 * closing the HTTP provider's connection pool when done (``aclose()``).
 
 Try it with ``DEEPSEEK_API_KEY=sk-... python examples/deepseek.py``.
@@ -17,12 +19,14 @@ Try it with ``DEEPSEEK_API_KEY=sk-... python examples/deepseek.py``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import trio
 
-from trio_harness import ModelProvider, ScriptedModel, open_harness
+from trio_harness import ModelProvider, RunError, ScriptedModel, open_harness
 from trio_harness import events as ev
+from trio_harness.agents import EventStream
 from trio_harness.model import OpenAIProvider, resolve_model
 
 SPEC = "deepseek:deepseek-chat"
@@ -54,18 +58,20 @@ async def main() -> None:
             harness.agents.open() as agent,
         ):
 
-            def on_event(event: ev.Event) -> None:
-                if isinstance(event, ev.AssistantChunk) and event.kind == "text":
-                    print(event.text, end="", flush=True)
+            async def show(stream: EventStream) -> None:
+                async for event in stream:
+                    if isinstance(event, ev.AssistantChunk) and event.kind == "text":
+                        print(event.text, end="", flush=True)
+                    elif isinstance(event, ev.TurnEnd):
+                        return
 
-            agent.session.observe(on_event)
             print(f"> {PROMPT}")
-            agent.followup(PROMPT)
-            with trio.move_on_after(45) as bound:
-                await agent.when_idle()
-            if bound.cancelled_caught:
-                agent.cancel()
-                await agent.when_idle()
+            async with agent.events() as stream, trio.open_nursery() as nursery:
+                nursery.start_soon(show, stream)
+                with trio.move_on_after(45):  # cancelling run() cancels its turn
+                    with contextlib.suppress(RunError):  # the turn did not complete: its end says how
+                        await agent.run(PROMPT)
+            await agent.when_idle()
             print()
             end = agent.session.events[-1]
             assert isinstance(end, ev.TurnEnd)

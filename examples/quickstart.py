@@ -6,11 +6,13 @@ What it shows:
   :class:`~trio_harness.ScriptedModel`; pass ``model="deepseek:deepseek-chat"``
   for the real thing) and the default in-memory session store;
 * ``harness.agents.open()``: an agent bound to an ``async with`` block;
-* ``agent.followup(text)``: a prompt that starts a new turn;
-* ``agent.session.observe(...)``: every event is appended to the session log
-  as it happens, so the answer can be printed chunk by chunk
-  (``assistant/chunk`` events) while the model is still streaming;
-* ``await agent.when_idle()`` and the resulting event log.
+* ``await agent.run(text)``: a prompt that starts a new turn, awaited to the
+  end of that turn; it returns the final text and the turn's usage;
+* ``async with agent.events() as stream``: every event appended to the session
+  log, read by a task of our own, so the answer can be printed chunk by chunk
+  (``assistant/chunk`` events) while the model is still streaming (a reader
+  that falls behind gets counted gaps; the agent never waits for it);
+* the resulting event log.
 
 Run it with ``python examples/quickstart.py``; no network is needed.
 """
@@ -21,6 +23,7 @@ import trio
 
 from trio_harness import ScriptedModel, open_harness
 from trio_harness import events as ev
+from trio_harness.agents import EventStream
 
 ANSWER = (
     "Trio is a Python library for async concurrency built on structured concurrency: "
@@ -34,20 +37,22 @@ async def main() -> None:
     async with open_harness(model=model) as harness, harness.agents.open() as agent:
         print(f"agent {agent.id} is {agent.status}")
 
-        def on_event(event: ev.Event) -> None:
-            # Called synchronously after every append to the session log.
-            if isinstance(event, ev.AssistantChunk) and event.kind == "text":
-                print(f"  chunk: {event.text!r}")
+        async def show(stream: EventStream) -> None:
+            async for event in stream:
+                if isinstance(event, ev.AssistantChunk) and event.kind == "text":
+                    print(f"  chunk: {event.text!r}")
+                elif isinstance(event, ev.TurnStart):
+                    print(f"turn {event.turn} started")
+                elif isinstance(event, ev.TurnEnd):
+                    return  # the prompt's turn is over
 
-        stop_observing = agent.session.observe(on_event)
-        message_id = agent.followup("What is Trio?")
-        print(f"queued prompt {message_id}; agent is {agent.status}")
-        await agent.when_idle()
-        stop_observing()
+        async with agent.events() as stream, trio.open_nursery() as nursery:
+            nursery.start_soon(show, stream)
+            result = await agent.run("What is Trio?")
 
-        final = [e for e in agent.session.events if isinstance(e, ev.AssistantMessage)][-1]
-        assert final.text == ANSWER
-        print(f"answer: {final.text}")
+        assert result.text == ANSWER
+        print(f"answer: {result.text}")
+        print(f"turn {result.turn}: {result.usage.requests} model request(s)")
         print(f"agent is {agent.status} again; the session log holds:")
         for event in agent.session.events:
             print(f"  {event.seq:2} {event.type}")

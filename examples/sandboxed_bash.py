@@ -29,6 +29,7 @@ import trio
 
 from trio_harness import BashRuntimeOptions, ScriptedModel, allow_all, open_harness
 from trio_harness import events as ev
+from trio_harness.agents import EventStream
 from trio_harness.bash import SandboxPolicy, SandboxUnavailableError
 
 
@@ -66,18 +67,21 @@ async def main() -> None:
                 print("    Commands run in a sandbox" + tool.description.split("Commands run in a sandbox")[1])
                 async with harness.agents.open(cwd=project) as agent:
 
-                    def on_event(event: ev.Event) -> None:
-                        if isinstance(event, ev.ToolCallRequested):
-                            print(f">>> {event.name} {event.arguments}")
-                        elif isinstance(event, ev.ToolResult):
-                            print(f"    ({'failed' if event.is_error else 'ok'})")
-                            print("\n".join(f"    {line}" for line in event.content.splitlines()))
-                        elif isinstance(event, ev.AssistantMessage) and event.text:
-                            print(f"<<< {event.text}")
+                    async def show(stream: EventStream) -> None:
+                        async for event in stream:
+                            if isinstance(event, ev.ToolCallRequested):
+                                print(f">>> {event.name} {event.arguments}")
+                            elif isinstance(event, ev.ToolResult):
+                                print(f"    ({'failed' if event.is_error else 'ok'})")
+                                print("\n".join(f"    {line}" for line in event.content.splitlines()))
+                            elif isinstance(event, ev.AssistantMessage) and event.text:
+                                print(f"<<< {event.text}")
+                            elif isinstance(event, ev.TurnEnd):
+                                return
 
-                    agent.session.observe(on_event)
-                    agent.followup("Build the project and look around.")
-                    await agent.when_idle()
+                    async with agent.events() as stream, trio.open_nursery() as nursery:
+                        nursery.start_soon(show, stream)
+                        await agent.run("Build the project and look around.")
                     results = [e for e in agent.session.events if isinstance(e, ev.ToolResult)]
         except SandboxUnavailableError as exc:
             print(f"skipping the sandboxed part: {exc}")

@@ -24,6 +24,7 @@ import trio
 
 from trio_harness import AgentOptions, Notice, ScriptedModel, SubagentOptions, open_harness
 from trio_harness import events as ev
+from trio_harness.agents import EventStream
 from trio_harness.model import ModelRequest, UserMessage
 
 
@@ -63,17 +64,20 @@ async def main() -> None:
 
         async with harness.agents.open() as parent:
 
-            def on_event(event: ev.Event) -> None:
-                if isinstance(event, ev.ToolCallRequested):
-                    print(f">>> {event.name} {event.arguments}")
-                elif isinstance(event, ev.ToolResult):
-                    print("\n".join(f"    {line}" for line in event.content.splitlines()))
-                elif isinstance(event, ev.AssistantMessage) and event.text:
-                    print(f"<<< {event.text}")
+            async def show(stream: EventStream) -> None:
+                async for event in stream:
+                    if isinstance(event, ev.ToolCallRequested):
+                        print(f">>> {event.name} {event.arguments}")
+                    elif isinstance(event, ev.ToolResult):
+                        print("\n".join(f"    {line}" for line in event.content.splitlines()))
+                    elif isinstance(event, ev.AssistantMessage) and event.text:
+                        print(f"<<< {event.text}")
+                    elif isinstance(event, ev.TurnEnd):
+                        return
 
-            parent.session.observe(on_event)
-            parent.followup("What changed, and what is broken?")
-            await parent.when_idle()
+            async with parent.events() as stream, trio.open_nursery() as nursery:
+                nursery.start_soon(show, stream)
+                await parent.run("What changed, and what is broken?")
 
             assert [s.status for s in harness.tasks.list(parent)] == ["completed"]
             assert harness.agents.list() == [parent]  # every child was disposed

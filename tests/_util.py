@@ -7,13 +7,14 @@ import pty
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
-from trio_harness.agents import Agent
+from trio_harness.agents import Agent, Tool, ToolContext
 from trio_harness.session import _events as ev
 from trio_harness.tools import BashToolOptions
 
@@ -23,9 +24,12 @@ __all__ = [
     "UNASKED_BASH",
     "WAIT",
     "cli_on_a_terminal",
+    "echo_tool",
     "group_alive",
     "read_line",
+    "turn_end_events",
     "turn_ends",
+    "wait_until",
 ]
 
 NEEDS_BUBBLEWRAP = pytest.mark.skipif(
@@ -47,9 +51,34 @@ the suite must pass on a loaded 2-core machine; it only turns a hang into a fail
 Virtual-time bounds under ``autojump_clock`` are assertions, not waits, and stay literal."""
 
 
+def echo_tool(*, padding: int = 0) -> Tool:
+    """A tool ``echo`` answering ``echo X`` for ``{"x": "X"}`` (``echo`` without ``x``).
+
+    ``padding`` appends a space and that many ``r`` characters: bulk for tests of sizes.
+    """
+
+    async def echo(ctx: ToolContext, args: dict[str, Any]) -> str:
+        words = ["echo", *([str(args["x"])] if "x" in args else []), *(["r" * padding] if padding else [])]
+        return " ".join(words)
+
+    return Tool("echo", "echo", {"type": "object", "properties": {"x": {"type": "string"}}}, echo)
+
+
+async def wait_until(predicate: Callable[[], bool], bound: float = WAIT) -> None:
+    """Poll ``predicate`` (every 10 ms of real time) until it holds; fail after ``bound`` seconds."""
+    with trio.fail_after(bound):
+        while not predicate():
+            await trio.sleep(0.01)
+
+
 def turn_ends(agent: Agent) -> list[tuple[int, str, str | None]]:
     """Each ``turn/end`` of the agent's log as ``(turn, reason, cause)``."""
-    return [(e.turn, e.reason, e.cause) for e in agent.session.events if isinstance(e, ev.TurnEnd)]
+    return [(e.turn, e.reason, e.cause) for e in turn_end_events(agent.session.events)]
+
+
+def turn_end_events(events: Iterable[ev.Event]) -> list[ev.TurnEnd]:
+    """The ``turn/end`` events among ``events``."""
+    return [e for e in events if isinstance(e, ev.TurnEnd)]
 
 
 def group_alive(pgid: int) -> bool:

@@ -24,7 +24,7 @@ import trio
 import trio.testing
 from _acp_clients import Msg, Peer, check_envelope, connected, conversation, tool_statuses
 from _sse_server import DONE, Stream, sse_finish, sse_text, sse_usage, start_server
-from _util import WAIT
+from _util import WAIT, echo_tool
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -192,15 +192,10 @@ async def test_turns_the_agent_starts_by_itself_are_streamed() -> None:
 
 async def test_a_tool_call_is_pending_until_it_runs_in_prompted_and_unsolicited_turns() -> None:
     """pending -> in_progress (the driver's agent/tool/started) -> completed, and only for this session's turns."""
-    from trio_harness.agents import Tool
-
-    async def echo(ctx: object, args: dict[str, object]) -> str:
-        return str(args["x"])
-
     call = {"tool_calls": [{"name": "echo", "arguments": {"x": "hi"}}]}
     model = scripted([call, {"text": "one"}, call, {"text": "two"}, call, {"text": "elsewhere"}])
     async with open_test_harness(model) as harness, connected(harness) as (peer, _server, _):
-        harness.tools.add(Tool("echo", "Echo x.", {"type": "object"}, echo))
+        harness.tools.add(echo_tool())
         session_id = (await peer.call("session/new", {"cwd": "/"}))["sessionId"]
         reply = await peer.call("session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "hi"}]})
         assert reply == {"stopReason": "end_turn"}

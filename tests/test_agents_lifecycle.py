@@ -569,25 +569,61 @@ async def test_dispose_while_maintenance_held_waits_for_it(autojump_clock: trio.
         assert model.requests == []
 
 
+class _ExitOnCloseRequest(trio.abc.Instrument):
+    """Exits a maintenance block at the moment the agent's teardown is requested.
+
+    ``Scope.close`` marks the scope closing and wakes the scope's runner, which
+    runs the close hooks at its next step; this exits the block in between,
+    synchronously (the block's exit has no checkpoint), so the exit sees a
+    closing scope whose close hook has not run yet.
+    """
+
+    def __init__(self, agent: Agent, block: Any) -> None:
+        self.agent = agent
+        self.block = block
+        self.exited = False
+
+    def task_scheduled(self, task: trio.lowlevel.Task) -> None:
+        if not self.exited and self.agent.scope.closing:
+            self.exited = True
+            with pytest.raises(StopIteration):
+                self.block.__aexit__(None, None, None).send(None)
+
+
+@pytest.mark.parametrize("order", ["close-hook-first", "maintenance-exit-first"])
 async def test_maintenance_exit_after_dispose_started_does_not_start_a_driver(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, order: str
 ) -> None:
-    # Whether the close hook runs before the maintenance block exits depends on
-    # Trio's (randomised) scheduling order, so try several times.
+    # Teardown is requested while maintenance holds the agent and input waits; the
+    # block then exits either after the close hook started (it waits for the
+    # block) or before it ran (the scope is closing, the hook has not run).
     model = ScriptedModel([{"text": "never"}])
     async with open_test_harness(model) as h:
-        for _ in range(12):
-            handle = await h.agents.create()
-            agent = handle.agent
-            async with agent.maintenance():
-                agent.followup("during maintenance")
+        handle = await h.agents.create()
+        agent = handle.agent
+        block = agent.maintenance()
+        await block.__aenter__()
+        agent.followup("during maintenance")
+        if order == "close-hook-first":
+            with trio.move_on_after(0):
+                await handle.dispose()  # teardown requested, not yet awaited
+            await trio.testing.wait_all_tasks_blocked()  # the close hook waits for the block
+            assert agent.scope.closing
+            await block.__aexit__(None, None, None)
+        else:
+            instrument = _ExitOnCloseRequest(agent, block)
+            trio.lowlevel.add_instrument(instrument)
+            try:
                 with trio.move_on_after(0):
-                    await handle.dispose()  # teardown requested, not yet awaited
-            start = trio.current_time()
-            await handle.dispose()
-            assert trio.current_time() == start  # no teardown timeout was needed
-            assert agent.status == "idle"
-            await agent.when_idle()
+                    await handle.dispose()
+            finally:
+                trio.lowlevel.remove_instrument(instrument)
+            assert instrument.exited
+        start = trio.current_time()
+        await handle.dispose()
+        assert trio.current_time() == start  # no teardown timeout was needed
+        assert agent.status == "idle"
+        await agent.when_idle()
         assert model.requests == []
         assert h.agents.list() == [] and h.sessions.list() == []
 

@@ -15,12 +15,12 @@ import math
 import os
 import signal
 import stat
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import pytest
 import trio
-from _util import WAIT
+from _util import WAIT, wait_until
 
 from trio_harness._errors import BashError as BaseBashError
 from trio_harness._errors import HarnessError
@@ -61,13 +61,6 @@ def group_exists(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-async def wait_until(predicate: Callable[[], bool], bound: float = WAIT) -> None:
-    """Poll a condition about a real process, within a bound."""
-    with trio.fail_after(bound):
-        while not predicate():
-            await trio.sleep(0.01)
 
 
 async def assert_group_gone(pgid: int) -> None:

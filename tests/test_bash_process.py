@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import trio
-from _util import WAIT
+from _util import WAIT, wait_until
 
-from trio_harness.bash._process import group_alive, open_group, reap_unsupervised, signal_group
-
-
-async def wait_until(predicate: Callable[[], bool]) -> None:
-    with trio.fail_after(WAIT):
-        while not predicate():
-            await trio.sleep(0.01)
+from trio_harness.bash._process import (
+    group_alive,
+    kill_group_after,
+    open_group,
+    reap_unsupervised,
+    signal_group,
+    terminate_group,
+)
 
 
 def state(pid: int) -> bytes:
@@ -96,3 +96,40 @@ async def test_reap_unsupervised_kills_reaps_and_closes_pipes(tmp_path: Path) ->
     assert process.stdout is not None
     with pytest.raises(trio.ClosedResourceError):
         await process.stdout.receive_some()
+
+
+async def test_terminate_group_gives_the_group_its_grace_then_sigkills_what_is_left(tmp_path: Path) -> None:
+    # The leader exits on SIGTERM; its child ignores it and is SIGKILLed once the grace period is over.
+    script = "(trap '' TERM; echo ready; exec sleep 300) & wait"
+    process = await open_group(["/bin/sh", "-c", script], str(tmp_path), None)
+    assert process.stdout is not None
+    try:
+        with trio.fail_after(WAIT):
+            assert await process.stdout.receive_some() == b"ready\n"
+            start = trio.current_time()
+            await terminate_group(process.pid, 0.2)
+            assert trio.current_time() - start >= 0.2
+            assert await process.wait() == -signal.SIGTERM
+        await wait_until(lambda: not group_alive(process.pid))
+    finally:
+        await reap_unsupervised(process)
+
+
+async def test_terminate_group_of_a_gone_group_does_nothing(tmp_path: Path) -> None:
+    process = await open_group(["/bin/sh", "-c", "exit 0"], str(tmp_path), None)
+    await reap_unsupervised(process)
+    with trio.fail_after(WAIT):
+        await terminate_group(process.pid, 300)  # returns at once: nothing to wait for
+
+
+async def test_kill_group_after_sigkills_at_once_when_cancelled(tmp_path: Path) -> None:
+    process = await open_group(["/bin/sh", "-c", "sleep 300"], str(tmp_path), None)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(kill_group_after, process.pid, 300)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+        with trio.fail_after(WAIT):
+            assert await process.wait() == -signal.SIGKILL
+    finally:
+        await reap_unsupervised(process)

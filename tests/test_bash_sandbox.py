@@ -17,14 +17,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from _util import NEEDS_BUBBLEWRAP
+from _util import NEEDS_BUBBLEWRAP, wait_until
 
 from trio_harness import BashRuntimeOptions, BashToolOptions, ScriptedModel
 from trio_harness.bash import (
@@ -79,12 +79,6 @@ def ignores_sigterm(pid: int) -> bool:
         if line.startswith("SigIgn:"):
             return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
     raise AssertionError(f"no SigIgn line for {pid}")
-
-
-async def wait_until(predicate: Callable[[], bool]) -> None:
-    with trio.fail_after(BOUND):
-        while not predicate():
-            await trio.sleep(0.01)
 
 
 async def read_until(process: BashProcess, text: str) -> str:

@@ -5,12 +5,15 @@ A listener that raises is logged and contained (docs/guarantees.rst, "Publicatio
 
 from __future__ import annotations
 
+import ast
 import logging
+from pathlib import Path
 
 import attrs
 import pytest
 
-from trio_harness._bus import EventBus, Notice
+import trio_harness
+from trio_harness._bus import NOTICES, EventBus, Notice
 
 
 @attrs.frozen
@@ -63,3 +66,31 @@ def test_notice_carries_name_subject_and_data() -> None:
     subject = Subject("a")
     bus.emit("agent/status", subject, status="running")
     assert got == [Notice("agent/status", subject, {"status": "running"})]
+
+
+def _emitted_names() -> tuple[set[str], set[str]]:
+    """The notice names the package emits: (literal names, prefixes of f-string names)."""
+    names: set[str] = set()
+    prefixes: set[str] = set()
+    for path in Path(trio_harness.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args):
+                continue
+            if node.func.attr not in ("emit", "_emit"):
+                continue
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                names.add(first.value)
+            elif isinstance(first, ast.JoinedStr) and isinstance(first.values[0], ast.Constant):
+                prefixes.add(str(first.values[0].value))
+    return names, prefixes
+
+
+def test_every_notice_emitted_is_listed_and_every_listed_notice_is_emitted() -> None:
+    names, prefixes = _emitted_names()
+    assert names and prefixes == {"agent/inbox/"}
+    assert names - set(NOTICES) == set()
+    for prefix in prefixes:
+        assert any(listed.startswith(prefix) for listed in NOTICES), prefix
+    unused = {listed for listed in NOTICES if listed not in names and not listed.startswith(tuple(prefixes))}
+    assert unused == set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -19,7 +20,7 @@ from trio_harness import ScriptedModel, _cli, open_harness
 from trio_harness.agents import TurnOutcome
 from trio_harness.events import InboxMessage
 from trio_harness.model import Failure
-from trio_harness.session import JsonlStore
+from trio_harness.session import JsonlPersistence, SessionHeader
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced
 
@@ -106,7 +107,7 @@ async def test_run_streams_the_answer_and_shows_tool_calls(tmp_path: Path) -> No
     assert '[tool] bash {"command": "echo hi", "run_in_background": false}' in err
     assert "[tool result] hi" in err
     assert err.index("[tool] task_list {}") < err.index("[tool result] hi")
-    loaded = await JsonlStore(store).load(session_id)
+    loaded = await JsonlPersistence(store).load(session_id)
     assert_balanced(loaded.events)
     assert loaded.header.cwd == str(tmp_path)
 
@@ -156,7 +157,7 @@ async def test_run_resumes_a_session_and_sessions_commands_read_the_store(tmp_pa
     assert lines[0].split() == ["ID", "CREATED", "EVENTS", "LAST", "ACTIVITY", "FIRST", "PROMPT"]
     row = next(line for line in lines if line.startswith(session_id))
     assert row.endswith("first question")
-    events = (await JsonlStore(Path(store)).load(session_id)).events
+    events = (await JsonlPersistence(Path(store)).load(session_id)).events
     assert f"  {len(events)}  " in row
 
     shown = await cli("sessions", "show", session_id, "--store", store, cwd=tmp_path)
@@ -204,9 +205,35 @@ async def test_sessions_show_truncates_long_tool_output(tmp_path: Path) -> None:
     tool_lines = [line for line in result.stderr.decode().splitlines() if line.startswith("[tool result]")]
     assert len(tool_lines[0]) <= len("[tool result] ") + 200
     shown = await cli("sessions", "show", session_id, "--store", store, "--width", "100", cwd=tmp_path)
-    result_line = next(line for line in shown.stdout.decode().splitlines() if "[tool result]" in line)
-    assert result_line.endswith("…")
-    assert len(result_line) <= len("  [tool result] ") + 100
+    lines = shown.stdout.decode().splitlines()
+    start = next(index for index, line in enumerate(lines) if "[tool result]" in line)
+    assert lines[start] == "  [tool result]"  # the output's lines, indented under it, cut to 100 characters
+    body = list(itertools.takewhile(lambda line: line.startswith("    "), lines[start + 1 :]))
+    assert body[:3] == ["    1", "    2", "    3"] and body[-1].endswith("…")
+    assert len("\n".join(line[4:] for line in body)) <= 100
+
+
+def test_sessions_show_keeps_the_lines_of_a_tool_result() -> None:
+    header = SessionHeader(id="s", created_at=0.0)
+    events = [
+        ev.ToolResult(seq=0, ts=0.0, turn=1, step=1, call_id="c1", name="t", content="one line", is_error=False),
+        ev.ToolResult(seq=1, ts=0.0, turn=1, step=1, call_id="c2", name="t", content="a\n  b\n\nc\n", is_error=True),
+        ev.ToolResult(
+            seq=2, ts=0.0, turn=1, step=1, call_id="c3", name="t", content="x" * 30 + "\n" + "y" * 30, is_error=False
+        ),
+    ]
+    lines = _cli.transcript(header, events, width=40)
+    assert lines[-9:] == [
+        "  [tool result] one line",
+        "  [tool error]",
+        "    a",
+        "      b",
+        "",
+        "    c",
+        "  [tool result]",
+        "    " + "x" * 30,
+        "    " + "y" * 8 + "…",
+    ]
 
 
 async def test_sessions_show_labels_task_notices(tmp_path: Path) -> None:
@@ -309,7 +336,7 @@ async def test_ctrl_c_cancels_the_turn_cleanly(tmp_path: Path) -> None:
     assert code == 130, stderr
     assert b"[cancelling" in stderr
     session_id = session_line(stderr)
-    events = (await JsonlStore(store).load(session_id)).events
+    events = (await JsonlPersistence(store).load(session_id)).events
     assert_balanced(events)
     end = events[-1]
     assert isinstance(end, ev.TurnEnd)
@@ -494,7 +521,7 @@ async def test_run_reads_the_prompt_from_stdin_when_none_is_given(tmp_path: Path
     result = await cli("run", "--model", model, "--store", str(store), cwd=tmp_path, stdin=b"hi from a pipe\n")
     assert result.returncode == 0, result.stderr
     assert result.stdout == b"piped\n"
-    events = (await JsonlStore(store).load(session_line(result.stderr))).events
+    events = (await JsonlPersistence(store).load(session_line(result.stderr))).events
     assert any(isinstance(e, ev.UserMessage) and e.text == "hi from a pipe\n" for e in events)
 
 

@@ -11,9 +11,10 @@ import pytest
 import trio
 import trio.testing
 from _sse_server import DONE, Respond, Stream, sse_finish, sse_text, sse_usage, start_server
+from _util import echo_tool
 
 from trio_harness import AgentDisposedError, Budget, CompactionError, ContextPolicy, ModelError, ScriptedModel
-from trio_harness.agents import AgentOptions, ReactAgent, Tool, ToolContext
+from trio_harness.agents import AgentOptions, ReactAgent
 from trio_harness.model import Emit, Failure, Message, ModelRequest, OpenAIProvider, ReplayModel, UserMessage
 from trio_harness.model._context import context_window_for, is_context_overflow
 from trio_harness.session import _events as ev
@@ -24,11 +25,7 @@ WINDOW = 3_000
 TURNS = 200
 
 
-async def echo(ctx: ToolContext, args: dict[str, Any]) -> str:
-    return f"echo {args.get('x', '')} " + "r" * 120
-
-
-ECHO = Tool("echo", "echo", {"type": "object", "properties": {"x": {"type": "string"}}}, echo)
+ECHO = echo_tool(padding=120)
 
 
 def summarize(request: ModelRequest) -> str:

@@ -7,18 +7,14 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from _util import echo_tool
 
 from trio_harness import AgentDisposedError, ScriptedModel
-from trio_harness.agents import Agent, EventStream, StreamGap, StreamItem, Tool, ToolContext
+from trio_harness.agents import Agent, EventStream, StreamGap, StreamItem
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
 
-
-async def echo(ctx: ToolContext, args: dict[str, object]) -> str:
-    return "echoed"
-
-
-ECHO = Tool("echo", "echo", {"type": "object", "properties": {}}, echo)
+ECHO = echo_tool()
 TURN: list[dict[str, Any]] = [{"tool_calls": [{"name": "echo", "arguments": {}}]}, {"text": "done"}]
 
 

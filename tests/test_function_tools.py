@@ -1,4 +1,4 @@
-"""Tools from typed functions: ``@tool`` / ``Tool.from_function``, end to end through a scripted model."""
+"""Tools from typed functions: ``@tool`` / ``tool(fn, ...)``, end to end through a scripted model."""
 
 from __future__ import annotations
 
@@ -296,7 +296,7 @@ async def test_plain_functions_run_inline_and_thread_true_runs_them_in_a_worker_
     def hides_a_coroutine(x: int) -> Any:  # a plain wrapper returning an awaitable: awaited
         return _inner(x)
 
-    wrapped = Tool.from_function(hides_a_coroutine, name="wrapped")
+    wrapped = tool(hides_a_coroutine, name="wrapped")
     results, _ = await run_calls(
         [inline, threaded, native, wrapped],
         [call("inline", {"x": 1}), call("threaded", {"x": 1}), call("native", {"x": 1}), call("wrapped", {"x": 1})],
@@ -319,7 +319,7 @@ def _thread_tool(checks: bool) -> tuple[FunctionTool[..., str], threading.Event,
         finished.append(n)
         return "crunched"
 
-    return Tool.from_function(crunch, thread=True), entered, gate, finished
+    return tool(crunch, thread=True), entered, gate, finished
 
 
 @pytest.mark.parametrize("checks", [True, False], ids=["calls-check_cancelled", "ignores-cancellation"])
@@ -351,7 +351,7 @@ async def test_return_values_str_tool_output_and_json() -> None:
         def give() -> Any:
             return value
 
-        return Tool.from_function(give, name=name)
+        return tool(give, name=name)
 
     cases: list[tuple[str, Any, str, bool]] = [
         ("text", "plain text", "plain text", False),
@@ -553,11 +553,11 @@ def test_a_recursive_typing_extensions_typed_dict_is_accepted() -> None:
 
 def test_a_recursive_typing_typed_dict_needs_typing_extensions_before_python_3_12() -> None:
     if sys.version_info >= (3, 12):  # pydantic accepts typing.TypedDict from 3.12 on
-        made = Tool.from_function(_std_recursive)
+        made = tool(_std_recursive)
         assert made.validate('{"folder": {"name": "a", "children": []}}') == {"folder": {"name": "a", "children": []}}
         return
     with pytest.raises(ToolError, match=r"parameter 'folder' has a type .*use `typing_extensions\.TypedDict`"):
-        Tool.from_function(_std_recursive)
+        tool(_std_recursive)
 
 
 def test_a_property_named_title_stays_and_field_metadata_is_kept() -> None:
@@ -638,7 +638,7 @@ def sphinx_style(city: str, days: int = 1) -> str:
 
 @pytest.mark.parametrize("fn", [google, numpy_style, sphinx_style], ids=["google", "numpy", "sphinx"])
 def test_descriptions_come_from_google_numpy_and_sphinx_docstrings(fn: Callable[[str, int], str]) -> None:
-    made = Tool.from_function(fn, name="forecast")
+    made = tool(fn, name="forecast")
     assert made.description == "Forecast the weather.\n\nUses the cached forecast when it is fresh."
     assert made.parameters["properties"] == {
         "city": {"type": "string", "description": 'the city, e.g. "Paris".'},
@@ -676,13 +676,13 @@ def numpy_more(low: int, high: int) -> list[int]:
 
 
 def test_docstring_sections_continuations_and_shared_entries() -> None:
-    google_props = Tool.from_function(google_more).parameters["properties"]
+    google_props = tool(google_more).parameters["properties"]
     assert [google_props[k]["description"] for k in ("low", "high", "inclusive")] == [
         "where it starts. Negative values count too.",
         "where it ends.",
         "whether ``high`` is in it.",
     ]
-    numpy_props = Tool.from_function(numpy_more).parameters["properties"]
+    numpy_props = tool(numpy_more).parameters["properties"]
     assert numpy_props["low"]["description"] == numpy_props["high"]["description"] == "the bounds."
 
 
@@ -690,8 +690,8 @@ def test_no_docstring_gives_an_empty_description_and_an_explicit_one_wins() -> N
     def bare(x: int) -> int:
         return x
 
-    assert Tool.from_function(bare).description == ""
-    assert Tool.from_function(google, description="Mine.").description == "Mine."
+    assert tool(bare).description == ""
+    assert tool(google, description="Mine.").description == "Mine."
 
 
 # ---------------------------------------------------------------- the decorator and the Tool
@@ -712,10 +712,10 @@ def test_decorator_forms_and_tool_attributes() -> None:
     assert (original.parallel_safe, original.requires_approval) == (False, True)
     assert original(1) == 2 and original.function(1) == 2  # still callable as the function
     assert trio_harness.tool is tool and trio_harness.agents.tool is tool
-    made = Tool.from_function(google, requires_approval=True, parallel_safe=False)
+    made = tool(google, requires_approval=True, parallel_safe=False)
     assert (made.name, made.requires_approval, made.parallel_safe) == ("google", True, False)
     assert made.spec.parameters == made.parameters
-    again = Tool.from_function(original, name="again")  # a function tool re-made from its function
+    again = tool(original, name="again")  # a function tool re-made from its function
     assert (again.name, again.function, again.parameters) == ("again", original.function, original.parameters)
 
 
@@ -758,7 +758,7 @@ def test_types_local_to_the_defining_function_resolve() -> None:
     def pick(choice: Local, box: Box) -> str:
         return choice.value
 
-    made = Tool.from_function(pick.function, name="pick_again")
+    made = tool(pick.function, name="pick_again")
     for one in (pick, made):
         assert one.validate('{"choice": "a", "box": {"kind": "a"}}') == {"choice": Local.A, "box": Box(Local.A)}
 
@@ -859,24 +859,24 @@ def test_functions_that_cannot_be_described_are_refused_with_a_clear_error(
     fn: Callable[..., Any], kwargs: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(ToolError, match=message):
-        Tool.from_function(fn, **kwargs)
+        tool(fn, **kwargs)
 
 
 def test_any_is_allowed_when_written() -> None:
-    made = Tool.from_function(_any)
+    made = tool(_any)
     assert made.parameters["properties"] == {"value": {}}
     assert made.validate('{"value": [1, {"a": null}]}') == {"value": [1, {"a": None}]}
 
 
 def test_a_partial_with_a_name_describes_the_remaining_parameters() -> None:
-    made = Tool.from_function(functools.partial(google, days=3), name="forecast_3")
+    made = tool(functools.partial(google, days=3), name="forecast_3")
     assert made.description.startswith("Forecast the weather.")
     assert made.parameters["properties"]["days"]["default"] == 3
     assert made.validate('{"city": "Oslo"}') == {"city": "Oslo"}
 
 
 def test_a_request_offers_the_function_tool_like_any_other() -> None:
-    made = Tool.from_function(google, name="forecast")
+    made = tool(google, name="forecast")
     request = ModelRequest(model="m", system="", messages=(), tools=(made.spec,))
     assert request.tools[0].name == "forecast" and request.tools[0].parameters is made.parameters
 

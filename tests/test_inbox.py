@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import attrs
 import pytest
 import trio
 import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trio_harness._errors import AgentDisposedError, InboxError
+from trio_harness._errors import AgentDisposedError, InboxError, SessionStoreError
 from trio_harness.agents import Inbox
 from trio_harness.model._scripted import ScriptedModel
 from trio_harness.session import Session, SessionHeader
@@ -285,3 +286,114 @@ async def test_session_observer_followup_on_insert_keeps_order() -> None:
         agent.inject("first")
         replayed = Inbox.replay(agent.session)
         assert [m.text for m in replayed.next_step] == [m.text for m in agent.inbox.next_step]
+
+
+# ------------------------------------------------------------------ staged (posted) messages
+
+
+@attrs.define
+class FlakyWriter:
+    """A session writer whose next flush succeeds or fails as the test says."""
+
+    fail_next: bool = False
+    stored: int = 0
+    pending: list[ev.Event] = attrs.field(factory=list)
+
+    def write(self, event: ev.Event) -> None:
+        self.pending.append(event)
+
+    async def flush(self, *, sync: bool = True) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.fail_next:
+            raise SessionStoreError("the store is away", session_id="s")
+        self.stored += len(self.pending)
+        self.pending.clear()
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_a_staged_message_is_logged_at_once_and_taken_only_once_stored() -> None:
+    async def main() -> None:
+        writer = FlakyWriter()
+        session = Session(header=SessionHeader(id="s", created_at=0.0), events=[], writer=writer)
+        inbox = Inbox(session=session)
+        applied: list[str] = []
+        inbox.append("next-turn", msg("a"))
+        inbox.stage("next-turn", msg("p"), lambda m: applied.append(m.id))
+        assert [m.id for m in inbox.next_turn] == ["a"] and [m.id for m in inbox.staged] == ["p"]
+        assert [m.id for m in Inbox.replay(session).next_turn] == ["a", "p"]  # the log has it already
+        with pytest.raises(InboxError, match="already pending"):
+            inbox.append("next-turn", msg("p"))
+        writer.fail_next = True
+        with pytest.raises(SessionStoreError):
+            await session.flush()
+        assert applied == [] and [m.id for m in inbox.next_turn] == ["a"]  # not stored: not taken
+        writer.fail_next = False
+        await session.flush()
+        assert applied == ["p"] and [m.id for m in inbox.next_turn] == ["a", "p"] and inbox.staged == ()
+
+    trio.run(main)
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.sampled_from(["append", "prepend", "stage"]), st.sampled_from(["next-turn", "next-step"])),
+        st.tuples(st.sampled_from(["remove", "replace"]), st.integers(0, 5)),
+        st.tuples(st.sampled_from(["clear", "claim", "claim-step", "flush", "fail"]), st.none()),
+    ),
+    max_size=30,
+)
+
+
+@given(ops=OPS)
+def test_staged_messages_and_every_other_mutation_keep_the_log_and_the_lists_in_step(
+    ops: list[tuple[str, object]],
+) -> None:
+    # While staged, a message is the tail of its queue in the log's projection
+    # and absent from the lists; once stored, the lists equal the projection.
+    async def main() -> None:
+        writer = FlakyWriter()
+        session = Session(header=SessionHeader(id="s", created_at=0.0), events=[], writer=writer)
+        inbox = Inbox(session=session)
+        applied: list[str] = []
+        for number, (op, arg) in enumerate(ops):
+            live = [*inbox.next_turn, *inbox.next_step]
+            if op in ("append", "prepend", "stage"):
+                assert arg in ("next-turn", "next-step")
+                message = msg(f"m{number}", "followup" if arg == "next-turn" else "steer")
+                if op == "stage":
+                    inbox.stage(arg, message, lambda m: applied.append(m.id))
+                else:
+                    getattr(inbox, op)(arg, message)
+            elif op in ("remove", "replace"):
+                assert isinstance(arg, int)
+                if live:
+                    target = live[arg % len(live)]
+                    if op == "remove":
+                        inbox.remove(target.id)
+                    else:
+                        inbox.replace(target.id, msg(f"m{number}", target.mode))
+            elif op == "clear":
+                inbox.clear()
+            elif op in ("claim", "claim-step"):
+                inbox.claim(number, turn_boundary=op == "claim")
+            else:
+                writer.fail_next = op == "fail"
+                staged = [m.id for m in inbox.staged]
+                try:
+                    await session.flush()
+                except SessionStoreError:
+                    assert [m.id for m in inbox.staged] == staged
+                else:
+                    assert inbox.staged == () and applied[len(applied) - len(staged) :] == staged
+            rebuilt = Inbox.replay(session)
+            for queue, items in (("next-turn", inbox.next_turn), ("next-step", inbox.next_step)):
+                tail = [m for m in inbox.staged if ("next-turn" if m.mode == "followup" else "next-step") == queue]
+                assert list(getattr(rebuilt, queue.replace("-", "_"))) == [*items, *tail]
+        writer.fail_next = False
+        await session.flush()
+        rebuilt = Inbox.replay(session)
+        assert rebuilt.next_turn == inbox.next_turn and rebuilt.next_step == inbox.next_step
+
+    trio.run(main)

@@ -44,7 +44,7 @@ from trio_harness.agents import Tool, ToolContext, ToolOutput, ToolSet
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
 from trio_harness.tools import McpConnection, connect_mcp_servers, mcp_tool_name, render_mcp_result
-from trio_harness.tools._mcp import _model_names
+from trio_harness.tools._mcp_tools import _model_names
 
 SERVERS = Path(__file__).resolve().parent / "mcp_servers"
 
@@ -722,6 +722,26 @@ async def test_acp_session_mcp_servers_are_that_sessions_alone(tmp_path: Path) -
         pids = [server_pid(other), server_pid(third)]
         assert all(group_alive(pid) for pid in pids)
     assert not any(group_alive(pid) for pid in pids)
+
+
+async def test_acp_a_session_server_that_crashed_restarts_and_the_log_says_so(tmp_path: Path) -> None:
+    record = tmp_path / "record.txt"
+    responses: list[dict[str, Any]] = [
+        {"tool_calls": [call("mcp__calc__crash")]},
+        {"tool_calls": [call("mcp__calc__add", a=2, b=3)]},
+        {"text": "back"},
+    ]
+    async with open_server(tmp_path, responses, tools="none") as client:
+        await client.call("initialize", {"protocolVersion": 1})
+        new = await client.call("session/new", {"cwd": str(tmp_path), "mcpServers": [acp_calc(record)]})
+        prompt = {"sessionId": new["sessionId"], "prompt": [{"type": "text", "text": "crash it"}]}
+        assert await client.call("session/prompt", prompt) == {"stopReason": "end_turn"}
+        crashed, added = tool_ends(client.updates(new["sessionId"]))
+        assert (crashed["status"], added["status"]) == ("failed", "completed")
+        assert added["content"][0]["content"]["text"] == "5"
+    log = (tmp_path / "script.stderr").read_text(encoding="utf-8")
+    assert "trio_harness.acp: WARNING: MCP server 'calc' restarted; it had stopped: " in log, log
+    assert len([line for line in recorded(record) if line.startswith("pid ")]) == 2
 
 
 async def test_acp_a_server_that_fails_to_start_fails_session_new_naming_it(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 from _sse_server import DONE, Stream, sse_finish, sse_text, sse_usage, start_server
-from _util import WAIT
+from _util import WAIT, echo_tool
 
 from trio_harness import ModelError, ModelSettings, ScriptedModel, open_harness
 from trio_harness.agents import AgentOptions, Tool, ToolContext
@@ -22,12 +22,7 @@ from trio_harness.session import JsonlStore, decode_event, encode_event
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
 
-
-async def echo(ctx: ToolContext, args: dict[str, object]) -> str:
-    return "echo"
-
-
-ECHO = Tool("echo", "echo", {"type": "object", "properties": {}}, echo)
+ECHO = echo_tool()
 
 
 def headers(events: Any) -> list[ev.RequestHeader]:

@@ -388,7 +388,7 @@ async def test_any_exception_of_a_writer_is_a_store_error(postgres_cluster: Clus
     postgres_cluster.psql(f"CREATE DATABASE {database} TEMPLATE template0 ENCODING 'LATIN1' LOCALE 'C'")
     persistence = PostgresStore(postgres_cluster.dsn(database), schema=fresh_schema())
     with psycopg.connect(postgres_cluster.dsn(database), autocommit=True) as conn:
-        persistence._migrate_from(conn, 0)  # the tables, made past check()'s refusal
+        persistence._tables.migrate_from(conn, 0)  # the tables, made past check()'s refusal
     async with persistence:
         sessions = SessionRegistry(persistence)
         entry = sessions.enter(await sessions.prepare_new("s1"))

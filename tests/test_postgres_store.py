@@ -37,7 +37,9 @@ from trio_harness.model import ScriptedModel
 from trio_harness.session import PostgresStore, Session, SessionEntry, SessionRegistry
 from trio_harness.session import _events as ev
 from trio_harness.session._events import Event, InboxMessage
-from trio_harness.session._postgres import SCHEMA_VERSION, _call
+from trio_harness.session._pg_schema import _lock_key
+from trio_harness.session._pg_threads import _call
+from trio_harness.session._postgres import SCHEMA_VERSION
 
 __all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
 
@@ -475,6 +477,21 @@ async def test_a_missing_role_is_named(postgres_cluster: Cluster) -> None:
         await persistence.check()
 
 
+async def test_connection_settings_of_the_dsn_win_over_the_store_defaults(postgres_cluster: Cluster) -> None:
+    persistence = PostgresPersistence(postgres_cluster.dsn() + "&connect_timeout=7&application_name=mine")
+    conn = await persistence._connect_once()
+    try:
+        parameters = conn.info.get_parameters()
+        assert parameters["connect_timeout"] == "7" and parameters["application_name"] == "mine"
+    finally:
+        conn.close()
+    conn = await PostgresPersistence(postgres_cluster.dsn(), connect_timeout=30.0)._connect_once()
+    try:
+        assert conn.info.get_parameters()["connect_timeout"] == "30"  # per attempt, from the store's setting
+    finally:
+        conn.close()
+
+
 async def test_an_unreachable_server_is_retried_with_backoff_then_reported_without_the_password(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -672,6 +689,60 @@ async def test_a_message_posted_to_a_holder_that_crashes_is_delivered_once_on_re
                 texts = [e.text for e in agent.session.events if isinstance(e, ev.UserMessage)]
                 assert texts == ["do it", "are you there?"]  # once, also after the second resume
     assert await store.pending_mail("fragile") == []
+
+
+async def test_a_holder_that_loses_its_session_while_taking_a_post_does_not_act_on_it(
+    postgres_cluster: Cluster, schema: str, store: PostgresPersistence
+) -> None:
+    # The holder reads a posted message from the mailbox, then loses the
+    # session before the transaction that stores the splice and deletes the
+    # mail commits; the next holder takes the session and the message.  Only
+    # one of them may act on it: one model request in all.
+    await stored_session(store, "contested")
+    thief: list[psycopg.Connection[Any]] = []
+    model_a = ScriptedModel([{"text": "the stale holder's answer"}])
+    model_b = ScriptedModel([{"text": "the answer"}])
+    lost: list[SessionStoreError] = []
+    try:
+        async with open_harness(model=model_a, store=store, builtin_tools=False) as harness_a:
+            async with harness_a.agents.open(session_id="contested", resume=True) as agent_a:
+                entry = harness_a.sessions._live["contested"]
+                spliced = trio.Event()
+
+                def lose_the_session(event: Event) -> None:
+                    if isinstance(event, ev.InboxSpliced) and event.inserted and not thief:
+                        # Between the splice and its commit: the connection dies
+                        # and another worker takes the session's lock.
+                        conn = psycopg.connect(postgres_cluster.dsn(), autocommit=True)
+                        thief.append(conn)
+                        conn.execute("SELECT pg_terminate_backend(%s)", (backend_pid(entry),))
+                        conn.execute("SELECT pg_advisory_lock(%s)", (_lock_key(schema, "contested"),))
+                        spliced.set()
+
+                agent_a.session.observe(lose_the_session)
+                await SessionStore(store).post("contested", "only once, please")
+                with trio.fail_after(WAIT):
+                    await spliced.wait()
+                with pytest.raises(SessionStoreError):  # queued behind the delivery's flush, which failed too
+                    await agent_a.session.flush()
+                await agent_a.when_idle()
+                assert agent_a.status == "idle"
+    except* SessionStoreError as group:  # the stale holder's final flush fails, and says so
+        lost += [exc for exc in group.exceptions if isinstance(exc, SessionStoreError)]
+    finally:
+        for conn in thief:
+            conn.close()  # the other worker gives the session up
+    assert lost and all(exc.session_id == "contested" for exc in lost)
+    assert model_a.requests == []  # the stale holder did not act on the message
+    async with open_harness(model=model_b, store=store, builtin_tools=False) as harness_b:
+        async with harness_b.agents.open(session_id="contested", resume=True) as agent_b:
+            with trio.fail_after(WAIT):
+                while not model_b.requests or agent_b.status != "idle":
+                    await trio.sleep(0.01)
+    assert len(model_b.requests) == 1
+    stored = (await store.load("contested")).events
+    assert [e.text for e in stored if isinstance(e, ev.UserMessage)] == ["do it", "only once, please"]
+    assert await store.pending_mail("contested") == []
 
 
 # ------------------------------------------------------------------ selection by URL

@@ -6,19 +6,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _util import echo_tool
 
 from trio_harness import ModelError, ScriptedModel
-from trio_harness.agents import Tool, ToolContext
 from trio_harness.model._replay import ReplayModel
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
 
-
-async def echo(ctx: ToolContext, args: dict[str, Any]) -> str:
-    return f"echo {args.get('x')}"
-
-
-ECHO = Tool("echo", "echo", {"type": "object", "properties": {"x": {"type": "string"}}}, echo)
+ECHO = echo_tool()
 
 
 async def record(tmp_path: Path) -> Path:

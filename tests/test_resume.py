@@ -9,18 +9,14 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from _util import echo_tool
 
-from trio_harness.agents import Agent, AgentHandle, ReactAgent, Tool, ToolContext
+from trio_harness.agents import Agent, AgentHandle, AgentOptions, ReactAgent
 from trio_harness.model._scripted import ScriptedModel
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced, open_test_harness
 
-
-async def echo(ctx: ToolContext, args: dict[str, object]) -> str:
-    return f"echo {args.get('x')}"
-
-
-ECHO = Tool("echo", "echo", {"type": "object", "properties": {"x": {"type": "string"}}}, echo)
+ECHO = echo_tool()
 
 SCRIPT: list[dict[str, Any]] = [
     {"tool_calls": [{"name": "echo", "arguments": {"x": "1"}}]},
@@ -62,7 +58,7 @@ async def test_resume_continues_and_rebuilds_the_same_request(tmp_path: Path, st
         await handle.dispose()
         if where is None:
             # same harness, same in-memory store: resume in place
-            agent2_handle = await h.agents.resume("s", options=None)
+            agent2_handle = await h.agents.resume("s", options=AgentOptions(model=second))
             await _finish(agent2_handle, second, before, straight, straight_len)
             return
     async with open_test_harness(second, **kwargs) as h:
@@ -75,7 +71,6 @@ async def _finish(
 ) -> None:
     agent = handle.agent
     assert isinstance(agent, ReactAgent)
-    agent._provider = second
     assert len(agent.session) == before
     assert [m.text for m in agent.inbox.next_step] == ["parked note"]
     agent.followup("three")

@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
-from _util import WAIT
+from _util import WAIT, turn_end_events
 
 from trio_harness import JsonlStore, ScriptedModel, Session, SessionStoreError, open_harness
 from trio_harness.session import _events as ev
@@ -48,10 +48,6 @@ def store_failure_of(session: Session) -> SessionStoreError | None:
     return session.store_failure
 
 
-def turn_ends(events: Sequence[Event]) -> list[ev.TurnEnd]:
-    return [e for e in events if isinstance(e, ev.TurnEnd)]
-
-
 async def test_a_refused_turn_ends_in_error_and_a_later_flush_stores_it(tmp_path: Path) -> None:
     root = tmp_path / "store"
     async with open_harness(model=ScriptedModel([{"text": "hello"}]), store=root, builtin_tools=False) as harness:
@@ -62,7 +58,7 @@ async def test_a_refused_turn_ends_in_error_and_a_later_flush_stores_it(tmp_path
         with pytest.raises(SessionStoreError, match="'s1'") as caught:
             await agent.when_idle()
         assert caught.value.session_id == "s1"
-        (end,) = turn_ends(agent.session.events)
+        (end,) = turn_end_events(agent.session.events)
         assert end.reason == "error"
         assert end.failure is not None
         assert end.failure.code == "store-error"

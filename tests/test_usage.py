@@ -11,6 +11,7 @@ import pytest
 import trio
 import trio.testing
 from _sse_server import DONE, Stream, sse_finish, sse_text, sse_usage, start_server
+from _util import echo_tool, turn_end_events
 
 from trio_harness import AgentDisposedError, Budget, CompactionError, ContextPolicy, ScriptedModel, UsageTotals
 from trio_harness._cli import EXIT_LIMIT, _exit_code
@@ -21,17 +22,8 @@ from trio_harness.session import _events as ev
 from trio_harness.session import decode_event
 from trio_harness.testing import assert_balanced, open_test_harness
 
-
-async def echo(ctx: ToolContext, args: dict[str, object]) -> str:
-    return "echoed"
-
-
-ECHO = Tool("echo", "echo", {"type": "object", "properties": {}}, echo)
+ECHO = echo_tool()
 CALL = {"tool_calls": [{"name": "echo", "arguments": {}}]}
-
-
-def turn_ends(events: Any) -> list[ev.TurnEnd]:
-    return [e for e in events if isinstance(e, ev.TurnEnd)]
 
 
 def folded(events: Any) -> UsageTotals:
@@ -56,7 +48,7 @@ async def test_turn_end_carries_the_turns_usage_and_the_agent_the_sessions() -> 
             agent.followup("second")
             await agent.when_idle()
             events = list(agent.session.events)
-            first, second = turn_ends(events)
+            first, second = turn_end_events(events)
             assert first.usage is not None and second.usage is not None
             assert first.usage.requests == 2 and second.usage.requests == 1
             assert first.usage.input_tokens > 0 and first.usage.output_tokens > 0
@@ -94,7 +86,7 @@ async def test_a_request_budget_ends_the_turn_before_the_next_request() -> None:
         async with h.agents.open(options=AgentOptions(turn_budget=Budget(requests=2))) as agent:
             agent.followup("loop")
             await agent.when_idle()
-            (end,) = turn_ends(agent.session.events)
+            (end,) = turn_end_events(agent.session.events)
             assert_balanced(agent.session.events)
     assert len(model.requests) == 2
     assert end.reason == "budget"
@@ -109,9 +101,9 @@ async def test_a_token_budget_ends_the_turn_after_the_step_that_reached_it() -> 
         async with h.agents.open(options=AgentOptions(turn_budget=Budget(tokens=1))) as agent:
             agent.followup("loop")
             await agent.when_idle()
-            (end,) = turn_ends(agent.session.events)
+            (end,) = turn_end_events(agent.session.events)
             # the step that used the tokens still ran its tool: the log stays well formed
-            assert [e.content for e in agent.session.events if isinstance(e, ev.ToolResult)] == ["echoed"]
+            assert [e.content for e in agent.session.events if isinstance(e, ev.ToolResult)] == ["echo"]
     assert len(model.requests) == 1
     assert end.reason == "budget" and end.failure is not None and end.failure.code == "budget-tokens"
     assert "the turn budget of 1 tokens is used up" in end.failure.message
@@ -124,7 +116,7 @@ async def test_a_session_budget_counts_every_turn_and_ends_later_turns_at_once()
             for prompt in ("a", "b", "c"):
                 agent.followup(prompt)
                 await agent.when_idle()
-            ends = turn_ends(agent.session.events)
+            ends = turn_end_events(agent.session.events)
             # the third prompt was claimed (it is in the conversation) but sent nowhere
             users = [e.text for e in agent.session.events if isinstance(e, ev.UserMessage)]
     assert [e.reason for e in ends] == ["completed", "completed", "budget"]
@@ -211,7 +203,7 @@ async def test_a_compaction_inside_a_turn_is_made_only_when_the_budget_affords_i
     # A session budget of 4: 3 made, the compaction and the step would need 3 more: the step goes as it is.
     model, events = await grow_in_turn_three(AgentOptions(session_budget=Budget(requests=4)))
     assert [r.purpose for r in model.requests] == ["turn"] * 4
-    assert [e.reason for e in turn_ends(events)] == ["completed"] * 3
+    assert [e.reason for e in turn_end_events(events)] == ["completed"] * 3
     assert not [e for e in events if isinstance(e, ev.ContextCompacted | ev.CompactionFailed)]
     # A budget of 5: the same in turn 3; after it, the compaction between turns needs more than the one
     # request left, so it is not started either.
@@ -221,11 +213,11 @@ async def test_a_compaction_inside_a_turn_is_made_only_when_the_budget_affords_i
     # A budget of 6 affords both; nothing is made past it (no compaction between turns after turn 3).
     model, events = await grow_in_turn_three(AgentOptions(session_budget=Budget(requests=6)))
     assert [r.purpose for r in model.requests] == ["turn", "turn", "turn", "compaction", "compaction", "turn"]
-    assert [e.reason for e in turn_ends(events)] == ["completed"] * 3
+    assert [e.reason for e in turn_end_events(events)] == ["completed"] * 3
     # The same with a turn budget of 3: turn 3 has made 1 when its second step would compact (3 more);
     # between turns no turn budget applies, so the compaction runs there, as maintenance.
     model, events = await grow_in_turn_three(AgentOptions(turn_budget=Budget(requests=3)))
-    end = turn_ends(events)[2]
+    end = turn_end_events(events)[2]
     assert end.reason == "completed" and end.usage is not None and end.usage.requests == 2
     (compacted,) = [e for e in events if isinstance(e, ev.ContextCompacted)]
     assert compacted.turn is None and compacted.seq > end.seq and compacted.usage is not None
@@ -245,7 +237,7 @@ async def test_a_token_budget_stops_a_compaction_part_way_and_its_request_is_cou
     (failed,) = [e for e in events if isinstance(e, ev.CompactionFailed)]
     assert failed.turn == 3 and failed.failure.code == "budget-tokens"
     assert failed.usage is not None and failed.usage.requests == 1  # logged: the request it made counts
-    end = turn_ends(events)[2]
+    end = turn_end_events(events)[2]
     assert end.reason == "budget" and end.failure is not None and end.failure.code == "budget-tokens"
     assert end.usage is not None and end.usage.requests == 2
     # a strict replay makes the same requests and stops at the same point
@@ -255,8 +247,8 @@ async def test_a_token_budget_stops_a_compaction_part_way_and_its_request_is_cou
     assert [r.purpose for r in replay.requests] == ["turn", "turn", "turn", "compaction"]
     shape = [(type(e), getattr(e, "usage", None)) for e in events]
     assert [(type(e), getattr(e, "usage", None)) for e in again] == shape
-    assert [(e.reason, e.failure, e.usage) for e in turn_ends(again)] == [
-        (e.reason, e.failure, e.usage) for e in turn_ends(events)
+    assert [(e.reason, e.failure, e.usage) for e in turn_end_events(again)] == [
+        (e.reason, e.failure, e.usage) for e in turn_end_events(events)
     ]
 
 
@@ -282,7 +274,7 @@ async def test_the_compaction_and_retry_after_a_context_length_refusal_are_check
     # a session budget of 4: the refused request is the third; compaction and retry would make it 6
     model, events = await refused_in_turn_three(AgentOptions(session_budget=Budget(requests=4)))
     assert [r.purpose for r in model.requests] == ["turn"] * 3
-    end = turn_ends(events)[2]
+    end = turn_end_events(events)[2]
     assert end.reason == "budget" and end.failure is not None and end.failure.code == "budget-requests"
     assert end.failure.message.startswith(
         "the session budget of 4 model requests has 1 left (3 made), too few for the compaction's 2 summary "
@@ -292,13 +284,13 @@ async def test_the_compaction_and_retry_after_a_context_length_refusal_are_check
     # a turn budget of 1: the refused request is the turn's only one
     model, events = await refused_in_turn_three(AgentOptions(turn_budget=Budget(requests=1)))
     assert len(model.requests) == 3
-    end = turn_ends(events)[2]
+    end = turn_end_events(events)[2]
     assert end.reason == "budget" and end.usage is not None and end.usage.requests == 1
     assert end.failure is not None and "the turn budget of 1 model requests is used up (1 made)" in end.failure.message
     # a turn budget of 4 affords the refused request, the 2 summaries and the retry
     model, events = await refused_in_turn_three(AgentOptions(turn_budget=Budget(requests=4)))
     assert len(model.requests) == 6
-    end = turn_ends(events)[2]
+    end = turn_end_events(events)[2]
     assert end.reason == "completed" and end.usage is not None and end.usage.requests == 4
 
 
@@ -376,7 +368,7 @@ async def test_a_compaction_cancelled_part_way_logs_and_counts_what_it_spent(
             assert agent.usage.requests == 3
             agent.followup("c")
             await agent.when_idle()
-            end = turn_ends(agent.session.events)[-1]
+            end = turn_end_events(agent.session.events)[-1]
             assert end.reason == "budget" and end.failure is not None and end.failure.code == "budget-requests"
     assert model.requests == []
 
@@ -435,7 +427,7 @@ async def test_a_compaction_inside_a_turn_cancelled_part_way_counts_in_the_turns
     (failed,) = [e for e in events if isinstance(e, ev.CompactionFailed)]
     assert failed.turn == 3 and failed.failure.code == "cancelled"
     assert failed.usage is not None and failed.usage.requests == 1
-    end = turn_ends(events)[2]
+    end = turn_end_events(events)[2]
     assert end.reason == "aborted" and end.usage is not None and end.usage.requests == 2
     assert_balanced(events)
 

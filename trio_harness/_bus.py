@@ -1,23 +1,52 @@
 """Live notifications: a synchronous event bus with contained listener errors.
 
-Names used by the harness: ``session/created``, ``session/disposed``,
-``session/restored`` (PostgreSQL: ``events`` lost by the server were stored again),
-``agent/created``, ``agent/session-start``, ``agent/disposed``,
-``agent/status``, ``agent/cancel-requested``, ``agent/inbox/inserted``,
-``agent/inbox/claimed``, ``agent/inbox/discarded``, ``task/done``.
+The names the harness emits, with their subjects and data, are listed once, in
+:data:`NOTICES` (rendered as a table in the API reference).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import attrs
 
-__all__ = ["EventBus", "Notice", "NoticeSubject"]
+__all__ = ["NOTICES", "EventBus", "Notice", "NoticeSubject"]
 
 log = logging.getLogger("trio_harness.bus")
+
+NOTICES: Final[Mapping[str, str]] = {
+    "session/created": "a Session: the session is live (created or resumed), announced before ``agent/created``",
+    "session/disposed": "a Session: the session left the registry, its log closed",
+    "session/restored": (
+        "a Session: ``events`` (how many) that the PostgreSQL server lost were stored again by a retake"
+    ),
+    "agent/created": "an Agent: the agent is registered and usable",
+    "agent/session-start": 'an Agent: ``source`` (``"startup"`` or ``"resume"``), after ``agent/created``',
+    "agent/disposed": "an Agent: the agent was disposed (its scope is closed)",
+    "agent/status": 'an Agent: ``status`` (``"running"``, ``"idle"``), only when it changes',
+    "agent/cancel-requested": "an Agent: ``cause`` (who cancelled), before the turn is cancelled",
+    "agent/inbox/inserted": "an Agent: ``message`` (an InboxMessage), ``turn`` (None: not claimed yet)",
+    "agent/inbox/claimed": "an Agent: ``message``, ``turn`` (the turn that took it)",
+    "agent/inbox/discarded": "an Agent: ``message``, ``turn``",
+    "agent/compaction-failed": "an Agent: ``error`` (the exception); a compaction between turns failed",
+    "agent/tool/started": "an Agent: ``turn``, ``step``, ``call_id``, ``tool``; right before a tool's handler runs",
+    "task/done": "a TaskSnapshot: a background task settled",
+    "mcp/restarted": (
+        "an McpConnection: ``reason`` (why the server had stopped), ``restarts`` (how many so far), "
+        '``transport`` (``"stdio"``, ``"http"``); the server was started again'
+    ),
+    "mcp/restart-failed": (
+        "an McpConnection: ``reason``, ``error`` (why the attempt failed), ``retry_in`` (seconds until "
+        "the next attempt), ``transport``"
+    ),
+    "mcp/tool-skipped": (
+        "an McpConnection: ``tool`` (its name, or ``#N``), ``reason``; a tool declaration was left out "
+        "(once per declaration, not again on every listing)"
+    ),
+}
+"""Every notice the harness emits: its name, then its subject and ``data`` (and when it is sent)."""
 
 
 class NoticeSubject(Protocol):

@@ -71,7 +71,6 @@ from .bash._options import BashRuntimeOptions
 from .bash._sandbox import SandboxPolicy, SandboxUnavailableError
 
 if TYPE_CHECKING:
-    from ._bus import Notice
     from ._cli_progress import Printer
     from ._records import Failure, ModelSettings
     from .agents._approval import ApprovalDecision, ApprovalRequest
@@ -708,9 +707,7 @@ async def _run_prompt(
     from ._cli_progress import Printer, Style, use_colour
     from ._harness import open_harness
     from .agents._approval import allow_all
-    from .agents._inbox import new_message_id
-    from .agents._turns import TurnWatcher
-    from .session._events import InboxMessage
+    from .tools._mcp import MCP_NOTICES, mcp_notice_line, mcp_skipped_line
 
     colour = use_colour(sys.stderr, os.environ)
     printer = Printer(
@@ -742,9 +739,9 @@ async def _run_prompt(
             if not args.quiet:  # MCP servers: a tool left out, a restart: one line each
                 for connection in harness.mcp_connections:
                     for tool, reason in connection.skipped_tools.items():
-                        printer.line(printer.show(_mcp_skipped_line(connection.name, tool, reason)))
-                for name in ("mcp/restarted", "mcp/restart-failed", "mcp/tool-skipped"):
-                    harness.bus.on(name, lambda notice: printer.line(printer.show(_mcp_notice_line(notice))))
+                        printer.line(printer.show(mcp_skipped_line(connection.name, tool, reason)))
+                for name in MCP_NOTICES:
+                    harness.bus.on(name, lambda notice: printer.line(printer.show(mcp_notice_line(notice))))
             options = _agent_options(args, args.system_prompt)
             try:
                 if args.session:
@@ -767,20 +764,23 @@ async def _run_prompt(
             finished = trio.Event()
             interrupts = 0
 
+            # Once finished (a second Ctrl-C stops at once), nothing more of the turn is shown.
+            def on_event(event: Event) -> None:
+                if not finished.is_set():
+                    printer.event(event)
+
             def on_done(result: TurnOutcome) -> None:
                 nonlocal outcome
-                outcome = result
-                finished.set()
+                if not finished.is_set():
+                    outcome = result
+                    finished.set()
 
-            message = InboxMessage(id=new_message_id(), text=prompt, mode="followup")
-            watcher = TurnWatcher(message.id, printer.event, on_done)
-            remove = agent.session.observe(watcher)
             try:
                 # Ctrl-C from here on cancels the turn cleanly (a second one stops at once).
                 with trio.open_signal_receiver(signal.SIGINT) as signals:
                     if not args.quiet:
                         printer.line(f"[session] {agent.id}")
-                    agent.followup(message)
+                    agent.follow(prompt, on_event=on_event, on_done=on_done)
                     async with trio.open_nursery() as nursery:
 
                         async def on_interrupt() -> None:
@@ -800,7 +800,6 @@ async def _run_prompt(
                         nursery.cancel_scope.cancel()
                 printer.break_line()
             finally:
-                remove()
                 with trio.CancelScope(shield=True):
                     await handle.dispose()
     except McpStartError as exc:
@@ -851,24 +850,6 @@ def _resume_hint(args: argparse.Namespace, session_id: str, *, kept: bool) -> No
     command = " ".join(shlex.quote(word) for word in words) + " PROMPT"
     what = f"kept session {session_id}; retry or continue with" if kept else "continue with"
     print(f"[session] {what}: {command}", file=sys.stderr, flush=True)
-
-
-def _mcp_skipped_line(server: str, tool: str, reason: str) -> str:
-    return f"[mcp] MCP server {server!r}: the tool {tool!r} is not offered: {reason}"
-
-
-def _mcp_notice_line(notice: Notice) -> str:
-    """The line ``run`` shows for an ``mcp/restarted``, ``mcp/restart-failed`` or ``mcp/tool-skipped`` notice."""
-    if notice.name == "mcp/tool-skipped":
-        return _mcp_skipped_line(notice.subject.id, notice.data["tool"], notice.data["reason"])
-    verb = "restarted" if notice.data.get("transport") == "stdio" else "reconnected"
-    server = f"MCP server {notice.subject.id!r}"
-    if notice.name == "mcp/restarted":
-        return f"[mcp] {server} {verb}; it had stopped: {notice.data.get('reason')}"
-    return (
-        f"[mcp] {server} could not be {verb}: {notice.data.get('error')}; "
-        f"next attempt in {notice.data.get('retry_in', 0):g} s"
-    )
 
 
 def _policy_flags(args: argparse.Namespace) -> list[str]:
@@ -1071,7 +1052,7 @@ def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 5
             lines.append(f"  [tool] {event.name} {_shorten(_compact_arguments(event.arguments), width)}")
         elif isinstance(event, ev.ToolResult):
             label = "[tool error]" if event.is_error else "[tool result]"
-            lines.append(f"  {label} {_shorten(event.content, width)}")
+            lines += _result_lines(label, event.content, width)
         elif isinstance(event, ev.ApprovalDecided):
             decided = f"  [approval] {event.name}: {event.outcome.replace('_', ' ')} ({event.source})"
             if event.cause is not None:
@@ -1100,6 +1081,19 @@ def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 5
                 reason += f": {event.failure.message} ({event.failure.code})"
             lines.append(f"--- turn {event.turn} ended: {reason} ---")
     return lines
+
+
+def _result_lines(label: str, content: str, width: int) -> list[str]:
+    """A tool result in a transcript: beside its label when one line, else its lines indented under it.
+
+    Either way it is cut to ``width`` characters (newlines included), ending in ``…`` when cut.
+    """
+    content = content.strip("\n")
+    if "\n" not in content:
+        return [f"  {label} {_shorten(content, width)}".rstrip()]
+    if len(content) > width:
+        content = content[: max(width - 1, 0)] + "…"
+    return [f"  {label}", *(f"    {line}".rstrip() for line in content.split("\n"))]
 
 
 def _indent(text: str) -> str:

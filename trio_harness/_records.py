@@ -12,8 +12,8 @@ Users import them from their public homes: ``trio_harness.model.Failure``,
 ``trio_harness.model.ModelSettings``, ``trio_harness.model.UsageTotals``.
 
 Fields added after the first log format carry ``metadata={"omit_if_default":
-True}``: the codec leaves them out of a line while they hold their default, so
-a log written without the feature reads exactly as before.
+True}``: the codec leaves them out of a line while they hold their default, and
+a line without them reads back with their defaults.
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ class ModelSettings:
 
     Every field is optional; None means "not set here".  Settings are given
     per harness (``open_harness(model_settings=...)``), per agent
-    (:attr:`~trio_harness.AgentOptions.model_settings`) and per turn
+    (``AgentOptions.model_settings``) and per turn
     (``agent.followup(text, settings=...)``), and merged field by field with
     :meth:`merge`: a turn's value wins over an agent's, an agent's over the
     harness's, the harness's over the model spec's query parameters.  The

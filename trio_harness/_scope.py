@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextvars
 import inspect
 import logging
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol, TypeVar
@@ -37,6 +36,7 @@ import attrs
 import trio
 
 from ._errors import PluginError, ScopeClosedError
+from ._util import is_positive_number
 
 __all__ = ["ExitCallback", "LoadedPlugin", "Plugin", "Scope", "current_scope", "open_scope"]
 
@@ -405,7 +405,7 @@ async def open_scope(name: str = "root", *, teardown_timeout: float = DEFAULT_TE
     Leaving the block closes the scope: children newest first, then the
     nursery's tasks, then the exit callbacks newest first.
     """
-    if not (teardown_timeout > 0 and not math.isnan(teardown_timeout)):
+    if not is_positive_number(teardown_timeout):
         raise ValueError(f"teardown_timeout must be positive, got {teardown_timeout!r}")
     scope = Scope(name=name, parent=None, teardown_timeout=teardown_timeout)
     body_error: BaseException | None = None

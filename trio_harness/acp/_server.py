@@ -23,13 +23,13 @@ are queued or owed by running handlers, the reader reads nothing, so a client
 that does not read its answers stops being read (docs/guarantees.rst, "The ACP
 bridge").
 
-Prompt mechanics: the prompt text is sent with ``agent.followup``; a
-:class:`~trio_harness.agents.TurnWatcher` observes the session log,
-finds the turn that claims the message, streams that turn's events as
-``session/update`` notifications, and answers at its ``turn/end`` (after
-flushing the log) with the stop reason :func:`~trio_harness.acp.stop_reason_for`
-maps it to.  A message removed from the inbox by a cancel before any
-turn claimed it answers ``cancelled`` (same section).
+Prompt mechanics: the prompt text is sent with ``agent.follow``, which finds
+the turn that claims the message; that turn's events are streamed as
+``session/update`` notifications, and the prompt is answered at its
+``turn/end`` (after flushing the log) with the stop reason
+:func:`~trio_harness.acp.stop_reason_for` maps it to.  A message removed from
+the inbox by a cancel before any turn claimed it, or still queued when its
+session is disposed, answers ``cancelled`` (same section).
 
 Approval: unless ``ask_permission`` is off (``trio-harness acp --yes``), every
 agent of the connection gets an approver that sends ``session/request_permission``
@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, TypeVarTuple
 import attrs
 import trio
 
-from .._bus import Notice
+from .._bus import EventBus, Notice
 from .._errors import (
     AgentDisposedError,
     AgentExistsError,
@@ -69,13 +69,11 @@ from .._errors import (
 )
 from .._records import Failure
 from ..agents._approval import ApprovalDecision, ApprovalRequest
-from ..agents._inbox import new_message_id
 from ..agents._options import AgentOptions
-from ..agents._turns import TurnOutcome, TurnWatcher
+from ..agents._turns import TurnOutcome
 from ..model._cost import load_prices
 from ..session import _events as ev
-from ..session._events import InboxMessage
-from ..tools._mcp import connect_mcp_servers
+from ..tools._mcp import MCP_NOTICES, connect_mcp_servers, mcp_notice_line
 from ..tools._mcp_config import with_env_policy
 from . import _jsonrpc as rpc
 from ._modes import MODE_ASK, MODE_AUTO, MODE_IDS, mode_state
@@ -116,6 +114,7 @@ if TYPE_CHECKING:
     from .._harness import Harness
     from .._scope import Scope
     from ..agents._agent import Agent
+    from ..agents._follow import FollowedPrompt
     from ..agents._options import AgentOptions
     from ..agents._registry import AgentHandle, Setup
     from ..session._events import Event, SessionHeader
@@ -184,9 +183,15 @@ class _Prompt:
     """The one in-flight prompt of a session."""
 
     request_id: rpc.RequestId
-    watcher: TurnWatcher
-    message_id: str
-    remove_observer: Callable[[], None] = lambda: None
+    followed: FollowedPrompt | None = None
+
+    @property
+    def message_id(self) -> str | None:
+        return self.followed.message_id if self.followed is not None else None
+
+    @property
+    def turn(self) -> int | None:
+        return self.followed.turn if self.followed is not None else None
 
 
 @attrs.define(eq=False)
@@ -245,7 +250,7 @@ class AcpServer:
             applies, and with none such calls run without asking.  An
             approver set in ``agent_options`` wins either way.
         initial_mode: the session mode every session starts in (``ask`` or
-            ``auto``, see :mod:`trio_harness.acp._modes`); modes are offered
+            ``auto``, see ``trio_harness/acp/_modes.py``); modes are offered
             only while ``ask_permission`` is on and ``agent_options`` sets no
             approver (the modes switch the asking approver).
     """
@@ -317,6 +322,8 @@ class AcpServer:
         self._scope = await self.harness.scope.open_child("acp")
         # A streamed tool call turns in_progress when it starts running (docs/acp.rst).
         self._scope.add_exit_callback(self.harness.bus.on("agent/tool/started", self._tool_started))
+        for name in MCP_NOTICES:  # an MCP server restarted or a tool left out: one line each in the log
+            self._scope.add_exit_callback(self.harness.bus.on(name, _log_mcp_notice))
         outbox = self._outbox = rpc.Outbox(self.outbox_limit)
         writer_done = trio.Event()
         reader = rpc.LineReader(receive, max_line_bytes=self.max_line_bytes)
@@ -573,7 +580,7 @@ class AcpServer:
             owner=self._scope,
             cwd=params.cwd,
             options=self._agent_options(),
-            setup=_mcp_setup(with_env_policy(params.mcp_configs(), self.harness.bash.env_policy)),
+            setup=_mcp_setup(with_env_policy(params.mcp_configs(), self.harness.bash.env_policy), self.harness.bus),
         )
         record = await self._adopt(handle)
         return {
@@ -592,7 +599,7 @@ class AcpServer:
                 f"session {shorten(session_id, 200)!r} is already open on this connection",
                 {"sessionId": session_id},
             )
-        setup = _mcp_setup(with_env_policy(params.mcp_configs(), self.harness.bash.env_policy))
+        setup = _mcp_setup(with_env_policy(params.mcp_configs(), self.harness.bash.env_policy), self.harness.bus)
         try:
             handle = await self.harness.agents.resume(
                 session_id, owner=self._scope, options=self._agent_options(), setup=setup
@@ -734,7 +741,7 @@ class AcpServer:
             return  # not a session of this connection (another client's, or a subagent)
         turn = notice.data["turn"]
         prompt = record.prompt
-        if record.unsolicited or (prompt is not None and prompt.watcher.turn == turn):
+        if record.unsolicited or (prompt is not None and prompt.turn == turn):
             self._update(record.id, tool_started_update(turn, notice.data["call_id"]))
 
     def _send_title(self, record: _SessionRecord, text: str) -> None:
@@ -796,7 +803,6 @@ class AcpServer:
                 {"sessionId": record.id},
             )
         agent = record.agent
-        message = InboxMessage(id=new_message_id(), text=text, mode="followup")
 
         def on_event(event: Event) -> None:
             update = live_update(event, record.id)
@@ -804,21 +810,15 @@ class AcpServer:
                 self._update(record.id, update)
 
         def on_done(outcome: TurnOutcome) -> None:
-            prompt.remove_observer()
             stop_reason, failure = stop_reason_for(outcome.end)
             turn = outcome.end.turn if outcome.end is not None else 0
             if not self._spawn(self._answer_after_flush, record, prompt, stop_reason, failure, turn):
                 self._answer(record, prompt, stop_reason, failure, turn)
 
-        prompt = _Prompt(
-            request_id=request.id, watcher=TurnWatcher(message.id, on_event, on_done), message_id=message.id
-        )
-        prompt.remove_observer = agent.session.observe(prompt.watcher)
-        record.prompt = prompt
+        prompt = record.prompt = _Prompt(request_id=request.id)
         try:
-            agent.followup(message)
+            prompt.followed = agent.follow(text, on_event=on_event, on_done=on_done)
         except Exception as exc:  # e.g. the agent is being disposed
-            prompt.remove_observer()
             record.prompt = None
             raise rpc.RpcError(rpc.INTERNAL_ERROR, f"session {record.id!r} cannot take a prompt: {exc}") from None
 
@@ -1012,11 +1012,8 @@ class AcpServer:
             self._unstored.append(exc)
         except Exception:
             log.exception("acp: disposing session %r failed", record.id)
-        prompt = record.prompt
-        if prompt is not None:
-            # A message still queued when its agent went away never runs.
-            prompt.remove_observer()
-            prompt.watcher.abandon()
+        # A prompt still queued when its agent went away never runs: the agent's
+        # disposal reported it (an outcome with no end), and it is answered ``cancelled``.
         return failure
 
     async def _shutdown(self) -> None:
@@ -1035,15 +1032,22 @@ class AcpServer:
         self._requests.close()
 
 
-def _mcp_setup(servers: Sequence[McpServerConfig]) -> Setup | None:
-    """The agent setup that starts a session's MCP servers in the agent's scope (tools for it alone)."""
+def _mcp_setup(servers: Sequence[McpServerConfig], bus: EventBus) -> Setup | None:
+    """The agent setup that starts a session's MCP servers in the agent's scope (tools for it alone).
+
+    Their notices (``mcp/restarted``, ...) go to the harness bus, as the harness's own servers' do.
+    """
     if not servers:
         return None
 
     async def setup(agent: Agent) -> None:
-        await connect_mcp_servers(agent.scope, agent.tools, servers)
+        await connect_mcp_servers(agent.scope, agent.tools, servers, bus=bus)
 
     return setup
+
+
+def _log_mcp_notice(notice: Notice) -> None:
+    log.warning("%s", mcp_notice_line(notice).removeprefix("[mcp] "))
 
 
 async def _warm_prices() -> None:

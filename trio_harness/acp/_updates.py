@@ -1,8 +1,8 @@
 """Session events -> ACP ``session/update`` payloads, and turn ends -> ACP stop reasons.
 
 The live stream of a prompt is the translation of the events of the turn that
-claimed its message (:class:`~trio_harness.agents.TurnWatcher` finds that
-turn; :func:`stop_reason_for` maps how it ended); a ``session/load`` replays a
+claimed its message (``agent.follow``, :class:`~trio_harness.agents.FollowedPrompt`,
+finds that turn; :func:`stop_reason_for` maps how it ended); a ``session/load`` replays a
 whole stored log with :func:`replay_updates`.
 
 Translation table (live):
@@ -31,7 +31,7 @@ id with the turn number (``"3/call_1"``): scripted and some real providers
 reuse ids across turns.
 
 Every message chunk carries a ``messageId``: a UUID derived from the session
-id and the chunk's place in the log (:func:`message_id`), so a live stream and
+id and the chunk's place in the log (``message_id``), so a live stream and
 a later replay of the same message agree, and a step's reasoning and its text
 are two messages (docs/acp.rst, "Message ids").
 """
@@ -310,9 +310,9 @@ def turn_end_update(end: ev.TurnEnd, session_id: str = "") -> Update | None:
 def live_update(event: ev.Event, session_id: str = "") -> Update | None:
     """The ``session/update`` payload (the ``update`` object) for a live event, or None.
 
-    ``session_id`` seeds the chunks' ``messageId`` (:func:`message_id`).  A
+    ``session_id`` seeds the chunks' ``messageId`` (``message_id``).  A
     claimed user message gives none (the client sent it), a task notice an
-    ``agent_thought_chunk`` (:func:`message_update`).
+    ``agent_thought_chunk`` (``message_update``).
     """
     if isinstance(event, ev.AssistantChunk):
         if not event.text:
@@ -343,11 +343,11 @@ def replay_updates(events: Sequence[ev.Event], session_id: str = "") -> Iterator
     """The updates that replay a stored log to a client (``session/load``).
 
     User messages become ``user_message_chunk`` (task notices
-    ``agent_thought_chunk``, see :func:`message_update`); each step's
+    ``agent_thought_chunk``, see ``message_update``); each step's
     assistant text and reasoning are sent whole (from ``assistant/message``,
     or from the chunks of a step that died before its message was logged);
     tool calls and results as in the live stream; a cancelled, interrupted or
-    failed turn ends with a note saying so (:func:`turn_end_update`).
+    failed turn ends with a note saying so (``turn_end_update``).
     """
     text: list[str] = []
     reasoning: list[str] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 
@@ -11,13 +12,15 @@ if TYPE_CHECKING:
     from .._records import ModelSettings, UsageTotals
     from .._scope import Scope
     from ..model._protocol import OutputMode
-    from ..session._events import CancelCause, ContextCompacted, InboxMessage
+    from ..session._events import CancelCause, ContextCompacted, Event, InboxMessage, SendMode
     from ..session._session import Session
+    from ._follow import FollowedPrompt
     from ._inbox import Inbox
     from ._options import AgentOptions
     from ._run import RunResult
     from ._stream import EventStream
     from ._tools import ToolSet
+    from ._turns import TurnOutcome
 
 __all__ = ["Agent", "AgentStatus"]
 
@@ -35,6 +38,12 @@ class Agent(Protocol):
     dispose it.  Once disposal has started, every operation that would change
     the agent (``send``, ``followup``, ``steer``, ``inject``, ``cancel``,
     ``maintenance``) raises :class:`~trio_harness.AgentDisposedError`.
+
+    A loop may also define ``deliver_posted(message)``: the registry then hands
+    it the messages posted through the store (``harness.sessions.post``)
+    instead of calling ``send``, so that it can act on each only once its
+    splice is stored (the built-in loop does, docs/postgres.rst); without it a
+    posted message goes through ``send`` and the loop acts on it at once.
     """
 
     @property
@@ -190,6 +199,31 @@ class Agent(Protocol):
         when the turn does not complete.  ``output_mode`` chooses between the
         provider's JSON response format and a ``final_answer`` tool
         (:data:`~trio_harness.model.OutputMode`).
+        """
+        ...
+
+    def follow(
+        self,
+        message: str | InboxMessage,
+        *,
+        mode: SendMode = "followup",
+        settings: ModelSettings | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        on_done: Callable[[TurnOutcome], None] | None = None,
+    ) -> FollowedPrompt:
+        """Send ``message`` (as :meth:`send` does) and follow it to the end of the turn that runs it.
+
+        ``on_event`` gets each event of that turn, ``on_done`` the
+        :class:`~trio_harness.agents.TurnOutcome` once; both are called
+        synchronously from the session's append and must not block.  The
+        returned :class:`~trio_harness.agents.FollowedPrompt` gives the
+        message id, the turn once claimed, ``await wait()`` for the outcome
+        and ``cancel()`` to stop this prompt alone.  When the agent is
+        disposed first, the outcome has no end.  ``run()``, the ACP bridge
+        and the command line are built on it.
+
+        Raises:
+            AgentDisposedError: the agent is disposed or being disposed.
         """
         ...
 

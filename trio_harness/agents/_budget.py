@@ -23,6 +23,7 @@ from typing import Final
 import attrs
 
 from .._records import Failure, UsageTotals, plain_constructor
+from .._util import positive_int
 from ..session import _events as ev
 from ..session._session import Session
 
@@ -35,11 +36,6 @@ BUDGET_REQUESTS: Final = "budget-requests"
 """The failure code of a turn that ended on a request budget."""
 
 
-def _positive_or_none(instance: object, attribute: attrs.Attribute[int | None], value: object) -> None:
-    if value is not None and (type(value) is not int or value <= 0):
-        raise ValueError(f"Budget.{attribute.name} must be a positive int or None, got {value!r}")
-
-
 @attrs.frozen
 class Budget:
     """Limits on model usage; None leaves a dimension unlimited.
@@ -49,8 +45,8 @@ class Budget:
         requests: model requests (a provider's retries of one request count once).
     """
 
-    tokens: int | None = attrs.field(default=None, validator=_positive_or_none)
-    requests: int | None = attrs.field(default=None, validator=_positive_or_none)
+    tokens: int | None = attrs.field(default=None, validator=positive_int("Budget", optional=True))
+    requests: int | None = attrs.field(default=None, validator=positive_int("Budget", optional=True))
 
 
 def budget_failure(

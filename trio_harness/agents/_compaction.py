@@ -30,6 +30,7 @@ import trio
 
 from .._errors import CompactionError
 from .._records import Failure, ModelSettings, UsageTotals
+from .._util import positive_int
 from ..model._context import CHARS_PER_TOKEN
 from ..model._protocol import (
     AssistantMessage,
@@ -78,16 +79,6 @@ def _fraction(instance: object, attribute: attrs.Attribute[float], value: object
         raise ValueError(f"ContextPolicy.{attribute.name} must be a number within (0, 1], got {value!r}")
 
 
-def _positive(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if type(value) is not int or value <= 0:
-        raise ValueError(f"ContextPolicy.{attribute.name} must be a positive int, got {value!r}")
-
-
-def _positive_or_none(instance: object, attribute: attrs.Attribute[int | None], value: object) -> None:
-    if value is not None and (type(value) is not int or value <= 0):
-        raise ValueError(f"ContextPolicy.{attribute.name} must be a positive int or None, got {value!r}")
-
-
 @attrs.frozen
 class ContextPolicy:
     """When an agent compacts its context, and how much it keeps.
@@ -112,8 +103,8 @@ class ContextPolicy:
     auto: bool = True
     threshold: float = attrs.field(default=0.8, validator=_fraction)
     keep: float = attrs.field(default=0.3, validator=_fraction)
-    window: int | None = attrs.field(default=None, validator=_positive_or_none)
-    summary_tokens: int = attrs.field(default=2_000, validator=_positive)
+    window: int | None = attrs.field(default=None, validator=positive_int("ContextPolicy", optional=True))
+    summary_tokens: int = attrs.field(default=2_000, validator=positive_int("ContextPolicy"))
     summary_prompt: str = DEFAULT_SUMMARY_PROMPT
 
 

@@ -28,7 +28,7 @@ import datetime
 import logging
 import math
 import sys
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
@@ -39,6 +39,8 @@ import trio
 from .._errors import AgentDisposedError, CompactionError, SessionStoreError
 from .._initiator import _set_initiator
 from .._records import plain_constructor
+from .._util import describe as _describe
+from .._util import split_cancelled as _split_cancelled
 from ..model._context import CHARS_PER_TOKEN, is_context_overflow, tokens_for_chars, tools_chars
 from ..model._cost import price_route, usage_cost
 from ..model._protocol import (
@@ -74,6 +76,7 @@ from ._compaction import (
     summarize,
     summary_section,
 )
+from ._follow import FollowedPrompt, Followers
 from ._function_tools import caller_namespace, output_adapter
 from ._history import History, TurnMark
 from ._inbox import Inbox
@@ -87,7 +90,7 @@ if TYPE_CHECKING:
     from .._scope import Scope
     from ._agent import AgentStatus
     from ._registry import AgentRegistry
-    from ._turns import TurnWatcher
+    from ._turns import TurnOutcome
 
 __all__ = ["ReactAgent"]
 
@@ -104,22 +107,6 @@ class _OverBudget(Exception):
     def __init__(self, failure: Failure) -> None:
         super().__init__(failure.message)
         self.failure = failure
-
-
-def _split_cancelled(exc: BaseException) -> tuple[BaseException | None, BaseException | None]:
-    """Split ``exc`` into (the cancellation part, the rest); either may be None."""
-    if isinstance(exc, trio.Cancelled):
-        return exc, None
-    if isinstance(exc, BaseExceptionGroup):
-        return exc.split(trio.Cancelled)
-    return None, exc
-
-
-def _describe(exc: BaseException) -> str:
-    """``Type: message`` of an error, listing the leaves of an exception group."""
-    if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(_describe(inner) for inner in exc.exceptions)
-    return f"{type(exc).__name__}: {exc}"
 
 
 _NO_SETTINGS = ModelSettings()
@@ -212,9 +199,12 @@ class ReactAgent:
     )
     _usage: UsageCounter = attrs.field(init=False)
     _streams: StreamRegistry = attrs.field(factory=StreamRegistry, init=False)
-    # run(): the output type of each queued run() prompt, and the watchers to release at disposal.
+    # run(): the output type of each queued run() prompt.
     _outputs: dict[str, PendingOutput] = attrs.field(factory=dict, init=False)
-    _run_watchers: set[TurnWatcher] = attrs.field(factory=set, init=False)
+    # follow(): the prompts followed to the end of their turns (released at disposal).
+    _followers: Followers = attrs.field(
+        default=attrs.Factory(lambda self: Followers(self._session, self._cancel_followed), takes_self=True), init=False
+    )
     # The output type of the running turn (from the run() prompt that opened it).
     _turn_output: PendingOutput | None = attrs.field(default=None, init=False)
     # The cancel scope of agent.compact() while it runs (disposal cancels it).
@@ -241,7 +231,7 @@ class ReactAgent:
         # Once the agent has quiesced and its scope unwinds, the inbox is read
         # only: the session's final flush is next, and nothing may follow it.
         self._scope.add_exit_callback(self._seal_inbox)
-        # Streams end and run() waiters are released once the agent quiesced (they saw its
+        # Streams end and followers are released once the agent quiesced (they saw its
         # last events), before the seal.
         self._scope.add_exit_callback(self._release_observers)
         self._history = History(self._session)
@@ -362,6 +352,33 @@ class ReactAgent:
         Raises:
             AgentDisposedError: the agent is being disposed.
         """
+        msg, queue = self._route(message, mode, settings)
+        self._inbox.append(queue, msg)
+        if mode != "inject":
+            self._wake()
+        return msg.id
+
+    def deliver_posted(self, message: InboxMessage) -> None:
+        """Take a message posted through the store (``harness.sessions.post``), acting on it once stored.
+
+        Its splice is logged now and the agent wakes (unless it is an inject)
+        only after a flush has stored that splice with the mailbox delete: a
+        worker that lost the session before that commit never acts on it,
+        and the worker that takes the session over delivers it instead.
+
+        Raises:
+            AgentDisposedError: the agent is being disposed.
+        """
+        msg, queue = self._route(message, message.mode, None)
+        self._inbox.stage(queue, msg, self._posted_applied)
+
+    def _posted_applied(self, message: InboxMessage) -> None:
+        if message.mode != "inject":
+            self._wake()
+
+    def _route(
+        self, message: str | InboxMessage, mode: SendMode, settings: ModelSettings | None
+    ) -> tuple[InboxMessage, ev.InboxQueue]:
         self._check_live("send it a message")
         if mode not in ("followup", "steer", "inject"):
             raise ValueError(f"unknown send mode {mode!r}; use followup, steer or inject")
@@ -375,10 +392,7 @@ class ReactAgent:
         queue: ev.InboxQueue = "next-turn" if mode == "followup" else "next-step"
         if mode == "steer" and self._phase == "running" and self._cause is not None:
             queue = "next-turn"  # never join a converging, cancelled turn
-        self._inbox.append(queue, msg)
-        if mode != "inject":
-            self._wake()
-        return msg.id
+        return msg, queue
 
     def followup(self, message: str | InboxMessage, *, settings: ModelSettings | None = None) -> str:
         """Queue ``message`` for a new turn and wake the agent (``settings``: that turn's model settings)."""
@@ -489,9 +503,7 @@ class ReactAgent:
 
     def _release_observers(self) -> None:
         self._streams.close_all()
-        watchers, self._run_watchers = self._run_watchers, set()
-        for watcher in watchers:
-            watcher.abandon()
+        self._followers.abandon_all()
 
     @overload
     async def run(
@@ -577,25 +589,68 @@ class ReactAgent:
             adapter = output_adapter(output, localns=caller_namespace(sys._getframe(1)))
         if output_mode == "auto":
             output_mode = "native" if supports_json_schema(self._provider) else "tool"
-        return await run_prompt(self, prompt, adapter, retries=retries, settings=settings, mode=output_mode)
+        message = Inbox.message(prompt, "followup")
+        if adapter is None:
+            return await run_prompt(self, message, None, settings=settings)
+        # The turn that claims the message asks for the output (_run_step).
+        pending = self._outputs[message.id] = PendingOutput(adapter, retries, output_mode)
+        try:
+            return await run_prompt(self, message, pending, settings=settings)
+        finally:
+            self._outputs.pop(message.id, None)
 
-    def _watch_run(self, watcher: TurnWatcher, message_id: str, pending: PendingOutput | None) -> None:
-        self._run_watchers.add(watcher)
-        if pending is not None:
-            self._outputs[message_id] = pending
+    def follow(
+        self,
+        message: str | InboxMessage,
+        *,
+        mode: SendMode = "followup",
+        settings: ModelSettings | None = None,
+        on_event: Callable[[ev.Event], None] | None = None,
+        on_done: Callable[[TurnOutcome], None] | None = None,
+    ) -> FollowedPrompt:
+        """Send ``message`` and follow it to the end of the turn that runs it.
 
-    def _unwatch_run(self, watcher: TurnWatcher, message_id: str) -> None:
-        self._run_watchers.discard(watcher)
-        self._outputs.pop(message_id, None)
+        Args:
+            message: text, or a message object.
+            mode: how it is sent, as for :meth:`send` (a steer joins the
+                running turn, which is then the one followed).
+            settings: model settings of the turn the message opens.
+            on_event: called with each event of that turn, from the claim of
+                the message up to its ``turn/end`` (excluded).
+            on_done: called once with the outcome.
 
-    def _abandon_run(self, message_id: str, watcher: TurnWatcher) -> None:
-        """The caller of run() was cancelled: drop its prompt, or cancel its turn while it runs."""
-        if self._disposing or self._scope.closing or watcher.done:
-            return
-        if message_id in self._inbox:
-            self._inbox.remove(message_id)
-        elif watcher.turn is not None and watcher.turn == self._last_turn and self._phase == "running":
-            self.cancel("user", keep_inbox=True)
+        Both callbacks are called synchronously from the session's append, as
+        session observers are: they must not block, and their errors are
+        logged (docs/long-sessions.rst, "Following a prompt").
+
+        Returns:
+            The :class:`~trio_harness.agents.FollowedPrompt`: its message id,
+            its turn once claimed, ``await wait()`` for the outcome, and
+            ``cancel()`` to stop the prompt alone.
+
+        Raises:
+            AgentDisposedError: the agent is disposed or being disposed.
+        """
+        self._check_live("follow a prompt")
+        msg = Inbox.message(message, mode)
+        followed = self._followers.watch(msg.id, on_event, on_done)
+        try:
+            self.send(msg, mode=mode, settings=settings)
+        except BaseException:
+            self._followers.release(followed)
+            raise
+        return followed
+
+    def _cancel_followed(self, followed: FollowedPrompt) -> bool:
+        """``followed.cancel()``: drop its prompt, or cancel its turn while it runs."""
+        if self._disposing or self._scope.closing:
+            return False
+        if followed.message_id in self._inbox:
+            self._inbox.remove(followed.message_id)
+            return True
+        if followed.turn is not None and followed.turn == self._last_turn and self._phase == "running":
+            return self.cancel("user", keep_inbox=True)
+        return False
 
     def _check_live(self, what: str) -> None:
         """Refuse an operation once disposal started (docs/guarantees.rst, "The driver")."""

@@ -1,4 +1,4 @@
-"""Tools from typed Python functions: :func:`tool` and :meth:`Tool.from_function`.
+"""Tools from typed Python functions: :func:`tool`.
 
 The signature is the contract.  pydantic derives the parameters' JSON schema
 from the type hints and builds a validator for it once, when the tool is made;
@@ -34,6 +34,7 @@ import attrs
 import trio
 
 from .._errors import ToolError
+from .._util import describe
 from ._docstrings import parse_docstring
 from ._tools import _NAME, Tool, ToolContext, ToolOutput, parse_arguments
 
@@ -51,7 +52,7 @@ _MAX_INPUT = 60  # characters of an offending value quoted back to the model
 
 @attrs.frozen(eq=False)
 class FunctionTool(Tool, Generic[P, R]):
-    """A :class:`Tool` made from a typed function by :func:`tool` or :meth:`Tool.from_function`.
+    """A :class:`Tool` made from a typed function by :func:`tool`.
 
     It is a tool like any other (register it with ``ToolSet.add``), and calling
     it calls the function, so the decorated name stays usable in plain code
@@ -90,7 +91,7 @@ class FunctionTool(Tool, Generic[P, R]):
             from pydantic_core import ValidationError
 
             if not isinstance(exc, ValidationError):  # a user's validator or converter failing in its own way
-                raise ValueError(f"arguments for tool {self.name!r} could not be converted: {_describe(exc)}") from None
+                raise ValueError(f"arguments for tool {self.name!r} could not be converted: {describe(exc)}") from None
             errors = exc
         parsed = parse_arguments(arguments)  # not JSON, or not an object: the usual wording
         if not arguments.strip():  # empty text means {}
@@ -103,7 +104,16 @@ class FunctionTool(Tool, Generic[P, R]):
 
 
 @overload
-def tool(fn: Callable[P, R], /) -> FunctionTool[P, R]: ...
+def tool(
+    fn: Callable[P, R],
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    parallel_safe: bool = True,
+    requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
+    thread: bool = False,
+) -> FunctionTool[P, R]: ...
 
 
 @overload
@@ -127,7 +137,7 @@ def tool(
     requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
     thread: bool = False,
 ) -> FunctionTool[P, R] | Callable[[Callable[P, R]], FunctionTool[P, R]]:
-    """Make a :class:`Tool` from a typed function; usable bare (``@tool``) or with arguments.
+    """Make a :class:`Tool` from a typed function: ``@tool``, ``@tool(name=...)`` or ``tool(fn, name=...)``.
 
     ::
 
@@ -161,8 +171,8 @@ def tool(
         fn: the function (``async def`` or plain ``def``).
         name: the tool's name (default: the function's ``__name__``).
         description: what the model is told (default: from the docstring).
-        parallel_safe: see :attr:`Tool.parallel_safe`.
-        requires_approval: see :attr:`Tool.requires_approval`.
+        parallel_safe: see ``Tool.parallel_safe``.
+        requires_approval: see ``Tool.requires_approval``.
         thread: run a plain function in a worker thread
             (``trio.to_thread.run_sync``) instead of inline on the event loop.
             A cancelled turn waits for the function to return (a thread
@@ -206,7 +216,7 @@ def function_tool(
     thread: bool = False,
     localns: Mapping[str, Any] | None = None,
 ) -> FunctionTool[P, R]:
-    """Build a :class:`FunctionTool` (what :func:`tool` and :meth:`Tool.from_function` call).
+    """Build a :class:`FunctionTool` (what :func:`tool` calls).
 
     ``localns`` resolves annotations naming types local to the caller's
     function (a class defined next to the tool inside a function).
@@ -234,7 +244,7 @@ def function_tool(
         hints = typing.get_type_hints(target, localns=dict(localns) if localns else None, include_extras=True)
     except Exception as exc:
         raise ToolError(
-            f"tool {tool_name!r}: cannot resolve the type hints of {fn!r} ({_describe(exc)}); import the types "
+            f"tool {tool_name!r}: cannot resolve the type hints of {fn!r} ({describe(exc)}); import the types "
             "its annotations name at module level (not only under TYPE_CHECKING)"
         ) from None
 
@@ -333,7 +343,7 @@ class OutputAdapter:
         except ValidationError as exc:
             raise ValueError(_describe_errors(exc)) from None
         except Exception as exc:  # a user's validator or converter
-            raise ValueError(_describe(exc)) from None
+            raise ValueError(describe(exc)) from None
         return value["result"] if self.wrapped else value
 
 
@@ -470,11 +480,6 @@ def _json_fallback(value: Any) -> Any:
 
 
 # ---------------------------------------------------------------- errors
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _quote(value: Any) -> str:
@@ -617,7 +622,7 @@ class _TypeRewriter:
         except Exception as exc:
             raise ToolError(
                 f"tool {self._tool!r}: cannot resolve the type hints of the {kind} {cls.__qualname__} "
-                f"({_describe(exc)}); import the types it names at module level"
+                f"({describe(exc)}); import the types it names at module level"
             ) from None
 
     def _attrs(self, cls: type) -> Any:
@@ -654,7 +659,7 @@ class _TypeRewriter:
                 try:
                     return cls(**data)
                 except Exception as exc:  # an attrs validator or converter: an argument error for the model
-                    raise ValueError(f"{cls.__name__}: {_describe(exc)}") from None
+                    raise ValueError(f"{cls.__name__}: {describe(exc)}") from None
 
             annotated: Any = typing.Annotated
             result = annotated[clone, pydantic.AfterValidator(build)]

@@ -102,7 +102,7 @@ class History:
     A ``context/compacted`` event replaces everything before its ``boundary``
     by its ``summary`` (:attr:`summary`): the messages are rebuilt from the
     events between the boundary and the compaction (O(kept part), once), and
-    later events are added as before.  Beside the messages, the history keeps
+    later events are added one at a time.  Beside the messages, the history keeps
     what the size estimate needs (docs/long-sessions.rst): their characters,
     the last usage a provider reported with the characters at that point, and
     where each kept turn starts.

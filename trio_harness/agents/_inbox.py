@@ -5,6 +5,14 @@ and only then changes the in-memory lists, so a synchronous session observer
 sees the pre-splice projection and resume can rebuild the lists exactly by
 replaying the splices.  A message id is pending at most once across both lists.
 
+A message posted through the store (``harness.sessions.post``) is *staged*
+(:meth:`Inbox.stage`): its splice is logged at once, at the end of its queue,
+but the lists only take it once a flush has stored that splice, so a worker
+that lost the session before the commit never acts on it.  While staged it
+sits after every live message of its queue in the log's projection, and every
+other mutation computes its coordinates on the live lists, so the log and the
+lists agree when it is applied (at the end of its queue).
+
 A mutation requested while a splice is being logged (from a session observer,
 which must see the pre-splice projection) is deferred until that splice is
 applied, so the durable log and the live lists never disagree.  Inserts and
@@ -62,6 +70,8 @@ class Inbox:
     _splicing: bool = attrs.field(default=False, init=False)
     # Mutations requested while splicing: ("append" | "prepend" | "clear", queue, message).
     _deferred: list[tuple[str, InboxQueue | None, InboxMessage | None]] = attrs.field(factory=list, init=False)
+    # Staged messages (logged, not yet stored), oldest first: (queue, message).
+    _staged: list[tuple[InboxQueue, InboxMessage]] = attrs.field(factory=list, init=False)
     # Set by seal(): why the inbox is read-only now.
     _sealed: str | None = attrs.field(default=None, init=False)
 
@@ -165,7 +175,7 @@ class Inbox:
             remaining = remaining.difference(removed)
         if not inserted:
             return
-        seen: set[str] = set()
+        seen: set[str] = {message.id for _, message in self._staged}
         for message in inserted:
             if message.id in remaining or message.id in seen:
                 raise InboxError(f"message id {message.id!r} is already pending")
@@ -305,6 +315,47 @@ class Inbox:
             if items:
                 gone += self._splice(queue, 0, [m.id for m in items], (), "canceled")
         return gone
+
+    def stage(self, queue: InboxQueue, message: InboxMessage, on_applied: Callable[[InboxMessage], None]) -> None:
+        """Log the splice adding ``message`` at the end of ``queue`` now; take it once it is stored.
+
+        The lists gain ``message`` (and ``on_applied(message)`` runs) at the
+        end of the first flush that stores the splice
+        (:meth:`Session.on_stored`); until then the driver cannot see it.
+
+        Raises:
+            AgentDisposedError: the inbox is sealed.
+            InboxError: the id is already pending or staged, or this is called
+                from a session observer.
+        """
+        self._refuse_reentry("stage a message")
+        items = self._list(queue)
+        self._check(queue, len(items), (), (message,))
+        start = len(items) + sum(1 for staged_queue, _ in self._staged if staged_queue == queue)
+        self._splicing = True
+        try:
+            event = self._session.append(
+                InboxSpliced, queue=queue, start=start, removed=(), inserted=(message,), outcome=None, turn=None
+            )
+        finally:
+            self._splicing = False
+        self._staged.append((queue, message))
+        self._session.on_stored(event.seq, lambda: self._apply_staged(message, on_applied))
+        if self._deferred:
+            self._run_deferred()
+
+    def _apply_staged(self, message: InboxMessage, on_applied: Callable[[InboxMessage], None]) -> None:
+        # Stored callbacks run in seq order: this is the oldest staged message of its queue.
+        index = next(i for i, (_, staged) in enumerate(self._staged) if staged is message)
+        queue = self._staged.pop(index)[0]
+        self._apply(queue, len(self._list(queue)), (), (message,))
+        self._notify("inserted", message, None)
+        on_applied(message)
+
+    @property
+    def staged(self) -> Sequence[InboxMessage]:
+        """Messages whose splice is logged but not stored yet (invisible to the driver)."""
+        return tuple(message for _, message in self._staged)
 
     def claim(self, turn: int, *, turn_boundary: bool) -> list[InboxMessage]:
         """Take every next-step message, then one next-turn message at a turn boundary.

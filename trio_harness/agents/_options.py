@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .._records import ModelSettings
+from .._util import positive_int
 from ._budget import Budget
 from ._compaction import ContextPolicy, HistoryProcessor
 
@@ -21,19 +22,9 @@ __all__ = ["DEFAULT_SYSTEM_PROMPT", "AgentOptions"]
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Use the tools you are given when they help."
 
 
-def _positive_or_none(instance: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
-    if value is not None and (not isinstance(value, int) or value <= 0):
-        raise ValueError(f"{attribute.name} must be a positive integer or None, got {value!r}")
-
-
 def _settings_or_none(instance: object, attribute: attrs.Attribute[ModelSettings | None], value: object) -> None:
     if value is not None and not isinstance(value, ModelSettings):
         raise TypeError(f"{attribute.name} must be a ModelSettings or None, got {type(value).__name__}")
-
-
-def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{attribute.name} must be a positive integer, got {value!r}")
 
 
 def _callable_or_none(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -79,9 +70,9 @@ class AgentOptions:
     model: ModelProvider | str | None = None
     model_name: str | None = None
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
-    max_tokens: int | None = attrs.field(default=None, validator=_positive_or_none)
-    max_steps: int = attrs.field(default=50, validator=_positive)
-    tool_concurrency: int = attrs.field(default=10, validator=_positive)
+    max_tokens: int | None = attrs.field(default=None, validator=positive_int("AgentOptions", optional=True))
+    max_steps: int = attrs.field(default=50, validator=positive_int("AgentOptions"))
+    tool_concurrency: int = attrs.field(default=10, validator=positive_int("AgentOptions"))
     tool_filter: Callable[[Tool], bool] | None = None
     approver: Approver | None = attrs.field(default=None, validator=_callable_or_none)
     model_settings: ModelSettings | None = attrs.field(default=None, validator=_settings_or_none)

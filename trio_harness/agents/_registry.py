@@ -106,8 +106,16 @@ class _AgentEntry:
 
 
 def _deliver(agent: Agent, message: InboxMessage) -> None:
-    """Splice a message posted to the agent's session into its inbox (``SessionRegistry.post``)."""
-    agent.send(message, mode=message.mode)
+    """Splice a message posted to the agent's session into its inbox (``SessionRegistry.post``).
+
+    An agent with ``deliver_posted`` (the built-in loop) acts on it only once
+    its splice is stored; another loop gets it through ``send`` and acts at once.
+    """
+    deliver_posted = getattr(agent, "deliver_posted", None)
+    if deliver_posted is not None:
+        deliver_posted(message)
+    else:
+        agent.send(message, mode=message.mode)
 
 
 def _text_path(cwd: object) -> str:

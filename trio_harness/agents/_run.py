@@ -1,8 +1,9 @@
 """``agent.run()``: one prompt, awaited to the end of its turn, with an optionally typed answer.
 
-``await agent.run(prompt)`` queues the prompt as a followup, follows it to the
-``turn/end`` of the turn that ran it (:class:`~trio_harness.agents.TurnWatcher`)
-and returns a :class:`RunResult`: the final text and the turn's usage.
+``await agent.run(prompt)`` sends the prompt as a followup, follows it to the
+``turn/end`` of the turn that ran it (``agent.follow()``,
+:class:`~trio_harness.agents.FollowedPrompt`) and returns a :class:`RunResult`:
+the final text and the turn's usage.
 
 With ``output=TYPE`` the answer is asked for in one of two ways
 (:data:`~trio_harness.model.OutputMode`), both built from the JSON schema of
@@ -40,11 +41,11 @@ from ..model._protocol import FINAL_ANSWER, OutputFormat
 from ..session import _events as ev
 from ._function_tools import OutputAdapter
 from ._tools import Tool, ToolContext, ToolOutput
-from ._turns import TurnOutcome, TurnWatcher
 
 if TYPE_CHECKING:
     from .._records import ModelSettings
-    from ._driver import ReactAgent
+    from ..session._events import InboxMessage
+    from ._agent import Agent
 
 __all__ = ["FINAL_ANSWER", "OUTPUT_INVALID", "PendingOutput", "RunResult", "output_instructions", "run_prompt"]
 
@@ -189,21 +190,17 @@ def output_instructions(pending: PendingOutput) -> str:
 
 
 async def run_prompt(
-    agent: ReactAgent,
-    prompt: str,
-    output: OutputAdapter | None,
+    agent: Agent,
+    message: InboxMessage,
+    pending: PendingOutput | None,
     *,
-    retries: int,
     settings: ModelSettings | None,
-    mode: Literal["native", "tool"] = "native",
 ) -> RunResult[Any]:
-    """Queue ``prompt`` on ``agent``, wait for its turn to end, and build the result (see the module docstring)."""
-    from ._inbox import Inbox
+    """Follow ``message`` on ``agent`` to the end of its turn and build the result (see the module docstring).
 
-    message = Inbox.message(prompt, "followup")
-    pending = PendingOutput(output, retries, mode) if output is not None else None
-    outcome: TurnOutcome | None = None
-    done = trio.Event()
+    ``pending`` is the output the turn that claims the message validates (the
+    agent asks for it), or None for the final text.
+    """
     last_text = ""
 
     def on_event(event: ev.Event) -> None:
@@ -211,26 +208,13 @@ async def run_prompt(
         if isinstance(event, ev.AssistantMessage) and event.finish not in ("error", "aborted"):
             last_text = event.text
 
-    def on_done(result: TurnOutcome) -> None:
-        nonlocal outcome
-        outcome = result
-        done.set()
-
-    watcher = TurnWatcher(message.id, on_event, on_done)
-    remove = agent.session.observe(watcher)
-    agent._watch_run(watcher, message.id, pending)
+    followed = agent.follow(message, settings=settings, on_event=on_event)
     try:
-        agent.send(message, mode="followup", settings=settings)
-        try:
-            await done.wait()
-        except trio.Cancelled:
-            # The caller gave up: its prompt does not run on unobserved.
-            agent._abandon_run(message.id, watcher)
-            raise
-    finally:
-        remove()
-        agent._unwatch_run(watcher, message.id)
-    assert outcome is not None
+        outcome = await followed.wait()
+    except trio.Cancelled:
+        # The caller gave up: its prompt does not run on unobserved.
+        followed.cancel()
+        raise
     end = outcome.end
     if end is None:
         raise RunError(f"agent {agent.id!r}: the prompt never ran (it was cancelled, or the agent was disposed)")

@@ -26,6 +26,7 @@ from typing import ClassVar, TypeAlias
 import attrs
 import trio
 
+from .._util import is_positive_int
 from ..session._events import Event
 from ..session._session import Session
 
@@ -161,7 +162,7 @@ class StreamRegistry:
     @asynccontextmanager
     async def open(self, session: Session, buffer: int, check_live: Callable[[], None]) -> AsyncIterator[EventStream]:
         """Open a stream of ``session``'s events from now on, bounded by ``buffer``."""
-        if type(buffer) is not int or buffer <= 0:
+        if not is_positive_int(buffer):
             raise ValueError(f"buffer must be a positive int, got {buffer!r}")
         check_live()
         send, receive = trio.open_memory_channel[StreamItem](buffer)

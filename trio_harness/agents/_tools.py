@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import jsonschema
@@ -19,15 +18,11 @@ from ._schema_check import SchemaValidator
 if TYPE_CHECKING:
     from .._scope import Scope
     from ._agent import Agent
-    from ._function_tools import FunctionTool
     from ._registry import AgentRegistry
 
 __all__ = ["Tool", "ToolContext", "ToolOutput", "ToolSet", "parse_arguments"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
 
 
 @attrs.frozen
@@ -114,7 +109,7 @@ class Tool:
             allow-list of command prefixes is one).  See :doc:`/approval`.
 
     A typed function makes a tool without a hand-written schema: see
-    :meth:`from_function` and :func:`~trio_harness.tool`.
+    :func:`~trio_harness.tool`.
     """
 
     name: str = attrs.field(validator=_check_name)
@@ -129,38 +124,6 @@ class Tool:
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "_validator", SchemaValidator(self.parameters))
-
-    @classmethod
-    def from_function(
-        cls,
-        fn: Callable[_P, _R],
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        parallel_safe: bool = True,
-        requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
-        thread: bool = False,
-    ) -> FunctionTool[_P, _R]:
-        """Make a tool from a typed function: name, description and schema come from it.
-
-        The same as decorating ``fn`` with :func:`~trio_harness.tool` (see
-        there for the types understood, the validation and the results).
-
-        Raises:
-            ToolError: the function cannot be described to a model; the
-                message names the parameter and what to do.
-        """
-        from ._function_tools import caller_namespace, function_tool
-
-        return function_tool(
-            fn,
-            name=name,
-            description=description,
-            parallel_safe=parallel_safe,
-            requires_approval=requires_approval,
-            thread=thread,
-            localns=caller_namespace(sys._getframe(1)),
-        )
 
     @property
     def spec(self) -> ToolSpec:

@@ -3,8 +3,10 @@
 A front end that sends a prompt wants that prompt's turn: its events as they
 are appended, and how it ended.  :class:`TurnWatcher` finds the turn that
 claimed the message and reports a :class:`TurnOutcome` carrying that turn's
-``turn/end`` event.  What an outcome means to the front end is the front end's
-business: the ACP bridge maps it to a stop reason
+``turn/end`` event.  Front ends do not wire one themselves:
+``agent.follow(prompt)`` sends the prompt and follows it with one
+(:class:`~trio_harness.agents.FollowedPrompt`).  What an outcome means to the
+front end is the front end's business: the ACP bridge maps it to a stop reason
 (:func:`trio_harness.acp.stop_reason_for`), the command line to an exit code.
 """
 

@@ -41,14 +41,14 @@ def _check_patterns(instance: object, attribute: attrs.Attribute[tuple[str, ...]
 class EnvPolicy:
     """Which variables of the harness's environment a command (or an MCP stdio server) inherits.
 
-    A variable is withheld when its name is in :attr:`hide` or matches a
-    pattern of :attr:`deny`, unless it matches a pattern of :attr:`allow`.
+    A variable is withheld when its name is in ``hide`` or matches a
+    pattern of ``deny``, unless it matches a pattern of ``allow``.
     Patterns are shell-style (``*``, ``?``, ``[...]``, :mod:`fnmatch`) and
     compared without regard to case, so ``*_TOKEN`` also withholds
     ``github_token``.  The policy applies only to what is inherited: variables
     a request or a server configuration sets explicitly are passed as given.
 
-    The harness adds to :attr:`hide` the variable its model's API key was read
+    The harness adds to ``hide`` the variable its model's API key was read
     from (``DEEPSEEK_API_KEY``, ``OPENAI_API_KEY``: ``OpenAIProvider.api_key_env``),
     so the key stays out of commands even with an empty deny list.
 
@@ -56,8 +56,8 @@ class EnvPolicy:
         deny: name patterns withheld (default :data:`DEFAULT_ENV_DENY`:
             ``*_API_KEY``, ``*_TOKEN``, ``*_SECRET``, ``*_PASSWORD``,
             ``AWS_SECRET_ACCESS_KEY``, ``PGPASSWORD``).
-        allow: name patterns passed on purpose although :attr:`deny` or
-            :attr:`hide` names them (``allow=("GITHUB_TOKEN",)``);
+        allow: name patterns passed on purpose although ``deny`` or
+            ``hide`` names them (``allow=("GITHUB_TOKEN",)``);
             ``deny=(), allow=("*",)`` passes the whole environment.
         hide: exact names always withheld unless allowed.
 
@@ -99,7 +99,7 @@ class EnvPolicy:
         return {name: value for name, value in environ.items() if self.passes(name)}
 
     def hiding(self, names: Iterable[str]) -> EnvPolicy:
-        """This policy with ``names`` added to :attr:`hide`."""
+        """This policy with ``names`` added to ``hide``."""
         extra = tuple(name for name in names if name not in self.hide)
         return self if not extra else attrs.evolve(self, hide=(*self.hide, *extra))
 

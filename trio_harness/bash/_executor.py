@@ -147,7 +147,7 @@ class BashProcess:
         once the group is gone.
 
         Args:
-            reason: recorded in :attr:`ExitFacts.kill_reason` when the shell was
+            reason: recorded in ``ExitFacts.kill_reason`` when the shell was
                 still running.
         """
         self._core.kill(reason)

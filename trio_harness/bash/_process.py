@@ -36,7 +36,16 @@ from .._lifeline import forget_group, lifeline
 from ._output import OutputStream
 from ._records import ExitFacts
 
-__all__ = ["REAP_BOUND", "ProcessGroup", "group_alive", "open_group", "reap_unsupervised", "signal_group"]
+__all__ = [
+    "REAP_BOUND",
+    "ProcessGroup",
+    "group_alive",
+    "kill_group_after",
+    "open_group",
+    "reap_unsupervised",
+    "signal_group",
+    "terminate_group",
+]
 
 # Size of one read from a pipe.
 _CHUNK = 256 * 1024
@@ -83,6 +92,32 @@ def group_alive(pgid: int) -> bool:
         if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
             return True
     return False
+
+
+async def kill_group_after(pgid: int, grace_period: float) -> None:
+    """Wait up to ``grace_period`` for the process group to be gone, then SIGKILL what is left.
+
+    Cancelled while waiting, it SIGKILLs the group at once: no grace is left to give.
+    """
+    try:
+        with trio.move_on_after(grace_period):
+            delay = 0.005
+            while group_alive(pgid):
+                await trio.sleep(delay)
+                delay = min(delay * 2, _MAX_POLL)
+            return
+    except BaseException:
+        signal_group(pgid, SIGKILL)
+        raise
+    signal_group(pgid, SIGKILL)
+
+
+async def terminate_group(pgid: int, grace_period: float) -> None:
+    """SIGTERM what is left of the process group, SIGKILL it after ``grace_period`` (see :func:`kill_group_after`)."""
+    if not group_alive(pgid):
+        return
+    signal_group(pgid, SIGTERM)
+    await kill_group_after(pgid, grace_period)
 
 
 async def open_group(argv: Sequence[str], cwd: str, env: Mapping[str, str] | None) -> trio.Process:
@@ -189,16 +224,7 @@ class ProcessGroup:
 
     async def _escalate(self) -> None:
         try:
-            with trio.move_on_after(self.grace_period):
-                delay = 0.005
-                while group_alive(self.pid):
-                    await trio.sleep(delay)
-                    delay = min(delay * 2, _MAX_POLL)
-                return
-            signal_group(self.pid, SIGKILL)
-        except BaseException:
-            signal_group(self.pid, SIGKILL)
-            raise
+            await kill_group_after(self.pid, self.grace_period)
         finally:
             self.escalating = False
             self._check_settled()

@@ -59,6 +59,7 @@ import attrs
 import trio
 
 from .._errors import BashError
+from .._util import is_positive_int
 from ._seccomp import UnsupportedArchitectureError, build_filter
 
 __all__ = [
@@ -171,7 +172,7 @@ class SandboxPolicy:
             ``"~/.kube"``: a directory by an empty one, a file by an unreadable
             one (reads fail with "Permission denied"); a path that does not
             exist is skipped.  A hidden path wins over a writable one.
-        hide_defaults: also hide :data:`DEFAULT_HIDDEN` (``~/.ssh``,
+        hide_defaults: also hide ``DEFAULT_HIDDEN`` (``~/.ssh``,
             ``~/.gnupg``, ``~/.aws``, ``~/.config/gcloud``, ``~/.netrc``,
             ``/etc/shadow``, ``/etc/gshadow``).
         hide_sessions: also hide the session store's root (the executor's
@@ -537,7 +538,7 @@ def _check(policy: SandboxPolicy, session_root: str | None) -> tuple[str, tuple[
         )
     for name in ("tmp_size", "max_processes"):
         value = getattr(policy, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        if value is not None and not is_positive_int(value):
             raise BashError(f"sandbox {name} must be a positive integer or None, got {value!r}")
     if policy.max_processes is not None and policy.max_processes < _MIN_PROCESSES:
         raise BashError(

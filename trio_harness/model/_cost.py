@@ -38,7 +38,7 @@ async def load_prices() -> bool:
 
     Importing the table takes a few hundred milliseconds, which the first
     :func:`usage_cost` would otherwise spend on the Trio thread, stalling
-    every task.  :func:`~trio_harness.agents.run` and the ACP server call this
+    every task.  :meth:`Agent.run <trio_harness.agents.Agent.run>` and the ACP server call this
     first; call it yourself before the first ``agent.cost`` or ``cost_of``.
     A cancelled load goes on in its thread and is finished by the next call
     or lookup.

@@ -36,6 +36,7 @@ import trio
 
 from .._errors import ModelError
 from .._redact import redact_urls
+from .._util import is_positive_int
 from ._chunks import ChunkParser, message_of
 from ._context import context_window_for
 from ._protocol import (
@@ -87,7 +88,7 @@ class OpenAIProvider:
     connections, timeouts, dropped connections) are retried with exponential
     backoff and jitter, honouring ``Retry-After``, but only while nothing has
     been emitted for the request, so output is never duplicated.  No wait is
-    longer than :attr:`backoff_max` or than what is left of the caller's
+    longer than ``backoff_max`` or than what is left of the caller's
     deadline: when the server asks for longer (``Retry-After``,
     ``retry-after-ms``, an HTTP date), the request ends at once with that
     failure, its message naming the wait asked for and the wait allowed.
@@ -123,11 +124,11 @@ class OpenAIProvider:
             OpenAI and most compatible servers), ``"json_object"`` (JSON mode
             without a schema: DeepSeek) or ``"none"`` (only the system
             prompt asks for JSON).  Only ``"json_schema"`` declares
-            :attr:`json_schema_output`: on the others ``agent.run(output=TYPE)``
+            ``json_schema_output``: on the others ``agent.run(output=TYPE)``
             uses the final-answer tool unless ``output_mode="native"``.
         context_window: the model's context window in tokens; None (the
             default) takes it from the known models' table
-            (:data:`~trio_harness.model.KNOWN_CONTEXT_WINDOWS`), and stays
+            (the built-in table of known models), and stays
             None for a model not in it.
 
     ``math.inf`` disables any of the three timeouts.
@@ -180,7 +181,7 @@ class OpenAIProvider:
             )
         if self.context_window is None:
             self.context_window = context_window_for(self.model)
-        elif type(self.context_window) is not int or self.context_window <= 0:
+        elif not is_positive_int(self.context_window):
             raise ModelError(f"OpenAIProvider context_window must be a positive int, got {self.context_window!r}")
 
         def finite(value: float) -> float | None:
@@ -257,7 +258,7 @@ class OpenAIProvider:
         Returns:
             A JSON-serialisable dict with ``model``, ``messages``, ``stream``,
             ``stream_options``, and ``tools`` / ``max_tokens`` when set, updated
-            with :attr:`extra_body`.
+            with ``extra_body``.
         """
         messages: list[dict[str, Any]] = []
         if request.system:
@@ -342,7 +343,7 @@ class OpenAIProvider:
     def _retry_delay(self, failure: Failure, attempt: int) -> tuple[float, str | None]:
         """The delay before retry ``attempt``, or why that retry must not be made.
 
-        Every delay is capped by :attr:`backoff_max` and by what is left of the
+        Every delay is capped by ``backoff_max`` and by what is left of the
         caller's deadline (the effective deadline of the enclosing cancel
         scopes): a ``Retry-After`` asking for longer, or a backoff that would
         outlast the deadline, is not waited for (see docs/guarantees.rst,

@@ -218,7 +218,7 @@ class ModelProvider(Protocol):
     Optional attributes a provider may declare (read with ``getattr``):
     ``context_window`` (tokens), ``settings`` (default
     :class:`ModelSettings`) and ``json_schema_output`` (True when the
-    endpoint honours :attr:`ModelRequest.output` as a JSON-schema response
+    endpoint honours ``ModelRequest.output`` as a JSON-schema response
     format; otherwise ``agent.run(output=TYPE)`` uses a final-answer tool,
     see :data:`OutputMode`).
     """

@@ -41,6 +41,7 @@ import attrs
 import trio
 
 from .._errors import ModelError
+from .._util import is_positive_int
 from ._context import message_chars, tokens_for_chars, tools_chars
 from ._protocol import (
     Emit,
@@ -105,7 +106,7 @@ def _split(text: str, parts: int = 3) -> list[str]:
 
 
 def _check_window(instance: object, attribute: attrs.Attribute[int | None], value: object) -> None:
-    if value is not None and (type(value) is not int or value <= 0):
+    if value is not None and not is_positive_int(value):
         raise ModelError(f"ScriptedModel context_window must be a positive int or None, got {value!r}")
 
 

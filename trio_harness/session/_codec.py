@@ -76,8 +76,8 @@ _converter.register_structure_hook_factory(_is_homogeneous_tuple, _strict_tuple)
 def _register_omitting(kind: type[Any], seen: set[type[Any]]) -> None:
     """Leave fields marked ``omit_if_default`` out of ``kind``'s lines (and its nested records') at their default.
 
-    So a field added to the format after a log was written reads back as its
-    default, and a log that does not use it is written exactly as before.
+    So a log line without such a field reads back with its default, and a
+    field left at its default takes no space in the line.
     """
     if kind in seen:
         return
@@ -527,13 +527,6 @@ def encode_event(event: Event) -> str:
     return line
 
 
-def event_to_dict(event: Event) -> dict[str, Any]:
-    """The JSON-ready dict of an event, ``"type"`` first."""
-    data: dict[str, Any] = {"type": event.type}
-    data.update(_unstructure[type(event)](event))
-    return data
-
-
 def decode_event_dict(data: Any) -> AnyEvent:
     """Decode an already-parsed JSON object into an event."""
     if not isinstance(data, dict):
@@ -552,7 +545,7 @@ def decode_event_dict(data: Any) -> AnyEvent:
     try:
         event: AnyEvent = _structure[cls.type](fields, cls)
     except Exception as exc:
-        raise EventDecodeError(f"invalid {tag!r} event: {_describe(exc)}") from exc
+        raise EventDecodeError(f"invalid {tag!r} event: {_decode_reason(exc)}") from exc
     return event
 
 
@@ -621,10 +614,10 @@ def decode_header(line: str | bytes) -> SessionHeader:
     try:
         return _converter.structure(fields, SessionHeader)
     except Exception as exc:
-        raise EventDecodeError(f"invalid session header: {_describe(exc)}") from exc
+        raise EventDecodeError(f"invalid session header: {_decode_reason(exc)}") from exc
 
 
-def _describe(exc: BaseException) -> str:
+def _decode_reason(exc: BaseException) -> str:
     if isinstance(exc, cattrs.ForbiddenExtraKeysError):
         return f"unexpected keys {sorted(exc.extra_fields)}"
     if isinstance(exc, KeyError):
@@ -649,5 +642,5 @@ def decode_inbox_message(text: str | bytes) -> InboxMessage:
             raise TypeError(f"expected a JSON object, got {type(data).__name__}")
         message: InboxMessage = _converter.structure(data, InboxMessage)
     except Exception as exc:
-        raise EventDecodeError(f"invalid inbox message: {_describe(exc)}") from exc
+        raise EventDecodeError(f"invalid inbox message: {_decode_reason(exc)}") from exc
     return message

@@ -183,8 +183,11 @@ class SessionRegistry:
         """Splice the messages waiting in the store into the live agent's inbox, durably and once.
 
         Each message is removed from the store's mailbox in the transaction
-        that stores its splice; a message the agent could not take (it is
-        being disposed) stays there for the next resume.
+        that stores its splice, and the agent acts on it only after that
+        commit (``deliver_posted``, :meth:`Session.on_stored`): a worker that
+        lost the session in between never does, and the worker that took it
+        over delivers the message instead.  A message the agent could not take
+        (it is being disposed) stays in the mailbox for the next resume.
         """
         writer, deliver = entry.writer, entry.receiver
         if entry.detached or deliver is None or not has_mailbox(writer):
@@ -209,11 +212,12 @@ class SessionRegistry:
             try:
                 await entry.session.flush()
             except SessionStoreError as exc:
-                # Kept on session.store_failure and retried by the next flush,
-                # which removes the messages from the mailbox with it.
-                log.warning(
-                    "session %r: posted messages are in the inbox but not stored yet: %s", entry.session.id, exc
-                )
+                # Kept on session.store_failure (the next flush, at the latest
+                # the agent's disposal, raises it); the agent acts on the
+                # messages only if a later flush stores them with the mailbox
+                # delete, and another worker that took the session meanwhile
+                # delivers them instead.
+                log.warning("session %r: posted messages wait for a flush that stores them: %s", entry.session.id, exc)
 
     async def post(self, session_id: str, text: str, *, mode: SendMode = "followup") -> str:
         """Deliver a message to the agent of ``session_id`` wherever it is live.

@@ -122,6 +122,8 @@ class Session:
     _observers: list[Callable[[Event], None]] = attrs.field(factory=list, init=False)
     # The error of the last flush when it failed and no flush succeeded since.
     _store_failure: SessionStoreError | None = attrs.field(default=None, init=False)
+    # (seq, callback) pairs waiting for a flush that stores the event at seq (on_stored).
+    _stored_waiters: list[tuple[int, Callable[[], None]]] = attrs.field(factory=list, init=False)
     # writer.write, bound once (append calls it for every event).
     _write: Callable[[Event], None] | None = attrs.field(init=False)
 
@@ -172,7 +174,16 @@ class Session:
         return event
 
     def observe(self, observer: Callable[[Event], None]) -> Callable[[], None]:
-        """Call ``observer(event)`` after every append; returns a remover."""
+        """Call ``observer(event)`` after every append; returns a remover.
+
+        This is the low-level hook: the observer runs synchronously inside
+        :meth:`append`, on the driver's hot path and in the shielded blocks
+        that close a turn, so it **must not block** (it cannot await, and what
+        it does delays the agent); its errors are logged and contained.  It
+        sees every event in order.  To read events at the reader's own pace,
+        use ``agent.events()``; to follow one prompt's turn, ``agent.follow()``
+        (docs/long-sessions.rst, "Event streams").
+        """
         self._observers.append(observer)
 
         def remove() -> None:
@@ -182,6 +193,34 @@ class Session:
                 pass
 
         return remove
+
+    def on_stored(self, seq: int, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once a flush has stored the event at ``seq``.
+
+        It runs synchronously at the end of the first successful :meth:`flush`
+        that began after the event was appended (at once without a writer), in
+        the order of ``seq``; it must not block or raise (an error is logged).
+        A session that is never stored again never calls it: use it to act on
+        a fact only after every other worker can see it (the splice of a
+        message posted through the store, docs/postgres.rst).
+        """
+        if not 0 <= seq < len(self._events):
+            raise ValueError(f"session {self.id!r} has no event at seq {seq}")
+        if self._writer is None:
+            self._call_stored(callback)
+            return
+        self._stored_waiters.append((seq, callback))
+
+    def _call_stored(self, callback: Callable[[], None]) -> None:
+        try:
+            callback()
+        except Exception:
+            log.exception("session %r: a callback waiting for a flush failed", self.id)
+
+    def _stored_through(self, length: int) -> None:
+        waiters = self._stored_waiters
+        while waiters and waiters[0][0] < length:
+            self._call_stored(waiters.pop(0)[1])
 
     @property
     def flush_waits(self) -> bool:
@@ -214,6 +253,7 @@ class Session:
         """
         if self._writer is None:
             return
+        length = len(self._events)  # the writer holds every event appended so far
         try:
             await self._writer.flush(sync=sync)
         except SessionStoreError as exc:
@@ -234,3 +274,5 @@ class Session:
             self._store_failure = failure
             raise failure from exc
         self._store_failure = None
+        if self._stored_waiters:
+            self._stored_through(length)

@@ -1,6 +1,6 @@
 """Background tasks: the task service (``harness.tasks``) and its model-facing rendering.
 
-See :mod:`trio_harness.tasks._service` for the runtime contract.  The control
+See ``trio_harness/tasks/_service.py`` for the runtime contract.  The control
 tools (``task_output``, ``task_list``, ``task_kill``) and completion notices
 live one layer up, in :mod:`trio_harness.tools`.
 """

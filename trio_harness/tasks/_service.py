@@ -41,6 +41,7 @@ import trio
 
 from .._errors import ScopeClosedError, TaskError, TaskNotFoundError, TaskStartError
 from .._scope import DEFAULT_TEARDOWN_TIMEOUT
+from .._util import is_positive_int, is_positive_number
 from ._options import TaskRuntimeOptions
 
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ class TaskHooks:
             once, in its own nursery.
         read_output: for a stream task, returns the output produced since the
             previous call (consuming).  None declares a final-output task whose
-            result is :attr:`TaskOutcome.output`.
+            result is ``TaskOutcome.output``.
         release: optional; called once, synchronously, when the service
             forgets the finished task (it was reported and pruned beyond the
             service's ``finished_cap``), to free what the producer kept for
@@ -455,7 +456,7 @@ class TaskService:
         if not isinstance(spec.label, str) or not spec.label.strip():
             raise TaskStartError(f"task label must be a non-empty string, got {spec.label!r}")
         limit = spec.output_limit_bytes
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
+        if limit is not None and not is_positive_int(limit):
             raise TaskStartError(f"output_limit_bytes must be a positive integer or None, got {limit!r}")
         owner = spec.owner
         if owner is None:
@@ -948,11 +949,6 @@ class TaskService:
             record.watch_scope.cancel()
 
 
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 @asynccontextmanager
 async def open_task_service(options: TaskRuntimeOptions | None = None) -> AsyncIterator[TaskService]:
     """Run a :class:`TaskService` for the duration of the ``async with`` block.
@@ -984,9 +980,10 @@ async def open_task_service(options: TaskRuntimeOptions | None = None) -> AsyncI
         raise TypeError(f"options must be a TaskRuntimeOptions, got {type(options).__name__}")
     per_owner_cap, finished_cap = options.per_owner_cap, options.finished_cap
     teardown_timeout = DEFAULT_TEARDOWN_TIMEOUT if options.teardown_timeout is None else options.teardown_timeout
-    _check_positive_int("per_owner_cap", per_owner_cap)
-    _check_positive_int("finished_cap", finished_cap)
-    if isinstance(teardown_timeout, bool) or not isinstance(teardown_timeout, int | float) or not teardown_timeout > 0:
+    for name, cap in (("per_owner_cap", per_owner_cap), ("finished_cap", finished_cap)):
+        if not is_positive_int(cap):
+            raise ValueError(f"{name} must be a positive integer, got {cap!r}")
+    if not is_positive_number(teardown_timeout):
         raise ValueError(f"teardown_timeout must be a positive number of seconds, got {teardown_timeout!r}")
     async with trio.open_nursery() as nursery:
         service = TaskService(nursery, per_owner_cap, finished_cap, float(teardown_timeout))

@@ -23,13 +23,13 @@ from ._bash import command_allowed as command_allowed
 from ._mcp import McpConnection as McpConnection
 from ._mcp import connect_mcp as connect_mcp
 from ._mcp import connect_mcp_servers as connect_mcp_servers
-from ._mcp import mcp_tool_name as mcp_tool_name
-from ._mcp import render_mcp_result as render_mcp_result
 from ._mcp_config import McpHttpServer as McpHttpServer
 from ._mcp_config import McpServerConfig as McpServerConfig
 from ._mcp_config import McpStdioServer as McpStdioServer
 from ._mcp_config import load_mcp_config as load_mcp_config
 from ._mcp_config import parse_mcp_config as parse_mcp_config
+from ._mcp_tools import mcp_tool_name as mcp_tool_name
+from ._mcp_tools import render_mcp_result as render_mcp_result
 from ._subagent import SubagentOptions as SubagentOptions
 from ._subagent import SubagentToolPlugin as SubagentToolPlugin
 from ._subagent import subagent_depth as subagent_depth

@@ -16,7 +16,7 @@ with the server's JSON schema.  The scope owns all of it:
   noticed on the receive path, in wire order, so a call whose answer follows
   the notification returns only once the new tools are registered;
 * a call ends within the server's ``call_timeout``, its writes included
-  (the session writes into a queue that never blocks, see :class:`_Outbox`),
+  (the session writes into a queue that never blocks, see ``_Outbox``),
   at once when its turn is cancelled (the SDK sends
   ``notifications/cancelled``), or when the server goes away; every failure
   is an error result naming the server and fails that call only
@@ -25,81 +25,56 @@ with the server's JSON schema.  The scope owns all of it:
   a :class:`_Link`), with a backoff and a bounded number of attempts per
   window (docs/mcp.rst, "Restarts");
 * a tool declaration the SDK would refuse is taken out of the listing on the
-  read path, so the other tools are offered (:func:`_sound_tools`).
+  read path, so the other tools are offered.
 
-The process handling is ours rather than the SDK's ``stdio_client`` because
-the harness guarantees more than it does: the whole process group goes (also
-children a server leaves behind when it exits by itself), the grace period is
-configurable, and a crashed server's exit status and last stderr lines reach
-the error the model and the user read.
+This module is the connection: the session, the tool list, bounded calls
+and restarts.  Beside it: :mod:`._mcp_transport` starts and stops the server
+(the stdio process and its group, or the HTTP client), :mod:`._mcp_link`
+holds one run of it and the streams its client session is given (``_Outbox``,
+``_WatchedStream``), :mod:`._mcp_tools` names the tools and renders their
+results, and :mod:`._mcp_config` is the configuration.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import json
 import logging
 import math
-import re
-import signal
-import subprocess
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
 from .._errors import McpConfigError, McpError, McpStartError, ToolError
-from .._lifeline import forget_group, lifeline
 from .._redact import redact_urls
+from .._util import describe
+from .._util import split_cancelled as _split_cancelled
 from .._version import __version__
 from ..agents._tools import Tool, ToolContext, ToolOutput, ToolSet
-from ..bash._env import EnvPolicy
-from ..bash._process import REAP_BOUND, group_alive, signal_group
 from ._mcp_config import McpHttpServer, McpServerConfig, McpStdioServer
+from ._mcp_link import _Link, _WatchedStream
+from ._mcp_tools import _dangling_ref, _model_names, render_mcp_result
+from ._mcp_transport import _HttpFacts, _open_http, _open_stdio, _ProcessFacts
 
 if TYPE_CHECKING:
-    from typing import Self
-
-    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
     from mcp.client.session import ClientSession, IncomingMessage
     from mcp.shared.exceptions import MCPError
-    from mcp.shared.message import SessionMessage
-    from mcp.types import CallToolResult, LoggingMessageNotificationParams
+    from mcp.types import LoggingMessageNotificationParams
     from mcp.types import Tool as McpTool
 
-    from .._bus import EventBus
+    from .._bus import EventBus, Notice
     from .._scope import Scope
 
 # The MCP SDK (and anyio, httpx2 and starlette with it) is imported when a
 # server is connected, not with the package: it would double the import time
 # of ``import trio_harness`` for programs that use no MCP server.
 
-__all__ = [
-    "McpConnection",
-    "connect_mcp",
-    "connect_mcp_servers",
-    "mcp_tool_name",
-    "render_mcp_result",
-]
+__all__ = ["McpConnection", "connect_mcp", "connect_mcp_servers"]
 
 log = logging.getLogger("trio_harness.mcp")
 
-MAX_TOOL_NAME: Final = 64
-"""The longest tool name the model APIs accept (OpenAI: 64 characters of ``[A-Za-z0-9_-]``)."""
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
-# What is kept of a server's stderr for error messages.
-_STDERR_TAIL = 4096
-# A line from a server longer than this is refused (and dropped).
-_MAX_LINE = 64 * 1024 * 1024
-# How long an exit waits for the rest of the server's stderr (a child may hold it open).
-_STDERR_DRAIN = 0.5
 # How long a call that saw the connection close waits to learn the exit status.
 _EXIT_WAIT = 2.0
 # Bound on the polite end of an HTTP session (its DELETE) before it is abandoned.
@@ -110,618 +85,19 @@ _DRAIN_BOUND = 1.0
 _RESTART_BACKOFF = 1.0
 _RESTART_BACKOFF_MAX = 60.0
 
-# ---------------------------------------------------------------- names and results
-
-
-def mcp_tool_name(server: str, tool: str) -> str:
-    """The name the model sees for ``tool`` of ``server``: ``mcp__<server>__<tool>``.
-
-    Characters the model APIs refuse (anything but ``A-Z a-z 0-9 _ -``) become
-    ``_``; a name longer than 64 characters is cut and ends with 8 hex digits
-    of a hash of the original names, so it stays unique.  (Two tools of one
-    server whose names differ only in such characters are told apart the same
-    way when they are registered.)
-    """
-    name = f"mcp__{_UNSAFE.sub('_', server)}__{_UNSAFE.sub('_', tool)}"
-    if len(name) > MAX_TOOL_NAME:
-        name = name[: MAX_TOOL_NAME - 9] + "_" + _digest(server, tool)
-    return name
-
-
-def _digest(server: str, tool: str) -> str:
-    return hashlib.sha256(f"{server}\x00{tool}".encode()).hexdigest()[:8]
-
-
-def _model_names(server: str, tools: Sequence[str]) -> dict[str, str]:
-    """Model-facing name -> server tool name, unique even where sanitising made names collide."""
-    base = {tool: mcp_tool_name(server, tool) for tool in tools}
-    claims: dict[str, list[str]] = {}
-    for tool, name in base.items():
-        claims.setdefault(name, []).append(tool)
-    names: dict[str, str] = {}
-    for name, owners in claims.items():
-        for tool in owners:
-            exact = name == f"mcp__{_UNSAFE.sub('_', server)}__{tool}"
-            if len(owners) == 1 or exact:
-                names[name] = tool
-            else:  # renamed by sanitising and ambiguous: tell it apart by a hash of the real name
-                names[name[: MAX_TOOL_NAME - 9] + "_" + _digest(server, tool)] = tool
-    return names
-
-
-def _decoded_size(data: str) -> int | None:
-    try:
-        return len(base64.b64decode(data, validate=True))
-    except (binascii.Error, ValueError):
-        return None
-
-
-def _size_text(size: int | None) -> str:
-    return f"{size} bytes" if size is not None else "size unknown"
-
-
-def render_mcp_result(result: CallToolResult) -> ToolOutput:
-    """The tool result the model reads for an MCP ``tools/call`` answer.
-
-    Text blocks are kept as they are; images and audio are described (type,
-    MIME type, size); a resource link by its name, URI, MIME type and size; an
-    embedded resource by its URI and MIME type, followed by its text when it is
-    a text resource (its size when it is binary).  ``structuredContent`` is
-    given as JSON text when the answer has no text block.  ``isError`` makes
-    it an error result.
-    """
-    from mcp.types import (
-        AudioContent,
-        BlobResourceContents,
-        EmbeddedResource,
-        ImageContent,
-        ResourceLink,
-        TextContent,
-        TextResourceContents,
-    )
-
-    parts: list[str] = []
-    has_text = False
-    for block in result.content:
-        if isinstance(block, TextContent):
-            parts.append(block.text)
-            has_text = True
-        elif isinstance(block, ImageContent):
-            parts.append(f"[image: {block.mime_type}, {_size_text(_decoded_size(block.data))}]")
-        elif isinstance(block, AudioContent):
-            parts.append(f"[audio: {block.mime_type}, {_size_text(_decoded_size(block.data))}]")
-        elif isinstance(block, ResourceLink):
-            details = ", ".join(
-                [str(block.uri)]
-                + ([block.mime_type] if block.mime_type else [])
-                + ([_size_text(block.size)] if block.size is not None else [])
-            )
-            line = f"[resource link: {block.name} ({details})]"
-            if block.description:
-                line += f" {block.description}"
-            parts.append(line)
-        elif isinstance(block, EmbeddedResource):
-            resource = block.resource
-            mime = resource.mime_type or "no MIME type"
-            if isinstance(resource, TextResourceContents):
-                parts.append(f"[resource: {resource.uri}, {mime}]\n{resource.text}")
-            elif isinstance(resource, BlobResourceContents):
-                parts.append(f"[resource: {resource.uri}, {mime}, {_size_text(_decoded_size(resource.blob))}]")
-    if result.structured_content is not None and not has_text:
-        parts.append(json.dumps(result.structured_content, ensure_ascii=False))
-    return ToolOutput("\n".join(parts) if parts else "(no content)", is_error=bool(result.is_error))
-
 
 def _describe(exc: BaseException) -> str:
-    """``Type: message`` of an error, through exception groups, on one line."""
+    """``Type: message`` of an error, through exception groups, on one line (URLs redacted)."""
+    return describe(exc, leaf=_describe_leaf)
+
+
+def _describe_leaf(exc: BaseException) -> str:
     from mcp.shared.exceptions import MCPError
 
-    if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(_describe(inner) for inner in exc.exceptions)
     if isinstance(exc, MCPError):
         return exc.message
     text = redact_urls(" ".join(str(exc).split()))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _one_line(text: str, limit: int = 300, lines: int | None = None) -> str:
-    """``text`` on one line (lines joined by `` | ``): its last ``lines`` lines, its last ``limit`` characters."""
-    kept = [line.strip() for line in text.splitlines() if line.strip()]
-    if lines is not None:
-        kept = kept[-lines:]
-    joined = " | ".join(kept)
-    return joined if len(joined) <= limit else "…" + joined[-(limit - 1) :]
-
-
-# ---------------------------------------------------------------- transports
-
-
-@attrs.define(eq=False)
-class _ProcessFacts:
-    """What is known about a stdio server's process: pid, exit status, last stderr."""
-
-    pid: int | None = None
-    returncode: int | None = None
-    exited: trio.Event = attrs.field(factory=trio.Event)
-    stderr: bytearray = attrs.field(factory=bytearray)
-    # The stderr reader is shielded from the connection's cancellation, so the
-    # last lines of a dying server are read; it stops at end of file, or when
-    # cancelled through this scope once the process is gone.
-    stderr_scope: trio.CancelScope = attrs.field(factory=lambda: trio.CancelScope(shield=True))
-    stderr_done: trio.Event = attrs.field(factory=trio.Event)
-    # Set once the connection asked the process to stop: an exit is no longer news.
-    stopping: bool = False
-    on_exit: Callable[[], None] = lambda: None
-
-    def set_exit(self, returncode: int) -> None:
-        if self.exited.is_set():
-            return
-        self.returncode = returncode
-        self.exited.set()
-        if not self.stopping:
-            self.on_exit()
-
-    def feed_stderr(self, data: bytes | bytearray) -> None:
-        self.stderr += data
-        if len(self.stderr) > _STDERR_TAIL:
-            del self.stderr[: len(self.stderr) - _STDERR_TAIL]
-
-    def summary(self) -> str:
-        """The exit status and the end of stderr, on one line."""
-        code = self.returncode
-        if code is None:
-            status = "the process is still running"
-        elif code >= 0:
-            status = f"exit code {code}"
-        else:
-            try:
-                status = f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                status = f"killed by signal {-code}"
-        tail = _one_line(self.stderr.decode("utf-8", errors="replace"), lines=3)
-        return f"{status}; stderr: {tail}" if tail else f"{status}; nothing on stderr"
-
-
-@attrs.define(eq=False)
-class _HttpFacts:
-    """The last HTTP error status an HTTP server answered with; whether it forgot the session."""
-
-    last_error: str | None = None
-    session_gone: bool = False
-
-
-@attrs.define(eq=False)
-class _Link:
-    """One run of a server: its transport and client session, and how it ended.
-
-    A connection has one link at a time; a restart (a reconnect over HTTP)
-    makes a new one.  ``failure`` is set once the run is over (the process
-    exited, the transport failed, the session's read stream ended); until a
-    restart it is why the server is not available.
-    """
-
-    number: int
-    process: _ProcessFacts | None = None
-    http: _HttpFacts | None = None
-    session: ClientSession | None = None
-    # Started: handshake and tool listing done (before that, the start error tells of a failure).
-    ready: bool = False
-    failure: str | None = None
-    # The session's read stream ended: the connection is gone, not one request's stream.
-    read_ended: bool = False
-    stop: trio.Event = attrs.field(factory=trio.Event)
-    held: trio.Event = attrs.field(factory=trio.Event)
-    # Ids of the tools/list requests sent, whose answers are checked tool by tool.
-    listings: set[str] = attrs.field(factory=set)
-    # Tools of the answers seen so far that were left out: (label, reason).
-    skipped: list[tuple[str, str]] = attrs.field(factory=list)
-    outbox: _Outbox = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        self.outbox = _Outbox(self.listings)
-
-
-class _Outbox:
-    """The client session's write stream: a send never blocks; a pump writes the messages in order.
-
-    The SDK starts a request's clock only once its write has returned, and
-    writes the cancel of a call it gave up on shielded, for up to 5 s.  To a
-    frozen server every write blocks (a full pipe; over HTTP, the SDK posts
-    notifications one at a time and waits for each answer), so neither the
-    call's timeout nor a cancellation would bound it.  Here a send queues the
-    message and returns; :meth:`pump` hands them to the transport one by one.
-    A cancel of a request still in the queue removes the request and is
-    dropped: the server never hears of either.  The queue holds only what
-    calls in flight wrote, so it stays small while a server is frozen.
-    """
-
-    def __init__(self, listings: set[str]) -> None:
-        self._queue: deque[SessionMessage] = deque()
-        self._wakeup = trio.Event()
-        self._closed = False
-        self._broken = False
-        self._listings = listings
-        self.done = trio.Event()
-
-    async def send(self, item: SessionMessage) -> None:
-        import anyio
-        from mcp.types import JSONRPCNotification, JSONRPCRequest
-
-        if self._closed:
-            raise anyio.ClosedResourceError
-        if self._broken:
-            raise anyio.BrokenResourceError
-        message = item.message
-        if not (
-            isinstance(message, JSONRPCNotification)
-            and message.method == "notifications/cancelled"
-            and self._unqueue(message.params)
-        ):
-            if isinstance(message, JSONRPCRequest) and message.method == "tools/list":
-                self._listings.add(str(message.id))
-            self._queue.append(item)
-            self._wakeup.set()
-        await trio.lowlevel.cancel_shielded_checkpoint()
-
-    def _unqueue(self, params: Mapping[str, Any] | None) -> bool:
-        """Remove the queued request a cancel names; whether there was one."""
-        from mcp.types import JSONRPCRequest
-
-        request_id = params.get("requestId") if isinstance(params, Mapping) else None
-        if request_id is None:
-            return False
-        for queued in self._queue:
-            message = queued.message
-            if isinstance(message, JSONRPCRequest) and str(message.id) == str(request_id):
-                self._queue.remove(queued)
-                return True
-        return False
-
-    async def pump(self, stream: Any) -> None:
-        """Write the queued messages to the transport's ``stream`` until the session closes this outbox."""
-        import anyio
-
-        try:
-            while True:
-                while not self._queue:
-                    if self._closed:
-                        return
-                    await self._wakeup.wait()
-                    self._wakeup = trio.Event()
-                # Taken out first: from here on the message is being written, and a cancel of it is sent.
-                await stream.send(self._queue.popleft())
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, trio.BrokenResourceError):
-            self._broken = True  # the transport stopped taking messages: the session hears it on its next send
-            self._queue.clear()
-        finally:
-            self.done.set()
-
-    def close(self) -> None:
-        self._closed = True
-        self._wakeup.set()
-
-    async def aclose(self) -> None:
-        self.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc_val: BaseException | None, exc_tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-
-def _tool_problem(item: object, version: str | None) -> str | None:
-    """Why the SDK would refuse one tool declaration of a ``tools/list`` answer, or None."""
-    from mcp.types import ListToolsResult, methods
-    from pydantic import ValidationError
-
-    page = {"tools": [item]}
-    try:
-        if version is not None:
-            try:
-                methods.validate_server_result("tools/list", version, page)
-            except ValidationError:
-                raise
-            except (KeyError, ValueError):  # a version or method this SDK has no table for
-                pass
-        ListToolsResult.model_validate(page, by_name=False)
-    except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            where = ".".join(str(part) for part in error["loc"][2:])  # past ("tools", 0)
-            problems.append(f"{where}: {error['msg']}" if where else error["msg"])
-        return "; ".join(dict.fromkeys(problems))
-    return None
-
-
-def _sound_tools(result: dict[str, Any], version: str | None) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-    """A ``tools/list`` result without the declarations the SDK would refuse, and those left out."""
-    tools = result.get("tools")
-    if not isinstance(tools, list):
-        return result, []  # not a listing at all: the SDK refuses it and says why
-    kept: list[object] = []
-    skipped: list[tuple[str, str]] = []
-    for index, item in enumerate(tools, 1):
-        problem = _tool_problem(item, version)
-        if problem is None:
-            kept.append(item)
-            continue
-        name = item.get("name") if isinstance(item, dict) else None
-        skipped.append((name if isinstance(name, str) and name else f"#{index}", problem))
-    return ({**result, "tools": kept} if skipped else result), skipped
-
-
-class _WatchedStream:
-    """The session's read stream, watched in wire order.
-
-    * ``tools/list_changed``: the SDK hands notifications to callbacks in
-      tasks of their own, so a notification sent just before a call's answer
-      may be handled after it.  Seen here, where the dispatcher reads messages
-      one by one, it is noticed before the answer is.
-    * an answer to ``tools/list``: the SDK refuses a whole listing for one
-      malformed tool; the tools it would refuse are taken out here, one by
-      one, and noted on the link.
-    * the end of the stream: the session's connection is gone (the SDK then
-      fails every call in flight with "connection closed"; one request's own
-      failure uses the same code while the stream goes on).
-    """
-
-    def __init__(self, inner: Any, link: _Link, on_list_changed: Callable[[], None]) -> None:
-        self._inner = inner
-        self._link = link
-        self._on_list_changed = on_list_changed
-
-    @property
-    def last_context(self) -> Any:
-        return getattr(self._inner, "last_context", None)
-
-    def _see(self, item: SessionMessage | Exception) -> SessionMessage | Exception:
-        from mcp.shared.message import SessionMessage
-        from mcp.types import JSONRPCNotification, JSONRPCResponse
-
-        if not isinstance(item, SessionMessage):
-            return item
-        message = item.message
-        if isinstance(message, JSONRPCNotification) and message.method == "notifications/tools/list_changed":
-            self._on_list_changed()
-        elif isinstance(message, JSONRPCResponse) and str(message.id) in self._link.listings:
-            self._link.listings.discard(str(message.id))
-            session = self._link.session
-            version = session.protocol_version if session is not None else None
-            message.result, skipped = _sound_tools(message.result, version)
-            self._link.skipped.extend(skipped)
-        return item
-
-    async def receive(self) -> SessionMessage | Exception:
-        import anyio
-
-        try:
-            return self._see(await self._inner.receive())
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            self._link.read_ended = True
-            raise
-
-    async def aclose(self) -> None:
-        self._link.read_ended = True
-        await self._inner.aclose()
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> SessionMessage | Exception:
-        import anyio
-
-        try:
-            return self._see(await self._inner.__anext__())
-        except (StopAsyncIteration, anyio.EndOfStream, anyio.ClosedResourceError):
-            self._link.read_ended = True
-            raise
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc_val: BaseException | None, exc_tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-
-def _parse_line(line: bytes) -> SessionMessage | Exception:
-    from mcp.shared.message import SessionMessage
-    from mcp.types import jsonrpc_message_adapter
-
-    try:
-        return SessionMessage(jsonrpc_message_adapter.validate_json(line, by_name=False))
-    except ValueError as exc:  # pydantic's ValidationError is a ValueError
-        return ValueError(f"not a JSON-RPC message: {_one_line(line.decode('utf-8', 'replace'), 200)} ({exc!r:.200})")
-
-
-async def _pump_stdout(
-    stdout: trio.abc.ReceiveStream, writer: MemoryObjectSendStream[SessionMessage | Exception]
-) -> None:
-    import anyio
-
-    buffer = bytearray()
-    scanned = 0
-    try:
-        async with writer:  # closing it is the end of the connection for the session
-            while chunk := await stdout.receive_some(65536):
-                buffer += chunk
-                while (end := buffer.find(b"\n", scanned)) >= 0:
-                    line = bytes(buffer[:end])
-                    del buffer[: end + 1]
-                    scanned = 0
-                    if line.strip():
-                        await writer.send(_parse_line(line))
-                scanned = len(buffer)
-                if len(buffer) > _MAX_LINE:
-                    await writer.send(ValueError(f"the server sent a line longer than {_MAX_LINE} bytes; dropped"))
-                    buffer.clear()
-                    scanned = 0
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError, trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-
-
-async def _pump_stdin(
-    stdin: trio.abc.SendStream,
-    reader: MemoryObjectReceiveStream[SessionMessage],
-    read_writer: MemoryObjectSendStream[SessionMessage | Exception],
-) -> None:
-    try:
-        async with reader:
-            async for message in reader:
-                data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
-                await stdin.send_all(data.encode("utf-8"))
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        # The server stopped reading: end the connection rather than leave requests waiting.
-        await read_writer.aclose()
-
-
-async def _pump_stderr(stderr: trio.abc.ReceiveStream, facts: _ProcessFacts, name: str) -> None:
-    try:
-        with facts.stderr_scope:
-            while chunk := await stderr.receive_some(65536):
-                facts.feed_stderr(chunk)
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug("MCP server %r stderr: %s", name, chunk.decode("utf-8", "replace").rstrip())
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-    finally:
-        facts.stderr_done.set()
-
-
-async def _settle_exit(facts: _ProcessFacts, returncode: int) -> None:
-    """Record the exit once the rest of stderr is read (bounded): the error message quotes it."""
-    with trio.move_on_after(_STDERR_DRAIN):
-        await facts.stderr_done.wait()
-    facts.set_exit(returncode)
-
-
-async def _wait_exit(process: trio.Process, facts: _ProcessFacts, bound: float) -> bool:
-    with trio.move_on_after(bound):
-        await process.wait()
-    if process.returncode is None:
-        return False
-    await _settle_exit(facts, process.returncode)
-    return True
-
-
-async def _stop_group(pgid: int, grace: float) -> None:
-    """SIGTERM what is left of the process group, SIGKILL it after ``grace``."""
-    if not group_alive(pgid):
-        return
-    signal_group(pgid, signal.SIGTERM)
-    with trio.move_on_after(grace):
-        delay = 0.005
-        while group_alive(pgid):
-            await trio.sleep(delay)
-            delay = min(delay * 2, 0.1)
-        return
-    signal_group(pgid, signal.SIGKILL)
-
-
-async def _reap(process: trio.Process, facts: _ProcessFacts, grace: float) -> None:
-    await _settle_exit(facts, await process.wait())
-    # A server that exited by itself may leave children in its group: they go too.
-    await _stop_group(process.pid, grace)
-
-
-async def _stop_process(process: trio.Process, facts: _ProcessFacts, grace: float) -> None:
-    """The MCP stdio shutdown, escalated: close stdin, then SIGTERM, then SIGKILL the group."""
-    facts.stopping = True
-    if process.stdin is not None:
-        await trio.aclose_forcefully(process.stdin)
-    if not await _wait_exit(process, facts, grace):
-        signal_group(process.pid, signal.SIGTERM)
-        if not await _wait_exit(process, facts, grace):
-            signal_group(process.pid, signal.SIGKILL)
-            await _wait_exit(process, facts, REAP_BOUND)
-    await _stop_group(process.pid, grace)
-
-
-@asynccontextmanager
-async def _open_stdio(config: McpStdioServer, facts: _ProcessFacts) -> AsyncIterator[tuple[Any, Any]]:
-    """Start the server process (its own session and group) and bridge its pipes to the session."""
-    import anyio
-    from mcp.client.stdio import get_default_environment
-    from mcp.shared.message import SessionMessage
-
-    try:  # the lifeline kills the server's group if the harness process dies (trio_harness/_lifeline.py)
-        line = lifeline()
-    except OSError as exc:
-        raise McpError(f"cannot start the lifeline watchdog for {config.command!r}: {exc}") from exc
-    try:
-        process = await trio.lowlevel.open_process(
-            [config.command, *config.args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=config.cwd,
-            env=line.env((config.env_policy or EnvPolicy()).apply(get_default_environment()) | dict(config.env)),
-            start_new_session=True,
-        )
-    except OSError as exc:
-        where = f" in {config.cwd!r}" if config.cwd is not None else ""
-        raise McpError(f"cannot run {config.command!r}{where}: {exc.strerror or exc}") from exc
-    line.register(process.pid)
-    facts.pid = process.pid
-    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
-    read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_pump_stdout, process.stdout, read_writer)
-            nursery.start_soon(_pump_stdin, process.stdin, write_reader, read_writer)
-            nursery.start_soon(_pump_stderr, process.stderr, facts, config.name)
-            nursery.start_soon(_reap, process, facts, config.grace_period)
-            try:
-                yield read_stream, write_stream
-            finally:
-                with trio.CancelScope(shield=True):
-                    await _stop_process(process, facts, config.grace_period)
-                facts.stderr_scope.cancel()
-                nursery.cancel_scope.cancel()
-    finally:
-        with trio.CancelScope(shield=True):
-            facts.stopping = True
-            facts.stderr_scope.cancel()
-            if process.returncode is None:  # not stopped above (the spawn's nursery failed)
-                signal_group(process.pid, signal.SIGKILL)
-                await _wait_exit(process, facts, REAP_BOUND)
-            for stream in (read_writer, read_stream, write_stream, write_reader):
-                stream.close()
-            for pipe in (process.stdin, process.stdout, process.stderr):
-                await trio.aclose_forcefully(pipe)
-            forget_group(process.pid)
-
-
-@asynccontextmanager
-async def _open_http(config: McpHttpServer, facts: _HttpFacts) -> AsyncIterator[tuple[Any, Any]]:
-    """A streamable HTTP client with the configured headers; error statuses are kept for messages."""
-    import httpx2
-    from mcp.client.streamable_http import streamable_http_client
-
-    async def note_status(response: httpx2.Response) -> None:
-        method, status = response.request.method, response.status_code
-        if method == "GET" and status == 405:
-            return  # the optional stream of server messages, refused as the protocol allows: nobody's fault
-        if status == 404 and "mcp-session-id" in response.request.headers:
-            facts.session_gone = True  # the server no longer knows the session (it was restarted)
-        if status >= 400:
-            facts.last_error = f"HTTP {status} {response.reason_phrase} from {redact_urls(str(response.request.url))}"
-        elif method == "POST":
-            facts.last_error = None  # answered: an earlier error status no longer explains anything
-
-    # The SDK's defaults: 30 s to connect or write, 300 s between bytes of a held stream.
-    client = httpx2.AsyncClient(
-        headers=dict(config.headers),
-        timeout=httpx2.Timeout(30.0, read=300.0),
-        event_hooks={"response": [note_status]},
-    )
-    async with client, streamable_http_client(config.url, http_client=client) as (read_stream, write_stream):
-        yield read_stream, write_stream
 
 
 # ---------------------------------------------------------------- the connection
@@ -1312,56 +688,10 @@ class McpConnection:
         await self.scope.close()
 
 
-# Keywords whose values are data, not schemas: a "$ref" inside them refers to nothing.
-_SCHEMA_DATA = frozenset({"const", "default", "enum", "examples"})
-
-
 def _seconds(delay: float) -> str:
     return f"{max(1, math.ceil(delay))} s"
 
 
-def _dangling_ref(schema: Mapping[str, Any]) -> str | None:
-    """The first ``$ref`` of ``schema`` that resolves to nothing within it (as jsonschema sees it), or None.
-
-    Checking arguments against such a schema raises once it reaches the
-    reference.  A schema with nested ``$id`` (other base URIs) is not looked
-    into: the driver turns a check that raises into that call's error.
-    """
-    from referencing import Registry
-    from referencing.exceptions import Unresolvable
-    from referencing.jsonschema import DRAFT202012
-
-    refs: list[str] = []
-
-    def walk(node: object, root: bool) -> bool:
-        if isinstance(node, dict):
-            if not root and "$id" in node:
-                return False
-            ref = node.get("$ref")
-            if isinstance(ref, str):
-                refs.append(ref)
-            return all(walk(value, False) for key, value in node.items() if key not in _SCHEMA_DATA)
-        if isinstance(node, list):
-            return all(walk(value, False) for value in node)
-        return True
-
-    if not walk(schema, True) or not refs:
-        return None
-    resolver = Registry().resolver_with_root(DRAFT202012.create_resource(dict(schema)))
-    for ref in dict.fromkeys(refs):
-        try:
-            resolver.lookup(ref)
-        except Unresolvable as exc:
-            return f"its $ref {ref!r} resolves to nothing ({type(exc).__name__})"
-    return None
-
-
-def _split_cancelled(exc: BaseException) -> tuple[BaseException | None, BaseException | None]:
-    if isinstance(exc, trio.Cancelled):
-        return exc, None
-    if isinstance(exc, BaseExceptionGroup):
-        return exc.split(trio.Cancelled)
-    return None, exc
 
 
 # ---------------------------------------------------------------- connecting
@@ -1457,3 +787,28 @@ async def connect_mcp_servers(
         )
         raise error from failures[0]
     return connections
+
+
+# ------------------------------------------------------------------ notice lines
+
+MCP_NOTICES = ("mcp/restarted", "mcp/restart-failed", "mcp/tool-skipped")
+"""The bus notices of a connection, each shown as one line (``run``) or logged (``acp``)."""
+
+
+def mcp_skipped_line(server: str, tool: str, reason: str) -> str:
+    """The line that says a server's tool is not offered, and why."""
+    return f"[mcp] MCP server {server!r}: the tool {tool!r} is not offered: {reason}"
+
+
+def mcp_notice_line(notice: Notice) -> str:
+    """The line for an ``mcp/restarted``, ``mcp/restart-failed`` or ``mcp/tool-skipped`` notice."""
+    if notice.name == "mcp/tool-skipped":
+        return mcp_skipped_line(notice.subject.id, notice.data["tool"], notice.data["reason"])
+    verb = "restarted" if notice.data.get("transport") == "stdio" else "reconnected"
+    server = f"MCP server {notice.subject.id!r}"
+    if notice.name == "mcp/restarted":
+        return f"[mcp] {server} {verb}; it had stopped: {notice.data.get('reason')}"
+    return (
+        f"[mcp] {server} could not be {verb}: {notice.data.get('error')}; "
+        f"next attempt in {notice.data.get('retry_in', 0):g} s"
+    )

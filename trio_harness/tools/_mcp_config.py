@@ -17,7 +17,6 @@ so a record built in code fails as clearly as a bad file entry: a
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import types
@@ -30,6 +29,7 @@ import attrs
 
 from .._errors import McpConfigError
 from .._redact import redact_urls
+from .._util import is_positive_number
 from ..bash._env import EnvPolicy, to_env_policy
 
 __all__ = [
@@ -91,7 +91,7 @@ def _check_text(server: str, field: str, value: object, *, empty: bool = True) -
 
 
 def _check_seconds(server: str, field: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+    if not is_positive_number(value, finite=True):
         raise _fail(server, field, f"must be a positive number of seconds, got {value!r:.80}")
     return float(value)
 

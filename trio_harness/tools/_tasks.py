@@ -68,7 +68,7 @@ class NoticeTarget(Protocol):
     def followup(self, message: str | InboxMessage) -> str:
         """Queue a message for a new turn, waking the owner.
 
-        Notices arrive as :class:`~trio_harness.session.InboxMessage` objects
+        Notices arrive as :class:`~trio_harness.events.InboxMessage` objects
         with ``origin="task-notice"``.
         """
         ...

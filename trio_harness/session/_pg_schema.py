@@ -1,0 +1,221 @@
+"""The store's tables: their statements, their versions, and the check that creates or upgrades them.
+
+:data:`SCHEMA_VERSION` names the tables' version, kept in ``schema_version``;
+:meth:`_Tables.migrate` brings a schema to it, idempotently, under a
+transaction-level advisory lock, so many workers may run it at once.  The
+writer (:mod:`._pg_writer`) and the store (:mod:`._postgres`) build their
+statements on :class:`_Sql`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .._errors import SessionStoreError
+
+if TYPE_CHECKING:
+    import psycopg
+
+log = logging.getLogger("trio_harness.session.postgres")
+
+SCHEMA_VERSION = 1
+"""The version of the tables this store writes (kept in ``schema_version``)."""
+
+_INSTALL_HINT = "install the PostgreSQL extra: pip install 'trio-harness[postgres]'"
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def _lock_key(schema: str, session_id: str) -> int:
+    """The advisory lock key of a session: 64 bits of a hash of schema and id."""
+    digest = hashlib.blake2b(f"{schema}\x00{session_id}".encode(), digest_size=8, person=b"th-session").digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _scalar(conn: psycopg.Connection[Any], query: str, params: Sequence[Any] | None = None) -> Any:
+    """(worker thread) The first column of the first row ``query`` returns."""
+    row = conn.execute(query, params).fetchone()
+    if row is None:
+        raise SessionStoreError(f"PostgreSQL returned no row for {query!r}")
+    return row[0]
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:  # pragma: no cover - the extra is installed wherever tests run
+        raise SessionStoreError(f"the PostgreSQL store needs the psycopg driver: {_INSTALL_HINT}") from exc
+    return psycopg
+
+
+@attrs.frozen
+class _Sql:
+    """Every statement of the store, with its schema quoted in."""
+
+    schema: str
+
+    @property
+    def s(self) -> str:
+        return _quote(self.schema)
+
+    @property
+    def channel(self) -> str:
+        # pg_notify channels are at most 63 bytes: a fixed-length name per schema.
+        return "th_mail_" + hashlib.blake2b(self.schema.encode(), digest_size=8).hexdigest()
+
+    def migrations(self) -> list[list[str]]:
+        s = self.s
+        return [
+            [
+                f"CREATE TABLE {s}.sessions (id text PRIMARY KEY, header text NOT NULL, "
+                "created_at double precision NOT NULL, parent_session text, "
+                "stored_at timestamptz NOT NULL DEFAULT now())",
+                f'CREATE INDEX sessions_created_at ON {s}.sessions (created_at, id COLLATE "C")',
+                f"CREATE TABLE {s}.events (session_id text NOT NULL, seq bigint NOT NULL, body text NOT NULL, "
+                "PRIMARY KEY (session_id, seq))",
+                f"CREATE TABLE {s}.mailbox (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+                "session_id text NOT NULL, body text NOT NULL, posted_at timestamptz NOT NULL DEFAULT now())",
+                f"CREATE INDEX mailbox_session ON {s}.mailbox (session_id, id)",
+            ],
+        ]
+
+    @property
+    def insert_session(self) -> str:
+        """The session row; returns a row only when it was inserted (the id was free)."""
+        return (
+            f"INSERT INTO {self.s}.sessions (id, header, created_at, parent_session) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (id) DO NOTHING RETURNING 1"
+        )
+
+    @property
+    def insert_events(self) -> str:
+        return (
+            f"INSERT INTO {self.s}.events (session_id, seq, body) "
+            "SELECT %s, %s + o - 1, b FROM unnest(%s::text[]) WITH ORDINALITY AS t(b, o)"
+        )
+
+
+@attrs.frozen
+class _Tables:
+    """Creating, upgrading and checking the tables of one schema (every method runs on a worker thread)."""
+
+    sql: _Sql
+    # Where the tables are, for messages.
+    location: str
+
+    def check_version(self, conn: psycopg.Connection[Any]) -> None:
+        version = _scalar(conn, f"SELECT coalesce(max(version), 0) FROM {self.sql.s}.schema_version")
+        if version != SCHEMA_VERSION:
+            raise self.version_error(version)
+
+    def version_error(self, version: int) -> SessionStoreError:
+        if version > SCHEMA_VERSION:
+            return SessionStoreError(
+                f"the session tables in {self.location} are at version {version}, written by a newer "
+                f"trio-harness (this one knows versions up to {SCHEMA_VERSION}); upgrade trio-harness",
+                path=self.location,
+            )
+        return SessionStoreError(
+            f"the session tables in {self.location} are at version {version}; run check() to upgrade them",
+            path=self.location,
+        )
+
+    def migrate(self, conn: psycopg.Connection[Any]) -> None:
+        """(worker thread) Bring the schema to :data:`SCHEMA_VERSION`."""
+        pg = _psycopg()
+        sql = self.sql
+        if conn.info.server_version < 140000:
+            raise SessionStoreError(
+                f"{self.location} runs PostgreSQL {conn.info.server_version // 10000}; the session store needs "
+                "PostgreSQL 14 or newer (idle_session_timeout evicts frozen workers)",
+                path=self.location,
+            )
+        database, role, encoding = conn.execute(
+            "SELECT current_database(), current_user, pg_encoding_to_char(encoding) FROM pg_database "
+            "WHERE datname = current_database()"
+        ).fetchone() or ("?", "?", "?")
+        if encoding != "UTF8":
+            raise SessionStoreError(
+                f"the PostgreSQL database {database!r} of {self.location} has the encoding {encoding}; the session "
+                "store needs UTF8 (its events hold any Unicode text): use a database created with "
+                f"CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0",
+                path=self.location,
+            )
+        try:
+            version = _scalar(conn, f"SELECT coalesce(max(version), 0) FROM {sql.s}.schema_version")
+        except (pg.errors.UndefinedTable, pg.errors.InvalidSchemaName):
+            version = 0
+        if version == SCHEMA_VERSION:
+            self.check_privileges(conn)
+            return
+        if version > SCHEMA_VERSION:
+            raise self.version_error(version)
+        try:
+            self.migrate_from(conn, version)
+        except pg.errors.InsufficientPrivilege as exc:
+            schema_exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (sql.schema,)).fetchone()
+            grant = (
+                f"GRANT CREATE ON SCHEMA {sql.s} TO {_quote(role)}"
+                if schema_exists
+                else f"GRANT CREATE ON DATABASE {_quote(database)} TO {_quote(role)}"
+            )
+            raise SessionStoreError(
+                f"the role {role!r} may not create the session tables in {self.location} "
+                f"({str(exc).strip()}): run {grant}, or let an owner run the first check()",
+                path=self.location,
+            ) from exc
+        self.check_privileges(conn)
+
+    def migrate_from(self, conn: psycopg.Connection[Any], version: int) -> None:
+        """(worker thread) Create or upgrade the tables from ``version``, in one transaction."""
+        sql = self.sql
+        with conn.transaction():
+            # One migrating worker at a time; the others find the work done.
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(sql.schema, "\x00migrate"),))
+            if not conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (sql.schema,)).fetchone():
+                conn.execute(f"CREATE SCHEMA {sql.s}")
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {sql.s}.schema_version (version integer PRIMARY KEY, "
+                "applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            version = _scalar(conn, f"SELECT coalesce(max(version), 0) FROM {sql.s}.schema_version")
+            if version > SCHEMA_VERSION:
+                raise self.version_error(version)
+            for number, statements in enumerate(sql.migrations(), start=1):
+                if number <= version:
+                    continue
+                for statement in statements:
+                    conn.execute(statement)
+                conn.execute(f"INSERT INTO {sql.s}.schema_version (version) VALUES (%s)", (number,))
+                log.info("%s: session tables migrated to version %d", self.location, number)
+
+    def check_privileges(self, conn: psycopg.Connection[Any]) -> None:
+        s = self.sql.schema
+        needed = [
+            ("sessions", "SELECT"),
+            ("sessions", "INSERT"),
+            ("events", "SELECT"),
+            ("events", "INSERT"),
+            ("mailbox", "SELECT"),
+            ("mailbox", "INSERT"),
+            ("mailbox", "DELETE"),
+        ]
+        checks = ", ".join("has_table_privilege(%s, %s)" for _ in needed)
+        params: list[str] = []
+        for table, privilege in needed:
+            params += [f"{_quote(s)}.{table}", privilege]
+        row = conn.execute(f"SELECT {checks}", params).fetchone() or ()
+        missing = [f"{privilege} on {table}" for (table, privilege), ok in zip(needed, row) if not ok]
+        if missing:
+            raise SessionStoreError(
+                f"the role of {self.location} lacks {', '.join(missing)}; grant them "
+                f"(GRANT SELECT, INSERT, DELETE ON ALL TABLES IN SCHEMA {_quote(s)} TO <role>)",
+                path=self.location,
+            )

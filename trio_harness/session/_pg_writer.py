@@ -1,0 +1,671 @@
+"""The writer of a live session in PostgreSQL: its lock, flushes, retakes and mail.
+
+One live writer per session: a writer holds a session-level advisory lock on a
+connection of its own, taken by ``PostgresPersistence.resume`` before the log
+is read and by the first flush of a new session, and sends every append of
+that session over the same connection.  Losing the connection loses the lock
+and the ability to write together; the primary key ``(session_id, seq)``
+refuses any batch of a writer that lost its lock to another one.  A flush
+whose connection died (maybe during COMMIT) takes the session again on a new
+connection and compares what is stored before it retries; events committed
+without sync that the server lost meanwhile are stored again.
+
+The writer runs its statements through :mod:`._pg_threads` and knows its
+store only as :class:`_WriterStore` (the store, :mod:`._postgres`, builds on
+this module, never the other way).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import attrs
+import trio
+
+from .._errors import EventDecodeError, SessionError, SessionExistsError, SessionStoreError
+from ._codec import decode_inbox_message, encode_event
+from ._events import Event, InboxMessage, SessionHeader
+from ._pg_schema import _lock_key, _psycopg, _scalar, _Sql
+from ._pg_threads import _call, _execute
+
+if TYPE_CHECKING:
+    import psycopg
+
+log = logging.getLogger("trio_harness.session.postgres")
+
+T = TypeVar("T")
+
+
+class _Tainted(Exception):
+    """A connection about to take a session's lock already holds an advisory lock (it must not lock re-entrantly)."""
+
+
+def _try_lock(conn: psycopg.Connection[Any], key: int) -> bool:
+    """(worker thread) Take the session-level advisory lock ``key`` if it is free.
+
+    Advisory locks are re-entrant within a connection, so a connection that
+    holds any already would "take" a session it holds and keep it after one
+    unlock: it is refused with :exc:`_Tainted` (the caller closes it).
+    """
+    row = conn.execute(
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) "
+        "THEN NULL ELSE pg_try_advisory_lock(%s) END",
+        (key,),
+    ).fetchone()
+    if row is None or row[0] is None:
+        raise _Tainted
+    return bool(row[0])
+
+
+class _MailTaken(Exception):
+    def __init__(self, missing: int) -> None:
+        super().__init__(f"{missing} mailbox rows are gone")
+        self.missing = missing
+
+
+class _WriterStore(Protocol):
+    """What a writer uses of its store (``PostgresPersistence``)."""
+
+    schema: str
+    heartbeat: float | None
+    release_timeout: float
+    write_timeout: float
+    _sql: _Sql
+    # The writers holding their session, by session id: a writer adds itself once it holds a new session.
+    _writers: dict[str, _PgWriter]
+
+    @property
+    def location(self) -> str: ...
+
+    async def _connect(self) -> psycopg.Connection[Any]: ...
+
+    async def _take_writer_connection(self) -> psycopg.Connection[Any]: ...
+
+    def _pool_give_back(self, conn: psycopg.Connection[Any]) -> None: ...
+
+    async def _give_back_locked(self, conn: psycopg.Connection[Any], key: int | None) -> None: ...
+
+    def _configure_writer(self, conn: psycopg.Connection[Any]) -> None: ...
+
+    def _error(self, exc: BaseException, what: str, *, session_id: str | None = None) -> SessionStoreError: ...
+
+    def _start_heartbeat(self, writer: _PgWriter) -> None: ...
+
+    def _start_mail(self, writer: _PgWriter) -> None: ...
+
+
+# Seconds a writer retaking its session waits for the server to drop its
+# previous connection (which may still hold the lock) before the flush fails.
+_RETAKE_WAIT = 1.0
+
+
+@attrs.define(eq=False)
+class _PgWriter:
+    store: _WriterStore
+    header: SessionHeader
+    # The encoded header of a new session, stored by its first flush; None once stored.
+    _header_line: str | None = attrs.field(alias="header_line")
+    # How many events are stored (the seq of the next one to store).
+    _stored: int = attrs.field(alias="stored")
+    # The connection holding the session's advisory lock; None before the
+    # first flush of a new session, and after the connection was lost.
+    _conn: psycopg.Connection[Any] | None = attrs.field(default=None, alias="conn")
+    _buffer: list[str] = attrs.field(factory=list, init=False)
+    _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    _closed: bool = attrs.field(default=False, init=False)
+    # Why this writer may not append any more (it lost its session), once it may not.
+    _broken: str | None = attrs.field(default=None, init=False)
+    # A flush(sync=False) committed without waiting for the WAL to reach disk.
+    _unsynced: bool = attrs.field(default=False, init=False)
+    # How many events were stored as of the last synced commit, and the lines
+    # and mailbox deletes committed without sync since (a crash may lose them).
+    _synced: int = attrs.field(default=0, init=False)
+    _unsynced_lines: list[str] = attrs.field(factory=list, init=False)
+    _unsynced_acks: list[int] = attrs.field(factory=list, init=False)
+    # The server process of the connection that last held the lock.
+    _pid: int = attrs.field(default=0, init=False)
+    # True once this writer held the lock: a lost connection then needs a re-take.
+    _held: bool = attrs.field(default=False, init=False)
+    _last_used: float = attrs.field(factory=trio.current_time, init=False)
+    # Told how many events a retake stored again after the server lost them (SessionStore sets it:
+    # the ``session/restored`` notice); None: only the log warning says so.
+    on_restored: Callable[[int], None] | None = attrs.field(default=None, init=False)
+    # Background work of this writer in the store's service: heartbeat, mail delivery.
+    _heartbeat_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    _mail_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    # Mail: the delivery callback, the wake-up, the rows taken but not yet
+    # deleted, and those delivered (deleted with the next batch).
+    _on_mail: Callable[[], Awaitable[None]] | None = attrs.field(default=None, init=False)
+    _mail_wake: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _taken: set[int] = attrs.field(factory=set, init=False)
+    _acks: list[int] = attrs.field(factory=list, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._synced = self._stored
+        if self._conn is not None:
+            self._pid = self._conn.info.backend_pid
+
+    @property
+    def _key(self) -> int:
+        return _lock_key(self.store.schema, self.header.id)
+
+    def write(self, event: Event) -> None:
+        self._buffer.append(encode_event(event))
+
+    # ------------------------------------------------------------ flush
+
+    async def flush(self, *, sync: bool = True) -> None:
+        async with self._lock:
+            if not self._buffer and not self._acks and not (sync and self._unsynced):
+                return
+            if self._closed or self._broken is not None:
+                reason = "its writer is closed" if self._closed else self._broken
+                raise SessionStoreError(
+                    f"cannot store {len(self._buffer)} events of session {self.header.id!r} "
+                    f"in {self.store.location}: {reason}",
+                    path=self.store.location,
+                    session_id=self.header.id,
+                )
+            lines, acks = self._buffer, list(self._acks)
+            self._buffer = []
+            committed = False
+
+            def settle(_: object) -> None:
+                nonlocal committed
+                if committed:
+                    return
+                committed = True
+                self._committed(lines, acks, sync)
+
+            try:
+                if self._header_line is not None:
+                    await self._create(lines, settle)
+                else:
+                    if self._conn is None and await self._reattach(lines, acks, settle):
+                        return
+                    await self._append(lines, acks, sync, settle, reconnect=True)
+            except BaseException as exc:
+                if not committed:
+                    self._buffer[:0] = lines
+                if isinstance(exc, SessionError):
+                    raise
+                if isinstance(exc, _psycopg().Error):
+                    raise self._failure(exc, "store the events of") from exc
+                if isinstance(exc, Exception):  # whatever it is, the caller gets a store error
+                    raise SessionStoreError(
+                        f"cannot store the events of session {self.header.id!r} in {self.store.location}: "
+                        f"{type(exc).__name__}: {exc}",
+                        path=self.store.location,
+                        session_id=self.header.id,
+                    ) from exc
+                raise
+            finally:
+                self._last_used = trio.current_time()
+
+    def _committed(self, lines: list[str], acks: list[int], sync: bool) -> None:
+        self._stored += len(lines)
+        for mail_id in acks:
+            self._acks.remove(mail_id)
+        if sync:
+            # Durable now, and with it every unsynced commit before.
+            self._synced = self._stored
+            for mail_id in [*self._unsynced_acks, *acks]:
+                self._taken.discard(mail_id)
+            self._unsynced_lines, self._unsynced_acks = [], []
+            self._unsynced = False
+        elif lines or acks:
+            # Kept until a synced commit: a server crash may lose them (put back on retake).
+            self._unsynced_lines += lines
+            self._unsynced_acks += acks
+            self._unsynced = True
+
+    async def _timed(
+        self, conn: psycopg.Connection[Any], fn: Callable[[], T], *, settle: Callable[[T], None] | None = None
+    ) -> T:
+        """``_call`` bounded by ``write_timeout``.
+
+        A statement the server does not answer in time is cancelled (and the
+        socket shut, see :func:`_call`); the connection is dropped and the
+        call fails with :exc:`SessionStoreError`.  A statement that completed
+        anyway returns its result (``settle`` is for outer cancellations).
+        """
+        finished: list[T] = []
+
+        def on_settle(value: T) -> None:
+            finished.append(value)
+            if settle is not None:
+                settle(value)
+
+        timeout = self.store.write_timeout
+        with trio.move_on_after(timeout):
+            return await _call(conn, fn, settle=on_settle)
+        if finished:
+            return finished[0]
+        if self._conn is conn:
+            self._drop_connection()
+        else:
+            conn.close()
+        raise SessionStoreError(
+            f"PostgreSQL did not answer a statement of session {self.header.id!r} within {timeout:g} s "
+            f"(write_timeout) in {self.store.location}: the statement was cancelled and the connection dropped; "
+            "the next flush takes the session again on a new connection",
+            path=self.store.location,
+            session_id=self.header.id,
+        )
+
+    async def _create(self, lines: list[str], settle: Callable[[object], None]) -> None:
+        """The first flush: take the session's lock, store the header and the batch together.
+
+        A connection lost during the transaction (its COMMIT unanswered) is
+        replaced within the flush; a stored header and batch equal to ours
+        then count as committed by the lost connection.
+        """
+        assert self._header_line is not None
+        header_line, header = self._header_line, self.header
+        store, sql = self.store, self.store._sql
+        key, first = self._key, self._stored
+        pg = _psycopg()
+        maybe_committed = False
+        attempts = 0
+        while True:
+            attempts += 1
+            if self._conn is None:
+                self._conn = await (store._connect() if attempts > 1 else store._take_writer_connection())
+            conn = self._conn
+
+            def work(conn: psycopg.Connection[Any] = conn, ours: bool = maybe_committed) -> str:
+                if not self._held:
+                    if not _try_lock(conn, key):
+                        return "locked"
+                    self._held = True
+                    store._configure_writer(conn)
+                with conn.transaction():
+                    row = conn.execute(
+                        sql.insert_session,
+                        (header.id, header_line, header.created_at, header.parent_session),
+                    ).fetchone()
+                    if row is None:
+                        return "created" if ours and self._stored_as(conn, header_line, first, lines) else "exists"
+                    conn.execute(sql.insert_events, (header.id, first, lines), binary=True)
+                return "created"
+
+            try:
+                outcome = await self._timed(conn, work, settle=lambda result: self._created(result, settle))
+            except _Tainted:
+                self._drop_connection()
+                continue
+            except pg.Error as exc:
+                if not (conn.broken or conn.closed):
+                    raise
+                self._drop_connection()
+                if attempts >= 3:
+                    raise
+                # Maybe during COMMIT: find out on a new connection.
+                maybe_committed = True
+                log.warning("session %r: the connection was lost while storing it (%s); reconnecting", header.id, exc)
+                continue
+            except BaseException:
+                if conn.broken or conn.closed:
+                    self._drop_connection()
+                raise
+            if outcome == "locked" and maybe_committed and attempts < 3:
+                # The lost connection may hold the lock still, until the server notices it is gone.
+                await self._release_connection()
+                await trio.sleep(0.05 * attempts)
+                continue
+            break
+        if outcome == "created":
+            self._pid = conn.info.backend_pid
+            self._created(outcome, settle)
+            return
+        # Refused: give the connection (and the lock, if taken) back; nothing was stored.
+        await self._release_connection()
+        raise SessionExistsError(
+            f"session {header.id!r} is already stored in {store.location}"
+            + (" (another worker is creating or holding it)" if outcome == "locked" else "")
+        )
+
+    def _stored_as(self, conn: psycopg.Connection[Any], header_line: str, first: int, lines: list[str]) -> bool:
+        """(worker thread) Whether the stored session has exactly this header and these events."""
+        sql, sid = self.store._sql, self.header.id
+        row = conn.execute(f"SELECT header FROM {sql.s}.sessions WHERE id = %s", (sid,)).fetchone()
+        if row is None or row[0] != header_line:
+            return False
+        bodies = [
+            body
+            for (body,) in conn.execute(f"SELECT body FROM {sql.s}.events WHERE session_id = %s ORDER BY seq", (sid,))
+        ]
+        return first == 0 and bodies == lines
+
+    def _created(self, outcome: str, settle: Callable[[object], None]) -> None:
+        if outcome != "created" or self._header_line is None:
+            return
+        self._header_line = None
+        settle(None)
+        self.store._writers[self.header.id] = self
+        self.store._start_heartbeat(self)
+
+    async def _append(
+        self, lines: list[str], acks: list[int], sync: bool, settle: Callable[[object], None], *, reconnect: bool
+    ) -> None:
+        conn = self._conn
+        assert conn is not None
+        sql, sid, first = self.store._sql, self.header.id, self._stored
+
+        def work() -> None:
+            if acks:
+                with conn.transaction():
+                    if not sync:
+                        conn.execute("SET LOCAL synchronous_commit TO off")
+                    deleted = conn.execute(
+                        f"DELETE FROM {sql.s}.mailbox WHERE session_id = %s AND id = ANY(%s)", (sid, acks)
+                    ).rowcount
+                    if deleted != len(acks):
+                        raise _MailTaken(len(acks) - deleted)
+                    if lines:
+                        conn.execute(sql.insert_events, (sid, first, lines), binary=True)
+                return
+            with conn.pipeline(), conn.transaction():
+                if not sync:
+                    conn.execute("SET LOCAL synchronous_commit TO off")
+                if lines:
+                    conn.execute(sql.insert_events, (sid, first, lines), binary=True)
+                else:  # only make earlier unsynced commits durable: a commit with an xid waits for the WAL
+                    conn.execute("SELECT pg_current_xact_id()")
+
+        pg = _psycopg()
+        try:
+            await self._timed(conn, work, settle=settle)
+        except pg.errors.UniqueViolation as exc:
+            raise self._lost(
+                f"events from seq {first} on are already stored by another writer: this writer lost the session "
+                "(it was resumed on another worker)"
+            ) from exc
+        except _MailTaken as exc:
+            raise self._lost(f"{exc.missing} posted messages it delivered were taken by another writer") from None
+        except pg.Error as exc:
+            if not (conn.broken or conn.closed):
+                raise
+            # The connection died, maybe during COMMIT: take the session again
+            # on a new connection and find out whether the batch is stored.
+            self._drop_connection()
+            if not reconnect:
+                raise
+            log.warning("session %r: the connection to PostgreSQL was lost (%s); reconnecting", sid, exc)
+            if await self._reattach(lines, acks, settle):
+                return
+            await self._append(lines, acks, sync, settle, reconnect=False)
+            return
+        settle(None)
+
+    async def _reattach(self, lines: list[str], acks: list[int], settle: Callable[[object], None]) -> bool:
+        """Take the session again after its connection was lost; True when ``lines`` turned out stored.
+
+        Events committed without sync that the server lost meanwhile (it
+        crashed or restarted) are put back in front of ``lines`` (and the
+        mailbox rows they removed are removed again with them), with a
+        warning saying so.
+
+        Raises:
+            SessionStoreError: the session was taken over meanwhile (this
+                writer is broken from now on), PostgreSQL cannot be reached,
+                or the lock is still held by this writer's previous connection
+                (the next flush tries again).
+        """
+        store, sql, sid, key, stored = self.store, self.store._sql, self.header.id, self._key, self._stored
+        synced, unsynced = self._synced, list(self._unsynced_lines)
+        previous = self._pid
+        deadline = trio.current_time() + _RETAKE_WAIT
+        while True:
+            conn = await store._take_writer_connection()
+
+            def work(conn: psycopg.Connection[Any] = conn) -> tuple[str, int]:
+                if not _try_lock(conn, key):
+                    holder = conn.execute(
+                        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+                        "AND classid::bigint = %s AND objid::bigint = %s",
+                        ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+                    ).fetchone()
+                    return ("previous" if holder is not None and holder[0] == previous else "locked"), 0
+                store._configure_writer(conn)
+                count = _scalar(
+                    conn, f"SELECT coalesce(max(seq) + 1, 0) FROM {sql.s}.events WHERE session_id = %s", (sid,)
+                )
+                if count == stored:
+                    return "missing", count
+                if synced <= count < stored and self._bodies(conn, synced, count) == unsynced[: count - synced]:
+                    return "lost", count
+                if lines and count == stored + len(lines) and self._bodies(conn, stored, count) == lines:
+                    return "stored", count
+                conn.execute("SELECT pg_advisory_unlock_all()")
+                return "diverged", count
+
+            try:
+                outcome, count = await self._timed(conn, work)
+            except _Tainted:
+                conn.close()
+                continue
+            except BaseException:
+                # Cancelled or failed while taking the lock: whether it holds the
+                # lock is unknown, so the connection is closed (never pooled).
+                conn.close()
+                raise
+            if outcome != "previous":
+                break
+            store._pool_give_back(conn)
+            if trio.current_time() >= deadline:
+                raise SessionStoreError(
+                    f"session {sid!r} cannot be taken again in {store.location} yet: its lock is still held by "
+                    f"this writer's previous connection (server process {previous}), which the server has not "
+                    "closed; the next flush tries again",
+                    path=store.location,
+                    session_id=sid,
+                )
+            await trio.sleep(0.02)
+        if outcome == "locked":
+            store._pool_give_back(conn)
+            raise self._lost("the session is live on another worker (it took the session after this one lost it)")
+        if outcome == "diverged":
+            await store._give_back_locked(conn, None)  # unlocked already; its writer settings are reset
+            raise self._lost("another writer appended to the session after this one lost it")
+        self._conn, self._held, self._pid = conn, True, conn.info.backend_pid
+        log.info("session %r: taken again after a lost connection", sid)
+        if outcome == "lost":
+            lost = unsynced[count - synced :]
+            lost_acks = list(self._unsynced_acks)
+            log.warning(
+                "session %r: PostgreSQL lost the last %d events committed without sync (the server crashed or "
+                "restarted); storing them again",
+                sid,
+                len(lost),
+            )
+            self._stored = count
+            self._unsynced_lines = unsynced[: count - synced]
+            self._unsynced_acks = []
+            lines[:0] = lost
+            acks[:0] = [mail_id for mail_id in lost_acks if mail_id not in acks]
+            self._acks[:0] = [mail_id for mail_id in lost_acks if mail_id not in self._acks]
+            if self.on_restored is not None:
+                self.on_restored(len(lost))
+        self.wake_mail()  # what was posted meanwhile
+        if outcome == "stored":
+            settle(None)
+            return True
+        return False
+
+    def _bodies(self, conn: psycopg.Connection[Any], start: int, end: int) -> list[str]:
+        """(worker thread) The stored bodies of seqs ``start`` to ``end - 1``."""
+        sql = self.store._sql
+        return [
+            body
+            for (body,) in conn.execute(
+                f"SELECT body FROM {sql.s}.events WHERE session_id = %s AND seq >= %s AND seq < %s ORDER BY seq",
+                (self.header.id, start, end),
+            )
+        ]
+
+    def _lost(self, reason: str) -> SessionStoreError:
+        self._broken = f"{reason}; resume the session to continue from what is stored"
+        return SessionStoreError(
+            f"session {self.header.id!r} cannot be written in {self.store.location}: {self._broken}",
+            path=self.store.location,
+            session_id=self.header.id,
+        )
+
+    def _failure(self, exc: BaseException, what: str) -> SessionStoreError:
+        return self.store._error(exc, f"{what} session {self.header.id!r}", session_id=self.header.id)
+
+    def _drop_connection(self) -> None:
+        """Close the connection: the server releases the session's lock with it."""
+        conn, self._conn = self._conn, None
+        self._held = False
+        if conn is not None:
+            conn.close()
+
+    async def _release_connection(self) -> None:
+        """Give the session back (unlock) and the connection to the pool; closing it if that fails."""
+        conn, self._conn = self._conn, None
+        held, self._held = self._held, False
+        if conn is not None:
+            await self.store._give_back_locked(conn, self._key if held else None)
+
+    # ------------------------------------------------------------ heartbeat
+
+    async def _heartbeat(self) -> None:
+        """Keep the lock's connection busy enough that the server does not evict it."""
+        period = self.store.heartbeat
+        assert period is not None
+        while True:
+            await trio.sleep(period)
+            if self._lock.locked() or trio.current_time() - self._last_used < period / 2:
+                continue
+            async with self._lock:
+                if self._closed or self._broken is not None or self._header_line is not None:
+                    return
+                try:
+                    conn = self._conn
+                    if conn is None:
+                        lost: list[str] = []
+                        await self._reattach(lost, [], lambda _: None)
+                        self._buffer[:0] = lost  # put back by the retake: stored by the next flush
+                    else:
+                        await self._timed(conn, _execute(conn, "SELECT 1"))
+                except SessionStoreError as exc:
+                    log.warning("session %r: %s", self.header.id, exc)
+                except _psycopg().Error as exc:
+                    if self._conn is not None and (self._conn.broken or self._conn.closed):
+                        self._drop_connection()
+                    log.warning("session %r: heartbeat failed (%s); taking the session again", self.header.id, exc)
+                finally:
+                    self._last_used = trio.current_time()
+
+    # ------------------------------------------------------------ mail
+
+    def receive(self, on_mail: Callable[[], Awaitable[None]]) -> None:
+        """Call ``on_mail`` whenever messages may be waiting for this session (now, and on notifications)."""
+        self._on_mail = on_mail
+        self.store._start_mail(self)
+        self._mail_wake.set()
+
+    def wake_mail(self) -> None:
+        if self._on_mail is not None:
+            self._mail_wake.set()
+
+    async def _mail_loop(self) -> None:
+        while True:
+            await self._mail_wake.wait()
+            self._mail_wake = trio.Event()
+            on_mail = self._on_mail
+            if on_mail is None or self._closed:
+                return
+            try:
+                await on_mail()
+            except Exception:
+                # The messages stay in the mailbox (delivered on the next wake or resume).
+                log.exception("session %r: delivering posted messages failed", self.header.id)
+
+    async def take_mail(self) -> list[tuple[int, InboxMessage]]:
+        """The messages posted to this session and not yet taken, oldest first.
+
+        They stay in the mailbox until :meth:`ack_mail` hands them to the
+        flush that stores their splice (or :meth:`release_mail` gives them up).
+        """
+        async with self._lock:
+            conn = self._conn
+            if conn is None or self._closed or self._broken is not None:
+                return []
+            sql, sid = self.store._sql, self.header.id
+            try:
+                rows = await self._timed(
+                    conn,
+                    lambda: conn.execute(
+                        f"SELECT id, body FROM {sql.s}.mailbox WHERE session_id = %s ORDER BY id", (sid,)
+                    ).fetchall(),
+                )
+            except _psycopg().Error as exc:
+                if not (conn.broken or conn.closed):
+                    raise self._failure(exc, "read the mailbox of") from exc
+                # The next flush or heartbeat takes the session again (or finds it
+                # lost); the messages wait in the mailbox meanwhile.
+                self._drop_connection()
+                log.warning("session %r: the connection was lost while reading its mailbox (%s)", sid, exc)
+                return []
+            finally:
+                self._last_used = trio.current_time()
+        mail: list[tuple[int, InboxMessage]] = []
+        for mail_id, body in rows:
+            if mail_id in self._taken:
+                continue
+            self._taken.add(mail_id)
+            try:
+                message = decode_inbox_message(body)
+            except EventDecodeError as exc:
+                log.error("session %r: mailbox row %d is not a message (%s); removing it", sid, mail_id, exc)
+                self._acks.append(mail_id)
+                continue
+            mail.append((mail_id, message))
+        return mail
+
+    def ack_mail(self, mail_ids: Sequence[int]) -> None:
+        """These messages were spliced into the inbox: delete them with the next flush's batch."""
+        self._acks.extend(mail_ids)
+
+    def release_mail(self, mail_ids: Sequence[int]) -> None:
+        """These messages were not delivered: leave them for a later take (or the next resume)."""
+        for mail_id in mail_ids:
+            self._taken.discard(mail_id)
+
+    # ------------------------------------------------------------ close
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._buffer = []
+        self._on_mail = None
+        for scope in (self._heartbeat_scope, self._mail_scope):
+            if scope is not None:
+                scope.cancel()
+        with trio.CancelScope(shield=True):
+            acquired = False
+            with trio.move_on_after(self.store.release_timeout):
+                await self._lock.acquire()
+                acquired = True
+            try:
+                if acquired:
+                    await self._release_connection()
+                else:
+                    # A statement still hangs on the connection (the network is
+                    # gone): it cannot be closed under that thread; the server
+                    # drops it, and the session's lock, when it notices.
+                    log.warning(
+                        "session %r: closed while a statement still runs; its lock goes with the connection",
+                        self.header.id,
+                    )
+            finally:
+                if acquired:
+                    self._lock.release()
+                if self.store._writers.get(self.header.id) is self:
+                    del self.store._writers[self.header.id]
