@@ -20,7 +20,7 @@ from trio_harness import ScriptedModel, _cli, open_harness
 from trio_harness.agents import TurnOutcome
 from trio_harness.events import InboxMessage
 from trio_harness.model import Failure
-from trio_harness.session import JsonlPersistence, SessionHeader
+from trio_harness.session import JsonlStore, SessionHeader
 from trio_harness.session import _events as ev
 from trio_harness.testing import assert_balanced
 
@@ -107,7 +107,7 @@ async def test_run_streams_the_answer_and_shows_tool_calls(tmp_path: Path) -> No
     assert '[tool] bash {"command": "echo hi", "run_in_background": false}' in err
     assert "[tool result] hi" in err
     assert err.index("[tool] task_list {}") < err.index("[tool result] hi")
-    loaded = await JsonlPersistence(store).load(session_id)
+    loaded = await JsonlStore(store).load(session_id)
     assert_balanced(loaded.events)
     assert loaded.header.cwd == str(tmp_path)
 
@@ -157,7 +157,7 @@ async def test_run_resumes_a_session_and_sessions_commands_read_the_store(tmp_pa
     assert lines[0].split() == ["ID", "CREATED", "EVENTS", "LAST", "ACTIVITY", "FIRST", "PROMPT"]
     row = next(line for line in lines if line.startswith(session_id))
     assert row.endswith("first question")
-    events = (await JsonlPersistence(Path(store)).load(session_id)).events
+    events = (await JsonlStore(Path(store)).load(session_id)).events
     assert f"  {len(events)}  " in row
 
     shown = await cli("sessions", "show", session_id, "--store", store, cwd=tmp_path)
@@ -336,7 +336,7 @@ async def test_ctrl_c_cancels_the_turn_cleanly(tmp_path: Path) -> None:
     assert code == 130, stderr
     assert b"[cancelling" in stderr
     session_id = session_line(stderr)
-    events = (await JsonlPersistence(store).load(session_id)).events
+    events = (await JsonlStore(store).load(session_id)).events
     assert_balanced(events)
     end = events[-1]
     assert isinstance(end, ev.TurnEnd)
@@ -521,7 +521,7 @@ async def test_run_reads_the_prompt_from_stdin_when_none_is_given(tmp_path: Path
     result = await cli("run", "--model", model, "--store", str(store), cwd=tmp_path, stdin=b"hi from a pipe\n")
     assert result.returncode == 0, result.stderr
     assert result.stdout == b"piped\n"
-    events = (await JsonlPersistence(store).load(session_line(result.stderr))).events
+    events = (await JsonlStore(store).load(session_line(result.stderr))).events
     assert any(isinstance(e, ev.UserMessage) and e.text == "hi from a pipe\n" for e in events)
 
 

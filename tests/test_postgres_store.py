@@ -478,14 +478,14 @@ async def test_a_missing_role_is_named(postgres_cluster: Cluster) -> None:
 
 
 async def test_connection_settings_of_the_dsn_win_over_the_store_defaults(postgres_cluster: Cluster) -> None:
-    persistence = PostgresPersistence(postgres_cluster.dsn() + "&connect_timeout=7&application_name=mine")
+    persistence = PostgresStore(postgres_cluster.dsn() + "&connect_timeout=7&application_name=mine")
     conn = await persistence._connect_once()
     try:
         parameters = conn.info.get_parameters()
         assert parameters["connect_timeout"] == "7" and parameters["application_name"] == "mine"
     finally:
         conn.close()
-    conn = await PostgresPersistence(postgres_cluster.dsn(), connect_timeout=30.0)._connect_once()
+    conn = await PostgresStore(postgres_cluster.dsn(), connect_timeout=30.0)._connect_once()
     try:
         assert conn.info.get_parameters()["connect_timeout"] == "30"  # per attempt, from the store's setting
     finally:
@@ -692,7 +692,7 @@ async def test_a_message_posted_to_a_holder_that_crashes_is_delivered_once_on_re
 
 
 async def test_a_holder_that_loses_its_session_while_taking_a_post_does_not_act_on_it(
-    postgres_cluster: Cluster, schema: str, store: PostgresPersistence
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
 ) -> None:
     # The holder reads a posted message from the mailbox, then loses the
     # session before the transaction that stores the splice and deletes the
@@ -720,7 +720,7 @@ async def test_a_holder_that_loses_its_session_while_taking_a_post_does_not_act_
                         spliced.set()
 
                 agent_a.session.observe(lose_the_session)
-                await SessionStore(store).post("contested", "only once, please")
+                await SessionRegistry(store).post("contested", "only once, please")
                 with trio.fail_after(WAIT):
                     await spliced.wait()
                 with pytest.raises(SessionStoreError):  # queued behind the delivery's flush, which failed too

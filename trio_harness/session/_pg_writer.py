@@ -1,7 +1,7 @@
 """The writer of a live session in PostgreSQL: its lock, flushes, retakes and mail.
 
 One live writer per session: a writer holds a session-level advisory lock on a
-connection of its own, taken by ``PostgresPersistence.resume`` before the log
+connection of its own, taken by ``PostgresStore.resume`` before the log
 is read and by the first flush of a new session, and sends every append of
 that session over the same connection.  Losing the connection loses the lock
 and the ability to write together; the primary key ``(session_id, seq)``
@@ -66,7 +66,7 @@ class _MailTaken(Exception):
 
 
 class _WriterStore(Protocol):
-    """What a writer uses of its store (``PostgresPersistence``)."""
+    """What a writer uses of its store (``PostgresStore``)."""
 
     schema: str
     heartbeat: float | None
@@ -129,7 +129,7 @@ class _PgWriter:
     # True once this writer held the lock: a lost connection then needs a re-take.
     _held: bool = attrs.field(default=False, init=False)
     _last_used: float = attrs.field(factory=trio.current_time, init=False)
-    # Told how many events a retake stored again after the server lost them (SessionStore sets it:
+    # Told how many events a retake stored again after the server lost them (SessionRegistry sets it:
     # the ``session/restored`` notice); None: only the log warning says so.
     on_restored: Callable[[int], None] | None = attrs.field(default=None, init=False)
     # Background work of this writer in the store's service: heartbeat, mail delivery.

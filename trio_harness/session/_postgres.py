@@ -1,7 +1,7 @@
 """The PostgreSQL session store: one live writer per session across machines.
 
 Sessions live in three tables of one schema (``trio_harness`` by default),
-created and versioned by the store itself (:meth:`PostgresPersistence.check`
+created and versioned by the store itself (:meth:`PostgresStore.check`
 migrates, idempotently, under a transaction-level advisory lock)::
 
     sessions (id text primary key, header text, created_at, parent_session)
@@ -19,13 +19,13 @@ run under Trio).  A live session's statements are bounded by
 
 One live writer per session (:mod:`._pg_writer`): a writer holds a
 session-level advisory lock on a connection of its own, taken by
-:meth:`PostgresPersistence.resume` before the log is read and by the first
+:meth:`PostgresStore.resume` before the log is read and by the first
 flush of a new session, and sends every append of that session over the same
 connection.  A writer's connection is kept alive by a heartbeat and killed by
 the server when it stops (``idle_session_timeout``), so a frozen worker loses
 its sessions within a bounded time and a killed one at once.
 
-Messages posted to a session (:meth:`PostgresPersistence.post`) are a mailbox
+Messages posted to a session (:meth:`PostgresStore.post`) are a mailbox
 row plus ``pg_notify`` in one transaction; the worker holding the session
 listens on a dedicated connection, takes the rows and splices them into the
 agent's inbox, deleting them in the transaction that stores the splice.
@@ -70,7 +70,7 @@ if TYPE_CHECKING:
 
     import psycopg
 
-__all__ = ["SCHEMA_VERSION", "PostgresPersistence", "redact_dsn"]
+__all__ = ["SCHEMA_VERSION", "PostgresStore", "redact_dsn"]
 
 log = logging.getLogger("trio_harness.session.postgres")
 
@@ -129,11 +129,11 @@ def _positive(name: str, value: float | None, *, optional: bool = False) -> None
 
 
 @attrs.define(eq=False, repr=False)
-class PostgresPersistence:
+class PostgresStore:
     """Sessions stored in PostgreSQL, shared by workers on many machines.
 
     Use it through ``open_harness(store="postgresql://...")`` (or pass an
-    instance), or open it yourself: ``async with PostgresPersistence(dsn) as
+    instance), or open it yourself: ``async with PostgresStore(dsn) as
     store:``.  Reads and writes need it open (its service runs the writers'
     heartbeats and the mailbox listener); :meth:`check` does not.
 
@@ -229,7 +229,7 @@ class PostgresPersistence:
         self._tables = _Tables(self._sql, self.location)
 
     def __repr__(self) -> str:
-        return f"PostgresPersistence({redact_dsn(self.dsn)!r}, schema={self.schema!r})"
+        return f"PostgresStore({redact_dsn(self.dsn)!r}, schema={self.schema!r})"
 
     @property
     def location(self) -> str:
@@ -238,7 +238,7 @@ class PostgresPersistence:
 
     # ------------------------------------------------------------ service
 
-    async def __aenter__(self) -> PostgresPersistence:
+    async def __aenter__(self) -> PostgresStore:
         stack = AsyncExitStack()
         await stack.enter_async_context(self.open_service())
         self._exit_stacks.append(stack)
@@ -250,7 +250,7 @@ class PostgresPersistence:
         return await self._exit_stacks.pop().__aexit__(exc_type, exc, tb)
 
     @asynccontextmanager
-    async def open_service(self) -> AsyncIterator[PostgresPersistence]:
+    async def open_service(self) -> AsyncIterator[PostgresStore]:
         """Run the store's service for the block: its pool, heartbeats and mailbox listener.
 
         Opening it again while it is open is allowed; the outermost opening

@@ -692,8 +692,6 @@ def _seconds(delay: float) -> str:
     return f"{max(1, math.ceil(delay))} s"
 
 
-
-
 # ---------------------------------------------------------------- connecting
 
 
