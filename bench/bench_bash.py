@@ -28,7 +28,7 @@ import tempfile
 
 import trio
 
-from trio_harness.bash import BashRequest, SandboxUnavailableError, open_bash_executor
+from trio_harness.bash import BashRequest, BashRuntimeOptions, SandboxUnavailableError, open_bash_executor
 
 _GIB = 1 << 30
 _POLL = 0.01
@@ -38,7 +38,7 @@ _SANDBOX_ROUNDS = 40
 
 async def _throughput(spill_dir: str) -> tuple[float, float]:
     """Return (MB/s, peak RSS growth in KiB) for 1 GiB through read_output."""
-    async with open_bash_executor(spill_dir=spill_dir) as executor:
+    async with open_bash_executor(BashRuntimeOptions(spill_dir=spill_dir)) as executor:
         spec = executor.resolve(BashRequest(f"head -c {_GIB} /dev/zero"))
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         started = trio.current_time()
@@ -82,7 +82,7 @@ async def _sandbox_latency() -> tuple[list[float], list[float] | str]:
     boxed: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as workdir:
         try:
-            async with open_bash_executor() as bare, open_bash_executor(sandbox=True) as sandboxed:
+            async with open_bash_executor() as bare, open_bash_executor(BashRuntimeOptions(sandbox=True)) as sandboxed:
                 for _ in range(_SANDBOX_ROUNDS):  # interleaved, so both see the same machine load
                     for executor, latencies in ((bare, plain), (sandboxed, boxed)):
                         started = trio.current_time()

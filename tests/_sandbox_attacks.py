@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 import trio
 
-from trio_harness.bash import BashError, BashRequest, SandboxPolicy, open_bash_executor
+from trio_harness.bash import BashError, BashRequest, BashRuntimeOptions, SandboxPolicy, open_bash_executor
 
 SECRET = "hunter2-secret"
 MAX_PROCESSES = 32
@@ -161,7 +161,7 @@ async def run_attacks(workdir: Path, outside: Path, names: list[str] | None = No
     }
     results: dict[str, dict[str, Any]] = {}
     try:
-        async with open_bash_executor(sandbox=policy, grace_period=0.5) as executor:
+        async with open_bash_executor(BashRuntimeOptions(sandbox=policy, grace_period=0.5)) as executor:
             # A Python that runs inside (a virtual environment under /root does not, for nobody),
             # so the Python attacks are really tried.
             for candidate in dict.fromkeys([sys.executable, "/usr/bin/python3", shutil.which("python3") or ""]):

@@ -639,7 +639,10 @@ async def test_bash_asks_for_every_command_without_an_allow_list(tmp_path: Path)
 async def test_bash_approval_can_be_turned_off_through_open_harness(tmp_path: Path) -> None:
     model = ScriptedModel([{"tool_calls": [bash("echo hi")]}, {"text": "done"}])
     async with open_test_harness(
-        model, builtin_tools=["bash"], approver=refuse_to_be_asked, bash_tool_options={"requires_approval": False}
+        model,
+        builtin_tools=["bash"],
+        approver=refuse_to_be_asked,
+        bash_tool_options=BashToolOptions(requires_approval=False),
     ) as h:
         assert h.tools.get("bash") is not None and h.tools.get("bash").requires_approval is False  # type: ignore[union-attr]
         async with h.agents.open(cwd=tmp_path) as agent:

@@ -31,6 +31,7 @@ from trio_harness.bash import (
     BashProcessNotFoundError,
     BashRequest,
     BashResult,
+    BashRuntimeOptions,
     open_bash_executor,
 )
 from trio_harness.bash._render import render_result
@@ -77,7 +78,7 @@ async def read_pid_file(path: Path) -> int:
 
 @pytest.fixture
 async def executor(tmp_path: Path) -> AsyncIterator[BashExecutor]:
-    async with open_bash_executor(spill_dir=str(tmp_path), grace_period=0.5) as ex:
+    async with open_bash_executor(BashRuntimeOptions(spill_dir=str(tmp_path), grace_period=0.5)) as ex:
         yield ex
 
 
@@ -175,10 +176,10 @@ async def test_env_is_set_on_top_of_inherited(executor: BashExecutor) -> None:
 
 async def test_open_rejects_bad_settings(tmp_path: Path) -> None:
     with pytest.raises(BashError, match=r"tail_bytes must be a positive integer, got 0"):
-        async with open_bash_executor(tail_bytes=0):
+        async with open_bash_executor(BashRuntimeOptions(tail_bytes=0)):
             pass  # pragma: no cover
     with pytest.raises(BashError, match=r"spill_dir '.*nope' is not an existing directory"):
-        async with open_bash_executor(spill_dir=str(tmp_path / "nope")):
+        async with open_bash_executor(BashRuntimeOptions(spill_dir=str(tmp_path / "nope"))):
             pass  # pragma: no cover
 
 
@@ -220,7 +221,7 @@ async def test_run_reports_death_by_signal(executor: BashExecutor) -> None:
 
 async def test_run_keeps_bounded_tails(tmp_path: Path) -> None:
     expected = "".join(f"{i}\n" for i in range(1, 2001))
-    async with open_bash_executor(tail_bytes=100, spill_dir=str(tmp_path)) as ex:
+    async with open_bash_executor(BashRuntimeOptions(tail_bytes=100, spill_dir=str(tmp_path))) as ex:
         with trio.fail_after(WAIT):
             result = await run(ex, "seq 1 2000; seq 1 2000 >&2")
     assert result.stdout == expected[-100:]
@@ -324,7 +325,7 @@ async def test_incomplete_utf8_at_eof_is_replaced(executor: BashExecutor) -> Non
 
 
 async def test_lossy_read_with_small_tail_keeps_utf8_boundaries(tmp_path: Path) -> None:
-    async with open_bash_executor(tail_bytes=4, spill_dir=str(tmp_path)) as ex:
+    async with open_bash_executor(BashRuntimeOptions(tail_bytes=4, spill_dir=str(tmp_path))) as ex:
         proc = await start(ex, "printf '€€€€'")
         with trio.fail_after(WAIT):
             await proc.wait()
@@ -335,7 +336,7 @@ async def test_lossy_read_with_small_tail_keeps_utf8_boundaries(tmp_path: Path) 
 
 async def test_lossy_read_names_spill_file_with_full_stream(tmp_path: Path) -> None:
     expected = "".join(f"{i}\n" for i in range(1, 20001))
-    async with open_bash_executor(tail_bytes=1024, spill_dir=str(tmp_path)) as ex:
+    async with open_bash_executor(BashRuntimeOptions(tail_bytes=1024, spill_dir=str(tmp_path))) as ex:
         proc = await start(ex, "seq 1 20000; echo done >&2")
         with trio.fail_after(WAIT):
             await proc.wait()
@@ -367,7 +368,7 @@ async def test_spill_files_are_private_and_removed_on_release(executor: BashExec
 
 
 async def test_spill_files_removed_on_executor_exit(tmp_path: Path) -> None:
-    async with open_bash_executor(spill_dir=str(tmp_path), grace_period=0.5) as ex:
+    async with open_bash_executor(BashRuntimeOptions(spill_dir=str(tmp_path), grace_period=0.5)) as ex:
         done = await start(ex, "echo hi")
         running = await start(ex, "sleep 300")
         with trio.fail_after(WAIT):
@@ -399,7 +400,7 @@ async def test_kill_leaves_nothing_of_the_group(executor: BashExecutor) -> None:
 
 
 async def test_sigterm_ignored_is_escalated_to_sigkill(tmp_path: Path) -> None:
-    async with open_bash_executor(spill_dir=str(tmp_path), grace_period=0.2) as ex:
+    async with open_bash_executor(BashRuntimeOptions(spill_dir=str(tmp_path), grace_period=0.2)) as ex:
         proc = await start(ex, "trap '' TERM; echo ready; sleep 300 & sleep 300; wait")
         with trio.fail_after(WAIT):
             await wait_until(lambda: proc.stdout_bytes == 6 and len(running_members(proc.pid)) >= 3)
@@ -447,7 +448,7 @@ async def test_pipe_held_outside_the_group_is_abandoned(executor: BashExecutor) 
 
 
 async def test_executor_exit_kills_processes_and_grandchildren(tmp_path: Path) -> None:
-    async with open_bash_executor(spill_dir=str(tmp_path), grace_period=0.5) as ex:
+    async with open_bash_executor(BashRuntimeOptions(spill_dir=str(tmp_path), grace_period=0.5)) as ex:
         proc = await start(ex, "sleep 300 & echo $!; sleep 300 & echo $!; wait")
         simple = await start(ex, "sleep 300")
         with trio.fail_after(WAIT):
@@ -468,7 +469,7 @@ async def test_executor_exit_kills_processes_and_grandchildren(tmp_path: Path) -
 async def test_cancelled_caller_still_tears_down(tmp_path: Path) -> None:
     procs: list[BashProcess] = []
     with trio.CancelScope() as scope:
-        async with open_bash_executor(spill_dir=str(tmp_path), grace_period=0.5) as ex:
+        async with open_bash_executor(BashRuntimeOptions(spill_dir=str(tmp_path), grace_period=0.5)) as ex:
             procs.append(await start(ex, "sleep 300 & sleep 300 & wait"))
             scope.cancel()
             await trio.sleep_forever()
@@ -483,7 +484,7 @@ async def test_body_exception_propagates_unwrapped(tmp_path: Path) -> None:
     procs: list[BashProcess] = []
 
     async def body() -> None:
-        async with open_bash_executor(spill_dir=str(tmp_path), grace_period=0.5) as ex:
+        async with open_bash_executor(BashRuntimeOptions(spill_dir=str(tmp_path), grace_period=0.5)) as ex:
             procs.append(await start(ex, "sleep 300"))
             raise ValueError("from the body")
 
@@ -495,7 +496,7 @@ async def test_body_exception_propagates_unwrapped(tmp_path: Path) -> None:
 
 
 async def test_closed_executor_refuses_work(tmp_path: Path) -> None:
-    async with open_bash_executor(spill_dir=str(tmp_path)) as ex:
+    async with open_bash_executor(BashRuntimeOptions(spill_dir=str(tmp_path))) as ex:
         spec = ex.resolve(BashRequest("true"))
     with pytest.raises(BashError, match=r"the bash executor is closed; cannot start 'true'"):
         await ex.start(spec)
@@ -504,7 +505,7 @@ async def test_closed_executor_refuses_work(tmp_path: Path) -> None:
 
 
 async def test_bad_shell_is_a_bash_error(tmp_path: Path) -> None:
-    async with open_bash_executor(spill_dir=str(tmp_path), shell=str(tmp_path / "nosh")) as ex:
+    async with open_bash_executor(BashRuntimeOptions(spill_dir=str(tmp_path), shell=str(tmp_path / "nosh"))) as ex:
         with pytest.raises(BashError, match=r"could not start '.*nosh' in workdir"):
             await run(ex, "true")
         with pytest.raises(BashError, match=r"could not start"):

@@ -103,7 +103,9 @@ def outside() -> Iterator[Path]:
 @asynccontextmanager
 async def sandboxed(**options: Any) -> AsyncIterator[BashExecutor]:
     policy = options.pop("policy", SandboxPolicy())
-    async with open_bash_executor(sandbox=policy, grace_period=options.pop("grace_period", 0.5), **options) as executor:
+    async with open_bash_executor(
+        BashRuntimeOptions(sandbox=policy, grace_period=options.pop("grace_period", 0.5), **options)
+    ) as executor:
         yield executor
 
 
@@ -150,7 +152,7 @@ async def test_writable_dir_not_workdir_decides_what_is_writable(tmp_path: Path,
         with pytest.raises(BashError, match="cannot make '/' writable"):
             executor.resolve(BashRequest("true", workdir=str(outside), writable_dir="/"))
     with pytest.raises(BashError, match="cannot make '/' writable"):
-        async with open_bash_executor(sandbox=SandboxPolicy(writable=["/"])):
+        async with open_bash_executor(BashRuntimeOptions(sandbox=SandboxPolicy(writable=["/"]))):
             pass
     async with open_bash_executor() as executor:  # without a sandbox it is ignored
         assert executor.resolve(BashRequest("true", writable_dir=str(tmp_path / "missing"))).writable_dir is None
@@ -185,7 +187,7 @@ async def test_extra_writable_and_hidden_paths(tmp_path: Path, outside: Path) ->
         assert "t0ken" not in result.stdout
 
     with pytest.raises(BashError, match="does not exist"):
-        async with open_bash_executor(sandbox=SandboxPolicy(writable=str(outside / "missing"))):
+        async with open_bash_executor(BashRuntimeOptions(sandbox=SandboxPolicy(writable=str(outside / "missing")))):
             pass
 
 
@@ -388,20 +390,21 @@ async def test_background_output_tail_and_spill(tmp_path: Path) -> None:
 
 async def test_a_missing_bwrap_is_a_clear_error_at_open(tmp_path: Path) -> None:
     with pytest.raises(SandboxUnavailableError) as caught:
-        async with open_bash_executor(sandbox=SandboxPolicy(bwrap=str(tmp_path / "no-bwrap"))):
+        async with open_bash_executor(BashRuntimeOptions(sandbox=SandboxPolicy(bwrap=str(tmp_path / "no-bwrap")))):
             raise AssertionError("opened without bwrap")
     message = str(caught.value)
     assert "no-bwrap" in message and "not found" in message
     assert "apt-get install bubblewrap" in message
 
+    missing = BashRuntimeOptions(sandbox=SandboxPolicy(bwrap=str(tmp_path / "no-bwrap")))
     with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap"):
-        async with open_test_harness(bash_options={"sandbox": {"bwrap": str(tmp_path / "no-bwrap")}}):
+        async with open_test_harness(bash_options=missing):
             raise AssertionError("opened without bwrap")
 
 
 async def test_a_bwrap_that_fails_its_probe_is_a_clear_error_at_open() -> None:
     with pytest.raises(SandboxUnavailableError, match=r"does not work here: '/bin/false' exited with 1"):
-        async with open_bash_executor(sandbox=SandboxPolicy(bwrap="/bin/false")):
+        async with open_bash_executor(BashRuntimeOptions(sandbox=SandboxPolicy(bwrap="/bin/false"))):
             raise AssertionError("opened with a failing bwrap")
 
 
@@ -456,7 +459,8 @@ async def test_the_tool_says_it_is_sandboxed_and_writes_only_the_session_directo
 async def test_the_tool_description_names_the_sandbox_only_when_it_is_on() -> None:
     from trio_harness.tools import BashToolPlugin
 
-    async with open_test_harness(builtin_tools=["tasks"], bash_options={"sandbox": {"hidden": ["~/.ssh"]}}) as h:
+    hiding = BashRuntimeOptions(sandbox=SandboxPolicy(hidden=["~/.ssh"]))
+    async with open_test_harness(builtin_tools=["tasks"], bash_options=hiding) as h:
         text = BashToolPlugin(h.bash, h.tasks, h.tools).tool().description
         assert "run in a sandbox" in text and "read-only" in text and "no network access" in text
         assert "~/.ssh" in text

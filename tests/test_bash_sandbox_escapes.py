@@ -166,7 +166,7 @@ async def test_a_hidden_path_moved_or_replaced_on_the_host_refuses_commands(work
     (work / "token").write_text(SECRET)
     (outside / "key").write_text(SECRET)  # outside every writable directory: no command could move it
     policy = SandboxPolicy(hidden=[str(work / "conf" / "secret.env"), str(work / "token"), str(outside / "key")])
-    async with open_bash_executor(sandbox=policy, grace_period=0.5) as executor:
+    async with open_bash_executor(BashRuntimeOptions(sandbox=policy, grace_period=0.5)) as executor:
         assert (await run(executor, f"cat token conf/secret.env {outside}/key", work)).stdout == ""
         (outside / "key").unlink()  # the user removed it: commands go on
         assert (await run(executor, "true", work)).exit_code == 0
@@ -206,11 +206,13 @@ async def test_credentials_in_home_are_hidden_by_default(
     read = (
         "cat ~/.ssh/id_ed25519 ~/.gnupg/private-keys-v1.d/k.key ~/.aws/credentials ~/.config/gcloud/adc.json ~/.netrc"
     )
-    async with open_bash_executor(sandbox=True, grace_period=0.5) as executor:
+    async with open_bash_executor(BashRuntimeOptions(sandbox=True, grace_period=0.5)) as executor:
         hidden = await run(executor, f"{read}; cat ~/.bashrc; head -c 5 /etc/shadow", work)
         assert SECRET not in hidden.stdout and hidden.stdout == "visible"
         assert "Permission denied" in hidden.stderr  # ~/.netrc and /etc/shadow: unreadable files
-    async with open_bash_executor(sandbox=SandboxPolicy(hide_defaults=False), grace_period=0.5) as executor:
+    async with open_bash_executor(
+        BashRuntimeOptions(sandbox=SandboxPolicy(hide_defaults=False), grace_period=0.5)
+    ) as executor:
         shown = await run(executor, read, work)
         assert shown.stdout == SECRET * 5
 
@@ -249,7 +251,7 @@ async def test_git_hooks_and_config_are_read_only(work: Path) -> None:
         " mv .git .git.moved; mv .git/hooks .git/hooks.moved"
     )
     commit = "git -c user.name=a -c user.email=a@b commit -q --allow-empty -m work && git log --format=%s"
-    async with open_bash_executor(sandbox=True, grace_period=0.5) as executor:
+    async with open_bash_executor(BashRuntimeOptions(sandbox=True, grace_period=0.5)) as executor:
         refused = await run(executor, attack, work)
         assert refused.stderr.count("Read-only file system") == 2, refused.stderr
         assert refused.stderr.count("Device or resource busy") == 2, refused.stderr
@@ -258,23 +260,27 @@ async def test_git_hooks_and_config_are_read_only(work: Path) -> None:
         assert (work / ".git").is_dir() and not (work / ".git.moved").exists()
         committed = await run(executor, commit, work)  # the repository still works
         assert (committed.exit_code, committed.stdout) == (0, "work\n"), committed.stderr
-    async with open_bash_executor(sandbox=SandboxPolicy(protect_git=False), grace_period=0.5) as executor:
+    async with open_bash_executor(
+        BashRuntimeOptions(sandbox=SandboxPolicy(protect_git=False), grace_period=0.5)
+    ) as executor:
         allowed = await run(executor, "echo 'exit 0' > .git/hooks/pre-commit", work)
         assert allowed.exit_code == 0 and (work / ".git" / "hooks" / "pre-commit").exists()
 
 
 async def test_tmp_has_a_size_cap(work: Path) -> None:
-    async with open_bash_executor(sandbox=SandboxPolicy(tmp_size=1 << 20), grace_period=0.5) as executor:
+    async with open_bash_executor(
+        BashRuntimeOptions(sandbox=SandboxPolicy(tmp_size=1 << 20), grace_period=0.5)
+    ) as executor:
         full = await run(executor, "head -c 2000000 /dev/zero > /tmp/big", work)
         assert full.exit_code != 0 and "No space left on device" in full.stderr
-    async with open_bash_executor(sandbox=True, grace_period=0.5) as executor:
+    async with open_bash_executor(BashRuntimeOptions(sandbox=True, grace_period=0.5)) as executor:
         size = await run(executor, "df -k --output=size /tmp | tail -1", work)
         assert int(size.stdout) == 1 << 20  # KiB: 1 GiB by default
     with pytest.raises(BashError, match="tmp_size must be a positive integer"):
-        async with open_bash_executor(sandbox=SandboxPolicy(tmp_size=0)):
+        async with open_bash_executor(BashRuntimeOptions(sandbox=SandboxPolicy(tmp_size=0))):
             pass
     with pytest.raises(BashError, match="max_processes must be at least 8"):
-        async with open_bash_executor(sandbox=SandboxPolicy(max_processes=2)):
+        async with open_bash_executor(BashRuntimeOptions(sandbox=SandboxPolicy(max_processes=2))):
             pass
 
 
@@ -316,7 +322,7 @@ async def test_unix_sockets_follow_the_policy(work: Path, outside: Path) -> None
             (SandboxPolicy(unix_sockets=True, hidden=[str(path)]), False),
         ]
         for policy, reachable in cases:
-            async with open_bash_executor(sandbox=policy, grace_period=0.5) as executor:
+            async with open_bash_executor(BashRuntimeOptions(sandbox=policy, grace_period=0.5)) as executor:
                 result = await run(executor, connect, work)
                 assert (result.exit_code == 0, accepted()) == (reachable, int(reachable)), (policy, result)
                 if not reachable and not policy.allows_unix_sockets:
@@ -347,11 +353,15 @@ def _bwrap_without(tmp_path: Path, option: str) -> str:
 @pytest.mark.skipif(not AS_ROOT, reason="only a bwrap run by root keeps capabilities to drop")
 async def test_the_probe_refuses_a_sandbox_that_keeps_capabilities(tmp_path: Path) -> None:
     with pytest.raises(SandboxUnavailableError, match=r"still has capabilities \(CapEff 000001ff"):
-        async with open_bash_executor(sandbox=SandboxPolicy(bwrap=_bwrap_without(tmp_path, "--cap-drop"))):
+        async with open_bash_executor(
+            BashRuntimeOptions(sandbox=SandboxPolicy(bwrap=_bwrap_without(tmp_path, "--cap-drop")))
+        ):
             raise AssertionError("opened a sandbox with capabilities")
 
 
 async def test_the_probe_refuses_a_sandbox_without_its_filter(tmp_path: Path) -> None:
     with pytest.raises(SandboxUnavailableError, match=r"runs without the seccomp filter \(Seccomp 0\)"):
-        async with open_bash_executor(sandbox=SandboxPolicy(bwrap=_bwrap_without(tmp_path, "--seccomp"))):
+        async with open_bash_executor(
+            BashRuntimeOptions(sandbox=SandboxPolicy(bwrap=_bwrap_without(tmp_path, "--seccomp")))
+        ):
             raise AssertionError("opened a sandbox without its filter")

@@ -12,7 +12,7 @@ import trio
 import trio.testing
 from _util import UNASKED_BASH, WAIT, group_alive
 
-from trio_harness import AgentOptions, ScriptedModel
+from trio_harness import AgentOptions, BashRuntimeOptions, BashToolOptions, ScriptedModel, TaskRuntimeOptions
 from trio_harness._errors import TaskNotFoundError
 from trio_harness.bash._executor import BashExecutor, BashProcess
 from trio_harness.bash._records import BashSpec
@@ -61,7 +61,9 @@ async def test_background_disabled_removes_the_parameter_and_refuses_forced_call
         ]
     )
     async with open_test_harness(model, builtin_tools=["tasks"], bash_tool_options=UNASKED_BASH) as h:
-        plugin = BashToolPlugin(h.bash, h.tasks, h.tools, run_in_background=False, requires_approval=False)
+        plugin = BashToolPlugin(
+            h.bash, h.tasks, h.tools, BashToolOptions(run_in_background=False, requires_approval=False)
+        )
         assert "run_in_background" not in plugin.tool().parameters["properties"]
         await h.load(plugin)
         async with h.agents.open() as agent:
@@ -280,7 +282,7 @@ async def test_plugin_reload_keeps_the_task_running_and_private() -> None:
         owner.followup("go")
         with trio.fail_after(WAIT):
             await owner.when_idle()
-        await h.reload(BashToolPlugin(h.bash, h.tasks, h.tools, requires_approval=False))
+        await h.reload(BashToolPlugin(h.bash, h.tasks, h.tools, BashToolOptions(requires_approval=False)))
         await h.unload("task-tools")
         await h.load(TaskToolsPlugin(h.tasks, h.tools))
         snapshot = h.tasks.get("bash-1", owner)
@@ -308,7 +310,7 @@ async def test_kill_sigterm_then_sigkill_for_a_stubborn_group() -> None:
         ]
     )
     async with open_test_harness(
-        model, builtin_tools=True, bash_tool_options=UNASKED_BASH, bash_options={"grace_period": 0.3}
+        model, builtin_tools=True, bash_tool_options=UNASKED_BASH, bash_options=BashRuntimeOptions(grace_period=0.3)
     ) as h:
         agent = (await h.agents.create()).agent
         agent.followup("go")
@@ -379,8 +381,8 @@ async def test_reported_finished_tasks_beyond_the_cap_are_pruned_with_their_spil
         model,
         builtin_tools=["bash"],
         bash_tool_options=UNASKED_BASH,
-        task_options={"finished_cap": 2},
-        bash_options={"spill_dir": str(spill)},
+        task_options=TaskRuntimeOptions(finished_cap=2),
+        bash_options=BashRuntimeOptions(spill_dir=str(spill)),
     ) as h:
         h.tasks.attach_controller("test")  # no notices: tasks stay unreported until read
         all_settled = trio.Event()

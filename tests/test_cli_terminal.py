@@ -21,7 +21,9 @@ from _util import APPROVAL_PROMPT, WAIT, cli_on_a_terminal
 from hypothesis import given
 from hypothesis import strategies as st
 
+from trio_harness import BashRuntimeOptions
 from trio_harness._cli_progress import KEPT_CONTROLS, inert
+from trio_harness.bash import SandboxPolicy
 
 PROMPT = APPROVAL_PROMPT
 # An attacker's command: erases the question line and draws a harmless-looking one.
@@ -245,10 +247,10 @@ def test_sandbox_hide_maps_onto_the_policy_and_is_repeated_in_the_continue_line(
         ["run", "hi", "--sandbox", "--sandbox-hide", "~/.ssh", "--sandbox-hide", "rel/secret"]
     )
     hidden = (os.path.expanduser("~/.ssh"), os.path.abspath("rel/secret"))
-    assert _cli._bash_options(args) == {"sandbox": {"hidden": hidden}}
+    assert _cli._bash_options(args) == BashRuntimeOptions(sandbox=SandboxPolicy(hidden=hidden))
     assert _cli._policy_flags(args) == ["--sandbox", "--sandbox-hide", hidden[0], "--sandbox-hide", hidden[1]]
     acp = _cli.build_parser().parse_args(["acp", "--sandbox", "--sandbox-hide", "/x"])
-    assert _cli._bash_options(acp) == {"sandbox": {"hidden": ("/x",)}}
+    assert _cli._bash_options(acp) == BashRuntimeOptions(sandbox=SandboxPolicy(hidden=("/x",)))
 
 
 async def test_sandbox_hide_hides_the_path_from_a_sandboxed_command(tmp_path: Path) -> None:

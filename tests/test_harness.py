@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import trio
 
 from trio_harness import (
     BashRuntimeOptions,
+    BashToolOptions,
     ScriptedModel,
     SubagentOptions,
     TaskRuntimeOptions,
@@ -113,71 +115,83 @@ async def test_bad_store_and_model_objects_are_refused_clearly() -> None:
 
 
 async def test_settings_records_configure_each_service_and_plugin() -> None:
+    task_tool_options = TaskToolOptions(quiet=True, output_limit_bytes=500)
+    subagent_options = SubagentOptions(max_depth=1, child_tools=["task_list"])
+    bash_tool_options = BashToolOptions(requires_approval=False)
     async with open_harness(
         model=ScriptedModel([]),
         teardown_timeout=7,
         bash_options=BashRuntimeOptions(grace_period=0.5, max_timeout=60.0),
         task_options=TaskRuntimeOptions(finished_cap=4),
-        task_tool_options=TaskToolOptions(quiet=True, output_limit_bytes=500),
-        subagent_options=SubagentOptions(max_depth=1, child_tools=["task_list"]),
+        task_tool_options=task_tool_options,
+        subagent_options=subagent_options,
+        bash_tool_options=bash_tool_options,
     ) as h:
         assert (h.bash.grace_period, h.bash.max_timeout, h.bash.tail_bytes) == (0.5, 60.0, 64 * 1024)
         assert (h.tasks.finished_cap, h.tasks.teardown_timeout) == (4, 7)  # None: the harness's timeout
         plugins = {name: loaded.plugin for name, loaded in h.plugins_scope.plugins.items()}
-        task_tools, subagent = plugins["task-tools"], plugins["subagent"]
+        task_tools, subagent, bash = plugins["task-tools"], plugins["subagent"], plugins["bash"]
         assert isinstance(task_tools, TaskToolsPlugin) and isinstance(subagent, SubagentToolPlugin)
-        assert (task_tools.quiet, task_tools.output_limit_bytes, task_tools.wake_budget) == (True, 500, 3)
-        assert (subagent.max_depth, subagent.child_tools, subagent.tasks) == (1, ["task_list"], h.tasks)
-        assert isinstance(plugins["bash"], BashToolPlugin) and plugins["bash"].bash is h.bash
+        assert isinstance(bash, BashToolPlugin) and bash.bash is h.bash
+        # Each record is handed on whole: one source of truth per setting.
+        assert task_tools.options is task_tool_options and subagent.options is subagent_options
+        assert bash.options is bash_tool_options and subagent.tasks is h.tasks
     async with open_harness(builtin_tools=False, task_options=TaskRuntimeOptions(teardown_timeout=2.5)) as h:
         assert h.tasks.teardown_timeout == 2.5
 
 
-async def test_settings_given_as_dicts_are_converted() -> None:
-    async with open_harness(bash_options={"grace_period": 0.25}, task_options={"per_owner_cap": 2}) as h:
-        assert (h.bash.grace_period, h.tasks.per_owner_cap) == (0.25, 2)
+RECORDS = [
+    ("bash_options", BashRuntimeOptions),
+    ("task_options", TaskRuntimeOptions),
+    ("task_tool_options", TaskToolOptions),
+    ("subagent_options", SubagentOptions),
+    ("bash_tool_options", BashToolOptions),
+]
+
+
+@pytest.mark.parametrize(("parameter", "kind"), RECORDS)
+async def test_a_settings_dict_is_refused_naming_its_record_before_anything_opens(
+    parameter: str, kind: type[Any], tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    field = attrs.fields(kind)[0]
+    for wrong in ({field.name: field.default}, [field.name]):
+        given: dict[str, Any] = {parameter: wrong}
+        named = rf"{parameter} must be a {kind.__name__} record \({parameter}={kind.__name__}\(\.\.\.\)\), got"
+        with pytest.raises(TypeError, match=named):
+            async with open_harness(store=store, **given):
+                pass  # pragma: no cover
+        assert not store.exists()  # refused before the store was even checked
 
 
 @pytest.mark.parametrize(
-    ("parameter", "kind"),
+    ("open_runtime", "kind"), [(open_bash_executor, BashRuntimeOptions), (open_task_service, TaskRuntimeOptions)]
+)
+async def test_a_runtime_takes_its_settings_record_and_refuses_a_dict(
+    open_runtime: Callable[..., AbstractAsyncContextManager[object]], kind: type[Any]
+) -> None:
+    parameters = inspect.signature(open_runtime).parameters.values()
+    assert [p.name for p in parameters if p.kind is not p.KEYWORD_ONLY] == ["options"]
+    with pytest.raises(TypeError, match=rf"options must be a {kind.__name__}, got dict"):
+        async with open_runtime({}):
+            pass  # pragma: no cover
+
+
+_UNSET: Any = None  # the services a plugin is given are not settings
+
+
+@pytest.mark.parametrize(
+    ("make", "kind"),
     [
-        ("bash_options", "BashRuntimeOptions"),
-        ("task_options", "TaskRuntimeOptions"),
-        ("task_tool_options", "TaskToolOptions"),
-        ("subagent_options", "SubagentOptions"),
+        (lambda options: TaskToolsPlugin(_UNSET, ToolSet(), options), TaskToolOptions),
+        (lambda options: SubagentToolPlugin(_UNSET, ToolSet(), options), SubagentOptions),
+        (lambda options: BashToolPlugin(_UNSET, _UNSET, ToolSet(), options), BashToolOptions),
     ],
 )
-async def test_an_unknown_setting_is_refused_by_name_before_anything_opens(
-    parameter: str, kind: str, tmp_path: Path
+def test_a_tool_plugin_takes_its_settings_record_and_refuses_a_dict(
+    make: Callable[[Any], Any], kind: type[Any]
 ) -> None:
-    store = tmp_path / "store"
-    unknown: dict[str, Any] = {parameter: {"colour": "blue"}}
-    with pytest.raises(TypeError, match=rf"{parameter} has unknown option 'colour'; {kind} takes \w+"):
-        async with open_harness(store=store, **unknown):
-            pass  # pragma: no cover
-    assert not store.exists()  # refused before the store was even checked
-    wrong: dict[str, Any] = {parameter: ["grace_period"]}
-    with pytest.raises(TypeError, match=rf"{parameter} must be a {kind} \(or a dict of its fields\), got list"):
-        async with open_harness(**wrong):
-            pass  # pragma: no cover
-
-
-def _defaults(fn: Callable[..., object], skip: tuple[str, ...] = ()) -> dict[str, object]:
-    parameters = inspect.signature(fn).parameters.values()
-    return {p.name: p.default for p in parameters if p.kind is p.KEYWORD_ONLY and p.name not in skip}
-
-
-def test_settings_records_match_what_they_configure() -> None:
-    """Each record has the fields and defaults of the function or plugin it configures (no drift)."""
-    # session_root is the harness's to pass (its store's root), not a setting.
-    assert attrs.asdict(BashRuntimeOptions(), recurse=False) == _defaults(open_bash_executor, skip=("session_root",))
-    assert attrs.asdict(TaskRuntimeOptions()) == {**_defaults(open_task_service), "teardown_timeout": None}
-    unset: Any = None  # the services are not settings
-    plugins = (
-        (TaskToolOptions(), TaskToolsPlugin(unset, ToolSet())),
-        (SubagentOptions(), SubagentToolPlugin(unset, ToolSet())),
-    )
-    for record, plugin in plugins:
-        settings = attrs.asdict(plugin, recurse=False)
-        del settings["tasks"], settings["tools"]
-        assert attrs.asdict(record, recurse=False) == settings
+    record = kind()
+    assert make(record).options is record
+    with pytest.raises(TypeError, match=kind.__name__):
+        make({})

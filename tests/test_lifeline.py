@@ -32,7 +32,7 @@ from _acp_clients import open_server
 from _util import WAIT, group_alive, read_line
 
 from trio_harness import BashError, _lifeline
-from trio_harness.bash import BashRequest, SandboxUnavailableError, open_bash_executor
+from trio_harness.bash import BashRequest, BashRuntimeOptions, SandboxUnavailableError, open_bash_executor
 
 SERVERS = Path(__file__).resolve().parent / "mcp_servers"
 # What the issue asks: everything gone within 2 s of the harness dying.
@@ -183,7 +183,7 @@ LIBRARY_PROGRAM = """
 import signal
 import sys
 import trio
-from trio_harness import BashToolOptions, McpStdioServer, ScriptedModel, open_harness
+from trio_harness import BashRuntimeOptions, BashToolOptions, McpStdioServer, ScriptedModel, open_harness
 
 signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
 
@@ -194,7 +194,7 @@ async def main():
     mcp = McpStdioServer(name="calc", command=sys.executable, args=(server, "--record", record, "--child"))
     async with open_harness(
         model=model,
-        bash_options={"sandbox": sandbox},
+        bash_options=BashRuntimeOptions(sandbox=sandbox),
         bash_tool_options=BashToolOptions(requires_approval=False),
         mcp_servers=[] if sandbox else [mcp],
     ) as harness, harness.agents.open() as agent:
@@ -234,7 +234,7 @@ async def test_a_library_harness_killed_leaves_no_process_behind(tmp_path: Path,
 
 async def bwrap_works(tmp_path: Path) -> bool:
     try:
-        async with open_bash_executor(sandbox=True):
+        async with open_bash_executor(BashRuntimeOptions(sandbox=True)):
             return True
     except SandboxUnavailableError:
         return False

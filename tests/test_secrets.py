@@ -16,7 +16,7 @@ import trio
 from _acp_clients import open_server as open_acp_server
 from _util import WAIT
 
-from trio_harness import BashError, BashRuntimeOptions, BashToolOptions, McpStdioServer, ScriptedModel, open_harness
+from trio_harness import BashRuntimeOptions, BashToolOptions, McpStdioServer, ScriptedModel, open_harness
 from trio_harness.bash import DEFAULT_ENV_DENY, BashRequest, EnvPolicy, open_bash_executor
 from trio_harness.session import _events as ev
 
@@ -117,16 +117,15 @@ async def test_an_explicit_request_env_is_passed_as_given(tmp_path: Path, secret
 
 
 async def test_a_policy_as_a_dict_and_bad_policies(tmp_path: Path, secret_env: None) -> None:
-    async with open_bash_executor(env_policy={"deny": ["TRIO_TEST_*"]}) as bash:
+    async with open_bash_executor(BashRuntimeOptions(env_policy={"deny": ["TRIO_TEST_*"]})) as bash:
         result = await bash.run(bash.resolve(BashRequest(command="env", workdir=str(tmp_path))))
     assert "TRIO_TEST_PLAIN" not in result.stdout
     assert "FOO_TOKEN=tok-2222secret" in result.stdout  # the dict replaced the default deny list
-    with pytest.raises(BashError, match=r"EnvPolicy.deny: '' is not a variable name pattern"):
-        async with open_bash_executor(env_policy={"deny": [""]}):
-            pass
-    with pytest.raises(BashError, match=r"EnvPolicy.allow must be a sequence of name patterns"):
-        async with open_bash_executor(env_policy={"allow": "FOO_TOKEN"}):
-            pass
+    # The record checks its policy when it is made (the executor takes the record whole).
+    with pytest.raises(ValueError, match=r"EnvPolicy.deny: '' is not a variable name pattern"):
+        BashRuntimeOptions(env_policy={"deny": [""]})
+    with pytest.raises(TypeError, match=r"EnvPolicy.allow must be a sequence of name patterns"):
+        BashRuntimeOptions(env_policy={"allow": "FOO_TOKEN"})
     with pytest.raises(TypeError, match="env_policy must be an EnvPolicy"):
         BashRuntimeOptions(env_policy=42)  # type: ignore[arg-type]
 

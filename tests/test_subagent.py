@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from trio_harness import Agent, AgentOptions, ScriptedModel
+from trio_harness import Agent, AgentOptions, ScriptedModel, SubagentOptions, TaskToolOptions
 from trio_harness._harness import Harness
 from trio_harness.agents import ReactAgent
 from trio_harness.model import UserMessage
@@ -68,7 +68,7 @@ async def test_depth_limit() -> None:
     call = {"tool_calls": [{"name": "subagent", "arguments": {"prompt": "deeper", "run_in_background": False}}]}
     model = ScriptedModel([call, call, {"text": "bottom"}, {"text": "mid"}, {"text": "top"}])
     async with open_test_harness(model, builtin_tools=False) as h:
-        await h.load(SubagentToolPlugin(h.tasks, h.tools, max_depth=1))
+        await h.load(SubagentToolPlugin(h.tasks, h.tools, SubagentOptions(max_depth=1)))
         depths: list[int] = []
         h.bus.on("agent/created", lambda n: depths.append(subagent_depth(h.agents, n.subject.id)))
         async with h.agents.open() as agent:
@@ -91,7 +91,7 @@ async def test_child_tool_set_can_be_filtered() -> None:
         ]
     )
     async with open_test_harness(model, builtin_tools=["tasks"]) as h:
-        await h.load(SubagentToolPlugin(h.tasks, h.tools, child_tools=["task_list"]))
+        await h.load(SubagentToolPlugin(h.tasks, h.tools, SubagentOptions(child_tools=["task_list"])))
         async with h.agents.open() as agent:
             agent.followup("go")
             await agent.when_idle()
@@ -116,7 +116,7 @@ async def test_background_subagent_task_and_kill_cancels_the_child(autojump_cloc
         ]
     )
     child_model = ScriptedModel([{"hang": True}])
-    options = {"child_options": AgentOptions(model=child_model)}
+    options = SubagentOptions(child_options=AgentOptions(model=child_model))
     async with open_test_harness(model, builtin_tools=["tasks", "subagent"], subagent_options=options) as h:
         seen = created(h)
         async with h.agents.open() as agent:
@@ -147,8 +147,8 @@ async def test_background_subagent_completion_is_readable(autojump_clock: trio.t
     async with open_test_harness(
         model,
         builtin_tools=["tasks", "subagent"],
-        task_tool_options={"quiet": True},
-        subagent_options={"child_options": AgentOptions(model=child_model)},
+        task_tool_options=TaskToolOptions(quiet=True),
+        subagent_options=SubagentOptions(child_options=AgentOptions(model=child_model)),
     ) as h:
         async with h.agents.open() as agent:
             agent.followup("go")
@@ -173,8 +173,8 @@ async def test_kill_of_a_background_child_that_already_answered(autojump_clock: 
     async with open_test_harness(
         model,
         builtin_tools=["tasks", "subagent"],
-        task_tool_options={"quiet": True},
-        subagent_options={"child_options": AgentOptions(model=child_model)},
+        task_tool_options=TaskToolOptions(quiet=True),
+        subagent_options=SubagentOptions(child_options=AgentOptions(model=child_model)),
     ) as h:
         async with h.agents.open() as agent:
             agent.followup("go")
@@ -193,7 +193,7 @@ async def test_parent_disposal_disposes_a_background_child(autojump_clock: trio.
             {"text": "ok"},
         ]
     )
-    options = {"child_options": AgentOptions(model=ScriptedModel([{"hang": True}]))}
+    options = SubagentOptions(child_options=AgentOptions(model=ScriptedModel([{"hang": True}])))
     async with open_test_harness(model, builtin_tools=["tasks", "subagent"], subagent_options=options) as h:
         handle = await h.agents.create(options=AgentOptions())
         handle.agent.followup("go")
@@ -222,7 +222,7 @@ async def test_parent_disposed_while_a_background_child_is_being_created(
             {"text": "ok"},
         ]
     )
-    options = {"child_options": AgentOptions(model=ScriptedModel([{"hang": True}]))}
+    options = SubagentOptions(child_options=AgentOptions(model=ScriptedModel([{"hang": True}])))
     async with open_test_harness(model, builtin_tools=["tasks", "subagent"], subagent_options=options) as h:
         handle = await h.agents.create()
         handle.agent.followup("go")
@@ -243,7 +243,7 @@ async def test_parent_disposal_of_a_running_background_child_is_clean(
             {"text": "ok"},
         ]
     )
-    options = {"child_options": AgentOptions(model=ScriptedModel([{"hang": True}]))}
+    options = SubagentOptions(child_options=AgentOptions(model=ScriptedModel([{"hang": True}])))
     async with open_test_harness(model, builtin_tools=["tasks", "subagent"], subagent_options=options) as h:
         seen: list[Any] = []
         h.tasks.on_task_done(seen.append)
@@ -263,7 +263,7 @@ async def test_stopping_the_parent_stops_a_foreground_child_with_cause_parent(
     model = ScriptedModel(
         [{"tool_calls": [{"name": "subagent", "arguments": {"prompt": "forever", "run_in_background": False}}]}]
     )
-    options = {"child_options": AgentOptions(model=ScriptedModel([{"hang": True}]))}
+    options = SubagentOptions(child_options=AgentOptions(model=ScriptedModel([{"hang": True}])))
     async with open_test_harness(model, builtin_tools=["subagent"], subagent_options=options) as h:
         seen = created(h)
         requested: list[tuple[str, str]] = []

@@ -16,7 +16,7 @@ from _fakes import FakeOwner, FakeProducer, make_owner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trio_harness import ScriptedModel
+from trio_harness import ScriptedModel, TaskToolOptions
 from trio_harness._errors import TaskStartError
 from trio_harness._scope import Scope, open_scope
 from trio_harness.agents._tools import ToolContext, ToolOutput, ToolSet
@@ -76,7 +76,7 @@ async def toolset() -> ToolSet:
 
 
 async def load(root: Scope, tasks: TaskService, toolset: ToolSet, **options: Any) -> TaskToolsPlugin:
-    plugin = TaskToolsPlugin(tasks, toolset, **options)
+    plugin = TaskToolsPlugin(tasks, toolset, TaskToolOptions(**options))
     await root.load(plugin)
     return plugin
 
@@ -116,11 +116,11 @@ async def test_three_tools_with_their_schemas(tasks: TaskService) -> None:
 def test_tool_options_are_validated() -> None:
     service = cast(TaskService, object())
     with pytest.raises(ValueError, match="wait"):
-        task_tools(service, default_wait=-1)
+        task_tools(service, TaskToolOptions(default_wait=-1))
     with pytest.raises(ValueError, match="output_limit_bytes"):
-        task_tools(service, output_limit_bytes=0)
+        task_tools(service, TaskToolOptions(output_limit_bytes=0))
     with pytest.raises(ValueError, match="output_limit_bytes"):
-        TaskToolsPlugin(service, ToolSet(), output_limit_bytes=-3)
+        TaskToolsPlugin(service, ToolSet(), TaskToolOptions(output_limit_bytes=-3))
 
 
 async def test_plugin_registers_tools_guidance_and_controller(
@@ -296,7 +296,9 @@ async def test_task_list_with_unicode_labels_respects_the_byte_limit(autojump_cl
 
     model = ScriptedModel([{"tool_calls": [{"name": "task_list", "arguments": {}}]}, {"text": "ok"}])
     async with (
-        open_test_harness(model, builtin_tools=["tasks"], task_tool_options={"output_limit_bytes": 61}) as h,
+        open_test_harness(
+            model, builtin_tools=["tasks"], task_tool_options=TaskToolOptions(output_limit_bytes=61)
+        ) as h,
         h.agents.open() as agent,
     ):
         for label in ("☃☃☃☃☃ 日本語のラベル", "🎉" * 20, "a\nb\u2028c\ud800"):
@@ -668,7 +670,9 @@ async def test_every_task_tool_result_stays_within_a_tiny_limit_through_the_driv
     ]
     model = ScriptedModel([{"tool_calls": [call]} for call in calls] + [{"text": "done"}])
     async with (
-        open_test_harness(model, builtin_tools=["tasks"], task_tool_options={"output_limit_bytes": limit}) as h,
+        open_test_harness(
+            model, builtin_tools=["tasks"], task_tool_options=TaskToolOptions(output_limit_bytes=limit)
+        ) as h,
         h.agents.open() as agent,
     ):
         producer = FakeProducer()
@@ -694,7 +698,7 @@ async def test_an_unlimited_plugin_words_argument_errors_as_the_driver_does(
     assert tool is not None
     with pytest.raises(ValueError, match=r"^arguments for tool 'task_kill' do not match its schema"):
         tool.validate("{}")
-    limited = task_tools(tasks, output_limit_bytes=10_000)[2]
+    limited = task_tools(tasks, TaskToolOptions(output_limit_bytes=10_000))[2]
     ctx = ToolContext(agent=cast(Any, None), agents=cast(Any, None), call_id="c", turn=1, step=1)
     result = await limited.handler(ctx, limited.validate("{}"))
     assert isinstance(result, ToolOutput) and result.is_error

@@ -19,6 +19,7 @@ from trio_harness._scope import Scope, open_scope
 from trio_harness.tasks import (
     TaskHooks,
     TaskOutcome,
+    TaskRuntimeOptions,
     TaskService,
     TaskSnapshot,
     TaskSpec,
@@ -148,7 +149,7 @@ async def test_no_controller_fence(tasks: TaskService) -> None:
 
 
 async def test_cap_counts_running_and_stopping(root: Scope) -> None:
-    async with open_task_service(per_owner_cap=2) as tasks:
+    async with open_task_service(TaskRuntimeOptions(per_owner_cap=2)) as tasks:
         tasks.attach_controller("test")
         owner = await make_owner(root)
         slow = FakeProducer(settle_on_cancel=False)
@@ -173,7 +174,7 @@ async def test_cap_counts_running_and_stopping(root: Scope) -> None:
 
 
 async def test_cap_counts_starts_in_progress(root: Scope) -> None:
-    async with open_task_service(per_owner_cap=1) as tasks:
+    async with open_task_service(TaskRuntimeOptions(per_owner_cap=1)) as tasks:
         tasks.attach_controller("test")
         owner = await make_owner(root)
         gate = trio.Event()
@@ -883,7 +884,7 @@ async def test_service_exit_gives_up_tasks_that_do_not_stop_within_its_teardown_
 ) -> None:
     never = FakeProducer(settle_on_cancel=False)
     seen: list[TaskSnapshot] = []
-    async with open_task_service(teardown_timeout=7) as tasks:
+    async with open_task_service(TaskRuntimeOptions(teardown_timeout=7)) as tasks:
         tasks.attach_controller("test")
         tasks.on_task_done(seen.append)
         await tasks.start(spec(never))
@@ -903,7 +904,7 @@ async def test_open_task_service_validates_its_options(bad: object) -> None:
             continue
         options: dict[str, Any] = {option: bad}
         with pytest.raises(ValueError, match=option):
-            async with open_task_service(**options):
+            async with open_task_service(TaskRuntimeOptions(**options)):
                 pass  # pragma: no cover
 
 
@@ -943,7 +944,7 @@ async def test_harness_teardown_timeout_bounds_an_agents_disposal_and_reports_th
 
 async def test_reported_finished_tasks_beyond_the_cap_are_forgotten_oldest_collected_first(root: Scope) -> None:
     released: list[int] = []
-    async with open_task_service(finished_cap=2) as tasks:
+    async with open_task_service(TaskRuntimeOptions(finished_cap=2)) as tasks:
         tasks.attach_controller("test")
         owner = await make_owner(root)
         producers = [FakeProducer() for _ in range(8)]

@@ -6,10 +6,13 @@ running; background tasks (bash, subagents); real model providers; and an
 Agent Client Protocol bridge.  Start with :func:`open_harness`.
 """
 
+from typing import TYPE_CHECKING
+
 from . import events as events
 from ._bus import EventBus as EventBus
 from ._bus import Notice as Notice
 from ._bus import NoticeSubject as NoticeSubject
+from ._deprecate import renamed as _renamed
 from ._errors import AgentDisposedError as AgentDisposedError
 from ._errors import AgentError as AgentError
 from ._errors import AgentExistsError as AgentExistsError
@@ -87,6 +90,18 @@ from .tools import SubagentOptions as SubagentOptions
 from .tools import TaskToolOptions as TaskToolOptions
 from .tools import connect_mcp as connect_mcp
 from .tools import load_mcp_config as load_mcp_config
+
+if not TYPE_CHECKING:  # old names, kept for one release (docs/sessions.rst, "Renamed in this release")
+    __getattr__ = _renamed(
+        __name__,
+        {
+            "BashOptions": ("trio_harness.BashRuntimeOptions", BashRuntimeOptions),
+            "TaskOptions": ("trio_harness.TaskRuntimeOptions", TaskRuntimeOptions),
+            "MemoryPersistence": ("trio_harness.MemoryStore", MemoryStore),
+            "JsonlPersistence": ("trio_harness.JsonlStore", JsonlStore),
+        },
+    )
+del TYPE_CHECKING, _renamed  # end of old names
 
 _publish_exceptions(__name__, globals())  # trio_harness.X in tracebacks, not the private module
 del _publish_exceptions

@@ -67,7 +67,8 @@ from ._errors import (
     SessionNotFoundError,
     SessionStoreError,
 )
-from .bash._sandbox import SandboxUnavailableError
+from .bash._options import BashRuntimeOptions
+from .bash._sandbox import SandboxPolicy, SandboxUnavailableError
 
 if TYPE_CHECKING:
     from ._cli_progress import Printer
@@ -379,13 +380,13 @@ async def _with_model(spec: str, main: Callable[[ModelProvider], Awaitable[int]]
         return await main(provider)
 
 
-def _bash_options(args: argparse.Namespace) -> dict[str, Any]:
+def _bash_options(args: argparse.Namespace) -> BashRuntimeOptions:
     """The executor settings the flags ask for (``--sandbox``, ``--sandbox-hide``)."""
     if not args.sandbox:
-        return {}
+        return BashRuntimeOptions()
     if args.sandbox_hide:
-        return {"sandbox": {"hidden": tuple(args.sandbox_hide)}}
-    return {"sandbox": True}
+        return BashRuntimeOptions(sandbox=SandboxPolicy(hidden=tuple(args.sandbox_hide)))
+    return BashRuntimeOptions(sandbox=SandboxPolicy())
 
 
 def _sandbox_hide_without_sandbox(args: argparse.Namespace) -> bool:

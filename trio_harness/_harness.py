@@ -4,7 +4,7 @@
 order they depend on each other::
 
     harness (root scope)
-      sessions   the session store (flushes and detaches what is left, last)
+      sessions   the session registry (flushes and detaches what is left, last)
       bash       the bash executor (kills every process group it started)
       tasks      the task service (cancels and awaits every live task)
       plugins    tool plugins (task tools, bash, subagent, yours)
@@ -14,11 +14,11 @@ order they depend on each other::
 Child scopes close newest first, so on exit every agent is disposed first
 (its turn closed, its owned tasks stopped, its session flushed), then the
 MCP servers stop, then the plugins unload, then unowned tasks stop, then processes are killed, and the
-session store closes last.
+session registry closes last (then the store's own service, if it has one).
 
-Each service is given the few services it uses (the registry the store and
-the bus; the agent factory the bus, the shared tool set, the registry and the
-default model; each tool plugin its services), never the :class:`Harness`:
+Each service is given the few services it uses (the agent registry the
+session registry and the bus; the agent factory the bus, the shared tool set,
+the agent registry and the default model; each tool plugin its services), never the :class:`Harness`:
 the harness is the top of the stack, built once every service is open
 (docs/architecture.rst, "Layers").
 """
@@ -28,10 +28,10 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import attrs
 
@@ -61,26 +61,20 @@ from .tools._tasks import TaskToolOptions, TaskToolsPlugin
 _O = TypeVar("_O", BashRuntimeOptions, TaskRuntimeOptions, TaskToolOptions, SubagentOptions, BashToolOptions)
 
 
-def _option_record(kind: type[_O], value: _O | Mapping[str, Any] | None, parameter: str) -> _O:
-    """``value`` as a ``kind`` record; a mapping (the older form) is converted, its keys checked."""
+def _option_record(kind: type[_O], value: _O | None, parameter: str) -> _O:
+    """``value`` (a ``kind`` record, or None for the defaults), or a TypeError naming ``kind``."""
     if value is None:
         return kind()
-    if isinstance(value, kind):
-        return value
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{parameter} must be a {kind.__name__} (or a dict of its fields), got {type(value).__name__}")
-    known = [field.name for field in attrs.fields(kind)]
-    unknown = sorted(str(key) for key in value if key not in known)
-    if unknown:
+    if not isinstance(value, kind):
         raise TypeError(
-            f"{parameter} has unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-            f"{kind.__name__} takes {', '.join(known)}"
+            f"{parameter} must be a {kind.__name__} record ({parameter}={kind.__name__}(...)), "
+            f"got {type(value).__name__}"
         )
-    return kind(**value)
+    return value
 
 
 def resolve_store(store: SessionStore | str | os.PathLike[str]) -> SessionStore:
-    """Turn ``":memory:"``, a directory path, a ``postgresql://`` URL or a persistence object into a provider.
+    """Turn ``":memory:"``, a directory path, a ``postgresql://`` URL or a store object into a store.
 
     Raises:
         SessionStoreError: a ``postgresql://`` URL that cannot be parsed, or
@@ -102,8 +96,7 @@ def resolve_store(store: SessionStore | str | os.PathLike[str]) -> SessionStore:
     ]
     if missing:
         raise TypeError(
-            f"store must be ':memory:', a directory path or a session persistence provider; "
-            f"{store!r} has no {', '.join(missing)}"
+            f"store must be ':memory:', a directory path or a session store; {store!r} has no {', '.join(missing)}"
         )
     return store
 
@@ -147,7 +140,7 @@ class Harness(metaclass=NoPublicConstructor, public_way="open_harness()"):
     Attributes:
         scope: the root scope.
         bus: live notifications (``session/*``, ``agent/*``, ``task/*``).
-        sessions: the session store service.
+        sessions: the session registry (the live sessions, over the store).
         agents: the agent registry service.
         tasks: the background task service.
         bash: the bash executor service.
@@ -198,29 +191,29 @@ async def open_harness(
     builtin_tools: bool | Sequence[str] = True,
     clock: Callable[[], float] = time.time,
     teardown_timeout: float = DEFAULT_TEARDOWN_TIMEOUT,
-    bash_options: BashRuntimeOptions | Mapping[str, Any] | None = None,
-    task_options: TaskRuntimeOptions | Mapping[str, Any] | None = None,
-    task_tool_options: TaskToolOptions | Mapping[str, Any] | None = None,
-    subagent_options: SubagentOptions | Mapping[str, Any] | None = None,
+    bash_options: BashRuntimeOptions | None = None,
+    task_options: TaskRuntimeOptions | None = None,
+    task_tool_options: TaskToolOptions | None = None,
+    subagent_options: SubagentOptions | None = None,
     approver: Approver | None = None,
-    bash_tool_options: BashToolOptions | Mapping[str, Any] | None = None,
+    bash_tool_options: BashToolOptions | None = None,
     mcp_servers: Sequence[McpServerConfig] = (),
     model_settings: ModelSettings | None = None,
     builtin_loop: bool = True,
 ) -> AsyncIterator[Harness]:
     """Open a harness; every service stops (in reverse order) when the block exits.
 
-    The four settings arguments take their record (``bash_options=BashRuntimeOptions(...)``)
-    or, as before the records existed, a dict of the record's fields; a dict is
-    converted here, and an unknown key raises :exc:`TypeError` naming it.
+    The five settings arguments each take their record whole
+    (``bash_options=BashRuntimeOptions(grace_period=0.5)``), or None for its defaults.
 
     Args:
         model: the default model: a provider object or a spec string
             (``scripted:PATH``, ``deepseek:MODEL``, ``openai:MODEL@BASE_URL``).
         store: ``":memory:"``, a directory for the JSONL store, a
-            ``postgresql://`` URL for the PostgreSQL store, or a provider;
-            checked at once (:exc:`SessionStoreError` when it cannot be
-            written).  A provider with a service of its own
+            ``postgresql://`` URL for the PostgreSQL store, or a
+            :class:`~trio_harness.session.SessionStore`; checked at once
+            (:exc:`SessionStoreError` when it cannot be written).  A store
+            with a service of its own
             (:class:`~trio_harness.session.PostgresStore`) is opened
             before the services start and closed after the sessions are
             detached.
@@ -264,7 +257,7 @@ async def open_harness(
             registered, creating an agent raises :exc:`~trio_harness.FactoryError`.
 
     Raises:
-        TypeError: a settings argument has an unknown key or the wrong type.
+        TypeError: a settings argument is not its record.
         McpConfigError: two MCP servers have the same name.
         McpStartError: an MCP server could not be started (the message names
             it and why); every service was stopped again.
@@ -315,13 +308,12 @@ async def open_harness(
         env_policy = bash_settings.env_policy.hiding([key_env] if isinstance(key_env, str) and key_env else [])
         # The sandbox hides the store's root: other sessions' transcripts (docs/sandbox.rst).
         store_root = persistence.root if isinstance(persistence, JsonlStore) else None
-        bash_kwargs = attrs.asdict(bash_settings, recurse=False) | {"env_policy": env_policy}
-        bash = await bash_scope.enter_async_context(open_bash_executor(**bash_kwargs, session_root=store_root))
+        bash_settings = attrs.evolve(bash_settings, env_policy=env_policy)
+        bash = await bash_scope.enter_async_context(open_bash_executor(bash_settings, session_root=store_root))
         tasks_scope = await root.open_child("tasks")
-        task_kwargs = attrs.asdict(task_settings, recurse=False)
-        if task_kwargs["teardown_timeout"] is None:
-            task_kwargs["teardown_timeout"] = teardown_timeout
-        tasks = await tasks_scope.enter_async_context(open_task_service(**task_kwargs))
+        if task_settings.teardown_timeout is None:
+            task_settings = attrs.evolve(task_settings, teardown_timeout=teardown_timeout)
+        tasks = await tasks_scope.enter_async_context(open_task_service(task_settings))
         tasks.on_task_done(lambda snapshot: bus.emit("task/done", snapshot), scope=tasks_scope)
         plugins_scope = await root.open_child("plugins")
         # Opened (when there are servers) before the agents' scope, so it closes after
@@ -347,11 +339,11 @@ async def open_harness(
         )
 
         if "tasks" in wanted:
-            await harness.load(TaskToolsPlugin(tasks, tools, **attrs.asdict(task_tool_settings, recurse=False)))
+            await harness.load(TaskToolsPlugin(tasks, tools, task_tool_settings))
         if "bash" in wanted:
-            await harness.load(BashToolPlugin(bash, tasks, tools, **attrs.asdict(bash_tool_settings, recurse=False)))
+            await harness.load(BashToolPlugin(bash, tasks, tools, bash_tool_settings))
         if "subagent" in wanted:
-            await harness.load(SubagentToolPlugin(tasks, tools, **attrs.asdict(subagent_settings, recurse=False)))
+            await harness.load(SubagentToolPlugin(tasks, tools, subagent_settings))
         if mcp_scope is not None:
             servers = with_env_policy(servers, env_policy)
             harness._mcp_connections.extend(await connect_mcp_servers(mcp_scope, tools, servers, bus=bus))

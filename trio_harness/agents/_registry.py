@@ -8,7 +8,7 @@ Create and resume share one atomic publication pipeline (docs/lifecycle.rst,
    and driver, with the teardown chain registered first so it unwinds last;
 3. ``await setup(agent)`` while both registries still return nothing;
 4. run setup's synchronous ``commit()`` (the last failable step);
-5. enter the session store, then the agent registry (same-id arbitration);
+5. enter the session registry, then the agent registry (same-id arbitration);
 6. announce ``session/created``, ``agent/created``, ``agent/session-start``;
 7. return the :class:`AgentHandle`.
 
@@ -239,7 +239,7 @@ class AgentHandle(metaclass=NoPublicConstructor, public_way="harness.agents.crea
 class AgentRegistry:
     """Live agents of a harness and the create / resume pipeline.
 
-    It uses two services: the session store (sessions are prepared, entered
+    It uses two services: the session registry (sessions are prepared, entered
     and detached there) and the bus (``agent/*`` notices).  Agents are built
     by the factory registered with :meth:`register_factory`.
     """

@@ -3,6 +3,9 @@
 The ``bash`` tool that models call lives one layer up, in :mod:`trio_harness.tools`.
 """
 
+from typing import TYPE_CHECKING
+
+from .._deprecate import renamed as _renamed
 from .._errors import BashError as BashError
 from .._errors import publish_exceptions as _publish_exceptions
 from ._env import DEFAULT_ENV_DENY as DEFAULT_ENV_DENY
@@ -18,6 +21,10 @@ from ._records import BashSpec as BashSpec
 from ._records import ExitFacts as ExitFacts
 from ._sandbox import SandboxPolicy as SandboxPolicy
 from ._sandbox import SandboxUnavailableError as SandboxUnavailableError
+
+if not TYPE_CHECKING:  # old names, kept for one release (docs/sessions.rst, "Renamed in this release")
+    __getattr__ = _renamed(__name__, {"BashOptions": ("trio_harness.bash.BashRuntimeOptions", BashRuntimeOptions)})
+del TYPE_CHECKING, _renamed  # end of old names
 
 _publish_exceptions(__name__, globals())  # trio_harness.X in tracebacks, not the private module
 del _publish_exceptions

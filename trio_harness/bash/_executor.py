@@ -38,13 +38,13 @@ import os
 import tempfile
 import types
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, Final
 
 import attrs
 import trio
 
 from .._errors import BashError
-from ._env import EnvPolicy, to_env_policy
+from ._env import EnvPolicy
+from ._options import BashRuntimeOptions
 from ._output import OutputStream
 from ._process import ProcessGroup, open_group, reap_unsupervised
 from ._records import BashRequest, BashResult, BashSpec, ExitFacts
@@ -55,10 +55,7 @@ from ._sandbox import (
     SandboxPolicy,
     SandboxUnavailableError,
     open_sandbox,
-    to_policy,
 )
-
-_DEFAULT_ENV_POLICY: Final = EnvPolicy()
 
 # Safety bound, on top of the grace period, for awaiting processes at executor exit.
 _TEARDOWN_SLACK = 10.0
@@ -201,7 +198,7 @@ class BashExecutor:
     spill_dir: str
     sandbox: SandboxPolicy | None
     _checked: Sandbox | None = attrs.field(repr=False)
-    env_policy: EnvPolicy = attrs.field(kw_only=True, factory=EnvPolicy)
+    env_policy: EnvPolicy = attrs.field(kw_only=True)
     _nursery: trio.Nursery = attrs.field(repr=False)
     _procs: dict[str, BashProcess] = attrs.field(factory=dict, init=False, repr=False)
     _live: set[ProcessGroup] = attrs.field(factory=set, init=False, repr=False)
@@ -497,15 +494,11 @@ class BashExecutor:
             self._checked.close()
 
 
-def _check_settings(
-    tail_bytes: int,
-    grace_period: float,
-    default_timeout: float,
-    max_timeout: float,
-    shell: str,
-    spill_dir: str | None,
-) -> str:
+def _check_settings(options: BashRuntimeOptions) -> str:
     """Validate the executor settings; return the absolute spill directory."""
+    tail_bytes, grace_period = options.tail_bytes, options.grace_period
+    default_timeout, max_timeout = options.default_timeout, options.max_timeout
+    shell, spill_dir = options.shell, options.spill_dir
     if isinstance(tail_bytes, bool) or not isinstance(tail_bytes, int) or tail_bytes < 1:
         raise BashError(f"tail_bytes must be a positive integer, got {tail_bytes!r}")
     if not (0 <= grace_period < math.inf):
@@ -524,15 +517,8 @@ def _check_settings(
 
 @contextlib.asynccontextmanager
 async def open_bash_executor(
+    options: BashRuntimeOptions | None = None,
     *,
-    tail_bytes: int = 64 * 1024,
-    grace_period: float = 2.0,
-    default_timeout: float = 120.0,
-    max_timeout: float = 600.0,
-    shell: str = "/bin/bash",
-    spill_dir: str | None = None,
-    sandbox: SandboxPolicy | Mapping[str, Any] | bool | None = None,
-    env_policy: EnvPolicy | Mapping[str, Any] | None = _DEFAULT_ENV_POLICY,
     session_root: str | os.PathLike[str] | None = None,
 ) -> AsyncIterator[BashExecutor]:
     """Open a bash executor; on exit, kill and await every process it started.
@@ -542,21 +528,8 @@ async def open_bash_executor(
     spill file removed.
 
     Args:
-        tail_bytes: bytes of each output stream kept in memory per process.
-        grace_period: seconds between SIGTERM and SIGKILL.
-        default_timeout: foreground timeout (seconds) when a request names none.
-        max_timeout: cap (seconds) on any foreground timeout.
-        shell: the shell executable, run as ``[shell, "-c", command]``.
-        spill_dir: directory for spill files; default :func:`tempfile.gettempdir`.
-        sandbox: run every command under bubblewrap with this
-            :class:`~trio_harness.bash.SandboxPolicy` (a dict of its fields,
-            or True for the defaults); None for no sandbox.  The policy is
-            checked and ``bwrap`` run once here (docs/sandbox.rst).
-        env_policy: which variables of this process's environment commands
-            inherit (:class:`~trio_harness.bash.EnvPolicy` or a dict of its
-            fields; None is the default too, which withholds API keys,
-            tokens, secrets and passwords); a request's ``env`` is added over
-            it as given.
+        options: the executor's settings (:class:`~trio_harness.bash.BashRuntimeOptions`);
+            None for the defaults.
         session_root: the session store's root directory, hidden inside the
             sandbox unless the policy's ``hide_sessions`` is False
             (:func:`~trio_harness.open_harness` passes its JSONL store's root).
@@ -568,33 +541,31 @@ async def open_bash_executor(
         SandboxUnavailableError: a sandbox was asked for and ``bwrap`` is
             missing or cannot create its namespaces (never a silent fall-back).
         BashError: a setting is invalid.
+        TypeError: ``options`` is not a :class:`~trio_harness.bash.BashRuntimeOptions`.
     """
-    directory = _check_settings(tail_bytes, grace_period, default_timeout, max_timeout, shell, spill_dir)
-    try:
-        policy = to_policy(sandbox)
-    except TypeError as exc:
-        raise BashError(str(exc)) from exc
-    try:
-        inherited = to_env_policy(env_policy)
-    except (TypeError, ValueError) as exc:
-        raise BashError(str(exc)) from exc
+    if options is None:
+        options = BashRuntimeOptions()
+    elif not isinstance(options, BashRuntimeOptions):
+        raise TypeError(f"options must be a BashRuntimeOptions, got {type(options).__name__}")
+    directory = _check_settings(options)
+    policy = options.sandbox
     root = None if session_root is None else os.fspath(session_root)
-    checked = None if policy is None else await open_sandbox(policy, shell, session_root=root)
+    checked = None if policy is None else await open_sandbox(policy, options.shell, session_root=root)
 
     body_error: BaseException | None = None
     unwrapped: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
             executor = BashExecutor(
-                tail_bytes=tail_bytes,
-                grace_period=float(grace_period),
-                default_timeout=float(default_timeout),
-                max_timeout=float(max_timeout),
-                shell=shell,
+                tail_bytes=options.tail_bytes,
+                grace_period=float(options.grace_period),
+                default_timeout=float(options.default_timeout),
+                max_timeout=float(options.max_timeout),
+                shell=options.shell,
                 spill_dir=directory,
                 sandbox=policy,
                 checked=checked,
-                env_policy=inherited,
+                env_policy=options.env_policy,
                 nursery=nursery,
             )
             try:

@@ -1,4 +1,4 @@
-"""The bash executor's settings as one record (``open_harness(bash_options=...)``)."""
+"""The bash executor's settings as one record (``open_bash_executor(options)``, ``open_harness(bash_options=...)``)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from ._sandbox import SandboxPolicy, to_policy
 
 @attrs.frozen
 class BashRuntimeOptions:
-    """Settings of the harness's bash executor: the keyword arguments of
-    :func:`~trio_harness.bash.open_bash_executor`, with the same defaults.
+    """Settings of a bash executor (the runtime that runs commands; the
+    model-facing ``bash`` tool's settings are :class:`~trio_harness.tools.BashToolOptions`).
 
-    The executor checks them when the harness opens (a bad value raises
-    :exc:`~trio_harness.BashError` naming it).
+    Passed whole to :func:`~trio_harness.bash.open_bash_executor` (and by
+    :func:`~trio_harness.open_harness`, ``bash_options=``), which checks them
+    when it opens (a bad value raises :exc:`~trio_harness.BashError` naming it).
 
     Attributes:
         tail_bytes: bytes of each output stream kept in memory per process.

@@ -1,5 +1,8 @@
 """Sessions: durable, replayable event logs and where they are stored."""
 
+from typing import TYPE_CHECKING
+
+from .._deprecate import renamed as _renamed
 from ._codec import decode_event as decode_event
 from ._codec import decode_header as decode_header
 from ._codec import encode_event as encode_event
@@ -20,3 +23,15 @@ from ._registry import SessionRegistry as SessionRegistry
 from ._session import Session as Session
 from ._session import SessionWriter as SessionWriter
 from ._session import validate_session_id as validate_session_id
+
+if not TYPE_CHECKING:  # old names, kept for one release (docs/sessions.rst, "Renamed in this release")
+    __getattr__ = _renamed(
+        __name__,
+        {
+            "SessionPersistence": ("trio_harness.session.SessionStore", SessionStore),
+            "MemoryPersistence": ("trio_harness.session.MemoryStore", MemoryStore),
+            "JsonlPersistence": ("trio_harness.session.JsonlStore", JsonlStore),
+            "PostgresPersistence": ("trio_harness.session.PostgresStore", PostgresStore),
+        },
+    )
+del TYPE_CHECKING, _renamed  # end of old names

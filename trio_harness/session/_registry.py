@@ -1,4 +1,4 @@
-"""The session store service (``harness.sessions``).
+"""The session registry (``harness.sessions``): the live sessions of this process, over a store.
 
 Publication is split in steps (docs/guarantees.rst, "Publication"): *prepare*
 builds a session that nobody can see (a fresh one, or one loaded and recovered
@@ -56,7 +56,7 @@ class SessionEntry:
 
 @attrs.define(eq=False)
 class SessionRegistry:
-    """Live sessions of this process, over a persistence provider."""
+    """Live sessions of this process, over a :class:`~trio_harness.session.SessionStore`."""
 
     persistence: SessionStore
     bus: EventBus = attrs.field(factory=EventBus)

@@ -42,6 +42,7 @@ import trio
 from .._errors import ScopeClosedError, TaskError, TaskNotFoundError, TaskStartError
 from .._scope import DEFAULT_TEARDOWN_TIMEOUT
 from .._util import is_positive_int, is_positive_number
+from ._options import TaskRuntimeOptions
 
 if TYPE_CHECKING:
     from .._scope import Scope
@@ -60,12 +61,6 @@ TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "killed", "failed"})
 
 _KIND = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _EMPTY: Mapping[str, object] = MappingProxyType({})
-
-DEFAULT_PER_OWNER_CAP = 10
-"""How many running or stopping tasks one owner may have by default."""
-
-DEFAULT_FINISHED_CAP = 100
-"""How many reported finished tasks the service keeps per owner by default."""
 
 
 class TaskOwner(Protocol):
@@ -357,9 +352,9 @@ class TaskService:
     """
 
     _nursery: trio.Nursery
-    per_owner_cap: int = DEFAULT_PER_OWNER_CAP
-    finished_cap: int = DEFAULT_FINISHED_CAP
-    teardown_timeout: float = DEFAULT_TEARDOWN_TIMEOUT
+    per_owner_cap: int
+    finished_cap: int
+    teardown_timeout: float
     # Visible records by id (owner-disposed records are removed).
     _records: dict[str, _Record] = attrs.field(factory=dict, init=False)
     # Every record not yet settled, visible or not: teardown cancels these.
@@ -942,12 +937,7 @@ class TaskService:
 
 
 @asynccontextmanager
-async def open_task_service(
-    *,
-    per_owner_cap: int = DEFAULT_PER_OWNER_CAP,
-    finished_cap: int = DEFAULT_FINISHED_CAP,
-    teardown_timeout: float = DEFAULT_TEARDOWN_TIMEOUT,
-) -> AsyncIterator[TaskService]:
+async def open_task_service(options: TaskRuntimeOptions | None = None) -> AsyncIterator[TaskService]:
     """Run a :class:`TaskService` for the duration of the ``async with`` block.
 
     The producers' ``done`` hooks are awaited in the service's own nursery.
@@ -961,17 +951,22 @@ async def open_task_service(
     holds the exit until it returns (Trio's nurseries wait for their tasks).
 
     Args:
-        per_owner_cap: how many running or stopping tasks one exact owner (and
-            the unowned pool) may have at once.
-        finished_cap: how many finished, reported tasks one exact owner (and
-            the unowned pool) keeps before the oldest are forgotten.
-        teardown_timeout: the bound, in seconds of Trio time, on waiting for
-            live tasks at exit.
+        options: the service's settings (:class:`~trio_harness.tasks.TaskRuntimeOptions`);
+            None for the defaults.  Its ``teardown_timeout`` of None is
+            the harness's default, 30 seconds, here
+            (:func:`~trio_harness.open_harness` passes its own).
 
     Raises:
         ValueError: a cap is not a positive integer, or ``teardown_timeout``
             is not a positive number.
+        TypeError: ``options`` is not a :class:`~trio_harness.tasks.TaskRuntimeOptions`.
     """
+    if options is None:
+        options = TaskRuntimeOptions()
+    elif not isinstance(options, TaskRuntimeOptions):
+        raise TypeError(f"options must be a TaskRuntimeOptions, got {type(options).__name__}")
+    per_owner_cap, finished_cap = options.per_owner_cap, options.finished_cap
+    teardown_timeout = DEFAULT_TEARDOWN_TIMEOUT if options.teardown_timeout is None else options.teardown_timeout
     for name, cap in (("per_owner_cap", per_owner_cap), ("finished_cap", finished_cap)):
         if not is_positive_int(cap):
             raise ValueError(f"{name} must be a positive integer, got {cap!r}")

@@ -99,17 +99,21 @@ def _check_prefixes(instance: object, attribute: attrs.Attribute[Any], value: tu
 
 @attrs.frozen
 class BashToolOptions:
-    """Settings of the ``bash`` tool plugin that :func:`~trio_harness.open_harness`
-    loads (``bash_tool_options=``): the option fields of :class:`BashToolPlugin`,
-    with the same defaults and meanings.
+    """Settings of the model-facing ``bash`` tool (:class:`BashToolPlugin`;
+    :func:`~trio_harness.open_harness` takes them as ``bash_tool_options=``).
+    The executor that runs the commands has its own,
+    :class:`~trio_harness.bash.BashRuntimeOptions`.
 
     Attributes:
-        run_in_background: offer the ``run_in_background`` parameter.
+        run_in_background: offer the ``run_in_background`` parameter (default
+            on).  When off, the parameter is absent from the schema and a
+            forced background call is refused.
         background_default: whether a call runs in the background when the
             model does not say.
-        output_limit_bytes: a byte cap on the model-facing text of background tasks.
-        requires_approval: ask the approver before each command (default on;
-            without an approver configured, commands are denied).
+        output_limit_bytes: a byte cap on the model-facing text of background
+            tasks (projected into their snapshots).
+        requires_approval: ask the approver before each command (default
+            on); without an approver configured, commands are denied.
         allow_prefixes: command prefixes that never ask, e.g. ``["git status",
             "ls"]`` (the rule: :doc:`/approval`, "Which calls are asked").
     """
@@ -157,15 +161,13 @@ class BashToolPlugin:
     bash: BashExecutor
     tasks: TaskService
     tools: ToolSet
-    run_in_background: bool = True
-    background_default: bool = False
-    output_limit_bytes: int | None = None
-    requires_approval: bool = True
-    allow_prefixes: tuple[str, ...] = attrs.field(default=(), converter=_prefix_tuple, validator=_check_prefixes)
+    options: BashToolOptions = attrs.field(
+        factory=BashToolOptions, validator=attrs.validators.instance_of(BashToolOptions)
+    )
 
     def needs_approval(self, args: Mapping[str, Any]) -> bool:
         """Whether a call with these arguments is asked (its command is not on the allow-list)."""
-        return not command_allowed(args.get("command"), self.allow_prefixes)
+        return not command_allowed(args.get("command"), self.options.allow_prefixes)
 
     def tool(self) -> Tool:
         """The ``bash`` tool definition."""
@@ -179,7 +181,7 @@ class BashToolPlugin:
             },
             "workdir": {"type": "string", "description": "The working directory (default: the session's)."},
         }
-        if self.run_in_background:
+        if self.options.run_in_background:
             properties["run_in_background"] = {
                 "type": "boolean",
                 "description": "Start as a background task and return its id at once.",
@@ -187,13 +189,13 @@ class BashToolPlugin:
         return Tool(
             name="bash",
             description=DESCRIPTION
-            + (BACKGROUND if self.run_in_background else "")
+            + (BACKGROUND if self.options.run_in_background else "")
             + (describe_sandbox(self.bash.sandbox) if self.bash.sandbox is not None else ""),
             parameters={"type": "object", "properties": properties, "required": ["command"]},
             handler=self._call,
             parallel_safe=False,
-            requires_approval=(self.needs_approval if self.allow_prefixes else True)
-            if self.requires_approval
+            requires_approval=(self.needs_approval if self.options.allow_prefixes else True)
+            if self.options.requires_approval
             else False,
         )
 
@@ -202,9 +204,11 @@ class BashToolPlugin:
         self.tools.add(self.tool(), scope=scope)
 
     async def _call(self, ctx: ToolContext, args: dict[str, Any]) -> str | ToolOutput:
-        if not self.run_in_background and args.get("run_in_background"):
+        if not self.options.run_in_background and args.get("run_in_background"):
             return ToolOutput("error: background commands are disabled; run it in the foreground", is_error=True)
-        background = bool(args.get("run_in_background", self.background_default and self.run_in_background))
+        background = bool(
+            args.get("run_in_background", self.options.background_default and self.options.run_in_background)
+        )
         timeout_ms = args.get("timeout_ms")
         workdir = args.get("workdir") or ctx.agent.session.header.cwd or None
         executor = self.bash
@@ -266,7 +270,7 @@ class BashToolPlugin:
                 label=label,
                 owner=agent,
                 run=starter,
-                output_limit_bytes=self.output_limit_bytes,
+                output_limit_bytes=self.options.output_limit_bytes,
             )
         )
         # No checkpoint from here on: a cancellation arriving now must not

@@ -79,16 +79,18 @@ def _stop_child(child: Agent) -> None:
 
 @attrs.frozen
 class SubagentOptions:
-    """Settings of the subagent tool plugin that :func:`~trio_harness.open_harness`
-    loads (``subagent_options=``): the option fields of
-    :class:`SubagentToolPlugin`, with the same defaults and meanings.
+    """Settings of the model-facing ``subagent`` tool (:class:`SubagentToolPlugin`;
+    :func:`~trio_harness.open_harness` takes them as ``subagent_options=``).
 
     Attributes:
         max_depth: how deep subagents may nest (a root agent has depth 0).
-        run_in_background: offer the ``run_in_background`` parameter.
+        run_in_background: offer the ``run_in_background`` parameter
+            (default on).  When off, the parameter is absent from the schema
+            and a forced background call is refused.
         background_default: whether a call runs in the background when the
             model does not say.
-        child_tools: when set, the names of the tools the child may use.
+        child_tools: when set, the names of the tools the child may use
+            (``subagent`` itself is dropped at the depth limit anyway).
         child_options: options for child agents (model, prompt, limits).
     """
 
@@ -109,25 +111,15 @@ class SubagentToolPlugin:
     Attributes:
         tasks: the task service background children are registered in.
         tools: the tool set to register into.
-        max_depth: how deep subagents may nest (a root agent has depth 0).
-        run_in_background: offer the ``run_in_background`` parameter
-            (default on).  When off, the parameter is absent from the schema
-            and a forced background call is refused.
-        background_default: whether a call runs in the background when the
-            model does not say.
-        child_tools: when set, the names of the tools the child may use
-            (``subagent`` itself is dropped at the depth limit anyway).
-        child_options: options for child agents (model, prompt, limits).
+        options: the tool's settings (:class:`SubagentOptions`).
     """
 
     name: ClassVar[str] = "subagent"
     tasks: TaskService
     tools: ToolSet
-    max_depth: int = 3
-    run_in_background: bool = True
-    background_default: bool = False
-    child_tools: Collection[str] | None = None
-    child_options: AgentOptions = attrs.field(factory=AgentOptions)
+    options: SubagentOptions = attrs.field(
+        factory=SubagentOptions, validator=attrs.validators.instance_of(SubagentOptions)
+    )
 
     def tool(self) -> Tool:
         """The ``subagent`` tool definition."""
@@ -135,14 +127,14 @@ class SubagentToolPlugin:
             "prompt": {"type": "string", "description": "The complete task for the subagent."},
             "description": {"type": "string", "description": "A short label (3-8 words) for the task."},
         }
-        if self.run_in_background:
+        if self.options.run_in_background:
             properties["run_in_background"] = {
                 "type": "boolean",
                 "description": "Return a task id at once instead of waiting for the answer.",
             }
         return Tool(
             name="subagent",
-            description=DESCRIPTION + (BACKGROUND_HELP if self.run_in_background else ""),
+            description=DESCRIPTION + (BACKGROUND_HELP if self.options.run_in_background else ""),
             parameters={"type": "object", "properties": properties, "required": ["prompt"]},
             handler=self._call,
         )
@@ -152,16 +144,16 @@ class SubagentToolPlugin:
         self.tools.add(self.tool(), scope=scope)
 
     def _options(self) -> AgentOptions:
-        keep = self.child_tools
+        keep = self.options.child_tools
         if keep is None:
-            return self.child_options
+            return self.options.child_options
         allowed = frozenset(keep)
-        inner = self.child_options.tool_filter
+        inner = self.options.child_options.tool_filter
 
         def tool_filter(tool: Tool) -> bool:
             return tool.name in allowed and (inner is None or inner(tool))
 
-        return attrs.evolve(self.child_options, tool_filter=tool_filter)
+        return attrs.evolve(self.options.child_options, tool_filter=tool_filter)
 
     async def _create_child(self, agents: AgentRegistry, parent: Agent) -> AgentHandle:
         options = self._options()
@@ -174,13 +166,15 @@ class SubagentToolPlugin:
         return await agents.create(options=options, parent=parent, cwd=parent.session.header.cwd)
 
     async def _call(self, ctx: ToolContext, args: dict[str, Any]) -> str | ToolOutput:
-        background = args.get("run_in_background", self.background_default if self.run_in_background else False)
-        if "run_in_background" in args and not self.run_in_background and args["run_in_background"]:
+        background = args.get(
+            "run_in_background", self.options.background_default if self.options.run_in_background else False
+        )
+        if "run_in_background" in args and not self.options.run_in_background and args["run_in_background"]:
             return ToolOutput("error: background subagents are disabled in this harness", is_error=True)
         depth = subagent_depth(ctx.agents, ctx.agent.id) + 1
-        if depth > self.max_depth:
+        if depth > self.options.max_depth:
             return ToolOutput(
-                f"error: subagent depth limit reached ({self.max_depth}); do this work yourself", is_error=True
+                f"error: subagent depth limit reached ({self.options.max_depth}); do this work yourself", is_error=True
             )
         prompt: str = args["prompt"]
         label: str = args.get("description") or (prompt.strip().splitlines()[0][:60] if prompt.strip() else "subagent")

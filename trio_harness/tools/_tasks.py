@@ -122,13 +122,7 @@ class _BoundedTool(Tool):
             return _InvalidArguments(str(exc))
 
 
-def task_tools(
-    tasks: TaskService,
-    *,
-    default_wait: float = DEFAULT_WAIT,
-    max_wait: float = MAX_WAIT,
-    output_limit_bytes: int | None = None,
-) -> list[Tool]:
+def task_tools(tasks: TaskService, options: TaskToolOptions | None = None) -> list[Tool]:
     """Build the ``task_output``, ``task_list`` and ``task_kill`` tools.
 
     The calling agent (``ctx.agent``) is the caller for authorization: it sees
@@ -136,11 +130,11 @@ def task_tools(
 
     Args:
         tasks: the task service.
-        default_wait: seconds ``task_output(wait=true)`` waits when no
-            ``timeout_ms`` is given (capped by ``max_wait``).
-        max_wait: the longest wait a call may ask for, in seconds.
-        output_limit_bytes: a byte cap on every tool result, combined with
-            each task's own ``output_limit_bytes`` (the stricter wins).
+        options: the tools' settings (:class:`TaskToolOptions`; None for the
+            defaults): its ``default_wait`` (capped by ``max_wait``) is used
+            when a ``task_output(wait=true)`` call gives no ``timeout_ms``; its
+            ``output_limit_bytes`` is combined with each task's own (the
+            stricter wins).  Its notice settings are not used here.
 
     Returns:
         The three tools, in the order output, list, kill.  With a limit, every
@@ -149,6 +143,9 @@ def task_tools(
     Raises:
         ValueError: a wait is negative or NaN, or the limit is not positive.
     """
+    if options is None:
+        options = TaskToolOptions()
+    default_wait, max_wait, output_limit_bytes = options.default_wait, options.max_wait, options.output_limit_bytes
     _check_wait(default_wait, max_wait)
     _check_limit(output_limit_bytes)
     default = min(default_wait, max_wait)
@@ -316,9 +313,10 @@ class _Notifier:
 
 @attrs.frozen
 class TaskToolOptions:
-    """Settings of the task tools plugin that :func:`~trio_harness.open_harness`
-    loads (``task_tool_options=``): the option fields of :class:`TaskToolsPlugin`,
-    with the same defaults and meanings.
+    """Settings of the model-facing task tools (``task_output``, ``task_list``,
+    ``task_kill``) and completion notices (:class:`TaskToolsPlugin`;
+    :func:`~trio_harness.open_harness` takes them as ``task_tool_options=``).
+    The task service itself has its own, :class:`~trio_harness.tasks.TaskRuntimeOptions`.
 
     Attributes:
         default_wait: seconds ``task_output(wait=true)`` waits by default.
@@ -349,40 +347,27 @@ class TaskToolsPlugin:
         name: ``"task-tools"`` (also the controller name it attaches).
         tasks: the task service to control.
         tools: the tool set to register into (normally the harness-wide one).
-        default_wait: seconds ``task_output(wait=true)`` waits by default.
-        max_wait: the longest wait a call may ask for, in seconds.
-        output_limit_bytes: a byte cap on every tool result and notice.
-        quiet: only inject notices (never wake an idle owner).
-        wake_budget: how many notices may wake one owner per ``wake_window``
-            seconds (Trio time); past the budget notices are injected.
-        wake_window: the budget window, in seconds.
+        options: the tools' settings (:class:`TaskToolOptions`), checked here
+            (a bad value raises :exc:`ValueError`).
     """
 
     name: ClassVar[str] = "task-tools"
 
     tasks: TaskService
     tools: ToolSet
-    default_wait: float = DEFAULT_WAIT
-    max_wait: float = MAX_WAIT
-    output_limit_bytes: int | None = None
-    quiet: bool = False
-    wake_budget: int = 3
-    wake_window: float = 60.0
+    options: TaskToolOptions = attrs.field(
+        factory=TaskToolOptions, validator=attrs.validators.instance_of(TaskToolOptions)
+    )
 
     def __attrs_post_init__(self) -> None:
-        _check_wait(self.default_wait, self.max_wait)
-        _check_limit(self.output_limit_bytes)
-        if self.wake_budget < 0 or not self.wake_window >= 0:
+        _check_wait(self.options.default_wait, self.options.max_wait)
+        _check_limit(self.options.output_limit_bytes)
+        if self.options.wake_budget < 0 or not self.options.wake_window >= 0:
             raise ValueError("wake_budget and wake_window must be >= 0")
 
     async def apply(self, scope: Scope) -> None:
         """Register the tools, the guidance, the controller and the notice listener in ``scope``."""
-        for tool in task_tools(
-            self.tasks,
-            default_wait=self.default_wait,
-            max_wait=self.max_wait,
-            output_limit_bytes=self.output_limit_bytes,
-        ):
+        for tool in task_tools(self.tasks, self.options):
             self.tools.add(tool, scope=scope)
         self.tools.add_prompt_section(TASKS_GUIDANCE, scope=scope)
         detach: Callable[[], None] = self.tasks.attach_controller(self.name)
@@ -393,9 +378,9 @@ class TaskToolsPlugin:
             raise
         notifier = _Notifier(
             tasks=self.tasks,
-            output_limit_bytes=self.output_limit_bytes,
-            quiet=self.quiet,
-            wake_budget=self.wake_budget,
-            wake_window=self.wake_window,
+            output_limit_bytes=self.options.output_limit_bytes,
+            quiet=self.options.quiet,
+            wake_budget=self.options.wake_budget,
+            wake_window=self.options.wake_window,
         )
         self.tasks.on_task_done(notifier, scope=scope)
