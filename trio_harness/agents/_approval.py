@@ -28,10 +28,11 @@ import trio
 
 from .._util import describe, split_cancelled
 from ..session import _events as ev
+from ..session._paused import paused_calls, unanswered_calls
 
 if TYPE_CHECKING:
     from .._records import ToolCall
-    from ..session._events import ApprovalOutcome, CancelCause
+    from ..session._events import ApprovalOutcome, CancelCause, TurnEndReason
     from ..session._session import Session
     from ._agent import Agent
     from ._tools import Tool
@@ -195,13 +196,64 @@ class ApprovalGate:
     # allow_always / deny_always decisions of this session and their messages, per tool name.
     _standing: dict[str, tuple[ApprovalOutcome, str | None]] = attrs.field(factory=dict, init=False)
     _warned_no_approver: bool = attrs.field(default=False, init=False)
+    # The calls whose approval wait a disposal cut off in the running turn: it ends paused.
+    _cut: set[str] = attrs.field(factory=set, init=False)
+    # The calls a paused turn left waiting, for the continuation turn (docs/approval.rst).
+    paused: tuple[ToolCall, ...] = attrs.field(default=(), init=False)
 
     def __attrs_post_init__(self) -> None:
         events = self._session.events
+        self.paused = paused_calls(events)
         for index in range(self._session.header.seed_length, len(events)):
             event = events[index]
             if type(event) is ev.ApprovalDecided and event.outcome in ("allow_always", "deny_always"):
                 self._standing[event.name] = (event.outcome, event.message)
+
+    @property
+    def cut(self) -> set[str]:
+        """The ids of the calls whose approval wait a disposal cut off in the running turn."""
+        return self._cut
+
+    def end_reason(self) -> TurnEndReason:
+        """How a cancelled turn ends: ``paused`` when a disposal cut off an approval wait, else ``aborted``.
+
+        A paused turn's waiting calls become :attr:`paused`, for the
+        continuation turn (called after the turn's last ``step/end``).
+        """
+        if not self._cut:
+            return "aborted"
+        self._cut = set()
+        self.paused = tuple(unanswered_calls(self._session.events).values())
+        return "paused"
+
+    def take_paused(self) -> tuple[ToolCall, ...]:
+        """The calls a paused turn left waiting, handed once to the continuation turn's first step."""
+        calls, self.paused = self.paused, ()
+        return calls
+
+    def drop_paused(self, last_turn: int, cause: CancelCause) -> int:
+        """Cancel a paused turn's questions, if any: a turn that decides them ``cancelled`` and ends ``aborted``.
+
+        Returns the number of the latest turn (``last_turn``, or the new turn's).
+        """
+        session = self._session
+        calls = self.take_paused()
+        if not calls:
+            return last_turn
+        turn = last_turn + 1
+        session.append(ev.TurnStart, turn=turn)
+        session.append(ev.StepStart, turn=turn, step=1)
+        for call in calls:
+            where = {"turn": turn, "step": 1, "call_id": call.id, "name": call.name}
+            note = "the session was cancelled while the paused call waited for approval"
+            session.append(
+                ev.ApprovalDecided, **where, outcome="cancelled", source="cancelled", message=note, cause=cause
+            )
+            text = f"error: not run: the turn was cancelled while the call waited for approval (cause: {cause})"
+            session.append(ev.ToolResult, **where, content=text, is_error=True)
+        session.append(ev.StepEnd, turn=turn, step=1)
+        session.append(ev.TurnEnd, turn=turn, reason="aborted", cause=cause)
+        return turn
 
     @property
     def standing_decisions(self) -> dict[str, ApprovalOutcome]:
@@ -222,10 +274,12 @@ class ApprovalGate:
 
         ``asked`` (calls run in parallel) orders the asks: this one waits
         until every earlier call has had its answer, and sets its own event
-        when done.  Runs in the turn's cancel scope: a cancel or a disposal
-        while waiting raises :class:`trio.Cancelled` here, after
-        ``approval/decided`` records it, and the call gets the synthetic "not
-        run" result of an aborted turn.
+        when done.  Runs in the turn's cancel scope: a cancel while waiting
+        raises :class:`trio.Cancelled` here, after ``approval/decided``
+        records it, and the call gets the synthetic "not run" result of an
+        aborted turn.  A disposal while waiting records nothing: the call
+        joins :attr:`cut`, keeps no decision and no result, and the turn ends
+        ``paused`` (docs/approval.rst, "Paused approvals").
         """
         session = self._session
         where = {"turn": turn, "step": step, "call_id": call.id, "name": call.name}
@@ -282,7 +336,13 @@ class ApprovalGate:
                     message = f"the approver failed: {describe(failed)}"
                     session.append(ev.ApprovalDecided, **where, outcome="deny", source="error", message=message)
                     return f"error: denied: approval could not be obtained ({message}); the call did not run"
-                # The wait ended by a cancel or a disposal: the call does not run.
+                if self._cause() == "disposed" and failed is None:
+                    # Cut off by a disposal: the question stays open; the turn ends paused.
+                    self._cut.add(call.id)
+                    if cancelled is exc:
+                        raise
+                    raise cancelled from None
+                # The wait ended by a cancel: the call does not run.
                 note = f"the approver also raised: {describe(failed)}" if failed is not None else None
                 session.append(
                     ev.ApprovalDecided,
@@ -305,6 +365,9 @@ class ApprovalGate:
                 # cancel wins, nothing of the decision applies, and the call ends
                 # "not run" like every call that had not started.
                 late = f"the decision {verdict} arrived after the cancel and was not applied"
+                if self._cause() == "disposed":
+                    self._cut.add(call.id)  # the question stays open: the turn ends paused
+                    await trio.lowlevel.checkpoint()  # raises Cancelled
                 session.append(
                     ev.ApprovalDecided,
                     **where,

@@ -7,7 +7,9 @@ A step's calls run in the model's order; a run of consecutive
 requires approval (``ApprovalGate``, ``_approval.py``), and run; the results
 are logged in the model's order whatever order they finish in.  Whatever
 interrupts the step, the ``finally`` of ``ToolDispatch.run`` gives every call
-without a result the synthetic "not run" result, so the log stays balanced.
+without a result the synthetic "not run" result, so the log stays balanced,
+except the calls whose approval wait a disposal cut off: they stay waiting,
+and the turn ends ``paused`` (docs/approval.rst, "Paused approvals").
 """
 
 from __future__ import annotations
@@ -217,5 +219,21 @@ class ToolDispatch:
                 index = end
         finally:
             if logged < count:  # some call has no result yet: it did not run to the end
+                cut = approvals.cut
                 for index in range(count):
-                    deliver(index, _aborted_text(self._cause()), True)
+                    if calls[index].id not in cut:
+                        deliver(index, _aborted_text(self._cause()), True)
+                if cut:  # a paused turn: the calls it cut off keep no result; log the others after them
+                    for index in range(logged, count):
+                        result = results[index]
+                        if result is not None:
+                            call = calls[index]
+                            session.append(
+                                ev.ToolResult,
+                                turn=turn,
+                                step=step,
+                                call_id=call.id,
+                                name=call.name,
+                                content=result[0],
+                                is_error=result[1],
+                            )

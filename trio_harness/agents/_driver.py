@@ -5,26 +5,22 @@ maintenance to ``idle``.  Maintenance is ``agent.compact()`` or
 ``maintenance()``, or the automatic compaction the driver runs between turns
 when the next turn would pass the context threshold.
 
-A waking send while idle starts an *activity*: the agent's driver task runs
-turns while there is work.  The driver task is spawned into the agent's scope
-at the first wake and parks while the agent is idle (a wake reschedules it), so
-an activity costs no task spawn; disposal ends it.  Each activity has one
-cancel scope and one cancel cause (the first cause wins); activities share the
-driver's cancel scope until one is cancelled, and the next one enters a fresh
-scope.  A waking send that arrives after a cancel but before the activity ends
-is latched and runs in a replacement activity once the cancelled turn has
-closed.
+A waking send while idle starts an *activity*: the agent's driver task (spawned
+at the first wake, parked while idle, ended by disposal) runs turns while there
+is work.  Activities share one cancel scope until one is cancelled (the first
+cause wins); a waking send latched after a cancel runs in a replacement
+activity once the cancelled turn has closed.
 
 Where is a turn cancelled?  :meth:`ReactAgent.cancel` cancels the activity's
 cancel scope; the ``finally`` blocks of :meth:`_run_turn`, :meth:`_run_step`
-and ``ToolDispatch.run`` (``_dispatch.py``) close the turn (synthetic tool
-results, ``step/end``, ``turn/end`` with the cause) and flush the session, so
-the log stays balanced whatever interrupted it.
+and ``ToolDispatch.run`` close the turn (synthetic tool results, ``step/end``,
+``turn/end`` with the cause, or ``paused`` when a disposal cut off an approval
+wait) and flush the session, so the log stays balanced.
 
-The driver's parts have their own modules: approval (``_approval.py``), tool
-dispatch (``_dispatch.py``), the next request (``_request.py``), the model's
-response (``_model_stream.py``) and the context window with its maintenance
-(``_context.py``).
+The driver's parts have their own modules: approval and paused turns
+(``_approval.py``), tool dispatch (``_dispatch.py``), the next request
+(``_request.py``), the model's response (``_model_stream.py``) and the context
+window with its maintenance (``_context.py``).
 """
 
 from __future__ import annotations
@@ -385,12 +381,13 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
         self._check_live("cancel it")
         active = self._phase == "running"
         maintaining = self._context.maintaining
-        queued = bool(len(self._inbox)) and not keep_inbox
+        queued = (bool(len(self._inbox)) and not keep_inbox) or bool(self._approvals.paused)
         if not active and not queued and not maintaining:
             return False
         self._bus.emit("agent/cancel-requested", self, cause=cause)
         if not keep_inbox:
             self._inbox.clear()
+        self._last_turn = self._approvals.drop_paused(self._last_turn, cause)  # a paused turn's questions
         self._wake_requested = False
         if maintaining:
             self._context.cancel_maintenance()
@@ -629,7 +626,13 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
             self._bus.emit("agent/status", self, status=status)
 
     def _has_work(self) -> bool:
-        return self._inbox.has_turn_work() or (self._wake_requested and self._inbox.has_step_work())
+        inbox = self._inbox
+        return bool(self._approvals.paused) or inbox.has_turn_work() or (self._wake_requested and inbox.has_step_work())
+
+    def continue_paused(self) -> None:
+        """Start the continuation of a paused turn, if any (a resume does, once published)."""
+        if self._approvals.paused:
+            self._wake()
 
     def _wake(self) -> None:
         if self._disposing:
@@ -667,9 +670,7 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
     async def _drive(self) -> None:
         """The agent's driver task: started at the first wake, parked while idle, ended by disposal.
 
-        One cancel scope serves every activity until one is cancelled; only
-        then is a fresh one entered (entering a cancel scope per activity was
-        the largest fixed cost of a turn).
+        One cancel scope serves every activity until one is cancelled (a scope per activity cost most).
         """
         _set_initiator(self.id)
         task = trio.lowlevel.current_task()
@@ -804,8 +805,8 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
                     break
         finally:
             cause = self._cause
-            if cause is not None:
-                reason, failure = "aborted", None
+            if cause is not None:  # paused when a disposal cut off an approval wait (docs/approval.rst)
+                reason, failure = self._approvals.end_reason(), None
             # Shielded when a flush may wait (a flush that never waits cannot be cancelled).
             with trio.CancelScope(shield=True) if session.flush_waits else _UNSHIELDED:
                 # Hand the turn's events to the store before logging how the
@@ -834,6 +835,8 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
             # Reset before claiming: a wake raised while the claim is logged
             # (a session observer sending) must survive.
             self._wake_requested = False
+            if step == 1 and (paused := self._approvals.take_paused()):  # a paused turn's continuation
+                return await self._dispatch.run(turn, step, list(paused), request.tools())  # type: ignore[func-returns-value]
             claimed = self._inbox.claim(turn, turn_boundary=step == 1)
             for message in claimed:
                 session.append(
@@ -935,13 +938,11 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
     async def compact(self, *, keep_tokens: int | None = None) -> ev.ContextCompacted | None:
         """Compact the conversation now, as a maintenance activity.
 
-        Waits until the agent is idle and holds it idle meanwhile: waking
-        input waits in the inbox until the compaction ends
-        (docs/guarantees.rst, "The driver").  Everything before the latest
-        turn is summarized by the model (the latest turn stays as it is,
-        whatever the context window) and a ``context/compacted`` event is
-        logged; with ``keep_tokens``, the latest turns that fit in that many
-        tokens stay instead (``0``: every finished turn is summarized).
+        Waits until the agent is idle and holds it idle meanwhile (waking input
+        waits in the inbox; docs/guarantees.rst, "The driver").  Everything
+        before the latest turn is summarized by the model and a
+        ``context/compacted`` event is logged; with ``keep_tokens``, the latest
+        turns that fit in that many tokens stay instead (``0``: all finished).
 
         Returns:
             The ``context/compacted`` event, or None when there is nothing to
@@ -949,9 +950,8 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
             with ``keep_tokens``, every turn fits in it).
 
         Raises:
-            CompactionError: the summary request failed (nothing is
-                compacted), or the session's budget does not allow its
-                summary requests (docs/long-sessions.rst, "Usage and budgets").
+            CompactionError: the summary request failed (nothing is compacted), or
+                the budget forbids its summary requests (docs/long-sessions.rst).
             AgentDisposedError: the agent is disposed, or was disposed while
                 compacting (nothing is logged).
         """

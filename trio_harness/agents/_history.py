@@ -15,7 +15,7 @@ from ..session._session import Session
 
 # The event types _consume reads (every other type is skipped).
 _CONVERSATION: frozenset[type[ev.Event]] = frozenset(
-    {ev.UserMessage, ev.AssistantMessage, ev.ToolResult, ev.TurnStart, ev.ContextCompacted}
+    {ev.UserMessage, ev.AssistantMessage, ev.ToolResult, ev.TurnStart, ev.TurnEnd, ev.ContextCompacted}
 )
 
 
@@ -115,6 +115,8 @@ class History:
     # (input + output tokens the provider last reported, self._chars right after that message)
     _anchor: tuple[int, int] | None = attrs.field(default=None, init=False)
     _marks: list[TurnMark] = attrs.field(factory=list, init=False)
+    # The last turn ended paused (its continuation's start is no compaction boundary).
+    _paused: bool = attrs.field(default=False, init=False)
 
     def messages(self) -> Sequence[Message]:
         """The conversation so far (a view that does not change later)."""
@@ -156,7 +158,11 @@ class History:
                 )
                 chars += len(event.content) + len(event.name) + len(event.call_id)
             elif type(event) is ev.TurnStart:
-                self._marks.append(_turn_mark(seq=event.seq, index=len(out), chars=chars))
+                # A paused turn's continuation is no boundary: it answers the paused turn's calls.
+                if not self._paused:
+                    self._marks.append(_turn_mark(seq=event.seq, index=len(out), chars=chars))
+            elif type(event) is ev.TurnEnd:
+                self._paused = event.reason == "paused"
             elif type(event) is ev.ContextCompacted and not replaying:
                 self._chars = chars
                 self._compact(event)

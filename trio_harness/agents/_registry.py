@@ -546,6 +546,8 @@ class AgentRegistry:
         self._announce(agent_entry)
         if not agent_entry.detached:
             self._bus.emit("agent/session-start", agent, source=source)
+        if source == "resume":
+            _continue_paused(agent)
         entry_for_handle = session_entry
         return AgentHandle._create(
             agent=agent, scope=agent_scope, take_failure=lambda: sessions.take_failure(entry_for_handle)
@@ -602,3 +604,10 @@ class AgentRegistry:
         """The live agents owned at runtime by agent ``agent_id``."""
         self._check_id(agent_id)
         return [e.agent for e in self._entries.values() if e.owner is not None and e.owner.id == agent_id]
+
+
+def _continue_paused(agent: Agent) -> None:
+    """A resumed agent whose last turn ended paused starts its continuation now (docs/approval.rst)."""
+    start = getattr(agent, "continue_paused", None)
+    if callable(start):
+        start()

@@ -79,7 +79,9 @@ def _origin(instance: object, attribute: attrs.Attribute[str], value: object) ->
         )
 
 
-TurnEndReason: TypeAlias = Literal["completed", "max-tokens", "blocked", "budget", "aborted", "error", "interrupted"]
+TurnEndReason: TypeAlias = Literal[
+    "completed", "max-tokens", "blocked", "budget", "aborted", "error", "interrupted", "paused"
+]
 CancelCause: TypeAlias = Literal["user", "parent", "hook", "disposed"]
 InboxQueue: TypeAlias = Literal["next-turn", "next-step"]
 SendMode: TypeAlias = Literal["followup", "steer", "inject"]
@@ -321,8 +323,12 @@ class TurnEnd(Event):
     Attributes:
         reason: completed, max-tokens, blocked (``max_steps``), budget (a
             token or request budget, with ``failure`` naming it), aborted
-            (with ``cause``), error (with ``failure``) or interrupted (closed
-            on recovery).
+            (with ``cause``), error (with ``failure``), interrupted (closed
+            on recovery) or paused (cut off while a call waited for approval:
+            ``cause`` ``disposed`` for a disposal, none when recovery closed
+            the log of a process that stopped; the call keeps its
+            ``approval/requested`` without a decision or a result, and the
+            continuation turn asks again, docs/approval.rst).
         usage: the turn's model usage (None in logs written before it was
             recorded, and for turns closed on recovery).
     """

@@ -16,6 +16,7 @@ from ._events import (
     TurnEnd,
     TurnStart,
 )
+from ._paused import pause_closers
 
 INTERRUPTED_TOOL_RESULT = "error: the tool call was interrupted before it returned a result (the process stopped)"
 
@@ -41,7 +42,10 @@ def closers_for(events: Sequence[Event]) -> list[tuple[type[Event], dict[str, An
     A call that was still waiting for approval (``approval/requested`` without
     ``approval/decided``) first gets an ``approval/decided`` with outcome
     ``cancelled`` (source ``interrupted``), and its result says that it did not
-    run (docs/approval.rst).
+    run; but a call that was still waiting for approval when the process
+    stopped makes the turn end ``paused`` instead (:func:`pause_closers`:
+    no decision, no result; the continuation turn asks again,
+    docs/approval.rst).
 
     Returns:
         ``(event class, fields)`` pairs to pass to :meth:`Session.append`, in order.
@@ -92,4 +96,4 @@ def closers_for(events: Sequence[Event]) -> list[tuple[type[Event], dict[str, An
             closers.append((ToolResult, {**where, "content": content, "is_error": True}))
         closers.append((StepEnd, {"turn": turn, "step": step}))
     closers.append((TurnEnd, {"turn": turn, "reason": "interrupted"}))
-    return closers
+    return pause_closers(events, closers)

@@ -74,12 +74,19 @@ def _fail(actual: list[str], expected: Sequence[Any], index: int, position: int,
 def assert_balanced(log: Session | Iterable[ev.Event]) -> None:
     """Assert turns and steps open and close properly and every tool call has a result.
 
+    A step may end with calls still waiting for approval (``approval/requested``
+    without a decision) only when its turn then ends ``paused``; those calls
+    carry into the next turn, whose first step must answer them
+    (docs/approval.rst, "Paused approvals").
+
     Raises:
         EventLogMismatch: naming the first event that breaks the structure.
     """
     turn: int | None = None
     step: int | None = None
     pending: set[str] = set()
+    waiting: set[str] = set()
+    paused_step = False
     for event in _events_of(log):
         where = f"event {event.seq} ({event.type})"
         if isinstance(event, ev.TurnStart):
@@ -89,20 +96,33 @@ def assert_balanced(log: Session | Iterable[ev.Event]) -> None:
         elif isinstance(event, ev.StepStart):
             if turn is None or step is not None:
                 raise EventLogMismatch(f"{where}: step starts outside a turn or inside another step")
+            if paused_step:
+                raise EventLogMismatch(f"{where}: step starts after a step that left calls waiting for approval")
             step = event.step
+            waiting = set()
         elif isinstance(event, ev.AssistantMessage):
             pending.update(call.id for call in event.tool_calls)
+        elif isinstance(event, ev.ApprovalRequested):
+            waiting.add(event.call_id)
+        elif isinstance(event, ev.ApprovalDecided):
+            waiting.discard(event.call_id)
         elif isinstance(event, ev.ToolResult):
             pending.discard(event.call_id)
         elif isinstance(event, ev.StepEnd):
             if step is None:
                 raise EventLogMismatch(f"{where}: step/end without an open step")
-            if pending:
-                raise EventLogMismatch(f"{where}: step ends with unanswered tool calls {sorted(pending)}")
+            if pending - waiting:
+                raise EventLogMismatch(f"{where}: step ends with unanswered tool calls {sorted(pending - waiting)}")
+            paused_step = bool(pending)
             step = None
         elif isinstance(event, ev.TurnEnd):
             if turn is None or step is not None:
                 raise EventLogMismatch(f"{where}: turn/end without an open turn, or with a step open")
+            if paused_step and event.reason != "paused":
+                raise EventLogMismatch(
+                    f"{where}: calls {sorted(pending)} wait for approval but the turn ends {event.reason}, not paused"
+                )
+            paused_step = False
             turn = None
     if turn is not None:
         raise EventLogMismatch(f"the log ends with turn {turn} still open")
