@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from _acp_clients import run_python_client, tool_ends
+from _acp_clients import open_server, run_python_client, tool_ends, tool_statuses
 from _util import WAIT
 
 from trio_harness.acp._jsonrpc import OutgoingRequests, PeerGoneError, Response
+from trio_harness.acp._updates import TURN_END_META
 from trio_harness.session import JsonlStore
 from trio_harness.session import _events as ev
 
@@ -202,8 +203,14 @@ async def test_acp_yes_turns_asking_off(tmp_path: Path) -> None:
     assert decisions(await stored(tmp_path, summary["sessionId"])) == [("allow_once", "approver")]
 
 
-async def test_a_disconnect_during_the_request_ends_it_as_cancelled(tmp_path: Path) -> None:
-    """Raw JSON lines over the server's real stdin/stdout; the client vanishes while asked."""
+async def test_a_disconnect_during_the_request_pauses_and_session_load_asks_again(tmp_path: Path) -> None:
+    """Raw JSON lines over the server's real stdin/stdout; the client vanishes while asked.
+
+    The turn ends paused (docs/approval.rst, "Paused approvals"); a new server
+    process asked to ``session/load`` the session replays it, shows the call
+    as waiting, and sends ``session/request_permission`` again; allowed, the
+    command runs and the turn goes on.
+    """
     model = tmp_path / "model.json"
     model.write_text(json.dumps({"responses": [bash(ONE), {"text": "never"}]}), encoding="utf-8")
     store = tmp_path / "store"
@@ -254,10 +261,52 @@ async def test_a_disconnect_during_the_request_ends_it_as_cancelled(tmp_path: Pa
             await stdin.aclose()
     assert not (tmp_path / "out.txt").exists()
     events = (await JsonlStore(store).load(session_id)).events
-    (decided,) = [e for e in events if isinstance(e, ev.ApprovalDecided)]
-    assert (decided.outcome, decided.source, decided.cause) == ("cancelled", "cancelled", "disposed")
+    assert [e for e in events if isinstance(e, ev.ApprovalDecided)] == []  # the question stays open
     end = events[-1]
-    assert isinstance(end, ev.TurnEnd) and (end.reason, end.cause) == ("aborted", "disposed")
+    assert isinstance(end, ev.TurnEnd) and (end.reason, end.cause) == ("paused", "disposed")
+
+    async with open_server(tmp_path, [{"text": "it ran"}], store=store, name="second") as client:
+        await client.initialize()
+        load = client.request("session/load", {"sessionId": session_id, "cwd": str(tmp_path), "mcpServers": []})
+        await client.send(load)
+        asked = await client.wait_for(lambda m: m.get("method") == "session/request_permission")
+        assert asked["params"]["sessionId"] == session_id
+        assert asked["params"]["toolCall"]["rawInput"] == {"command": ONE}
+        answered = await client.response(load["id"])
+        assert "result" in answered
+        # The replay showed the paused call as waiting before the question came.
+        replayed = client.updates(session_id)
+        assert tool_statuses(replayed)[f"1/{events_call_id(events)}"] == ["pending"]
+        assert any(u.get("_meta", {}).get(TURN_END_META, {}).get("reason") == "paused" for u in replayed)
+        assert client.position(asked) > max(
+            client.position(m) for m in client.received if m.get("method") == "session/update"
+        )
+        allow = {"outcome": {"outcome": "selected", "optionId": "allow_once"}}
+        await client.send({"jsonrpc": "2.0", "id": asked["id"], "result": allow})
+        # The continuation turn is streamed as an unprompted turn: the call, its result, the answer.
+        await client.wait_for(
+            lambda m: (
+                m.get("method") == "session/update"
+                and m["params"]["update"].get("updatedAt") is not None
+                and client.position(m) > client.position(asked)
+            )
+        )
+        after = [
+            m["params"]["update"]
+            for m in client.received[client.position(asked) :]
+            if m.get("method") == "session/update"
+        ]
+        assert tool_statuses(after)["2/" + events_call_id(events)][-1] == "completed"
+        assert "".join(u["content"]["text"] for u in after if u["sessionUpdate"] == "agent_message_chunk") == "it ran"
+    assert (tmp_path / "out.txt").read_text() == "one\n"
+    events = (await JsonlStore(store).load(session_id)).events
+    assert [(e.turn, e.reason) for e in events if isinstance(e, ev.TurnEnd)] == [(1, "paused"), (2, "completed")]
+    assert [(e.outcome, e.source) for e in events if isinstance(e, ev.ApprovalDecided)] == [("allow_once", "approver")]
+
+
+def events_call_id(events: tuple[ev.Event, ...]) -> str:
+    (asked,) = [e for e in events if isinstance(e, ev.ApprovalRequested)]
+    return asked.call_id
 
 
 # ---------------------------------------------------------------- outgoing requests (no I/O)

@@ -692,7 +692,8 @@ class AcpServer:
 
         A turn belongs to the in-flight prompt when its first step claimed the
         prompt's message; that prompt's watcher streams it.  Any other turn is
-        streamed from here, starting with the messages its first step claimed.
+        streamed from here, starting with the messages its first step claimed
+        (a paused turn's continuation claims none: from its first call).
         """
         if isinstance(event, ev.UserMessage) and record.title is None and event.origin == "user":
             self._send_title(record, event.text)
@@ -704,7 +705,7 @@ class AcpServer:
         elif isinstance(event, ev.UserMessage) and record.in_first_step:
             record.first_step_ids.append(event.message_id)
             record.first_step_messages.append(event)
-        elif isinstance(event, ev.RequestHeader | ev.StepEnd) and record.in_first_step:
+        elif isinstance(event, ev.RequestHeader | ev.StepEnd | ev.ToolCallRequested) and record.in_first_step:
             record.in_first_step = False
             prompt = record.prompt
             record.unsolicited = prompt is None or prompt.message_id not in record.first_step_ids
@@ -712,6 +713,8 @@ class AcpServer:
                 # A user's message as user text, a task notice as the agent's (docs/acp.rst).
                 for message in record.first_step_messages:
                     self._update(record.id, message_update(message, record.id))
+                if isinstance(event, ev.ToolCallRequested) and (update := live_update(event, record.id)):
+                    self._update(record.id, update)  # a paused turn's continuation: from its first call
         elif isinstance(event, ev.CompactionFailed) and event.turn is None:
             self._update(record.id, compaction_failed_update(event, record.id))
         elif isinstance(event, ev.ContextCompacted) and event.turn is None:

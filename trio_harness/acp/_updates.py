@@ -140,7 +140,7 @@ def stop_reason_for(end: ev.TurnEnd | None) -> tuple[StopReason | None, Failure 
     ``completed`` -> ``end_turn``, ``max-tokens`` -> ``max_tokens``, ``blocked``
     -> ``max_turn_requests``, ``budget`` -> ``max_tokens`` for a token budget
     and ``max_turn_requests`` for a request budget, ``aborted`` /
-    ``interrupted`` -> ``cancelled``,
+    ``interrupted`` / ``paused`` -> ``cancelled``,
     an error whose failure code is ``refusal`` -> ``refusal``; any other error
     gives no stop reason and its failure (the prompt answers with an error).
     No end (``None``: the prompt's message never ran, see
@@ -158,7 +158,7 @@ def stop_reason_for(end: ev.TurnEnd | None) -> tuple[StopReason | None, Failure 
     if reason == "budget":
         tokens = end.failure is not None and end.failure.code == "budget-tokens"
         return ("max_tokens" if tokens else "max_turn_requests"), None
-    if reason in ("aborted", "interrupted"):
+    if reason in ("aborted", "interrupted", "paused"):
         return "cancelled", None
     failure = end.failure or Failure("unknown", "the turn failed without details")
     if failure.code == "refusal":
@@ -255,7 +255,8 @@ def compaction_failed_update(event: ev.CompactionFailed, session_id: str = "") -
 def turn_end_update(end: ev.TurnEnd, session_id: str = "") -> Update | None:
     """The note a replay ends a turn with when the turn did not finish normally, or None.
 
-    A cancelled (``aborted``) or ``interrupted`` turn ends with an
+    A cancelled (``aborted``), ``interrupted`` or ``paused`` turn (a call
+    waiting for approval: its ``tool_call`` stays ``pending``) ends with an
     ``agent_message_chunk`` saying so, whose ``_meta`` carries the turn end
     (``{"trio-harness/turnEnd": {"reason", "cause", "stopReason":
     "cancelled"}}``); a failed turn with the message a live prompt shows
@@ -268,6 +269,8 @@ def turn_end_update(end: ev.TurnEnd, session_id: str = "") -> Update | None:
         return None
     if end.reason == "interrupted":
         text = "The turn was interrupted: the agent stopped before it finished."
+    elif end.reason == "paused":
+        text = "The turn is paused: a tool call is waiting for approval (it is asked again when the session resumes)."
     else:
         text = "The turn was cancelled."
     meta: dict[str, Any] = {"reason": end.reason, "stopReason": "cancelled"}
