@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from _util import APPROVAL_PROMPT, WAIT, cli_on_a_terminal
 
 from trio_harness.session import JsonlStore
@@ -128,3 +129,45 @@ async def test_on_a_terminal_each_command_is_asked_y_n_always(
     assert await decisions(tmp_path / "store") == outcomes
     if lines is None:
         assert "message: not now" in output  # the model's error result, shown as [tool error]
+
+
+# ---------------------------------------------------------------- a paused approval (issue 24.4)
+
+
+async def test_run_session_asks_a_paused_question_again_on_the_terminal(tmp_path: Path) -> None:
+    """A session paused while asking (its agent disposed): ``run --session`` asks again; allowed, it runs."""
+    from trio_harness import ApprovalDecision, ApprovalRequest, open_harness
+    from trio_harness.model._scripted import ScriptedModel
+
+    async def never_answers(request: ApprovalRequest) -> ApprovalDecision:
+        await trio.sleep_forever()
+
+    store = tmp_path / "store"
+    first = ScriptedModel([{"tool_calls": [{"name": "bash", "arguments": {"command": ONE}}]}])
+    async with open_harness(model=first, store=store, approver=never_answers) as h:
+        handle = await h.agents.create(cwd=str(tmp_path))
+        handle.agent.followup("write one")
+        await trio.testing.wait_all_tasks_blocked()
+        await handle.dispose()
+        session_id = handle.agent.id
+    shown = await trio.run_process(
+        [sys.executable, "-m", "trio_harness", "sessions", "show", session_id, "--store", str(store)],
+        env=cli_env(),
+        capture_stdout=True,
+        check=True,
+    )
+    text = shown.stdout.decode()
+    assert "--- turn 1 ended: paused (cause: disposed) ---" in text
+    assert f'[waiting for approval] bash {{"command": "{ONE}"}}' in text
+
+    path = tmp_path / "again.json"
+    path.write_text(json.dumps({"responses": [{"text": "it ran."}, {"text": "and then."}]}), encoding="utf-8")
+    args = ["run", "then?", "--session", session_id, "--model", f"scripted:{path}", "--store", str(store)]
+    code, output, asked = await cli_on_a_terminal(args, cwd=tmp_path, env=cli_env(), answers=["y"])
+    assert code == 0, output
+    assert asked == 1
+    assert "[paused] turn 1 waits for approval: asking again" in output
+    assert f"    {ONE}\nallow? [y]es / [n]o / [a]lways: " in output
+    assert "it ran." in output and "and then." in output
+    assert written(tmp_path) == "one\n"
+    assert await decisions(store) == [("allow_once", "approver", None)]

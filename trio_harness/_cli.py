@@ -73,6 +73,7 @@ from .bash._sandbox import SandboxPolicy, SandboxUnavailableError
 if TYPE_CHECKING:
     from ._cli_progress import Printer
     from ._records import Failure, ModelSettings
+    from .agents._agent import Agent
     from .agents._approval import ApprovalDecision, ApprovalRequest
     from .agents._options import AgentOptions
     from .agents._turns import TurnOutcome
@@ -774,6 +775,7 @@ async def _run_prompt(
                     outcome = result
                     finished.set()
 
+            stop_showing = _show_continuation(agent, on_event, printer)
             try:
                 # Ctrl-C from here on cancels the turn cleanly (a second one stops at once).
                 with trio.open_signal_receiver(signal.SIGINT) as signals:
@@ -799,6 +801,7 @@ async def _run_prompt(
                         nursery.cancel_scope.cancel()
                 printer.break_line()
             finally:
+                stop_showing()
                 with trio.CancelScope(shield=True):
                     await handle.dispose()
     except McpStartError as exc:
@@ -826,6 +829,22 @@ async def _run_prompt(
     if agent_id is not None and not args.quiet:
         _resume_hint(args, agent_id, kept=code != EXIT_OK)
     return code
+
+
+def _show_continuation(agent: Agent, on_event: Callable[[Event], None], printer: Printer) -> Callable[[], None]:
+    """Show the continuation turn of a resumed paused turn (it asks again first); returns the unsubscribe."""
+    from .session import _events as ev
+    from .session._paused import paused_calls
+
+    events = agent.session.events
+    if not paused_calls(events):
+        return lambda: None
+    paused = next(e.turn for e in reversed(events) if isinstance(e, ev.TurnEnd))
+    turn = paused + 1
+    printer.line(f"[paused] turn {paused} waits for approval: asking again")
+    return agent.session.observe(
+        lambda event: on_event(event) if getattr(event, "turn", None) == turn and event.type != "turn/end" else None
+    )
 
 
 async def _count_down(printer: Printer) -> None:
@@ -1026,6 +1045,7 @@ def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 5
         width: tool arguments and results are cut to this many characters.
     """
     from .session import _events as ev
+    from .session._paused import paused_calls
 
     lines = [
         f"session {header.id}",
@@ -1072,6 +1092,8 @@ def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 5
             lines.append(
                 f"--- context compaction failed ({event.reason}): {event.failure.message} ({event.failure.code}) ---"
             )
+        elif isinstance(event, ev.ApprovalRequested):
+            lines.append(f"  [approval] {event.name}: asked")
         elif isinstance(event, ev.TurnEnd):
             reason: str = event.reason
             if event.cause is not None:
@@ -1079,6 +1101,8 @@ def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 5
             if event.failure is not None:
                 reason += f": {event.failure.message} ({event.failure.code})"
             lines.append(f"--- turn {event.turn} ended: {reason} ---")
+    for call in paused_calls(events):  # docs/approval.rst, "Paused approvals"
+        lines.append(f"[waiting for approval] {call.name} {_shorten(_compact_arguments(call.arguments), width)}")
     return lines
 
 
