@@ -17,15 +17,11 @@ the moment the log appears (new sessions) or from :meth:`JsonlPersistence.resume
 cannot be resumed in another.
 
 Same-id creates are arbitrated before the creator runs anything: the writer of
-a new session claims its id at :meth:`JsonlPersistence.open_writer` with an
-open-file-description (OFD) lock on one byte of ``<root>/.create.lock``, the
-byte at an offset hashed from the id (Linux ``F_OFD_SETLK``: it belongs to the
-writer's own open of the file, so two writers of one process conflict as two
-processes do, and the kernel drops it with a dead process).  It holds the claim
-until its first flush has linked the log into place and locked it, or until it
-is closed.  After taking the byte it checks that no log exists (a writer that
-stored the id released the byte only after its log appeared), so two offsets
-that collide can only make a create fail as busy, never let one succeed wrongly.
+a new session claims its id at :meth:`JsonlPersistence.open_writer` (a lock on
+one byte of ``<root>/.create.lock``, see :mod:`._create_lock`) and holds the
+claim until its first flush has linked the log into place and locked it, or
+until it is closed.  After taking the claim it checks that no log exists (a
+writer that stored the id released its claim only after its log appeared).
 
 Nothing escapes the root: session directories are opened with ``O_NOFOLLOW``
 and must be real directories, logs must be regular files (a planted symbolic
@@ -44,13 +40,11 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import logging
 import os
 import secrets
 import stat
 import string
-import struct
 import threading
 import urllib.parse
 import uuid
@@ -71,6 +65,7 @@ from .._errors import (
     SessionStoreError,
 )
 from ._codec import decode_event, decode_event_line, decode_header, encode_event, encode_header, encoder_of
+from ._create_lock import CLAIM_NAME, ClaimHeld, take_claim
 from ._events import Event, SessionHeader, TurnEnd
 from ._persistence import LoadedSession
 from ._session import SessionWriter, validate_session_id
@@ -91,16 +86,6 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _TEMP_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_CHUNK = 1 << 26
-# The file whose bytes claim the ids being created (see the module docs); a dot name, so never listed.
-CLAIM_NAME = ".create.lock"
-_CLAIM_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-# Offsets of the claim bytes: 62 bits, well inside off_t (nothing is ever written there).
-_CLAIM_SPACE = 1 << 62
-# Linux's open-file-description lock command; None where it is missing (no claim: a
-# same-id create is then refused at its first flush, as before).
-_OFD_SETLK: int | None = getattr(fcntl, "F_OFD_SETLK", None)
-# struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks), padded to its C size.
-_FLOCK = struct.Struct("@hhqqi4x")
 # Longest header line list() reads (an id of 200 characters and a long cwd fit easily).
 _MAX_HEADER_BYTES = 1 << 20
 
@@ -128,25 +113,6 @@ def escape_session_id(session_id: str) -> str:
 def unescape_session_id(name: str) -> str:
     """Invert :func:`escape_session_id`."""
     return urllib.parse.unquote(name, errors="strict")
-
-
-def claim_offset(session_id: str) -> int:
-    """The byte of ``.create.lock`` whose lock claims ``session_id`` while it is created."""
-    digest = hashlib.blake2b(session_id.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % _CLAIM_SPACE
-
-
-def _lock_byte(fd: int, offset: int) -> bool:
-    """Take an exclusive OFD lock on one byte without waiting; False if another description holds it."""
-    assert _OFD_SETLK is not None
-    request = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
-    try:
-        fcntl.fcntl(fd, _OFD_SETLK, request)
-    except OSError as exc:
-        if exc.errno in (errno.EAGAIN, errno.EACCES):
-            return False
-        raise
-    return True
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -640,79 +606,39 @@ class JsonlPersistence:
             line = (encode_header(header) + "\n").encode("utf-8")
         except (TypeError, ValueError) as exc:
             raise SessionError(f"the header of session {header.id!r} cannot be stored: {exc}") from exc
-        claim = self._claim(header.id)
+        claim = await self._claim(header.id)
         return _JsonlWriter(self, header, path, header_line=line, claim=claim)
 
-    def _claim(self, session_id: str) -> int | None:
-        """Lock the claim byte of ``session_id`` and check nothing is stored; returns the claim's descriptor.
+    async def _claim(self, session_id: str) -> int | None:
+        """Claim ``session_id`` for creating it (:mod:`._create_lock`), then check nothing is stored.
 
-        Raises:
-            SessionExistsError: the byte is locked (the id, or one sharing its
-                byte, is being created), or a log is stored under the id.
-            SessionStoreError: the claim file cannot be created, opened or locked.
+        Returns the descriptor holding the claim (None without OFD locks).
         """
-        if _OFD_SETLK is None:
-            return None
-        path = self.root / CLAIM_NAME
         try:
             _make_private_dirs(self.root)
-            fd = os.open(path, _CLAIM_FLAGS, 0o600)
         except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise SessionStoreError(
-                    f"{path} is a symbolic link; refusing to follow it (the store's create lock must be a regular "
-                    "file)",
-                    path=str(path),
-                ) from None
-            raise SessionStoreError(
-                f"cannot open the create lock of the session store, {path}: {_reason(exc)}", path=str(path)
-            ) from exc
+            raise SessionStoreError(f"cannot create the session store {self.root}: {exc}", path=str(self.root)) from exc
+        busy = False
         try:
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                raise SessionStoreError(
-                    f"{path} is {_kind(mode)}, not a regular file; refusing to use it as the store's create lock",
-                    path=str(path),
-                )
-            try:
-                claimed = _lock_byte(fd, claim_offset(session_id))
-            except OSError as exc:
-                raise SessionStoreError(
-                    f"cannot lock {path} to create session {session_id!r}: {_reason(exc)}", path=str(path)
-                ) from exc
-            if not claimed:
-                if self._stored(session_id):
-                    raise self._exists(session_id)
-                where = "in this process" if session_id in self._claimed else "by another process or store object"
-                raise SessionExistsError(
-                    f"session {session_id!r} is being created {where} on {self.root} (its claim in {path} is "
-                    "held); use another id, or resume it once it is stored"
-                )
-            # A creator that stored the id released its byte only after the log appeared.
-            if self._stored(session_id):
-                raise self._exists(session_id)
+            fd = take_claim(self.root, session_id)
+        except ClaimHeld:
+            fd, busy = None, True
+        try:
+            if (fd is not None or busy) and await self.exists(session_id):  # its last claimant stored it
+                raise SessionExistsError(f"session {session_id!r} is already stored at {self.path_of(session_id)}")
         except BaseException:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
             raise
-        self._claimed.add(session_id)
+        if busy:
+            where = "in this process" if session_id in self._claimed else "by another process or store object"
+            raise SessionExistsError(
+                f"session {session_id!r} is being created {where} on {self.root} (its claim in "
+                f"{self.root / CLAIM_NAME} is held); use another id, or resume it once it is stored"
+            )
+        if fd is not None:
+            self._claimed.add(session_id)
         return fd
-
-    def _stored(self, session_id: str) -> bool:
-        path = self.path_of(session_id)
-        try:
-            os.lstat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            return False
-        except OSError as exc:
-            raise SessionStoreError(
-                f"cannot look up session {session_id!r} at {path}: {_reason(exc)}", path=str(path)
-            ) from exc
-        return True
-
-    def _exists(self, session_id: str) -> SessionExistsError:
-        return SessionExistsError(
-            f"session {session_id!r} is already stored at {self.path_of(session_id)}; resume it instead"
-        )
 
     async def resume(self, session_id: str) -> tuple[LoadedSession, SessionWriter]:
         """Lock the session's log, then read it; the writer holds the lock until closed.
