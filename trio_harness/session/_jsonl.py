@@ -633,7 +633,7 @@ class JsonlPersistence:
         if busy:
             where = "in this process" if session_id in self._claimed else "by another process or store object"
             raise SessionExistsError(
-                f"session {session_id!r} is being created {where} on {self.root} (its claim in "
+                f"session {session_id!r} already exists: it is being created {where} on {self.root} (its claim in "
                 f"{self.root / CLAIM_NAME} is held); use another id, or resume it once it is stored"
             )
         if fd is not None:

@@ -262,7 +262,9 @@ class MemoryPersistence:
         if session_id in self._sessions:
             raise SessionExistsError(f"session {session_id!r} is already stored")
         if session_id in self._claims:
-            raise SessionExistsError(f"session {session_id!r} is being created by another writer of this store")
+            raise SessionExistsError(
+                f"session {session_id!r} already exists: another writer of this store is creating it"
+            )
         writer = _MemoryWriter(self, header, None)
         self._claims[session_id] = writer
         return writer

@@ -130,11 +130,13 @@ async def claim_new(store: _WriterStore, session_id: str) -> psycopg.Connection[
             break
         if not locked:
             raise SessionExistsError(
-                f"session {session_id!r} is being created, or is live, on another worker (its lock in "
+                f"session {session_id!r} already exists: it is being created, or is live, on another worker (its lock in "
                 f"{store.location} is held); use another id, or resume it once it is stored"
             )
         if session_id in store._writers:  # claimed in this process while we waited
-            raise SessionExistsError(f"session {session_id!r} is being created or is live in this process")
+            raise SessionExistsError(
+                f"session {session_id!r} already exists: it is being created or is live in this process"
+            )
 
         def stored() -> bool:
             store._configure_writer(conn)

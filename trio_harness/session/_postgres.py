@@ -582,7 +582,9 @@ class PostgresPersistence:
         except (TypeError, ValueError) as exc:
             raise SessionError(f"the header of session {session_id!r} cannot be stored: {exc}") from exc
         if session_id in self._writers:
-            raise SessionExistsError(f"session {session_id!r} is being created or is live in this process")
+            raise SessionExistsError(
+                f"session {session_id!r} already exists: it is being created or is live in this process"
+            )
         conn = await claim_new(self, session_id)
         writer = _PgWriter(self, header, header_line=line, stored=0, conn=conn)
         writer._held = True
