@@ -34,11 +34,9 @@ async def main(kind: str, location: str, schema: str, session_id: str) -> None:
     from trio_harness.model import ScriptedModel
     from trio_harness.session import JsonlPersistence, PostgresPersistence, SessionPersistence
 
-    persistence: SessionPersistence
-    if kind == "jsonl":
-        persistence = JsonlPersistence(location)
-    else:
-        persistence = PostgresPersistence(location, schema=schema)
+    persistence: SessionPersistence = (
+        JsonlPersistence(location) if kind == "jsonl" else PostgresPersistence(location, schema=schema)
+    )
     model = ScriptedModel([{"text": f"answer {n}"} for n in range(10)])
     stdin = trio.lowlevel.FdStream(os.dup(0))
     pending = bytearray()

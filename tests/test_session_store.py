@@ -165,7 +165,7 @@ async def test_a_second_live_session_with_the_same_id_is_refused(
 ) -> None:
     winner = await store.prepare_new("s1")
     # The id is claimed from the preparation on (issue 24): a second one is refused before it is built.
-    with pytest.raises(SessionExistsError, match="session 's1' already exists: .*creat"):
+    with pytest.raises(SessionExistsError, match=r"session 's1' already exists: .*creat"):
         await store.prepare_new("s1")
     entry = store.enter(winner)
     with pytest.raises(SessionExistsError, match="session 's1' already exists"):
@@ -523,7 +523,7 @@ async def test_a_created_session_is_claimed_when_prepared_and_held_from_its_firs
 ) -> None:
     first, second = SessionStore(persistence, clock=FakeClock()), SessionStore(persistence, clock=FakeClock())
     entry = first.enter(await first.prepare_new("s1"))
-    with pytest.raises(SessionExistsError, match="'s1' already exists: .*creat"):
+    with pytest.raises(SessionExistsError, match=r"'s1' already exists: .*creat"):
         await second.prepare_new("s1")  # nothing stored yet, but the id is claimed (issue 24)
     append_all(entry.session, balanced_turn(1))
     await entry.session.flush()

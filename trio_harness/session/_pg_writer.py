@@ -130,8 +130,8 @@ async def claim_new(store: _WriterStore, session_id: str) -> psycopg.Connection[
             break
         if not locked:
             raise SessionExistsError(
-                f"session {session_id!r} already exists: it is being created, or is live, on another worker (its lock in "
-                f"{store.location} is held); use another id, or resume it once it is stored"
+                f"session {session_id!r} already exists: it is being created, or is live, on another worker "
+                f"(its lock in {store.location} is held); use another id, or resume it once it is stored"
             )
         if session_id in store._writers:  # claimed in this process while we waited
             raise SessionExistsError(
