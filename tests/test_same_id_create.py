@@ -36,6 +36,7 @@ from trio_harness.session import (
     MemoryPersistence,
     PostgresPersistence,
     Session,
+    SessionHeader,
     SessionPersistence,
     SessionStore,
     _create_lock,
@@ -136,13 +137,23 @@ async def test_a_discarded_create_leaves_nothing_listed_and_frees_the_id(twins: 
     assert [h.id for h in await first.stored()] == ["ticket-42"]
 
 
-async def test_a_cancelled_prepare_leaves_no_claim_behind(twins: Twins) -> None:
-    first, second = SessionStore(twins.first), SessionStore(twins.second)
-    with trio.CancelScope() as scope:
-        scope.cancel()
-        await first.prepare_new("ticket-42")
-    session = await second.prepare_new("ticket-42")
-    await second.discard(session)
+async def test_a_create_cancelled_during_setup_frees_the_id_for_the_other_store(
+    twins: Twins, autojump_clock: trio.testing.MockClock
+) -> None:
+    async def setup(agent: Agent) -> None:
+        await trio.sleep_forever()
+
+    async with (
+        open_harness(model=ScriptedModel([]), store=twins.first, builtin_tools=False) as first,
+        open_harness(model=ScriptedModel([]), store=twins.second, builtin_tools=False) as second,
+    ):
+        with trio.move_on_after(1) as scope:
+            await first.agents.create(session_id="ticket-42", setup=setup)
+        assert scope.cancelled_caught
+        assert await second.sessions.stored() == []
+        async with second.agents.open(session_id="ticket-42") as agent:
+            agent.inject("the id was free")
+        assert [h.id for h in await first.sessions.stored()] == ["ticket-42"]
 
 
 # ------------------------------------------------------------------ two harnesses, one process
@@ -210,11 +221,12 @@ async def test_ids_sharing_a_claim_byte_may_be_refused_as_busy_but_never_both_su
     one_turn(x)
     await x.flush()  # stored and locked: the byte is free again
     y = await second.prepare_new("y")
+    third, header = JsonlPersistence(tmp_path), SessionHeader(id="x", created_at=1.0, cwd="/")
     with pytest.raises(SessionExistsError, match="'x' is already stored"):
-        await first.prepare_new("x")  # the byte is held by y's claim: the stored log is reported
+        await third.open_writer(header)  # the byte is held by y's claim: the stored log is reported
     await second.discard(y)
     with pytest.raises(SessionExistsError, match="'x' is already stored"):
-        await second.prepare_new("x")  # the byte is free: the log still refuses
+        await third.open_writer(header)  # the byte is free: the log still refuses
     await first.detach(entry)
     assert [h.id for h in await first.stored()] == ["x"]
 
