@@ -156,6 +156,20 @@ async def test_a_create_cancelled_during_setup_frees_the_id_for_the_other_store(
         assert [h.id for h in await first.sessions.stored()] == ["ticket-42"]
 
 
+async def test_a_fork_into_an_id_being_created_is_refused(twins: Twins) -> None:
+    first, second = SessionStore(twins.first), SessionStore(twins.second)
+    source = await first.prepare_new("source")
+    entry = first.enter(source)
+    one_turn(source)
+    await first.detach(entry)
+    claimed = await first.prepare_new("child")
+    with pytest.raises(SessionExistsError, match="child"):
+        await second.fork("source", len(source.events), "child")
+    await first.discard(claimed)
+    await second.fork("source", len(source.events), "child")
+    assert sorted(h.id for h in await first.stored()) == ["child", "source"]
+
+
 # ------------------------------------------------------------------ two harnesses, one process
 
 

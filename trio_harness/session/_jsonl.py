@@ -676,10 +676,11 @@ class JsonlPersistence:
         return loaded, writer
 
     async def save(self, header: SessionHeader, events: Sequence[Event]) -> None:
-        """Write a whole new session at once (atomically, via a temporary file)."""
+        """Write a whole new session at once (atomically, via a temporary file), under its id's claim."""
         path = self.path_of(header.id)
         lines = [encode_header(header), *(encode_event(e) for e in events)]
         data = ("\n".join(lines) + "\n").encode("utf-8")
+        claim = await self._claim(header.id)
         try:
             fd = await trio.to_thread.run_sync(self._store_new_log, header.id, data)
             os.close(fd)
@@ -687,6 +688,10 @@ class JsonlPersistence:
             raise SessionStoreError(
                 f"cannot write session {header.id!r} to {path}: {_reason(exc)}", path=str(path)
             ) from exc
+        finally:
+            if claim is not None:
+                os.close(claim)
+                self._claimed.discard(header.id)
 
     # ------------------------------------------------------------ internals
 

@@ -286,4 +286,6 @@ class MemoryPersistence:
         validate_session_id(header.id)
         if header.id in self._sessions:
             raise SessionExistsError(f"session {header.id!r} is already stored")
+        if header.id in self._claims:
+            raise SessionExistsError(f"session {header.id!r} already exists: another writer is creating it")
         self._sessions[header.id] = (header, list(events))

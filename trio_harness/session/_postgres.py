@@ -699,20 +699,29 @@ class PostgresPersistence:
         header_line = encode_header(header)
         lines = [encode_event(event) for event in events]
 
-        def work(conn: psycopg.Connection[Any]) -> bool:
+        key = _lock_key(self.schema, header.id)
+
+        def work(conn: psycopg.Connection[Any]) -> str:
             with conn.transaction():
+                if not _scalar(conn, "SELECT pg_try_advisory_xact_lock(%s)", (key,)):
+                    return "claimed"  # another writer is creating (or holds) it
                 row = conn.execute(
                     sql.insert_session,
                     (header.id, header_line, header.created_at, header.parent_session),
                 ).fetchone()
                 if row is None:
-                    return False
+                    return "exists"
                 if lines:
                     conn.execute(sql.insert_events, (header.id, 0, lines), binary=True)
-            return True
+            return "stored"
 
-        if not await self._run(f"store session {header.id!r}", work):
-            raise SessionExistsError(f"session {header.id!r} is already stored in {self.location}")
+        outcome = await self._run(f"store session {header.id!r}", work)
+        if outcome != "stored":
+            raise SessionExistsError(
+                f"session {header.id!r} "
+                + ("is already stored" if outcome == "exists" else "already exists: another worker is creating it")
+                + f" in {self.location}"
+            )
 
     async def copy_prefix(self, source: str, boundary: int, child: SessionHeader) -> bool:
         """Fork on the server: store ``child`` holding ``source``'s first ``boundary`` stored events.
@@ -729,9 +738,13 @@ class PostgresPersistence:
         sql = self._sql
         header_line = encode_header(child)
 
+        key = _lock_key(self.schema, child.id)
+
         def work(conn: psycopg.Connection[Any]) -> str:
             try:
                 with conn.transaction():
+                    if not _scalar(conn, "SELECT pg_try_advisory_xact_lock(%s)", (key,)):
+                        return "exists"  # another writer is creating (or holds) it
                     row = conn.execute(
                         sql.insert_session,
                         (child.id, header_line, child.created_at, child.parent_session),
