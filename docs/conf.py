@@ -72,7 +72,7 @@ nitpick_ignore_regex = [
     # Type parameters in signatures (``T``, ``~P``, ``trio_harness.agents._run.T``) are not objects.
     (r"py:class", r"(.*\.)?~?[A-Z]"),
     # Private types that signatures of runtime-built objects name (not part of the public surface).
-    (r"py:class", r"_Feed|_Recorded|Notify|CancelCause|ProcessGroup|Sandbox|LoopAgent"),
+    (r"py:class", r"_Feed|_Recorded|Notify|CancelCause|SendMode|ProcessGroup|Sandbox|LoopAgent"),
 ]
 pygments_style = "sphinx"
 
@@ -206,7 +206,8 @@ def _resolve_reexport(app: Sphinx, env: Any, node: Any, contnode: nodes.Element)
     short name from a docstring shown on another page, or a member named from
     its class's docstring) resolves there.
     """
-    target = node.get("reftarget", "")
+    # ``ev.Event``: the package's modules name the event module ``ev``.
+    target = node.get("reftarget", "").removeprefix("ev.")
     if node.get("refdomain") != "py" or not target:
         return None
     domain = env.get_domain("py")

@@ -174,7 +174,8 @@ async def test_same_id_race_exactly_one_publishes() -> None:
             nursery.start_soon(create)
             nursery.start_soon(create)
             await trio.testing.wait_all_tasks_blocked()
-            assert entered == 2  # both ran setup
+            assert entered == 1  # the id is claimed before setup: the other create was refused at once
+            assert len(results) == 1 and isinstance(results[0], AgentExistsError)
             gate.set()
         errors = [r for r in results if isinstance(r, AgentExistsError)]
         assert len(errors) == 1 and "already exists" in str(errors[0])

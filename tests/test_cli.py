@@ -16,7 +16,7 @@ import pytest
 import trio
 from _util import WAIT
 
-from trio_harness import ScriptedModel, _cli, open_harness
+from trio_harness import ScriptedModel, _cli, _cli_sessions, open_harness
 from trio_harness.agents import TurnOutcome
 from trio_harness.events import InboxMessage
 from trio_harness.model import Failure
@@ -222,7 +222,7 @@ def test_sessions_show_keeps_the_lines_of_a_tool_result() -> None:
             seq=2, ts=0.0, turn=1, step=1, call_id="c3", name="t", content="x" * 30 + "\n" + "y" * 30, is_error=False
         ),
     ]
-    lines = _cli.transcript(header, events, width=40)
+    lines = _cli_sessions.transcript(header, events, width=40)
     assert lines[-9:] == [
         "  [tool result] one line",
         "  [tool error]",

@@ -706,7 +706,7 @@ def test_policies_are_checked() -> None:
 
 
 def test_the_transcript_shows_a_compaction() -> None:
-    from trio_harness._cli import transcript
+    from trio_harness._cli_sessions import transcript
     from trio_harness.session import SessionHeader
 
     event = ev.ContextCompacted(seq=9, ts=1.0, boundary=4, summary="s" * 42, reason="threshold", turn=3)
@@ -791,7 +791,7 @@ async def test_compact_on_demand_summarizes_all_but_the_latest_turn_whatever_the
 
 
 def test_a_cancelled_compaction_reads_as_cancelled_in_the_transcript_and_over_acp() -> None:
-    from trio_harness._cli import transcript
+    from trio_harness._cli_sessions import transcript
     from trio_harness.acp._updates import compaction_failed_update
     from trio_harness.session import SessionHeader
 

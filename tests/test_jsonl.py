@@ -49,6 +49,7 @@ from trio_harness.session import (
     encode_event,
     encode_header,
 )
+from trio_harness.session._create_lock import CLAIM_NAME
 from trio_harness.session._events import (
     AssistantChunk,
     AssistantMessage,
@@ -124,20 +125,20 @@ def persistence(tmp_path: Path) -> JsonlStore:
 
 async def test_no_file_or_directory_before_the_first_flush(persistence: JsonlStore) -> None:
     writer = await persistence.open_writer(header())
-    await writer.flush()  # nothing written: nothing created
-    assert not persistence.root.exists()
+    await writer.flush()  # nothing written: nothing created but the create lock (issue 24)
+    assert [p.name for p in persistence.root.iterdir()] == [CLAIM_NAME]
     assert not await persistence.exists("s1")
 
     store = SessionRegistry(persistence, clock=fixed_clock)
     session = await store.prepare_new("s2")
     entry = store.enter(session)
     session.append(TurnStart, turn=1)  # buffered, not flushed
-    assert not persistence.root.exists()
+    assert not await persistence.exists("s2") and await persistence.list() == []
     await session.flush()
     assert await persistence.exists("s2")
     await store.detach(entry)
     await writer.aclose()
-    assert sorted(p.name for p in persistence.root.iterdir()) == ["s2"]
+    assert sorted(p.name for p in persistence.root.iterdir()) == [CLAIM_NAME, "s2"]
 
 
 async def test_a_flush_in_a_cancelled_scope_raises_cancelled_and_writes_nothing(tmp_path: Path) -> None:
@@ -310,11 +311,8 @@ async def test_a_prepared_resume_in_this_process_holds_the_session(persistence: 
 async def test_a_new_session_never_overwrites_a_stored_one(persistence: JsonlStore) -> None:
     path = await write_log(persistence, build(turn_steps(1)))
     before = path.read_bytes()
-    writer = await persistence.open_writer(header())
-    writer.write(build(turn_steps(9))[0])
     with pytest.raises(SessionExistsError, match="already stored"):
-        await writer.flush()
-    await writer.aclose()
+        await persistence.open_writer(header())  # refused when the id is claimed, before anything runs
     assert path.read_bytes() == before
 
 
@@ -885,7 +883,7 @@ async def test_a_failed_first_flush_leaves_nothing_and_a_retry_stores_every_even
     assert error.path == str(persistence.path_of("s1"))
     assert isinstance(error.__cause__, OSError) and error.__cause__.errno == errno.ENOSPC
     # Nothing left behind: no log, no temporary file, no directory, no descriptor.
-    assert list(persistence.root.iterdir()) == []
+    assert [p.name for p in persistence.root.iterdir()] == [CLAIM_NAME]  # only the create lock
     assert not await persistence.exists("s1")
     assert open_fds() == fds
     with pytest.raises(SessionNotFoundError):

@@ -729,8 +729,9 @@ async def test_a_holder_that_loses_its_session_while_taking_a_post_does_not_act_
     except* SessionStoreError as group:  # the stale holder's final flush fails, and says so
         lost += [exc for exc in group.exceptions if isinstance(exc, SessionStoreError)]
     finally:
-        for conn in thief:
-            conn.close()  # the other worker gives the session up
+        for conn in thief:  # the other worker gives the session up (unlocked before its backend goes away)
+            conn.execute("SELECT pg_advisory_unlock_all()")
+            conn.close()
     assert lost and all(exc.session_id == "contested" for exc in lost)
     assert model_a.requests == []  # the stale holder did not act on the message
     async with open_harness(model=model_b, store=store, builtin_tools=False) as harness_b:

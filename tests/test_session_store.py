@@ -164,11 +164,12 @@ async def test_a_second_live_session_with_the_same_id_is_refused(
     store: SessionRegistry, persistence: SessionStore, notices: list[tuple[str, str]]
 ) -> None:
     winner = await store.prepare_new("s1")
-    loser = await store.prepare_new("s1")  # both prepared while neither is live
+    # The id is claimed from the preparation on (issue 24): a second one is refused before it is built.
+    with pytest.raises(SessionExistsError, match=r"session 's1' already exists: .*creat"):
+        await store.prepare_new("s1")
     entry = store.enter(winner)
     with pytest.raises(SessionExistsError, match="session 's1' already exists"):
-        store.enter(loser)
-    await store.discard(loser)
+        store.enter(winner)
     with pytest.raises(SessionExistsError, match="'s1' already exists"):
         await store.prepare_new("s1")
     assert store.get("s1") is winner and store.list() == [winner]
@@ -515,21 +516,20 @@ async def test_a_session_held_by_one_store_cannot_be_resumed_through_another(per
     await first.discard(resumed)
 
 
-async def test_a_created_session_is_held_from_its_first_flush(persistence: SessionStore) -> None:
+async def test_a_created_session_is_claimed_when_prepared_and_held_from_its_first_flush(
+    persistence: SessionStore,
+) -> None:
     first, second = SessionRegistry(persistence, clock=FakeClock()), SessionRegistry(persistence, clock=FakeClock())
     entry = first.enter(await first.prepare_new("s1"))
-    rival = second.enter(await second.prepare_new("s1"))  # nothing stored yet: both may prepare
+    with pytest.raises(SessionExistsError, match=r"'s1' already exists: .*creat"):
+        await second.prepare_new("s1")  # nothing stored yet, but the id is claimed (issue 24)
     append_all(entry.session, balanced_turn(1))
     await entry.session.flush()
     with pytest.raises(SessionLockedError):
         await SessionRegistry(persistence).prepare_resume("s1")
-    append_all(rival.session, balanced_turn(1))
-    with pytest.raises(SessionStoreError, match="'s1' is already stored") as caught:
-        await rival.session.flush()  # the first flush of the other writer won the id
-    assert isinstance(caught.value.__cause__, SessionExistsError)
+    with pytest.raises(SessionExistsError, match="'s1' already exists"):
+        await second.prepare_new("s1")
     await first.detach(entry)
-    with pytest.raises(SessionStoreError, match="'s1' is already stored"):
-        await second.detach(rival)  # its events were never stored: reported, not lost silently
     assert await stored_events(persistence, "s1") == tuple(entry.session.events)
 
 
@@ -545,16 +545,17 @@ async def test_a_discarded_preparation_stores_nothing(store: SessionRegistry, pe
 # ------------------------------------------------------------------ the memory store through the harness
 
 
-@pytest.mark.parametrize("first_to_publish", ["a", "b"])
-async def test_racing_creates_on_the_memory_store_never_mix_their_events(first_to_publish: str) -> None:
+@pytest.mark.parametrize("first", ["a", "b"])
+async def test_racing_creates_on_the_memory_store_never_mix_their_events(first: str) -> None:
     sequencer = trio.testing.Sequencer()
-    finish = {first_to_publish: 2, ("b" if first_to_publish == "a" else "a"): 3}
+    loser = "b" if first == "a" else "a"
 
-    def setup_for(name: str, start: int) -> Any:
+    def setup_for(name: str) -> Any:
         async def setup(agent: Agent) -> None:
-            async with sequencer(start):
-                agent.inject(f"from {name}")  # appended to its session before publication
-            async with sequencer(finish[name]):
+            agent.inject(f"from {name}")  # appended to its session before publication
+            async with sequencer(1):  # the winner is in its setup, holding the id
+                pass
+            async with sequencer(3):
                 pass
 
         return setup
@@ -562,24 +563,29 @@ async def test_racing_creates_on_the_memory_store_never_mix_their_events(first_t
     results: dict[str, object] = {}
     async with open_harness(model=ScriptedModel([]), store=":memory:", builtin_tools=False) as h:
 
-        async def create(name: str, start: int) -> None:
-            try:
-                results[name] = await h.agents.create(session_id="same", setup=setup_for(name, start))
-            except AgentExistsError as exc:
-                results[name] = exc
+        async def create(name: str) -> None:
+            if name == loser:
+                async with sequencer(2):
+                    try:
+                        results[name] = await h.agents.create(session_id="same", setup=setup_for(name))
+                    except AgentExistsError as exc:
+                        results[name] = exc
+                return
+            async with sequencer(0):
+                pass
+            results[name] = await h.agents.create(session_id="same", setup=setup_for(name))
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(create, "a", 0)
-            nursery.start_soon(create, "b", 1)
-        loser = "b" if first_to_publish == "a" else "a"
-        assert isinstance(results[loser], AgentExistsError)
+            nursery.start_soon(create, "a")
+            nursery.start_soon(create, "b")
+        assert isinstance(results[loser], AgentExistsError)  # refused before its setup ran
         assert not await h.sessions.persistence.exists("same")  # nothing stored before the first flush
-        winner = results[first_to_publish]
+        winner = results[first]
         assert isinstance(winner, AgentHandle) and h.agents.list() == [winner.agent]
         await winner.dispose()  # the first flush: the record appears now, the winner's events only
         loaded = await h.sessions.persistence.load("same")
     texts = [m.text for e in loaded.events if isinstance(e, InboxSpliced) for m in e.inserted]
-    assert texts == [f"from {first_to_publish}"]
+    assert texts == [f"from {first}"]
     assert [e.seq for e in loaded.events] == list(range(len(loaded.events)))
 
 

@@ -280,25 +280,25 @@ async def test_a_created_session_is_held_from_its_first_flush_until_detached(kit
     assert tuple(resumed.events) == tuple(session.events)
 
 
-@pytest.mark.parametrize("first_to_flush", ["a", "b"])
-async def test_two_creators_of_one_id_one_flush_wins_the_other_is_refused_and_stores_nothing(
-    kit: Kit, first_to_flush: str
+@pytest.mark.parametrize("first_to_prepare", ["a", "b"])
+async def test_two_creators_of_one_id_the_first_to_prepare_claims_it_the_other_is_refused_at_once(
+    kit: Kit, first_to_prepare: str
 ) -> None:
-    stores = {"a": kit.store(), "b": kit.store()}
-    sessions = {name: await store.prepare_new("s1") for name, store in stores.items()}
-    entries = {name: stores[name].enter(session) for name, session in sessions.items()}
-    for name, session in sessions.items():
-        append(session, turn(1, text=f"from {name}"))
-    loser = "b" if first_to_flush == "a" else "a"
-    await sessions[first_to_flush].flush()
-    with pytest.raises(SessionStoreError) as caught:
-        await sessions[loser].flush()
-    assert isinstance(caught.value.__cause__, SessionExistsError)
-    assert (await kit.persistence.load("s1")).events == tuple(sessions[first_to_flush].events)
-    await stores[first_to_flush].detach(entries[first_to_flush])
-    with pytest.raises(SessionStoreError):  # the loser's final flush still cannot store its events
-        await stores[loser].detach(entries[loser])
-    assert (await kit.persistence.load("s1")).events == tuple(sessions[first_to_flush].events)
+    loser = "b" if first_to_prepare == "a" else "a"
+    async with AsyncExitStack() as stack:
+        stores = {first_to_prepare: kit.store(), loser: SessionRegistry(await opened(stack, kit.twin()))}
+        session = await stores[first_to_prepare].prepare_new("s1")
+        with pytest.raises(SessionExistsError, match="'s1' already exists"):
+            await stores[loser].prepare_new("s1")  # claimed: refused before anything runs (issue 24)
+        entry = stores[first_to_prepare].enter(session)
+        append(session, turn(1, text=f"from {first_to_prepare}"))
+        await session.flush()
+        with pytest.raises(SessionExistsError):
+            await stores[loser].prepare_new("s1")
+        await stores[first_to_prepare].detach(entry)
+        with pytest.raises(SessionExistsError):
+            await stores[loser].prepare_new("s1")
+    assert (await kit.persistence.load("s1")).events == tuple(session.events)
 
 
 async def test_prepare_new_of_a_stored_id_is_refused(kit: Kit) -> None:

@@ -45,9 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import functools
-import json
 import logging
 import os
 import signal
@@ -58,6 +56,16 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
+from ._cli_common import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_LIMIT,
+    EXIT_OK,
+    EXIT_USAGE,
+    PROG,
+    _error,
+    _store_name,
+)
 from ._errors import (
     HarnessError,
     InvalidSessionIdError,
@@ -74,26 +82,18 @@ if TYPE_CHECKING:
     from ._cli_progress import Printer
     from ._records import Failure, ModelSettings
     from .agents._agent import Agent
-    from .agents._approval import ApprovalDecision, ApprovalRequest
     from .agents._options import AgentOptions
     from .agents._turns import TurnOutcome
     from .model._protocol import ModelProvider
-    from .session._events import Event, SessionHeader
+    from .session._events import Event
     from .tools._mcp_config import McpServerConfig
 
 
 DEFAULT_MODEL: Final = "deepseek:deepseek-chat"
 """The model spec used when neither ``--model`` nor ``$TRIO_HARNESS_MODEL`` is given."""
 
-EXIT_OK: Final = 0
-EXIT_FAILED: Final = 1
-EXIT_USAGE: Final = 2
-EXIT_LIMIT: Final = 3
-EXIT_INTERRUPTED: Final = 130
 
 _TOOL_NAMES: Final = ("tasks", "bash", "subagent")
-
-PROG: Final = "trio-harness"
 
 
 def default_store() -> Path:
@@ -296,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="list stored sessions",
         description="List stored sessions: id, creation time, events, last activity and the first user prompt.",
     )
-    listing.set_defaults(handler=_cmd_sessions_list)
+    listing.set_defaults(handler=_sessions_command("list"))
     show = actions.add_parser(
         "show",
         parents=[common],
@@ -312,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=500,
         help="truncate tool arguments and results to N characters (default: %(default)s)",
     )
-    show.set_defaults(handler=_cmd_sessions_show)
+    show.set_defaults(handler=_sessions_command("show"))
     return parser
 
 
@@ -340,32 +340,6 @@ def _store_arg(value: str) -> str | Path:
     if value.startswith(("postgresql://", "postgres://")):
         return value
     return Path(value)
-
-
-def _store_name(store: str | Path) -> str:
-    """The store for a message: a directory as given, a URL without its password."""
-    if isinstance(store, Path):
-        return str(store.expanduser().resolve())
-    from .session._postgres import redact_dsn
-
-    return redact_dsn(store)
-
-
-def _error(message: str) -> None:
-    from ._cli_progress import Style, inert, use_colour
-
-    if sys.stderr.isatty():  # a failure's message may carry a provider's or a tool's text
-        message = inert(message)
-    label = Style(use_colour(sys.stderr, os.environ)).error("error:")
-    print(f"{PROG}: {label} {message}", file=sys.stderr, flush=True)
-
-
-def _store_is_not_a_directory(store: str | Path) -> bool:
-    """Report (one line) a ``--store`` that exists but is not a directory (a URL is not checked here)."""
-    if isinstance(store, Path) and store.exists() and not store.is_dir():
-        _error(f"the session store {str(store)!r} is not a directory; pass --store DIR naming a directory")
-        return True
-    return False
 
 
 async def _with_model(spec: str, main: Callable[[ModelProvider], Awaitable[int]], *, require_key: bool = True) -> int:
@@ -447,24 +421,6 @@ def _read_system(args: argparse.Namespace) -> tuple[bool, str | None]:
     except (OSError, UnicodeError) as exc:
         _error(f"cannot read --system-file {str(args.system_file)!r}: {exc}")
         return False, None
-
-
-def _shorten(text: str, limit: int) -> str:
-    from .acp._updates import shorten
-
-    return shorten(text, limit)
-
-
-def _local_time(timestamp: float) -> str:
-    return datetime.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _compact_arguments(arguments: str) -> str:
-    try:
-        parsed = json.loads(arguments) if arguments.strip() else {}
-    except ValueError:
-        return arguments
-    return json.dumps(parsed, ensure_ascii=False)
 
 
 # ---------------------------------------------------------------- acp
@@ -558,128 +514,6 @@ async def _serve_acp(
 # ---------------------------------------------------------------- run
 
 
-def approval_question(request: ApprovalRequest, *, width: int = 80) -> str:
-    """What ``run`` shows before asking: the tool, where it runs, and the whole call, wrapped and inert.
-
-    For ``bash``: the directory the command runs in (its ``workdir``, else
-    the session's directory, else the harness's), ``in the background`` when
-    ``run_in_background`` is set, then every line of the command.  For any
-    other tool, its arguments as JSON.  Each line of the call is indented four
-    spaces; a line wider than ``width`` continues on lines starting ``  ↪ ``.
-    Control characters are shown escaped (:func:`~trio_harness._cli_progress.inert`).
-    """
-    from ._cli_progress import inert
-
-    arguments = request.arguments
-    command = arguments.get("command") if request.tool == "bash" else None
-    if isinstance(command, str):
-        workdir = arguments.get("workdir") or request.agent.session.header.cwd or os.getcwd()
-        head = f"[approve] {request.tool} in {workdir}"
-        if arguments.get("run_in_background"):
-            head += ", in the background"
-        body = command
-    else:
-        head = f"[approve] {request.tool}"
-        body = _compact_arguments(request.raw_arguments)
-    step = max(width - 4, 20)
-    lines = [inert(head) + ":"]
-    for line in inert(body).split("\n"):
-        pieces = [line[start : start + step] for start in range(0, len(line), step)] or [""]
-        lines.append("    " + pieces[0])
-        lines += ["  ↪ " + piece for piece in pieces[1:]]
-    return "\n".join(lines)
-
-
-def _stderr_columns() -> int:
-    """The width of the terminal the question goes to: ``$COLUMNS``, else stderr's, else 80."""
-    try:
-        return int(os.environ.get("COLUMNS", "")) or 80
-    except ValueError:
-        pass
-    try:
-        return os.get_terminal_size(sys.stderr.fileno()).columns or 80
-    except (OSError, ValueError):
-        return 80
-
-
-class _TerminalApprover:
-    """The approver of ``run``: asks ``y / n / always`` on the terminal.
-
-    The question goes to stderr and the answer is read from the controlling
-    terminal (``/dev/tty``), never from stdin, which may carry the prompt.
-    Without a terminal (stderr is not one, or there is no controlling
-    terminal) every call that requires approval is denied, with a line on
-    stderr saying how to allow it (``--yes``).  One question at a time.
-    """
-
-    def __init__(self, printer: Printer) -> None:
-        self.printer = printer
-        self._lock = trio.Lock()
-        self._tty: trio.lowlevel.FdStream | None = None
-        self._buffer = b""
-        if sys.stderr.isatty():
-            try:
-                self._tty = trio.lowlevel.FdStream(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC))
-            except OSError:
-                self._tty = None
-
-    async def aclose(self) -> None:
-        if self._tty is not None:
-            await self._tty.aclose()
-
-    async def __call__(self, request: ApprovalRequest) -> ApprovalDecision:
-        from .acp._updates import tool_title
-        from .agents._approval import ApprovalDecision
-
-        title = self.printer.show(tool_title(request.tool, request.raw_arguments, limit=200))
-        if self._tty is None:
-            self.printer.break_line()
-            print(
-                f"{PROG}: denied {title}: it needs approval and there is no terminal to ask on; "
-                "run with --yes to allow tool calls without asking",
-                file=sys.stderr,
-                flush=True,
-            )
-            return ApprovalDecision.deny(
-                "there is no terminal to ask the user for approval; "
-                "the user can rerun trio-harness with --yes to allow tool calls"
-            )
-        question = approval_question(request, width=_stderr_columns())
-        async with self._lock:
-            self.printer.break_line()
-            print(question, file=sys.stderr, flush=True)
-            while True:
-                self.printer.break_line()
-                print("allow? [y]es / [n]o / [a]lways: ", end="", file=sys.stderr, flush=True)
-                line = await self._read_line()
-                if line is None:
-                    print(file=sys.stderr, flush=True)
-                    return ApprovalDecision.deny("no answer: the terminal reached end of input")
-                word, _, rest = line.strip().partition(" ")
-                word = word.lower()
-                if word in ("y", "yes"):
-                    return ApprovalDecision.allow_once()
-                if word in ("a", "always"):
-                    return ApprovalDecision.allow_always()
-                if word in ("n", "no"):
-                    return ApprovalDecision.deny(rest.strip() or None)
-                print("please answer y (yes), n (no, optionally followed by a reason) or a (always)", file=sys.stderr)
-
-    async def _read_line(self) -> str | None:
-        assert self._tty is not None
-        while b"\n" not in self._buffer:
-            try:
-                data = await self._tty.receive_some(4096)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                data = b""
-            if not data:
-                line, self._buffer = self._buffer, b""
-                return line.decode("utf-8", "replace") if line else None
-            self._buffer += data
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return line.decode("utf-8", "replace")
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     if _sandbox_hide_without_sandbox(args):
         return EXIT_USAGE
@@ -704,6 +538,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 async def _run_prompt(
     args: argparse.Namespace, provider: ModelProvider, prompt: str, servers: Sequence[McpServerConfig] = ()
 ) -> int:
+    from ._cli_approval import TerminalApprover
     from ._cli_progress import Printer, Style, use_colour
     from ._harness import open_harness
     from .agents._approval import allow_all
@@ -724,7 +559,7 @@ async def _run_prompt(
     entered = False
     agent_id: str | None = None
     outcome: TurnOutcome | None = None
-    terminal = None if args.yes else _TerminalApprover(printer)
+    terminal = None if args.yes else TerminalApprover(printer)
     try:
         async with open_harness(
             model=provider,
@@ -925,199 +760,18 @@ def _exit_code(outcome: TurnOutcome | None, *, interrupted: bool) -> int:
     return EXIT_FAILED
 
 
-# ---------------------------------------------------------------- sessions
+def _sessions_command(name: str) -> Callable[[argparse.Namespace], int]:
+    """The handler of ``sessions list`` / ``sessions show`` (in :mod:`trio_harness._cli_sessions`)."""
 
+    def handler(args: argparse.Namespace) -> int:
+        from ._cli_sessions import sessions_list, sessions_show
 
-def _cmd_sessions_list(args: argparse.Namespace) -> int:
-    from ._harness import open_store
+        return (sessions_list if name == "list" else sessions_show)(args)
 
-    if _store_is_not_a_directory(args.store):
-        return EXIT_USAGE
-
-    async def load_all() -> list[tuple[SessionHeader, tuple[Event, ...] | str]]:
-        rows: list[tuple[SessionHeader, tuple[Event, ...] | str]] = []
-        async with open_store(args.store) as persistence:
-            for header in await persistence.list():
-                try:
-                    rows.append((header, (await persistence.load(header.id)).events))
-                except HarnessError as exc:
-                    rows.append((header, f"unreadable: {exc}"))
-        return rows
-
-    try:
-        listed = trio.run(load_all)
-    except HarnessError as exc:
-        _error(str(exc))
-        return EXIT_FAILED
-    if not listed:
-        print(f"no sessions in {_store_name(args.store)}")
-        return EXIT_OK
-
-    from .acp._updates import first_user_text
-
-    table: list[tuple[str, str, str, str, str]] = []
-    for header, events in listed:
-        if isinstance(events, str):
-            table.append((header.id, _local_time(header.created_at), "?", "?", _shorten(events, 60)))
-            continue
-        last = events[-1].ts if events else header.created_at
-        first = first_user_text(events)
-        preview = _shorten(first, 60) if first else "(no prompt)"
-        table.append(
-            (
-                header.id,
-                _local_time(header.created_at),
-                str(len(events)),
-                _local_time(last),
-                preview,
-            )
-        )
-    titles = ("ID", "CREATED", "EVENTS", "LAST ACTIVITY", "FIRST PROMPT")
-    widths = [max(len(row[i]) for row in (titles, *table)) for i in range(4)]
-    rows = [
-        "  ".join((*(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])), row[4])).rstrip()
-        for row in (titles, *table)
-    ]
-    for line in _for_stdout(rows):
-        print(line)
-    return EXIT_OK
-
-
-def _cmd_sessions_show(args: argparse.Namespace) -> int:
-    from ._harness import open_store
-    from .session._persistence import LoadedSession
-
-    async def load() -> LoadedSession:
-        async with open_store(args.store) as persistence:
-            return await persistence.load(args.session_id)
-
-    if _store_is_not_a_directory(args.store):
-        return EXIT_USAGE
-
-    async def find() -> str | None:
-        async with open_store(args.store) as persistence:
-            return _unique_session([header.id for header in await persistence.list()], args.session_id)
-
-    try:
-        session_id = trio.run(find)
-        if session_id is None:
-            return EXIT_USAGE
-        args.session_id = session_id
-        loaded = trio.run(load)
-    except (SessionNotFoundError, InvalidSessionIdError) as exc:
-        _error(str(exc))
-        return EXIT_USAGE
-    except HarnessError as exc:
-        _error(str(exc))
-        return EXIT_FAILED
-    for line in _for_stdout(transcript(loaded.header, loaded.events, width=args.width)):
-        print(line)
-    return EXIT_OK
-
-
-def _for_stdout(lines: list[str]) -> list[str]:
-    """``lines`` made inert when stdout is a terminal (docs/cli.rst); exact into a file or pipe."""
-    from ._cli_progress import inert
-
-    return [inert(line) for line in lines] if sys.stdout.isatty() else lines
+    return handler
 
 
 def _unique_session(stored: Sequence[str], wanted: str) -> str | None:
-    """The stored session id ``wanted`` names: itself, or the one id it prefixes (None: reported)."""
-    ids = sorted(stored)
-    if wanted in ids:
-        return wanted
-    matches = [session_id for session_id in ids if session_id.startswith(wanted)] if wanted else []
-    if len(matches) == 1:
-        return matches[0]
-    if len(matches) > 1:
-        _error(f"session prefix {wanted!r} is ambiguous: it matches {', '.join(matches)}; give more of the id")
-        return None
-    return wanted  # loading it reports the unknown (or invalid) id
+    from ._cli_sessions import unique_session
 
-
-def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 500) -> list[str]:
-    """A readable transcript of a session log, as lines.
-
-    Args:
-        header: the session header.
-        events: the session's events.
-        width: tool arguments and results are cut to this many characters.
-    """
-    from .session import _events as ev
-    from .session._paused import paused_calls
-
-    lines = [
-        f"session {header.id}",
-        f"created {_local_time(header.created_at)}  cwd {header.cwd or '?'}",
-    ]
-    if header.parent_session is not None:
-        lines.append(f"forked from {header.parent_session} (first {header.seed_length} events)")
-    lines.append(f"{len(events)} events")
-    for event in events:
-        if isinstance(event, ev.TurnStart):
-            lines += ["", f"=== turn {event.turn} ==="]
-        elif isinstance(event, ev.UserMessage):
-            # A background task's completion notice is no user text (docs/tasks.rst).
-            who = "notice" if event.origin == "task-notice" else "user"
-            who = who if event.mode == "followup" else f"{who} ({event.mode})"
-            lines.append(f"{who}: {_indent(event.text)}")
-        elif isinstance(event, ev.AssistantMessage):
-            if event.reasoning:
-                lines.append(f"thinking: {_shorten(event.reasoning, width)}")
-            if event.text:
-                lines.append(f"assistant: {_indent(event.text)}")
-        elif isinstance(event, ev.ToolCallRequested):
-            lines.append(f"  [tool] {event.name} {_shorten(_compact_arguments(event.arguments), width)}")
-        elif isinstance(event, ev.ToolResult):
-            label = "[tool error]" if event.is_error else "[tool result]"
-            lines += _result_lines(label, event.content, width)
-        elif isinstance(event, ev.ApprovalDecided):
-            decided = f"  [approval] {event.name}: {event.outcome.replace('_', ' ')} ({event.source})"
-            if event.cause is not None:
-                decided += f" (cause: {event.cause})"
-            if event.message:
-                decided += f": {_shorten(event.message, width)}"
-            lines.append(decided)
-        elif isinstance(event, ev.RequestRetry):
-            lines.append(f"  [retry {event.attempt}] {event.failure.message} ({event.failure.code})")
-        elif isinstance(event, ev.ContextCompacted):
-            lines.append(
-                f"--- context compacted ({event.reason}): events before seq {event.boundary} summarized "
-                f"({len(event.summary)} characters) ---"
-            )
-        elif isinstance(event, ev.CompactionFailed) and event.failure.code == "cancelled":
-            lines.append(f"--- context compaction cancelled ({event.reason}) ---")
-        elif isinstance(event, ev.CompactionFailed):
-            lines.append(
-                f"--- context compaction failed ({event.reason}): {event.failure.message} ({event.failure.code}) ---"
-            )
-        elif isinstance(event, ev.ApprovalRequested):
-            lines.append(f"  [approval] {event.name}: asked")
-        elif isinstance(event, ev.TurnEnd):
-            reason: str = event.reason
-            if event.cause is not None:
-                reason += f" (cause: {event.cause})"
-            if event.failure is not None:
-                reason += f": {event.failure.message} ({event.failure.code})"
-            lines.append(f"--- turn {event.turn} ended: {reason} ---")
-    for call in paused_calls(events):  # docs/approval.rst, "Paused approvals"
-        lines.append(f"[waiting for approval] {call.name} {_shorten(_compact_arguments(call.arguments), width)}")
-    return lines
-
-
-def _result_lines(label: str, content: str, width: int) -> list[str]:
-    """A tool result in a transcript: beside its label when one line, else its lines indented under it.
-
-    Either way it is cut to ``width`` characters (newlines included), ending in ``…`` when cut.
-    """
-    content = content.strip("\n")
-    if "\n" not in content:
-        return [f"  {label} {_shorten(content, width)}".rstrip()]
-    if len(content) > width:
-        content = content[: max(width - 1, 0)] + "…"
-    return [f"  {label}", *(f"    {line}".rstrip() for line in content.split("\n"))]
-
-
-def _indent(text: str) -> str:
-    return text.replace("\n", "\n  ")
+    return unique_session(stored, wanted)

@@ -4,6 +4,8 @@ Create and resume share one atomic publication pipeline (docs/lifecycle.rst,
 "Create and resume: one atomic pipeline"):
 
 1. prepare the session (fresh, or loaded and recovered) — nobody can see it;
+   preparing a fresh one claims its id in the store, so a same-id create (in
+   any process sharing the store) is refused here, before setup;
 2. prepare the agent: its own scope (a child of the factory's scope), inbox
    and driver, with the teardown chain registered first so it unwinds last;
 3. ``await setup(agent)`` while both registries still return nothing;
@@ -306,7 +308,9 @@ class AgentRegistry:
         Raises:
             InvalidSessionIdError: the id is not a usable session id.
             TypeError: ``cwd``, ``options``, ``owner`` or ``setup`` has the wrong type.
-            AgentExistsError: the id is live (or stored: resume it instead).
+            AgentExistsError: the id is live, being created (in this process or
+                another one sharing the store), or stored (resume it instead);
+                raised before setup and before any model request.
             AgentError: the owner scope is closing, or closed during creation.
             FactoryError: no factory is registered.
             SessionStoreError: the store cannot be written (checked before setup).

@@ -16,6 +16,13 @@ the moment the log appears (new sessions) or from :meth:`JsonlStore.resume`
 (before the log is read) until it is closed, so a session live in one process
 cannot be resumed in another.
 
+Same-id creates are arbitrated before the creator runs anything: the writer of
+a new session claims its id at :meth:`JsonlStore.open_writer` (a lock on
+one byte of ``<root>/.create.lock``, see :mod:`._create_lock`) and holds the
+claim until its first flush has linked the log into place and locked it, or
+until it is closed.  After taking the claim it checks that no log exists (a
+writer that stored the id released its claim only after its log appeared).
+
 Nothing escapes the root: session directories are opened with ``O_NOFOLLOW``
 and must be real directories, logs must be regular files (a planted symbolic
 link, FIFO or device is refused before any byte is read), reads are bounded by
@@ -58,6 +65,7 @@ from .._errors import (
     SessionStoreError,
 )
 from ._codec import decode_event, decode_event_line, decode_header, encode_event, encode_header, encoder_of
+from ._create_lock import CLAIM_NAME, ClaimHeld, take_claim
 from ._events import Event, SessionHeader, TurnEnd
 from ._persistence import LoadedSession
 from ._session import SessionWriter, validate_session_id
@@ -213,6 +221,8 @@ class _JsonlWriter:
     _length: int = attrs.field(default=0, alias="length")
     # Byte length to cut the file to before the first append (resume of a torn log).
     _truncate_to: int | None = attrs.field(default=None, alias="truncate_to")
+    # The open .create.lock whose byte claims a new session's id, until its log is stored.
+    _claim: int | None = attrs.field(default=None, alias="claim")
     _buffer: list[str] = attrs.field(factory=list, init=False)
     _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _closed: bool = attrs.field(default=False, init=False)
@@ -280,6 +290,13 @@ class _JsonlWriter:
         self._fd, self._header_line = fd, None
         self._length = self._synced_length = len(content)
         self.store._held.add(self.header.id)
+        self._release_claim()  # the log is there and locked: it refuses other creates now
+
+    def _release_claim(self) -> None:
+        claim, self._claim = self._claim, None
+        if claim is not None:
+            os.close(claim)  # the lock goes with this open of the file
+            self.store._claimed.discard(self.header.id)
 
     async def _append(self, fd: int, lines: list[str], inline: bool, sync: bool) -> None:
         """Write ``lines`` (and fsync with ``sync``); on failure everything unsynced is cut off and buffered again."""
@@ -323,6 +340,7 @@ class _JsonlWriter:
     async def aclose(self) -> None:
         self._closed = True
         self._buffer = []
+        self._release_claim()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -393,6 +411,8 @@ class JsonlStore:
     max_log_bytes: int = DEFAULT_MAX_LOG_BYTES
     # Ids whose log a writer of this object holds locked.
     _held: set[str] = attrs.field(factory=set, init=False)
+    # Ids a writer of this object claimed for creating (see the module docs), not stored yet.
+    _claimed: set[str] = attrs.field(factory=set, init=False)
 
     def path_of(self, session_id: str) -> Path:
         """The log file of ``session_id`` (which need not exist)."""
@@ -554,11 +574,18 @@ class JsonlStore:
         return self._parse(data, str(path), session_id)
 
     async def open_writer(self, header: SessionHeader) -> SessionWriter:
-        """A writer for a new session; the log appears, whole and locked, at its first flush.
+        """Claim the id and return a writer for it; the log appears, whole and locked, at its first flush.
+
+        The claim (a lock on one byte of ``<root>/.create.lock``, which is
+        created with the root if missing) is held until that flush stored the
+        log, or the writer is closed.
 
         Raises:
+            SessionExistsError: a log is stored under this id, or another
+                writer (of any process) is creating it.
             SessionStoreError: the session's directory is taken by something
-                that is not a directory (e.g. a symbolic link).
+                that is not a directory (e.g. a symbolic link), or the claim
+                file cannot be used.
             SessionError: the header cannot be encoded.
         """
         path = self.path_of(header.id)
@@ -577,7 +604,39 @@ class JsonlStore:
             line = (encode_header(header) + "\n").encode("utf-8")
         except (TypeError, ValueError) as exc:
             raise SessionError(f"the header of session {header.id!r} cannot be stored: {exc}") from exc
-        return _JsonlWriter(self, header, path, header_line=line)
+        claim = await self._claim(header.id)
+        return _JsonlWriter(self, header, path, header_line=line, claim=claim)
+
+    async def _claim(self, session_id: str) -> int | None:
+        """Claim ``session_id`` for creating it (:mod:`._create_lock`), then check nothing is stored.
+
+        Returns the descriptor holding the claim (None without OFD locks).
+        """
+        try:
+            _make_private_dirs(self.root)
+        except OSError as exc:
+            raise SessionStoreError(f"cannot create the session store {self.root}: {exc}", path=str(self.root)) from exc
+        busy = False
+        try:
+            fd = take_claim(self.root, session_id)
+        except ClaimHeld:
+            fd, busy = None, True
+        try:
+            if (fd is not None or busy) and await self.exists(session_id):  # its last claimant stored it
+                raise SessionExistsError(f"session {session_id!r} is already stored at {self.path_of(session_id)}")
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
+        if busy:
+            where = "in this process" if session_id in self._claimed else "by another process or store object"
+            raise SessionExistsError(
+                f"session {session_id!r} already exists: it is being created {where} on {self.root} (its claim in "
+                f"{self.root / CLAIM_NAME} is held); use another id, or resume it once it is stored"
+            )
+        if fd is not None:
+            self._claimed.add(session_id)
+        return fd
 
     async def resume(self, session_id: str) -> tuple[LoadedSession, SessionWriter]:
         """Lock the session's log, then read it; the writer holds the lock until closed.
@@ -615,10 +674,11 @@ class JsonlStore:
         return loaded, writer
 
     async def save(self, header: SessionHeader, events: Sequence[Event]) -> None:
-        """Write a whole new session at once (atomically, via a temporary file)."""
+        """Write a whole new session at once (atomically, via a temporary file), under its id's claim."""
         path = self.path_of(header.id)
         lines = [encode_header(header), *(encode_event(e) for e in events)]
         data = ("\n".join(lines) + "\n").encode("utf-8")
+        claim = await self._claim(header.id)
         try:
             fd = await trio.to_thread.run_sync(self._store_new_log, header.id, data)
             os.close(fd)
@@ -626,6 +686,10 @@ class JsonlStore:
             raise SessionStoreError(
                 f"cannot write session {header.id!r} to {path}: {_reason(exc)}", path=str(path)
             ) from exc
+        finally:
+            if claim is not None:
+                os.close(claim)
+                self._claimed.discard(header.id)
 
     # ------------------------------------------------------------ internals
 

@@ -64,11 +64,19 @@ class SessionStore(Protocol):
         ...
 
     async def open_writer(self, header: SessionHeader) -> SessionWriter:
-        """A writer for a new session; nothing is stored before its first flush.
+        """A writer for a new session, claiming its id; nothing is stored before its first flush.
 
-        That flush stores the header and the buffered events together, or
-        fails with :exc:`SessionExistsError` when another writer stored the id
-        meanwhile.  A writer closed before any flush leaves nothing behind.
+        The claim is the same-id arbitration of creates: it is taken here,
+        before the creator runs anything, and held until the first flush has
+        stored the session (which is held by the writer from then on) or the
+        writer is closed.  That flush stores the header and the buffered
+        events together (or fails with :exc:`SessionExistsError` when a
+        provider that could not claim the id finds it stored meanwhile).  A
+        writer closed before any flush leaves nothing behind and frees the id.
+
+        Raises:
+            SessionExistsError: the id is stored already, or claimed by
+                another writer creating it (in this process or another).
         """
         ...
 
@@ -188,6 +196,8 @@ class _MemoryWriter:
             self._record = list(self._buffer)
             self.store._sessions[self.header.id] = (self.header, self._record)
             self.store._held[self.header.id] = self
+            if self.store._claims.get(self.header.id) is self:
+                del self.store._claims[self.header.id]  # stored and held from now on
         else:
             self._record.extend(self._buffer)
         self._buffer = []
@@ -197,6 +207,8 @@ class _MemoryWriter:
         self._buffer = []
         if self.store._held.get(self.header.id) is self:
             del self.store._held[self.header.id]
+        if self.store._claims.get(self.header.id) is self:
+            del self.store._claims[self.header.id]
 
 
 @attrs.define(eq=False)
@@ -204,13 +216,16 @@ class MemoryStore:
     """Sessions kept in this process's memory (tests, examples, ephemeral agents).
 
     Like the JSONL store, a new session's record appears at its first flush,
-    and a session is held by one writer at a time (two harnesses sharing this
-    object cannot both resume it).
+    its id is claimed from :meth:`open_writer` on (two harnesses sharing this
+    object cannot both create it), and a session is held by one writer at a
+    time (nor can they both resume it).
     """
 
     _sessions: dict[str, tuple[SessionHeader, list[Event]]] = attrs.field(factory=dict, init=False)
     # Session id -> the writer holding it.
     _held: dict[str, _MemoryWriter] = attrs.field(factory=dict, init=False)
+    # Session id -> the writer of a new session that claimed it and has not stored it yet.
+    _claims: dict[str, _MemoryWriter] = attrs.field(factory=dict, init=False)
 
     async def check(self) -> None:
         """Nothing to check: memory is always writable."""
@@ -236,8 +251,21 @@ class MemoryStore:
         return LoadedSession(header=record[0], events=tuple(record[1]))
 
     async def open_writer(self, header: SessionHeader) -> SessionWriter:
-        """A writer buffering in memory; the record is created at its first flush."""
-        return _MemoryWriter(self, header, None)
+        """Claim the id and return a writer buffering in memory; the record is created at its first flush.
+
+        Raises:
+            SessionExistsError: the id is stored, or claimed by another writer.
+        """
+        session_id = validate_session_id(header.id)
+        if session_id in self._sessions:
+            raise SessionExistsError(f"session {session_id!r} is already stored")
+        if session_id in self._claims:
+            raise SessionExistsError(
+                f"session {session_id!r} already exists: another writer of this store is creating it"
+            )
+        writer = _MemoryWriter(self, header, None)
+        self._claims[session_id] = writer
+        return writer
 
     async def resume(self, session_id: str) -> tuple[LoadedSession, SessionWriter]:
         """Take a stored session and return it with a writer appending to its record."""
@@ -256,4 +284,6 @@ class MemoryStore:
         validate_session_id(header.id)
         if header.id in self._sessions:
             raise SessionExistsError(f"session {header.id!r} is already stored")
+        if header.id in self._claims:
+            raise SessionExistsError(f"session {header.id!r} already exists: another writer is creating it")
         self._sessions[header.id] = (header, list(events))

@@ -2,8 +2,10 @@
 
 One live writer per session: a writer holds a session-level advisory lock on a
 connection of its own, taken by ``PostgresStore.resume`` before the log
-is read and by the first flush of a new session, and sends every append of
-that session over the same connection.  Losing the connection loses the lock
+is read and by ``PostgresStore.open_writer`` for a new session (its
+claim: same-id creates are arbitrated there, before the creator runs
+anything; a first flush whose claim was lost with its connection takes the
+lock again), and sends every append of that session over the same connection.  Losing the connection loses the lock
 and the ability to write together; the primary key ``(session_id, seq)``
 refuses any batch of a writer that lost its lock to another one.  A flush
 whose connection died (maybe during COMMIT) takes the session again on a new
@@ -17,6 +19,7 @@ this module, never the other way).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -94,6 +97,62 @@ class _WriterStore(Protocol):
     def _start_heartbeat(self, writer: _PgWriter) -> None: ...
 
     def _start_mail(self, writer: _PgWriter) -> None: ...
+
+
+async def claim_new(store: _WriterStore, session_id: str) -> psycopg.Connection[Any]:
+    """Take the advisory lock of a session to create on a writer connection; the id must not be stored.
+
+    The claim of ``PostgresStore.open_writer``: returns the connection
+    holding the lock (configured as a writer's).
+
+    Raises:
+        SessionExistsError: the lock is held elsewhere (the id is being
+            created, or is live, on another worker), or the id is stored.
+        SessionStoreError: PostgreSQL cannot be reached or used.
+    """
+    conn = await store._take_writer_connection()
+    key, sql, pg = _lock_key(store.schema, session_id), store._sql, _psycopg()
+    locked = False
+    try:
+        while True:
+            try:
+                locked = await _call(conn, functools.partial(_try_lock, conn, key))
+            except _Tainted:
+                conn.close()
+                conn = await store._connect()
+                continue
+            except BaseException as exc:
+                # Whether this connection holds the lock is unknown: closed, never pooled.
+                conn.close()
+                if isinstance(exc, pg.Error):
+                    raise store._error(exc, f"claim session {session_id!r}", session_id=session_id) from exc
+                raise
+            break
+        if not locked:
+            raise SessionExistsError(
+                f"session {session_id!r} already exists: it is being created, or is live, on another worker "
+                f"(its lock in {store.location} is held); use another id, or resume it once it is stored"
+            )
+        if session_id in store._writers:  # claimed in this process while we waited
+            raise SessionExistsError(
+                f"session {session_id!r} already exists: it is being created or is live in this process"
+            )
+
+        def stored() -> bool:
+            store._configure_writer(conn)
+            return conn.execute(f"SELECT 1 FROM {sql.s}.sessions WHERE id = %s", (session_id,)).fetchone() is not None
+
+        try:
+            found = await _call(conn, stored)
+        except pg.Error as exc:
+            raise store._error(exc, f"look up session {session_id!r}", session_id=session_id) from exc
+        if found:
+            raise SessionExistsError(f"session {session_id!r} is already stored in {store.location}; resume it instead")
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await store._give_back_locked(conn, key if locked else None)
+        raise
+    return conn
 
 
 # Seconds a writer retaking its session waits for the server to drop its
@@ -542,8 +601,10 @@ class _PgWriter:
             if self._lock.locked() or trio.current_time() - self._last_used < period / 2:
                 continue
             async with self._lock:
-                if self._closed or self._broken is not None or self._header_line is not None:
+                if self._closed or self._broken is not None:
                     return
+                if self._header_line is not None and self._conn is None:
+                    continue  # a claim lost with its connection: the first flush takes the session
                 try:
                     conn = self._conn
                     if conn is None:

@@ -62,7 +62,7 @@ from ._events import Event, InboxMessage, SessionHeader
 from ._persistence import LoadedSession
 from ._pg_schema import _lock_key, _psycopg, _quote, _scalar, _Sql, _Tables
 from ._pg_threads import _call, _execute, _open_connection, _Pool
-from ._pg_writer import _PgWriter, _Tainted, _try_lock
+from ._pg_writer import _PgWriter, _Tainted, _try_lock, claim_new
 from ._session import SessionWriter, validate_session_id
 
 if TYPE_CHECKING:
@@ -560,19 +560,36 @@ class PostgresStore:
         return LoadedSession(header=header, events=tuple(events))
 
     async def open_writer(self, header: SessionHeader) -> SessionWriter:
-        """A writer for a new session; its first flush takes the session's lock and stores it.
+        """Claim the id of a new session and return its writer; its first flush stores it.
+
+        The claim is the session's advisory lock, taken on the writer's own
+        connection (it is held from then on, and the first flush stores the
+        session over it); the id must not be stored.  The writer closed before
+        any flush releases it and leaves nothing behind.
 
         Raises:
+            SessionExistsError: the id is stored, or another worker (or this
+                process) is creating it or holds it.
             SessionError: the header cannot be encoded.
-            SessionStoreError: the store is not open.
+            SessionStoreError: the store is not open, or PostgreSQL cannot be
+                reached or used.
         """
-        validate_session_id(header.id)
+        session_id = validate_session_id(header.id)
         self._require_pool()
         try:
             line = encode_header(header)
         except (TypeError, ValueError) as exc:
-            raise SessionError(f"the header of session {header.id!r} cannot be stored: {exc}") from exc
-        return _PgWriter(self, header, header_line=line, stored=0)
+            raise SessionError(f"the header of session {session_id!r} cannot be stored: {exc}") from exc
+        if session_id in self._writers:
+            raise SessionExistsError(
+                f"session {session_id!r} already exists: it is being created or is live in this process"
+            )
+        conn = await claim_new(self, session_id)
+        writer = _PgWriter(self, header, header_line=line, stored=0, conn=conn)
+        writer._held = True
+        self._writers[session_id] = writer
+        self._start_heartbeat(writer)
+        return writer
 
     async def resume(self, session_id: str) -> tuple[LoadedSession, SessionWriter]:
         """Take the session's lock on a connection of its own, then read it.
@@ -681,20 +698,29 @@ class PostgresStore:
         header_line = encode_header(header)
         lines = [encode_event(event) for event in events]
 
-        def work(conn: psycopg.Connection[Any]) -> bool:
+        key = _lock_key(self.schema, header.id)
+
+        def work(conn: psycopg.Connection[Any]) -> str:
             with conn.transaction():
+                if not _scalar(conn, "SELECT pg_try_advisory_xact_lock(%s)", (key,)):
+                    return "claimed"  # another writer is creating (or holds) it
                 row = conn.execute(
                     sql.insert_session,
                     (header.id, header_line, header.created_at, header.parent_session),
                 ).fetchone()
                 if row is None:
-                    return False
+                    return "exists"
                 if lines:
                     conn.execute(sql.insert_events, (header.id, 0, lines), binary=True)
-            return True
+            return "stored"
 
-        if not await self._run(f"store session {header.id!r}", work):
-            raise SessionExistsError(f"session {header.id!r} is already stored in {self.location}")
+        outcome = await self._run(f"store session {header.id!r}", work)
+        if outcome != "stored":
+            raise SessionExistsError(
+                f"session {header.id!r} "
+                + ("is already stored" if outcome == "exists" else "already exists: another worker is creating it")
+                + f" in {self.location}"
+            )
 
     async def copy_prefix(self, source: str, boundary: int, child: SessionHeader) -> bool:
         """Fork on the server: store ``child`` holding ``source``'s first ``boundary`` stored events.
@@ -711,9 +737,13 @@ class PostgresStore:
         sql = self._sql
         header_line = encode_header(child)
 
+        key = _lock_key(self.schema, child.id)
+
         def work(conn: psycopg.Connection[Any]) -> str:
             try:
                 with conn.transaction():
+                    if not _scalar(conn, "SELECT pg_try_advisory_xact_lock(%s)", (key,)):
+                        return "exists"  # another writer is creating (or holds) it
                     row = conn.execute(
                         sql.insert_session,
                         (child.id, header_line, child.created_at, child.parent_session),

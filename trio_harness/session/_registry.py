@@ -1,9 +1,10 @@
 """The session registry (``harness.sessions``): the live sessions of this process, over a store.
 
 Publication is split in steps (docs/guarantees.rst, "Publication"): *prepare*
-builds a session that nobody can see (a fresh one, or one loaded and recovered
-from persistence); *enter* makes it live under its id (the authoritative same-id
-arbitration: a second live session with the same id is refused); *announce*
+builds a session that nobody can see (a fresh one, whose id the persistence
+claims at ``open_writer``: the same-id arbitration of creates, before anything
+runs; or one loaded and recovered from persistence); *enter* makes it live
+under its id (a second live session with the same id is refused); *announce*
 emits ``session/created``; *detach* flushes, removes exactly that entry and
 emits ``session/disposed`` if it had been announced.
 """
@@ -79,11 +80,16 @@ class SessionRegistry:
     async def prepare_new(
         self, session_id: str | None = None, *, cwd: str | None = None, parent_session: str | None = None
     ) -> Session:
-        """Build a fresh session that is not live yet.
+        """Build a fresh session that is not live yet, claiming its id in the persistence.
+
+        The claim is held until the session's first flush stored it, or until
+        :meth:`discard`; meanwhile every other prepare of the id, in this
+        process or another sharing the store, is refused.
 
         Raises:
             InvalidSessionIdError: the id is unusable.
-            SessionExistsError: a session with this id is live or already stored.
+            SessionExistsError: a session with this id is live, already
+                stored, or being created (claimed by another writer).
             SessionStoreError: the store cannot hold this id (e.g. a symbolic
                 link is planted where its directory belongs).
         """
