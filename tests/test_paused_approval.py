@@ -226,3 +226,35 @@ def test_assert_balanced_refuses_waiting_calls_unless_the_turn_ends_paused() -> 
     assert_balanced(log("paused"))
     with pytest.raises(EventLogMismatch, match="not paused"):
         assert_balanced(log("completed"))
+
+
+def test_a_continuation_turn_is_no_compaction_boundary() -> None:
+    """The paused turn's call and the continuation's result are never split by a compaction."""
+    import attrs
+
+    from trio_harness._records import ToolCall
+    from trio_harness.agents._history import History
+
+    rows: list[tuple[type[ev.Event], dict[str, Any]]] = [
+        (ev.TurnStart, {"turn": 1}),
+        (ev.StepStart, {"turn": 1, "step": 1}),
+        (ev.AssistantMessage, {"turn": 1, "step": 1, "text": "", "tool_calls": (ToolCall("c1", "danger", "{}"),)}),
+        (ev.ApprovalRequested, {"turn": 1, "step": 1, "call_id": "c1", "name": "danger", "arguments": "{}"}),
+        (ev.StepEnd, {"turn": 1, "step": 1}),
+        (ev.TurnEnd, {"turn": 1, "reason": "paused", "cause": "disposed"}),
+        (ev.TurnStart, {"turn": 2}),
+        (ev.StepStart, {"turn": 2, "step": 1}),
+        (ev.ToolResult, {"turn": 2, "step": 1, "call_id": "c1", "name": "danger", "content": "ok"}),
+        (ev.StepEnd, {"turn": 2, "step": 1}),
+        (ev.TurnEnd, {"turn": 2, "reason": "completed"}),
+        (ev.TurnStart, {"turn": 3}),
+    ]
+    events = [cls(seq=i, ts=0.0, **fields) for i, (cls, fields) in enumerate(rows)]  # type: ignore[arg-type]
+    assert_balanced(events[:-1])
+
+    @attrs.define
+    class Log:
+        events: list[ev.Event]
+
+    history = History(Log(events))  # type: ignore[arg-type]
+    assert [mark.seq for mark in history.marks] == [0, 11]  # turn 1 and turn 3, not the continuation

@@ -137,10 +137,12 @@ class Agent(Protocol):
         """Abort current activity (and clear the inbox unless ``keep_inbox``).
 
         The activity may be a turn or the automatic compaction the agent runs
-        as maintenance between turns (cancelled, it compacts nothing).
+        as maintenance between turns (cancelled, it compacts nothing).  A
+        paused turn's open question (docs/approval.rst, "Paused approvals")
+        not yet asked again is dropped: decided ``cancelled``, the call not run.
 
         Returns:
-            True if the call had an effect (something was running or queued).
+            True if the call had an effect (something was running, queued or paused).
 
         Raises:
             AgentDisposedError: the agent is disposed or being disposed (its
