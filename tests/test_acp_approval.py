@@ -274,6 +274,7 @@ async def test_a_disconnect_during_the_request_pauses_and_session_load_asks_agai
         assert asked["params"]["toolCall"]["rawInput"] == {"command": ONE}
         answered = await client.response(load["id"])
         assert "result" in answered
+        assert client.position(asked) > client.position(answered)  # asked once the load has answered
         # The replay showed the paused call as waiting before the question came.
         replayed = client.updates(session_id)
         assert tool_statuses(replayed)[f"1/{events_call_id(events)}"] == ["pending"]

@@ -615,6 +615,8 @@ class AcpServer:
                 f"cannot load session {session_id!r}: {exc}",
                 {"sessionId": session_id},
             ) from None
+        # No checkpoint from the resume to the answer: a paused turn's continuation (started
+        # by the resume) asks its session/request_permission only after the replay and the answer.
         record = await self._adopt(handle)
         # Synchronous from here: the replay is queued before the answer and before any new event.
         events = record.agent.session.events
