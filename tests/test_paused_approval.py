@@ -258,3 +258,79 @@ def test_a_continuation_turn_is_no_compaction_boundary() -> None:
 
     history = History(Log(events))  # type: ignore[arg-type]
     assert [mark.seq for mark in history.marks] == [0, 11]  # turn 1 and turn 3, not the continuation
+
+
+KILLED_WHILE_ASKING = r"""
+import sys
+import trio
+from trio_harness import open_harness
+from trio_harness.agents import Tool
+from trio_harness.model._scripted import ScriptedModel
+
+STORE = sys.argv[1]
+OBJ = {"type": "object", "properties": {"x": {"type": "string"}}}
+
+
+async def handler(ctx, args):
+    raise AssertionError("the killed process never runs the call")
+
+
+async def asks_forever(request):
+    await request.agent.session.flush()  # the approval/requested is on disk
+    print("asked", flush=True)
+    await trio.sleep_forever()
+
+
+async def main():
+    model = ScriptedModel([{"tool_calls": [{"id": "c1", "name": "danger", "arguments": {"x": "1"}}]}])
+    async with open_harness(model=model, store=STORE, builtin_tools=False, approver=asks_forever) as h:
+        h.tools.add(Tool("danger", "the danger tool", OBJ, handler, requires_approval=True))
+        async with h.agents.open(session_id="s") as agent:
+            agent.followup("go")
+            await trio.sleep_forever()
+
+
+trio.run(main)
+"""
+
+
+async def test_a_process_killed_while_asking_resumes_paused_and_asks_again(tmp_path: Path) -> None:
+    """A real SIGKILL during the approval wait: the resumed log ends paused and the approver is asked again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from _util import WAIT, read_line
+
+    script = tmp_path / "writer.py"
+    script.write_text(KILLED_WHILE_ASKING, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    process = await trio.lowlevel.open_process(
+        [sys.executable, str(script), str(tmp_path / "store")], stdout=subprocess.PIPE, env=env
+    )
+    try:
+        assert process.stdout is not None
+        assert await read_line(process.stdout, "the writer") == b"asked\n"
+        process.send_signal(signal.SIGKILL)
+        with trio.fail_after(WAIT):
+            assert await process.wait() == -signal.SIGKILL
+    finally:
+        if process.returncode is None:
+            process.kill()
+        with trio.CancelScope(shield=True):
+            await process.wait()
+            if process.stdout is not None:
+                await process.stdout.aclose()
+
+    ran = Ran()
+    approver = Answers([ApprovalDecision.allow_once()])
+    again = ScriptedModel([{"text": "after the kill"}])
+    async with open_harness(model=again, store=tmp_path / "store", builtin_tools=False, approver=approver) as h:
+        h.tools.add(ran.tool())
+        async with h.agents.open(session_id="s", resume=True) as agent:
+            await agent.when_idle()
+            assert [r.call_id for r in approver.requests] == ["c1"]
+            assert turn_ends(agent) == [(1, "paused", None), (2, "completed", None)]
+            assert_balanced(agent.session)
+    assert ran.calls == [{"tool": "danger", "x": "1"}]
