@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from ._service import TaskRead, TaskSnapshot
+from ._types import TaskRead, TaskSnapshot
 
 TASKS_GUIDANCE = """\
 ## Background tasks

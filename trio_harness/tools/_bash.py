@@ -26,7 +26,8 @@ from ..bash._executor import BashExecutor
 from ..bash._records import BashRequest, BashSpec
 from ..bash._render import render_result
 from ..bash._sandbox import describe_sandbox
-from ..tasks._service import TaskHooks, TaskOutcome, TaskService, TaskSpec
+from ..tasks._service import TaskService
+from ..tasks._types import TaskHooks, TaskOutcome, TaskSpec
 
 if TYPE_CHECKING:
     from .._scope import Scope

@@ -19,7 +19,8 @@ from .._errors import AgentDisposedError
 from ..agents._options import AgentOptions
 from ..agents._tools import Tool, ToolContext, ToolOutput, ToolSet
 from ..session import _events as ev
-from ..tasks._service import TaskHooks, TaskOutcome, TaskService, TaskSpec
+from ..tasks._service import TaskService
+from ..tasks._types import TaskHooks, TaskOutcome, TaskSpec
 
 if TYPE_CHECKING:
     from .._scope import Scope

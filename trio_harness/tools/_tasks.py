@@ -30,7 +30,8 @@ from ..tasks._render import (
     render_task_list,
     render_task_output,
 )
-from ..tasks._service import TaskOwner, TaskService, TaskSnapshot
+from ..tasks._service import TaskService
+from ..tasks._types import TaskOwner, TaskSnapshot
 
 if TYPE_CHECKING:
     from .._scope import Scope
