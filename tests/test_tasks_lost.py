@@ -21,7 +21,7 @@ from trio_harness._errors import TaskNotFoundError, TaskStartError
 from trio_harness._scope import Scope, open_scope
 from trio_harness.agents import Agent
 from trio_harness.session import _events as ev
-from trio_harness.tasks import TaskService, TaskSpec, open_task_service
+from trio_harness.tasks import TaskOutcome, TaskService, TaskSpec, open_task_service
 from trio_harness.tasks._render import LOST_ERROR, parse_notice, render_notice
 from trio_harness.testing import assert_balanced, open_test_harness
 from trio_harness.tools._lost_tasks import scan_tasks
@@ -298,3 +298,11 @@ async def test_the_service_keeps_lost_tasks_per_owner_until_its_scope_closes(tas
 
 def spec(producer: FakeProducer, owner: FakeOwner) -> TaskSpec:
     return TaskSpec(kind="bash", label="sleep 10", owner=owner, run=producer.run)
+
+
+async def test_a_producer_cannot_report_lost(tasks: TaskService, root: Scope) -> None:
+    owner, producer = await make_owner(root, "s"), FakeProducer()
+    started = await tasks.start(spec(producer, owner))
+    producer.finish(TaskOutcome("lost"))
+    snapshot = await tasks.wait(started.id, 5, caller=owner)
+    assert snapshot.status == "failed" and "invalid outcome" in (snapshot.error or "")

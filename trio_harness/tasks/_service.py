@@ -15,6 +15,10 @@ whose ``run`` starts the work and returns :class:`TaskHooks` (``cancel``,
 * retention: reported finished tasks beyond a per-owner cap are forgotten
   (collected ones before merely notified ones, oldest first), and their
   producers' ``release`` hooks run;
+* lost tasks: a resumed session's tasks that an earlier run started and never
+  reported are registered as terminal ``lost`` records of their owner
+  (:meth:`TaskService.add_lost`), and the ids its log names are never issued
+  again (:meth:`TaskService.reserve_id`);
 * teardown: leaving :func:`open_task_service` cancels every live task and
   awaits its producer.  Both waits are bounded by the teardown timeout; a task
   that has not stopped by then is force-settled ``failed`` (see

@@ -1,7 +1,8 @@
 """The task service's bookkeeping: one record per task, per owner, per wait and per start.
 
-Internal to :mod:`trio_harness.tasks`; the service (``_service.py``) and its lost
-tasks (``_lost.py``) share these records.
+Internal to :mod:`trio_harness.tasks`: the service (``_service.py``) keeps one
+:class:`Record` per task, lost tasks of resumed sessions included (they share
+:data:`LOST_HOOKS`).
 """
 
 from __future__ import annotations
