@@ -339,7 +339,7 @@ async def open_harness(
         )
 
         if "tasks" in wanted:
-            await harness.load(TaskToolsPlugin(tasks, tools, task_tool_settings))
+            await harness.load(TaskToolsPlugin(tasks, tools, task_tool_settings, bus=bus))
         if "bash" in wanted:
             await harness.load(BashToolPlugin(bash, tasks, tools, bash_tool_settings))
         if "subagent" in wanted:

@@ -12,17 +12,17 @@ from typing import TYPE_CHECKING
 from .._deprecate import renamed as _renamed
 from ._options import TaskRuntimeOptions as TaskRuntimeOptions
 from ._render import TASKS_GUIDANCE as TASKS_GUIDANCE
-from ._service import TaskHooks as TaskHooks
-from ._service import TaskListener as TaskListener
-from ._service import TaskOutcome as TaskOutcome
-from ._service import TaskOwner as TaskOwner
-from ._service import TaskRead as TaskRead
 from ._service import TaskService as TaskService
-from ._service import TaskSnapshot as TaskSnapshot
-from ._service import TaskSpec as TaskSpec
-from ._service import TaskStatus as TaskStatus
-from ._service import TerminalStatus as TerminalStatus
 from ._service import open_task_service as open_task_service
+from ._types import TaskHooks as TaskHooks
+from ._types import TaskListener as TaskListener
+from ._types import TaskOutcome as TaskOutcome
+from ._types import TaskOwner as TaskOwner
+from ._types import TaskRead as TaskRead
+from ._types import TaskSnapshot as TaskSnapshot
+from ._types import TaskSpec as TaskSpec
+from ._types import TaskStatus as TaskStatus
+from ._types import TerminalStatus as TerminalStatus
 
 if not TYPE_CHECKING:  # old names, kept for one release (docs/sessions.rst, "Renamed in this release")
     __getattr__ = _renamed(__name__, {"TaskOptions": ("trio_harness.tasks.TaskRuntimeOptions", TaskRuntimeOptions)})

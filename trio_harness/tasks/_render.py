@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from ._service import TaskRead, TaskSnapshot
+from ._types import TaskRead, TaskSnapshot
 
 TASKS_GUIDANCE = """\
 ## Background tasks
@@ -287,7 +287,51 @@ def _cut_head(text: str, budget: int) -> str:
 # ---------------------------------------------------------------- notices
 
 
-def _instruction(task_id: str) -> str:
+LOST_ERROR = "the process that ran it stopped before the task reported; its output and result are gone"
+"""The error of a lost task (status ``lost``), shown by ``task_output``."""
+
+_LOST_INSTRUCTION = (
+    ". The process that ran it stopped before the task reported: its output and result are gone. "
+    "Check what it did before running it again."
+)
+_STARTED = "started background task "
+_STARTED_RE = re.compile(r"started background task ([a-z][a-z0-9_-]{0,31}-[1-9][0-9]{0,17})")
+_NOTICE_RE = re.compile(r'\A(?:background task ([^\s.]+)|task_output\("([^"]+)"\)\Z)')
+
+
+def render_started(task_id: str) -> str:
+    """The tool result of a call that started a background task: ``started background task <id>``.
+
+    A resumed session finds the tasks its agent started in this exact text
+    (:func:`parse_started`): a producer that returns it gets its unreported
+    tasks reported as lost after a restart (docs/tasks.rst, "After a restart").
+    """
+    return _STARTED + task_id
+
+
+def parse_started(content: str) -> str | None:
+    """The task id of a :func:`render_started` text, or None for any other text."""
+    match = _STARTED_RE.fullmatch(content)
+    return None if match is None else match.group(1)
+
+
+def parse_notice(text: str) -> tuple[str, bool] | None:
+    """The task id of a completion notice and whether it reports a lost task, or None.
+
+    Reads every form :func:`render_notice` produces, cut ones included; a
+    notice cut below its stable parts (only possible with a limit of a few
+    bytes) is not recognised.
+    """
+    match = _NOTICE_RE.match(text)
+    if match is None:
+        return None
+    task_id = match.group(1) or match.group(2)
+    return task_id, text.endswith(_LOST_INSTRUCTION)
+
+
+def _instruction(task_id: str, status: str = "completed") -> str:
+    if status == "lost":
+        return _LOST_INSTRUCTION
     return f'. Use task_output("{task_id}") to read its result.'
 
 
@@ -295,7 +339,10 @@ def render_notice(snapshot: TaskSnapshot, limit: int | None) -> str:
     """The completion notice delivered to a task's owner.
 
     For example ``background task bash-3 [bash] completed (exit code 0) — make
-    test. Use task_output("bash-3") to read its result.``
+    test. Use task_output("bash-3") to read its result.``  A lost task's notice
+    ends instead with ``. The process that ran it stopped before the task
+    reported: its output and result are gone. Check what it did before running
+    it again.``
 
     Args:
         snapshot: the terminal snapshot.
@@ -309,7 +356,7 @@ def render_notice(snapshot: TaskSnapshot, limit: int | None) -> str:
         below that, to a plain cut: the limit is never exceeded.
     """
     prefix = f"background task {snapshot.id}"
-    instruction = _instruction(snapshot.id)
+    instruction = _instruction(snapshot.id, snapshot.status)
     facts = _detail_facts(snapshot.detail)
     status = snapshot.status + (f" ({', '.join(facts)})" if facts else "")
     variable = f" [{snapshot.kind}] {status} — {_one_line(snapshot.label)}"

@@ -15,6 +15,10 @@ whose ``run`` starts the work and returns :class:`TaskHooks` (``cancel``,
 * retention: reported finished tasks beyond a per-owner cap are forgotten
   (collected ones before merely notified ones, oldest first), and their
   producers' ``release`` hooks run;
+* lost tasks: a resumed session's tasks that an earlier run started and never
+  reported are registered as terminal ``lost`` records of their owner
+  (:meth:`TaskService.add_lost`), and the ids its log names are never issued
+  again (:meth:`TaskService.reserve_id`);
 * teardown: leaving :func:`open_task_service` cancels every live task and
   awaits its producer.  Both waits are bounded by the teardown timeout; a task
   that has not stopped by then is force-settled ``failed`` (see
@@ -31,10 +35,10 @@ import builtins
 import logging
 import math
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal, NoReturn, Protocol, TypeAlias
+from typing import TYPE_CHECKING, NoReturn
 
 import attrs
 import trio
@@ -43,6 +47,18 @@ from .._errors import ScopeClosedError, TaskError, TaskNotFoundError, TaskStartE
 from .._scope import DEFAULT_TEARDOWN_TIMEOUT
 from .._util import is_positive_int, is_positive_number
 from ._options import TaskRuntimeOptions
+from ._state import EMPTY, LOST_HOOKS, OwnerEntry, Pending, Record, Waiter
+from ._types import (
+    _OUTCOME_STATUSES,
+    TaskHooks,
+    TaskListener,
+    TaskOutcome,
+    TaskOwner,
+    TaskRead,
+    TaskSnapshot,
+    TaskSpec,
+    TerminalStatus,
+)
 
 if TYPE_CHECKING:
     from .._scope import Scope
@@ -50,274 +66,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trio_harness.tasks")
 
-TaskStatus: TypeAlias = Literal["running", "stopping", "completed", "killed", "failed"]
-"""The status of a task: live (running, stopping) or terminal."""
-
-TerminalStatus: TypeAlias = Literal["completed", "killed", "failed"]
-"""The status of a settled task."""
-
-TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "killed", "failed"})
-"""The terminal statuses, for membership tests."""
-
 _KIND = re.compile(r"[a-z][a-z0-9_-]{0,31}")
-_EMPTY: Mapping[str, object] = MappingProxyType({})
-
-
-class TaskOwner(Protocol):
-    """Who owns a task, or who is asking about one.
-
-    The :class:`~trio_harness.agents.Agent` protocol satisfies it.  The ``id``
-    (a session id) is what authorization compares; the exact object is what
-    cleanup and completion delivery use.
-    """
-
-    @property
-    def id(self) -> str:
-        """The owner's session id."""
-        ...
-
-    @property
-    def scope(self) -> Scope:
-        """The owner's scope; its owned tasks are cancelled when it closes."""
-        ...
-
-
-@attrs.frozen
-class TaskOutcome:
-    """How a producer's work ended, as reported by its ``done`` hook.
-
-    Attributes:
-        status: ``"completed"``, ``"killed"`` or ``"failed"``.
-        output: the result of a final-output task, returned by every read
-            after settlement.  For a stream task it is optional trailing text
-            (e.g. a sandbox notice), delivered once after the last delta.
-        detail: producer-specific facts (e.g. ``{"exit_code": 0}``); the
-            service does not interpret them.
-    """
-
-    status: TerminalStatus
-    output: str | None = None
-    detail: Mapping[str, object] = attrs.field(factory=dict)
-
-
-@attrs.frozen
-class TaskHooks:
-    """What a producer's starter returns: the controls of the running work.
-
-    Attributes:
-        cancel: a synchronous, idempotent request to stop (``cancel(reason)``);
-            it must make ``done`` settle.  It may raise if the request could
-            not be made.
-        done: an async callable that never raises and returns the outcome only
-            after the work's resources were released.  The service awaits it
-            once, in its own nursery.
-        read_output: for a stream task, returns the output produced since the
-            previous call (consuming).  None declares a final-output task whose
-            result is ``TaskOutcome.output``.
-        release: optional; called once, synchronously, when the service
-            forgets the finished task (it was reported and pruned beyond the
-            service's ``finished_cap``), to free what the producer kept for
-            reads (e.g. spill files).  An error it raises is logged.
-    """
-
-    cancel: Callable[[str | None], None]
-    done: Callable[[], Awaitable[TaskOutcome]]
-    read_output: Callable[[], str] | None = None
-    release: Callable[[], None] | None = None
-
-
-@attrs.frozen
-class TaskSpec:
-    """A request to start a background task.
-
-    Attributes:
-        kind: the producer family, e.g. ``"bash"``; must match
-            ``[a-z][a-z0-9_-]*`` (at most 32 characters).  Ids are ``<kind>-N``.
-        label: a short human-readable description (e.g. the command).
-        owner: the owning agent (its tasks die with its scope), or None for an
-            unowned task, visible to non-agent callers and ended with the service.
-        run: the starter, called exactly once after every preflight check
-            passed; it starts the work and returns its hooks.  If it raises, no
-            task exists.
-        output_limit_bytes: the producer's cap on model-facing text about this
-            task, in UTF-8 bytes (positive), or None.  Projected unchanged into
-            every snapshot.
-    """
-
-    kind: str
-    label: str
-    owner: TaskOwner | None
-    run: Callable[[], Awaitable[TaskHooks]]
-    output_limit_bytes: int | None = None
-
-
-@attrs.frozen
-class TaskSnapshot:
-    """A point-in-time view of one task.
-
-    Attributes:
-        id: ``<kind>-N``.
-        kind: the producer family.
-        label: the human-readable description.
-        status: running, stopping, completed, killed or failed.
-        owner_id: the owner's session id, or None for an unowned task.
-        output_limit_bytes: the producer's byte cap for model-facing text, or None.
-        started_at: Trio time of registration.
-        ended_at: Trio time of settlement, or None while live.
-        detail: producer-specific facts from the outcome.
-        reported: whether the result was delivered (read, waited, killed or
-            notified); reported tasks get no completion notice.
-        error: why the task failed, when the service knows (e.g. a raising cancel).
-        kill_reason: the reason given when the task was killed.
-        owner_disposed: whether the task was ended by its owner's disposal
-            (such tasks get no completion notice).
-    """
-
-    id: str
-    kind: str
-    label: str
-    status: TaskStatus
-    owner_id: str | None
-    output_limit_bytes: int | None
-    started_at: float
-    ended_at: float | None = None
-    detail: Mapping[str, object] = attrs.field(factory=dict)
-    reported: bool = False
-    error: str | None = None
-    kill_reason: str | None = None
-    owner_disposed: bool = False
-
-    @property
-    def terminal(self) -> bool:
-        """True once the task has settled (completed, killed or failed)."""
-        return self.status in TERMINAL_STATUSES
-
-
-@attrs.frozen
-class TaskRead:
-    """The result of :meth:`TaskService.read`.
-
-    Attributes:
-        output: a stream task's output since the previous read, or a
-            final-output task's result once settled (``""`` before).
-        snapshot: the task's snapshot taken right after the output was read.
-        stream: whether the task is a stream task (reads consume).
-    """
-
-    output: str
-    snapshot: TaskSnapshot
-    stream: bool
-
-
-TaskListener = Callable[[TaskSnapshot], None]
-"""A completion listener: called once per task that settles, with its terminal snapshot."""
-
-
-# ---------------------------------------------------------------- internals
-
-
-@attrs.define(eq=False)
-class _Waiter:
-    """One pending :meth:`TaskService.wait`, parked in ``wait_task_rescheduled``.
-
-    While it is in its record's ``waiters``, its wait is certain to return
-    normally, so a settlement that hands it the terminal snapshot has delivered
-    the result.  A cancelled wait leaves ``waiters`` in its abort callback,
-    atomically with the abort.
-    """
-
-    task: trio.lowlevel.Task
-    # The terminal snapshot, once settlement handed it over.
-    result: TaskSnapshot | None = None
-    # Whether the task was rescheduled (it must be exactly once).
-    woken: bool = False
-
-    def wake(self) -> None:
-        if not self.woken:
-            self.woken = True
-            trio.lowlevel.reschedule(self.task)
-
-
-@attrs.define(eq=False)
-class _Pending:
-    """A start whose ``run`` is in progress (it counts against the cap)."""
-
-    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    finished: trio.Event = attrs.field(factory=trio.Event)
-
-
-@attrs.define(eq=False)
-class _Owner:
-    """The service's bookkeeping for one exact owner object (or for unowned tasks)."""
-
-    owner: TaskOwner | None
-    live: set[_Record] = attrs.field(factory=set)
-    records: dict[str, _Record] = attrs.field(factory=dict)
-    # Visible finished records whose result was collected (read, waited for,
-    # killed), in the order they became so: pruned first, oldest first.
-    collected: dict[str, _Record] = attrs.field(factory=dict)
-    # Visible finished records only notified (a completion notice claimed
-    # them): pruned only when no collected record is left, oldest first.
-    notified: dict[str, _Record] = attrs.field(factory=dict)
-    pending: set[_Pending] = attrs.field(factory=set)
-    # Detaches the exit callback from the owner's scope.
-    detach: Callable[[], None] | None = None
-    disposing: bool = False
-    # Set when the disposal ended (done or abandoned at the teardown timeout):
-    # a start still in progress can no longer be picked up by it.
-    disposed: bool = False
-
-
-@attrs.define(eq=False)
-class _Record:
-    """The live state of one registered task."""
-
-    id: str
-    kind: str
-    label: str
-    owner: _Owner
-    owner_id: str | None
-    output_limit_bytes: int | None
-    hooks: TaskHooks
-    started_at: float
-    status: TaskStatus = "running"
-    ended_at: float | None = None
-    detail: Mapping[str, object] = _EMPTY
-    final_output: str | None = None
-    # A stream task's outcome output, delivered once after the last delta.
-    trailing_output: str | None = None
-    reported: bool = False
-    # Whether the result reached a reader (read, wait or kill), not just a notice.
-    collected: bool = False
-    error: str | None = None
-    kill_reason: str | None = None
-    owner_disposed: bool = False
-    waiters: set[_Waiter] = attrs.field(factory=set)
-    settled: trio.Event = attrs.field(factory=trio.Event)
-    # Shields the watcher from outer cancellation (the host scope closing):
-    # only the service cancels it, after teardown settled every record.
-    watch_scope: trio.CancelScope = attrs.field(factory=lambda: trio.CancelScope(shield=True))
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL_STATUSES
-
-    def snapshot(self) -> TaskSnapshot:
-        return TaskSnapshot(
-            id=self.id,
-            kind=self.kind,
-            label=self.label,
-            status=self.status,
-            owner_id=self.owner_id,
-            output_limit_bytes=self.output_limit_bytes,
-            started_at=self.started_at,
-            ended_at=self.ended_at,
-            detail=self.detail,
-            reported=self.reported,
-            error=self.error,
-            kill_reason=self.kill_reason,
-            owner_disposed=self.owner_disposed,
-        )
+_TASK_ID = re.compile(r"([a-z][a-z0-9_-]{0,31})-([1-9][0-9]{0,17})")
 
 
 def _unknown(task_id: str) -> TaskNotFoundError:
@@ -325,7 +75,7 @@ def _unknown(task_id: str) -> TaskNotFoundError:
 
 
 def _freeze(detail: Mapping[str, object]) -> Mapping[str, object]:
-    return MappingProxyType(dict(detail)) if detail else _EMPTY
+    return MappingProxyType(dict(detail)) if detail else EMPTY
 
 
 # ---------------------------------------------------------------- the service
@@ -356,18 +106,21 @@ class TaskService:
     finished_cap: int
     teardown_timeout: float
     # Visible records by id (owner-disposed records are removed).
-    _records: dict[str, _Record] = attrs.field(factory=dict, init=False)
+    _records: dict[str, Record] = attrs.field(factory=dict, init=False)
     # Every record not yet settled, visible or not: teardown cancels these.
-    _live: set[_Record] = attrs.field(factory=set, init=False)
+    _live: set[Record] = attrs.field(factory=set, init=False)
     _counters: dict[str, int] = attrs.field(factory=dict, init=False)
     # Owner bookkeeping keyed by id() of the exact owner object (kept alive by the entry).
-    _owners: dict[int, _Owner] = attrs.field(factory=dict, init=False)
-    _unowned: _Owner = attrs.field(factory=lambda: _Owner(owner=None), init=False)
-    _pending: set[_Pending] = attrs.field(factory=set, init=False)
+    _owners: dict[int, OwnerEntry] = attrs.field(factory=dict, init=False)
+    _unowned: OwnerEntry = attrs.field(factory=lambda: OwnerEntry(owner=None), init=False)
+    _pending: set[Pending] = attrs.field(factory=set, init=False)
     # Records whose producer's done is still being awaited.
-    _watching: set[_Record] = attrs.field(factory=set, init=False)
+    _watching: set[Record] = attrs.field(factory=set, init=False)
     _listeners: dict[object, TaskListener] = attrs.field(factory=dict, init=False)
     _controllers: dict[object, str] = attrs.field(factory=dict, init=False)
+    # Lost tasks (add_lost) by owner session id: the exact owner that resumed
+    # the session, and its lost records by task id.
+    _lost: dict[str, tuple[TaskOwner, dict[str, Record]]] = attrs.field(factory=dict, init=False)
     _closing: bool = attrs.field(default=False, init=False)
     # Set when teardown stopped waiting: a start still in progress is refused.
     _closed: bool = attrs.field(default=False, init=False)
@@ -432,7 +185,7 @@ class TaskService:
 
     # ------------------------------------------------------------ start
 
-    def _preflight(self, spec: TaskSpec) -> _Owner:
+    def _preflight(self, spec: TaskSpec) -> OwnerEntry:
         """Every check that can refuse a start; returns the owner entry to use."""
         if self._closing:
             raise TaskStartError("the task service is closed")
@@ -451,7 +204,7 @@ class TaskService:
         else:
             if owner.scope.closing:
                 raise TaskStartError(f"cannot start a task for {owner.id!r}: its scope is closing")
-            entry = self._owners.get(id(owner)) or _Owner(owner=owner)
+            entry = self._owners.get(id(owner)) or OwnerEntry(owner=owner)
             if entry.disposing:
                 raise TaskStartError(f"cannot start a task for {owner.id!r}: it is being disposed")
         if len(entry.live) + len(entry.pending) >= self.per_owner_cap:
@@ -490,7 +243,7 @@ class TaskService:
         """
         await trio.lowlevel.checkpoint()
         entry = self._preflight(spec)
-        pending = _Pending()
+        pending = Pending()
         entry.pending.add(pending)
         self._pending.add(pending)
         try:
@@ -530,11 +283,11 @@ class TaskService:
             "starting; its work was cancelled"
         )
 
-    def _commit(self, spec: TaskSpec, entry: _Owner, hooks: TaskHooks) -> _Record:
+    def _commit(self, spec: TaskSpec, entry: OwnerEntry, hooks: TaskHooks) -> Record:
         """Register the task; nothing here can fail."""
         number = self._counters.get(spec.kind, 0) + 1
         self._counters[spec.kind] = number
-        record = _Record(
+        record = Record(
             id=f"{spec.kind}-{number}",
             kind=spec.kind,
             label=spec.label,
@@ -553,7 +306,7 @@ class TaskService:
         log.debug("task %s started (%s)", record.id, record.label)
         return record
 
-    async def _watch(self, record: _Record) -> None:
+    async def _watch(self, record: Record) -> None:
         """Await the producer's ``done`` and settle the record with its outcome.
 
         Runs shielded: cancelling the scope that hosts the service must not
@@ -567,7 +320,7 @@ class TaskService:
                     log.exception("done of task %s raised (producer contract violation)", record.id)
                     self._settle(record, "failed", error=f"done raised: {exc!r}")
                     return
-                if not isinstance(outcome, TaskOutcome) or outcome.status not in TERMINAL_STATUSES:
+                if not isinstance(outcome, TaskOutcome) or outcome.status not in _OUTCOME_STATUSES:
                     self._settle(record, "failed", error=f"done returned an invalid outcome: {outcome!r}")
                     return
                 self._settle(record, outcome.status, output=outcome.output, detail=outcome.detail)
@@ -576,11 +329,11 @@ class TaskService:
 
     def _settle(
         self,
-        record: _Record,
+        record: Record,
         status: TerminalStatus,
         *,
         output: str | None = None,
-        detail: Mapping[str, object] = _EMPTY,
+        detail: Mapping[str, object] = EMPTY,
         error: str | None = None,
     ) -> None:
         """Record the first terminal outcome; later ones are ignored."""
@@ -616,7 +369,7 @@ class TaskService:
                 log.exception("task-done listener %r failed for task %s", listener, record.id)
         self._retire(record)
 
-    def _retire(self, record: _Record) -> None:
+    def _retire(self, record: Record) -> None:
         """Make a finished, reported, visible record prunable; forget the oldest beyond the cap.
 
         Collected records go first; a record only notified (its notice tells
@@ -635,7 +388,7 @@ class TaskService:
             pool = entry.collected or entry.notified
             self._forget(pool[next(iter(pool))])
 
-    def _forget(self, record: _Record) -> None:
+    def _forget(self, record: Record) -> None:
         """Drop a finished record: its id becomes unknown, its producer releases what it kept."""
         entry = record.owner
         entry.collected.pop(record.id, None)
@@ -653,18 +406,23 @@ class TaskService:
 
     # ------------------------------------------------------------ lookup
 
-    def _lookup(self, task_id: str, caller: TaskOwner | None) -> _Record:
-        """The record for ``task_id`` if ``caller`` may see it, else TaskNotFoundError."""
+    def _lookup(self, task_id: str, caller: TaskOwner | None) -> Record:
+        """The record for ``task_id`` if ``caller`` may see it, else TaskNotFoundError.
+
+        A task of this process wins over a lost task of the same id (ids are
+        reserved past the lost ones, so only another owner's task can share one).
+        """
         record = self._records.get(task_id)
-        if record is None:
-            raise _unknown(task_id)
-        # Unowned: non-agent callers only.  Owned: the owning session only
-        # (session equality grants access; cleanup uses object identity).
-        owner_id = record.owner_id
-        allowed = caller is None if owner_id is None else (caller is not None and caller.id == owner_id)
-        if not allowed:
-            raise _unknown(task_id)
-        return record
+        if record is not None:
+            # Unowned: non-agent callers only.  Owned: the owning session only
+            # (session equality grants access; cleanup uses object identity).
+            owner_id = record.owner_id
+            if caller is None if owner_id is None else (caller is not None and caller.id == owner_id):
+                return record
+        lost = None if caller is None else self._lost.get(caller.id)
+        if lost is not None and task_id in lost[1]:
+            return lost[1][task_id]
+        raise _unknown(task_id)
 
     def get(self, task_id: str, caller: TaskOwner | None = None) -> TaskSnapshot:
         """The snapshot of a task visible to ``caller`` (non-consuming).
@@ -678,7 +436,80 @@ class TaskService:
     def list(self, caller: TaskOwner | None = None) -> builtins.list[TaskSnapshot]:
         """Snapshots of the tasks visible to ``caller``, oldest first."""
         caller_id = None if caller is None else caller.id
-        return [r.snapshot() for r in self._records.values() if r.owner_id == caller_id]
+        lost = () if caller_id is None or caller_id not in self._lost else self._lost[caller_id][1].values()
+        return [r.snapshot() for r in (*lost, *self._records.values()) if r.owner_id == caller_id]
+
+    # ------------------------------------------------------------ lost tasks of resumed sessions
+
+    def reserve_id(self, task_id: str) -> None:
+        """Never issue ``task_id`` (nor a lower number of its kind) again.
+
+        A resumed session's log names the tasks of the agent's earlier runs;
+        reserving their ids keeps a new task from taking the id of one the
+        model already knows.  An id not of the form ``<kind>-N`` is ignored.
+        """
+        match = _TASK_ID.fullmatch(task_id) if isinstance(task_id, str) else None
+        if match is not None:
+            kind, number = match.group(1), int(match.group(2))
+            self._counters[kind] = max(self._counters.get(kind, 0), number)
+
+    def add_lost(self, owner: TaskOwner, task_id: str, *, kind: str, label: str, error: str) -> TaskSnapshot:
+        """Register a task of ``owner``'s session that an earlier run started and never reported.
+
+        The task is terminal with status ``lost`` from the start: nothing runs,
+        reads return no output (the ``error`` says why), a kill reports the
+        status and a wait returns at once.  It is visible to the callers whose
+        id is ``owner.id``, beside the tasks of this process, until ``owner``'s
+        scope closes; its id is reserved (:meth:`reserve_id`).  It gets no
+        completion listener call: it did not settle in this process (the
+        caller delivers its notice).  Registering an id again for the same
+        owner returns the first registration.
+
+        Raises:
+            ValueError: ``task_id`` is not ``<kind>-N`` with this ``kind``, or
+                ``label`` or ``error`` is empty.
+            TaskStartError: ``owner``'s scope is closing.
+        """
+        match = _TASK_ID.fullmatch(task_id) if isinstance(task_id, str) else None
+        if match is None or match.group(1) != kind:
+            raise ValueError(f"task id {task_id!r} is not <kind>-N of kind {kind!r}")
+        if not (isinstance(label, str) and label.strip() and isinstance(error, str) and error.strip()):
+            raise ValueError("a lost task needs a non-empty label and error")
+        self.reserve_id(task_id)
+        entry = self._lost.get(owner.id)
+        if entry is None or entry[0] is not owner:
+            records: dict[str, Record] = {}
+
+            def forget() -> None:
+                if self._lost.get(owner.id, (None,))[0] is owner:
+                    del self._lost[owner.id]
+
+            try:
+                owner.scope.add_exit_callback(forget)
+            except ScopeClosedError as exc:
+                raise TaskStartError(f"cannot register a lost task for {owner.id!r}: its scope is closing") from exc
+            entry = self._lost[owner.id] = (owner, records)
+        existing = entry[1].get(task_id)
+        if existing is not None:
+            return existing.snapshot()
+        now = trio.current_time()
+        record = Record(
+            id=task_id,
+            kind=kind,
+            label=label,
+            owner=OwnerEntry(owner=owner),
+            owner_id=owner.id,
+            output_limit_bytes=None,
+            hooks=LOST_HOOKS,
+            started_at=now,
+            status="lost",
+            ended_at=now,
+            reported=True,
+            error=error,
+        )
+        record.settled.set()
+        entry[1][task_id] = record
+        return record.snapshot()
 
     def owner_of(self, task_id: str) -> TaskOwner | None:
         """The exact owner object recorded when the task started (for delivery, not access).
@@ -803,7 +634,7 @@ class TaskService:
             snapshot = record.snapshot()
             self._retire(record)
             return snapshot
-        waiter = _Waiter(trio.lowlevel.current_task())
+        waiter = Waiter(trio.lowlevel.current_task())
         deadline = trio.current_time() + timeout
 
         def abort(raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
@@ -830,7 +661,7 @@ class TaskService:
 
     # ------------------------------------------------------------ owner disposal and teardown
 
-    def _request_stop(self, record: _Record, reason: str, during: str) -> None:
+    def _request_stop(self, record: Record, reason: str, during: str) -> None:
         """Cancel a live record for disposal/teardown; force-fail it if cancel raises."""
         if record.status != "running":
             return
@@ -845,7 +676,7 @@ class TaskService:
             record.status = "stopping"
             record.kill_reason = reason
 
-    def _give_up(self, records: Iterable[_Record], bound: float, during: str) -> None:
+    def _give_up(self, records: Iterable[Record], bound: float, during: str) -> None:
         """Force-settle live records that did not stop within a teardown bound.
 
         Called after the bound ended the wait: each still-live record is
@@ -862,7 +693,7 @@ class TaskService:
             log.warning("task %s %s", record.id, message)
             self._settle(record, "failed", error=message, detail={"error": message})
 
-    async def _dispose_owner(self, entry: _Owner) -> None:
+    async def _dispose_owner(self, entry: OwnerEntry) -> None:
         """The exit callback of an owner's scope: cancel, await and forget its tasks.
 
         The owner's scope bounds this callback by its ``teardown_timeout``; a

@@ -26,7 +26,9 @@ from ..bash._executor import BashExecutor
 from ..bash._records import BashRequest, BashSpec
 from ..bash._render import render_result
 from ..bash._sandbox import describe_sandbox
-from ..tasks._service import TaskHooks, TaskOutcome, TaskService, TaskSpec
+from ..tasks._render import render_started
+from ..tasks._service import TaskService
+from ..tasks._types import TaskHooks, TaskOutcome, TaskSpec
 
 if TYPE_CHECKING:
     from .._scope import Scope
@@ -276,4 +278,4 @@ class BashToolPlugin:
         # No checkpoint from here on: a cancellation arriving now must not
         # drop the id of a task that is already running (the driver logs this
         # result before the turn sees the cancellation).
-        return f"started background task {snapshot.id}"
+        return render_started(snapshot.id)

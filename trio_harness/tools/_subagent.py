@@ -19,7 +19,9 @@ from .._errors import AgentDisposedError
 from ..agents._options import AgentOptions
 from ..agents._tools import Tool, ToolContext, ToolOutput, ToolSet
 from ..session import _events as ev
-from ..tasks._service import TaskHooks, TaskOutcome, TaskService, TaskSpec
+from ..tasks._render import render_started
+from ..tasks._service import TaskService
+from ..tasks._types import TaskHooks, TaskOutcome, TaskSpec
 
 if TYPE_CHECKING:
     from .._scope import Scope
@@ -229,4 +231,4 @@ class SubagentToolPlugin:
             return TaskHooks(cancel=cancel, done=done)
 
         snapshot = await self.tasks.start(TaskSpec(kind="subagent", label=label, owner=parent, run=starter))
-        return f"started background task {snapshot.id}"
+        return render_started(snapshot.id)

@@ -30,9 +30,12 @@ from ..tasks._render import (
     render_task_list,
     render_task_output,
 )
-from ..tasks._service import TaskOwner, TaskService, TaskSnapshot
+from ..tasks._service import TaskService
+from ..tasks._types import TaskOwner, TaskSnapshot
+from ._lost_tasks import report_lost_tasks
 
 if TYPE_CHECKING:
+    from .._bus import EventBus, Notice
     from .._scope import Scope
 
 
@@ -349,6 +352,11 @@ class TaskToolsPlugin:
         tools: the tool set to register into (normally the harness-wide one).
         options: the tools' settings (:class:`TaskToolOptions`), checked here
             (a bad value raises :exc:`ValueError`).
+        bus: the harness's bus (``harness.bus``), or None.  With it, an agent
+            that resumes a session learns of the background tasks its earlier
+            run started and never reported: they become ``lost`` tasks and it
+            gets a notice for each (docs/tasks.rst, "After a restart").
+            :func:`~trio_harness.open_harness` passes it.
     """
 
     name: ClassVar[str] = "task-tools"
@@ -358,6 +366,7 @@ class TaskToolsPlugin:
     options: TaskToolOptions = attrs.field(
         factory=TaskToolOptions, validator=attrs.validators.instance_of(TaskToolOptions)
     )
+    bus: EventBus | None = attrs.field(default=None, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         _check_wait(self.options.default_wait, self.options.max_wait)
@@ -384,3 +393,12 @@ class TaskToolsPlugin:
             wake_window=self.options.wake_window,
         )
         self.tasks.on_task_done(notifier, scope=scope)
+        if self.bus is not None:
+            limit = self.options.output_limit_bytes
+
+            def on_session_start(notice: Notice) -> None:
+                agent = notice.subject
+                if notice.data.get("source") == "resume" and isinstance(agent, NoticeTarget):
+                    report_lost_tasks(self.tasks, agent, limit)
+
+            scope.add_exit_callback(self.bus.on("agent/session-start", on_session_start))
