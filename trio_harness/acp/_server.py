@@ -57,13 +57,11 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, TypeVarTuple
 import attrs
 import trio
 
-from .._bus import EventBus, Notice
+from .._bus import Notice
 from .._errors import (
     AgentDisposedError,
     AgentExistsError,
     HarnessError,
-    InvalidSessionIdError,
-    McpStartError,
     SessionNotFoundError,
     SessionStoreError,
 )
@@ -73,7 +71,7 @@ from ..agents._options import AgentOptions
 from ..agents._turns import TurnOutcome
 from ..model._cost import load_prices
 from ..session import _events as ev
-from ..tools._mcp import MCP_NOTICES, connect_mcp_servers, mcp_notice_line
+from ..tools._mcp import MCP_NOTICES
 from ..tools._mcp_config import with_env_policy
 from . import _jsonrpc as rpc
 from ._modes import MODE_ASK, MODE_AUTO, MODE_IDS, mode_state
@@ -89,6 +87,8 @@ from ._params import (
     SetSessionModeParams,
     decode_params,
 )
+from ._permission import decision_of, permission_params
+from ._records import _harness_error, _log_mcp_notice, _mcp_setup, _Prompt, _sandbox_meta, _SessionRecord
 from ._updates import (
     StopReason,
     compaction_failed_update,
@@ -96,16 +96,12 @@ from ._updates import (
     iso_time,
     live_update,
     message_update,
-    raw_input,
     replay_updates,
     session_title,
     shorten,
     stop_reason_for,
     title_of,
-    tool_call_id,
-    tool_kind,
     tool_started_update,
-    tool_title,
     turn_end_update,
     usage_update,
 )
@@ -114,11 +110,9 @@ if TYPE_CHECKING:
     from .._harness import Harness
     from .._scope import Scope
     from ..agents._agent import Agent
-    from ..agents._follow import FollowedPrompt
     from ..agents._options import AgentOptions
-    from ..agents._registry import AgentHandle, Setup
+    from ..agents._registry import AgentHandle
     from ..session._events import Event, SessionHeader
-    from ..tools._mcp_config import McpServerConfig
 
 
 log = logging.getLogger("trio_harness.acp")
@@ -130,92 +124,9 @@ LIST_PAGE_SIZE: Final = 50
 FLUSH_TIMEOUT: Final = 30.0
 DRAIN_TIMEOUT: Final = 5.0
 
-PERMISSION_OPTIONS: Final = (
-    {"optionId": "allow_once", "name": "Allow once", "kind": "allow_once"},
-    {"optionId": "allow_always", "name": "Allow always (this session, this tool)", "kind": "allow_always"},
-    {"optionId": "reject_once", "name": "Reject", "kind": "reject_once"},
-    {"optionId": "reject_always", "name": "Reject always (this session, this tool)", "kind": "reject_always"},
-)
-"""The options of every ``session/request_permission`` (ids equal the ACP option kinds)."""
-
-_VERDICT_OF_OPTION: Final = {
-    "allow_once": ApprovalDecision.allow_once(),
-    "allow_always": ApprovalDecision.allow_always(),
-    "reject_once": ApprovalDecision.deny(),
-    "reject_always": ApprovalDecision.deny_always(),
-}
-
 _P = TypeVar("_P")
 _Ts = TypeVarTuple("_Ts")
 _Result = dict[str, Any] | None
-
-
-# ---------------------------------------------------------------- errors
-
-
-def _harness_error(exc: HarnessError) -> rpc.RpcError:
-    if isinstance(exc, McpStartError):  # reported to the client, naming the servers (docs/mcp.rst)
-        data = {"error": type(exc).__name__, "mcpServers": list(exc.servers)}
-        return rpc.RpcError(rpc.INTERNAL_ERROR, str(exc), data)
-    if isinstance(exc, SessionNotFoundError):
-        return rpc.RpcError(rpc.RESOURCE_NOT_FOUND, str(exc))
-    if isinstance(exc, InvalidSessionIdError):
-        return rpc.RpcError(rpc.INVALID_PARAMS, f"invalid params: sessionId: {exc}", {"field": "sessionId"})
-    return rpc.RpcError(rpc.INTERNAL_ERROR, str(exc), {"error": type(exc).__name__})
-
-
-def _sandbox_meta(harness: Harness, cwd: str | None) -> dict[str, Any]:
-    """``_meta`` of session/new and session/load naming the bash sandbox, if any (docs/acp.rst)."""
-    policy = harness.bash.sandbox
-    if policy is None:
-        return {}
-    writable = [cwd or os.getcwd(), *policy.writable]
-    sandbox = {"network": policy.network, "writable": writable, "hidden": list(policy.hidden)}
-    return {"_meta": {"trio-harness/sandbox": sandbox}}
-
-
-# ---------------------------------------------------------------- records
-
-
-@attrs.define(eq=False)
-class _Prompt:
-    """The one in-flight prompt of a session."""
-
-    request_id: rpc.RequestId
-    followed: FollowedPrompt | None = None
-
-    @property
-    def message_id(self) -> str | None:
-        return self.followed.message_id if self.followed is not None else None
-
-    @property
-    def turn(self) -> int | None:
-        return self.followed.turn if self.followed is not None else None
-
-
-@attrs.define(eq=False)
-class _SessionRecord:
-    """A session opened by this connection, and the handle that disposes it."""
-
-    id: str
-    handle: AgentHandle
-    prompt: _Prompt | None = None
-    closing: bool = False
-    mode: str = MODE_ASK
-    # Turns the agent starts by itself (a background-task notice woke it with no
-    # prompt in flight) are streamed too: the ids claimed in the current turn's
-    # first step, and whether this turn is streamed by the unsolicited observer.
-    first_step_ids: list[str] = attrs.field(factory=list)
-    first_step_messages: list[ev.UserMessage] = attrs.field(factory=list)
-    unsolicited: bool = False
-    in_first_step: bool = False
-    remove_observer: Callable[[], None] = lambda: None
-    # The title sent with session_info_update (None until the first prompt).
-    title: str | None = None
-
-    @property
-    def agent(self) -> Agent:
-        return self.handle.agent
 
 
 # ---------------------------------------------------------------- server
@@ -961,46 +872,20 @@ class AcpServer:
         record = self._records.get(session_id)
         if record is not None and record.mode == MODE_AUTO:
             return ApprovalDecision.allow_once()  # mode "auto": run without asking
-        call_id = tool_call_id(request.turn, request.call_id)
-        if request.agent_id != session_id:  # a subagent's call: name the child
-            call_id = f"{request.agent_id}/{call_id}"
-        params = {
-            "sessionId": session_id,
-            "toolCall": {
-                "toolCallId": call_id,
-                "title": tool_title(request.tool, request.raw_arguments),
-                "kind": tool_kind(request.tool),
-                "status": "pending",
-                "rawInput": raw_input(request.raw_arguments),
-            },
-            "options": [dict(option) for option in PERMISSION_OPTIONS],
-        }
+        params = permission_params(session_id, request)
         response = await self._requests.call(self._post, "session/request_permission", params)
-        if response.error is not None:
-            error = response.error
-            detail = error.get("message") if isinstance(error, dict) else None
-            text = detail if isinstance(detail, str) and detail else shorten(repr(error), 200)
-            return ApprovalDecision.deny(f"the client answered the permission request with an error: {text}")
-        result = response.result
-        outcome = result.get("outcome") if isinstance(result, dict) else None
-        kind = outcome.get("outcome") if isinstance(outcome, dict) else None
-        if kind == "cancelled":
-            # ACP: "the prompt turn was cancelled before the user responded".
-            # Cancel the asking agent's turn; the cancel ends this wait at once.
-            try:
-                cancelled = request.agent.cancel("user")
-            except AgentDisposedError:
-                cancelled = True  # its disposal aborts the turn
-            if cancelled:
-                await trio.sleep_forever()
-            return ApprovalDecision.deny("the client cancelled the permission request")
-        option = outcome.get("optionId") if isinstance(outcome, dict) and kind == "selected" else None
-        decision = _VERDICT_OF_OPTION.get(option) if isinstance(option, str) else None
-        if decision is None:
-            return ApprovalDecision.deny(
-                f"the client's answer to the permission request is not a known choice: {shorten(repr(result), 200)}"
-            )
-        return decision
+        decision = decision_of(response.result, response.error)
+        if decision is not None:
+            return decision
+        # ACP: "the prompt turn was cancelled before the user responded".
+        # Cancel the asking agent's turn; the cancel ends this wait at once.
+        try:
+            cancelled = request.agent.cancel("user")
+        except AgentDisposedError:
+            cancelled = True  # its disposal aborts the turn
+        if cancelled:
+            await trio.sleep_forever()
+        return ApprovalDecision.deny("the client cancelled the permission request")
 
     # ------------------------------------------------------------ teardown
 
@@ -1034,24 +919,6 @@ class AcpServer:
         # Nothing of this connection asks any more; a wait left (an agent of
         # another owner using this approver) ends with PeerGoneError: denied.
         self._requests.close()
-
-
-def _mcp_setup(servers: Sequence[McpServerConfig], bus: EventBus) -> Setup | None:
-    """The agent setup that starts a session's MCP servers in the agent's scope (tools for it alone).
-
-    Their notices (``mcp/restarted``, ...) go to the harness bus, as the harness's own servers' do.
-    """
-    if not servers:
-        return None
-
-    async def setup(agent: Agent) -> None:
-        await connect_mcp_servers(agent.scope, agent.tools, servers, bus=bus)
-
-    return setup
-
-
-def _log_mcp_notice(notice: Notice) -> None:
-    log.warning("%s", mcp_notice_line(notice).removeprefix("[mcp] "))
 
 
 async def _warm_prices() -> None:
