@@ -509,3 +509,31 @@ def test_the_cli_acp_flag_reaches_the_harness(tmp_path: Path, monkeypatch: pytes
         store = str(tmp_path / "store")
         assert _cli.main(["acp", "--durability", "sync", "--model", f"scripted:{script}", "--store", store]) == 0
     assert policies == ["sync"]
+
+
+async def test_a_compaction_inside_a_turn_checkpoints_before_its_summary_request(tmp_path: Path) -> None:
+    from trio_harness.agents import ContextPolicy
+
+    root = tmp_path / "store"
+    seen: list[tuple[str, list[str]]] = []
+
+    @attrs.define(eq=False)
+    class Watching(ScriptedModel):
+        async def stream(self, request: ModelRequest, emit: Emit) -> None:
+            seen.append((request.purpose, await on_disk(root)))
+            await super().stream(request, emit)
+
+    model = Watching([{"text": "hello"}, {"text": "long answer"}], context_window=2_000, summary="sum")
+    options = AgentOptions(context=ContextPolicy(summary_tokens=100))
+    async with open_harness(model=model, store=root, builtin_tools=False) as harness:
+        async with harness.agents.open(session_id="s", options=options) as agent:
+            agent.followup("hi")
+            await agent.when_idle()
+            agent.followup("y" * 8_000)  # this prompt passes the threshold: compacted inside its turn
+            await agent.when_idle()
+            compacted = [e for e in agent.session.events if isinstance(e, ev.ContextCompacted)]
+    assert compacted and compacted[0].turn == 2, compacted
+    summaries = [types for purpose, types in seen if purpose == "compaction"]
+    assert summaries, seen
+    # Before the summary request: turn 2 and its prompt are on disk.
+    assert summaries[0][-1] == "user/message" and summaries[0].count("turn/start") == 2
