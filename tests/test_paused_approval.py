@@ -24,19 +24,36 @@ async def never_answers(request: ApprovalRequest) -> ApprovalDecision:
     await trio.sleep_forever()
 
 
+class Asking:
+    """An approver that never answers; ``asked`` is set once it was asked (after the checkpoints before it)."""
+
+    def __init__(self) -> None:
+        self.asked = trio.Event()
+
+    async def __call__(self, request: ApprovalRequest) -> ApprovalDecision:
+        self.asked.set()
+        await trio.sleep_forever()
+
+
 def turn_ends(agent: object) -> list[tuple[int, str, str | None]]:
     return [(e.turn, e.reason, e.cause) for e in of(agent, ev.TurnEnd)]
 
 
 async def pause_by_disposal(store: Path, model: ScriptedModel, ran: Ran, *, session_id: str = "s") -> list[ev.Event]:
     """Run a prompt whose first call waits for approval, dispose the agent meanwhile; return its log."""
-    async with open_test_harness(model, store=store, approver=never_answers) as h:
+    asked = trio.Event()
+
+    async def asks_forever(request: ApprovalRequest) -> ApprovalDecision:
+        asked.set()
+        await trio.sleep_forever()
+
+    async with open_test_harness(model, store=store, approver=asks_forever) as h:
         h.tools.add(ran.tool())
         h.tools.add(ran.tool("safe", requires_approval=False))
         handle = await h.agents.create(session_id=session_id)
         agent = handle.agent
         agent.followup("go")
-        await trio.testing.wait_all_tasks_blocked()
+        await asked.wait()  # the checkpoints before it reach the store on a worker thread
         assert of(agent, ev.ApprovalRequested) and not of(agent, ev.ApprovalDecided)
         await handle.dispose()
         return list(agent.session.events)
@@ -157,12 +174,12 @@ async def test_recovery_of_a_log_cut_during_the_wait_writes_the_same_paused_end(
     ran = Ran()
     live, crashed = tmp_path / "live", tmp_path / "crashed"
     model = ScriptedModel([{"tool_calls": [call("danger", "1", "c1")]}])
-    async with open_test_harness(model, store=live, approver=never_answers) as h:
+    asking = Asking()
+    async with open_test_harness(model, store=live, approver=asking) as h:
         h.tools.add(ran.tool())
         async with h.agents.open(session_id="s") as agent:
             agent.followup("go")
-            await trio.testing.wait_all_tasks_blocked()
-            await agent.session.flush()
+            await asking.asked.wait()  # the question is on disk before the approver is asked (a checkpoint)
             # What a process killed at this moment leaves on disk.
             shutil.copytree(live, crashed)
 
@@ -189,10 +206,11 @@ async def test_a_continuation_cut_off_again_pauses_again(tmp_path: Path) -> None
     await pause_by_disposal(tmp_path, ScriptedModel([{"tool_calls": [call("danger", "1", "c1")]}]), ran)
     for _ in range(2):
         silent = ScriptedModel([])
-        async with open_harness(model=silent, store=tmp_path, builtin_tools=False, approver=never_answers) as h:
+        asking = Asking()
+        async with open_harness(model=silent, store=tmp_path, builtin_tools=False, approver=asking) as h:
             h.tools.add(ran.tool())
             handle = await h.agents.resume("s")
-            await trio.testing.wait_all_tasks_blocked()
+            await asking.asked.wait()
             await handle.dispose()
             events = list(handle.agent.session.events)
             assert events[-1].type == "turn/end" and getattr(events[-1], "reason", None) == "paused"

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ..session._events import ApprovalOutcome, CancelCause, TurnEndReason
     from ..session._session import Session
     from ._agent import Agent
+    from ._durability import Checkpoints
     from ._tools import Tool
 
 log = logging.getLogger("trio_harness.agent")
@@ -193,6 +194,8 @@ class ApprovalGate:
     approver: Approver | None
     # The running turn's cancel cause, recorded when a cancel ends the wait.
     _cause: Callable[[], CancelCause | None] = attrs.field(alias="cause")
+    # The agent's checkpoints: the request reaches the store before the approver is asked.
+    _checkpoints: Checkpoints = attrs.field(alias="checkpoints")
     # allow_always / deny_always decisions of this session and their messages, per tool name.
     _standing: dict[str, tuple[ApprovalOutcome, str | None]] = attrs.field(factory=dict, init=False)
     _warned_no_approver: bool = attrs.field(default=False, init=False)
@@ -326,6 +329,9 @@ class ApprovalGate:
                 agent=self._agent,
             )
             try:
+                # The question reaches the store first (a cancel here is a cancel of the wait).
+                if (unstored := await self._checkpoints.before_approval(where)) is not None:
+                    return unstored  # not on the store: not asked, not run (docs/guarantees.rst)
                 decision: object = await approver(request)
             except BaseException as exc:
                 cancelled, failed = split_cancelled(exc)
