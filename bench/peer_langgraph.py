@@ -118,7 +118,7 @@ def measure(dsn: str, turns: int, batches: int) -> dict[str, object]:
         name = getattr(exc, "name", None) or str(exc)
         result["error"] = (
             f"{name} is not installed in {sys.executable} (langgraph and langgraph-checkpoint-postgres "
-            "come with the bench dependency group: nox -s bench)"
+            "come with the bench dependency group, nox -s bench; or set $BENCH_LANGGRAPH_PYTHON to a venv's python)"
         )
         return result
     try:
