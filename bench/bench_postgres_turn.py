@@ -22,6 +22,9 @@ batch; the CPU time of the same batches is in brackets.
   *emulated*: the model is wrapped so that it flushes the session before each
   model request (``flush()`` for sync, ``flush(sync=False)`` for step), one
   checkpoint per step; the row says which.
+* **The floor** (:class:`Floor`): only the commits: one transaction per step
+  inserting a step's worth of event lines through psycopg on a worker
+  thread, waiting for the disk and not, in the same interleaved batches.
 * **LangGraph** (:mod:`peer_langgraph`, in its own asyncio process): the same
   turn as a ``StateGraph`` with a model node and a ``ToolNode``, compiled with
   ``AsyncPostgresSaver`` on the same server, ``durability="sync"`` and
@@ -45,7 +48,9 @@ import inspect
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -55,7 +60,7 @@ import trio
 
 from trio_harness import ScriptedModel, Tool, ToolContext, open_harness
 from trio_harness.model._protocol import Emit, ModelRequest
-from trio_harness.session import Session
+from trio_harness.session import Session, encode_event
 from trio_harness.session import _events as ev
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -67,6 +72,8 @@ STEPS = 10  # model steps per turn: 9 tool calls, then the final answer
 TURNS = 5  # turns per batch
 BATCHES = 5  # timed batches, after one warm-up batch
 POLICIES = ("sync", "step", "turn")
+FLOORS = ("floor sync", "floor step")
+LANGGRAPH_MODES = ("sync", "async")
 LANGGRAPH_TIMEOUT = 600.0
 SYNC_GOAL = 3.0  # LangGraph "sync" / ours "sync", per step
 STEP_GOAL = 5.0  # LangGraph "async" / ours "step", per step
@@ -150,15 +157,158 @@ def _check_turns(events: Any, start: int, turns: int) -> None:
         raise RuntimeError(f"{turns} turns gave {completed} completed turns and {results} tool results")
 
 
-async def measure_ours(dsn: str, turns: int = TURNS, batches: int = BATCHES) -> tuple[dict[str, Timing], bool]:
-    """Our 10-step turn per policy, interleaved; returns the timings and whether the policy is real."""
+class Floor:
+    """The floor of a per-step checkpoint: one transaction per step through psycopg on a worker thread.
+
+    Each "step" inserts one step's worth of pre-encoded event lines (a 10th
+    of a stored turn) into the store's events table under a scratch session
+    id, the way the session writer does (a pipeline, ``unnest``, and for
+    ``sync=False`` ``synchronous_commit`` off); nothing else of the harness.
+    """
+
+    def __init__(self, dsn: str, schema: str, lines: list[str], *, sync: bool) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.sync = sync
+        per_step = max(1, len(lines) // STEPS)
+        self.batch = lines[:per_step]
+        self.seq = 0
+        self.session_id = f"bench-floor-{'sync' if sync else 'step'}"
+        self.query = (
+            f'INSERT INTO "{schema}".events (session_id, seq, body) '
+            "SELECT %s, %s + o - 1, b FROM unnest(%s::text[]) WITH ORDINALITY AS t(b, o)"
+        )
+
+    def commit(self) -> None:
+        with self.conn.pipeline(), self.conn.transaction():
+            if not self.sync:
+                self.conn.execute("SET LOCAL synchronous_commit TO off")
+            self.conn.execute(self.query, (self.session_id, self.seq, self.batch), binary=True)
+        self.seq += len(self.batch)
+
+    async def turns(self, turns: int) -> None:
+        for _ in range(turns * STEPS):
+            await trio.to_thread.run_sync(self.commit)
+
+
+class PeerError(Exception):
+    """The LangGraph process cannot be used (the message says why)."""
+
+
+class LangGraphPeer:
+    """:mod:`peer_langgraph` ``--serve`` in its own process: batches timed on request.
+
+    Its stderr goes to a temporary file, whose last line is quoted when it fails.
+    """
+
+    def __init__(self, process: trio.Process, stderr: Any, python: str) -> None:
+        self.process = process
+        self.stderr = stderr
+        self.python = python
+        self.buffer = b""
+        self.version = ""
+
+    @classmethod
+    async def start(cls, dsn: str) -> LangGraphPeer:
+        python = os.environ.get("BENCH_LANGGRAPH_PYTHON") or sys.executable
+        stderr = tempfile.TemporaryFile()  # noqa: SIM115 (the peer's: closed by aclose)
+        command = [python, str(HERE / "peer_langgraph.py"), dsn, "--serve"]
+        try:
+            process = await trio.lowlevel.open_process(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr
+            )
+        except OSError as exc:
+            stderr.close()
+            raise PeerError(f"cannot run {python}: {exc}") from exc
+        peer = cls(process, stderr, python)
+        try:
+            ready = await peer._receive()
+            peer.version = f"{ready.get('version')} (AsyncPostgresSaver {ready.get('checkpointer')})"
+        except BaseException:
+            await peer.aclose()
+            raise
+        return peer
+
+    async def _receive(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        try:
+            with trio.fail_after(LANGGRAPH_TIMEOUT):
+                while b"\n" not in self.buffer:
+                    chunk = await self.process.stdout.receive_some()
+                    if not chunk:
+                        raise PeerError(f"the LangGraph process exited ({self._stderr_tail()})")
+                    self.buffer += chunk
+        except trio.TooSlowError:
+            raise PeerError(f"the LangGraph process did not answer in {LANGGRAPH_TIMEOUT:g} s") from None
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        try:
+            message: dict[str, Any] = json.loads(line)
+        except ValueError:
+            raise PeerError(f"the LangGraph process said {line[:200]!r}") from None
+        if message.get("error"):
+            raise PeerError(str(message["error"]))
+        return message
+
+    def _stderr_tail(self) -> str:
+        self.stderr.seek(0)
+        lines = self.stderr.read().decode(errors="replace").strip().splitlines()
+        return lines[-1] if lines else "no output"
+
+    async def batch(self, mode: str, turns: int) -> tuple[float, float]:
+        """Per-step microseconds (wall, CPU) of ``turns`` LangGraph turns with ``durability=mode``."""
+        assert self.process.stdin is not None
+        try:
+            await self.process.stdin.send_all(f"{mode} {turns}\n".encode())
+        except trio.BrokenResourceError:
+            raise PeerError(f"the LangGraph process exited ({self._stderr_tail()})") from None
+        answer = await self._receive()
+        return float(answer["wall_us"]), float(answer["cpu_us"])
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            if self.process.stdin is not None:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await self.process.stdin.aclose()
+            with trio.move_on_after(10):
+                await self.process.wait()
+            if self.process.returncode is None:
+                self.process.kill()
+                await self.process.wait()
+            self.stderr.close()
+
+
+class Measured:
+    """Per-step timings keyed by policy, ``floor sync`` / ``floor step`` and ``langgraph sync`` / ``async``."""
+
+    def __init__(self, *, real: bool) -> None:
+        self.real = real  # open_harness took durability (else sync and step are emulated)
+        self.timings = {name: Timing() for name in (*POLICIES, *FLOORS, *(f"langgraph {m}" for m in LANGGRAPH_MODES))}
+        self.langgraph_version = ""
+        self.langgraph_error: str | None = None
+
+
+async def measure(dsn: str, turns: int = TURNS, batches: int = BATCHES) -> Measured:
+    """Ours per policy, the floors and LangGraph per mode, in interleaved batches on one server."""
     from trio_harness.session import PostgresStore
 
-    real = has_durability()
+    result = Measured(real=has_durability())
+    real, timings = result.real, result.timings
     schema = f"bench_turn_{uuid.uuid4().hex[:8]}"
-    timings = {policy: Timing() for policy in POLICIES}
     agents: dict[str, tuple[Any, ScriptedModel]] = {}
     async with contextlib.AsyncExitStack() as stack:
+        peer: LangGraphPeer | None = None
+
+        async def close_peer() -> None:
+            if peer is not None:
+                await peer.aclose()
+
+        stack.push_async_callback(close_peer)
+        try:
+            peer = await LangGraphPeer.start(dsn)
+            result.langgraph_version = peer.version
+        except PeerError as exc:
+            result.langgraph_error = str(exc)
         for policy in POLICIES:
             scripted = ScriptedModel([])
             model: Any = scripted
@@ -176,6 +326,7 @@ async def measure_ours(dsn: str, turns: int = TURNS, batches: int = BATCHES) -> 
             if isinstance(model, FlushEachStep):
                 model.session = handle.agent.session
             agents[policy] = (handle.agent, scripted)
+        floors: dict[str, Floor] = {}
         gc.collect()
         for batch in range(batches + 1):  # the first batch warms up and is not reported
             for policy, (agent, scripted) in agents.items():
@@ -190,29 +341,31 @@ async def measure_ours(dsn: str, turns: int = TURNS, batches: int = BATCHES) -> 
                 _check_turns(agent.session.events, start_len, turns)
                 if batch:
                     timings[policy].add(wall, cpu, turns * STEPS)
-    return timings, real
-
-
-async def measure_langgraph(dsn: str, turns: int = TURNS, batches: int = BATCHES) -> dict[str, Any]:
-    """Run :mod:`peer_langgraph` in its own process; returns its JSON (with ``error`` when not measured)."""
-    python = os.environ.get("BENCH_LANGGRAPH_PYTHON") or sys.executable
-    command = [python, str(HERE / "peer_langgraph.py"), dsn, "--turns", str(turns), "--batches", str(batches)]
-    try:
-        with trio.fail_after(LANGGRAPH_TIMEOUT):
-            done = await trio.run_process(command, capture_stdout=True, capture_stderr=True, check=False)
-    except trio.TooSlowError:
-        return {"error": f"the LangGraph process did not finish in {LANGGRAPH_TIMEOUT:g} s"}
-    except OSError as exc:
-        return {"error": f"cannot run {python}: {exc}"}
-    try:
-        data: dict[str, Any] = json.loads(done.stdout.decode().strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        stderr = done.stderr.decode(errors="replace").strip().splitlines()
-        return {"error": f"the LangGraph process exited with code {done.returncode}: {(stderr or ['no output'])[-1]}"}
-    modes = data.get("modes") or {}
-    if data.get("error") is None and not all(modes.get(mode, {}).get("wall_us") for mode in ("sync", "async")):
-        data["error"] = "the LangGraph process reported no timings"
-    return data
+            if not floors:  # the events of the warm-up's last turn are the floor's lines
+                events = agents["sync"][0].session.events
+                last = max(i for i, event in enumerate(events) if isinstance(event, ev.TurnStart))
+                lines = [encode_event(event) for event in events[last:]]
+                for name in FLOORS:
+                    floors[name] = Floor(dsn, schema, lines, sync=name == "floor sync")
+                    stack.callback(floors[name].conn.close)
+            for name, floor in floors.items():
+                wall, cpu = time.perf_counter(), time.process_time()
+                await floor.turns(turns)
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                if batch:
+                    timings[name].add(wall, cpu, turns * STEPS)
+            if peer is not None:
+                try:
+                    for mode in LANGGRAPH_MODES:
+                        wall_us, cpu_us = await peer.batch(mode, turns)
+                        if batch:
+                            timings[f"langgraph {mode}"].wall.append(wall_us)
+                            timings[f"langgraph {mode}"].cpu.append(cpu_us)
+                except PeerError as exc:
+                    result.langgraph_error = str(exc)
+                    await peer.aclose()
+                    peer = None
+    return result
 
 
 # ---------------------------------------------------------------- rows
@@ -237,37 +390,37 @@ GOALS = (
 TITLE = f"PostgreSQL {STEPS}-step turn, per step:"
 
 
-def rows_for(ours: dict[str, Timing] | None, real: bool, langgraph: dict[str, Any], skipped: str | None) -> list[Row]:
+def rows_for(measured: Measured | None, skipped: str | None = None) -> list[Row]:
     """The table's rows (``skipped``: why nothing was measured)."""
     goal_names = [f'  LangGraph "{theirs}" / ours "{mine}" per step' for theirs, mine, _ in GOALS]
-    if skipped is not None or ours is None:
+    if measured is None:
         names = [f'{TITLE} ours, durability="{policy}"' for policy in POLICIES]
-        names += [f'  LangGraph, durability="{mode}"' for mode in ("sync", "async")]
+        names += [f'  LangGraph, durability="{mode}"' for mode in LANGGRAPH_MODES]
         rows = [_row(name, f"skipped: {skipped}", "", "report") for name in names]
         rows += [_row(name, "n/a", "", f">= {goal:g} x") for name, (_, _, goal) in zip(goal_names, GOALS)]
         return rows
-    rows = []
+    timings, rows = measured.timings, []
     for policy in POLICIES:
-        emulated = " (emulated: a flush before each model request)" if not real and policy != "turn" else ""
-        rows.append(_timed(f'{TITLE} ours, durability="{policy}"{emulated}', ours[policy]))
-    error = langgraph.get("error")
-    theirs: dict[str, Timing] = {}
-    for mode in ("sync", "async"):
+        emulated = " (emulated: a flush before each model request)" if not measured.real and policy != "turn" else ""
+        rows.append(_timed(f'{TITLE} ours, durability="{policy}"{emulated}', timings[policy]))
+    for name, how in (("floor sync", "waiting for the disk"), ("floor step", "synchronous_commit off")):
+        figure = f"  floor: a step's events in one transaction via psycopg on a worker thread, {how}"
+        rows.append(_timed(figure, timings[name]))
+    error = measured.langgraph_error
+    for mode in LANGGRAPH_MODES:
+        version = f" {measured.langgraph_version}" if measured.langgraph_version else ""
+        figure = f'  LangGraph{version}, durability="{mode}"'
         if error:
-            rows.append(_row(f'  LangGraph, durability="{mode}": not measured: {error}', "n/a", "", "report"))
-            continue
-        timing = Timing()
-        data = langgraph["modes"][mode]
-        timing.wall, timing.cpu = list(data["wall_us"]), list(data.get("cpu_us") or data["wall_us"])
-        theirs[mode] = timing
-        version = f"{langgraph.get('version')} (AsyncPostgresSaver {langgraph.get('checkpointer')})"
-        rows.append(_timed(f'  LangGraph {version}, durability="{mode}"', timing, "report (issue: ~5.1 ms)"))
+            rows.append(_row(f"{figure}: not measured: {error}", "n/a", "", "report"))
+        else:
+            rows.append(_timed(figure, timings[f"langgraph {mode}"], "report (issue: ~5.1 ms)"))
     for name, (their_mode, our_policy, goal) in zip(goal_names, GOALS):
-        if their_mode not in theirs:
+        if error:
             rows.append(_row(f"{name}: LangGraph not measured", "n/a", "", f">= {goal:g} x"))
             continue
-        ratio = theirs[their_mode].median / ours[our_policy].median
-        rows.append(_row(name, round(ratio, 2), "x", f">= {goal:g} x"))
+        theirs, ours = timings[f"langgraph {their_mode}"], timings[our_policy]
+        ratio = statistics.median(t / o for t, o in zip(theirs.wall, ours.wall))
+        rows.append(_row(f"{name} (median of per-batch ratios)", round(ratio, 2), "x", f">= {goal:g} x"))
     return rows
 
 
@@ -281,13 +434,12 @@ async def bench() -> list[Row]:
         import psycopg  # noqa: F401
 
         with postgres_server() as dsn:
-            ours, real = await measure_ours(dsn)
-            langgraph = await measure_langgraph(dsn)
+            measured = await measure(dsn)
     except ImportError as exc:
-        return rows_for(None, False, {}, f"the PostgreSQL driver is not installed ({exc})")
+        return rows_for(None, f"the PostgreSQL driver is not installed ({exc})")
     except NoServer as exc:
-        return rows_for(None, False, {}, str(exc))
-    return rows_for(ours, real, langgraph, None)
+        return rows_for(None, str(exc))
+    return rows_for(measured)
 
 
 if __name__ == "__main__":
