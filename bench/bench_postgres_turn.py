@@ -5,7 +5,8 @@ answer ``"done"`` at step 10, with a zero-latency model, on one throwaway
 PostgreSQL server with its default durability (``fsync`` on, synchronous
 commit; or ``$TRIO_HARNESS_POSTGRES_URL``).  Every figure is the time **per
 step** (the turn's wall time / 10), the median over batches after a warm-up
-batch; the CPU time of the same batches is in brackets.
+batch; in brackets the CPU time of the same batches and the server's write
+transactions per step (:class:`XidProbe`).
 
 * **Ours**: :class:`ScriptedModel` on :class:`PostgresStore` through
   :func:`open_harness`, a reused agent doing ``followup`` + ``when_idle``, one
@@ -125,12 +126,31 @@ class FlushEachStep:
         await self.inner.stream(request, emit)
 
 
+class XidProbe:
+    """Counts the server's write transactions: the next transaction id, which each one that writes takes.
+
+    Read between batches (nothing else writes then but the stores'
+    occasional heartbeats), the difference is the batch's commits.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(dsn, autocommit=True)
+
+    def __call__(self) -> int:
+        row = self.conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint").fetchone()
+        assert row is not None
+        return int(row[0])
+
+
 class Timing:
-    """Per-step microseconds of each timed batch, wall and CPU."""
+    """Per-step microseconds of each timed batch, wall and CPU, and commits per step."""
 
     def __init__(self) -> None:
         self.wall: list[float] = []
         self.cpu: list[float] = []
+        self.commits: list[float] = []  # write transactions per step (see XidProbe)
 
     def add(self, wall_s: float, cpu_s: float, steps: int) -> None:
         self.wall.append(wall_s / steps * 1e6)
@@ -327,12 +347,15 @@ async def measure(dsn: str, turns: int = TURNS, batches: int = BATCHES) -> Measu
                 model.session = handle.agent.session
             agents[policy] = (handle.agent, scripted)
         floors: dict[str, Floor] = {}
+        probe = XidProbe(dsn)
+        stack.callback(probe.conn.close)
         gc.collect()
         for batch in range(batches + 1):  # the first batch warms up and is not reported
             for policy, (agent, scripted) in agents.items():
                 scripted.push(*(TURN_SCRIPT * turns))
                 scripted.requests.clear()  # the test double keeps every request: not the harness's cost
                 start_len = len(agent.session.events)
+                xid = probe()
                 wall, cpu = time.perf_counter(), time.process_time()
                 for _ in range(turns):
                     agent.followup("go")
@@ -341,6 +364,7 @@ async def measure(dsn: str, turns: int = TURNS, batches: int = BATCHES) -> Measu
                 _check_turns(agent.session.events, start_len, turns)
                 if batch:
                     timings[policy].add(wall, cpu, turns * STEPS)
+                    timings[policy].commits.append((probe() - xid) / (turns * STEPS))
             if not floors:  # the events of the warm-up's last turn are the floor's lines
                 events = agents["sync"][0].session.events
                 last = max(i for i, event in enumerate(events) if isinstance(event, ev.TurnStart))
@@ -349,18 +373,23 @@ async def measure(dsn: str, turns: int = TURNS, batches: int = BATCHES) -> Measu
                     floors[name] = Floor(dsn, schema, lines, sync=name == "floor sync")
                     stack.callback(floors[name].conn.close)
             for name, floor in floors.items():
+                xid = probe()
                 wall, cpu = time.perf_counter(), time.process_time()
                 await floor.turns(turns)
                 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
                 if batch:
                     timings[name].add(wall, cpu, turns * STEPS)
+                    timings[name].commits.append((probe() - xid) / (turns * STEPS))
             if peer is not None:
                 try:
                     for mode in LANGGRAPH_MODES:
+                        xid = probe()
                         wall_us, cpu_us = await peer.batch(mode, turns)
                         if batch:
-                            timings[f"langgraph {mode}"].wall.append(wall_us)
-                            timings[f"langgraph {mode}"].cpu.append(cpu_us)
+                            timing = timings[f"langgraph {mode}"]
+                            timing.wall.append(wall_us)
+                            timing.cpu.append(cpu_us)
+                            timing.commits.append((probe() - xid) / (turns * STEPS))
                 except PeerError as exc:
                     result.langgraph_error = str(exc)
                     await peer.aclose()
@@ -376,10 +405,12 @@ def _row(figure: str, value: object, unit: str, target: str) -> Row:
 
 
 def _timed(figure: str, timing: Timing, target: str = "report") -> Row:
-    label = f"[cpu {timing.median_cpu / 1000:.2f} ms]"
+    commits = f"; {statistics.median(timing.commits):.1f} commits" if timing.commits else ""
+    label = f"[cpu {timing.median_cpu / 1000:.2f} ms{commits}]"
     row = _row(f"{figure} {label}", round(timing.median / 1000, 3), "ms", target)
     row["wall_us_per_batch"] = [round(v, 1) for v in timing.wall]
     row["cpu_us_per_batch"] = [round(v, 1) for v in timing.cpu]
+    row["commits_per_step_per_batch"] = [round(v, 2) for v in timing.commits]
     return row
 
 
