@@ -22,7 +22,8 @@ transactions per step (:class:`XidProbe`).
   it (before issue 24's policy landed) ``"sync"`` and ``"step"`` are
   *emulated*: the model is wrapped so that it flushes the session before each
   model request (``flush()`` for sync, ``flush(sync=False)`` for step), one
-  checkpoint per step; the row says which.
+  checkpoint per step; the row says which.  With it, the emulation runs as
+  well (on ``durability="turn"`` agents), as what one commit per step costs.
 * **The floor** (:class:`Floor`): only the commits: one transaction per step
   inserting a step's worth of event lines through psycopg on a worker
   thread, waiting for the disk and not, in the same interleaved batches.
@@ -74,6 +75,8 @@ TURNS = 5  # turns per batch
 BATCHES = 5  # timed batches, after one warm-up batch
 POLICIES = ("sync", "step", "turn")
 FLOORS = ("floor sync", "floor step")
+# With the real policy: one flush per step on a "turn" agent, for comparison (the issue's emulation).
+EMULATED = ("emulated sync", "emulated step")
 LANGGRAPH_MODES = ("sync", "async")
 LANGGRAPH_TIMEOUT = 600.0
 SYNC_GOAL = 3.0  # LangGraph "sync" / ours "sync", per step
@@ -303,7 +306,8 @@ class Measured:
 
     def __init__(self, *, real: bool) -> None:
         self.real = real  # open_harness took durability (else sync and step are emulated)
-        self.timings = {name: Timing() for name in (*POLICIES, *FLOORS, *(f"langgraph {m}" for m in LANGGRAPH_MODES))}
+        names = (*POLICIES, *EMULATED, *FLOORS, *(f"langgraph {mode}" for mode in LANGGRAPH_MODES))
+        self.timings = {name: Timing() for name in names}
         self.langgraph_version = ""
         self.langgraph_error: str | None = None
 
@@ -329,14 +333,14 @@ async def measure(dsn: str, turns: int = TURNS, batches: int = BATCHES) -> Measu
             result.langgraph_version = peer.version
         except PeerError as exc:
             result.langgraph_error = str(exc)
-        for policy in POLICIES:
+        for policy in (*POLICIES, *EMULATED) if real else POLICIES:
             scripted = ScriptedModel([])
             model: Any = scripted
             options: dict[str, Any] = {}
             if real:
-                options["durability"] = policy
-            elif policy != "turn":
-                model = FlushEachStep(scripted, sync=policy == "sync")
+                options["durability"] = policy if policy in POLICIES else "turn"
+            if policy in EMULATED or (not real and policy != "turn"):
+                model = FlushEachStep(scripted, sync=policy.endswith("sync"))
             harness = await stack.enter_async_context(
                 open_harness(model=model, store=PostgresStore(dsn, schema=schema), builtin_tools=False, **options)
             )
@@ -434,6 +438,11 @@ def rows_for(measured: Measured | None, skipped: str | None = None) -> list[Row]
     for policy in POLICIES:
         emulated = " (emulated: a flush before each model request)" if not measured.real and policy != "turn" else ""
         rows.append(_timed(f'{TITLE} ours, durability="{policy}"{emulated}', timings[policy]))
+    if measured.real:
+        for name in EMULATED:
+            mode = name.removeprefix("emulated ")
+            figure = f"  one checkpoint per step instead (emulated: flush(sync={mode == 'sync'}) before each request)"
+            rows.append(_timed(figure, timings[name]))
     for name, how in (("floor sync", "waiting for the disk"), ("floor step", "synchronous_commit off")):
         figure = f"  floor: a step's events in one transaction via psycopg on a worker thread, {how}"
         rows.append(_timed(figure, timings[name]))
