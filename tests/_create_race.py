@@ -78,4 +78,4 @@ async def main(kind: str, location: str, schema: str, session_id: str) -> None:
 if __name__ == "__main__":
     import trio
 
-    trio.run(main, *sys.argv[1:5])
+    trio.run(main, sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4])

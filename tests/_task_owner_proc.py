@@ -44,4 +44,4 @@ async def main(root: str, session_id: str, pidfile: str) -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main, *sys.argv[1:4])
+    trio.run(main, sys.argv[1], sys.argv[2], sys.argv[3])

@@ -139,10 +139,10 @@ async def test_run_session_asks_a_paused_question_again_on_the_terminal(tmp_path
     from trio_harness import ApprovalDecision, ApprovalRequest, open_harness
     from trio_harness.model._scripted import ScriptedModel
 
-    asked = trio.Event()
+    questioned = trio.Event()
 
     async def never_answers(request: ApprovalRequest) -> ApprovalDecision:
-        asked.set()
+        questioned.set()
         await trio.sleep_forever()
 
     store = tmp_path / "store"
@@ -150,7 +150,7 @@ async def test_run_session_asks_a_paused_question_again_on_the_terminal(tmp_path
     async with open_harness(model=first, store=store, approver=never_answers) as h:
         handle = await h.agents.create(cwd=str(tmp_path))
         handle.agent.followup("write one")
-        await asked.wait()  # after the checkpoints before the question
+        await questioned.wait()  # after the checkpoints before the question
         await handle.dispose()
         session_id = handle.agent.id
     shown = await trio.run_process(

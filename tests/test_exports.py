@@ -448,6 +448,7 @@ PUBLIC_API: dict[str, frozenset[str]] = {
             "ContextPolicy",
             "EventStream",
             "FollowedPrompt",
+            "Followers",
             "FunctionTool",
             "HistoryProcessor",
             "Inbox",

@@ -22,7 +22,16 @@ import trio
 
 from trio_harness import FactoryError, Scope, Session, open_harness
 from trio_harness import events as ev
-from trio_harness.agents import AgentOptions, AgentRegistry, AgentStatus, Inbox, LoopAgent, ToolSet
+from trio_harness.agents import (
+    AgentOptions,
+    AgentRegistry,
+    AgentStatus,
+    FollowedPrompt,
+    Followers,
+    Inbox,
+    LoopAgent,
+    ToolSet,
+)
 from trio_harness.model import UsageTotals
 from trio_harness.testing import assert_balanced, event_types
 
@@ -45,9 +54,11 @@ class EchoAgent:
     _idle: trio.Event = attrs.field(factory=trio.Event, init=False)
     _done: trio.Event = attrs.field(factory=trio.Event, init=False)
     _turn: int = attrs.field(default=0, init=False)
+    _followers: Followers = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.inbox = Inbox.replay(self.session)
+        self._followers = Followers(session=self.session, cancel=lambda followed: False)
         self._idle.set()
         self.scope.spawn(self._drive)
 
@@ -88,6 +99,20 @@ class EchoAgent:
 
     async def run(self, prompt: str, **kwargs: Any) -> Any:
         raise NotImplementedError
+
+    def follow(
+        self,
+        message: str | ev.InboxMessage,
+        *,
+        mode: Any = "followup",
+        settings: Any = None,
+        on_event: Any = None,
+        on_done: Any = None,
+    ) -> FollowedPrompt:
+        msg = Inbox.message(message, mode)
+        followed = self._followers.watch(msg.id, on_event, on_done)  # before the send: no event is missed
+        self.send(msg, mode=mode)
+        return followed
 
     async def when_idle(self) -> None:
         await self._idle.wait()
@@ -194,6 +219,17 @@ async def test_a_second_loop_is_driven_through_harness_agents_and_disposed_by_it
         resumed = await harness.agents.resume("echo-1")
         assert resumed.agent is not agent and len(resumed.agent.session) == len(agent.session)
         await resumed.dispose()
+
+
+async def test_a_prompt_to_the_second_loop_is_followed_as_the_front_ends_follow_one() -> None:
+    async with echo_harness() as (harness, _, _):
+        handle = await harness.agents.create(session_id="echo-2")
+        seen: list[str] = []
+        followed = handle.agent.follow("hi there", on_event=lambda event: seen.append(event.type))
+        outcome = await followed.wait()
+        assert outcome.end is not None and (outcome.end.turn, outcome.end.reason) == (1, "completed")
+        assert followed.turn == 1 and "assistant/message" in seen
+        await handle.dispose()
 
 
 async def test_the_callers_scope_closing_disposes_an_agent_of_the_second_loop() -> None:

@@ -44,7 +44,7 @@ def gate_tool(gate: trio.Event) -> Tool:
     return Tool("gate", "waits for the test", {"type": "object"}, wait_gate)
 
 
-GATED = [{"tool_calls": [{"name": "gate", "arguments": {}}]}, {"text": "done"}]
+GATED: list[dict[str, Any]] = [{"tool_calls": [{"name": "gate", "arguments": {}}]}, {"text": "done"}]
 
 
 async def test_the_outcome_and_the_events_of_the_prompts_turn() -> None:
@@ -53,7 +53,7 @@ async def test_the_outcome_and_the_events_of_the_prompts_turn() -> None:
         await agent.run("earlier")
         seen = Recorder()
         followed = seen.follow(agent, "follow me")
-        assert not followed.done and followed.outcome is None and followed.turn is None
+        assert (followed.done, followed.outcome, followed.turn) == (False, None, None)
         assert followed.message_id in agent.inbox
         outcome = await followed.wait()
         assert await followed.wait() is outcome  # the outcome stays

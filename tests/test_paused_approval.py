@@ -239,7 +239,7 @@ def test_assert_balanced_refuses_waiting_calls_unless_the_turn_ends_paused() -> 
             (ev.StepEnd, {"turn": 1, "step": 1}),
             (ev.TurnEnd, {"turn": 1, "reason": reason}),
         ]
-        return [cls(seq=i, ts=0.0, **fields) for i, (cls, fields) in enumerate(rows)]  # type: ignore[arg-type]
+        return [cls(seq=i, ts=0.0, **fields) for i, (cls, fields) in enumerate(rows)]
 
     assert_balanced(log("paused"))
     with pytest.raises(EventLogMismatch, match="not paused"):
@@ -267,7 +267,7 @@ def test_a_continuation_turn_is_no_compaction_boundary() -> None:
         (ev.TurnEnd, {"turn": 2, "reason": "completed"}),
         (ev.TurnStart, {"turn": 3}),
     ]
-    events = [cls(seq=i, ts=0.0, **fields) for i, (cls, fields) in enumerate(rows)]  # type: ignore[arg-type]
+    events = [cls(seq=i, ts=0.0, **fields) for i, (cls, fields) in enumerate(rows)]
     assert_balanced(events[:-1])
 
     @attrs.define

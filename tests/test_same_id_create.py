@@ -259,7 +259,7 @@ async def test_claims_succeed_exactly_when_the_id_is_free_and_its_byte_unclaimed
     root = tmp_path_factory.mktemp("claims")
     offset: Callable[[str], int] = lambda session_id: ord(session_id) % buckets  # noqa: E731 (collisions on purpose)
     original = _create_lock.claim_offset
-    _create_lock.claim_offset = offset
+    setattr(_create_lock, "claim_offset", offset)  # noqa: B010 (a module function, replaced for the test)
     try:
         stores = [SessionRegistry(JsonlStore(root)) for _ in range(3)]
         claims: dict[str, tuple[int, Session]] = {}  # id -> (store, prepared session)
@@ -288,7 +288,7 @@ async def test_claims_succeed_exactly_when_the_id_is_free_and_its_byte_unclaimed
             await stores[owner].discard(session)
         assert {h.id for h in await stores[0].stored()} == stored
     finally:
-        _create_lock.claim_offset = original
+        setattr(_create_lock, "claim_offset", original)  # noqa: B010
 
 
 # ------------------------------------------------------------------ two processes
@@ -327,7 +327,8 @@ class Racer:
         if self.process.poll() is None:
             self.process.kill()
         with trio.CancelScope(shield=True):
-            return await self.process.wait()
+            code = await self.process.wait()
+        return code
 
 
 async def race(argv: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:

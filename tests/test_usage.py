@@ -14,7 +14,8 @@ from _sse_server import DONE, Stream, sse_finish, sse_text, sse_usage, start_ser
 from _util import echo_tool, turn_end_events
 
 from trio_harness import AgentDisposedError, Budget, CompactionError, ContextPolicy, ScriptedModel, UsageTotals
-from trio_harness._cli import EXIT_LIMIT, _exit_code
+from trio_harness._cli import _exit_code
+from trio_harness._cli_common import EXIT_LIMIT
 from trio_harness.acp._updates import stop_reason_for
 from trio_harness.agents import AgentOptions, Tool, ToolContext, TurnOutcome
 from trio_harness.model import Failure, OpenAIProvider, ReplayModel, Usage

@@ -17,6 +17,7 @@ from ._compaction import HistoryProcessor as HistoryProcessor
 from ._driver import ReactAgent as ReactAgent
 from ._factory import ReactLoopFactory as ReactLoopFactory
 from ._follow import FollowedPrompt as FollowedPrompt
+from ._follow import Followers as Followers
 from ._function_tools import FunctionTool as FunctionTool
 from ._function_tools import tool as tool
 from ._inbox import Inbox as Inbox

@@ -117,7 +117,14 @@ class FollowedPrompt:
 
 @attrs.define(eq=False)
 class Followers:
-    """The prompts one agent follows; :meth:`abandon_all` reports them when the agent is disposed."""
+    """The prompts one agent follows; :meth:`abandon_all` reports them when the agent is disposed.
+
+    The building block of ``Agent.follow`` for a loop of your own: ``session``
+    is the agent's session, ``cancel(followed)`` stops one followed prompt
+    (returns whether it had an effect).  ``follow`` calls :meth:`watch` with the
+    message id, then sends the message; the agent calls :meth:`abandon_all`
+    when it is disposed.
+    """
 
     _session: Session = attrs.field(alias="session")
     _cancel: Callable[[FollowedPrompt], bool] = attrs.field(alias="cancel")
