@@ -133,7 +133,7 @@ async def test_a_per_agent_policy_wins_over_the_harness_one(tmp_path: Path) -> N
     assert seen == [[]]
 
 
-@pytest.mark.parametrize(("durability", "fsyncs"), [("step", 1), ("sync", 5), ("turn", 1)])
+@pytest.mark.parametrize(("durability", "fsyncs"), [("step", 1), ("sync", 4), ("turn", 1)])
 async def test_sync_waits_for_the_disk_at_every_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durability: str, fsyncs: int
 ) -> None:
@@ -157,7 +157,8 @@ async def test_sync_waits_for_the_disk_at_every_checkpoint(
             agent.followup("go")
             await agent.when_idle()
             monkeypatch.setattr(os, "fsync", real_fsync)
-    # A 2-step tool turn: 4 checkpoints (2 requests, tool/started, the first step's end), then the turn end.
+    # A 2-step tool turn: 3 checkpoints (2 requests, the first after the first step's end; tool/started),
+    # then the turn end.
     assert len(calls) == fsyncs
 
 
@@ -257,8 +258,8 @@ class _RefusingStore:
 @pytest.mark.parametrize(
     ("durability", "syncs"),
     [
-        ("step", [False, False, False, False, False, True]),
-        ("sync", [True, True, True, True, False, True]),
+        ("step", [False, False, False, False, True]),
+        ("sync", [True, True, True, False, True]),
         ("turn", [False, True]),
     ],
 )
@@ -277,12 +278,12 @@ async def test_the_checkpoints_of_each_policy(durability: str, syncs: list[bool]
             # The turn's flushes (then the turn end's two: sync=False, then synced).
             assert [sync for _, sync in store.flushes] == syncs
             if durability != "turn":
-                assert [types[-1] for types, _ in store.flushes[:4]] == [
+                assert [types[-1] for types, _ in store.flushes[:3]] == [
                     "request/header",
                     "tool/started",
-                    "step/end",
-                    "request/header",
+                    "request/header",  # the first step's end goes with the second request
                 ]
+                assert "step/end" in store.flushes[2][0]
 
 
 async def test_a_refused_checkpoint_before_a_handler_does_not_run_it() -> None:

@@ -796,9 +796,9 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
                     failure = Failure("max-steps", f"the turn reached max_steps={self._options.max_steps}")
                     break
                 try:
+                    # A step's end reaches the store with the next request's checkpoint
+                    # (nothing between them waits or has effects); the turn end flushes itself.
                     outcome = await self._run_step(turn, step)
-                    if outcome is None:
-                        await self._checkpoints()  # the step's end (the turn's end flushes itself)
                 except SessionStoreError as exc:  # a checkpoint the store refused (docs/guarantees.rst)
                     reason, failure = "error", Failure("store-error", str(exc))
                     break

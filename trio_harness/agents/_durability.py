@@ -2,8 +2,9 @@
 
 The driver checkpoints before every model request (a compaction inside a
 turn before its summary requests too), before a tool's handler
-starts (after logging ``tool/started``), before waiting for an approval, and
-at every step end; the turn end syncs as always.  How a checkpoint writes is
+starts (after logging ``tool/started``) and before waiting for an approval; a
+step's end reaches the store with the next step's request (nothing between
+them waits or has effects), and the turn end syncs as always.  How a checkpoint writes is
 the agent's *durability* policy (docs/sessions.rst, "Durability"):
 
 - ``"step"`` (the default): ``flush(sync=False)``, written without waiting for
