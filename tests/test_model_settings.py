@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 from _sse_server import DONE, Stream, sse_finish, sse_text, sse_usage, start_server
-from _util import WAIT, echo_tool
+from _util import WAIT, echo_tool, wait_until
 
 from trio_harness import ModelError, ModelSettings, ScriptedModel, open_harness
 from trio_harness.agents import AgentOptions, Tool, ToolContext
@@ -147,8 +147,7 @@ async def test_a_queued_turn_keeps_its_settings_across_a_restart(tmp_path: Path)
         handle = await h.agents.create(session_id="s")
         handle.agent.followup("first")
         handle.agent.followup("second", settings=ModelSettings(temperature=1.5, seed=4))
-        await trio.testing.wait_all_tasks_blocked()
-        assert len(hanging.requests) == 1
+        await wait_until(lambda: len(hanging.requests) == 1)  # after the log is created (a worker thread)
         await handle.dispose()  # the running turn is aborted; "second" stays queued in the log
     resumed_model = ScriptedModel([{"text": "done"}])
     async with (

@@ -137,18 +137,29 @@ async def test_a_discarded_create_leaves_nothing_listed_and_frees_the_id(twins: 
     assert [h.id for h in await first.stored()] == ["ticket-42"]
 
 
-async def test_a_create_cancelled_during_setup_frees_the_id_for_the_other_store(
-    twins: Twins, autojump_clock: trio.testing.MockClock
-) -> None:
+async def test_a_create_cancelled_during_setup_frees_the_id_for_the_other_store(twins: Twins) -> None:
+    # No mock clock: the PostgreSQL store's statements run on worker threads
+    # (an autojump clock would expire their write_timeout meanwhile).
+    in_setup = trio.Event()
+
     async def setup(agent: Agent) -> None:
+        in_setup.set()
         await trio.sleep_forever()
 
     async with (
         open_harness(model=ScriptedModel([]), store=twins.first, builtin_tools=False) as first,
         open_harness(model=ScriptedModel([]), store=twins.second, builtin_tools=False) as second,
     ):
-        with trio.move_on_after(1) as scope:
-            await first.agents.create(session_id="ticket-42", setup=setup)
+        scope = trio.CancelScope()
+
+        async def create() -> None:
+            with scope:
+                await first.agents.create(session_id="ticket-42", setup=setup)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(create)
+            await in_setup.wait()
+            scope.cancel()
         assert scope.cancelled_caught
         assert await second.sessions.stored() == []
         async with second.agents.open(session_id="ticket-42") as agent:
