@@ -166,6 +166,7 @@ async def test_allow_once_runs_the_call_and_logs_who_approved_what() -> None:
                 "tool/call",
                 "approval/requested",
                 "approval/decided",
+                "tool/started",
                 "tool/result",
                 "step/end",
                 "step/start",
@@ -173,6 +174,7 @@ async def test_allow_once_runs_the_call_and_logs_who_approved_what() -> None:
                 "tool/call",
                 "approval/requested",
                 "approval/decided",
+                "tool/started",
                 "tool/result",
                 "step/end",
                 "step/start",
@@ -445,7 +447,10 @@ async def test_an_approver_that_answers_something_else_denies_the_call() -> None
 async def test_a_resume_of_a_session_that_died_while_asking_ends_the_call_as_not_run(tmp_path: Path) -> None:
     ran = Ran()
 
+    asked = trio.Event()
+
     async def never_answers(request: ApprovalRequest) -> ApprovalDecision:
+        asked.set()
         await trio.sleep_forever()
 
     live, crashed = tmp_path / "live", tmp_path / "crashed"
@@ -454,8 +459,7 @@ async def test_a_resume_of_a_session_that_died_while_asking_ends_the_call_as_not
         h.tools.add(ran.tool())
         async with h.agents.open(session_id="s") as agent:
             agent.followup("go")
-            await trio.testing.wait_all_tasks_blocked()
-            await agent.session.flush()
+            await asked.wait()  # the question is on disk before the approver is asked (a checkpoint)
             # What a process killed at this moment leaves on disk.
             shutil.copytree(live, crashed)
             assert of(agent, ev.ApprovalRequested) and not of(agent, ev.ApprovalDecided)

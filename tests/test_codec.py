@@ -46,6 +46,7 @@ from trio_harness.session._events import (
     StepStart,
     ToolCallRequested,
     ToolResult,
+    ToolStarted,
     TurnEnd,
     TurnEndReason,
     TurnStart,
@@ -119,6 +120,7 @@ EVENT_FIELDS: dict[type[Event], dict[str, st.SearchStrategy[Any]]] = {
     },
     ToolCallRequested: {**_STEP, "call_id": texts, "name": texts, "arguments": texts},
     ToolResult: {**_STEP, "call_id": texts, "name": texts, "content": texts, "is_error": st.booleans()},
+    ToolStarted: {**_STEP, "call_id": texts, "name": texts},
     StepEnd: _STEP,
     TurnEnd: {
         **_BASE,

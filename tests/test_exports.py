@@ -595,6 +595,7 @@ PUBLIC_API: dict[str, frozenset[str]] = {
             "StepStart",
             "ToolCallRequested",
             "ToolResult",
+            "ToolStarted",
             "TurnEnd",
             "TurnStart",
             "UserMessage",

@@ -51,7 +51,7 @@ from trio_harness.session._events import (
     TurnStart,
     UserMessage,
 )
-from trio_harness.session._recovery import INTERRUPTED_TOOL_RESULT
+from trio_harness.session._recovery import NOT_STARTED_TOOL_RESULT
 
 
 @attrs.define
@@ -333,7 +333,7 @@ async def test_resume_of_a_log_that_died_mid_turn_appends_closers(
     result, step_end, turn_end = closers
     assert isinstance(result, ToolResult) and isinstance(step_end, StepEnd) and isinstance(turn_end, TurnEnd)
     assert (result.turn, result.step, result.call_id, result.name) == (2, 1, "call-2", "read")
-    assert result.is_error and result.content == INTERRUPTED_TOOL_RESULT
+    assert result.is_error and result.content == NOT_STARTED_TOOL_RESULT  # no tool/started: it never ran
     assert (step_end.turn, step_end.step) == (2, 1)
     assert (turn_end.turn, turn_end.reason, turn_end.cause, turn_end.failure) == (2, "interrupted", None, None)
 

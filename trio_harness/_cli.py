@@ -188,6 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
         "unreadable one); repeat for several paths",
     )
     tools.add_argument(
+        "--durability",
+        choices=("step", "sync", "turn"),
+        default="step",
+        help="when a turn's events reach the store: step (default: before each model request, tool call and "
+        "approval, without waiting for the disk; the turn end synced), sync (each of those synced), "
+        "turn (at the turn end only)",
+    )
+    tools.add_argument(
         "--mcp-config",
         metavar="FILE",
         type=Path,
@@ -530,6 +538,7 @@ async def _serve_acp(
                 bash_options=_bash_options(args),
                 mcp_servers=servers,
                 model_settings=_model_settings(args),
+                durability=args.durability,
             ) as harness,
             trio.open_nursery() as nursery,
         ):
@@ -733,6 +742,7 @@ async def _run_prompt(
             bash_options=_bash_options(args),
             mcp_servers=servers,
             model_settings=_model_settings(args),
+            durability=args.durability,
         ) as harness:
             entered = True
             if not args.quiet:  # MCP servers: a tool left out, a restart: one line each

@@ -40,6 +40,7 @@ from ._construct import NoPublicConstructor
 from ._errors import SessionStoreError
 from ._scope import DEFAULT_TEARDOWN_TIMEOUT, LoadedPlugin, Plugin, Scope, open_scope
 from .agents._approval import Approver
+from .agents._durability import Durability, check_durability
 from .agents._factory import ReactLoopFactory
 from .agents._registry import AgentRegistry
 from .agents._tools import ToolSet
@@ -200,6 +201,7 @@ async def open_harness(
     mcp_servers: Sequence[McpServerConfig] = (),
     model_settings: ModelSettings | None = None,
     builtin_loop: bool = True,
+    durability: Durability = "step",
 ) -> AsyncIterator[Harness]:
     """Open a harness; every service stops (in reverse order) when the block exits.
 
@@ -255,9 +257,18 @@ async def open_harness(
             a plugin's ``apply`` so that unloading the plugin disposes its
             agents (docs/architecture.rst, "The public surface").  Until one is
             registered, creating an agent raises :exc:`~trio_harness.FactoryError`.
+        durability: when the turns' events reach the store, for every agent
+            whose options name no policy (``AgentOptions.durability``):
+            ``"step"`` (the default: checkpoints before each model request,
+            tool call and approval wait and at each step end, written without
+            waiting for the disk, and the turn end synced), ``"sync"`` (every
+            checkpoint waits for the disk) or ``"turn"`` (only the turn end
+            is stored).  docs/sessions.rst, "Durability", says what each can
+            lose to a kill -9 and to a power cut.
 
     Raises:
         TypeError: a settings argument is not its record.
+        ValueError: ``durability`` names no policy.
         McpConfigError: two MCP servers have the same name.
         McpStartError: an MCP server could not be started (the message names
             it and why); every service was stopped again.
@@ -269,6 +280,7 @@ async def open_harness(
         raise ValueError(f"teardown_timeout must be a positive number of seconds, got {teardown_timeout!r}")
     if model_settings is not None and not isinstance(model_settings, ModelSettings):
         raise TypeError(f"model_settings must be a ModelSettings, got {type(model_settings).__name__}")
+    durability = check_durability(durability)
     bash_settings = _option_record(BashRuntimeOptions, bash_options, "bash_options")
     task_settings = _option_record(TaskRuntimeOptions, task_options, "task_options")
     task_tool_settings = _option_record(TaskToolOptions, task_tool_options, "task_tool_options")
@@ -323,7 +335,13 @@ async def open_harness(
         agents = AgentRegistry(sessions=sessions, bus=bus)
         if builtin_loop:
             factory = ReactLoopFactory(
-                bus=bus, tools=tools, agents=agents, model=provider, approver=approver, model_settings=model_settings
+                bus=bus,
+                tools=tools,
+                agents=agents,
+                model=provider,
+                approver=approver,
+                model_settings=model_settings,
+                durability=durability,
             )
             agents.register_factory(factory, agents_scope)
         harness = Harness._create(

@@ -23,6 +23,7 @@ from .session._events import StepEnd as StepEnd
 from .session._events import StepStart as StepStart
 from .session._events import ToolCallRequested as ToolCallRequested
 from .session._events import ToolResult as ToolResult
+from .session._events import ToolStarted as ToolStarted
 from .session._events import TurnEnd as TurnEnd
 from .session._events import TurnStart as TurnStart
 from .session._events import UserMessage as UserMessage

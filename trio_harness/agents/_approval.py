@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ..session._events import ApprovalOutcome, CancelCause
     from ..session._session import Session
     from ._agent import Agent
+    from ._durability import Checkpoints
     from ._tools import Tool
 
 log = logging.getLogger("trio_harness.agent")
@@ -192,6 +193,8 @@ class ApprovalGate:
     approver: Approver | None
     # The running turn's cancel cause, recorded when a cancel ends the wait.
     _cause: Callable[[], CancelCause | None] = attrs.field(alias="cause")
+    # The agent's checkpoints: the request reaches the store before the approver is asked.
+    _checkpoints: Checkpoints = attrs.field(alias="checkpoints")
     # allow_always / deny_always decisions of this session and their messages, per tool name.
     _standing: dict[str, tuple[ApprovalOutcome, str | None]] = attrs.field(factory=dict, init=False)
     _warned_no_approver: bool = attrs.field(default=False, init=False)
@@ -261,6 +264,8 @@ class ApprovalGate:
                 session.append(ev.ApprovalDecided, **where, outcome="deny", source="error", message=message)
                 return f"error: denied: {message}; the call did not run"
             session.append(ev.ApprovalRequested, **where, arguments=call.arguments)
+            if (unstored := await self._checkpoints.before_approval(where)) is not None:
+                return unstored  # the question is not on the store: not asked (docs/guarantees.rst)
             request = ApprovalRequest(
                 tool=call.name,
                 arguments=args,

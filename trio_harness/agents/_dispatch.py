@@ -4,7 +4,8 @@ A step's calls run in the model's order; a run of consecutive
 ``parallel_safe`` calls runs in a nursery, at most
 ``AgentOptions.tool_concurrency`` at a time.  Each call is logged
 (``tool/call-requested``), its arguments validated, asked about when its tool
-requires approval (``ApprovalGate``, ``_approval.py``), and run; the results
+requires approval (``ApprovalGate``, ``_approval.py``), logged as started
+(``tool/started``, handed to the store first: ``_durability.py``) and run; the results
 are logged in the model's order whatever order they finish in.  Whatever
 interrupts the step, the ``finally`` of ``ToolDispatch.run`` gives every call
 without a result the synthetic "not run" result, so the log stays balanced.
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from ..session._session import Session
     from ._agent import Agent
     from ._approval import ApprovalGate
+    from ._durability import Checkpoints
     from ._options import AgentOptions
     from ._registry import AgentRegistry
 
@@ -58,6 +60,8 @@ class ToolDispatch:
     _agents: AgentRegistry = attrs.field(alias="agents")
     _options: AgentOptions = attrs.field(alias="options")
     _approvals: ApprovalGate = attrs.field(alias="approvals")
+    # The agent's checkpoints: tool/started reaches the store before a handler runs.
+    _checkpoints: Checkpoints = attrs.field(alias="checkpoints")
     # The running turn's cancel cause, named in the results of calls a cancel ended.
     _cause: Callable[[], CancelCause | None] = attrs.field(alias="cause")
     # Harness-wide tools and prompt sections; the agent's own (``own``) win on a name clash.
@@ -110,6 +114,7 @@ class ToolDispatch:
     async def run(self, turn: int, step: int, calls: list[ToolCall], tools: dict[str, Tool]) -> None:
         """Run the calls of a step and log a result for each, in the model's order."""
         session = self._session
+        self._checkpoints.failure = None  # a failure of an earlier, aborted step is not this one's
         count = len(calls)
         results: list[tuple[str, bool] | None] = [None] * count
         logged = 0
@@ -169,16 +174,21 @@ class ToolDispatch:
                 asked[index].set()
             agent = self._agent
             ctx = _tool_context(agent=agent, agents=self._agents, call_id=call.id, turn=turn, step=step)
+
+            async def start() -> object:
+                # tool/started on the store first: from here on the call may have had effects.
+                refusal = await self._checkpoints.before_call(turn, step, call.id, call.name)
+                if refusal is not None:
+                    return ToolOutput(refusal, is_error=True)
+                self._bus.emit("agent/tool/started", agent, turn=turn, step=step, call_id=call.id, tool=call.name)
+                return await tool.handler(ctx, args)
+
             try:
                 if limiter is None:
-                    self._bus.emit("agent/tool/started", agent, turn=turn, step=step, call_id=call.id, tool=call.name)
-                    output = await tool.handler(ctx, args)
+                    output = await start()
                 else:
                     async with limiter:
-                        self._bus.emit(
-                            "agent/tool/started", agent, turn=turn, step=step, call_id=call.id, tool=call.name
-                        )
-                        output = await tool.handler(ctx, args)
+                        output = await start()
             except BaseException as exc:
                 # Cancellation may arrive wrapped in an exception group (a tool
                 # with its own nursery), possibly beside the tool's own errors.
@@ -219,3 +229,4 @@ class ToolDispatch:
             if logged < count:  # some call has no result yet: it did not run to the end
                 for index in range(count):
                     deliver(index, _aborted_text(self._cause()), True)
+        self._checkpoints.raise_failure()  # a call not run for a failed checkpoint ends the turn store-error

@@ -33,7 +33,7 @@ import datetime
 import logging
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
@@ -63,6 +63,7 @@ from ._approval import ApprovalGate, Approver
 from ._budget import OverBudget, UsageCounter
 from ._context import ContextWindow
 from ._dispatch import ToolDispatch
+from ._durability import UNSHIELDED, Checkpoints, Durability
 from ._follow import FollowedPrompt, Followers
 from ._function_tools import caller_namespace, output_adapter
 from ._history import History
@@ -89,10 +90,6 @@ Phase = Literal["idle", "maintenance", "running"]
 T = TypeVar("T")
 
 
-# The turn end's stand-in for a shield when its flushes cannot wait (reusable: it does nothing).
-_UNSHIELDED = nullcontext()
-
-
 @attrs.define(eq=False, repr=False)
 class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.create() or resume()"):
     """The default :class:`~trio_harness.Agent`: a ReAct loop over a session.
@@ -116,10 +113,13 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
     _approver: Approver | None = attrs.field(default=None, alias="approver")
     # Harness-wide model settings (open_harness(model_settings=...)).
     _harness_settings: ModelSettings | None = attrs.field(default=None, alias="model_settings")
+    # The checkpoints' policy, resolved (AgentOptions.durability, else the harness's; _durability.py).
+    _durability: Durability = attrs.field(default="step", alias="durability")
     # Approval (the standing decisions), tool dispatch (the tools, their caches), the next
     # request (the running turn's settings and output type, the merged settings) and the
     # context window (estimate, compactions, maintenance): each owns its state.
     _approvals: ApprovalGate = attrs.field(init=False)
+    _checkpoints: Checkpoints = attrs.field(init=False)
     _dispatch: ToolDispatch = attrs.field(init=False)
     _request: RequestBuilder = attrs.field(init=False)
     _context: ContextWindow = attrs.field(init=False)
@@ -169,7 +169,10 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
             if isinstance(event, ev.TurnStart):
                 self._last_turn = event.turn
         cause = self._current_cause
-        self._approvals = ApprovalGate(session=self._session, agent=self, approver=self._approver, cause=cause)
+        self._checkpoints = checkpoints = Checkpoints(session=self._session, policy=self._durability)
+        self._approvals = ApprovalGate(
+            session=self._session, agent=self, approver=self._approver, cause=cause, checkpoints=checkpoints
+        )
         self._dispatch = ToolDispatch(
             session=self._session,
             agent=self,
@@ -177,6 +180,7 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
             agents=self._agents,
             options=self._options,
             approvals=self._approvals,
+            checkpoints=checkpoints,
             cause=cause,
             shared=self._shared_tools,
         )
@@ -792,6 +796,11 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
                     break
                 try:
                     outcome = await self._run_step(turn, step)
+                    if outcome is None:
+                        await self._checkpoints()  # the step's end (the turn's end flushes itself)
+                except SessionStoreError as exc:  # a checkpoint the store refused (docs/guarantees.rst)
+                    reason, failure = "error", Failure("store-error", str(exc))
+                    break
                 except Exception as exc:
                     # A bug or a failing hook (tool filter, prompt section, ...):
                     # end the turn as an error instead of crashing the scope tree.
@@ -807,7 +816,7 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
             if cause is not None:
                 reason, failure = "aborted", None
             # Shielded when a flush may wait (a flush that never waits cannot be cancelled).
-            with trio.CancelScope(shield=True) if session.flush_waits else _UNSHIELDED:
+            with trio.CancelScope(shield=True) if session.flush_waits else UNSHIELDED:
                 # Hand the turn's events to the store before logging how the
                 # turn ended, so a store that refuses them ends the turn in
                 # ``error`` instead of a ``completed`` nobody stored
@@ -871,20 +880,10 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
             if finish.reason == "max-tokens":
                 return "max-tokens", None
             if request.turn_output is not None:
-                return self._check_output(request.turn_output)
+                return request.turn_output.settle_turn(session.events, self._inbox)
             return "completed", None
         finally:
             session.append(ev.StepEnd, turn=turn, step=step)
-
-    def _check_output(self, pending: PendingOutput) -> tuple[TurnEndReason, Failure | None] | None:
-        """Validate a run() turn's final answer: complete it, steer the errors back, or fail it."""
-        verdict = pending.check_turn(self._session.events)
-        if verdict is None:
-            return "completed", None
-        if isinstance(verdict, Failure):
-            return "error", verdict
-        self._inbox.append("next-step", Inbox.message(verdict, "steer"))
-        return None
 
     async def _ask(self, turn: int, step: int, tools: dict[str, Tool]) -> tuple[Finish, list[ToolCall]]:
         """Log the request header and stream the request; compact first when the context is full.
@@ -917,6 +916,7 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
                 max_tokens=request.max_tokens,
                 settings=self._request.header_settings(request.settings),
             )
+            await self._checkpoints()  # the prompt, the step so far and the header: on the store first
             finish, calls = await stream_response(self._provider, session, request, turn, step)
             if retried or finish.reason != "error" or not is_context_overflow(finish.failure):
                 return finish, calls

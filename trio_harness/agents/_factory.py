@@ -8,6 +8,7 @@ import attrs
 
 from .._errors import ModelError
 from ._driver import ReactAgent
+from ._durability import DEFAULT_DURABILITY, Durability, durability_field
 from ._options import AgentOptions
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ class ReactLoopFactory:
             approval run without asking.
         model_settings: harness-wide model settings (an agent's and a turn's
             win over them, field by field).
+        durability: the default durability policy (``open_harness(durability=...)``),
+            used when an agent's options name none.
     """
 
     bus: EventBus
@@ -48,6 +51,7 @@ class ReactLoopFactory:
     model: ModelProvider | None = None
     approver: Approver | None = None
     model_settings: ModelSettings | None = None
+    durability: Durability = attrs.field(default=DEFAULT_DURABILITY, validator=durability_field)
 
     async def build(
         self,
@@ -85,4 +89,5 @@ class ReactLoopFactory:
             parent_id=parent_id,
             approver=options.approver or self.approver,
             model_settings=self.model_settings,
+            durability=options.durability or self.durability,
         )

@@ -11,6 +11,7 @@ from .._records import ModelSettings
 from .._util import positive_int
 from ._budget import Budget
 from ._compaction import ContextPolicy, HistoryProcessor
+from ._durability import Durability, durability_or_none
 
 if TYPE_CHECKING:
     from ..model._protocol import ModelProvider
@@ -64,6 +65,16 @@ class AgentOptions:
         history_processor: a hook from the conversation derived from the log
             (after compaction) to the messages sent; it must be a pure
             function of its input, so that a resumed agent sends the same.
+        durability: when a turn's events reach the store: ``"step"`` (a
+            checkpoint before each model request, tool call and approval
+            wait and at each step end, written without waiting for the disk;
+            the turn end synced), ``"sync"`` (every checkpoint synced) or
+            ``"turn"`` (at the turn end only).  None uses the harness's
+            (``open_harness(durability=...)``, default ``"step"``;
+            docs/sessions.rst, "Durability").
+
+    Raises:
+        ValueError: ``durability`` names no policy.
     """
 
     model: ModelProvider | str | None = None
@@ -83,3 +94,4 @@ class AgentOptions:
     )
     context: ContextPolicy = attrs.field(factory=ContextPolicy, validator=attrs.validators.instance_of(ContextPolicy))
     history_processor: HistoryProcessor | None = None
+    durability: Durability | None = attrs.field(default=None, validator=durability_or_none)

@@ -45,8 +45,9 @@ from ._tools import Tool, ToolContext, ToolOutput
 
 if TYPE_CHECKING:
     from .._records import ModelSettings
-    from ..session._events import InboxMessage
+    from ..session._events import InboxMessage, TurnEndReason
     from ._agent import Agent
+    from ._inbox import Inbox
 
 
 T = TypeVar("T")
@@ -159,6 +160,16 @@ class PendingOutput:
             f"Your answer does not match the required JSON schema ({self.error}). "
             "Answer again with only the JSON value, matching the schema exactly."
         )
+
+    def settle_turn(self, events: Sequence[ev.Event], inbox: Inbox) -> tuple[TurnEndReason, Failure | None] | None:
+        """Validate a run() turn's final answer: complete it, steer the errors back (on ``inbox``), or fail it."""
+        verdict = self.check_turn(events)
+        if verdict is None:
+            return "completed", None
+        if isinstance(verdict, Failure):
+            return "error", verdict
+        inbox.append("next-step", inbox.message(verdict, "steer"))
+        return None
 
     def check_turn(self, events: Sequence[ev.Event]) -> str | Failure | None:
         """:meth:`check` the text of the turn's last assistant message (``events``: the session's)."""

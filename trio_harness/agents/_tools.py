@@ -52,7 +52,15 @@ class ToolContext:
         agent: the calling agent (its session, scope, inbox and own tools).
         agents: the registry the agent lives in (create, resume and look up
             agents, e.g. to start a child agent).
-        call_id: the model's id for this call.
+        call_id: the model's id for this call.  It is stored in the log
+            with the model's message, so it is the same in every process that
+            loads the session: the idempotency key a tool can pass to the
+            systems it changes (a request id, an ``Idempotency-Key`` header, a
+            unique row key).  The harness never re-runs a call; a call
+            interrupted while it ran gets a result naming this id and saying
+            it may have had effects, so the model, or a tool it asks, can look
+            the key up before repeating the change (docs/guarantees.rst,
+            "Durable steps").
         turn: the turn number.
         step: the step number.
     """

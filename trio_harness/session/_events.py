@@ -238,6 +238,28 @@ class ToolCallRequested(Event):
 
 
 @attrs.frozen
+class ToolStarted(Event):
+    """A tool call's handler is about to run: from here on the call may have had effects.
+
+    Logged after the call's argument checks, its approval and the wait for
+    the concurrency limit, and handed to the store (a checkpoint) before the
+    handler starts.  A resumed log with ``tool/started`` and no
+    ``tool/result`` gets a result saying the call was interrupted while
+    running and may have had effects (docs/guarantees.rst, "Durable steps").
+
+    Attributes:
+        call_id: the model's id of the call (``ToolContext.call_id``).
+        name: the tool name.
+    """
+
+    type: ClassVar[str] = "tool/started"
+    turn: int
+    step: int
+    call_id: str
+    name: str
+
+
+@attrs.frozen
 class ToolResult(Event):
     """The result of a tool call (logged in the model's order)."""
 
@@ -421,6 +443,7 @@ AnyEvent: TypeAlias = (
     | AssistantChunk
     | AssistantMessage
     | ToolCallRequested
+    | ToolStarted
     | ToolResult
     | StepEnd
     | TurnEnd
@@ -440,6 +463,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     AssistantChunk,
     AssistantMessage,
     ToolCallRequested,
+    ToolStarted,
     ToolResult,
     StepEnd,
     TurnEnd,
@@ -451,9 +475,9 @@ EVENT_TYPES: tuple[type[Event], ...] = (
 )
 """Every event class, in a stable order.
 
-New types are only ever added (``approval/requested`` and ``approval/decided``
-came after the first release): every log written before them still reads, so
-the format version stays the same.  A log that uses them cannot be read by an
+New types are only ever added (``approval/requested``, ``approval/decided``
+and ``tool/started`` came after the first release): every log written before
+them still reads, so the format version stays the same.  A log that uses them cannot be read by an
 older library (it refuses the unknown type with a clear error).
 """
 

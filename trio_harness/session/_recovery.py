@@ -13,11 +13,17 @@ from ._events import (
     StepEnd,
     StepStart,
     ToolResult,
+    ToolStarted,
     TurnEnd,
     TurnStart,
 )
 
-INTERRUPTED_TOOL_RESULT = "error: the tool call was interrupted before it returned a result (the process stopped)"
+INTERRUPTED_TOOL_RESULT = (
+    "error: the tool call was interrupted while it was running (the process stopped): it may have had effects; "
+    "check whether they happened before repeating the call (call id {call_id})"
+)
+
+NOT_STARTED_TOOL_RESULT = "error: not run: the process stopped before the tool call started"
 
 INTERRUPTED_APPROVAL_RESULT = "error: not run: the process stopped while the call was waiting for approval"
 
@@ -33,10 +39,28 @@ def open_turn_at(events: Sequence[Event], boundary: int) -> int | None:
     return open_turn
 
 
+def unanswered_result(events: Sequence[Event], call_id: str) -> str:
+    """The result of an unanswered call of the open (last) step: interrupted if it started, else not run.
+
+    A call whose ``tool/started`` is in the step may have had effects: its
+    result says so, naming the call id (the tool's idempotency key), so the
+    model checks before repeating it.  Recovery never re-runs a call.
+    """
+    for index in range(len(events) - 1, -1, -1):
+        event = events[index]
+        if type(event) is ToolStarted and event.call_id == call_id:
+            return INTERRUPTED_TOOL_RESULT.format(call_id=call_id)
+        if type(event) is StepStart:
+            break
+    return NOT_STARTED_TOOL_RESULT
+
+
 def closers_for(events: Sequence[Event]) -> list[tuple[type[Event], dict[str, Any]]]:
     """The events to append so that a log that died mid-turn is balanced again.
 
-    Unanswered tool calls of the open step get error results, the open step a
+    Unanswered tool calls of the open step get error results (a call with
+    ``tool/started``: interrupted while running, it may have had effects; one
+    without: not run; :func:`unanswered_result`), the open step a
     ``step/end`` and the open turn a ``turn/end`` with reason ``interrupted``.
     A call that was still waiting for approval (``approval/requested`` without
     ``approval/decided``) first gets an ``approval/decided`` with outcome
@@ -88,7 +112,7 @@ def closers_for(events: Sequence[Event]) -> list[tuple[type[Event], dict[str, An
                 )
                 content = INTERRUPTED_APPROVAL_RESULT
             else:
-                content = INTERRUPTED_TOOL_RESULT
+                content = unanswered_result(events, call_id)
             closers.append((ToolResult, {**where, "content": content, "is_error": True}))
         closers.append((StepEnd, {"turn": turn, "step": step}))
     closers.append((TurnEnd, {"turn": turn, "reason": "interrupted"}))
