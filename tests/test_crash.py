@@ -38,6 +38,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+from _acp_clients import AcpClient
 from _postgres import Cluster, postgres_cluster
 from _util import WAIT
 
@@ -335,3 +336,163 @@ async def test_a_writer_killed_at_random_moments_leaves_no_side_effect_the_log_d
     assert [e.reason for e in ends[-3:]] == ["completed"] * 3
     assert {e.reason for e in ends} <= {"completed", "interrupted"}
     print(f"\n{where.arg[:40]}: {sum(kills.values())} kills {kills}, {generation + 1} workers, {len(raw)} events")
+
+
+# ---------------------------------------------------------------- through the command line and ACP
+
+FRONT_END_KILLS = 4
+"""Kills per front end and store (each then resumed in a new process)."""
+
+
+def bash_script(run: int, rng: random.Random, side: Path) -> list[Marker]:
+    """A multi-step turn of ``bash`` calls, each appending its id to ``side`` before it works."""
+    responses: list[Marker] = []
+    for s in range(rng.randint(3, 5)):
+        calls = []
+        for c in range(rng.randint(1, 2)):
+            call_id = f"r{run}s{s}c{c}"
+            command = f"echo {call_id} >> {side}; sleep {rng.uniform(0.01, 0.06):.3f}"
+            calls.append({"name": "bash", "id": call_id, "arguments": {"command": command}})
+        responses.append({"tool_calls": calls, "delay": round(rng.uniform(0.01, 0.05), 4)})
+    responses.append({"text": f"answer {run}", "delay": 0.01})
+    return responses
+
+
+def check_prompts(raw: Sequence[ev.Event] | None, side: Sequence[str], prompts: Sequence[str], where: str) -> None:
+    """A run whose calls ran had its turn started: its prompt is in the log."""
+    logged = {e.text for e in raw or () if isinstance(e, ev.UserMessage)}
+    for run, prompt in enumerate(prompts):
+        if any(call_id.startswith(f"r{run}s") for call_id in side):
+            assert prompt in logged, f"{where}: calls of run {run} ran, its prompt {prompt!r} is not in the log"
+
+
+async def cli_run(
+    where: Where, tmp: Path, run: int, rng: random.Random, side: Path, session_id: str | None, delay: float | None
+) -> tuple[str, bool, int | None]:
+    """``trio-harness run`` one prompt (``--session``: resumed); killed ``delay`` s after its first tool line."""
+    script = tmp / f"cli-{run}.json"
+    script.write_text(json.dumps({"responses": bash_script(run, rng, side)}), encoding="utf-8")
+    argv = [sys.executable, "-m", "trio_harness", "run", "--model", f"scripted:{script}", "--store", where.arg]
+    argv += ["--tools", "bash", "--yes", *(["--session", session_id] if session_id else []), f"prompt {run}"]
+    process = await trio.lowlevel.open_process(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp)
+    assert process.stderr is not None
+    lines = Lines(process.stderr)
+    output: list[str] = []
+    try:
+        with trio.fail_after(WAIT):
+            while (line := await lines.next()) is not None:
+                output.append(line.decode(errors="replace"))
+                if output[-1].startswith("[session] ") and session_id is None:
+                    session_id = output[-1].split()[1]
+                if delay is not None and output[-1].startswith("[tool] "):
+                    await trio.sleep(delay)
+                    break
+            killed = await kill(process)
+            while (line := await lines.next()) is not None:
+                output.append(line.decode(errors="replace"))
+    finally:
+        if process.returncode is None:
+            process.kill()
+            with trio.CancelScope(shield=True):
+                await process.wait()
+    text = "\n".join(output)
+    assert killed or process.returncode == 0, f"trio-harness run {run} failed ({process.returncode}): {text}"
+    assert "Traceback" not in text, text
+    assert session_id is not None, text
+    return session_id, killed, process.returncode
+
+
+async def acp_run(
+    where: Where, tmp: Path, run: int, rng: random.Random, side: Path, session_id: str | None, delay: float | None
+) -> tuple[str, bool, int | None]:
+    """``trio-harness acp``: ``session/new`` or ``session/load`` in a new process, one prompt, killed like cli_run."""
+    script = tmp / f"acp-{run}.json"
+    script.write_text(json.dumps({"responses": bash_script(run, rng, side)}), encoding="utf-8")
+    argv = [sys.executable, "-m", "trio_harness", "acp", "--model", f"scripted:{script}", "--store", where.arg]
+    argv += ["--tools", "bash", "--yes"]
+    stderr_path = tmp / f"acp-{run}.stderr"
+    with stderr_path.open("wb") as stderr:
+        process = await trio.lowlevel.open_process(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, cwd=tmp
+        )
+    client = AcpClient(process)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.pump)
+            await client.initialize()
+            if session_id is None:
+                session_id = await client.new_session(tmp)
+            else:
+                loaded = await client.call("session/load", {"sessionId": session_id, "cwd": str(tmp), "mcpServers": []})
+                assert loaded is not None
+            prompt = client.prompt(session_id, f"prompt {run}")
+            await client.send(prompt)
+            if delay is None:
+                reply = await client.response(prompt["id"])
+                assert reply["result"]["stopReason"] == "end_turn", reply
+                await client.close_input()
+                assert await client.wait_exit() == 0
+                killed = False
+            else:
+                await client.wait_for(
+                    lambda m: (
+                        m.get("method") == "session/update"
+                        and m["params"]["update"]["sessionUpdate"] == "tool_call_update"
+                        and m["params"]["update"].get("status") == "in_progress"
+                    )
+                )
+                await trio.sleep(delay)
+                killed = await kill(process)
+                assert killed or process.returncode == 0
+            nursery.cancel_scope.cancel()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            with trio.CancelScope(shield=True):
+                await process.wait()
+    errors = stderr_path.read_text(encoding="utf-8", errors="replace")
+    assert "Traceback" not in errors, errors
+    return session_id, killed, process.returncode
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("front_end", ["run", "acp"])
+async def test_a_front_end_killed_mid_turn_resumes_in_a_new_process_knowing_every_side_effect(
+    where: Where, tmp_path: Path, front_end: str
+) -> None:
+    rng = random.Random(f"{front_end}-24")
+    side = tmp_path / "side"
+    start = cli_run if front_end == "run" else acp_run
+    session_id: str | None = None
+    prompts: list[str] = []
+    before: tuple[ev.Event, ...] = ()
+    kills = 0
+    run = 0
+    while kills < FRONT_END_KILLS:
+        assert run < 3 * FRONT_END_KILLS, f"too few kills landed: {kills}"
+        delay = rng.uniform(0, 0.4)
+        session_id, killed, _ = await start(where, tmp_path, run, rng, side, session_id, delay)
+        prompts.append(f"prompt {run}")
+        kills += killed
+        label = f"{front_end} {run} (killed {delay:.3f} s after its first tool call: {killed})"
+        raw = await where.load(session_id)
+        check_log(raw, [], side_ids(side), label)
+        check_prompts(raw, side_ids(side), prompts, label)
+        if raw is not None:
+            check_resumed(before, raw, label)
+            before = raw
+        run += 1
+    # resumed once more, it runs its prompt to the end
+    session_id, killed, returncode = await start(where, tmp_path, run, rng, side, session_id, None)
+    prompts.append(f"prompt {run}")
+    assert not killed and returncode == 0
+    raw = await where.load(session_id)
+    assert raw is not None
+    closed = check_log(raw, [], side_ids(side), f"{front_end}: the last run")
+    check_prompts(raw, side_ids(side), prompts, f"{front_end}: the last run")
+    check_resumed(before, raw, f"{front_end}: the last run")
+    assert len(closed) == len(raw)
+    last = [e for e in raw if isinstance(e, ev.TurnEnd)][-1]
+    assert last.reason == "completed" and f"r{run}s0c0" in side_ids(side)
+    assert {e.text for e in raw if isinstance(e, ev.UserMessage)} >= {prompts[-1]}
+    print(f"\n{front_end} on {where.arg[:40]}: {kills} kills, {run + 1} processes, {len(raw)} events")
