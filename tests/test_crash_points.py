@@ -141,6 +141,7 @@ async def check_cut(reference: Reference, agent: ReactAgent, k: int, work: Path)
             assert tuple(events[:k]) == prefix, f"cut {k}: the loaded log differs from what was written"
             closers = closers_for(prefix)
             added = events[k:]
+            assert len(added) == len(closers), f"cut {k}: the resume appended {added}, expected {closers}"
             assert [(type(e), {n: getattr(e, n) for n in f}) for e, (_, f) in zip(added, closers, strict=True)] == [
                 (cls, fields) for cls, fields in closers
             ], f"cut {k}: the resume appended {added}"
