@@ -101,7 +101,7 @@ def test_fixtures_and_assertions_pass_in_a_user_project(pytester: pytest.Pyteste
             "step/start",
             {"request/header", "user/message"},  # a set: these two events, in any order
             "assistant/message",
-            ["tool/result", "tool/result", "tool/call", "tool/call"],  # a list: types repeat
+            ["tool/result", "tool/result", "tool/call", "tool/call", "tool/started", "tool/started"],  # types repeat
             "step/end",
             "step/start",
             "request/header",

@@ -289,6 +289,9 @@ class _JsonlWriter:
             self._truncate_to = None
         start = self._length
         try:
+            if os.fstat(fd).st_nlink == 0:
+                # Removed from the store meanwhile (its directory deleted): writing on would lose it silently.
+                raise OSError(errno.ENOENT, "the log file was removed from the store")
             if lines:
                 data = ("\n".join(lines) + "\n").encode("utf-8")
                 _write_all(fd, data)
