@@ -2,7 +2,7 @@
 
 Usage::
 
-    python _crash_worker.py STORE SESSION_ID SCRIPT SIDE_FILE PROMPT...
+    python _crash_worker.py STORE SESSION_ID SCRIPT SIDE_FILE [--durability=POLICY] PROMPT...
 
 ``STORE`` is a JSONL directory, or ``postgresql://...#SCHEMA`` (the fragment
 names the schema).  The worker opens a harness on the store with the scripted
@@ -12,6 +12,7 @@ turn after the other.  Its one tool, ``work``, appends its
 :attr:`ToolContext.call_id` to ``SIDE_FILE`` (flushed and fsynced: the side
 effect), then works for ``ms`` milliseconds; a call with ``"ask": true``
 requires approval, which the worker's approver grants after a short wait.
+``--durability`` sets the harness's policy (default ``step``).
 
 The worker prints one JSON object a line (flushed) at the moments the test
 kills it at, each stating what the log must hold from then on:
@@ -115,7 +116,13 @@ def open_store(where: str) -> SessionStore:
 
 async def main(where: str, session_id: str, script: str, side_file: str, prompts: list[str]) -> None:
     model = MarkedModel.from_file(script)
-    async with open_harness(model=model, store=open_store(where), builtin_tools=False, approver=approver) as harness:
+    durability: Any = "step"
+    if prompts and prompts[0].startswith("--durability="):
+        durability = prompts.pop(0).partition("=")[2]
+    store = open_store(where)
+    async with open_harness(
+        model=model, store=store, builtin_tools=False, approver=approver, durability=durability
+    ) as harness:
         harness.tools.add(work_tool(side_file))
         try:
             handle = await harness.agents.resume(session_id)

@@ -259,13 +259,16 @@ async def run_worker(
     rng: random.Random,
     side: Path,
     target: tuple[str, int, float] | None,
+    durability: str = "step",
+    script: tuple[list[Marker], list[str]] | None = None,
 ) -> Run:
     """One worker process; with ``target`` ``(phase, nth, delay)``: killed ``delay`` s after its nth ``phase``."""
-    responses, prompts = worker_script(generation, rng, prompts=3)
-    script = tmp / f"script-{generation}.json"
-    script.write_text(json.dumps({"responses": responses}), encoding="utf-8")
+    responses, prompts = script if script is not None else worker_script(generation, rng, prompts=3)
+    path = tmp / f"script-{generation}.json"
+    path.write_text(json.dumps({"responses": responses}), encoding="utf-8")
     arg = where.arg if where.arg.startswith("/") else f"{where.arg}#trio_harness"
-    argv = [sys.executable, str(WORKER), arg, session_id, str(script), str(side), *prompts]
+    argv = [sys.executable, str(WORKER), arg, session_id, str(path), str(side), f"--durability={durability}"]
+    argv += prompts
     stderr_path = tmp / f"worker-{generation}.stderr"
     markers: list[Marker] = []
     with stderr_path.open("wb") as stderr:
@@ -335,6 +338,34 @@ async def test_a_writer_killed_at_random_moments_leaves_no_side_effect_the_log_d
     assert [e.reason for e in ends[-3:]] == ["completed"] * 3
     assert {e.reason for e in ends} <= {"completed", "interrupted"}
     print(f"\n{where.arg[:40]}: {sum(kills.values())} kills {kills}, {generation + 1} workers, {len(raw)} events")
+
+
+@pytest.mark.parametrize("durability", ["step", "sync", "turn"])
+async def test_a_writer_killed_while_its_tool_runs_leaves_the_call_in_the_log(tmp_path: Path, durability: str) -> None:
+    """One deterministic kill, in the default run: ``step`` and ``sync`` keep the call, ``turn`` loses it."""
+    where = jsonl_where(tmp_path / "store")
+    side = tmp_path / "side"
+    long_call = {"tool_calls": [{"name": "work", "id": "long", "arguments": {"ms": 60_000}}]}
+    script = ([long_call, {"text": "done"}], ["run the long call"])
+    run = await run_worker(where, "s", tmp_path, 0, random.Random(1), side, ("tool", 1, 0.0), durability, script)
+    assert run.killed and side_ids(side) == ["long"]
+    raw = await where.load("s")
+    if durability == "turn":  # no checkpoints: the checks see the loss
+        with pytest.raises(AssertionError, match="no log, yet"):
+            check_log(raw, run.markers, side_ids(side), durability)
+        return
+    assert raw is not None
+    closed = check_log(raw, run.markers, side_ids(side), durability)
+    assert [e.type for e in raw[-2:]] == ["tool/call", "tool/started"]
+    assert "may have had effects" in results(closed)["long"].content
+    # resumed in a new process: closed as interrupted, not run again
+    script = ([{"text": "checked, not repeated"}], ["go on"])
+    run = await run_worker(where, "s", tmp_path, 1, random.Random(1), side, None, durability, script)
+    assert run.returncode == 0 and side_ids(side) == ["long"]
+    resumed = await where.load("s")
+    assert resumed is not None
+    check_resumed(raw, resumed, "resumed")
+    assert_balanced(resumed)
 
 
 # ---------------------------------------------------------------- through the command line and ACP
