@@ -2,7 +2,7 @@
 
 Usage::
 
-    python _crash_worker.py STORE SESSION_ID SCRIPT SIDE_FILE [--durability=POLICY] PROMPT...
+    python _crash_worker.py STORE SESSION_ID SCRIPT SIDE_FILE [--durability=POLICY] [--approve=HOW] PROMPT...
 
 ``STORE`` is a JSONL directory, or ``postgresql://...#SCHEMA`` (the fragment
 names the schema).  The worker opens a harness on the store with the scripted
@@ -12,7 +12,10 @@ turn after the other.  Its one tool, ``work``, appends its
 :attr:`ToolContext.call_id` to ``SIDE_FILE`` (flushed and fsynced: the side
 effect), then works for ``ms`` milliseconds; a call with ``"ask": true``
 requires approval, which the worker's approver grants after a short wait.
-``--durability`` sets the harness's policy (default ``step``).
+``--durability`` sets the harness's policy (default ``step``); ``--approve``
+is ``slow`` (the default: allow after a short wait), ``allow``, ``deny`` or
+``never`` (wait until killed).  A resumed session's continuation (a paused
+turn asked again) runs before the prompts.
 
 The worker prints one JSON object a line (flushed) at the moments the test
 kills it at, each stating what the log must hold from then on:
@@ -36,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -101,10 +105,16 @@ def work_tool(side_file: str) -> Tool:
     )
 
 
-async def approver(request: ApprovalRequest) -> ApprovalDecision:
-    mark("approval", call_id=request.call_id)
-    await trio.sleep(APPROVAL_WAIT)
-    return ApprovalDecision.allow_once()
+def approver_for(how: str) -> Callable[[ApprovalRequest], Awaitable[ApprovalDecision]]:
+    async def approver(request: ApprovalRequest) -> ApprovalDecision:
+        mark("approval", call_id=request.call_id)
+        if how == "never":
+            await trio.sleep_forever()
+        if how == "slow":
+            await trio.sleep(APPROVAL_WAIT)
+        return ApprovalDecision.deny("not now") if how == "deny" else ApprovalDecision.allow_once()
+
+    return approver
 
 
 def open_store(where: str) -> SessionStore:
@@ -116,9 +126,12 @@ def open_store(where: str) -> SessionStore:
 
 async def main(where: str, session_id: str, script: str, side_file: str, prompts: list[str]) -> None:
     model = MarkedModel.from_file(script)
-    durability: Any = "step"
-    if prompts and prompts[0].startswith("--durability="):
-        durability = prompts.pop(0).partition("=")[2]
+    options = {"durability": "step", "approve": "slow"}
+    while prompts and prompts[0].startswith("--"):
+        name, _, value = prompts.pop(0)[2:].partition("=")
+        options[name] = value
+    durability: Any = options["durability"]
+    approver = approver_for(options["approve"])
     store = open_store(where)
     async with open_harness(
         model=model, store=store, builtin_tools=False, approver=approver, durability=durability
@@ -131,6 +144,7 @@ async def main(where: str, session_id: str, script: str, side_file: str, prompts
         async with handle as agent:
             MarkedModel.agent = agent
             mark("ready", events=len(agent.session.events))
+            await agent.when_idle()  # a paused turn's continuation, if any
             for prompt in prompts:
                 agent.followup(prompt)
                 await agent.when_idle()

@@ -261,6 +261,7 @@ async def run_worker(
     target: tuple[str, int, float] | None,
     durability: str = "step",
     script: tuple[list[Marker], list[str]] | None = None,
+    approve: str = "slow",
 ) -> Run:
     """One worker process; with ``target`` ``(phase, nth, delay)``: killed ``delay`` s after its nth ``phase``."""
     responses, prompts = script if script is not None else worker_script(generation, rng, prompts=3)
@@ -268,7 +269,7 @@ async def run_worker(
     path.write_text(json.dumps({"responses": responses}), encoding="utf-8")
     arg = where.arg if where.arg.startswith("/") else f"{where.arg}#trio_harness"
     argv = [sys.executable, str(WORKER), arg, session_id, str(path), str(side), f"--durability={durability}"]
-    argv += prompts
+    argv += [f"--approve={approve}", *prompts]
     stderr_path = tmp / f"worker-{generation}.stderr"
     markers: list[Marker] = []
     with stderr_path.open("wb") as stderr:
