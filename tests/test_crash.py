@@ -31,7 +31,7 @@ import random
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,7 @@ class Where:
     """One store: how a worker names it, and a fresh read-only load of a session."""
 
     arg: str
-    load: Callable[[str], Any]
+    load: Callable[[str], Awaitable[tuple[ev.Event, ...] | None]]
 
 
 def jsonl_where(root: Path) -> Where:
@@ -347,8 +347,8 @@ async def test_a_writer_killed_while_its_tool_runs_leaves_the_call_in_the_log(tm
     """One deterministic kill, in the default run: ``step`` and ``sync`` keep the call, ``turn`` loses it."""
     where = jsonl_where(tmp_path / "store")
     side = tmp_path / "side"
-    long_call = {"tool_calls": [{"name": "work", "id": "long", "arguments": {"ms": 60_000}}]}
-    script = ([long_call, {"text": "done"}], ["run the long call"])
+    long_call: Marker = {"tool_calls": [{"name": "work", "id": "long", "arguments": {"ms": 60_000}}]}
+    script: tuple[list[Marker], list[str]] = ([long_call, {"text": "done"}], ["run the long call"])
     run = await run_worker(where, "s", tmp_path, 0, random.Random(1), side, ("tool", 1, 0.0), durability, script)
     assert run.killed and side_ids(side) == ["long"]
     raw = await where.load("s")

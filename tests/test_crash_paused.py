@@ -24,7 +24,7 @@ import trio
 from _acp_clients import AcpClient
 from _postgres import postgres_cluster
 from _util import WAIT
-from test_crash import Where, check_log, check_resumed, kill, results, run_worker, side_ids, where
+from test_crash import Marker, Where, check_log, check_resumed, kill, results, run_worker, side_ids, where
 
 from trio_harness.session import _events as ev
 from trio_harness.session._recovery import closers_for
@@ -41,8 +41,8 @@ def turn_ends(events: tuple[ev.Event, ...]) -> list[tuple[int, str]]:
 
 async def killed_while_asking(where: Where, tmp: Path, side: Path) -> tuple[ev.Event, ...]:
     """A library worker asks about call ``p1`` and is killed during the wait; the raw log it left."""
-    ask = {"tool_calls": [{"name": "work", "id": "p1", "arguments": {"ms": 5, "ask": True}}]}
-    script = ([ask, {"text": "never"}], ["needs approval"])
+    ask: Marker = {"tool_calls": [{"name": "work", "id": "p1", "arguments": {"ms": 5, "ask": True}}]}
+    script: tuple[list[Marker], list[str]] = ([ask, {"text": "never"}], ["needs approval"])
     rng = random.Random(0)
     run = await run_worker(where, SESSION, tmp, 0, rng, side, ("approval", 1, 0.0), "step", script, "never")
     assert run.killed and not side_ids(side)
@@ -62,7 +62,10 @@ async def test_a_worker_killed_while_asking_is_asked_again_by_a_new_process(
 ) -> None:
     side = tmp_path / "side"
     raw = await killed_while_asking(where, tmp_path, side)
-    after = ([{"text": "went on"}], [])  # no prompt: the continuation runs, then the worker exits
+    after: tuple[list[Marker], list[str]] = (
+        [{"text": "went on"}],
+        [],
+    )  # no prompt: the continuation runs, then the worker exits
     run = await run_worker(where, SESSION, tmp_path, 1, random.Random(1), side, None, "step", after, answer)
     assert run.returncode == 0
     assert [m["call_id"] for m in run.markers if m["at"] == "approval"] == ["p1"]  # asked again, once
