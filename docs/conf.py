@@ -72,7 +72,7 @@ nitpick_ignore_regex = [
     # Type parameters in signatures (``T``, ``~P``, ``trio_harness.agents._run.T``) are not objects.
     (r"py:class", r"(.*\.)?~?[A-Z]"),
     # Private types that signatures of runtime-built objects name (not part of the public surface).
-    (r"py:class", r"_Feed|_Recorded|Notify|CancelCause|ProcessGroup|Sandbox|LoopAgent"),
+    (r"py:class", r"_Feed|_Recorded|Notify|CancelCause|Durability|ProcessGroup|Sandbox|LoopAgent"),
 ]
 pygments_style = "sphinx"
 

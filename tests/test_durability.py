@@ -173,6 +173,10 @@ class _Writer:
     async def flush(self, *, sync: bool = True) -> None:
         store = self.store
         store.flushes.append((tuple(store.pending), sync))
+        if store.block is not None and store.block in store.pending:
+            store.block = None  # once
+            store.blocked.set()
+            await trio.sleep_forever()  # a store that hangs: only a cancel ends this flush
         if store.refuse is not None and store.refuse in store.pending:
             store.refuse = None  # once
             raise OSError(5, "Input/output error")
@@ -188,6 +192,9 @@ class _RefusingStore:
     """A memory store that refuses, once, the flush that would store an event of type ``refuse``."""
 
     refuse: str | None = None
+    # Hang, once, the flush that would store an event of type ``block`` (setting ``blocked``).
+    block: str | None = None
+    blocked: trio.Event = attrs.field(factory=trio.Event)
     inner: MemoryStore = attrs.field(factory=MemoryStore)
     pending: list[str] = attrs.field(factory=list)
     flushes: list[tuple[tuple[str, ...], bool]] = attrs.field(factory=list)
@@ -313,6 +320,41 @@ async def test_a_refused_checkpoint_before_a_request_ends_the_turn_before_it() -
     assert model.requests == []
     end = events[-1]
     assert isinstance(end, ev.TurnEnd) and end.failure is not None and end.failure.code == "store-error"
+
+
+@pytest.mark.parametrize("at", ["tool/started", "approval/requested"])
+async def test_a_cancel_during_a_checkpoint_runs_nothing_and_keeps_the_log_balanced(at: str) -> None:
+    store = _RefusingStore(block=at)
+    asked: list[ApprovalRequest] = []
+    ran: list[str] = []
+
+    async def approver(request: ApprovalRequest) -> ApprovalDecision:
+        asked.append(request)
+        return ApprovalDecision.allow_once()
+
+    async def act(ctx: ToolContext, args: dict[str, Any]) -> str:
+        ran.append(ctx.call_id)
+        return "acted"
+
+    model = ScriptedModel(two_steps())
+    async with open_harness(model=model, store=store, builtin_tools=False, approver=approver) as harness:
+        harness.tools.add(Tool("act", "acts", OBJ, act, requires_approval=at == "approval/requested"))
+        async with harness.agents.open(session_id="s") as agent:
+            agent.followup("go")
+            await store.blocked.wait()
+            agent.cancel()
+            await agent.when_idle()
+            events = agent.session.events
+    assert asked == [] and ran == []
+    (result,) = [e for e in events if isinstance(e, ev.ToolResult)]
+    assert result.is_error and "the turn was aborted" in result.content
+    if at == "approval/requested":
+        (decided,) = [e for e in events if isinstance(e, ev.ApprovalDecided)]
+        assert (decided.outcome, decided.source, decided.cause) == ("cancelled", "cancelled", "user")
+    end = events[-1]
+    assert isinstance(end, ev.TurnEnd) and (end.reason, end.cause) == ("aborted", "user")
+    assert_balanced(agent.session)
+    assert (await store.inner.load("s")).events == tuple(events)  # the turn end stored everything
 
 
 # ---------------------------------------------------------------- recovery

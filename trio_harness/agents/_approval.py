@@ -264,8 +264,6 @@ class ApprovalGate:
                 session.append(ev.ApprovalDecided, **where, outcome="deny", source="error", message=message)
                 return f"error: denied: {message}; the call did not run"
             session.append(ev.ApprovalRequested, **where, arguments=call.arguments)
-            if (unstored := await self._checkpoints.before_approval(where)) is not None:
-                return unstored  # the question is not on the store: not asked (docs/guarantees.rst)
             request = ApprovalRequest(
                 tool=call.name,
                 arguments=args,
@@ -277,6 +275,9 @@ class ApprovalGate:
                 agent=self._agent,
             )
             try:
+                # The question reaches the store first (a cancel here is a cancel of the wait).
+                if (unstored := await self._checkpoints.before_approval(where)) is not None:
+                    return unstored  # not on the store: not asked, not run (docs/guarantees.rst)
                 decision: object = await approver(request)
             except BaseException as exc:
                 cancelled, failed = split_cancelled(exc)

@@ -24,7 +24,6 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, get_args
 
 import attrs
-import trio
 
 from .._errors import SessionStoreError
 from ..session import _events as ev
@@ -80,8 +79,11 @@ class Checkpoints:
     async def __call__(self) -> None:
         """Checkpoint now (nothing under ``"turn"``).
 
-        Shielded when the store's flush may wait, as the turn end is: a
-        checkpoint is never left half done.
+        Not shielded, unlike the turn end: a cancel during a checkpoint leaves
+        the events buffered (a writer keeps what it did not store, and knows
+        what a cancelled commit stored), and the turn end, shielded, stores
+        them.  A checkpoint before a handler that a cancel interrupts runs
+        nothing.
 
         Raises:
             SessionStoreError: the store did not take the events (they stay
@@ -90,9 +92,7 @@ class Checkpoints:
         policy = self.policy
         if policy == "turn":
             return
-        session = self._session
-        with trio.CancelScope(shield=True) if session.flush_waits else UNSHIELDED:
-            await session.flush(sync=policy == "sync")
+        await self._session.flush(sync=policy == "sync")
 
     async def before_call(self, turn: int, step: int, call_id: str, name: str) -> str | None:
         """Log ``tool/started`` and checkpoint: None to run the handler, else the call's error result.
