@@ -387,15 +387,39 @@ def bash_script(run: int, rng: random.Random, side: Path) -> list[Marker]:
             calls.append({"name": "bash", "id": call_id, "arguments": {"command": command}})
         responses.append({"tool_calls": calls, "delay": round(rng.uniform(0.01, 0.05), 4)})
     responses.append({"text": f"answer {run}", "delay": 0.01})
-    return responses
+    # a paused turn's continuation runs first and takes the first responses (then the prompt these)
+    return [*responses, {"text": "spare answer"}, {"text": "spare answer"}]
 
 
 def check_prompts(raw: Sequence[ev.Event] | None, side: Sequence[str], prompts: Sequence[str], where: str) -> None:
-    """A run whose calls ran had its turn started: its prompt is in the log."""
-    logged = {e.text for e in raw or () if isinstance(e, ev.UserMessage)}
-    for run, prompt in enumerate(prompts):
-        if any(call_id.startswith(f"r{run}s") for call_id in side):
-            assert prompt in logged, f"{where}: calls of run {run} ran, its prompt {prompt!r} is not in the log"
+    """A call of run ``r`` (id ``r{r}s...``) ran in the turn of prompt ``r``, which is in the log.
+
+    Or in the continuation of a paused turn, which claims no prompt: a kill
+    at the checkpoint before an approval (``allow_all`` too) pauses the turn,
+    and the next run continues it first (docs/approval.rst).
+    """
+    events = raw or ()
+    turn_of = {getattr(e, "call_id", ""): getattr(e, "turn", 0) for e in events if e.type == "tool/started"}
+    prompted: dict[int, str] = {}
+    for event in events:
+        if isinstance(event, ev.UserMessage):
+            prompted.setdefault(event.turn, event.text)
+    continuations = set()
+    paused = False
+    for event in events:
+        if isinstance(event, ev.TurnStart) and paused:
+            continuations.add(event.turn)
+        elif isinstance(event, ev.TurnEnd):
+            paused = str(event.reason) == "paused"  # a reason of issue 24.4
+    for call_id in side:
+        run = int(call_id[1:].partition("s")[0])
+        turn = turn_of.get(call_id)
+        at = f"{where}: call {call_id} of run {run} ran in turn {turn}"
+        assert turn is not None, f"{at}, the log has no tool/started for it"
+        if turn in prompted:
+            assert prompted[turn] == prompts[run], f"{at}, whose prompt is {prompted[turn]!r}, not {prompts[run]!r}"
+        else:
+            assert turn in continuations, f"{at}, which claimed no prompt and continues no paused turn"
 
 
 async def cli_run(
