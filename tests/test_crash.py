@@ -392,11 +392,12 @@ def bash_script(run: int, rng: random.Random, side: Path) -> list[Marker]:
 
 
 def check_prompts(raw: Sequence[ev.Event] | None, side: Sequence[str], prompts: Sequence[str], where: str) -> None:
-    """A call of run ``r`` (id ``r{r}s...``) ran in the turn of prompt ``r``, which is in the log.
+    """A call of run ``r`` (id ``r{r}s...``) ran in a turn that is in the log with the prompt it claimed.
 
-    Or in the continuation of a paused turn, which claims no prompt: a kill
-    at the checkpoint before an approval (``allow_all`` too) pauses the turn,
-    and the next run continues it first (docs/approval.rst).
+    That is prompt ``r``, or, after a paused turn, its continuation (which
+    claims no prompt) or an earlier prompt that waited behind it: a kill at
+    the checkpoint before an approval (``allow_all`` too) pauses the turn, and
+    the next process continues it first (docs/approval.rst).
     """
     events = raw or ()
     turn_of = {getattr(e, "call_id", ""): getattr(e, "turn", 0) for e in events if e.type == "tool/started"}
@@ -417,7 +418,8 @@ def check_prompts(raw: Sequence[ev.Event] | None, side: Sequence[str], prompts: 
         at = f"{where}: call {call_id} of run {run} ran in turn {turn}"
         assert turn is not None, f"{at}, the log has no tool/started for it"
         if turn in prompted:
-            assert prompted[turn] == prompts[run], f"{at}, whose prompt is {prompted[turn]!r}, not {prompts[run]!r}"
+            # its own prompt, or an earlier one a kill left queued behind a continuation
+            assert prompted[turn] in prompts[: run + 1], f"{at}, whose prompt {prompted[turn]!r} was never sent"
         else:
             assert turn in continuations, f"{at}, which claimed no prompt and continues no paused turn"
 
