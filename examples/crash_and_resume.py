@@ -8,7 +8,9 @@ What it shows:
   ``ready``; the parent then kills it with SIGKILL: no cleanup code runs;
 * the log on disk: a header line, then one JSON event per line;
 * resuming the session in the parent: the turn that died is closed on load
-  (the unanswered tool call gets an error result, then ``step/end``, then
+  (the unanswered tool call, whose ``tool/started`` is on disk, gets an error
+  result saying it was interrupted while running and may have had effects,
+  then ``step/end``, then
   ``turn/end`` with reason ``interrupted``), turn numbers continue, and the
   inbox is rebuilt from its ``agent/inbox/spliced`` events: the queued prompt
   is still pending and runs at the next waking send.

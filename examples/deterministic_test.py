@@ -87,8 +87,15 @@ async def test_agent_timeline() -> None:
             # Parallel calls: how their starts and results interleave is not part
             # of the contract, so compare that stretch as a multiset.
             assert types[:4] == ["turn/start", "step/start", "user/message", "assistant/message"]
-            assert sorted(types[4:8]) == ["tool/call", "tool/call", "tool/result", "tool/result"]
-            assert types[8:] == ["step/end", "step/start", "assistant/message", "step/end", "turn/end"]
+            assert sorted(types[4:10]) == [
+                "tool/call",
+                "tool/call",
+                "tool/result",
+                "tool/result",
+                "tool/started",
+                "tool/started",
+            ]
+            assert types[10:] == ["step/end", "step/start", "assistant/message", "step/end", "turn/end"]
             results = [e.content for e in agent.session.events if isinstance(e, ev.ToolResult)]
             assert results == ["slept 3600 s", "slept 60 s"]  # model order, not finishing order
             end = agent.session.events[-1]

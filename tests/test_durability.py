@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+from _postgres import Cluster, postgres_cluster, schema
 
 from trio_harness import JsonlStore, ScriptedModel, SessionNotFoundError, open_harness
 from trio_harness._cli import build_parser
@@ -27,6 +28,8 @@ from trio_harness.session._persistence import LoadedSession, MemoryStore
 from trio_harness.session._recovery import INTERRUPTED_TOOL_RESULT, NOT_STARTED_TOOL_RESULT, closers_for
 from trio_harness.session._session import SessionWriter
 from trio_harness.testing import assert_balanced
+
+__all__ = ["postgres_cluster", "schema"]  # the fixtures, imported for pytest
 
 OBJ = {"type": "object", "properties": {"x": {"type": "string"}}}
 
@@ -156,6 +159,35 @@ async def test_sync_waits_for_the_disk_at_every_checkpoint(
             monkeypatch.setattr(os, "fsync", real_fsync)
     # A 2-step tool turn: 4 checkpoints (2 requests, tool/started, the first step's end), then the turn end.
     assert len(calls) == fsyncs
+
+
+@pytest.mark.parametrize("durability", ["step", "sync"])
+async def test_postgres_checkpoints_commit_before_a_handler_runs(
+    postgres_cluster: Cluster, schema: str, durability: str
+) -> None:
+    from trio_harness.session import PostgresStore
+
+    seen: list[tuple[list[str], bool]] = []
+    session: Any = None
+
+    async def act(ctx: ToolContext, args: dict[str, Any]) -> str:
+        async with PostgresStore(postgres_cluster.dsn(), schema=schema) as other:  # another store object
+            loaded = await other.load("s")
+        # step: committed without waiting for the WAL (the writer knows it unsynced); sync: synchronous.
+        seen.append(([event.type for event in loaded.events], session._writer._unsynced))
+        return "acted"
+
+    store = PostgresStore(postgres_cluster.dsn(), schema=schema)
+    model = ScriptedModel(two_steps())
+    async with open_harness(model=model, store=store, builtin_tools=False, durability=durability) as harness:  # type: ignore[arg-type]
+        harness.tools.add(Tool("act", "acts", OBJ, act))
+        async with harness.agents.open(session_id="s") as agent:
+            session = agent.session
+            agent.followup("go")
+            await agent.when_idle()
+    ((types, unsynced),) = seen
+    assert types[-3:] == ["assistant/message", "tool/call", "tool/started"] and "user/message" in types
+    assert unsynced == (durability == "step")
 
 
 # ---------------------------------------------------------------- a store that refuses a checkpoint
@@ -509,3 +541,31 @@ def test_the_cli_acp_flag_reaches_the_harness(tmp_path: Path, monkeypatch: pytes
         store = str(tmp_path / "store")
         assert _cli.main(["acp", "--durability", "sync", "--model", f"scripted:{script}", "--store", store]) == 0
     assert policies == ["sync"]
+
+
+async def test_a_compaction_inside_a_turn_checkpoints_before_its_summary_request(tmp_path: Path) -> None:
+    from trio_harness.agents import ContextPolicy
+
+    root = tmp_path / "store"
+    seen: list[tuple[str, list[str]]] = []
+
+    @attrs.define(eq=False)
+    class Watching(ScriptedModel):
+        async def stream(self, request: ModelRequest, emit: Emit) -> None:
+            seen.append((request.purpose, await on_disk(root)))
+            await super().stream(request, emit)
+
+    model = Watching([{"text": "hello"}, {"text": "long answer"}], context_window=2_000, summary="sum")
+    options = AgentOptions(context=ContextPolicy(summary_tokens=100))
+    async with open_harness(model=model, store=root, builtin_tools=False) as harness:
+        async with harness.agents.open(session_id="s", options=options) as agent:
+            agent.followup("hi")
+            await agent.when_idle()
+            agent.followup("y" * 8_000)  # this prompt passes the threshold: compacted inside its turn
+            await agent.when_idle()
+            compacted = [e for e in agent.session.events if isinstance(e, ev.ContextCompacted)]
+    assert compacted and compacted[0].turn == 2, compacted
+    summaries = [types for purpose, types in seen if purpose == "compaction"]
+    assert summaries, seen
+    # Before the summary request: turn 2 and its prompt are on disk.
+    assert summaries[0][-1] == "user/message" and summaries[0].count("turn/start") == 2

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from ..session._session import Session
     from ._budget import UsageCounter
     from ._compaction import BudgetCheck, ContextPolicy
+    from ._durability import Checkpoints
     from ._history import History
     from ._options import AgentOptions
     from ._request import RequestBuilder
@@ -76,6 +77,8 @@ class ContextWindow:
     _agent: _Agent = attrs.field(alias="agent")
     # The next request: its characters besides the conversation, its model and settings.
     _request: RequestBuilder = attrs.field(alias="request")
+    # The agent's checkpoints (a compaction inside a turn checkpoints before its requests).
+    _checkpoints: Checkpoints | None = attrs.field(default=None, alias="checkpoints")
     # The cancel scope of agent.compact() while it runs (disposal cancels it).
     _manual_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     # The cancel scope of the automatic compaction running as maintenance between
@@ -226,6 +229,8 @@ class ContextWindow:
 
         Raises:
             CompactionError: the summary request failed.
+            SessionStoreError: inside a turn, the checkpoint before the
+                summary requests was refused (the turn ends ``store-error``).
         """
         if estimate is None:
             estimate = self.estimate()
@@ -234,6 +239,8 @@ class ContextWindow:
             return None
         policy, window, mark, messages = plan
         session = self._session
+        if turn is not None and self._checkpoints is not None:
+            await self._checkpoints()  # the running turn reaches the store before the summary requests
         # What the summary requests completed so far spent: ``summarize`` asks ``check`` before each
         # request with it, so a cancellation during a request knows the usage of those before it.
         spent = UsageTotals()

@@ -113,8 +113,7 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
     _approver: Approver | None = attrs.field(default=None, alias="approver")
     # Harness-wide model settings (open_harness(model_settings=...)).
     _harness_settings: ModelSettings | None = attrs.field(default=None, alias="model_settings")
-    # The checkpoints' policy, resolved (AgentOptions.durability, else the harness's; _durability.py).
-    _durability: Durability = attrs.field(default="step", alias="durability")
+    _durability: Durability = attrs.field(default="step", alias="durability")  # the checkpoints' (_durability.py)
     # Approval (the standing decisions), tool dispatch (the tools, their caches), the next
     # request (the running turn's settings and output type, the merged settings) and the
     # context window (estimate, compactions, maintenance): each owns its state.
@@ -200,6 +199,7 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
             bus=self._bus,
             agent=self,
             request=self._request,
+            checkpoints=checkpoints,
         )
 
     def __repr__(self) -> str:

@@ -1,6 +1,7 @@
 """Checkpoints: a turn's events handed to the store before each step's effects.
 
-The driver checkpoints before every model request, before a tool's handler
+The driver checkpoints before every model request (a compaction inside a
+turn before its summary requests too), before a tool's handler
 starts (after logging ``tool/started``), before waiting for an approval, and
 at every step end; the turn end syncs as always.  How a checkpoint writes is
 the agent's *durability* policy (docs/sessions.rst, "Durability"):

@@ -7,9 +7,11 @@ Layout under the root::
 The first line is the header, every later line one event.  No file exists
 before the first flush; that flush writes the header and the first batch to a
 temporary file, syncs it and links it into place, so the log appears whole or
-not at all.  The writer only appends, batching lines in memory and writing +
-``fsync``-ing them at :meth:`flush` (the driver flushes at every turn end).  A
-flush that returned is durable even if the process is killed next.
+not at all.  The writer only appends, batching lines in memory and writing
+them at :meth:`flush`, ``fsync``-ing them when it syncs (the driver flushes at
+every checkpoint of a turn and syncs at its end: docs/sessions.rst,
+"Durability").  A flush that returned has written its events even if the
+process is killed next; a synced one survives a power cut too.
 
 One writer per session: the writer holds an exclusive ``flock`` on the log from
 the moment the log appears (new sessions) or from :meth:`JsonlStore.resume`
