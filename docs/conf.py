@@ -195,7 +195,7 @@ def _follow_imported(app: Sphinx, modname: str, attribute: str) -> str | None:
 
 # ---------------------------------------------------------------- re-exported names
 
-_PACKAGES = ("agents", "session", "model", "tasks", "bash", "tools", "testing", "acp")
+_PACKAGES = ("agents", "session", "model", "tasks", "bash", "tools", "testing", "acp", "events")
 
 
 def _resolve_reexport(app: Sphinx, env: Any, node: Any, contnode: nodes.Element) -> nodes.Element | None:
