@@ -200,7 +200,8 @@ class ApprovalGate:
     _standing: dict[str, tuple[ApprovalOutcome, str | None]] = attrs.field(factory=dict, init=False)
     _warned_no_approver: bool = attrs.field(default=False, init=False)
     # The calls whose approval wait a disposal cut off in the running turn: it ends paused.
-    _cut: set[str] = attrs.field(factory=set, init=False)
+    # (An empty frozenset until the first cut: most agents never have one, and a set costs 216 bytes.)
+    _cut: frozenset[str] | set[str] = attrs.field(default=frozenset(), init=False)
     # The calls a paused turn left waiting, for the continuation turn (docs/approval.rst).
     paused: tuple[ToolCall, ...] = attrs.field(default=(), init=False)
 
@@ -213,7 +214,7 @@ class ApprovalGate:
                 self._standing[event.name] = (event.outcome, event.message)
 
     @property
-    def cut(self) -> set[str]:
+    def cut(self) -> frozenset[str] | set[str]:
         """The ids of the calls whose approval wait a disposal cut off in the running turn."""
         return self._cut
 
@@ -225,7 +226,7 @@ class ApprovalGate:
         """
         if not self._cut:
             return "aborted"
-        self._cut = set()
+        self._cut = frozenset()
         self.paused = tuple(unanswered_calls(self._session.events).values())
         return "paused"
 
@@ -344,7 +345,7 @@ class ApprovalGate:
                     return f"error: denied: approval could not be obtained ({message}); the call did not run"
                 if self._cause() == "disposed" and failed is None:
                     # Cut off by a disposal: the question stays open; the turn ends paused.
-                    self._cut.add(call.id)
+                    self._cut = {*self._cut, call.id}
                     if cancelled is exc:
                         raise
                     raise cancelled from None
@@ -372,7 +373,7 @@ class ApprovalGate:
                 # "not run" like every call that had not started.
                 late = f"the decision {verdict} arrived after the cancel and was not applied"
                 if self._cause() == "disposed":
-                    self._cut.add(call.id)  # the question stays open: the turn ends paused
+                    self._cut = {*self._cut, call.id}  # the question stays open: the turn ends paused
                     await trio.lowlevel.checkpoint()  # raises Cancelled
                 session.append(
                     ev.ApprovalDecided,

@@ -143,9 +143,8 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
     # run(): the output type of each queued run() prompt.
     _outputs: dict[str, PendingOutput] = attrs.field(factory=dict, init=False)
     # follow(): the prompts followed to the end of their turns (released at disposal).
-    _followers: Followers = attrs.field(
-        default=attrs.Factory(lambda self: Followers(self._session, self._cancel_followed), takes_self=True), init=False
-    )
+    # Built by the first follow() (most agents are never followed: no memory for it).
+    _followers: Followers | None = attrs.field(default=None, init=False)
     # The session's usage when the running turn started.
     _turn_start_usage: UsageTotals = attrs.field(factory=UsageTotals, init=False)
 
@@ -459,7 +458,8 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
 
     def _release_observers(self) -> None:
         self._streams.close_all()
-        self._followers.abandon_all()
+        if self._followers is not None:
+            self._followers.abandon_all()
 
     @overload
     async def run(
@@ -589,11 +589,14 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
         """
         self._check_live("follow a prompt")
         msg = Inbox.message(message, mode)
-        followed = self._followers.watch(msg.id, on_event, on_done)
+        followers = self._followers
+        if followers is None:
+            followers = self._followers = Followers(self._session, self._cancel_followed)
+        followed = followers.watch(msg.id, on_event, on_done)
         try:
             self.send(msg, mode=mode, settings=settings)
         except BaseException:
-            self._followers.release(followed)
+            followers.release(followed)
             raise
         return followed
 
