@@ -15,6 +15,7 @@ import trio
 from _acp_clients import Msg, conversation, open_server, tool_ends, tool_statuses
 from _util import WAIT
 
+from trio_harness._errors import HarnessError
 from trio_harness.acp._modes import mode_state
 from trio_harness.session import JsonlStore
 from trio_harness.session import _events as ev
@@ -278,6 +279,18 @@ async def test_load_replays_history_before_answering(tmp_path: Path) -> None:
     assert [e.turn for e in events if isinstance(e, ev.TurnStart)] == [1, 2]
 
 
+async def request_stored(store: Path, session_id: str) -> None:
+    """Wait until the session's log on disk holds a ``request/header`` (polling the file)."""
+    with trio.fail_after(WAIT):
+        while True:
+            try:
+                if any(isinstance(e, ev.RequestHeader) for e in await stored_events(store, session_id)):
+                    return
+            except HarnessError:  # not created yet
+                pass
+            await trio.sleep(0.01)
+
+
 async def test_two_sessions_are_independent(tmp_path: Path) -> None:
     # One model serves both sessions in request order: A's request hangs, B's answers late.
     script: list[Msg] = [{"hang": True}, {"text": "B is done", "delay": 0.3}]
@@ -286,7 +299,9 @@ async def test_two_sessions_are_independent(tmp_path: Path) -> None:
         b = await client.new_session(tmp_path)
         prompt_a = client.prompt(a, "A")
         await client.send(prompt_a)
-        await client.call("initialize", {"protocolVersion": 1})  # A's request is in flight now
+        # A's request is in flight once its header is stored (the checkpoint right before it;
+        # the first one creates the log on a worker thread, so B must not be sent before).
+        await request_stored(tmp_path / "store", a)
         prompt_b = client.prompt(b, "B")
         await client.send(prompt_b)
         await client.call("initialize", {"protocolVersion": 1})  # B's request is in flight now
