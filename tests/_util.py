@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import shutil
@@ -9,8 +10,9 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
+import attrs
 import pytest
 import trio
 
@@ -23,6 +25,7 @@ __all__ = [
     "NEEDS_BUBBLEWRAP",
     "UNASKED_BASH",
     "WAIT",
+    "LineProcess",
     "cli_on_a_terminal",
     "echo_tool",
     "group_alive",
@@ -177,3 +180,34 @@ async def read_line(stream: trio.abc.ReceiveStream, what: str) -> bytes:
             assert chunk, f"{what} exited early"
             line += chunk
     return line
+
+
+@attrs.define
+class LineProcess:
+    """A child process of the tests that answers in JSON lines on stdout (the checkout on its path)."""
+
+    process: trio.Process
+    _pending: bytearray = attrs.field(factory=bytearray)
+
+    @classmethod
+    async def start(cls, argv: list[str]) -> Self:
+        env = dict(os.environ)
+        root = Path(__file__).resolve().parent.parent
+        env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+        process = await trio.lowlevel.open_process(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        return cls(process)
+
+    async def line(self) -> dict[str, Any]:
+        """The next JSON line; fails if the process exits first."""
+        assert self.process.stdout is not None
+        with trio.fail_after(WAIT):
+            while b"\n" not in self._pending:
+                chunk = await self.process.stdout.receive_some()
+                if not chunk:
+                    name = type(self).__name__.lower()
+                    raise AssertionError(f"{name} {self.process.pid} exited ({self.process.poll()}) without answering")
+                self._pending.extend(chunk)
+        raw, _, rest = bytes(self._pending).partition(b"\n")
+        self._pending[:] = rest
+        value: dict[str, Any] = json.loads(raw)
+        return value

@@ -19,13 +19,13 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 import trio
-from _postgres import Cluster, admin, fresh_schema, postgres_cluster, proxy_for, running_cluster, schema, store
+from _postgres import Cluster, Proxy, admin, fresh_schema, postgres_cluster, proxy_for, running_cluster, schema, store
 from _util import WAIT
 
 from trio_harness import SessionStoreError
@@ -146,6 +146,27 @@ def test_a_store_call_cancelled_before_its_thread_began_returns_at_once(postgres
 # ------------------------------------------------------------------ 9: locks never leak into the pool
 
 
+async def cancel_once_locked(proxy: Proxy, cluster: Cluster, call: Callable[[], Awaitable[object]]) -> None:
+    """Run ``call`` and cancel it once its ``pg_try_advisory_lock`` is taken on the server, its answer held back."""
+    fired, release = proxy.hold_replies_after(b"pg_try_advisory_lock")
+    scope = trio.CancelScope()
+
+    async def run() -> None:
+        with scope:
+            await call()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        await wait_for(fired)
+        with trio.fail_after(WAIT):
+            while advisory_locks(cluster) == 0:
+                await trio.sleep(0.005)
+        scope.cancel()  # the lock is taken on the server, its answer still held
+        await trio.sleep(0.1)
+        release.set()
+    assert scope.cancelled_caught
+
+
 async def test_a_resume_cancelled_while_taking_the_lock_leaves_the_session_free(
     postgres_cluster: Cluster, schema: str, store: PostgresStore
 ) -> None:
@@ -155,23 +176,7 @@ async def test_a_resume_cancelled_while_taking_the_lock_leaves_the_session_free(
         async with proxied:
             await proxied.load("s1")  # a pooled connection
             # The lock is taken on the server; its answer is held back while the caller is cancelled.
-            fired, release = proxy.hold_replies_after(b"pg_try_advisory_lock")
-            scope = trio.CancelScope()
-
-            async def resume() -> None:
-                with scope:
-                    await SessionRegistry(proxied).prepare_resume("s1")
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(resume)
-                await wait_for(fired)
-                with trio.fail_after(WAIT):
-                    while advisory_locks(postgres_cluster) == 0:
-                        await trio.sleep(0.005)
-                scope.cancel()  # the lock is taken on the server, its answer still held
-                await trio.sleep(0.1)
-                release.set()
-            assert scope.cancelled_caught
+            await cancel_once_locked(proxy, postgres_cluster, lambda: SessionRegistry(proxied).prepare_resume("s1"))
             # Another worker takes the session: no pooled connection kept the lock.
             taker = PostgresStore(postgres_cluster.dsn(), schema=schema, lock_timeout=3.0)
             async with taker:
@@ -196,23 +201,7 @@ async def test_a_flush_cancelled_while_retaking_its_session_leaves_the_session_f
                 while advisory_locks(postgres_cluster) != 0:
                     await trio.sleep(0.005)
             one_turn(entry.session, 2)
-            fired, release = proxy.hold_replies_after(b"pg_try_advisory_lock")
-            scope = trio.CancelScope()
-
-            async def flush() -> None:
-                with scope:
-                    await entry.session.flush()
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(flush)
-                await wait_for(fired)
-                with trio.fail_after(WAIT):
-                    while advisory_locks(postgres_cluster) == 0:
-                        await trio.sleep(0.005)
-                scope.cancel()  # the lock is taken on the server, its answer still held
-                await trio.sleep(0.1)
-                release.set()
-            assert scope.cancelled_caught
+            await cancel_once_locked(proxy, postgres_cluster, entry.session.flush)
             taker = PostgresStore(postgres_cluster.dsn(), schema=schema, lock_timeout=3.0)
             async with taker:
                 other = SessionRegistry(taker)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -23,7 +22,7 @@ import pytest
 import trio
 import trio.testing
 from _postgres import Cluster, admin, postgres_cluster, schema, store, worker_argv
-from _util import WAIT
+from _util import WAIT, LineProcess
 
 from trio_harness import (
     ModelSettings,
@@ -41,8 +40,6 @@ from trio_harness.session._pg_schema import SCHEMA_VERSION, _lock_key
 from trio_harness.session._pg_threads import _call
 
 __all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def one_turn(session: Session, number: int, text: str = "do it") -> None:
@@ -79,31 +76,8 @@ def backend_pid(entry: SessionEntry) -> int:
 
 
 @attrs.define
-class Worker:
+class Worker(LineProcess):
     """A worker process (tests/_postgres.py) and its JSON lines."""
-
-    process: trio.Process
-    _pending: bytearray = attrs.field(factory=bytearray)
-
-    @classmethod
-    async def start(cls, argv: list[str]) -> Worker:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-        process = await trio.lowlevel.open_process(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-        return cls(process)
-
-    async def line(self) -> dict[str, Any]:
-        assert self.process.stdout is not None
-        with trio.fail_after(WAIT):
-            while b"\n" not in self._pending:
-                chunk = await self.process.stdout.receive_some()
-                if not chunk:
-                    raise AssertionError(f"worker {self.process.pid} exited ({self.process.poll()}) without answering")
-                self._pending.extend(chunk)
-        raw, _, rest = bytes(self._pending).partition(b"\n")
-        self._pending[:] = rest
-        value: dict[str, Any] = json.loads(raw)
-        return value
 
     async def until(self, key: str) -> dict[str, Any]:
         """The next line holding ``key`` (earlier lines are dropped)."""

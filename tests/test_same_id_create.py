@@ -10,9 +10,6 @@ succeed wrongly.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
@@ -24,7 +21,7 @@ import pytest
 import trio
 import trio.testing
 from _postgres import Cluster, fresh_schema, postgres_cluster
-from _util import WAIT
+from _util import WAIT, LineProcess
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -46,7 +43,6 @@ from trio_harness.session import _events as ev
 __all__ = ["postgres_cluster"]  # the fixture, imported for pytest
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 
 
 # ------------------------------------------------------------------ stores
@@ -306,29 +302,8 @@ async def test_claims_succeed_exactly_when_the_id_is_free_and_its_byte_unclaimed
 
 
 @attrs.define
-class Racer:
-    process: trio.Process
-    _pending: bytearray = attrs.field(factory=bytearray)
-
-    @classmethod
-    async def start(cls, argv: list[str]) -> Racer:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-        process = await trio.lowlevel.open_process(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-        return cls(process)
-
-    async def line(self) -> dict[str, Any]:
-        assert self.process.stdout is not None
-        with trio.fail_after(WAIT):
-            while b"\n" not in self._pending:
-                chunk = await self.process.stdout.receive_some()
-                if not chunk:
-                    raise AssertionError(f"racer {self.process.pid} exited ({self.process.poll()}) without answering")
-                self._pending.extend(chunk)
-        raw, _, rest = bytes(self._pending).partition(b"\n")
-        self._pending[:] = rest
-        value: dict[str, Any] = json.loads(raw)
-        return value
+class Racer(LineProcess):
+    """A racer process (tests/_create_race.py) and its JSON lines."""
 
     async def send(self) -> None:
         assert self.process.stdin is not None

@@ -125,22 +125,25 @@ class ToolDispatch:
         # parallel: call i asks once every earlier call is past its approval (docs/approval.rst).
         asked = [trio.Event() for _ in range(count)] if approvals.approver is not None and count > 1 else None
 
+        def log_result(index: int, result: tuple[str, bool]) -> None:
+            call = calls[index]
+            session.append(
+                ev.ToolResult,
+                turn=turn,
+                step=step,
+                call_id=call.id,
+                name=call.name,
+                content=result[0],
+                is_error=result[1],
+            )
+
         def deliver(index: int, content: str, is_error: bool) -> None:
             nonlocal logged
             if results[index] is not None:
                 return
             results[index] = (content, is_error)
             while logged < count and (result := results[logged]) is not None:
-                call = calls[logged]
-                session.append(
-                    ev.ToolResult,
-                    turn=turn,
-                    step=step,
-                    call_id=call.id,
-                    name=call.name,
-                    content=result[0],
-                    is_error=result[1],
-                )
+                log_result(logged, result)
                 logged += 1
 
         async def run_one(index: int, limiter: trio.CapacityLimiter | None) -> None:
@@ -235,16 +238,6 @@ class ToolDispatch:
                         deliver(index, _aborted_text(self._cause()), True)
                 if cut:  # a paused turn: the calls it cut off keep no result; log the others after them
                     for index in range(logged, count):
-                        result = results[index]
-                        if result is not None:
-                            call = calls[index]
-                            session.append(
-                                ev.ToolResult,
-                                turn=turn,
-                                step=step,
-                                call_id=call.id,
-                                name=call.name,
-                                content=result[0],
-                                is_error=result[1],
-                            )
+                        if (result := results[index]) is not None:
+                            log_result(index, result)
         self._checkpoints.raise_failure()  # a call not run for a failed checkpoint ends the turn store-error
