@@ -64,6 +64,57 @@ class ToolCall:
 
 
 @attrs.frozen
+class ReasoningBlock:
+    """An opaque piece of an assistant message that its provider needs back verbatim.
+
+    Anthropic's ``thinking`` / ``redacted_thinking`` blocks (with their
+    ``signature``) and OpenAI Responses' reasoning items (with their encrypted
+    content) must be sent back exactly as received in the later requests of a
+    turn.  A provider reports each one, once complete, as a chunk; the driver
+    logs it with the assistant message and puts it back in
+    ``AssistantMessage.reasoning_blocks`` of every later request.  A
+    provider sends back only the blocks whose ``provider`` is its own family
+    and ignores the rest (a session may switch models).
+
+    Attributes:
+        provider: the provider family that produced it, e.g. ``"anthropic"`` or
+            ``"openai-responses"``.
+        data: the JSON object as the provider needs it back (plain JSON values
+            only; the provider may keep its own position keys in it).
+    """
+
+    provider: str
+    data: Mapping[str, Any] = attrs.field(hash=False)
+
+
+IMAGE_MEDIA_TYPES: Final = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+"""The image formats every image-capable provider takes."""
+
+
+def _media_type(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if value not in IMAGE_MEDIA_TYPES:
+        raise ValueError(f"Image.media_type must be one of {sorted(IMAGE_MEDIA_TYPES)}, got {value!r}")
+
+
+def _image_bytes(instance: object, attribute: attrs.Attribute[bytes], value: object) -> None:
+    if not isinstance(value, bytes) or not value:
+        raise TypeError(f"Image.data must be non-empty bytes, got {type(value).__name__}")
+
+
+@attrs.frozen
+class Image:
+    """An image in a user message.
+
+    Attributes:
+        data: the encoded image file's bytes.
+        media_type: one of ``image/png``, ``image/jpeg``, ``image/gif``, ``image/webp``, e.g. ``"image/png"``.
+    """
+
+    data: bytes = attrs.field(validator=_image_bytes, repr=lambda data: f"<{len(data)} bytes>")
+    media_type: str = attrs.field(validator=_media_type)
+
+
+@attrs.frozen
 class Usage:
     """Token usage of one model call.
 
@@ -73,12 +124,16 @@ class Usage:
         cache_hit_tokens: prompt tokens served from the provider's cache.
         reasoning_tokens: the part of ``output_tokens`` spent on reasoning,
             when the provider reports it.
+        cache_write_tokens: prompt tokens written to the provider's cache by
+            this call (part of ``input_tokens``; priced differently where the
+            provider charges for cache writes, e.g. Anthropic).
     """
 
     input_tokens: int = 0
     output_tokens: int = 0
     cache_hit_tokens: int = 0
     reasoning_tokens: int = attrs.field(default=0, metadata=OMIT_IF_DEFAULT)
+    cache_write_tokens: int = attrs.field(default=0, metadata=OMIT_IF_DEFAULT)
 
 
 @attrs.frozen
@@ -91,6 +146,7 @@ class UsageTotals:
         cache_hit_tokens: prompt tokens served from a cache.
         reasoning_tokens: generated tokens spent on reasoning.
         requests: model requests made (a retried request counts once).
+        cache_write_tokens: prompt tokens written to a cache.
     """
 
     input_tokens: int = 0
@@ -98,6 +154,7 @@ class UsageTotals:
     cache_hit_tokens: int = 0
     reasoning_tokens: int = 0
     requests: int = 0
+    cache_write_tokens: int = attrs.field(default=0, metadata=OMIT_IF_DEFAULT)
 
     @property
     def total_tokens(self) -> int:
@@ -115,6 +172,7 @@ class UsageTotals:
             output_tokens=self.output_tokens + usage.output_tokens,
             cache_hit_tokens=self.cache_hit_tokens + usage.cache_hit_tokens,
             reasoning_tokens=self.reasoning_tokens + usage.reasoning_tokens,
+            cache_write_tokens=self.cache_write_tokens + usage.cache_write_tokens,
             requests=self.requests + requests,
         )
 
@@ -126,6 +184,7 @@ class UsageTotals:
             output_tokens=self.output_tokens + other.output_tokens,
             cache_hit_tokens=self.cache_hit_tokens + other.cache_hit_tokens,
             reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
             requests=self.requests + other.requests,
         )
 
@@ -137,6 +196,7 @@ class UsageTotals:
             output_tokens=self.output_tokens - other.output_tokens,
             cache_hit_tokens=self.cache_hit_tokens - other.cache_hit_tokens,
             reasoning_tokens=self.reasoning_tokens - other.reasoning_tokens,
+            cache_write_tokens=self.cache_write_tokens - other.cache_write_tokens,
             requests=self.requests - other.requests,
         )
 

@@ -8,12 +8,14 @@ from ._protocol import Chunk as Chunk
 from ._protocol import Emit as Emit
 from ._protocol import Failure as Failure
 from ._protocol import Finish as Finish
+from ._protocol import Image as Image
 from ._protocol import Message as Message
 from ._protocol import ModelProvider as ModelProvider
 from ._protocol import ModelRequest as ModelRequest
 from ._protocol import ModelSettings as ModelSettings
 from ._protocol import OutputFormat as OutputFormat
 from ._protocol import OutputMode as OutputMode
+from ._protocol import ReasoningBlock as ReasoningBlock
 from ._protocol import ReasoningDelta as ReasoningDelta
 from ._protocol import Retry as Retry
 from ._protocol import TextDelta as TextDelta

@@ -85,6 +85,7 @@ def usage_cost(
     tokens = genai_prices.Usage(
         input_tokens=usage.input_tokens,
         cache_read_tokens=min(usage.cache_hit_tokens, usage.input_tokens),
+        cache_write_tokens=min(usage.cache_write_tokens, max(usage.input_tokens - usage.cache_hit_tokens, 0)),
         output_tokens=usage.output_tokens,
     )
     try:

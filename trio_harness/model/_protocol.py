@@ -21,7 +21,9 @@ from typing import Any, Final, Literal, Protocol, TypeAlias, runtime_checkable
 import attrs
 
 from .._records import Failure as Failure
+from .._records import Image as Image
 from .._records import ModelSettings as ModelSettings
+from .._records import ReasoningBlock as ReasoningBlock
 from .._records import ToolCall as ToolCall
 from .._records import Usage as Usage
 from .._records import UsageTotals as UsageTotals
@@ -34,20 +36,30 @@ FinishReason: TypeAlias = Literal["stop", "tool-calls", "max-tokens", "error", "
 
 @attrs.frozen
 class UserMessage:
-    """A user (or harness-injected) message in a model request."""
+    """A user (or harness-injected) message in a model request.
+
+    ``images`` follow the text; a provider that cannot take images refuses a
+    request carrying any with a failure naming the model.
+    """
 
     text: str
     role: Literal["user"] = "user"
+    images: tuple[Image, ...] = ()
 
 
 @attrs.frozen
 class AssistantMessage:
-    """An assistant message in a model request, with any tool calls it made."""
+    """An assistant message in a model request, with any tool calls it made.
+
+    ``reasoning_blocks`` are the opaque blocks its provider reported (see
+    :class:`ReasoningBlock`), in the order they were reported.
+    """
 
     text: str
     tool_calls: tuple[ToolCall, ...] = ()
     reasoning: str = ""
     role: Literal["assistant"] = "assistant"
+    reasoning_blocks: tuple[ReasoningBlock, ...] = ()
 
 
 @attrs.frozen
@@ -200,7 +212,7 @@ class Retry:
     failure: Failure
 
 
-Chunk: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta | Usage | Finish | Retry
+Chunk: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta | ReasoningBlock | Usage | Finish | Retry
 """Anything a provider reports through ``emit``; a stream ends with one :class:`Finish`."""
 
 Emit: TypeAlias = Callable[[Chunk], None]
