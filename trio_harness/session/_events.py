@@ -9,7 +9,7 @@ wall-clock ``ts`` taken from the session's injectable clock.  Append events with
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal, TypeAlias, get_args
+from typing import Any, ClassVar, Literal, TypeAlias, get_args
 
 import attrs
 
@@ -263,7 +263,13 @@ class ToolStarted(Event):
 
 @attrs.frozen
 class ToolResult(Event):
-    """The result of a tool call (logged in the model's order)."""
+    """The result of a tool call (logged in the model's order).
+
+    Attributes:
+        detail: the tool's structured facts about the call
+            (:attr:`ToolOutput.detail <trio_harness.agents.ToolOutput.detail>`,
+            e.g. a file tool's diff), not sent to the model; None when it gave none.
+    """
 
     type: ClassVar[str] = "tool/result"
     turn: int
@@ -272,6 +278,7 @@ class ToolResult(Event):
     name: str
     content: str
     is_error: bool = False
+    detail: dict[str, Any] | None = attrs.field(default=None, metadata=OMIT_IF_DEFAULT)
 
 
 @attrs.frozen
