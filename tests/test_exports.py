@@ -542,6 +542,10 @@ PUBLIC_API: dict[str, frozenset[str]] = {
         {
             "BashToolOptions",
             "BashToolPlugin",
+            "FileChange",
+            "file_change",
+            "FileToolOptions",
+            "FileToolsPlugin",
             "connect_mcp",
             "connect_mcp_servers",
             "load_mcp_config",

@@ -278,7 +278,7 @@ class ToolResult(Event):
     name: str
     content: str
     is_error: bool = False
-    detail: dict[str, Any] | None = attrs.field(default=None, metadata=OMIT_IF_DEFAULT)
+    detail: dict[str, Any] | None = attrs.field(default=None, hash=False, metadata=OMIT_IF_DEFAULT)
 
 
 @attrs.frozen

@@ -23,9 +23,6 @@ from ._files import FileChange as FileChange
 from ._files import FileToolOptions as FileToolOptions
 from ._files import FileToolsPlugin as FileToolsPlugin
 from ._files import file_change as file_change
-from ._files_fs import FileContent as FileContent
-from ._files_fs import FileSystem as FileSystem
-from ._files_fs import FileToolError as FileToolError
 from ._mcp import McpConnection as McpConnection
 from ._mcp import connect_mcp as connect_mcp
 from ._mcp import connect_mcp_servers as connect_mcp_servers
