@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 import trio
+from _util import NEEDS_BUBBLEWRAP
 
-from trio_harness import ApprovalDecision, ApprovalRequest, ScriptedModel, allow_all
+from trio_harness import ApprovalDecision, ApprovalRequest, BashRuntimeOptions, ScriptedModel, allow_all
+from trio_harness.bash import SandboxPolicy
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
 from trio_harness.tools import FileChange, FileToolOptions, file_change
@@ -279,3 +281,35 @@ def test_path_rules_refuse_escapes_hidden_paths_and_git_hooks(tmp_path: Path) ->
     full, real = resolve_path(str(cwd), "to_secret/k")
     with pytest.raises(FileToolError, match="hidden by the sandbox"):
         rules.check_read(full, real)
+
+
+@NEEDS_BUBBLEWRAP
+async def test_under_the_real_sandbox_escapes_hidden_paths_and_planted_symlinks_are_refused(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "target.txt").write_text("keep\n")
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key").write_text("s3cret\n")
+    (work / "escape").symlink_to(outside)  # a symlink planted to escape the working directory
+    (work / "peek").symlink_to(secret / "key")
+    policy = SandboxPolicy(hidden=(str(secret),))
+    escaped, through_link, hidden, peek, inside = await run_calls(
+        work,
+        [
+            call("write_file", path="../outside/x.txt", content="x"),
+            call("write_file", path="escape/target.txt", content="x"),
+            call("read_file", path=str(secret / "key")),
+            call("read_file", path="peek"),
+            call("write_file", path="ok.txt", content="fine\n"),
+        ],
+        bash_options=BashRuntimeOptions(sandbox=policy),
+    )
+    assert escaped.is_error and "outside the sandbox's writable paths" in escaped.content
+    assert through_link.is_error and f"resolves to {outside / 'target.txt'}" in through_link.content
+    assert hidden.is_error and "hidden by the sandbox" in hidden.content and "s3cret" not in hidden.content
+    assert peek.is_error and "hidden by the sandbox" in peek.content
+    assert not inside.is_error and (work / "ok.txt").read_text() == "fine\n"
+    assert (outside / "target.txt").read_text() == "keep\n" and not (outside / "x.txt").exists()
