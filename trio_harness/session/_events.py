@@ -266,9 +266,9 @@ class ToolResult(Event):
     """The result of a tool call (logged in the model's order).
 
     Attributes:
-        detail: the tool's structured facts about the call
-            (:attr:`ToolOutput.detail <trio_harness.agents.ToolOutput.detail>`,
-            e.g. a file tool's diff), not sent to the model; None when it gave none.
+        detail: the tool's structured facts about the call (its
+            ``ToolOutput.detail``, e.g. a file tool's diff), not sent to the
+            model; None when it gave none.
     """
 
     type: ClassVar[str] = "tool/result"
