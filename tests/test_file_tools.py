@@ -17,7 +17,7 @@ from trio_harness.bash import SandboxPolicy
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
 from trio_harness.tools import FileChange, FileToolOptions, file_change
-from trio_harness.tools._files_fs import FileToolError, PathRules, resolve_path
+from trio_harness.tools._files_fs import FileToolError, PathRules, _read_local, _write_local, resolve_path
 
 WAIT = 10
 
@@ -313,3 +313,74 @@ async def test_under_the_real_sandbox_escapes_hidden_paths_and_planted_symlinks_
     assert peek.is_error and "hidden by the sandbox" in peek.content
     assert not inside.is_error and (work / "ok.txt").read_text() == "fine\n"
     assert (outside / "target.txt").read_text() == "keep\n" and not (outside / "x.txt").exists()
+
+
+async def test_the_guard_is_per_agent(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("one\n")
+    edit = call("edit_file", path="a.txt", old_text="one", new_text="two")
+    model = ScriptedModel(
+        [{"tool_calls": [call("read_file", path="a.txt")]}, {"text": "read"}, {"tool_calls": [edit]}, {"text": "no"}]
+    )
+    async with open_test_harness(model, builtin_tools=["files"], approver=allow_all) as h:
+        async with h.agents.open(cwd=str(tmp_path)) as reader, h.agents.open(cwd=str(tmp_path)) as other:
+            reader.followup("read")
+            with trio.fail_after(WAIT):
+                await reader.when_idle()
+            other.followup("edit")
+            with trio.fail_after(WAIT):
+                await other.when_idle()
+            (refused,) = results(other.session.events)
+    assert refused.is_error and "has not been read in this session" in refused.content
+    assert (tmp_path / "a.txt").read_text() == "one\n"
+
+
+async def test_the_file_tools_are_built_in_by_default() -> None:
+    async with open_test_harness(builtin_tools=True) as h:
+        assert {"read_file", "write_file", "edit_file"} <= {tool.name for tool in h.tools.tools()}
+        assert not h.tools.get("read_file").requires_approval  # type: ignore[union-attr]
+        assert h.tools.get("edit_file").requires_approval is True  # type: ignore[union-attr]
+    unasked = FileToolOptions(requires_approval=False)
+    async with open_test_harness(builtin_tools=["files"], file_tool_options=unasked) as h:
+        assert h.tools.get("write_file").requires_approval is False  # type: ignore[union-attr]
+    with pytest.raises(TypeError, match="file_tool_options must be a FileToolOptions"):
+        async with open_test_harness(file_tool_options={"requires_approval": False}):
+            pass
+
+
+def test_a_symlink_planted_after_the_check_is_not_followed(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_text("s3cret\n")
+    (tmp_path / "resolved.txt").symlink_to(tmp_path / "secret")  # swapped in after resolve_path ran
+    with pytest.raises(FileToolError, match="changed into a symbolic link"):
+        _read_local(str(tmp_path / "resolved.txt"), 1000)
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "a.txt"
+    target.write_text("old\n")
+    with pytest.raises(FileToolError, match="not valid Unicode text"):
+        _write_local(str(target), "\udcff")  # a lone surrogate, which a JSON escape can carry
+
+    def no_space(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(FileToolError, match=r"cannot write .*: No space left on device"):
+        _write_local(str(target), "new\n")  # fails after the temporary file was made
+    assert target.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.txt"]
+
+
+def test_the_policys_writable_paths_are_writable(tmp_path: Path) -> None:
+    cwd = tmp_path / "proj"
+    cwd.mkdir()
+    extra = tmp_path / "cache"
+    extra.mkdir()
+    rules = PathRules(writable=(str(extra),))
+    full, real = resolve_path(str(cwd), str(extra / "x"))
+    rules.check_write(full, real, str(cwd))
+    full, real = resolve_path(str(cwd), str(tmp_path / "elsewhere"))
+    with pytest.raises(FileToolError, match="outside the sandbox's writable paths"):
+        rules.check_write(full, real, str(cwd))
+    PathRules().check_write(full, real, str(cwd))  # no sandbox: no rule

@@ -19,7 +19,7 @@ import attrs
 import trio
 
 from ..tools._files import file_tools_in
-from ..tools._files_fs import FileContent, FileToolError, LocalFileSystem, check_text
+from ..tools._files_fs import FileContent, FileToolError, LocalFileSystem, check_text, encode_text
 from ._jsonrpc import PeerGoneError
 
 if TYPE_CHECKING:
@@ -96,6 +96,7 @@ class ClientFileSystem:
         """Have the editor write ``path`` (its buffer and the disk, as the editor does it)."""
         if not self.caps.write:
             return await self.local.write_text(path, text)
+        encode_text(path, text)  # a lone surrogate cannot be sent as JSON text either
         try:
             response = await self.call(
                 "fs/write_text_file", {"sessionId": self.session_id, "path": path, "content": text}

@@ -119,7 +119,19 @@ def _read_local(path: str, max_bytes: int) -> FileContent | None:
     return FileContent(check_text(path, data), info.st_mtime_ns)
 
 
+def encode_text(path: str, text: str) -> bytes:
+    """``text`` as UTF-8, or :exc:`FileToolError` (a lone surrogate, which JSON escapes can carry)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise FileToolError(
+            f"the content for {path} is not valid Unicode text (a lone surrogate at character {exc.start}); "
+            "nothing was written"
+        ) from None
+
+
 def _write_local(path: str, text: str) -> int:
+    data = encode_text(path, text)
     directory, name = os.path.split(path)
     try:
         os.makedirs(directory, exist_ok=True)
@@ -132,7 +144,7 @@ def _write_local(path: str, text: str) -> int:
         raise _os_error("write", path, exc) from None
     try:
         with os.fdopen(fd, "wb") as file:
-            file.write(text.encode("utf-8"))
+            file.write(data)
             file.flush()
             os.fsync(file.fileno())
             if mode is None:  # a new file: the mode a plain open would give it
