@@ -38,7 +38,7 @@ def test_a_started_call_without_a_result_replays_in_progress_then_as_interrupted
 
 def test_file_calls_have_kinds_and_locations_relative_paths_made_absolute() -> None:
     read = live_update(requested("read_file", {"path": "src/a.py", "offset": 3}), "s", "/work")
-    assert read is not None and read["kind"] == "read"
+    assert read is not None and read["kind"] == "read" and read["title"] == "read_file: src/a.py"
     assert read["locations"] == [{"path": "/work/src/a.py", "line": 3}]
     edit = live_update(requested("edit_file", {"path": "/abs/b.py", "old_text": "a", "new_text": "b"}), "s")
     assert edit is not None and edit["kind"] == "edit" and edit["locations"] == [{"path": "/abs/b.py"}]

@@ -134,6 +134,9 @@ def tool_title(name: str, arguments: str, limit: int = 80) -> str:
         command = parsed.get("command")
         if name == "bash" and isinstance(command, str):
             return f"bash: {shorten(command, limit)}"
+        path = parsed.get("path")
+        if name in FILE_TOOLS and isinstance(path, str):
+            return f"{name}: {shorten(path, limit)}"
         prompt = parsed.get("prompt")
         if name == "subagent" and isinstance(prompt, str):
             return f"subagent: {shorten(prompt, limit)}"
