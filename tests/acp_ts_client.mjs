@@ -10,7 +10,14 @@ import { Readable, Writable } from "node:stream";
 import { pathToFileURL } from "node:url";
 
 const [sdkDir, python, firstModel, secondModel, store, cwd, bufferPath] = process.argv.slice(2);
-const acp = await import(pathToFileURL(`${sdkDir}/node_modules/@agentclientprotocol/sdk/dist/v1/stable/acp.js`).href);
+const sdk = `${sdkDir}/node_modules/@agentclientprotocol/sdk/dist/v1`;
+const acp = await import(pathToFileURL(`${sdk}/stable/acp.js`).href);
+// The SDK checks what the agent sends unasked (updates, requests); the answers to the client's
+// requests are checked here with the same generated zod schemas (a mismatch throws: exit 1).
+const z = await import(pathToFileURL(`${sdk}/schema/zod.gen.js`).href);
+
+// Every raw line each side sent, for the test to check against the official JSON schema, message by message.
+const wire = [];
 
 function startAgent(model) {
   const child = spawn(python, ["-m", "trio_harness", "acp", "--model", model, "--store", store, "--tools", "files"], {
@@ -18,6 +25,21 @@ function startAgent(model) {
     env: process.env,
     stdio: ["pipe", "pipe", "inherit"],
   });
+  const run = wire.length;
+  let pending = "";
+  child.stdout.on("data", (chunk) => {
+    pending += chunk.toString("utf8");
+    const lines = pending.split("\n");
+    pending = lines.pop();
+    for (const line of lines) if (line.trim()) wire.push({ run, from: "agent", message: JSON.parse(line) });
+  });
+  const write = child.stdin.write.bind(child.stdin);
+  child.stdin.write = (chunk, ...rest) => {
+    for (const line of Buffer.from(chunk).toString("utf8").split("\n")) {
+      if (line.trim()) wire.push({ run, from: "client", message: JSON.parse(line) });
+    }
+    return write(chunk, ...rest);
+  };
   const stream = acp.ndJsonStream(Writable.toWeb(child.stdin), Readable.toWeb(child.stdout));
   return { child, stream };
 }
@@ -26,7 +48,7 @@ function editorApp(record, buffers) {
   return acp
     .client({ name: "ts-test-editor" })
     .onNotification(acp.methods.client.session.update, ({ params }) => {
-      record.updates.push(params.update);
+      record.updates.push(z.zSessionNotification.parse(params).update);
     })
     .onRequest(acp.methods.client.session.requestPermission, ({ params }) => {
       record.questions.push(params.toolCall);
@@ -55,17 +77,23 @@ const live = { updates: [], questions: [], fsCalls: [] };
 {
   const { child, stream } = startAgent(firstModel);
   await editorApp(live, buffers).connectWith(stream, async (ctx) => {
-    const init = await ctx.request(acp.methods.agent.initialize, {
-      protocolVersion: acp.PROTOCOL_VERSION,
-      clientCapabilities: { fs: { readTextFile: true, writeTextFile: true } },
-    });
+    const init = z.zInitializeResponse.parse(
+      await ctx.request(acp.methods.agent.initialize, {
+        protocolVersion: acp.PROTOCOL_VERSION,
+        clientCapabilities: { fs: { readTextFile: true, writeTextFile: true } },
+      }),
+    );
     summary.protocolVersion = init.protocolVersion;
-    const session = await ctx.request(acp.methods.agent.session.new, { cwd, mcpServers: [] });
+    const session = z.zNewSessionResponse.parse(
+      await ctx.request(acp.methods.agent.session.new, { cwd, mcpServers: [] }),
+    );
     summary.sessionId = session.sessionId;
-    const reply = await ctx.request(acp.methods.agent.session.prompt, {
-      sessionId: session.sessionId,
-      prompt: [{ type: "text", text: "fix it" }],
-    });
+    const reply = z.zPromptResponse.parse(
+      await ctx.request(acp.methods.agent.session.prompt, {
+        sessionId: session.sessionId,
+        prompt: [{ type: "text", text: "fix it" }],
+      }),
+    );
     summary.stop = reply.stopReason;
   });
   await stopAgent(child);
@@ -79,10 +107,15 @@ const replay = { updates: [], questions: [], fsCalls: [] };
 {
   const { child, stream } = startAgent(secondModel);
   await editorApp(replay, {}).connectWith(stream, async (ctx) => {
-    await ctx.request(acp.methods.agent.initialize, { protocolVersion: acp.PROTOCOL_VERSION });
-    await ctx.request(acp.methods.agent.session.load, { sessionId: summary.sessionId, cwd, mcpServers: [] });
+    z.zInitializeResponse.parse(
+      await ctx.request(acp.methods.agent.initialize, { protocolVersion: acp.PROTOCOL_VERSION }),
+    );
+    z.zLoadSessionResponse.parse(
+      await ctx.request(acp.methods.agent.session.load, { sessionId: summary.sessionId, cwd, mcpServers: [] }),
+    );
   });
   await stopAgent(child);
 }
 summary.replayed = replay.updates;
+summary.wire = wire;
 process.stdout.write(JSON.stringify(summary) + "\n");

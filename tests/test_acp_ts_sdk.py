@@ -1,9 +1,14 @@
 """The file tools over ACP, seen by the official TypeScript SDK (``@agentclientprotocol/sdk``) as the client.
 
-The SDK checks every ``session/update`` and every agent-to-client request
+The SDK parses every ``session/update`` and every agent-to-client request
 (``session/request_permission``, ``fs/read_text_file``, ``fs/write_text_file``)
-against its zod schemas before its handlers see them: an update the schema
-refuses never reaches the summary, so the assertions below fail.
+with its zod schemas before its handlers see them, and the client parses the
+answers to its own requests the same way.  Those parsers are lenient (a part
+they do not recognise is dropped or defaulted, so the assertions on what the
+handlers saw catch it); on top, every raw line the agent wrote is checked
+against its exact definition in the SDK's official ``schema.json``
+(``SessionNotification``, ``RequestPermissionRequest``, ``PromptResponse``,
+...) with ``jsonschema``.
 
 The SDK is installed with ``npm`` into a cache directory outside the checkout
 (``$TRIO_HARNESS_NPM_CACHE``, default ``~/.cache/trio-harness/acp-ts-sdk``) on
@@ -22,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import trio
 from _util import WAIT
@@ -56,6 +62,52 @@ def sdk_dir() -> Path:
     if done.returncode != 0:
         _missing(f"npm install {SDK} failed: {done.stderr[-2000:]}")
     return root
+
+
+# What each message the agent sends must be, by method (requests and notifications) or by the
+# method of the client request it answers (responses): the definitions of the official schema.
+AGENT_SENDS = {
+    "session/update": "SessionNotification",
+    "session/request_permission": "RequestPermissionRequest",
+    "fs/read_text_file": "ReadTextFileRequest",
+    "fs/write_text_file": "WriteTextFileRequest",
+}
+ANSWERS = {
+    "initialize": "InitializeResponse",
+    "session/new": "NewSessionResponse",
+    "session/load": "LoadSessionResponse",
+    "session/prompt": "PromptResponse",
+}
+
+
+def check_wire(root: Path, wire: list[dict[str, Any]]) -> int:
+    """Check every message the agent sent against its definition in the SDK's ``schema.json``; the count."""
+    path = root / "node_modules" / "@agentclientprotocol" / "sdk" / "schema" / "v1" / "schema.json"
+    schema = json.loads(path.read_text(encoding="utf-8"))
+
+    def validator(name: str) -> jsonschema.Draft202012Validator:
+        return jsonschema.Draft202012Validator({"$defs": schema["$defs"], "$ref": f"#/$defs/{name}"})
+
+    asked: dict[tuple[int, Any], str] = {}
+    for entry in wire:
+        message = entry["message"]
+        if entry["from"] == "client" and "method" in message and "id" in message:
+            asked[(entry["run"], message["id"])] = message["method"]
+    checked = 0
+    for entry in wire:
+        message = entry["message"]
+        if entry["from"] != "agent":
+            continue
+        assert message["jsonrpc"] == "2.0"
+        if "method" in message:
+            name, value = AGENT_SENDS[message["method"]], message["params"]
+        else:
+            assert "error" not in message, message
+            name, value = ANSWERS[asked[(entry["run"], message["id"])]], message["result"]
+        errors = [e.message for e in validator(name).iter_errors(value)]
+        assert not errors, (name, value, errors)
+        checked += 1
+    return checked
 
 
 def write_script(path: Path, responses: list[dict[str, Any]]) -> str:
@@ -99,6 +151,8 @@ async def test_the_typescript_sdk_validates_reads_edits_as_diffs_and_fs_round_tr
     assert done.returncode == 0, done.stderr.decode()
     summary = json.loads(done.stdout.decode().strip().splitlines()[-1])
     assert summary["protocolVersion"] == 1 and summary["stop"] == "end_turn"
+    # Every message the agent sent, live and on load, is what the official schema defines.
+    assert check_wire(root, summary["wire"]) > 20
 
     new_path = str(work / "new.txt")
     assert [c for c in summary["fsCalls"] if c[0] == "write"] == [["write", str(target)], ["write", new_path]]
