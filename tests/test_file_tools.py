@@ -384,3 +384,16 @@ def test_the_policys_writable_paths_are_writable(tmp_path: Path) -> None:
     with pytest.raises(FileToolError, match="outside the sandbox's writable paths"):
         rules.check_write(full, real, str(cwd))
     PathRules().check_write(full, real, str(cwd))  # no sandbox: no rule
+
+
+async def test_a_crlf_file_is_edited_with_the_lf_lines_read_file_shows(tmp_path: Path) -> None:
+    target = tmp_path / "win.txt"
+    target.write_bytes(b"one\r\ntwo\r\nthree\r\n")
+    read, edited = await run_calls(
+        tmp_path,
+        [call("read_file", path="win.txt")],
+        [call("edit_file", path="win.txt", old_text="one\ntwo", new_text="one\n2")],
+    )
+    assert read.content == "     1\tone\n     2\ttwo\n     3\tthree\n"
+    assert not edited.is_error, edited.content
+    assert target.read_bytes() == b"one\r\n2\r\nthree\r\n"

@@ -417,6 +417,10 @@ class FileToolsPlugin:
         if old_text == new_text:
             raise FileToolError("old_text and new_text are the same; nothing would change")
         count = old.count(old_text)
+        if count == 0 and "\r\n" in old and "\r" not in old_text:
+            # A CRLF file edited with the LF lines read_file showed: match and write CRLF.
+            old_text, new_text = old_text.replace("\n", "\r\n"), new_text.replace("\n", "\r\n")
+            count = old.count(old_text)
         if count == 0:
             raise FileToolError(
                 f"old_text was not found in {full}; copy it exactly from read_file's output "
