@@ -4,7 +4,8 @@ Edits show as ``kind: "edit"`` tool calls with ``locations`` and ``diff``
 content (in the permission question too), reads as ``kind: "read"``, live and
 after ``session/load``; a client that offers ``fs/read_text_file`` and
 ``fs/write_text_file`` gets the reads and writes, so the agent sees its unsaved
-buffer and the edit lands in the editor, not on disk.
+buffer and the edit lands in the editor, not on disk; a user typing into the
+buffer between the agent's read and its edit makes the edit refused as stale.
 """
 
 from __future__ import annotations
@@ -56,7 +57,11 @@ class Editor:
         pass
 
     async def request_permission(self, session_id, tool_call, options, **kwargs):
-        self.questions.append(tool_call.model_dump(mode="json", by_alias=True, exclude_none=True))
+        asked = tool_call.model_dump(mode="json", by_alias=True, exclude_none=True)
+        self.questions.append(asked)
+        if "'final'" in json.dumps(asked):  # the user types into the buffer while the edit is asked about
+            path = asked["locations"][0]["path"]
+            self.buffers[path] = self.buffers[path] + "# typed by the user\n"
         return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id="allow_once"))
 
     async def read_text_file(self, session_id, path, line=None, limit=None, **kwargs):
@@ -141,6 +146,7 @@ async def test_edits_as_diffs_reads_and_fs_round_trips_against_an_unsaved_buffer
             # old_text is the buffer's text, which the disk does not have: only the editor's read shows it.
             {"tool_calls": [call("edit_file", path="a.py", old_text="'unsaved'", new_text="'fixed'")]},
             {"tool_calls": [call("write_file", path="new.txt", content="hello\n")]},
+            {"tool_calls": [call("edit_file", path="a.py", old_text="'fixed'", new_text="'final'")]},
             {"text": "Fixed."},
         ],
     )
@@ -166,15 +172,17 @@ async def test_edits_as_diffs_reads_and_fs_round_trips_against_an_unsaved_buffer
         ["read", new_path],  # write_file's question: no such file in the editor
         ["read", new_path],  # write_file
         ["write", new_path],
+        ["read", str(target)],  # the second edit's question (then the user types into the buffer)
+        ["read", str(target)],  # the second edit: stale, refused, nothing written
     ]
     writes = [c for c in summary["fsCalls"] if c[0] == "write"]
     assert writes == [["write", str(target)], ["write", new_path]]
-    assert summary["buffers"][str(target)] == "value = 'fixed'\n"
+    assert summary["buffers"][str(target)] == "value = 'fixed'\n# typed by the user\n"
     assert summary["buffers"][new_path] == "hello\n"
     assert not (work / "new.txt").exists()  # the disk of a.py is checked below: the second run's diff
 
     # The questions carry the diff.
-    edit_q, write_q = summary["questions"]
+    edit_q, write_q, _ = summary["questions"]
     assert edit_q["kind"] == "edit" and edit_q["locations"] == [{"path": str(target)}]
     assert edit_q["content"] == [
         {"type": "diff", "path": str(target), "oldText": "value = 'unsaved'\n", "newText": "value = 'fixed'\n"}
@@ -182,7 +190,9 @@ async def test_edits_as_diffs_reads_and_fs_round_trips_against_an_unsaved_buffer
     assert write_q["content"] == [{"type": "diff", "path": new_path, "newText": "hello\n"}]  # oldText null
 
     live = by_call(summary["live"])
-    read, edit, write = live.values()
+    read, edit, write, stale = live.values()
+    assert stale[-1]["status"] == "failed"
+    assert "has changed since it was last read" in stale[-1]["content"][0]["content"]["text"]
     assert read[0]["kind"] == "read" and read[0]["locations"] == [{"path": str(target)}]
     assert [u.get("status") for u in read] == ["pending", "in_progress", "completed"]
     assert read[-1]["locations"] == [{"path": str(target), "line": 1}]
@@ -194,7 +204,8 @@ async def test_edits_as_diffs_reads_and_fs_round_trips_against_an_unsaved_buffer
 
     # Replayed on load: the same kinds, locations and diffs.
     replayed = by_call([u for u in summary["replayed"] if u["sessionUpdate"] not in INFO_KINDS])
-    r_read, r_edit, r_write = replayed.values()
+    r_read, r_edit, r_write, r_stale = replayed.values()
+    assert r_stale[-1]["status"] == "failed" and r_stale[-1]["content"] == stale[-1]["content"]
     assert r_read[0]["kind"] == "read" and r_read[0]["locations"] == [{"path": str(target)}]
     assert r_edit[0]["kind"] == "edit" and r_edit[-1]["content"] == edit_q["content"]
     assert [u.get("status") for u in r_edit] == ["pending", "in_progress", "completed"]
