@@ -49,6 +49,7 @@ fails the request with an error naming it (docs/mcp.rst, "ACP").
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -601,7 +602,8 @@ class AcpServer:
             id=handle.agent.id, handle=handle, mode=self.initial_mode, title=session_title(handle.agent.session.events)
         )
         self._records[record.id] = record
-        bind_client_fs(self.harness.tools, handle.agent, record.id, self._client_fs, self._call_client)
+        call = functools.partial(self._requests.call, self._post)  # fs/* requests to the client
+        bind_client_fs(self.harness.tools, handle.agent, record.id, self._client_fs, call)
         record.remove_observer = handle.agent.session.observe(lambda event: self._watch_unsolicited(record, event))
         return record
 
@@ -724,7 +726,6 @@ class AcpServer:
                 {"sessionId": record.id},
             )
         agent = record.agent
-
         cwd = agent.session.header.cwd
 
         def on_event(event: Event) -> None:
@@ -895,10 +896,6 @@ class AcpServer:
         if cancelled:
             await trio.sleep_forever()
         return ApprovalDecision.deny("the client cancelled the permission request")
-
-    async def _call_client(self, method: str, params: Any) -> rpc.Response:
-        """Send a request to the client and wait for its answer (``fs/*``)."""
-        return await self._requests.call(self._post, method, params)
 
     # ------------------------------------------------------------ teardown
 
