@@ -606,3 +606,26 @@ async def test_cancel_request_for_a_pending_prompt_cancels_it(tmp_path: Path) ->
             cancel = {"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": prompt["id"]}}
             await client.send(cancel)
             assert (await client.response(prompt["id"]))["result"] == {"stopReason": "cancelled"}
+
+
+async def test_a_call_the_process_died_running_replays_in_progress_then_interrupted(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    calls: list[Msg] = [{"name": "bash", "arguments": {"command": "sleep 60", "run_in_background": False}}]
+    async with open_server(
+        tmp_path, [{"tool_calls": calls}, {"text": "never"}], store=store, name="live", extra=("--yes",)
+    ) as client:
+        session_id = await client.new_session(tmp_path)
+        await client.send(client.prompt(session_id, "go"))
+        await client.wait_for(
+            lambda m: m.get("method") == "session/update" and m["params"]["update"].get("status") == "in_progress"
+        )
+        client.process.kill()  # SIGKILL while the command runs: tool/started is stored, no result
+        await client.wait_exit()
+    async with open_server(tmp_path, [], store=store, name="replay") as client:
+        await client.call("session/load", {"sessionId": session_id, "cwd": str(tmp_path), "mcpServers": []})
+        updates = client.updates(session_id)
+    # The resume logged the recovery result: the replay shows the call ran, then was interrupted.
+    (statuses,) = tool_statuses(updates).values()
+    assert statuses == ["pending", "in_progress", "failed"]
+    (end,) = tool_ends(updates)
+    assert "interrupted while it was running" in end["content"][0]["content"]["text"]
