@@ -5,7 +5,8 @@ Subcommands:
 * ``acp``: serve the Agent Client Protocol on stdin / stdout;
 * ``run PROMPT``: send one prompt to a new (or ``--session ID``) agent and
   stream the answer to stdout, tool calls to stderr;
-* ``sessions list`` / ``sessions show ID``: inspect the session store.
+* ``sessions list`` / ``sessions show ID``: inspect the session store;
+* ``models``: the known models (:mod:`trio_harness._cli_models`).
 
 ``acp`` and ``run`` take ``--mcp-config FILE``: MCP servers (the
 ``mcpServers`` JSON users already have) whose tools every agent gets.
@@ -66,6 +67,7 @@ from ._cli_common import (
     _error,
     _store_name,
 )
+from ._cli_models import add_models_command
 from ._errors import (
     HarnessError,
     InvalidSessionIdError,
@@ -321,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="truncate tool arguments and results to N characters (default: %(default)s)",
     )
     show.set_defaults(handler=_sessions_command("show"))
+    add_models_command(commands)
     return parser
 
 
