@@ -140,9 +140,11 @@ class History:
                 out.append(_user_message(text=event.text))
                 chars += len(event.text)
             elif type(event) is ev.AssistantMessage:
-                if event.text or event.tool_calls or event.reasoning:
+                # A failed or cancelled step's reasoning blocks are not sent back (docs/models.rst).
+                blocks = event.reasoning_blocks if event.finish not in ("error", "aborted") else ()
+                if event.text or event.tool_calls or event.reasoning or blocks:
                     message = _assistant_message(
-                        text=event.text, tool_calls=event.tool_calls, reasoning=event.reasoning
+                        text=event.text, tool_calls=event.tool_calls, reasoning=event.reasoning, reasoning_blocks=blocks
                     )
                     out.append(message)
                     chars += message_chars(message)

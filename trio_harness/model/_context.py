@@ -58,6 +58,8 @@ def message_chars(message: Message) -> int:
         size = len(message.text)
         for call in message.tool_calls:
             size += len(call.id) + len(call.name) + len(call.arguments)
+        for block in message.reasoning_blocks:
+            size += len(json.dumps(block.data, separators=(",", ":")))
         return size
     return len(getattr(message, "text", ""))
 

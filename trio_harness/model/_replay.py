@@ -2,7 +2,8 @@
 
 Each ``assistant/message`` event of the recording (that did not fail) is one
 model response; the replay streams it again as it was streamed the first time
-(the recorded ``assistant/chunk`` pieces, then tool calls, usage and finish).
+(the recorded ``assistant/chunk`` pieces, then its reasoning blocks in their
+order, tool calls, usage and finish).
 Responses are consumed in order, one per request, so a conversation recorded
 against a real provider can be replayed in tests and examples with no network.
 
@@ -232,6 +233,8 @@ class ReplayModel:
                 emit(ReasoningDelta(message.reasoning))
             if message.text:
                 emit(TextDelta(message.text))
+        for block in message.reasoning_blocks:
+            emit(block)
         for index, call in enumerate(message.tool_calls):
             emit(ToolCallDelta(index=index, id=call.id, name=call.name, arguments=call.arguments))
         if message.usage is not None:

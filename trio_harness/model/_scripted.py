@@ -10,9 +10,12 @@ mapping in the script-file format (``--model scripted:PATH``)::
         {"error": {"message": "overloaded", "code": "http-529"}}
     ]}
 
-Two optional keys extend the format: ``"reasoning"`` (streamed as reasoning
-deltas before the text) and ``"delay"`` (seconds of Trio time to wait before
-answering; deterministic under a mock clock).  In process, a response may also
+Three optional keys extend the format: ``"reasoning"`` (streamed as reasoning
+deltas before the text), ``"reasoning_blocks"`` (a list of
+``{"provider": ..., "data": {...}}`` objects, reported as
+:class:`~trio_harness.model.ReasoningBlock` chunks after the reasoning) and
+``"delay"`` (seconds of Trio time to wait before answering; deterministic
+under a mock clock).  In process, a response may also
 be a callable taking the :class:`ModelRequest` and returning a mapping.
 
 Two optional top-level keys of the file (and constructor arguments) help test
@@ -50,6 +53,7 @@ from ._protocol import (
     Message,
     ModelRequest,
     ModelSettings,
+    ReasoningBlock,
     ReasoningDelta,
     TextDelta,
     ToolCallDelta,
@@ -59,7 +63,7 @@ from ._protocol import (
 
 Response = Mapping[str, Any] | Callable[[ModelRequest], Mapping[str, Any]]
 
-_KEYS = frozenset({"text", "tool_calls", "hang", "error", "reasoning", "delay"})
+_KEYS = frozenset({"text", "tool_calls", "hang", "error", "reasoning", "reasoning_blocks", "delay"})
 
 
 def _check_response(response: object, where: str) -> None:
@@ -84,6 +88,17 @@ def _check_response(response: object, where: str) -> None:
             raise ModelError(
                 f"{where}: tool_calls[{i}] has unknown keys {sorted(set(call) - {'name', 'arguments', 'id'})}"
             )
+    blocks = response.get("reasoning_blocks", [])
+    if not isinstance(blocks, list) or not all(
+        isinstance(b, Mapping)
+        and set(b) == {"provider", "data"}
+        and isinstance(b["provider"], str)
+        and isinstance(b["data"], Mapping)
+        for b in blocks
+    ):
+        raise ModelError(
+            f"{where}: 'reasoning_blocks' must be a list of objects with a string 'provider' and an object 'data'"
+        )
     error = response.get("error")
     if error is not None and (not isinstance(error, Mapping) or not isinstance(error.get("message"), str)):
         raise ModelError(f"{where}: 'error' must be an object with a string 'message'")
@@ -276,6 +291,8 @@ class ScriptedModel:
             return
         for piece in _split(response.get("reasoning", ""), self.chunks):
             emit(ReasoningDelta(piece))
+        for block in response.get("reasoning_blocks", ()):
+            emit(ReasoningBlock(block["provider"], dict(block["data"])))
         text = response.get("text", "")
         for piece in _split(text, self.chunks):
             emit(TextDelta(piece))

@@ -13,7 +13,7 @@ from typing import ClassVar, Literal, TypeAlias, get_args
 
 import attrs
 
-from .._records import OMIT_IF_DEFAULT, Failure, ModelSettings, ToolCall, Usage, UsageTotals
+from .._records import OMIT_IF_DEFAULT, Failure, ModelSettings, ReasoningBlock, ToolCall, Usage, UsageTotals
 
 # ---------------------------------------------------------------- validators
 #
@@ -215,7 +215,18 @@ class AssistantChunk(Event):
 
 @attrs.frozen
 class AssistantMessage(Event):
-    """The assistant's complete message for one step."""
+    """The assistant's complete message for one step.
+
+    Attributes:
+        reasoning_blocks: the opaque blocks the provider reported during the
+            step (:class:`~trio_harness.model.ReasoningBlock`: Anthropic
+            thinking, OpenAI Responses reasoning items), in the order it
+            reported them.  Later requests send them back with this message,
+            except for a message whose finish is ``error`` or ``aborted``
+            (logged, never sent back: such a step may lack what the block
+            belongs to).  Written only when there are some, so older logs
+            read unchanged.
+    """
 
     type: ClassVar[str] = "assistant/message"
     turn: int
@@ -225,6 +236,7 @@ class AssistantMessage(Event):
     tool_calls: tuple[ToolCall, ...] = ()
     usage: Usage | None = None
     finish: str = "stop"
+    reasoning_blocks: tuple[ReasoningBlock, ...] = attrs.field(default=(), metadata=OMIT_IF_DEFAULT)
 
 
 @attrs.frozen
