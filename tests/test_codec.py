@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any, ClassVar, get_args
 
@@ -35,6 +36,7 @@ from trio_harness.session._events import (
     CompactionFailed,
     ContextCompacted,
     Event,
+    ImagePart,
     InboxMessage,
     InboxQueue,
     InboxSpliced,
@@ -88,9 +90,20 @@ model_settings = st.builds(
     extra_body=st.none() | st.dictionaries(texts, json_values, max_size=3),
 )
 tool_calls = st.builds(ToolCall, id=texts, name=texts, arguments=texts)
+image_parts = st.builds(
+    ImagePart,
+    media_type=st.sampled_from(["image/png", "image/jpeg", "image/gif", "image/webp"]),
+    data=st.binary(min_size=1, max_size=40).map(lambda b: base64.b64encode(b).decode("ascii")),
+)
 reasoning_blocks = st.builds(ReasoningBlock, provider=texts, data=st.dictionaries(texts, json_values, max_size=4))
 inbox_messages = st.builds(
-    InboxMessage, id=texts, text=texts, mode=send_modes, settings=st.none() | model_settings, origin=origins
+    InboxMessage,
+    id=texts,
+    text=texts,
+    mode=send_modes,
+    settings=st.none() | model_settings,
+    origin=origins,
+    images=st.lists(image_parts, max_size=2).map(tuple),
 )
 
 _BASE = {"seq": ints, "ts": floats}
@@ -100,7 +113,14 @@ _STEP = {**_BASE, "turn": ints, "step": ints}
 EVENT_FIELDS: dict[type[Event], dict[str, st.SearchStrategy[Any]]] = {
     TurnStart: {**_BASE, "turn": ints},
     StepStart: _STEP,
-    UserMessage: {**_STEP, "message_id": texts, "text": texts, "mode": send_modes, "origin": origins},
+    UserMessage: {
+        **_STEP,
+        "message_id": texts,
+        "text": texts,
+        "mode": send_modes,
+        "origin": origins,
+        "images": st.lists(image_parts, max_size=2).map(tuple),
+    },
     RequestHeader: {
         **_STEP,
         "provider": texts,

@@ -137,8 +137,13 @@ class History:
                 continue  # most events (steps, chunks, headers, calls) add nothing: one set lookup
             # ``type(event) is`` narrows like isinstance, and is cheaper.
             if type(event) is ev.UserMessage:
-                out.append(_user_message(text=event.text))
-                chars += len(event.text)
+                if event.images:
+                    message = _user_message(text=event.text, images=tuple(part.image() for part in event.images))
+                    out.append(message)
+                    chars += message_chars(message)
+                else:
+                    out.append(_user_message(text=event.text))
+                    chars += len(event.text)
             elif type(event) is ev.AssistantMessage:
                 # A failed or cancelled step's reasoning blocks are not sent back (docs/models.rst).
                 blocks = event.reasoning_blocks if event.finish not in ("error", "aborted") else ()

@@ -46,6 +46,7 @@ import trio
 from .._errors import ModelError
 from .._util import is_positive_int
 from ._context import message_chars, tokens_for_chars, tools_chars
+from ._images import has_images, images_unsupported
 from ._protocol import (
     Emit,
     Failure,
@@ -136,6 +137,9 @@ class ScriptedModel:
         summary: the answer to every context-compaction request (a text, or
             a callable of the request); None to answer them from the script.
         settings: default model settings of the route (a spec's query).
+        supports_images: whether it takes images (True); when False a request
+            carrying images fails with code ``images-unsupported``, as a
+            provider that cannot take them does.
         json_schema_output: whether it counts as an endpoint with a JSON-schema
             response format (True: ``agent.run(output=TYPE)`` validates its
             text answer; False: it is offered the final-answer tool).
@@ -148,6 +152,7 @@ class ScriptedModel:
     summary: str | Callable[[ModelRequest], str] | None = attrs.field(default=None, kw_only=True)
     settings: ModelSettings = attrs.field(factory=ModelSettings, kw_only=True)
     json_schema_output: bool = attrs.field(default=True, kw_only=True)
+    supports_images: bool = attrs.field(default=True, kw_only=True)
     requests: list[ModelRequest] = attrs.field(factory=list, init=False)
     # Internal counters, set at every request: no converter or validator to run on
     # assignment (NO_OP skips attrs' per-assignment hook; the public fields keep theirs).
@@ -252,6 +257,10 @@ class ScriptedModel:
                     ),
                 )
             )
+            return
+        if not self.supports_images and has_images(request):
+            await trio.lowlevel.checkpoint()
+            emit(Finish("error", images_unsupported(self.source, request.model or "scripted")))
             return
         if request.purpose == "compaction" and self.summary is not None:
             await trio.lowlevel.checkpoint()
