@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import random
 import struct
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,7 @@ import pytest
 import trio
 from _postgres import postgres_cluster, schema, store
 from _sse_server import DONE, Stream, sse_finish, sse_text, start_server
+from _util import WAIT
 
 from trio_harness import Image, ModelError
 from trio_harness.events import MAX_IMAGE_BYTES, ImagePart
@@ -22,7 +26,7 @@ from trio_harness.model._images import load_image, sniff_media_type
 from trio_harness.model._openai import OpenAIProvider
 from trio_harness.model._replay import ReplayModel
 from trio_harness.model._scripted import ScriptedModel
-from trio_harness.session import PostgresStore
+from trio_harness.session import JsonlStore, PostgresStore
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
 
@@ -237,3 +241,55 @@ async def test_chat_completions_without_images_refuses_before_sending(nursery: t
 def test_deepseek_routes_take_no_images() -> None:
     provider = resolve_model("deepseek:deepseek-chat", env={"DEEPSEEK_API_KEY": "k"})
     assert isinstance(provider, OpenAIProvider) and not provider.supports_images
+
+
+# ---------------------------------------------------------------- the command line
+
+
+async def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "TRIO_HARNESS_MODEL"}
+    with trio.fail_after(WAIT):
+        return await trio.run_process(
+            [sys.executable, "-m", "trio_harness", *args],
+            cwd=cwd,
+            env=env,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+
+
+async def test_cli_run_attaches_image_files(tmp_path: Path) -> None:
+    (tmp_path / "script.json").write_text(json.dumps({"responses": [{"text": "two pictures"}]}))
+    (tmp_path / "a.png").write_bytes(PNG.data)
+    (tmp_path / "b.gif").write_bytes(GIF.data)
+    store = tmp_path / "store"
+    result = await cli(
+        "run", "compare", "--image", "a.png", "--image", "b.gif", "--model", f"scripted:{tmp_path / 'script.json'}",
+        "--store", str(store), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode() == "two pictures\n"
+    session_id = next(line for line in result.stderr.decode().splitlines() if line.startswith("[session] "))
+    loaded = await JsonlStore(store).load(session_id.split(" ", 1)[1])
+    (user,) = [e for e in loaded.events if isinstance(e, ev.UserMessage)]
+    assert user.text == "compare" and [part.image() for part in user.images] == [PNG, GIF]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "does not exist"), (b"<svg/>", "is not a PNG, JPEG, GIF or WebP image")],
+    ids=["missing", "bad-type"],
+)
+async def test_cli_run_refuses_a_bad_image_file_before_the_model(
+    tmp_path: Path, content: bytes | None, message: str
+) -> None:
+    if content is not None:
+        (tmp_path / "x.png").write_bytes(content)
+    result = await cli(
+        "run", "look", "--image", "x.png", "--model", "scripted:/no/such/script.json",
+        "--store", str(tmp_path / "store"), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert f"--image: image file 'x.png' {message}" in result.stderr.decode()
+    assert not (tmp_path / "store").exists()
