@@ -22,7 +22,8 @@ Two optional top-level keys of the file (and constructor arguments) help test
 long sessions offline: ``"context_window"`` (tokens; a request larger than it
 fails with a ``context-length`` failure and consumes no response) and
 ``"summary"`` (the text answering every context-compaction request, which then
-consumes no response either).  The reported usage follows the text's length,
+consumes no response either).  A third, ``"supports_images"`` (true by
+default), says whether it takes images.  The reported usage follows the text's length,
 about four characters a token (:data:`~trio_harness.model.CHARS_PER_TOKEN`),
 measured incrementally, so a long session costs no more per request.  A
 scripted model is an endpoint with a JSON response format: for a request with
@@ -186,7 +187,7 @@ class ScriptedModel:
             raise ModelError(f"scripted model file {str(path)!r} is not readable JSON: {exc}") from None
         if not isinstance(data, dict) or not isinstance(data.get("responses"), list):
             raise ModelError(f"scripted model file {str(path)!r} must be an object with a 'responses' list")
-        known = {"responses", "context_window", "summary"}
+        known = {"responses", "context_window", "summary", "supports_images"}
         if set(data) - known:
             raise ModelError(
                 f"scripted model file {str(path)!r} has unknown keys {sorted(set(data) - known)}; "
@@ -195,9 +196,18 @@ class ScriptedModel:
         summary = data.get("summary")
         if summary is not None and not isinstance(summary, str):
             raise ModelError(f"scripted model file {str(path)!r}: 'summary' must be a string")
+        images = data.get("supports_images", True)
+        if type(images) is not bool:
+            raise ModelError(f"scripted model file {str(path)!r}: 'supports_images' must be true or false")
         source = f"scripted model file {str(path)!r}"
         try:
-            return cls(data["responses"], source=source, context_window=data.get("context_window"), summary=summary)
+            return cls(
+                data["responses"],
+                source=source,
+                context_window=data.get("context_window"),
+                summary=summary,
+                supports_images=images,
+            )
         except ModelError as exc:
             if str(exc).startswith(source):  # the response checks name the file already
                 raise
