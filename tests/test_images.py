@@ -274,6 +274,10 @@ async def test_cli_run_attaches_image_files(tmp_path: Path) -> None:
     loaded = await JsonlStore(store).load(session_id.split(" ", 1)[1])
     (user,) = [e for e in loaded.events if isinstance(e, ev.UserMessage)]
     assert user.text == "compare" and [part.image() for part in user.images] == [PNG, GIF]
+    shown = await cli("sessions", "show", session_id.split(" ", 1)[1], "--store", str(store), cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout.decode()
+    assert f"user: compare\n  [image] image/png, {len(PNG.data)} bytes\n  [image] image/gif, {len(GIF.data)} bytes" in out
 
 
 @pytest.mark.parametrize(
