@@ -277,7 +277,8 @@ async def test_cli_run_attaches_image_files(tmp_path: Path) -> None:
     shown = await cli("sessions", "show", session_id.split(" ", 1)[1], "--store", str(store), cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
     out = shown.stdout.decode()
-    assert f"user: compare\n  [image] image/png, {len(PNG.data)} bytes\n  [image] image/gif, {len(GIF.data)} bytes" in out
+    images = f"  [image] image/png, {len(PNG.data)} bytes\n  [image] image/gif, {len(GIF.data)} bytes"
+    assert f"user: compare\n{images}" in out
 
 
 @pytest.mark.parametrize(
