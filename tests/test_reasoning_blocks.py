@@ -183,3 +183,38 @@ def test_the_script_format_checks_reasoning_blocks() -> None:
         ScriptedModel([{"text": "x", "reasoning_blocks": [{"provider": "a"}]}])
     with pytest.raises(ModelError, match="reasoning_blocks"):
         ScriptedModel([{"text": "x", "reasoning_blocks": [{"provider": 1, "data": {}}]}])
+
+
+def thinking(n: int) -> dict[str, Any]:
+    return {"reasoning_blocks": [{"provider": "anthropic", "data": {"type": "thinking", "signature": f"s{n}"}}]}
+
+
+async def test_a_compaction_drops_the_compacted_blocks_and_keeps_the_rest_also_after_resume(tmp_path: Path) -> None:
+    model = ScriptedModel([{"text": f"answer {n}", **thinking(n)} for n in (1, 2, 3)], summary="the summary")
+    async with open_test_harness(model, store=tmp_path) as h, h.agents.open(session_id="c") as agent:
+        for prompt in ("one", "two"):
+            agent.followup(prompt)
+            await agent.when_idle()
+        compacted = await agent.compact(keep_tokens=15)  # keeps turn 2 (about 13 tokens), not turn 1
+        assert compacted is not None
+        agent.followup("three")
+        await agent.when_idle()
+    summary_request = model.requests[2]
+    assert summary_request.purpose == "compaction"
+    assert all(not m.reasoning_blocks for m in summary_request.messages if isinstance(m, AssistantMessage))
+    last = model.requests[-1]
+    # turn 1 is summarized (its block gone with it); turn 2, kept verbatim, keeps its block
+    assert [[b.data["signature"] for b in blocks] for blocks in blocks_of(last)] == [["s2"]]
+    again = ScriptedModel([{"text": "answer 4"}])
+    async with open_test_harness(again, store=tmp_path) as h:
+        handle = await h.agents.resume("c")
+        handle.agent.followup("four")
+        await handle.agent.when_idle()
+        await handle.dispose()
+    assert [[b.data["signature"] for b in blocks] for blocks in blocks_of(again.requests[0])] == [["s2"], ["s3"]]
+    assert again.requests[0].messages[:-1] == (
+        *last.messages,
+        AssistantMessage(
+            "answer 3", reasoning_blocks=(ReasoningBlock("anthropic", {"type": "thinking", "signature": "s3"}),)
+        ),
+    )
