@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from _acp_clients import Msg, open_server
+import pytest
+from _acp_clients import Msg, open_server, run_python_client
 from test_images import GIF, PNG
 
 from trio_harness.session import JsonlStore
@@ -100,3 +101,88 @@ async def test_a_model_that_takes_no_images_fails_the_turn_naming_it(tmp_path: P
         result = await client.call("session/prompt", prompt_of(session_id, blocks))
     failure = result["_meta"]["trio-harness/failure"]
     assert failure["code"] == "images-unsupported" and "does not take images" in failure["message"]
+
+
+# ---------------------------------------------------------------- the official Python SDK as the client
+
+SDK_SCRIPT = r'''
+"""An ACP SDK client: an image prompt (with a link and a text resource), then session/load, validated by the SDK."""
+
+import asyncio
+import json
+import os
+import sys
+
+from acp import (
+    PROTOCOL_VERSION, embedded_text_resource, image_block, resource_block, resource_link_block, spawn_agent_process,
+    text_block,
+)
+from acp.schema import SessionNotification
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.updates = []
+
+    def observe(self, event) -> None:
+        message = event.message
+        if message.get("method") == "session/update":
+            notification = SessionNotification.model_validate(message["params"])
+            self.updates.append(notification.update.model_dump(mode="json", by_alias=True, exclude_none=True))
+
+    async def session_update(self, session_id, update, **kwargs):
+        pass
+
+    async def request_permission(self, *args, **kwargs):
+        raise RuntimeError("the agent must not ask for permissions")
+
+
+def spawn(recorder, model, store, cwd):
+    return spawn_agent_process(
+        recorder, sys.executable, "-m", "trio_harness", "acp", "--model", model, "--store", store,
+        cwd=cwd, env=dict(os.environ), observers=[recorder.observe],
+    )
+
+
+async def main() -> None:
+    model, store, cwd, png64 = sys.argv[1:5]
+    summary = {}
+    recorder = Recorder()
+    async with spawn(recorder, model, store, cwd) as (conn, process):
+        init = await conn.initialize(protocol_version=PROTOCOL_VERSION)
+        summary["image"] = init.agent_capabilities.prompt_capabilities.image
+        session = await conn.new_session(cwd=cwd, mcp_servers=[])
+        summary["sessionId"] = session.session_id
+        prompt = [
+            text_block("what is this?"),
+            image_block(png64, "image/png"),
+            resource_link_block("notes.md", "file:///work/notes.md"),
+            resource_block(embedded_text_resource("file:///work/a.py", "print(1)")),
+        ]
+        reply = await conn.prompt(session_id=session.session_id, prompt=prompt)
+        summary["stopReason"] = reply.stop_reason
+    recorder = Recorder()
+    async with spawn(recorder, model, store, cwd) as (conn, process):
+        await conn.initialize(protocol_version=PROTOCOL_VERSION)
+        await conn.load_session(cwd=cwd, session_id=summary["sessionId"], mcp_servers=[])
+        summary["replayed"] = [u for u in recorder.updates if u["sessionUpdate"] == "user_message_chunk"]
+    print(json.dumps(summary))
+
+
+asyncio.run(main())
+'''
+
+
+async def test_the_official_python_sdk_sends_an_image_prompt_and_validates_its_replay(tmp_path: Path) -> None:
+    pytest.importorskip("acp")
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"responses": [{"text": "a picture"}]}))
+    args = (f"scripted:{script}", str(tmp_path / "store"), str(tmp_path), PNG64)
+    summary = await run_python_client(tmp_path / "sdk_client.py", SDK_SCRIPT, *args)
+    assert summary["image"] is True and summary["stopReason"] == "end_turn"
+    replayed = summary["replayed"]
+    assert [u["content"]["type"] for u in replayed] == ["text", "image"]
+    assert replayed[0]["content"]["text"] == (
+        'what is this?\n\n[notes.md](file:///work/notes.md)\n\n<context uri="file:///work/a.py">\nprint(1)\n</context>'
+    )
+    assert replayed[1]["content"]["data"] == PNG64 and replayed[1]["content"]["mimeType"] == "image/png"
