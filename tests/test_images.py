@@ -20,7 +20,7 @@ from _sse_server import DONE, Stream, sse_finish, sse_text, start_server
 from _util import WAIT
 
 from trio_harness import Image, ModelError
-from trio_harness.events import MAX_IMAGE_BYTES, ImagePart
+from trio_harness.events import MAX_IMAGE_BYTES, ImagePart, InboxMessage
 from trio_harness.model import ModelRequest, UserMessage, resolve_model
 from trio_harness.model._images import load_image, sniff_media_type
 from trio_harness.model._openai import OpenAIProvider
@@ -298,3 +298,15 @@ async def test_cli_run_refuses_a_bad_image_file_before_the_model(
     assert result.returncode == 2
     assert f"--image: image file 'x.png' {message}" in result.stderr.decode()
     assert not (tmp_path / "store").exists()
+
+
+async def test_a_message_with_images_posted_through_postgres_keeps_them(store: PostgresStore) -> None:
+    async with (
+        open_test_harness(ScriptedModel([{"text": "ok"}]), store=store) as h,
+        h.agents.open(session_id="mail") as agent,
+    ):
+        agent.followup("hi")
+        await agent.when_idle()
+    message = InboxMessage("m1", "look", images=(ImagePart.of(PNG), ImagePart.of(GIF)))
+    await store.post("mail", message)
+    assert await store.pending_mail("mail") == [message]
