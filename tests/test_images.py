@@ -310,3 +310,20 @@ async def test_a_message_with_images_posted_through_postgres_keeps_them(store: P
     message = InboxMessage("m1", "look", images=(ImagePart.of(PNG), ImagePart.of(GIF)))
     await store.post("mail", message)
     assert await store.pending_mail("mail") == [message]
+
+
+async def test_estimates_and_summaries_account_for_images() -> None:
+    from trio_harness.model import AssistantMessage
+    from trio_harness.model._context import IMAGE_CHARS, message_chars
+
+    assert message_chars(UserMessage("ab", images=(PNG, GIF))) == 2 + 2 * IMAGE_CHARS
+    model = ScriptedModel([{"text": "seen"}, {"text": "next"}], summary="the summary")
+    async with open_test_harness(model) as h, h.agents.open() as agent:
+        agent.followup(["look", PNG])
+        await agent.when_idle()
+        agent.followup("more")
+        await agent.when_idle()
+        assert await agent.compact(keep_tokens=0) is not None
+    (summary_request,) = [r for r in model.requests if r.purpose == "compaction"]
+    assert "User: look\n\nUser attached an image (image/png)\n\nAssistant: seen" in summary_request.messages[-1].text
+    assert not any(isinstance(m, AssistantMessage) for m in summary_request.messages)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +219,11 @@ async def test_a_compaction_drops_the_compacted_blocks_and_keeps_the_rest_also_a
             "answer 3", reasoning_blocks=(ReasoningBlock("anthropic", {"type": "thinking", "signature": "s3"}),)
         ),
     )
+
+
+def test_the_size_estimate_counts_a_blocks_json() -> None:
+    from trio_harness.model._context import message_chars
+
+    block = ReasoningBlock("anthropic", THINKING)
+    expected = len(json.dumps(THINKING, separators=(",", ":")))
+    assert message_chars(AssistantMessage("hi", reasoning_blocks=(block, block))) == 2 + 2 * expected
