@@ -38,6 +38,7 @@ import attrs
 from .._errors import ModelError
 from .._redact import redact_urls
 from ._catalog import ModelInfo, catalog_entry
+from ._images import has_images, images_unsupported
 from ._openai import OpenAIProvider, StreamParser
 from ._protocol import (
     AssistantMessage,
@@ -74,8 +75,9 @@ class ResponsesProvider(OpenAIProvider):
             asks for none (some organisations must be verified for summaries).
 
     Requests with ``seed`` or ``stop`` settings (which the Responses API does
-    not take), or with images for a model the catalog says takes none, end
-    with a failure naming the setting or the model.
+    not take), or with images when ``supports_images`` is False (the
+    catalog's answer for a known model), end with a failure naming the
+    setting or the model, nothing sent.
     """
 
     store: bool = False
@@ -105,12 +107,6 @@ class ResponsesProvider(OpenAIProvider):
         """The model catalog's row of :attr:`model`, or None for a model it does not know."""
         return catalog_entry(ROUTE, self.model)
 
-    @property
-    def supports_images(self) -> bool:
-        """Whether requests may carry images: the catalog says so, or the model is unknown (the server decides)."""
-        entry = self.catalog
-        return entry is None or entry.images
-
     def _new_parser(self) -> StreamParser:
         return ResponsesParser(self.name)
 
@@ -126,10 +122,8 @@ class ResponsesProvider(OpenAIProvider):
                     "unsupported-setting",
                     f"{self.name}: the Responses API takes no {field!r} setting (remove it from the model settings)",
                 )
-        if any(isinstance(message, UserMessage) and message.images for message in request.messages):
-            entry = catalog_entry(ROUTE, model)
-            if entry is not None and not entry.images:
-                return Failure("images-unsupported", f"{self.name}: model {model!r} does not take image input")
+        if not self.supports_images and has_images(request):
+            return images_unsupported(self.name, model)
         return None
 
     async def stream(self, request: ModelRequest, emit: Emit) -> None:

@@ -137,6 +137,7 @@ def resolve_model(
             settings=settings,
             context_window=context_window,
             output_format="json_object",  # DeepSeek's JSON mode takes no schema
+            supports_images=False,  # DeepSeek's chat API takes text only
         )
     if prefix == "openai-responses":
         return _responses(spec, rest, environ, require_key, settings, context_window)
