@@ -19,7 +19,8 @@ RESPONSE_ID = "resp_67c9fdcecf488190bdd9a0409de3a1ec07b8b0ad4e5eb654"
 
 def event(obj: dict[str, Any]) -> bytes:
     """One server-sent event as OpenAI writes it: ``event: TYPE`` then ``data: JSON``."""
-    return b"event: " + obj["type"].encode() + b"\ndata: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    kind = str(obj["type"])
+    return b"event: " + kind.encode() + b"\ndata: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
 def _response(status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:

@@ -371,3 +371,39 @@ def test_spec_forms() -> None:
         resolve_model("openai-responses:", env={"OPENAI_API_KEY": "sk"})
     with pytest.raises(ModelError, match="must start with http"):
         resolve_model("openai-responses:m@localhost:4000", env={})
+
+
+def test_strict_only_for_strict_compatible_schemas() -> None:
+    provider = ResponsesProvider(model="gpt-5", base_url="http://127.0.0.1:1/v1")
+
+    def format_of(schema: dict[str, Any], **kwargs: Any) -> Any:
+        request = ModelRequest("", "", (UserMessage("hi"),), output=OutputFormat("Answer", schema))
+        return (
+            ResponsesProvider(model="gpt-5", base_url="http://127.0.0.1:1/v1", **kwargs).build_body(request).get("text")
+        )
+
+    closed = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    assert format_of(closed)["format"]["strict"] is True
+    open_object = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    assert format_of(open_object)["format"]["strict"] is False
+    optional = {**closed, "required": []}
+    assert format_of(optional)["format"]["strict"] is False
+    nested = {**closed, "properties": {"a": {"type": "object", "properties": {"b": {"type": "string"}}}}}
+    assert format_of(nested)["format"]["strict"] is False
+    referenced = {**closed, "properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": {"A": {"type": "string"}}}
+    assert format_of(referenced)["format"]["strict"] is False
+    assert format_of(closed, output_format="json_object") == {"format": {"type": "json_object"}}
+    assert format_of(closed, output_format="none") is None
+    assert provider.json_schema_output
+
+
+def test_catalog_turns_images_off() -> None:
+    assert ResponsesProvider(model="gpt-3.5-turbo", base_url="http://127.0.0.1:1/v1").supports_images is False
+    assert ResponsesProvider(model="my-local-model", base_url="http://127.0.0.1:1/v1").supports_images is True
+    chat = resolve_model("openai:o3-mini", env={"OPENAI_API_KEY": "k"})
+    assert getattr(chat, "supports_images", None) is False
