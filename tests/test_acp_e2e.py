@@ -34,7 +34,7 @@ async def test_initialize_advertises_capabilities(tmp_path: Path) -> None:
     caps = result["agentCapabilities"]
     assert caps["loadSession"] is True
     assert caps["promptCapabilities"]["embeddedContext"] is True
-    assert caps["promptCapabilities"]["image"] is False
+    assert caps["promptCapabilities"]["image"] is True  # the scripted model takes images (tests/test_acp_images.py)
     assert caps["sessionCapabilities"] == {"list": {}, "close": {}}
     assert result["authMethods"] == []
     assert result["agentInfo"]["name"] == "trio-harness"

@@ -88,6 +88,7 @@ from ._params import (
     PromptParams,
     SetSessionModeParams,
     decode_params,
+    prompt_capabilities,
 )
 from ._permission import add_file_change, decision_of, permission_params
 from ._records import _harness_error, _log_mcp_notice, _mcp_setup, _Prompt, _sandbox_meta, _SessionRecord
@@ -97,7 +98,7 @@ from ._updates import (
     failure_update,
     iso_time,
     live_update,
-    message_update,
+    message_updates,
     replay_updates,
     session_title,
     shorten,
@@ -463,7 +464,7 @@ class AcpServer:
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
                 "loadSession": True,
-                "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
+                "promptCapabilities": prompt_capabilities(self.harness.model),
                 "mcpCapabilities": {"http": True, "sse": False},
                 "sessionCapabilities": {"list": {}, "close": {}},
             },
@@ -632,7 +633,8 @@ class AcpServer:
             if record.unsolicited:
                 # A user's message as user text, a task notice as the agent's (docs/acp.rst).
                 for message in record.first_step_messages:
-                    self._update(record.id, message_update(message, record.id))
+                    for shown in message_updates(message, record.id):
+                        self._update(record.id, shown)
                 cwd = record.agent.session.header.cwd
                 if isinstance(event, ev.ToolCallRequested) and (update := live_update(event, record.id, cwd)):
                     self._update(record.id, update)  # a paused turn's continuation: from its first call
@@ -717,7 +719,7 @@ class AcpServer:
 
     def _start_prompt(self, request: rpc.Request, params: PromptParams) -> None:
         record = self._record(params.session_id)
-        text = params.text
+        text = params.content
         self._check_auth()
         if record.prompt is not None:
             raise rpc.RpcError(

@@ -273,6 +273,17 @@ def message_update(event: ev.UserMessage, session_id: str = "") -> Update:
     return _chunk("user_message_chunk", event.text, session_id, key)
 
 
+def message_updates(event: ev.UserMessage, session_id: str = "") -> Iterator[Update]:
+    """A claimed message as updates: its text (``message_update``; left out when empty and it has images),
+    then each image as a ``user_message_chunk`` with an ``image`` block, under the same ``messageId``."""
+    if event.text or not event.images:
+        yield message_update(event, session_id)
+    key = message_id(session_id, f"{event.turn}/message/{event.message_id}")
+    for part in event.images:
+        content = {"type": "image", "data": part.data, "mimeType": part.media_type}
+        yield {"sessionUpdate": "user_message_chunk", "content": content, "messageId": key}
+
+
 def failure_text(failure: Failure) -> str:
     """The agent message that says a turn failed (live and in a replay)."""
     return (
@@ -390,7 +401,7 @@ def replay_updates(events: Sequence[ev.Event], session_id: str = "", cwd: str | 
     for event in events:
         if isinstance(event, ev.UserMessage):
             yield from pending()
-            yield message_update(event, session_id)
+            yield from message_updates(event, session_id)
         elif isinstance(event, ev.AssistantChunk):
             place = f"{event.turn}/{event.step}"
             (text if event.kind == "text" else reasoning).append(event.text)
