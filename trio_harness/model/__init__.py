@@ -1,5 +1,6 @@
 """Model providers behind one streaming protocol."""
 
+from ._anthropic import AnthropicProvider as AnthropicProvider
 from ._cost import load_prices as load_prices
 from ._cost import usage_cost as usage_cost
 from ._openai import OpenAIProvider as OpenAIProvider

@@ -6,6 +6,9 @@ Accepted forms:
 * ``openai:MODEL`` - OpenAI's API, key from ``OPENAI_API_KEY`` (required);
 * ``openai:MODEL@BASE_URL`` - any OpenAI-compatible server (vLLM, Ollama,
   llama.cpp, a gateway); ``OPENAI_API_KEY`` is sent when set, and optional;
+* ``anthropic:MODEL`` - Anthropic's Messages API, key from ``ANTHROPIC_API_KEY``
+  (required); ``anthropic:MODEL@BASE_URL`` - a compatible server or proxy
+  (the key optional); the query may add ``prompt_caching=false``;
 * ``scripted:PATH`` - a :class:`~trio_harness.model._scripted.ScriptedModel`
   replaying a script file (for tests and demos; ``~`` is expanded);
 * ``replay:PATH`` - a :class:`~trio_harness.model._replay.ReplayModel`
@@ -52,7 +55,8 @@ OPENAI_BASE_URL: Final = "https://api.openai.com/v1"
 _FORMS: Final = (
     "accepted forms: 'deepseek:MODEL' (key from DEEPSEEK_API_KEY), "
     "'openai:MODEL' (key from OPENAI_API_KEY), "
-    "'openai:MODEL@BASE_URL' (OPENAI_API_KEY optional), 'scripted:PATH', 'replay:PATH', "
+    "'openai:MODEL@BASE_URL' (OPENAI_API_KEY optional), "
+    "'anthropic:MODEL' (key from ANTHROPIC_API_KEY), 'anthropic:MODEL@BASE_URL', 'scripted:PATH', 'replay:PATH', "
     "or a ModelProvider object"
 )
 
@@ -92,9 +96,13 @@ def resolve_model(
     text = spec.strip()
     prefix, colon, rest = text.partition(":")
     prefix = prefix.lower()
-    if not colon or prefix not in ("deepseek", "openai", "scripted", "replay"):
+    if not colon or prefix not in ("deepseek", "openai", "anthropic", "scripted", "replay"):
         raise ModelError(f"unknown model spec {redact_urls(spec)!r}; {_FORMS}")
     rest = rest.strip()
+    if prefix == "anthropic":
+        from ._anthropic import from_spec
+
+        return from_spec(spec, rest, environ, require_key=require_key)
     settings, context_window = ModelSettings(), None
     if "?" in rest:
         if prefix == "replay":
@@ -185,6 +193,8 @@ def missing_api_key(spec: str | ModelProvider, *, env: Mapping[str, str] | None 
         variable = "DEEPSEEK_API_KEY"
     elif prefix == "openai" and _BASE_URL_AT.search(rest) is None:
         variable = "OPENAI_API_KEY"
+    elif prefix == "anthropic" and _BASE_URL_AT.search(rest) is None:
+        variable = "ANTHROPIC_API_KEY"
     else:
         return None
     return None if environ.get(variable, "").strip() else variable
