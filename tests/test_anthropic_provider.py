@@ -547,8 +547,32 @@ async def test_cancel_mid_stream_closes_the_connection(nursery: trio.Nursery, ma
     gc.collect()
 
 
-async def test_non_stream_body_is_a_clear_failure(nursery: trio.Nursery, make_provider: MakeProvider) -> None:
-    server = await start_server(nursery, Respond(200, {"type": "message", "content": []}))
-    finish = (await collect(make_provider(server)))[-1]
+async def test_a_whole_message_body_is_read_as_its_blocks(nursery: trio.Nursery, make_provider: MakeProvider) -> None:
+    # Servers that ignore stream: true (LiteLLM's mock responses) answer with the whole Message.
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "hmm", "signature": SIGNATURE},
+            {"type": "text", "text": "Reading."},
+            {"type": "tool_use", "id": "toolu_a", "name": "read", "input": {"path": "a"}},
+        ],
+        "stop_reason": "tool_use",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 5, "output_tokens": 7, "cache_read_input_tokens": 100},
+    }
+    server = await start_server(nursery, Respond(200, message), Respond(200, {"type": "message"}))
+    provider = make_provider(server)
+    assert await collect(provider) == [
+        ReasoningDelta("hmm"),
+        ReasoningBlock("anthropic", {"index": 0, "block": message["content"][0]}),  # type: ignore[index]
+        TextDelta("Reading."),
+        ToolCallDelta(index=0, id="toolu_a", name="read"),
+        ToolCallDelta(index=0, arguments='{"path": "a"}'),
+        Usage(input_tokens=105, output_tokens=7, cache_hit_tokens=100),
+        Finish("tool-calls"),
+    ]
+    finish = (await collect(provider))[-1]
     assert isinstance(finish, Finish) and finish.failure is not None
     assert finish.failure.code == "malformed-stream" and "expected an event stream" in finish.failure.message

@@ -238,6 +238,38 @@ class AnthropicStreamParser:
             if emitted:
                 self._emitted = True
 
+    def feed_message(self, body: bytes) -> list[Chunk]:
+        """Take a whole JSON Message (a server that answered ``stream: true`` without streaming).
+
+        Its content blocks are read as the events that would have streamed
+        them (each block whole in its ``content_block_start``); an error
+        object is the failure.  The parser is :attr:`done` after it.
+        """
+        if self._done:
+            return []
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            obj = None
+        excerpt = body[:200].decode(errors="replace")
+        if type(obj) is dict and obj.get("type") == "error":
+            self._done = True
+            self._failure = self._error_event(obj.get("error", obj), excerpt)
+            return []
+        if type(obj) is not dict or obj.get("type") != "message" or type(obj.get("content")) is not list:
+            self._done = True
+            self._failure = Failure("malformed-stream", f"{self.name}: expected an event stream, got: {excerpt}")
+            return []
+        start = {key: value for key, value in obj.items() if key != "content"}
+        events = [SSEEvent(json.dumps({"type": "message_start", "message": {**start, "content": []}}))]
+        for index, block in enumerate(obj["content"]):
+            events.append(SSEEvent(json.dumps({"type": "content_block_start", "index": index, "content_block": block})))
+            events.append(SSEEvent(json.dumps({"type": "content_block_stop", "index": index})))
+        delta = {"stop_reason": obj.get("stop_reason"), "stop_sequence": obj.get("stop_sequence")}
+        events.append(SSEEvent(json.dumps({"type": "message_delta", "delta": delta})))
+        events.append(SSEEvent(json.dumps({"type": "message_stop"})))
+        return self.feed_all(events)
+
     def feed_end(self, end: SSEEnd) -> list[Chunk]:
         """Take what :meth:`SSEDecoder.close <trio_harness.model._sse.SSEDecoder.close>` found at the end.
 
