@@ -19,6 +19,10 @@ from ._protocol import AssistantMessage, Message, ToolMessage, ToolSpec, UserMes
 CHARS_PER_TOKEN: Final = 4
 """The characters-per-token ratio of every estimate (and of the scripted model's usage)."""
 
+IMAGE_CHARS: Final = 6_000
+"""What an image counts for in a size estimate, in characters (about 1,500 tokens: a
+mid-sized image as OpenAI and Anthropic price it)."""
+
 KNOWN_CONTEXT_WINDOWS: Final[Mapping[str, int]] = {
     "deepseek-chat": 128_000,
     "deepseek-reasoner": 128_000,
@@ -51,13 +55,15 @@ def tokens_for_chars(chars: int) -> int:
 def message_chars(message: Message) -> int:
     """The characters of one message that a request sends."""
     if type(message) is UserMessage:
-        return len(message.text)
+        return len(message.text) + IMAGE_CHARS * len(message.images)
     if type(message) is ToolMessage:
         return len(message.content) + len(message.name) + len(message.call_id)
     if type(message) is AssistantMessage:
         size = len(message.text)
         for call in message.tool_calls:
             size += len(call.id) + len(call.name) + len(call.arguments)
+        for block in message.reasoning_blocks:
+            size += len(json.dumps(block.data, separators=(",", ":")))
         return size
     return len(getattr(message, "text", ""))
 

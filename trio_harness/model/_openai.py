@@ -21,6 +21,7 @@ those when they are garbage collected).
 
 from __future__ import annotations
 
+import base64
 import email.utils
 import json
 import math
@@ -39,6 +40,7 @@ from .._redact import redact_urls
 from .._util import is_positive_int
 from ._chunks import ChunkParser, message_of
 from ._context import context_window_for
+from ._images import has_images, images_unsupported
 from ._protocol import (
     AssistantMessage,
     Emit,
@@ -124,6 +126,11 @@ class OpenAIProvider:
             prompt asks for JSON).  Only ``"json_schema"`` declares
             ``json_schema_output``: on the others ``agent.run(output=TYPE)``
             uses the final-answer tool unless ``output_mode="native"``.
+        supports_images: whether the route takes images in user messages
+            (``image_url`` content parts with ``data:`` URLs); when False a
+            request carrying images fails at once with code
+            ``images-unsupported`` naming the model.  True by default,
+            False for ``deepseek:`` (a model catalog may set it per model).
         context_window: the model's context window in tokens; None (the
             default) takes it from the known models' table
             (the built-in table of known models), and stays
@@ -151,6 +158,7 @@ class OpenAIProvider:
     settings: ModelSettings = attrs.field(factory=ModelSettings)
     context_window: int | None = None
     output_format: Literal["json_schema", "json_object", "none"] = "json_schema"
+    supports_images: bool = True
     _owned_client: httpx.AsyncClient | None = attrs.field(init=False, default=None, repr=False)
     _url: str = attrs.field(init=False, default="", repr=False)
     _timeout: httpx.Timeout = attrs.field(init=False, repr=False)
@@ -263,7 +271,10 @@ class OpenAIProvider:
             messages.append({"role": "system", "content": request.system})
         for message in request.messages:
             if isinstance(message, UserMessage):
-                messages.append({"role": "user", "content": message.text})
+                if message.images:
+                    messages.append({"role": "user", "content": _user_content(message)})
+                else:
+                    messages.append({"role": "user", "content": message.text})
             elif isinstance(message, AssistantMessage):
                 wire: dict[str, Any] = {"role": "assistant", "content": message.text}
                 if message.tool_calls:
@@ -381,6 +392,10 @@ class OpenAIProvider:
             request: what to ask the model.
             emit: called synchronously with each chunk, in order.
         """
+        if not self.supports_images and has_images(request):
+            await trio.lowlevel.checkpoint()
+            emit(Finish("error", images_unsupported(self.name, request.model or self.model)))
+            return
         content = json.dumps(self.build_body(request), ensure_ascii=False, default=_json_default).encode()
         headers = self._headers()
         client = self._client()
@@ -653,3 +668,12 @@ def _retry_after(headers: httpx.Headers, wall_clock: Callable[[], float] = time.
     if math.isfinite(value) and value >= 0:
         return value
     return None
+
+
+def _user_content(message: UserMessage) -> list[dict[str, Any]]:
+    """A user message's content parts: its text, then each image as a ``data:`` URL."""
+    parts: list[dict[str, Any]] = [{"type": "text", "text": message.text}] if message.text else []
+    for image in message.images:
+        url = f"data:{image.media_type};base64,{base64.b64encode(image.data).decode('ascii')}"
+        parts.append({"type": "image_url", "image_url": {"url": url}})
+    return parts

@@ -10,9 +10,12 @@ mapping in the script-file format (``--model scripted:PATH``)::
         {"error": {"message": "overloaded", "code": "http-529"}}
     ]}
 
-Two optional keys extend the format: ``"reasoning"`` (streamed as reasoning
-deltas before the text) and ``"delay"`` (seconds of Trio time to wait before
-answering; deterministic under a mock clock).  In process, a response may also
+Three optional keys extend the format: ``"reasoning"`` (streamed as reasoning
+deltas before the text), ``"reasoning_blocks"`` (a list of
+``{"provider": ..., "data": {...}}`` objects, reported as
+:class:`~trio_harness.model.ReasoningBlock` chunks after the reasoning) and
+``"delay"`` (seconds of Trio time to wait before answering; deterministic
+under a mock clock).  In process, a response may also
 be a callable taking the :class:`ModelRequest` and returning a mapping.
 
 Two optional top-level keys of the file (and constructor arguments) help test
@@ -43,6 +46,7 @@ import trio
 from .._errors import ModelError
 from .._util import is_positive_int
 from ._context import message_chars, tokens_for_chars, tools_chars
+from ._images import has_images, images_unsupported
 from ._protocol import (
     Emit,
     Failure,
@@ -50,6 +54,7 @@ from ._protocol import (
     Message,
     ModelRequest,
     ModelSettings,
+    ReasoningBlock,
     ReasoningDelta,
     TextDelta,
     ToolCallDelta,
@@ -59,7 +64,7 @@ from ._protocol import (
 
 Response = Mapping[str, Any] | Callable[[ModelRequest], Mapping[str, Any]]
 
-_KEYS = frozenset({"text", "tool_calls", "hang", "error", "reasoning", "delay"})
+_KEYS = frozenset({"text", "tool_calls", "hang", "error", "reasoning", "reasoning_blocks", "delay"})
 
 
 def _check_response(response: object, where: str) -> None:
@@ -84,6 +89,17 @@ def _check_response(response: object, where: str) -> None:
             raise ModelError(
                 f"{where}: tool_calls[{i}] has unknown keys {sorted(set(call) - {'name', 'arguments', 'id'})}"
             )
+    blocks = response.get("reasoning_blocks", [])
+    if not isinstance(blocks, list) or not all(
+        isinstance(b, Mapping)
+        and set(b) == {"provider", "data"}
+        and isinstance(b["provider"], str)
+        and isinstance(b["data"], Mapping)
+        for b in blocks
+    ):
+        raise ModelError(
+            f"{where}: 'reasoning_blocks' must be a list of objects with a string 'provider' and an object 'data'"
+        )
     error = response.get("error")
     if error is not None and (not isinstance(error, Mapping) or not isinstance(error.get("message"), str)):
         raise ModelError(f"{where}: 'error' must be an object with a string 'message'")
@@ -121,6 +137,9 @@ class ScriptedModel:
         summary: the answer to every context-compaction request (a text, or
             a callable of the request); None to answer them from the script.
         settings: default model settings of the route (a spec's query).
+        supports_images: whether it takes images (True); when False a request
+            carrying images fails with code ``images-unsupported``, as a
+            provider that cannot take them does.
         json_schema_output: whether it counts as an endpoint with a JSON-schema
             response format (True: ``agent.run(output=TYPE)`` validates its
             text answer; False: it is offered the final-answer tool).
@@ -133,6 +152,7 @@ class ScriptedModel:
     summary: str | Callable[[ModelRequest], str] | None = attrs.field(default=None, kw_only=True)
     settings: ModelSettings = attrs.field(factory=ModelSettings, kw_only=True)
     json_schema_output: bool = attrs.field(default=True, kw_only=True)
+    supports_images: bool = attrs.field(default=True, kw_only=True)
     requests: list[ModelRequest] = attrs.field(factory=list, init=False)
     # Internal counters, set at every request: no converter or validator to run on
     # assignment (NO_OP skips attrs' per-assignment hook; the public fields keep theirs).
@@ -238,6 +258,10 @@ class ScriptedModel:
                 )
             )
             return
+        if not self.supports_images and has_images(request):
+            await trio.lowlevel.checkpoint()
+            emit(Finish("error", images_unsupported(self.source, request.model or "scripted")))
+            return
         if request.purpose == "compaction" and self.summary is not None:
             await trio.lowlevel.checkpoint()
             text = self.summary if isinstance(self.summary, str) else self.summary(request)
@@ -276,6 +300,8 @@ class ScriptedModel:
             return
         for piece in _split(response.get("reasoning", ""), self.chunks):
             emit(ReasoningDelta(piece))
+        for block in response.get("reasoning_blocks", ()):
+            emit(ReasoningBlock(block["provider"], dict(block["data"])))
         text = response.get("text", "")
         for piece in _split(text, self.chunks):
             emit(TextDelta(piece))

@@ -139,6 +139,7 @@ def resolve_model(
             settings=settings,
             context_window=context_window,
             output_format="json_object",  # DeepSeek's JSON mode takes no schema
+            supports_images=False,  # DeepSeek's chat API takes text only
         )
     # openai
     found = _BASE_URL_AT.search(rest)
