@@ -576,3 +576,30 @@ async def test_a_whole_message_body_is_read_as_its_blocks(nursery: trio.Nursery,
     finish = (await collect(provider))[-1]
     assert isinstance(finish, Finish) and finish.failure is not None
     assert finish.failure.code == "malformed-stream" and "expected an event stream" in finish.failure.message
+
+
+async def test_a_route_without_images_refuses_them_naming_the_model() -> None:
+    chunks: list[Chunk] = []
+    request = ModelRequest(model="", system="", messages=(UserMessage("x", images=(Image(b"GIF89a", "image/gif"),)),))
+    await make(supports_images=False).stream(request, chunks.append)
+    (finish,) = chunks
+    assert isinstance(finish, Finish) and finish.failure is not None
+    assert finish.failure.code == "images-unsupported" and "claude-test" in finish.failure.message
+
+
+MODEL = "claude-sonnet-4-5"
+
+
+def test_cost_prices_cache_reads_and_writes() -> None:
+    pytest.importorskip("genai_prices")
+    from trio_harness.model._cost import price_route, usage_cost
+    from trio_harness.model._protocol import UsageTotals
+
+    provider = resolve_model(f"anthropic:{MODEL}", env={"ANTHROPIC_API_KEY": "k"})
+    prefix, url = price_route(provider)
+    assert (prefix, url) == ("anthropic", None)
+    plain = usage_cost(UsageTotals(input_tokens=1_000_000), MODEL, provider=prefix)
+    read = usage_cost(UsageTotals(input_tokens=1_000_000, cache_hit_tokens=1_000_000), MODEL, provider=prefix)
+    written = usage_cost(UsageTotals(input_tokens=1_000_000, cache_write_tokens=1_000_000), MODEL, provider=prefix)
+    assert plain is not None and read is not None and written is not None
+    assert read < plain < written  # reads at a tenth, writes at 1.25x the input price

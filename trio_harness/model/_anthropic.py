@@ -45,6 +45,7 @@ from .._redact import redact_urls
 from .._util import is_positive_int
 from ._anthropic_stream import PROVIDER, AnthropicStreamParser
 from ._context import context_window_for
+from ._images import has_images, images_unsupported
 from ._openai import _abandon, _error_message, _json_default, _read_limited, _retry_after, _seconds
 from ._protocol import (
     AssistantMessage,
@@ -255,6 +256,9 @@ class AnthropicProvider:
         request_timeout, connect_timeout, read_timeout, max_retries,
         backoff_base, backoff_max, jitter, wall_clock, extra_body, settings,
         context_window: as for :class:`~trio_harness.model.OpenAIProvider`.
+        supports_images: whether the model takes images (True: every current
+            Claude model does); when False a request carrying images fails
+            with ``images-unsupported`` naming the model, before anything is sent.
 
     The ``reasoning_effort`` setting turns on extended thinking: ``low``,
     ``medium`` or ``high`` (:data:`THINKING_BUDGETS`) or a number of tokens
@@ -281,6 +285,7 @@ class AnthropicProvider:
     extra_body: dict[str, Any] = attrs.field(default=None, converter=_copy_body, repr=False)
     settings: ModelSettings = attrs.field(factory=ModelSettings)
     context_window: int | None = None
+    supports_images: bool = True
     _owned_client: httpx.AsyncClient | None = attrs.field(init=False, default=None, repr=False)
     _url: str = attrs.field(init=False, default="", repr=False)
     _timeout: httpx.Timeout = attrs.field(init=False, repr=False)
@@ -452,6 +457,9 @@ class AnthropicProvider:
         :class:`Retry` comes before each retry.  Only :class:`trio.Cancelled`
         (and what ``emit`` raises) escapes; cancellation closes the connection.
         """
+        if not self.supports_images and has_images(request):
+            emit(Finish(reason="error", failure=images_unsupported(self.name, request.model or self.model)))
+            return
         try:
             body = self.build_body(request)
         except ModelError as exc:
