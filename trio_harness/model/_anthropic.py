@@ -98,7 +98,7 @@ def assistant_content(message: AssistantMessage) -> list[dict[str, Any]]:
 
     Its text (one ``text`` block, when not empty) and tool calls (``tool_use``
     blocks, their arguments parsed) in order, with the message's Anthropic
-    reasoning blocks (see :mod:`~trio_harness.model._anthropic_stream`) put
+    reasoning blocks (see ``trio_harness/model/_anthropic_stream.py``) put
     back exactly as received at the position each was reported at; reasoning
     blocks of other providers are left out.
     """
@@ -251,17 +251,19 @@ class AnthropicProvider:
         api_key: sent as ``x-api-key`` when set.
         api_key_env: the environment variable ``api_key`` was read from, or None.
         prompt_caching: put ``cache_control`` breakpoints into every request
-            (True, the default; see :func:`place_breakpoints`).
+            (True, the default; see :func:`~trio_harness.model._anthropic.place_breakpoints`).
         default_max_tokens: the ``max_tokens`` of a request no setting caps.
-        request_timeout, connect_timeout, read_timeout, max_retries,
-        backoff_base, backoff_max, jitter, wall_clock, extra_body, settings,
-        context_window: as for :class:`~trio_harness.model.OpenAIProvider`.
+        context_window: as for :class:`~trio_harness.model.OpenAIProvider`,
+            and so are the timeouts (``request_timeout``, ``connect_timeout``,
+            ``read_timeout``), the retry fields (``max_retries``,
+            ``backoff_base``, ``backoff_max``, ``jitter``, ``wall_clock``),
+            ``extra_body`` and ``settings``.
         supports_images: whether the model takes images (True: every current
             Claude model does); when False a request carrying images fails
             with ``images-unsupported`` naming the model, before anything is sent.
 
     The ``reasoning_effort`` setting turns on extended thinking: ``low``,
-    ``medium`` or ``high`` (:data:`THINKING_BUDGETS`) or a number of tokens
+    ``medium`` or ``high`` (:data:`~trio_harness.model._anthropic.THINKING_BUDGETS`) or a number of tokens
     as ``budget_tokens``; ``seed`` is not sent (the API has none).
     """
 
@@ -371,7 +373,7 @@ class AnthropicProvider:
         """Return the JSON body sent for ``request`` (Messages wire format).
 
         ``model``, ``max_tokens``, ``stream``, ``system`` (a list of one text
-        block), ``messages`` (:func:`wire_messages`), ``tools``, the settings,
+        block), ``messages`` (:func:`~trio_harness.model._anthropic.wire_messages`), ``tools``, the settings,
         cache breakpoints unless ``prompt_caching`` is off, then
         ``extra_body`` and the settings' ``extra_body``.
         """
