@@ -603,3 +603,14 @@ def test_cost_prices_cache_reads_and_writes() -> None:
     written = usage_cost(UsageTotals(input_tokens=1_000_000, cache_write_tokens=1_000_000), MODEL, provider=prefix)
     assert plain is not None and read is not None and written is not None
     assert read < plain < written  # reads at a tenth, writes at 1.25x the input price
+
+
+def test_acp_key_authentication_gives_the_key_to_an_anthropic_provider() -> None:
+    from trio_harness.acp._auth import EnvKeyAuth
+
+    provider = resolve_model("anthropic:claude-test", env={}, require_key=False)
+    assert isinstance(provider, AnthropicProvider) and provider.api_key is None
+    auth = EnvKeyAuth("ANTHROPIC_API_KEY", provider, env={"ANTHROPIC_API_KEY": "sk-ant"})
+    assert auth.method()["link"].startswith("https://console.anthropic.com")
+    assert auth("env:ANTHROPIC_API_KEY") is True
+    assert provider.api_key == "sk-ant"

@@ -480,11 +480,13 @@ async def _serve_acp(
     options: dict[str, Any] = {"ask_permission": not args.yes}
     if missing_key is not None:
         from .acp._auth import EnvKeyAuth
+        from .model._anthropic import AnthropicProvider
         from .model._openai import OpenAIProvider
 
         log = logging.getLogger("trio_harness.acp")
         log.warning("%s is not set: sessions need authenticate, which tells the client to set it", missing_key)
-        auth = EnvKeyAuth(missing_key, provider if isinstance(provider, OpenAIProvider) else None)
+        keyed = provider if isinstance(provider, OpenAIProvider | AnthropicProvider) else None
+        auth = EnvKeyAuth(missing_key, keyed)
         options["auth_methods"] = [auth.method()]
         options["authenticator"] = auth
     if args.max_line_bytes is not None:
