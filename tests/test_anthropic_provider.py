@@ -614,3 +614,31 @@ def test_acp_key_authentication_gives_the_key_to_an_anthropic_provider() -> None
     assert auth.method()["link"].startswith("https://console.anthropic.com")
     assert auth("env:ANTHROPIC_API_KEY") is True
     assert provider.api_key == "sk-ant"
+
+
+def test_tool_results_lead_their_turn_and_empty_assistant_messages_are_left_out() -> None:
+    request = ModelRequest(
+        model="",
+        system="",
+        messages=(
+            UserMessage("go"),
+            AssistantMessage("", tool_calls=(ToolCall("t1", "ls", "{}"),)),
+            UserMessage("also this"),  # steered in while the tool ran
+            ToolMessage("t1", "ls", ""),
+            AssistantMessage(""),  # an empty step: no content block may be empty
+            UserMessage("next"),
+        ),
+    )
+    messages = make(prompt_caching=False).build_body(request)["messages"]
+    assert messages == [
+        {"role": "user", "content": [{"type": "text", "text": "go"}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "ls", "input": {}}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "t1"},
+                {"type": "text", "text": "also this"},
+                {"type": "text", "text": "next"},
+            ],
+        },
+    ]

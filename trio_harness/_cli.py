@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SPEC",
         default=os.environ.get("TRIO_HARNESS_MODEL") or DEFAULT_MODEL,
         help="the model: deepseek:MODEL (DeepSeek, needs $DEEPSEEK_API_KEY), openai:MODEL (OpenAI, "
-        "needs $OPENAI_API_KEY), openai:MODEL@BASE_URL (any OpenAI-compatible server), scripted:PATH "
+        "needs $OPENAI_API_KEY), openai:MODEL@BASE_URL (any OpenAI-compatible server), "
+        "anthropic:MODEL (Anthropic, needs $ANTHROPIC_API_KEY), anthropic:MODEL@BASE_URL, scripted:PATH "
         "(answers from a JSON script file, offline) or replay:SESSION_LOG (answers recorded in a "
         "session log, offline) (default: $TRIO_HARNESS_MODEL or %(default)s)",
     )
