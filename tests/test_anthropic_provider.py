@@ -642,3 +642,17 @@ def test_tool_results_lead_their_turn_and_empty_assistant_messages_are_left_out(
             ],
         },
     ]
+
+
+@pytest.mark.parametrize("stream", [THINKING, TOOL_USE], ids=["thinking", "tool_use"])
+def test_every_two_piece_split_gives_the_same_chunks(stream: list[bytes]) -> None:
+    data = b"".join(stream)
+    expected = parse([data])
+    for cut in range(1, len(data)):
+        decoder = SSEDecoder()
+        parser = AnthropicStreamParser("test")
+        chunks: list[Chunk] = []
+        parser.feed_into(decoder.feed_bytes(data[:cut]), chunks.append)
+        parser.feed_into(decoder.feed_bytes(data[cut:]), chunks.append)
+        chunks.extend(parser.feed_end(decoder.close()))
+        assert (chunks, parser.conclude(), parser.usage) == expected, cut
