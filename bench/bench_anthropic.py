@@ -11,6 +11,11 @@ iterating its events and counting the text deltas: its SSE decoder and event
 objects, nothing more), side by side, both under ``trio.run``.  Figures are
 deltas per second of wall time, best of :data:`RUNS` runs.
 
+The transport was chosen on a measurement this module also makes: a stream
+cancelled mid-response, through the SDK under ``trio.run`` and through the
+provider, and how long until the server sees the connection closed (the
+SDK closes it at once too; see docs/models.rst, "The Anthropic provider").
+
 Run with ``python bench/bench_anthropic.py`` (needs the bench group's ``anthropic``).
 """
 
@@ -148,6 +153,68 @@ async def _sdk(base_url: str) -> float:
     return max(rates)
 
 
+class _Hold:
+    """A server that sends the start of a stream, then holds it open and notes when the client hangs up."""
+
+    def __init__(self) -> None:
+        self.sent = trio.Event()
+        self.closed_at: float | None = None
+        self.closed = trio.Event()
+
+    async def serve(self, stream: trio.SocketStream) -> None:
+        buffer = b""
+        while b"\r\n\r\n" not in buffer:
+            buffer += await stream.receive_some(65536)
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + _chunk(_START + _DELTA)
+        )
+        self.sent.set()
+        try:
+            while await stream.receive_some(65536):
+                pass  # the request's body, then nothing until the client closes
+        except trio.BrokenResourceError:
+            pass
+        self.closed_at = trio.current_time()
+        self.closed.set()
+
+
+async def _close_delay(use_sdk: bool) -> float:
+    """Seconds from cancelling a stream mid-response to the server seeing its connection closed."""
+    import anthropic
+
+    hold = _Hold()
+    async with trio.open_nursery() as nursery:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        nursery.start_soon(trio.serve_listeners, hold.serve, listeners)
+        base_url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+        with trio.CancelScope() as scope:
+
+            async def cancel_once_sent() -> None:
+                await hold.sent.wait()
+                await trio.sleep(0.05)  # the client is blocked reading the rest
+                scope.cancel()
+
+            nursery.start_soon(cancel_once_sent)
+            if use_sdk:
+                async with anthropic.AsyncAnthropic(api_key="k", base_url=base_url, max_retries=0) as client:
+                    events = await client.messages.create(
+                        model="bench", max_tokens=10, messages=[{"role": "user", "content": "go"}], stream=True
+                    )
+                    async for _ in events:
+                        pass
+            else:
+                request = ModelRequest(model="", system="", messages=(UserMessage("go"),))
+                async with AnthropicProvider(model="bench", base_url=base_url, api_key="k") as provider:
+                    await provider.stream(request, lambda chunk: None)
+        cancelled_at = trio.current_time()
+        with trio.fail_after(10):
+            await hold.closed.wait()
+        nursery.cancel_scope.cancel()
+    assert hold.closed_at is not None
+    return max(0.0, hold.closed_at - cancelled_at)
+
+
 async def bench() -> list[dict[str, object]]:
     """Run the benchmark and return its rows: ours, the SDK's, and the ratio (the target applies)."""
     async with trio.open_nursery() as nursery:
@@ -158,7 +225,20 @@ async def bench() -> list[dict[str, object]]:
         ours = await _ours(base_url)
         sdk = await _sdk(base_url)
         nursery.cancel_scope.cancel()
+    ours_close, sdk_close = await _close_delay(False), await _close_delay(True)
     return [
+        {
+            "figure": "AnthropicProvider: a cancelled stream's connection closed after",
+            "value": ours_close,
+            "unit": "s",
+            "target": "< 0.1 s",
+        },
+        {
+            "figure": "the anthropic SDK under trio.run: a cancelled stream's connection closed after",
+            "value": sdk_close,
+            "unit": "s",
+            "target": "report",
+        },
         {
             "figure": "AnthropicProvider text deltas parsed per second (50k tiny Messages events, local)",
             "value": ours,
@@ -185,7 +265,7 @@ def main() -> None:
     for row in trio.run(bench):
         value = row["value"]
         assert isinstance(value, float)
-        print(f"{row['figure']}: {value:,.2f} {row['unit']} (target {row['target']})")
+        print(f"{row['figure']}: {value:,.3f} {row['unit']} (target {row['target']})")
 
 
 if __name__ == "__main__":
