@@ -656,3 +656,8 @@ def test_every_two_piece_split_gives_the_same_chunks(stream: list[bytes]) -> Non
         parser.feed_into(decoder.feed_bytes(data[cut:]), chunks.append)
         chunks.extend(parser.feed_end(decoder.close()))
         assert (chunks, parser.conclude(), parser.usage) == expected, cut
+
+
+def test_claude_models_have_a_known_context_window() -> None:
+    assert AnthropicProvider(model="claude-sonnet-4-5-20250929").context_window == 200_000
+    assert AnthropicProvider(model="claude-test", context_window=50_000).context_window == 50_000

@@ -34,6 +34,7 @@ KNOWN_CONTEXT_WINDOWS: Final[Mapping[str, int]] = {
     "o1": 200_000,
     "o3": 200_000,
     "o4-mini": 200_000,
+    "claude": 200_000,  # every current Claude model (1M-token windows are a beta header away)
 }
 """Context windows (tokens) of known models, by name prefix; the longest matching prefix wins."""
 
