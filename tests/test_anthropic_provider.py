@@ -661,3 +661,72 @@ def test_every_two_piece_split_gives_the_same_chunks(stream: list[bytes]) -> Non
 def test_claude_models_have_a_known_context_window() -> None:
     assert AnthropicProvider(model="claude-sonnet-4-5-20250929").context_window == 200_000
     assert AnthropicProvider(model="claude-test", context_window=50_000).context_window == 50_000
+
+
+PAUSED = Stream(
+    [
+        message_start(10, 1),
+        block_start(0, {"type": "text", "text": ""}),
+        text(0, "Searching."),
+        block_stop(0),
+        block_start(1, {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}),
+        delta(1, {"type": "input_json_delta", "partial_json": '{"query": '}),
+        delta(1, {"type": "input_json_delta", "partial_json": '"trio"}'}),
+        block_stop(1),
+        message_delta("pause_turn", 5),
+        MESSAGE_STOP,
+    ]
+)
+CONTINUED = Stream(
+    [
+        message_start(20, 1, cache_read_input_tokens=3),
+        block_start(0, {"type": "thinking", "thinking": ""}),
+        delta(0, {"type": "thinking_delta", "thinking": "read it"}),
+        delta(0, {"type": "signature_delta", "signature": SIGNATURE}),
+        block_stop(0),
+        block_start(1, {"type": "tool_use", "id": "toolu_r", "name": "read", "input": {}}),
+        delta(1, {"type": "input_json_delta", "partial_json": '{"path": "a"}'}),
+        block_stop(1),
+        message_delta("tool_use", 7),
+        MESSAGE_STOP,
+    ]
+)
+
+
+async def test_a_paused_turn_is_continued_with_its_content_so_far(
+    nursery: trio.Nursery, make_provider: MakeProvider
+) -> None:
+    server = await start_server(nursery, PAUSED, CONTINUED)
+    chunks = await collect(make_provider(server), LOOP)
+    thought = {"type": "thinking", "thinking": "read it", "signature": SIGNATURE}
+    assert chunks == [
+        TextDelta("Searching."),  # the server tool's call is no call for the harness to make
+        ReasoningDelta("read it"),
+        ReasoningBlock("anthropic", {"index": 2, "block": thought}),  # numbered after the first part's blocks
+        ToolCallDelta(index=0, id="toolu_r", name="read"),
+        ToolCallDelta(index=0, arguments='{"path": "a"}'),
+        Usage(input_tokens=33, output_tokens=12, cache_hit_tokens=3),  # both requests
+        Finish("tool-calls"),
+    ]
+    first, second = (json.loads(request.body) for request in server.requests)
+    assert second["messages"][:-1] == first["messages"]
+    assert second["messages"][-1] == {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "Searching."},
+            {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "trio"}},
+        ],
+    }
+    assert {key: value for key, value in second.items() if key != "messages"} == {
+        key: value for key, value in first.items() if key != "messages"
+    }
+
+
+async def test_pauses_beyond_max_pause_continuations_fail(nursery: trio.Nursery, make_provider: MakeProvider) -> None:
+    server = await start_server(nursery, PAUSED)
+    chunks = await collect(make_provider(server, max_pause_continuations=1))
+    finish = chunks[-1]
+    assert isinstance(finish, Finish) and finish.failure is not None and finish.failure.code == "pause-turn"
+    assert "again after max_pause_continuations=1 continuations" in finish.failure.message
+    assert chunks[-2] == Usage(input_tokens=20, output_tokens=10)
+    assert len(server.requests) == 2

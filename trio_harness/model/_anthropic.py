@@ -58,6 +58,7 @@ from ._protocol import (
     ReasoningBlock,
     Retry,
     ToolMessage,
+    Usage,
     UserMessage,
 )
 from ._sse import SSEDecoder, SSEError
@@ -253,6 +254,11 @@ class AnthropicProvider:
         prompt_caching: put ``cache_control`` breakpoints into every request
             (True, the default; see :func:`~trio_harness.model._anthropic.place_breakpoints`).
         default_max_tokens: the ``max_tokens`` of a request no setting caps.
+        max_pause_continuations: how many times a turn the server paused
+            (``stop_reason`` ``pause_turn``, long-running server tools) is
+            continued within the same :meth:`stream` call, by sending its
+            content so far back as the assistant's message; one more pause is
+            a ``pause-turn`` failure (0: never continued).
         context_window: as for :class:`~trio_harness.model.OpenAIProvider`,
             and so are the timeouts (``request_timeout``, ``connect_timeout``,
             ``read_timeout``), the retry fields (``max_retries``,
@@ -274,6 +280,7 @@ class AnthropicProvider:
     _name: str | None = attrs.field(default=None, alias="name", repr=lambda name: repr(name and redact_urls(name)))
     prompt_caching: bool = True
     default_max_tokens: int = DEFAULT_MAX_TOKENS
+    max_pause_continuations: int = 4
     request_timeout: float = 600.0
     connect_timeout: float = 10.0
     read_timeout: float = 120.0
@@ -308,6 +315,10 @@ class AnthropicProvider:
                 raise ModelError(f"AnthropicProvider {field} must be positive, got {value!r}")
         if self.max_retries < 0:
             raise ModelError(f"AnthropicProvider max_retries must be >= 0, got {self.max_retries}")
+        if self.max_pause_continuations < 0:
+            raise ModelError(
+                f"AnthropicProvider max_pause_continuations must be >= 0, got {self.max_pause_continuations}"
+            )
         if not (self.backoff_base >= 0 and self.backoff_max >= 0):
             raise ModelError("AnthropicProvider backoff_base and backoff_max must be >= 0")
         if not 0 <= self.jitter <= 1:
@@ -471,8 +482,11 @@ class AnthropicProvider:
         headers = self._headers()
         client = self._client()
         attempt = 0
+        paused: list[dict[str, Any]] = []  # the content of the parts of a paused turn so far
+        earlier: list[Usage] = []
+        tools = 0
         while True:
-            parser = AnthropicStreamParser(self.name)
+            parser = AnthropicStreamParser(self.name, tools=tools, offset=len(paused))
             outcome: Finish | Failure | None = None
             with trio.move_on_after(self.request_timeout):
                 outcome = await self._attempt(client, content, headers, parser, emit)
@@ -485,7 +499,30 @@ class AnthropicProvider:
                     )
                 )
             if isinstance(outcome, Finish):
-                self._emit_usage(parser, emit)
+                if parser.stop_reason == "pause_turn" and outcome.reason == "error":
+                    pauses = len(earlier) + 1
+                    if pauses <= self.max_pause_continuations:
+                        # Continue the paused turn: its content so far goes back as the assistant's message.
+                        paused.extend(parser.content)
+                        tools = parser.tools
+                        if parser.usage is not None:
+                            earlier.append(parser.usage)
+                        else:
+                            earlier.append(Usage())
+                        continued = {**body, "messages": [*body["messages"], {"role": "assistant", "content": paused}]}
+                        content = json.dumps(continued, ensure_ascii=False, default=_json_default).encode()
+                        attempt = 0
+                        continue
+                    assert outcome.failure is not None
+                    outcome = attrs.evolve(
+                        outcome,
+                        failure=attrs.evolve(
+                            outcome.failure,
+                            message=f"{outcome.failure.message}, again after "
+                            f"max_pause_continuations={self.max_pause_continuations} continuations",
+                        ),
+                    )
+                self._emit_usage(parser, emit, earlier)
                 emit(outcome)
                 return
             failure = outcome
@@ -502,7 +539,7 @@ class AnthropicProvider:
                 failure = attrs.evolve(failure, message=failure.message + " (not retried: output was already emitted)")
             elif failure.retryable and attempt:
                 failure = attrs.evolve(failure, message=f"{failure.message} (gave up after {attempt} retries)")
-            self._emit_usage(parser, emit)
+            self._emit_usage(parser, emit, earlier)
             emit(Finish(reason="error", failure=failure))
             return
 
@@ -578,8 +615,11 @@ class AnthropicProvider:
             if not finished:
                 await _abandon(body)
 
-    def _emit_usage(self, parser: AnthropicStreamParser, emit: Emit) -> None:
+    def _emit_usage(self, parser: AnthropicStreamParser, emit: Emit, earlier: Sequence[Usage] = ()) -> None:
+        """Emit the usage of the request, the parts of a paused turn summed."""
         usage = parser.usage
+        for part in earlier:
+            usage = part if usage is None else _add(usage, part)
         if usage is not None:
             emit(usage)
 
@@ -615,6 +655,16 @@ class AnthropicProvider:
         if isinstance(exc, httpx.DecodingError):
             return Failure("malformed-stream", f"{self.name}: cannot decode the body: {detail}")
         return Failure("connect", f"{self.name}: request failed: {type(exc).__name__}: {detail}")
+
+
+def _add(a: Usage, b: Usage) -> Usage:
+    return Usage(
+        input_tokens=a.input_tokens + b.input_tokens,
+        output_tokens=a.output_tokens + b.output_tokens,
+        cache_hit_tokens=a.cache_hit_tokens + b.cache_hit_tokens,
+        reasoning_tokens=a.reasoning_tokens + b.reasoning_tokens,
+        cache_write_tokens=a.cache_write_tokens + b.cache_write_tokens,
+    )
 
 
 def _thinking_budget(effort: str, name: str) -> int:

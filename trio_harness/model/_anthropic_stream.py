@@ -106,10 +106,26 @@ class AnthropicStreamParser:
         name: the provider's name, which starts every failure message.
     """
 
-    __slots__ = ("_blocks", "_done", "_emitted", "_failure", "_stop_reason", "_stopped", "_tools", "_usage", "name")
+    __slots__ = (
+        "_blocks",
+        "_content",
+        "_done",
+        "_emitted",
+        "_failure",
+        "_offset",
+        "_stop_reason",
+        "_stopped",
+        "_tools",
+        "_usage",
+        "name",
+    )
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, tools: int = 0, offset: int = 0) -> None:
         self.name = name
+        # A continuation of a paused turn (see content): its tool calls and
+        # blocks are numbered after the earlier parts'.
+        self._offset = offset
+        self._content: dict[int, dict[str, Any]] = {}
         self._done = False
         self._emitted = False
         self._failure: Failure | None = None
@@ -117,7 +133,7 @@ class AnthropicStreamParser:
         self._stopped = False  # message_stop seen
         self._usage: dict[str, Any] = {}
         self._blocks: dict[int, _Block] = {}
-        self._tools = 0
+        self._tools = tools
 
     # ------------------------------------------------------------ state
 
@@ -140,6 +156,22 @@ class AnthropicStreamParser:
     def stop_reason(self) -> str | None:
         """The ``stop_reason`` of the last ``message_delta``, if any."""
         return self._stop_reason
+
+    @property
+    def tools(self) -> int:
+        """How many tool calls the message has (those of the earlier parts included)."""
+        return self._tools
+
+    @property
+    def content(self) -> list[dict[str, Any]]:
+        """The message's completed content blocks, in order, as the server built them.
+
+        Text with its whole text, ``tool_use`` and ``server_tool_use`` with
+        their parsed ``input``, thinking with its text and signature, others
+        as they started.  A paused turn (``stop_reason`` ``pause_turn``) is
+        continued by sending them back as the assistant's message.
+        """
+        return [self._content[index] for index in sorted(self._content)]
 
     @property
     def usage(self) -> Usage | None:
@@ -196,12 +228,17 @@ class AnthropicStreamParser:
                 kind = obj.get("type")
                 if kind == "content_block_delta":
                     delta = obj.get("delta")
-                    if type(delta) is dict and delta.get("type") == "text_delta" and obj.get("index") in blocks:
+                    if (
+                        type(delta) is dict
+                        and delta.get("type") == "text_delta"
+                        and (block := blocks.get(obj.get("index"))) is not None  # type: ignore[arg-type]
+                    ):
                         # The bulk of every stream: a piece of text.
                         text = delta.get("text")
                         if type(text) is not str:
                             raise self._malformed(f"a text_delta has no text: {data[:200]!r}")
                         if text:
+                            block.parts.append(text)
                             emitted = True
                             emit(TextDelta(text))
                         continue
@@ -301,8 +338,8 @@ class AnthropicStreamParser:
 
         In order: a failure the stream carried; with a ``stop_reason``, the
         finish it maps to (``refusal`` is a ``refusal`` failure; ``pause_turn``
-        a ``pause-turn`` failure, since this provider offers no server tools
-        to resume, see docs/models.rst); else ``failure`` (why the stream
+        a ``pause-turn`` failure, which the provider turns into a continuation
+        while it may, see :attr:`content`); else ``failure`` (why the stream
         ended early) or a ``no-finish`` failure.
         """
         if self._failure is not None:
@@ -321,9 +358,7 @@ class AnthropicStreamParser:
             return Finish(
                 reason="error",
                 failure=Failure(
-                    "pause-turn",
-                    f"{self.name}: the server paused a long-running turn (stop_reason 'pause_turn'); "
-                    "it comes from server tools, which this provider does not resume",
+                    "pause-turn", f"{self.name}: the server paused a long-running turn (stop_reason 'pause_turn')"
                 ),
             )
         mapped = STOP_REASONS.get(reason)
@@ -386,12 +421,14 @@ class AnthropicStreamParser:
         kind = delta.get("type")
         if kind == "input_json_delta":
             partial = delta.get("partial_json")
-            if type(partial) is not str or block.kind != "tool_use":
+            if type(partial) is not str:
                 raise self._malformed(f"a bad input_json_delta: {data[:200]!r}")
             if partial:
-                block.streamed = True
-                emit(ToolCallDelta(index=block.tool, arguments=partial))
-                return True
+                block.parts.append(partial)
+                if block.kind == "tool_use":  # a server_tool_use runs on the server: not a call to make
+                    block.streamed = True
+                    emit(ToolCallDelta(index=block.tool, arguments=partial))
+                    return True
             return False
         if kind == "thinking_delta":
             thinking = delta.get("thinking")
@@ -413,19 +450,31 @@ class AnthropicStreamParser:
         return False  # citations_delta and later kinds carry nothing this harness keeps
 
     def _on_stop(self, index: int, block: _Block, emit: Callable[[Chunk], None]) -> bool:
-        if block.kind == "tool_use":
-            if not block.streamed:
+        raw = dict(block.raw)
+        position = index + self._offset
+        self._content[position] = raw
+        kind = block.kind
+        if kind == "text":
+            if block.parts:
+                raw["text"] = str(raw.get("text") or "") + "".join(block.parts)
+            return False
+        if kind in ("tool_use", "server_tool_use"):
+            if block.parts:
+                try:
+                    raw["input"] = json.loads("".join(block.parts))
+                except ValueError:
+                    raw["input"] = {}  # the call's arguments are reported as they came; the tool refuses them
+            if kind == "tool_use" and not block.streamed:
                 emit(ToolCallDelta(index=block.tool, arguments="{}"))  # a call without arguments
             return False
-        if block.kind == "thinking":
-            raw = dict(block.raw)
+        if kind == "thinking":
             raw["thinking"] = str(raw.get("thinking") or "") + "".join(block.parts)
             if block.signature is not None:
                 raw["signature"] = block.signature
-            emit(ReasoningBlock(PROVIDER, {"index": index, "block": raw}))
+            emit(ReasoningBlock(PROVIDER, {"index": position, "block": raw}))
             return True
-        if block.kind == "redacted_thinking":
-            emit(ReasoningBlock(PROVIDER, {"index": index, "block": dict(block.raw)}))
+        if kind == "redacted_thinking":
+            emit(ReasoningBlock(PROVIDER, {"index": position, "block": raw}))
             return True
         return False
 
