@@ -10,10 +10,12 @@ upstream is an OpenAI-compatible chat-completions server on 127.0.0.1
 stream of its own making (``message_start``, text and ``tool_use`` blocks with
 ``input_json_delta``, ``message_delta``, ``message_stop``).
 
-The proxy is a separate installation (``pip install 'litellm[proxy]'`` into
-its own virtual environment, it pins many packages): set
-``TRIO_HARNESS_LITELLM`` to its ``litellm`` executable.  Slow (the proxy
-takes seconds to start); without the variable the test is skipped, saying so.
+The proxy is a separate installation (``litellm[proxy]`` pins many packages):
+``nox -s tests`` installs it into a venv of its own (``.nox/side-litellm``,
+the version pinned in noxfile.py) and sets ``TRIO_HARNESS_LITELLM`` to its
+``litellm`` executable.  Slow (the proxy takes seconds to start); under plain
+pytest without the variable the test is skipped, saying how to enable it, and
+with ``CI`` set it fails instead (tests/_receivers.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+from _receivers import receiver
 from _sse_server import DONE, Stream, sse, start_server
 
 from trio_harness.model import AnthropicProvider
@@ -41,13 +44,15 @@ from trio_harness.model._protocol import (
     UserMessage,
 )
 
-LITELLM = os.environ.get("TRIO_HARNESS_LITELLM", "")
 MASTER_KEY = "sk-trio-harness-test-master-key-0123456789"
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not LITELLM, reason="set TRIO_HARNESS_LITELLM to a litellm proxy executable"),
-]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def litellm() -> str:
+    """The proxy's executable (a fixture: a skip raised inside a Trio test loses its message)."""
+    return receiver("TRIO_HARNESS_LITELLM", "the litellm executable of a `litellm[proxy]` installation")
 
 
 def _chunk(finish: str | None = None, usage: dict[str, int] | None = None, **delta: object) -> bytes:
@@ -94,7 +99,7 @@ async def collect(provider: AnthropicProvider, request: ModelRequest) -> list[Ch
     return chunks
 
 
-async def test_through_litellm_proxy(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_through_litellm_proxy(nursery: trio.Nursery, tmp_path: Path, litellm: str) -> None:
     call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "read", "arguments": ""}}
     # One upstream per model, each answering every request alike (LiteLLM also asks for /v1/models).
     upstream = await start_server(
@@ -155,7 +160,7 @@ async def test_through_litellm_proxy(nursery: trio.Nursery, tmp_path: Path) -> N
     log = (tmp_path / "litellm.log").open("wb")
     process = await nursery.start(
         lambda task_status: trio.run_process(
-            [LITELLM, "--config", str(path), "--host", "127.0.0.1", "--port", str(port)],
+            [litellm, "--config", str(path), "--host", "127.0.0.1", "--port", str(port)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
