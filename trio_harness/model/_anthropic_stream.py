@@ -28,8 +28,14 @@ position in the message's content, which
 :func:`~trio_harness.model._anthropic.assistant_content` uses to put it back
 where it was.
 
+A delta must fit its block (``text_delta`` a text block, ``input_json_delta``
+a ``tool_use`` or ``server_tool_use``, ``thinking_delta`` and
+``signature_delta`` a thinking block); blocks still open at ``message_stop``
+(or when a stream with its ``stop_reason`` ends) are completed as they are.
+
 Failures are values, as in :class:`~trio_harness.model._chunks.ChunkParser`:
-bad JSON, an event of the wrong shape or an ``error`` event stops the parser
+bad JSON, an event of the wrong shape (a delta that does not fit its block, an
+index that is not a number) or an ``error`` event stops the parser
 and becomes the outcome of :meth:`~AnthropicStreamParser.conclude`; the chunks
 of the events before it are still emitted.  The result never depends on how
 the events were batched.
@@ -69,6 +75,18 @@ STOP_REASONS: Final[Mapping[str, FinishReason]] = {
 }
 """How Anthropic's ``stop_reason`` values map to finish reasons (``refusal`` and
 ``pause_turn`` are failures, see :meth:`AnthropicStreamParser.conclude`)."""
+
+_DELTAS: Final[Mapping[str, frozenset[str]]] = {
+    "text": frozenset({"text_delta", "citations_delta"}),
+    "thinking": frozenset({"thinking_delta", "signature_delta"}),
+    "redacted_thinking": frozenset(),
+    "tool_use": frozenset({"input_json_delta"}),
+    "server_tool_use": frozenset({"input_json_delta"}),
+}
+"""The deltas of the spec each known kind of content block takes; another of them is a malformed stream
+(blocks of other kinds, and delta kinds added later, are not checked)."""
+
+_KNOWN_DELTAS: Final = frozenset().union(*_DELTAS.values())
 
 _RETRYABLE_ERRORS: Final[Mapping[str, int]] = {
     "overloaded_error": 529,
@@ -231,7 +249,9 @@ class AnthropicStreamParser:
                     if (
                         type(delta) is dict
                         and delta.get("type") == "text_delta"
-                        and (block := blocks.get(obj.get("index"))) is not None  # type: ignore[arg-type]
+                        and type(index := obj.get("index")) is int
+                        and (block := blocks.get(index)) is not None
+                        and block.kind == "text"
                     ):
                         # The bulk of every stream: a piece of text.
                         text = delta.get("text")
@@ -264,6 +284,8 @@ class AnthropicStreamParser:
                 elif kind == "message_stop":
                     self._stopped = True
                     self._done = True
+                    if blocks and self._close_open(emit):
+                        emitted = True
                     break
                 elif kind == "error" or event.type == "error":
                     raise _StreamFailure(self._error_event(obj.get("error", obj), data))
@@ -322,7 +344,11 @@ class AnthropicStreamParser:
             )
             self._done = True
             return []
-        return self.feed_all((end.event,)) if end.event is not None else []
+        chunks = self.feed_all((end.event,)) if end.event is not None else []
+        # A stream ending after its stop_reason without message_stop is complete (conclude): so are its blocks.
+        if self._failure is None and self._stop_reason is not None and self._blocks and self._close_open(chunks.append):
+            self._emitted = True
+        return chunks
 
     def fail(self, failure: Failure) -> Failure:
         """Record a failure found outside the events (an HTTP status, bytes that are not UTF-8); returns it."""
@@ -419,6 +445,9 @@ class AnthropicStreamParser:
         if type(delta) is not dict:
             raise self._malformed(f"content_block_delta has no delta object: {data[:200]!r}")
         kind = delta.get("type")
+        takes = _DELTAS.get(block.kind)
+        if takes is not None and kind in _KNOWN_DELTAS and kind not in takes:
+            raise self._malformed(f"a {kind} for content block {index}, a {block.kind} block: {data[:200]!r}")
         if kind == "input_json_delta":
             partial = delta.get("partial_json")
             if type(partial) is not str:
@@ -445,9 +474,20 @@ class AnthropicStreamParser:
                 raise self._malformed(f"a signature_delta has no signature: {data[:200]!r}")
             block.signature = (block.signature or "") + signature
             return False
-        if kind == "text_delta":  # only reached with a text of the wrong type
-            raise self._malformed(f"a text_delta has no text: {data[:200]!r}")
+        if kind == "text_delta":  # a text of the wrong type, or text for a block of a kind added later
+            if type(delta.get("text")) is not str:
+                raise self._malformed(f"a text_delta has no text: {data[:200]!r}")
+            return False
         return False  # citations_delta and later kinds carry nothing this harness keeps
+
+    def _close_open(self, emit: Callable[[Chunk], None]) -> bool:
+        """Complete the blocks the server did not stop, in index order (the message is over)."""
+        emitted = False
+        blocks = self._blocks
+        for index in sorted(blocks):
+            if self._on_stop(index, blocks.pop(index), emit):
+                emitted = True
+        return emitted
 
     def _on_stop(self, index: int, block: _Block, emit: Callable[[Chunk], None]) -> bool:
         raw = dict(block.raw)
