@@ -61,7 +61,7 @@ async def test_cancel_closes_the_connection_at_once(nursery: trio.Nursery, where
 async def test_cancel_while_draining_after_message_stop_closes_the_connection(nursery: trio.Nursery) -> None:
     # message_stop ends the message; the provider then reads on briefly for the body's end (to reuse the
     # connection).  A cancellation there still closes it at once.
-    pieces = [message_start(), message_delta("end_turn", 1), MESSAGE_STOP, Pause(1000.0)]
+    pieces: list[bytes | Pause] = [message_start(), message_delta("end_turn", 1), MESSAGE_STOP, Pause(1000.0)]
     server = await start_server(nursery, Stream(pieces))
     base = server.base_url.removesuffix("/v1")
     chunks: list[Chunk] = []
