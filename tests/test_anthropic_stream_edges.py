@@ -35,6 +35,7 @@ from trio_harness.model._protocol import (
     ReasoningDelta,
     TextDelta,
     ToolCallDelta,
+    Usage,
 )
 from trio_harness.model._sse import SSEDecoder
 
@@ -145,3 +146,29 @@ def test_blocks_still_open_when_a_stream_ends_after_its_stop_reason_are_complete
     chunks, outcome = parse([message_start(), block_start(0, TOOL), message_delta("tool_use", 9)])
     assert outcome == Finish("tool-calls")
     assert chunks == [ToolCallDelta(index=0, id=TOOL_ID, name="get_weather"), ToolCallDelta(index=0, arguments="{}")]
+
+
+def test_a_block_index_used_twice_is_a_malformed_stream() -> None:
+    # Each index is one block of the final content: a second start at a stopped one would replace it
+    # (a thinking block reported twice, at one position).
+    _chunks, outcome = parse(
+        [message_start(), block_start(0, TEXT), text(0, "a"), block_stop(0), block_start(0, TEXT), text(0, "b")]
+    )
+    assert isinstance(outcome, Failure) and outcome.code == "malformed-stream", outcome
+    assert "content block 0 started twice" in outcome.message
+
+
+def test_message_delta_usage_is_cumulative_not_added() -> None:
+    # Several message_delta events (server tools send them): each carries the totals so far.
+    decoder = SSEDecoder()
+    parser = AnthropicStreamParser("test")
+    pieces = [
+        message_start(10, 1),
+        event({"type": "ping"}),
+        message_delta(None, 5),
+        message_delta("end_turn", 9, input_tokens=12, cache_read_input_tokens=100),
+        MESSAGE_STOP,
+    ]
+    assert parser.feed_all(decoder.feed_bytes(b"".join(pieces))) == []
+    assert parser.conclude() == Finish("stop")
+    assert parser.usage == Usage(input_tokens=112, output_tokens=9, cache_hit_tokens=100)

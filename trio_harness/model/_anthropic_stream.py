@@ -405,7 +405,7 @@ class AnthropicStreamParser:
         raw = obj.get("content_block")
         if type(raw) is not dict or type(kind := raw.get("type")) is not str:
             raise self._malformed(f"content_block_start has no typed content_block: {data[:200]!r}")
-        if index in self._blocks:
+        if index in self._blocks or index + self._offset in self._content:
             raise self._malformed(f"content block {index} started twice: {data[:200]!r}")
         tool = -1
         emitted = False
