@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import nox
@@ -22,15 +24,47 @@ def _install(session: nox.Session, *groups: str, extras: str = "") -> None:
     session.install("-e", f".[{extras}]" if extras else ".", *requirements)
 
 
+LITELLM = ("litellm[proxy]==1.108.7",)
+"""LiteLLM's proxy, a real server for the provider tests (tests/test_anthropic_litellm.py)."""
+
+
+def _side_venv(session: nox.Session, name: str, requirements: Sequence[str]) -> Path:
+    """A virtual environment of its own, ``.nox/side-NAME``, holding ``requirements``; its path.
+
+    For a real receiver the tests start as a separate program (a proxy, a
+    collector) whose package pins too many others to share the tests' venv.
+    It is built once, with the session's pip (``pip --python``), and reused
+    while ``requirements`` stay the same (they are recorded in the venv); a
+    change, or an install that did not finish, builds it again from scratch.
+    Pin exact versions: the tests are written against one receiver's behaviour.
+    """
+    venv = ROOT / ".nox" / f"side-{name}"
+    record = venv / "trio-harness-requirements.txt"
+    wanted = "".join(f"{requirement}\n" for requirement in requirements)
+    if record.is_file() and record.read_text() == wanted:
+        session.log(f"side venv {name}: reusing {venv}")
+        return venv
+    started = time.monotonic()
+    session.run("python", "-m", "venv", "--clear", "--without-pip", str(venv))
+    session.run("python", "-m", "pip", "--python", str(venv / "bin" / "python"), "install", *requirements)
+    record.write_text(wanted)
+    session.log(f"side venv {name}: built in {time.monotonic() - started:.0f} s")
+    return venv
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the whole test suite, the slow exhaustive tests included (``--run-slow``).
 
     This is the command CI runs (``.ci/run``); plain ``pytest`` skips the tests
-    marked slow, for a quick loop while working.
+    marked slow, for a quick loop while working.  The real receivers some tests
+    talk to get venvs of their own (``_side_venv``), named to the tests by
+    environment variables.
     """
     _install(session, "tests", extras="cost")  # the cost extra: tests/test_cost.py prices real usage
-    session.run("pytest", "--run-slow", *session.posargs)
+    litellm = _side_venv(session, "litellm", LITELLM)
+    env = {"TRIO_HARNESS_LITELLM": str(litellm / "bin" / "litellm")}
+    session.run("pytest", "--run-slow", *session.posargs, env=env)
 
 
 @nox.session

@@ -473,6 +473,7 @@ PUBLIC_API: dict[str, frozenset[str]] = {
     ),
     "trio_harness.model": frozenset(
         {
+            "AnthropicProvider",
             "AssistantMessage",
             "Chunk",
             "Emit",

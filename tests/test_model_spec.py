@@ -187,7 +187,8 @@ def test_scripted_missing_file_is_a_model_error(tmp_path: Path) -> None:
     [
         ("", "accepted forms"),
         ("gpt-4o", "accepted forms"),
-        ("anthropic:claude", "accepted forms"),
+        ("claude:sonnet", "accepted forms"),
+        ("anthropic:", "names no model"),
         ("deepseek", "accepted forms"),
         ("deepseek:", "names no model"),
         ("deepseek:   ", "names no model"),

@@ -166,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SPEC",
         default=os.environ.get("TRIO_HARNESS_MODEL") or DEFAULT_MODEL,
         help="the model: deepseek:MODEL (DeepSeek, needs $DEEPSEEK_API_KEY), openai:MODEL (OpenAI, "
-        "needs $OPENAI_API_KEY), openai:MODEL@BASE_URL (any OpenAI-compatible server), scripted:PATH "
+        "needs $OPENAI_API_KEY), openai:MODEL@BASE_URL (any OpenAI-compatible server), "
+        "anthropic:MODEL (Anthropic, needs $ANTHROPIC_API_KEY), anthropic:MODEL@BASE_URL, scripted:PATH "
         "(answers from a JSON script file, offline) or replay:SESSION_LOG (answers recorded in a "
         "session log, offline) (default: $TRIO_HARNESS_MODEL or %(default)s)",
     )
@@ -483,11 +484,13 @@ async def _serve_acp(
     options: dict[str, Any] = {"ask_permission": not args.yes}
     if missing_key is not None:
         from .acp._auth import EnvKeyAuth
+        from .model._anthropic import AnthropicProvider
         from .model._openai import OpenAIProvider
 
         log = logging.getLogger("trio_harness.acp")
         log.warning("%s is not set: sessions need authenticate, which tells the client to set it", missing_key)
-        auth = EnvKeyAuth(missing_key, provider if isinstance(provider, OpenAIProvider) else None)
+        keyed = provider if isinstance(provider, OpenAIProvider | AnthropicProvider) else None
+        auth = EnvKeyAuth(missing_key, keyed)
         options["auth_methods"] = [auth.method()]
         options["authenticator"] = auth
     if args.max_line_bytes is not None:

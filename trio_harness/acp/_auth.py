@@ -19,12 +19,14 @@ from typing import Any, Final
 
 import attrs
 
+from ..model._anthropic import AnthropicProvider
 from ..model._openai import OpenAIProvider
 from . import _jsonrpc as rpc
 
 _LINKS: Final = {
     "DEEPSEEK_API_KEY": "https://platform.deepseek.com/api_keys",
     "OPENAI_API_KEY": "https://platform.openai.com/api-keys",
+    "ANTHROPIC_API_KEY": "https://console.anthropic.com/settings/keys",
 }
 
 
@@ -44,7 +46,7 @@ class EnvKeyAuth:
     """
 
     variable: str
-    provider: OpenAIProvider | None = None
+    provider: OpenAIProvider | AnthropicProvider | None = None
     env: Mapping[str, str] = attrs.field(default=os.environ, repr=False)
 
     @property

@@ -1,5 +1,6 @@
 """Model providers behind one streaming protocol."""
 
+from ._anthropic import AnthropicProvider as AnthropicProvider
 from ._catalog import ModelInfo as ModelInfo
 from ._catalog import catalog_entry as catalog_entry
 from ._catalog import known_models as known_models

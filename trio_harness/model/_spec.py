@@ -10,6 +10,9 @@ Accepted forms:
   (:class:`~trio_harness.model.ResponsesProvider`), key from ``OPENAI_API_KEY``
   (required); ``openai-responses:MODEL@BASE_URL`` for any server speaking it
   (the key is then optional);
+* ``anthropic:MODEL`` - Anthropic's Messages API, key from ``ANTHROPIC_API_KEY``
+  (required); ``anthropic:MODEL@BASE_URL`` - a compatible server or proxy
+  (the key optional); the query may add ``prompt_caching=false``;
 * ``scripted:PATH`` - a :class:`~trio_harness.model._scripted.ScriptedModel`
   replaying a script file (for tests and demos; ``~`` is expanded);
 * ``replay:PATH`` - a :class:`~trio_harness.model._replay.ReplayModel`
@@ -58,7 +61,8 @@ _FORMS: Final = (
     "accepted forms: 'deepseek:MODEL' (key from DEEPSEEK_API_KEY), "
     "'openai:MODEL' (key from OPENAI_API_KEY), "
     "'openai:MODEL@BASE_URL' (OPENAI_API_KEY optional), "
-    "'openai-responses:MODEL[@BASE_URL]' (the same keys, OpenAI's Responses API), 'scripted:PATH', 'replay:PATH', "
+    "'openai-responses:MODEL[@BASE_URL]' (the same keys, OpenAI's Responses API), "
+    "'anthropic:MODEL' (key from ANTHROPIC_API_KEY), 'anthropic:MODEL@BASE_URL', 'scripted:PATH', 'replay:PATH', "
     "or a ModelProvider object"
 )
 
@@ -98,9 +102,13 @@ def resolve_model(
     text = spec.strip()
     prefix, colon, rest = text.partition(":")
     prefix = prefix.lower()
-    if not colon or prefix not in ("deepseek", "openai", "openai-responses", "scripted", "replay"):
+    if not colon or prefix not in ("deepseek", "openai", "openai-responses", "anthropic", "scripted", "replay"):
         raise ModelError(f"unknown model spec {redact_urls(spec)!r}; {_FORMS}")
     rest = rest.strip()
+    if prefix == "anthropic":
+        from ._anthropic import from_spec
+
+        return from_spec(spec, rest, environ, require_key=require_key)
     settings, context_window = ModelSettings(), None
     if "?" in rest:
         if prefix == "replay":
@@ -194,6 +202,8 @@ def missing_api_key(spec: str | ModelProvider, *, env: Mapping[str, str] | None 
         variable = "DEEPSEEK_API_KEY"
     elif prefix in ("openai", "openai-responses") and _BASE_URL_AT.search(rest) is None:
         variable = "OPENAI_API_KEY"
+    elif prefix == "anthropic" and _BASE_URL_AT.search(rest) is None:
+        variable = "ANTHROPIC_API_KEY"
     else:
         return None
     return None if environ.get(variable, "").strip() else variable
