@@ -141,7 +141,14 @@ EVENT_FIELDS: dict[type[Event], dict[str, st.SearchStrategy[Any]]] = {
         "reasoning_blocks": st.lists(reasoning_blocks, max_size=3).map(tuple),
     },
     ToolCallRequested: {**_STEP, "call_id": texts, "name": texts, "arguments": texts},
-    ToolResult: {**_STEP, "call_id": texts, "name": texts, "content": texts, "is_error": st.booleans()},
+    ToolResult: {
+        **_STEP,
+        "call_id": texts,
+        "name": texts,
+        "content": texts,
+        "is_error": st.booleans(),
+        "detail": st.none() | st.dictionaries(texts, st.none() | texts | st.integers(-(2**53), 2**53), max_size=3),
+    },
     ToolStarted: {**_STEP, "call_id": texts, "name": texts},
     StepEnd: _STEP,
     TurnEnd: {

@@ -5,7 +5,8 @@ Subcommands:
 * ``acp``: serve the Agent Client Protocol on stdin / stdout;
 * ``run PROMPT``: send one prompt to a new (or ``--session ID``) agent and
   stream the answer to stdout, tool calls to stderr;
-* ``sessions list`` / ``sessions show ID``: inspect the session store.
+* ``sessions list`` / ``sessions show ID``: inspect the session store;
+* ``models``: the known models (:mod:`trio_harness._cli_models`).
 
 ``acp`` and ``run`` take ``--mcp-config FILE``: MCP servers (the
 ``mcpServers`` JSON users already have) whose tools every agent gets.
@@ -67,6 +68,7 @@ from ._cli_common import (
     _error,
     _store_name,
 )
+from ._cli_models import add_models_command
 from ._errors import (
     HarnessError,
     InvalidSessionIdError,
@@ -95,7 +97,7 @@ DEFAULT_MODEL: Final = "deepseek:deepseek-chat"
 """The model spec used when neither ``--model`` nor ``$TRIO_HARNESS_MODEL`` is given."""
 
 
-_TOOL_NAMES: Final = ("tasks", "bash", "subagent")
+_TOOL_NAMES: Final = ("tasks", "bash", "subagent", "files")
 
 
 def default_store() -> Path:
@@ -173,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LIST",
         type=_tools_arg,
         default=True,
-        help="built-in tools to offer: all (default), none, or a comma list of tasks,bash,subagent",
+        help="built-in tools to offer: all (default), none, or a comma list of tasks,bash,subagent,files",
     )
     tools.add_argument(
         "--sandbox",
@@ -330,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="truncate tool arguments and results to N characters (default: %(default)s)",
     )
     show.set_defaults(handler=_sessions_command("show"))
+    add_models_command(commands)
     return parser
 
 

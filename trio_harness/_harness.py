@@ -54,12 +54,15 @@ from .session._registry import SessionRegistry
 from .tasks._options import TaskRuntimeOptions
 from .tasks._service import TaskService, open_task_service
 from .tools._bash import BashToolOptions, BashToolPlugin
+from .tools._files import FileToolOptions, FileToolsPlugin
 from .tools._mcp import McpConnection, connect_mcp_servers
 from .tools._mcp_config import McpServerConfig, with_env_policy
 from .tools._subagent import SubagentOptions, SubagentToolPlugin
 from .tools._tasks import TaskToolOptions, TaskToolsPlugin
 
-_O = TypeVar("_O", BashRuntimeOptions, TaskRuntimeOptions, TaskToolOptions, SubagentOptions, BashToolOptions)
+_O = TypeVar(
+    "_O", BashRuntimeOptions, TaskRuntimeOptions, TaskToolOptions, SubagentOptions, BashToolOptions, FileToolOptions
+)
 
 
 def _option_record(kind: type[_O], value: _O | None, parameter: str) -> _O:
@@ -202,6 +205,7 @@ async def open_harness(
     model_settings: ModelSettings | None = None,
     builtin_loop: bool = True,
     durability: Durability = "step",
+    file_tool_options: FileToolOptions | None = None,
 ) -> AsyncIterator[Harness]:
     """Open a harness; every service stops (in reverse order) when the block exits.
 
@@ -220,7 +224,8 @@ async def open_harness(
             before the services start and closed after the sessions are
             detached.
         builtin_tools: load the built-in tool plugins (``"tasks"``, ``"bash"``,
-            ``"subagent"``): True for all, False for none, or a list of names.
+            ``"subagent"``, ``"files"``: ``read_file``, ``write_file``,
+            ``edit_file``): True for all, False for none, or a list of names.
         clock: wall clock for event timestamps (injectable for tests).
         teardown_timeout: bound, in seconds of Trio time, on each teardown
             step (an agent's disposal waiting for its tasks, the task
@@ -265,6 +270,10 @@ async def open_harness(
             checkpoint waits for the disk) or ``"turn"`` (only the turn end
             is stored).  docs/sessions.rst, "Durability", says what each can
             lose to a kill -9 and to a power cut.
+        file_tool_options: settings of the file tools plugin
+            (:class:`~trio_harness.tools.FileToolOptions`): whether writes
+            require approval (they do by default, like ``bash``), and the
+            byte limits (docs/tools.rst, "File tools").
 
     Raises:
         TypeError: a settings argument is not its record.
@@ -286,19 +295,20 @@ async def open_harness(
     task_tool_settings = _option_record(TaskToolOptions, task_tool_options, "task_tool_options")
     subagent_settings = _option_record(SubagentOptions, subagent_options, "subagent_options")
     bash_tool_settings = _option_record(BashToolOptions, bash_tool_options, "bash_tool_options")
+    file_tool_settings = _option_record(FileToolOptions, file_tool_options, "file_tool_options")
     if approver is not None and not callable(approver):
         raise TypeError(f"approver must be an async callable or None, got {type(approver).__name__}")
     persistence = resolve_store(store)
     await persistence.check()  # a store path that is a file or not writable fails here, not at a flush
     if builtin_tools is True:
-        wanted = {"tasks", "bash", "subagent"}
+        wanted = {"tasks", "bash", "subagent", "files"}
     elif builtin_tools is False:
         wanted = set()
     else:
         wanted = set(builtin_tools)
-        unknown = wanted - {"tasks", "bash", "subagent"}
+        unknown = wanted - {"tasks", "bash", "subagent", "files"}
         if unknown:
-            raise ValueError(f"unknown built-in tools {sorted(unknown)}; choose from bash, subagent, tasks")
+            raise ValueError(f"unknown built-in tools {sorted(unknown)}; choose from bash, files, subagent, tasks")
 
     servers = tuple(mcp_servers)
     bus = EventBus()
@@ -362,6 +372,8 @@ async def open_harness(
             await harness.load(BashToolPlugin(bash, tasks, tools, bash_tool_settings))
         if "subagent" in wanted:
             await harness.load(SubagentToolPlugin(tasks, tools, subagent_settings))
+        if "files" in wanted:
+            await harness.load(FileToolsPlugin(tools, bash, file_tool_settings))
         if mcp_scope is not None:
             servers = with_env_policy(servers, env_policy)
             harness._mcp_connections.extend(await connect_mcp_servers(mcp_scope, tools, servers, bus=bus))

@@ -49,6 +49,7 @@ fails the request with an error naming it (docs/mcp.rst, "ACP").
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -75,6 +76,7 @@ from ..session import _events as ev
 from ..tools._mcp import MCP_NOTICES
 from ..tools._mcp_config import with_env_policy
 from . import _jsonrpc as rpc
+from ._fs import ClientFs, bind_client_fs, client_fs
 from ._modes import MODE_ASK, MODE_AUTO, MODE_IDS, mode_state
 from ._params import (
     AuthenticateParams,
@@ -89,7 +91,7 @@ from ._params import (
     decode_params,
     prompt_capabilities,
 )
-from ._permission import decision_of, permission_params
+from ._permission import add_file_change, decision_of, permission_params
 from ._records import _harness_error, _log_mcp_notice, _mcp_setup, _Prompt, _sandbox_meta, _SessionRecord
 from ._updates import (
     StopReason,
@@ -189,6 +191,8 @@ class AcpServer:
     _authenticated: bool = attrs.field(default=False, init=False)
     # Requests sent to the client (session/request_permission), waiting for answers.
     _requests: rpc.OutgoingRequests = attrs.field(factory=rpc.OutgoingRequests, init=False)
+    # The client's fs capabilities (initialize): the file tools' reads and writes go through it.
+    _client_fs: ClientFs = attrs.field(factory=ClientFs, init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.max_line_bytes <= 0:
@@ -379,6 +383,7 @@ class AcpServer:
         try:
             if method == "initialize":
                 self._post(rpc.result_response(request.id, self._initialize(decode_params(InitializeParams, params))))
+                self._client_fs = client_fs(params)  # the editor's files for the file tools (docs/editors.rst)
             elif method == "authenticate":
                 answer = self._authenticate(decode_params(AuthenticateParams, params))
                 self._post(rpc.result_response(request.id, answer))
@@ -533,7 +538,7 @@ class AcpServer:
         record = await self._adopt(handle)
         # Synchronous from here: the replay is queued before the answer and before any new event.
         events = record.agent.session.events
-        for update in replay_updates(events, record.id):
+        for update in replay_updates(events, record.id, record.agent.session.header.cwd):
             self._update(record.id, update)
         # Then what the harness knows of the session: its title, last activity and usage.
         if record.title is not None:
@@ -599,6 +604,8 @@ class AcpServer:
             id=handle.agent.id, handle=handle, mode=self.initial_mode, title=session_title(handle.agent.session.events)
         )
         self._records[record.id] = record
+        call = functools.partial(self._requests.call, self._post)  # fs/* requests to the client
+        bind_client_fs(self.harness.tools, handle.agent, record.id, self._client_fs, call)
         record.remove_observer = handle.agent.session.observe(lambda event: self._watch_unsolicited(record, event))
         return record
 
@@ -629,7 +636,8 @@ class AcpServer:
                 for message in record.first_step_messages:
                     for shown in message_updates(message, record.id):
                         self._update(record.id, shown)
-                if isinstance(event, ev.ToolCallRequested) and (update := live_update(event, record.id)):
+                cwd = record.agent.session.header.cwd
+                if isinstance(event, ev.ToolCallRequested) and (update := live_update(event, record.id, cwd)):
                     self._update(record.id, update)  # a paused turn's continuation: from its first call
         elif isinstance(event, ev.CompactionFailed) and event.turn is None:
             self._update(record.id, compaction_failed_update(event, record.id))
@@ -647,7 +655,7 @@ class AcpServer:
             record.in_first_step = False
             self._after_turn(record, event)
         elif record.unsolicited:
-            update = live_update(event, record.id)
+            update = live_update(event, record.id, record.agent.session.header.cwd)
             if update is not None:
                 self._update(record.id, update)
 
@@ -721,9 +729,10 @@ class AcpServer:
                 {"sessionId": record.id},
             )
         agent = record.agent
+        cwd = agent.session.header.cwd
 
         def on_event(event: Event) -> None:
-            update = live_update(event, record.id)
+            update = live_update(event, record.id, cwd)
             if update is not None:
                 self._update(record.id, update)
 
@@ -877,6 +886,7 @@ class AcpServer:
         if record is not None and record.mode == MODE_AUTO:
             return ApprovalDecision.allow_once()  # mode "auto": run without asking
         params = permission_params(session_id, request)
+        await add_file_change(params, request, self.harness.tools)  # a write shows its diff (docs/editors.rst)
         response = await self._requests.call(self._post, "session/request_permission", params)
         decision = decision_of(response.result, response.error)
         if decision is not None:

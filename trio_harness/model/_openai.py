@@ -27,9 +27,9 @@ import json
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Final, Literal, Self
+from typing import Any, Final, Literal, Protocol, Self
 
 import attrs
 import httpx
@@ -38,11 +38,13 @@ import trio
 from .._errors import ModelError
 from .._redact import redact_urls
 from .._util import is_positive_int
+from ._catalog import model_info
 from ._chunks import ChunkParser, message_of
 from ._context import context_window_for
 from ._images import has_images, images_unsupported
 from ._protocol import (
     AssistantMessage,
+    Chunk,
     Emit,
     Failure,
     Finish,
@@ -50,9 +52,10 @@ from ._protocol import (
     ModelSettings,
     Retry,
     ToolMessage,
+    Usage,
     UserMessage,
 )
-from ._sse import SSEDecoder, SSEError
+from ._sse import SSEDecoder, SSEEnd, SSEError, SSEEvent
 
 _ERROR_BODY_LIMIT: Final = 64 * 1024
 """How much of an error response body is read to find the server's message."""
@@ -63,6 +66,24 @@ _DRAIN_GRACE: Final = 0.5
 Reading the body to its end lets httpx return the connection to its pool; a
 server that keeps the body open after ``[DONE]`` only costs this much.
 """
+
+
+class StreamParser(Protocol):
+    """What the HTTP loop needs of a sans-io stream parser (:class:`ChunkParser`, the Responses parser)."""
+
+    @property
+    def done(self) -> bool: ...
+    @property
+    def failure(self) -> Failure | None: ...
+    @property
+    def emitted(self) -> bool: ...
+    @property
+    def usage(self) -> Usage | None: ...
+    def feed_into(self, events: Iterable[SSEEvent], emit: Callable[[Chunk], None]) -> None: ...
+    def feed_body(self, body: bytes) -> list[Chunk]: ...
+    def feed_end(self, end: SSEEnd) -> list[Chunk]: ...
+    def fail(self, failure: Failure) -> Failure: ...
+    def conclude(self, failure: Failure | None = None) -> Finish | Failure: ...
 
 
 def _make_rng(rng: random.Random | None) -> random.Random:
@@ -130,7 +151,8 @@ class OpenAIProvider:
             (``image_url`` content parts with ``data:`` URLs); when False a
             request carrying images fails at once with code
             ``images-unsupported`` naming the model.  True by default,
-            False for ``deepseek:`` (a model catalog may set it per model).
+            False for ``deepseek:`` and for a model the catalog
+            (:func:`~trio_harness.model.catalog_entry`) says takes none.
         context_window: the model's context window in tokens; None (the
             default) takes it from the known models' table
             (the built-in table of known models), and stays
@@ -185,6 +207,9 @@ class OpenAIProvider:
             raise ModelError(
                 f"OpenAIProvider output_format must be json_schema, json_object or none, got {self.output_format!r}"
             )
+        known = model_info(self.model)
+        if known is not None and not known.images:
+            self.supports_images = False  # the catalog knows the model takes none
         if self.context_window is None:
             self.context_window = context_window_for(self.model)
         elif not is_positive_int(self.context_window):
@@ -401,7 +426,7 @@ class OpenAIProvider:
         client = self._client()
         attempt = 0
         while True:
-            parser = ChunkParser(self.name)
+            parser = self._new_parser()
             outcome: Finish | Failure | None = None
             with trio.move_on_after(self.request_timeout):
                 outcome = await self._attempt(client, content, headers, parser, emit)
@@ -436,6 +461,10 @@ class OpenAIProvider:
             emit(Finish(reason="error", failure=failure))
             return
 
+    def _new_parser(self) -> StreamParser:
+        """The sans-io parser of one attempt's stream (a subclass speaking another format returns its own)."""
+        return ChunkParser(self.name)
+
     # ------------------------------------------------------------ one attempt
 
     async def _attempt(
@@ -443,7 +472,7 @@ class OpenAIProvider:
         client: httpx.AsyncClient,
         content: bytes,
         headers: dict[str, str],
-        parser: ChunkParser,
+        parser: StreamParser,
         emit: Emit,
     ) -> Finish | Failure:
         """Make one HTTP request and return its outcome (the parser keeps what it saw)."""
@@ -467,7 +496,7 @@ class OpenAIProvider:
             return parser.conclude(self._transport_failure(exc))
 
     async def _read_stream(
-        self, response: httpx.Response, ctype: str, parser: ChunkParser, emit: Emit
+        self, response: httpx.Response, ctype: str, parser: StreamParser, emit: Emit
     ) -> Finish | Failure:
         """Read the event stream of a successful response and feed it to the parsers (the hot path)."""
         decoder = SSEDecoder()
@@ -519,7 +548,7 @@ class OpenAIProvider:
 
     # ------------------------------------------------------------ outcomes
 
-    def _emit_usage(self, parser: ChunkParser, emit: Emit) -> None:
+    def _emit_usage(self, parser: StreamParser, emit: Emit) -> None:
         usage = parser.usage
         if usage is not None:
             emit(usage)

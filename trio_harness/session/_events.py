@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import math
-from typing import ClassVar, Literal, TypeAlias, get_args
+from typing import Any, ClassVar, Literal, TypeAlias, get_args
 
 import attrs
 
@@ -333,7 +333,13 @@ class ToolStarted(Event):
 
 @attrs.frozen
 class ToolResult(Event):
-    """The result of a tool call (logged in the model's order)."""
+    """The result of a tool call (logged in the model's order).
+
+    Attributes:
+        detail: the tool's structured facts about the call (its
+            ``ToolOutput.detail``, e.g. a file tool's diff), not sent to the
+            model; None when it gave none.
+    """
 
     type: ClassVar[str] = "tool/result"
     turn: int
@@ -342,6 +348,7 @@ class ToolResult(Event):
     name: str
     content: str
     is_error: bool = False
+    detail: dict[str, Any] | None = attrs.field(default=None, hash=False, metadata=OMIT_IF_DEFAULT)
 
 
 @attrs.frozen
