@@ -92,15 +92,18 @@ async def test_bad_image_blocks_are_invalid_params_naming_the_block(tmp_path: Pa
         assert client.updates(session_id) == []  # nothing ran
 
 
-async def test_a_model_that_takes_no_images_fails_the_turn_naming_it(tmp_path: Path) -> None:
-    extra = text_only_model(tmp_path, [{"text": "never"}])
+async def test_an_image_prompt_to_a_model_that_takes_none_is_refused_naming_it(tmp_path: Path) -> None:
+    extra = text_only_model(tmp_path, [{"text": "text only"}])
     async with open_server(tmp_path, [], extra=extra) as client:
         await client.initialize()
         session_id = await client.new_session(tmp_path)
         blocks = [{"type": "text", "text": "look"}, {"type": "image", "data": PNG64, "mimeType": "image/png"}]
-        result = await client.call("session/prompt", prompt_of(session_id, blocks))
-    failure = result["_meta"]["trio-harness/failure"]
-    assert failure["code"] == "images-unsupported" and "does not take images" in failure["message"]
+        error = await client.error(client.request("session/prompt", prompt_of(session_id, blocks)))
+        assert error["code"] == -32602
+        assert "cannot send images" in error["message"] and "model 'scripted' does not take images" in error["message"]
+        # nothing was queued or logged: the session goes on with text
+        result = await client.call("session/prompt", prompt_of(session_id, [{"type": "text", "text": "ok"}]))
+        assert result == {"stopReason": "end_turn"}
 
 
 # ---------------------------------------------------------------- the official Python SDK as the client

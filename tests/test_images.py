@@ -167,15 +167,34 @@ async def test_a_strict_replay_compares_the_images(tmp_path: Path) -> None:
     assert end.failure.code == "replay-diverged" and "image" in end.failure.message
 
 
-async def test_a_model_without_images_refuses_naming_the_model() -> None:
-    model = ScriptedModel([{"text": "never"}], supports_images=False)
+async def test_an_agent_whose_model_takes_no_images_refuses_them_at_send() -> None:
+    model = ScriptedModel([{"text": "text only"}], supports_images=False)
     async with open_test_harness(model) as h, h.agents.open() as agent:
-        agent.followup(["look", PNG])
-        await agent.when_idle()
-        end = agent.session.events[-1]
+        refused = r"cannot send images: scripted: model 'scripted' does not take images"
+        for send in (agent.followup, agent.steer, agent.inject):
+            with pytest.raises(ModelError, match=refused):
+                send(["look", PNG])
+        with pytest.raises(ModelError, match="does not take images"):
+            await agent.run(["look", PNG])
+        assert len(agent.inbox) == 0 and len(agent.session) == 0  # nothing queued or logged
+        assert (await agent.run("text")).output == "text only"
+
+
+async def test_a_session_with_images_resumed_on_a_model_without_fails_its_turns_naming_it(tmp_path: Path) -> None:
+    async with open_test_harness(ScriptedModel([{"text": "seen"}]), store=tmp_path) as h:
+        async with h.agents.open(session_id="s") as agent:
+            agent.followup(["look", PNG])
+            await agent.when_idle()
+    text_only = ScriptedModel([{"text": "never"}], supports_images=False)
+    async with open_test_harness(text_only, store=tmp_path) as h:
+        handle = await h.agents.resume("s")
+        handle.agent.followup("and now?")
+        await handle.agent.when_idle()
+        end = handle.agent.session.events[-1]
+        await handle.dispose()
     assert isinstance(end, ev.TurnEnd) and end.reason == "error" and end.failure is not None
     assert end.failure.code == "images-unsupported" and "does not take images" in end.failure.message
-    assert model.remaining == 1
+    assert text_only.remaining == 1
 
 
 # ---------------------------------------------------------------- image files
@@ -227,14 +246,13 @@ async def test_chat_completions_without_images_refuses_before_sending(nursery: t
     provider = resolve_model(f"openai:text-only@{server.base_url}")
     assert isinstance(provider, OpenAIProvider) and provider.supports_images
     provider.supports_images = False  # what a model catalog sets for a text-only model
+    chunks: list[Any] = []
     async with provider:
-        async with open_test_harness(provider) as h, h.agents.open() as agent:
-            agent.followup(["look", PNG])
-            await agent.when_idle()
-            end = agent.session.events[-1]
-    assert isinstance(end, ev.TurnEnd) and end.failure is not None
-    assert end.failure.code == "images-unsupported"
-    assert "'text-only'" in end.failure.message and "does not take images" in end.failure.message
+        request = ModelRequest(model="", system="", messages=(UserMessage("look", images=(PNG,)),))
+        await provider.stream(request, chunks.append)
+    (finish,) = chunks
+    assert finish.reason == "error" and finish.failure.code == "images-unsupported"
+    assert "'text-only'" in finish.failure.message and "does not take images" in finish.failure.message
     assert server.requests == []
 
 
@@ -279,6 +297,19 @@ async def test_cli_run_attaches_image_files(tmp_path: Path) -> None:
     out = shown.stdout.decode()
     images = f"  [image] image/png, {len(PNG.data)} bytes\n  [image] image/gif, {len(GIF.data)} bytes"
     assert f"user: compare\n{images}" in out
+
+
+async def test_cli_run_refuses_images_for_a_model_that_takes_none(tmp_path: Path) -> None:
+    (tmp_path / "script.json").write_text(json.dumps({"responses": [{"text": "x"}], "supports_images": False}))
+    (tmp_path / "a.png").write_bytes(PNG.data)
+    result = await cli(
+        "run", "look", "--image", "a.png", "--model", f"scripted:{tmp_path / 'script.json'}",
+        "--store", str(tmp_path / "store"), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "--image: cannot send images: " in result.stderr.decode()
+    assert "does not take images" in result.stderr.decode()
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").iterdir())
 
 
 @pytest.mark.parametrize(

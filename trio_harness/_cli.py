@@ -581,8 +581,15 @@ async def _run_prompt(
     from ._cli_progress import Printer, Style, use_colour
     from ._harness import open_harness
     from .agents._approval import allow_all
+    from .model._images import refuse_images
     from .tools._mcp import MCP_NOTICES, mcp_notice_line, mcp_skipped_line
 
+    try:
+        if not isinstance(prompt, str):  # --image: refused before anything starts when the model takes none
+            refuse_images(provider, str(getattr(provider, "model", "") or ""))
+    except ModelError as exc:
+        _error(f"--image: {exc}")
+        return EXIT_USAGE
     colour = use_colour(sys.stderr, os.environ)
     printer = Printer(
         sys.stdout,

@@ -63,6 +63,7 @@ from .._errors import (
     AgentDisposedError,
     AgentExistsError,
     HarnessError,
+    ModelError,
     SessionNotFoundError,
     SessionStoreError,
 )
@@ -744,9 +745,10 @@ class AcpServer:
         prompt = record.prompt = _Prompt(request_id=request.id)
         try:
             prompt.followed = agent.follow(text, on_event=on_event, on_done=on_done)
-        except Exception as exc:  # e.g. the agent is being disposed
+        except Exception as exc:  # e.g. the agent is being disposed, or its model takes no images (ModelError)
             record.prompt = None
-            raise rpc.RpcError(rpc.INTERNAL_ERROR, f"session {record.id!r} cannot take a prompt: {exc}") from None
+            code = rpc.INVALID_PARAMS if isinstance(exc, ModelError) else rpc.INTERNAL_ERROR
+            raise rpc.RpcError(code, f"session {record.id!r} cannot take this prompt: {exc}") from None
 
     async def _answer_after_flush(
         self,

@@ -41,6 +41,7 @@ from .._errors import AgentDisposedError, SessionStoreError
 from .._initiator import _set_initiator
 from ..model._context import is_context_overflow
 from ..model._cost import price_route, usage_cost
+from ..model._images import refuse_images
 from ..model._protocol import (
     Failure,
     Finish,
@@ -305,8 +306,11 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
 
         Raises:
             AgentDisposedError: the agent is being disposed.
+            ModelError: the message has images and the agent's model takes none.
         """
         msg, queue = self._route(message, mode, settings)
+        if msg.images:  # a model that takes none would fail on them in every later request
+            refuse_images(self._provider, self._request.model_name())
         self._inbox.append(queue, msg)
         if mode != "inject":
             self._wake()

@@ -74,3 +74,14 @@ def load_image(path: str | os.PathLike[str]) -> Image:
     if media_type is None:
         raise ModelError(f"image file {name!r} is not a PNG, JPEG, GIF or WebP image")
     return Image(data, media_type)
+
+
+def refuse_images(provider: object, model: str) -> None:
+    """Refuse a message with images for an agent whose model takes none (before it is queued or logged).
+
+    Raises:
+        ModelError: ``provider`` does not take images; the message names the model.
+    """
+    if not supports_images(provider):
+        name = str(getattr(provider, "name", type(provider).__name__))
+        raise ModelError(f"cannot send images: {images_unsupported(name, model or name).message}")
