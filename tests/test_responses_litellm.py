@@ -9,11 +9,13 @@ API itself, writing its own Responses events (data-only lines ending in
 ``[DONE]``) and translating our input items (function calls, their outputs)
 to chat messages.
 
-The proxy is a large install that CI does not have (``pip install
-'litellm[proxy]'`` into a separate virtualenv): the test runs when
-``TRIO_HARNESS_LITELLM`` names its ``litellm`` executable (or
-``/tmp/litellm-resp/bin/litellm`` exists) and is marked slow (the proxy takes
-about 15 seconds to start).
+The proxy is a large install of its own: ``nox -s tests`` (what CI runs)
+installs it in a venv of its own (``_side_venv`` in noxfile.py, the same one as
+tests/test_anthropic_litellm.py) and names its ``litellm`` executable in
+``TRIO_HARNESS_LITELLM``; under plain pytest without the variable the test is
+skipped, saying how to enable it, and with ``CI`` set it fails instead
+(tests/_receivers.py).  It is marked slow (the proxy takes about 15 seconds to
+start).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+from _receivers import receiver
 from _sse_server import DONE, Stream, closed_port, sse_delta, sse_finish, sse_text, sse_usage, start_server
 
 from trio_harness.model import (
@@ -42,12 +45,14 @@ from trio_harness.model import (
     UserMessage,
 )
 
-LITELLM = os.environ.get("TRIO_HARNESS_LITELLM", "/tmp/litellm-resp/bin/litellm")
+pytestmark = pytest.mark.slow
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not Path(LITELLM).exists(), reason=f"LiteLLM's proxy is not installed at {LITELLM}"),
-]
+
+@pytest.fixture
+def litellm() -> str:
+    """The proxy's executable (a fixture: a skip raised inside a Trio test loses its message)."""
+    return receiver("TRIO_HARNESS_LITELLM", "the litellm executable of a `litellm[proxy]` installation")
+
 
 TOOL = ToolSpec("get_weather", "The weather of a city.", {"type": "object", "properties": {"city": {"type": "string"}}})
 
@@ -69,7 +74,7 @@ CALL = Stream(
 ANSWER = Stream([sse_text("Sunny"), sse_text(" in Paris."), sse_finish("stop"), sse_usage(30, 4), DONE])
 
 
-async def test_a_tool_loop_through_litellm(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_a_tool_loop_through_litellm(nursery: trio.Nursery, tmp_path: Path, litellm: str) -> None:
     upstream = await start_server(nursery, CALL, ANSWER)
     config = tmp_path / "litellm.yaml"
     config.write_text(
@@ -88,7 +93,7 @@ async def test_a_tool_loop_through_litellm(nursery: trio.Nursery, tmp_path: Path
     }
     log = (tmp_path / "litellm.log").open("wb")
     process = await trio.lowlevel.open_process(
-        [LITELLM, "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
+        [litellm, "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
