@@ -40,7 +40,7 @@ async def test_image_capability_follows_the_model(tmp_path: Path) -> None:
 
 async def test_images_and_resources_are_stored_reach_the_model_and_replay_on_load(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    blocks = [
+    blocks: list[dict[str, Any]] = [
         {"type": "text", "text": "compare these"},
         {"type": "image", "data": PNG64, "mimeType": "image/png"},
         {"type": "resource_link", "uri": "file:///work/notes.md", "name": "notes.md"},
@@ -74,7 +74,7 @@ async def test_bad_image_blocks_are_invalid_params_naming_the_block(tmp_path: Pa
     async with open_server(tmp_path, []) as client:
         await client.initialize()
         session_id = await client.new_session(tmp_path)
-        cases = [
+        cases: list[tuple[dict[str, Any], str]] = [
             ({"type": "image", "data": PNG64, "mimeType": "image/svg+xml"}, "prompt[1] has mimeType 'image/svg+xml'"),
             ({"type": "image", "data": "not base64!", "mimeType": "image/png"}, "prompt[1] has data that is not valid"),
             ({"type": "image", "mimeType": "image/png"}, "prompt[1].data is required"),

@@ -30,6 +30,7 @@ from trio_harness.agents import (
     Followers,
     Inbox,
     LoopAgent,
+    Prompt,
     ToolSet,
 )
 from trio_harness.model import UsageTotals
@@ -77,7 +78,7 @@ class EchoAgent:
     def cost_of(self, usage: UsageTotals | None, *, at: float | None = None) -> Decimal | None:
         return None
 
-    def send(self, message: str | ev.InboxMessage, *, mode: Any, settings: Any = None) -> str:
+    def send(self, message: Prompt, *, mode: Any, settings: Any = None) -> str:
         inbox_message = Inbox.message(message, mode)
         self.inbox.append("next-turn" if mode == "followup" else "next-step", inbox_message)
         if mode != "inject":
@@ -85,24 +86,24 @@ class EchoAgent:
             self._wake.set()
         return inbox_message.id
 
-    def followup(self, message: str | ev.InboxMessage, *, settings: Any = None) -> str:
+    def followup(self, message: Prompt, *, settings: Any = None) -> str:
         return self.send(message, mode="followup")
 
-    def steer(self, message: str | ev.InboxMessage) -> str:
+    def steer(self, message: Prompt) -> str:
         return self.send(message, mode="steer")
 
-    def inject(self, message: str | ev.InboxMessage) -> str:
+    def inject(self, message: Prompt) -> str:
         return self.send(message, mode="inject")
 
     def cancel(self, cause: Any = "user", *, keep_inbox: bool = False) -> bool:
         return bool(self.inbox.clear()) if not keep_inbox else False
 
-    async def run(self, prompt: str, **kwargs: Any) -> Any:
+    async def run(self, prompt: Prompt, **kwargs: Any) -> Any:
         raise NotImplementedError
 
     def follow(
         self,
-        message: str | ev.InboxMessage,
+        message: Prompt,
         *,
         mode: Any = "followup",
         settings: Any = None,

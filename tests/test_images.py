@@ -356,5 +356,7 @@ async def test_estimates_and_summaries_account_for_images() -> None:
         await agent.when_idle()
         assert await agent.compact(keep_tokens=0) is not None
     (summary_request,) = [r for r in model.requests if r.purpose == "compaction"]
-    assert "User: look\n\nUser attached an image (image/png)\n\nAssistant: seen" in summary_request.messages[-1].text
+    last = summary_request.messages[-1]
+    assert isinstance(last, UserMessage)
+    assert "User: look\n\nUser attached an image (image/png)\n\nAssistant: seen" in last.text
     assert not any(isinstance(m, AssistantMessage) for m in summary_request.messages)
