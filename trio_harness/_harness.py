@@ -361,7 +361,7 @@ async def open_harness(
         if "bash" in wanted:
             await harness.load(BashToolPlugin(bash, tasks, tools, bash_tool_settings))
         if "subagent" in wanted:
-            await harness.load(SubagentToolPlugin(tasks, tools, subagent_settings))
+            await harness.load(SubagentToolPlugin(tasks, tools, subagent_settings, agents=agents))
         if mcp_scope is not None:
             servers = with_env_policy(servers, env_policy)
             harness._mcp_connections.extend(await connect_mcp_servers(mcp_scope, tools, servers, bus=bus))
