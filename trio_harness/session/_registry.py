@@ -32,6 +32,7 @@ from .._errors import (
     SessionStoreError,
 )
 from ._events import Event, InboxMessage, SendMode, SessionHeader
+from ._follow_store import DEFAULT_POLL_INTERVAL, SessionFollower, check_follow
 from ._persistence import RemoteInbox, ServerSideFork, SessionStore, has_mailbox
 from ._recovery import closers_for, open_turn_at
 from ._session import Session, SessionWriter, validate_session_id
@@ -361,6 +362,31 @@ class SessionRegistry:
             return entry.session.header, tuple(entry.session.events)
         loaded = await self.persistence.load(session_id)
         return loaded.header, loaded.events
+
+    def follow(
+        self, session_id: str, *, start: int = 0, poll_interval: float = DEFAULT_POLL_INTERVAL
+    ) -> SessionFollower:
+        """Iterate over a session's stored events from ``start`` on, live while any process appends.
+
+        Read-only (the session is not taken; it may be live here, in another
+        process or nowhere).  Each stored event is yielded once, in ``seq``
+        order; once caught up the follower reads the store again every
+        ``poll_interval`` seconds (session/_follow_store.py).  It never ends by
+        itself: break out of it (or cancel) when done.
+
+        Raises:
+            InvalidSessionIdError: the id is unusable (at once).
+            ValueError: ``start`` is not an int >= 0 or ``poll_interval`` is
+                not in (0, 5] seconds (at once).
+            SessionNotFoundError: nothing is stored (or live) under this id
+                (at the first iteration).
+            SessionCorruptError: a stored event cannot be read.
+        """
+        validate_session_id(session_id)
+        check_follow(start, poll_interval)
+        return SessionFollower(
+            self.persistence, session_id, poll_interval, lambda: session_id in self._live, expected=start
+        )
 
     async def fork(self, source: str, boundary: int, child_id: str) -> SessionHeader:
         """Store a new session holding ``source``'s first ``boundary`` events.
