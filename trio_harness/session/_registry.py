@@ -18,6 +18,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 import trio
@@ -56,7 +57,7 @@ class SessionEntry:
     # Splices a posted message into the live agent's inbox (set by the agent registry).
     receiver: Callable[[InboxMessage], object] | None = None
     # Applies a posted control; calls its second argument once the control took effect (its log events appended).
-    control: Callable[[Control, Callable[[], None]], object] | None = None
+    control: Callable[[Any, Callable[[], None]], object] | None = None
 
 
 @attrs.define(eq=False)
@@ -179,11 +180,13 @@ class SessionRegistry:
         self,
         entry: SessionEntry,
         deliver: Callable[[InboxMessage], object],
-        control: Callable[[Control, Callable[[], None]], object] | None = None,
+        control: Callable[[Any, Callable[[], None]], object] | None = None,
     ) -> None:
         """Route messages posted to ``entry``'s session (:meth:`post`) to ``deliver``.
 
-        The agent registry passes the live agent's ``send``.  With a store that
+        The agent registry passes the live agent's ``send``, and ``control``:
+        ``control(control, applied)`` applies a posted cancel or decision
+        (session/_control.py) and calls ``applied()`` once it took effect.  With a store that
         keeps posted messages (PostgreSQL), the ones waiting for the session
         (posted while nobody held it) are delivered now, in order, and later
         ones as they are posted.
