@@ -14,6 +14,7 @@ from _postgres import Cluster, postgres_cluster
 from _util import WAIT
 
 from trio_harness import InvalidSessionIdError, SessionNotFoundError
+from trio_harness.model import ScriptedModel
 from trio_harness.session import JsonlStore, PostgresStore, SessionRegistry, SessionStore
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
@@ -103,3 +104,20 @@ async def test_follow_refuses_unknown_sessions_and_bad_arguments(tmp_path: Path)
             h.sessions.follow("s", start=-1)
         with pytest.raises(ValueError, match="poll_interval"):
             h.sessions.follow("s", poll_interval=0)
+
+
+async def test_follow_on_the_memory_store_sees_a_live_session_of_this_process() -> None:
+    model = ScriptedModel([{"text": "one", "delay": 0.01}, {"text": "two", "delay": 0.01}])
+    async with open_test_harness(model) as h:
+        async with h.agents.open(session_id="s") as agent:
+            agent.followup("first")
+            seen: list[ev.Event] = []
+            with trio.fail_after(WAIT):
+                async for event in h.sessions.follow("s", poll_interval=0.01):
+                    seen.append(event)
+                    if event.type == "turn/end" and len(seen) < 20 and agent.turn == 1:
+                        agent.followup("second")
+                    if sum(e.type == "turn/end" for e in seen) == 2:
+                        break
+            await agent.when_idle()
+            assert seen == list(agent.session.events[: len(seen)])

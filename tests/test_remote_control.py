@@ -179,3 +179,31 @@ async def _pause(store: PostgresStore, model: ScriptedModel, ran: Ran) -> list[e
 async def _load(dsn: str, schema: str, session_id: str) -> tuple[ev.Event, ...]:
     async with PostgresStore(dsn, schema=schema) as store:
         return (await store.load(session_id)).events
+
+
+async def test_a_cancel_posted_while_nobody_holds_the_session_drops_the_paused_question_at_resume(
+    postgres_cluster: Cluster, schema: str
+) -> None:
+    dsn = postgres_cluster.dsn()
+    ran = Ran()
+    store = PostgresStore(dsn, schema=schema)
+    await store.check()
+    async with store:
+        await _pause(store, ScriptedModel([{"tool_calls": [call("danger", "1", "c1")]}]), ran)
+    async with open_harness(
+        model=ScriptedModel([]), store=PostgresStore(dsn, schema=schema), builtin_tools=False
+    ) as other:
+        await other.sessions.post("s", cancel=True)
+    async with open_harness(
+        model=ScriptedModel([]),
+        store=PostgresStore(dsn, schema=schema),
+        builtin_tools=False,
+        approver=refuse_to_be_asked,
+    ) as h:
+        h.tools.add(ran.tool())
+        async with h.agents.open(session_id="s", resume=True) as agent:
+            await agent.when_idle()
+            assert ran.calls == []
+            assert decisions(agent.session.events) == [("c1", "cancelled", "cancelled")]
+            assert [(e.reason, e.cause) for e in of(agent, ev.TurnEnd)] == [("paused", "disposed"), ("aborted", "user")]
+    assert_balanced(await _load(dsn, schema, "s"))
