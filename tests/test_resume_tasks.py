@@ -100,9 +100,10 @@ async def test_a_subagent_task_resumed_in_a_new_process_after_a_kill_completes_u
     assert done["tasks"] == [["bash-1", "lost"], ["subagent-1", "completed"]]
     assert done["answers"][-1] == "noted"  # the notice woke the owner, as a completion does
     child, owner = await load(where, child_id), await load(where, "owner")
-    # The child's id is in the owner's log: derived from the owner's id and its subagent call's id.
+    # The child's id is in the owner's log: derived from the owner's id and its subagent call (turn, step, id).
     (call,) = [e for e in owner if isinstance(e, ev.ToolCallRequested) and e.name == "subagent"]
-    assert child_id == child_session_id("owner", call.call_id)
+    (result,) = [e for e in owner if isinstance(e, ev.ToolResult) and e.call_id == call.call_id]
+    assert child_id == child_session_id("owner", result.turn, result.step, call.call_id)
     # The child resumed: the killed turn was closed as interrupted, then it was told so and answered.
     assert [e.text for e in child if isinstance(e, ev.UserMessage)] == ["review the code", INTERRUPTED_NOTE]
     assert [e.reason for e in child if isinstance(e, ev.TurnEnd)] == ["interrupted", "completed"]

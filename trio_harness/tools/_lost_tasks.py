@@ -59,6 +59,8 @@ class StartedTask:
             model).
         call_id: the id of the tool call that started it.
         arguments: that call's arguments (JSON text), as the log has them.
+        turn: the turn of the call's result.
+        step: the step of the call's result.
     """
 
     task_id: str
@@ -67,6 +69,8 @@ class StartedTask:
     state: str = "open"
     call_id: str | None = None
     arguments: str | None = None
+    turn: int | None = None
+    step: int | None = None
 
 
 def _label(name: str, arguments: str | None) -> str:
@@ -119,7 +123,14 @@ def scan_tasks(events: Iterable[Event]) -> dict[str, StartedTask]:
                 kind = started.rsplit("-", 1)[0]
                 arguments = call.arguments if call else None
                 tasks[started] = StartedTask(
-                    started, kind, _label(event.name, arguments), "open", event.call_id, arguments
+                    started,
+                    kind,
+                    _label(event.name, arguments),
+                    "open",
+                    event.call_id,
+                    arguments,
+                    event.turn,
+                    event.step,
                 )
             elif event.name in ("task_output", "task_kill") and call is not None:
                 status = _read_status(event.content)

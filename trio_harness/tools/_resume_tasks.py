@@ -83,9 +83,14 @@ def resume_task(tasks: TaskService, owner: NoticeTarget, task: StartedTask) -> b
         return False
 
 
-def child_session_id(owner_id: str, call_id: str) -> str:
-    """The session id of the background child started by ``owner_id``'s call ``call_id`` (stable)."""
-    digest = hashlib.sha256(f"{owner_id}\0{call_id}".encode()).hexdigest()[:32]
+def child_session_id(owner_id: str, turn: int, step: int, call_id: str) -> str:
+    """The session id of the background child started by ``owner_id``'s call ``call_id`` (stable).
+
+    The call's turn and step are part of it: a call id is unique in a log
+    only as far as the model makes it so (a scripted model restarted in a
+    new process numbers its calls from 1 again).
+    """
+    digest = hashlib.sha256(f"{owner_id}\0{turn}\0{step}\0{call_id}".encode()).hexdigest()[:32]
     return f"subagent-{digest}"
 
 
@@ -221,10 +226,11 @@ def subagent_resumer(tasks: TaskService, open_child: OpenChild) -> Resumer:
 
     def resume(owner: NoticeTarget, task: StartedTask) -> TaskSnapshot | None:
         prompt = _prompt(task.arguments)
-        if task.call_id is None or prompt is None:
+        if task.call_id is None or task.turn is None or task.step is None or prompt is None:
             return None
         agent = cast("Agent", owner)
-        run = _ResumedChild(agent, child_session_id(owner.id, task.call_id), prompt, open_child)
+        child_id = child_session_id(owner.id, task.turn, task.step, task.call_id)
+        run = _ResumedChild(agent, child_id, prompt, open_child)
         spec = TaskSpec(kind=task.kind, label=task.label, owner=cast("TaskOwner", owner), run=never)
         try:
             return tasks.adopt(spec, task.task_id, TaskHooks(cancel=run.cancel, done=run.done))

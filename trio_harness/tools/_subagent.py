@@ -190,7 +190,7 @@ class SubagentToolPlugin:
         agents = ctx.agents
 
         # A stable child id, so that a process resuming the owner finds the child (tools/_resume_tasks.py).
-        child_id = child_session_id(parent.id, ctx.call_id)
+        child_id = child_session_id(parent.id, ctx.turn, ctx.step, ctx.call_id)
 
         async def starter() -> TaskHooks:
             handle = await self._create_child(agents, parent, session_id=child_id)
