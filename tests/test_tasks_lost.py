@@ -347,3 +347,20 @@ async def test_a_producer_cannot_report_lost(tasks: TaskService, root: Scope) ->
     producer.finish(TaskOutcome("lost"))
     snapshot = await tasks.wait(started.id, 5, caller=owner)
     assert snapshot.status == "failed" and "invalid outcome" in (snapshot.error or "")
+
+
+async def test_adopt_registers_a_task_under_its_id_and_refuses_bad_or_taken_ones(
+    tasks: TaskService, root: Scope
+) -> None:
+    owner, producer = await make_owner(root, "s"), FakeProducer(stream=False)
+    adopted = tasks.adopt(spec(producer, owner), "bash-7", producer.hooks())
+    assert (adopted.id, adopted.status, producer.runs) == ("bash-7", "running", 0)  # run() is not called
+    for bad in ("bash-x", "make-7"):
+        with pytest.raises(ValueError, match="is not <kind>-N"):
+            tasks.adopt(spec(FakeProducer(), owner), bad, FakeProducer().hooks())
+    with pytest.raises(TaskStartError, match="already registered"):
+        tasks.adopt(spec(FakeProducer(), owner), "bash-7", FakeProducer().hooks())
+    assert (await tasks.start(spec(FakeProducer(), owner))).id == "bash-8"  # its id is reserved
+    producer.finish(TaskOutcome("completed", output="done"))
+    assert (await tasks.wait("bash-7", 5, caller=owner)).status == "completed"
+    assert tasks.read("bash-7", caller=owner).output == "done"
