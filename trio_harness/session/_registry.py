@@ -214,9 +214,11 @@ class SessionRegistry:
             writer.release_mail([mail_id for mail_id, _ in mail])
             return
         delivered: list[int] = []
+        controls = False
         try:
             for mail_id, message in mail:
                 if self._apply_control(entry, mail_id, message):
+                    controls = True  # acknowledged once applied, with the flush that stores its effect
                     continue
                 try:
                     deliver(message)
@@ -229,7 +231,7 @@ class SessionRegistry:
             writer.release_mail(
                 [mail_id for mail_id, m in mail if mail_id not in delivered and read_control(m) is None]
             )
-        if delivered:
+        if delivered or controls:
             try:
                 await entry.session.flush()
             except SessionStoreError as exc:
