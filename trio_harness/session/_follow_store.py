@@ -93,7 +93,7 @@ class SessionFollower:
         if isinstance(self.persistence, JsonlStore):
             return await self._read_jsonl(self.persistence)
         if isinstance(self.persistence, PostgresStore):
-            events: Sequence[Event] = await self.persistence.events_since(self.session_id, self.expected) or ()
+            events: Sequence[Event] = await self.persistence.events_since(self.session_id, self.expected)
         else:
             try:
                 events = (await self.persistence.load(self.session_id)).events[self.expected :]

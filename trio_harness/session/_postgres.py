@@ -559,35 +559,19 @@ class PostgresStore:
             events.append(event)
         return LoadedSession(header=header, events=tuple(events))
 
-    async def events_since(self, session_id: str, seq: int, limit: int = 500) -> builtins.list[Event] | None:
-        """The stored events of a session from ``seq`` on (at most ``limit``), or None if it is not stored.
-
-        For :meth:`SessionRegistry.follow <trio_harness.session.SessionRegistry.follow>`
-        (session/_follow_store.py): one indexed read, whole batches only.
-        """
-        sql = self._sql
-
-        def work(conn: psycopg.Connection[Any]) -> list[tuple[int, str]] | None:
-            with conn.transaction():
-                if conn.execute(f"SELECT 1 FROM {sql.s}.sessions WHERE id = %s", (session_id,)).fetchone() is None:
-                    return None
-                return conn.execute(
-                    f"SELECT seq, body FROM {sql.s}.events WHERE session_id = %s AND seq >= %s ORDER BY seq LIMIT %s",
-                    (session_id, seq, limit),
-                ).fetchall()
-
-        rows = await self._run(f"read session {session_id!r}", work, retry=True)
-        if rows is None:
-            return None
-        events: list[Event] = []
-        for number, body in rows:
-            try:
-                event = decode_event(body)
-            except EventDecodeError as exc:
-                where = f"{self.location}, session {session_id!r}"
-                raise SessionCorruptError(f"{where}: event seq {number}: {exc}", path=where, line=number + 2) from exc
-            events.append(event)
-        return events
+    async def events_since(self, session_id: str, seq: int, limit: int = 500) -> builtins.list[Event]:
+        """The stored events of a session from ``seq`` on, at most ``limit`` (one indexed read; for ``follow``)."""
+        query = f"SELECT seq, body FROM {self._sql.s}.events WHERE session_id = %s AND seq >= %s ORDER BY seq LIMIT %s"
+        rows = await self._run(
+            f"read session {session_id!r}",
+            lambda conn: conn.execute(query, (session_id, seq, limit)).fetchall(),
+            retry=True,
+        )
+        try:
+            return [decode_event(body) for _, body in rows]
+        except EventDecodeError as exc:
+            where = f"{self.location}, session {session_id!r}"
+            raise SessionCorruptError(f"{where}: an event from seq {seq} on: {exc}", path=where, line=seq + 2) from exc
 
     async def open_writer(self, header: SessionHeader) -> SessionWriter:
         """Claim the id of a new session and return its writer; its first flush stores it.
