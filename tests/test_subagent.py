@@ -210,10 +210,10 @@ async def test_parent_disposed_while_a_background_child_is_being_created(
     original = SubagentToolPlugin._create_child
     entered = trio.Event()
 
-    async def slow_create(self: SubagentToolPlugin, agents: Any, parent: Any) -> Any:
+    async def slow_create(self: SubagentToolPlugin, agents: Any, parent: Any, **kwargs: Any) -> Any:
         entered.set()
         await trio.sleep(5)
-        return await original(self, agents, parent)
+        return await original(self, agents, parent, **kwargs)
 
     monkeypatch.setattr(SubagentToolPlugin, "_create_child", slow_create)
     model = ScriptedModel(

@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 from _fakes import FakeOwner, FakeProducer, make_owner
-from _util import UNASKED_BASH, WAIT, group_alive, read_line
+from _util import UNASKED_BASH, WAIT, group_alive, read_line, wait_until
 
 from trio_harness import AgentOptions, ScriptedModel, SubagentOptions
 from trio_harness._errors import TaskNotFoundError, TaskStartError
@@ -25,6 +25,7 @@ from trio_harness.tasks import TaskOutcome, TaskService, TaskSpec, open_task_ser
 from trio_harness.tasks._render import LOST_ERROR, parse_notice, render_notice
 from trio_harness.testing import assert_balanced, open_test_harness
 from trio_harness.tools._lost_tasks import scan_tasks
+from trio_harness.tools._resume_tasks import INTERRUPTED_NOTE
 
 LOST_WORDS = "The process that ran it stopped before the task reported"
 
@@ -150,7 +151,7 @@ async def test_a_task_stopped_by_a_clean_close_is_reported_lost_and_ids_are_not_
             await h.tasks.kill("bash-2", caller=agent)
 
 
-async def test_a_background_subagent_of_an_earlier_run_is_reported_lost(tmp_path: Path) -> None:
+async def test_a_background_subagent_of_an_earlier_run_resumes_under_its_id(tmp_path: Path) -> None:
     call = {"name": "subagent", "arguments": {"prompt": "long job", "description": "review", "run_in_background": True}}
     model = ScriptedModel([{"tool_calls": [call]}, {"text": "delegated"}])
     options = SubagentOptions(child_options=AgentOptions(model=ScriptedModel([{"hang": True}])))
@@ -160,12 +161,51 @@ async def test_a_background_subagent_of_an_earlier_run_is_reported_lost(tmp_path
             agent.followup("delegate the review")
             await agent.when_idle()
             assert h.tasks.get("subagent-1", caller=agent).status == "running"
+            (child_id,) = [a.id for a in h.agents.owned_by("parent")]
+    # The harness closed with the child mid-turn: the next run of the owner carries the task on.
 
-    async with open_test_harness(store=tmp_path, builtin_tools=tools, subagent_options=options) as h:
+    child_model = ScriptedModel([{"text": "review done"}])
+    options = SubagentOptions(child_options=AgentOptions(model=child_model))
+    owner_model = ScriptedModel([{"text": "noted"}])
+    async with open_test_harness(owner_model, store=tmp_path, builtin_tools=tools, subagent_options=options) as h:
         async with h.agents.open(session_id="parent", resume=True) as agent:
-            (pending,) = agent.inbox.next_step
-            assert pending.text.startswith("background task subagent-1 [subagent] lost — review. ")
-            assert h.tasks.get("subagent-1", caller=agent).status == "lost"
+            assert h.tasks.get("subagent-1", caller=agent).status in ("running", "completed")
+            await wait_until(lambda: bool(notices(agent)) and agent.status == "idle")
+            await agent.when_idle()
+            (notice,) = notices(agent)
+            assert notice.startswith("background task subagent-1 [subagent] completed — review.")
+            assert h.tasks.read("subagent-1", caller=agent).output == "review done"  # what task_output returns
+            snapshot = h.tasks.get("subagent-1", caller=agent)
+            assert (snapshot.status, snapshot.detail["session"]) == ("completed", child_id)
+            # The notice woke the owner: a turn answered it.
+            assert [e.text for e in agent.session.events if isinstance(e, ev.AssistantMessage)][-1] == "noted"
+        child = (await h.sessions.load_events(child_id))[1]
+        assert [e.text for e in child if isinstance(e, ev.UserMessage)] == ["long job", INTERRUPTED_NOTE]
+        assert [e.reason for e in child if isinstance(e, ev.TurnEnd)] == ["aborted", "completed"]
+        assert_balanced(child)
+        # Reported now: the next resume neither resumes it again nor calls it lost.
+        async with h.agents.open(session_id="parent", resume=True) as agent:
+            assert list(agent.inbox.next_step) == []
+            with pytest.raises(TaskNotFoundError):
+                h.tasks.get("subagent-1", caller=agent)
+
+
+async def test_a_resumed_subagent_task_can_be_killed_under_its_id(tmp_path: Path) -> None:
+    call = {"name": "subagent", "arguments": {"prompt": "long job", "run_in_background": True}}
+    model = ScriptedModel([{"tool_calls": [call]}, {"text": "delegated"}])
+    options = SubagentOptions(child_options=AgentOptions(model=ScriptedModel([{"hang": True}] * 2)))
+    tools = ["tasks", "subagent"]
+    async with open_test_harness(model, store=tmp_path, builtin_tools=tools, subagent_options=options) as h:
+        async with h.agents.open(session_id="parent") as agent:
+            agent.followup("delegate")
+            await agent.when_idle()
+        async with h.agents.open(session_id="parent", resume=True) as agent:  # in the same process
+            await wait_until(lambda: [a.status for a in h.agents.owned_by("parent")] == ["running"])
+            snapshot = await h.tasks.kill("subagent-1", caller=agent, reason="enough")
+            assert snapshot.id == "subagent-1"
+            await h.tasks.wait("subagent-1", 60.0, caller=agent)
+            assert h.tasks.get("subagent-1", caller=agent).status == "killed"
+            assert h.agents.owned_by("parent") == []
 
 
 async def test_a_task_reported_before_the_restart_is_not_reported_again(tmp_path: Path) -> None:
@@ -307,3 +347,20 @@ async def test_a_producer_cannot_report_lost(tasks: TaskService, root: Scope) ->
     producer.finish(TaskOutcome("lost"))
     snapshot = await tasks.wait(started.id, 5, caller=owner)
     assert snapshot.status == "failed" and "invalid outcome" in (snapshot.error or "")
+
+
+async def test_adopt_registers_a_task_under_its_id_and_refuses_bad_or_taken_ones(
+    tasks: TaskService, root: Scope
+) -> None:
+    owner, producer = await make_owner(root, "s"), FakeProducer(stream=False)
+    adopted = tasks.adopt(spec(producer, owner), "bash-7", producer.hooks())
+    assert (adopted.id, adopted.status, producer.runs) == ("bash-7", "running", 0)  # run() is not called
+    for bad in ("bash-x", "make-7"):
+        with pytest.raises(ValueError, match="is not <kind>-N"):
+            tasks.adopt(spec(FakeProducer(), owner), bad, FakeProducer().hooks())
+    with pytest.raises(TaskStartError, match="already registered"):
+        tasks.adopt(spec(FakeProducer(), owner), "bash-7", FakeProducer().hooks())
+    assert (await tasks.start(spec(FakeProducer(), owner))).id == "bash-8"  # its id is reserved
+    producer.finish(TaskOutcome("completed", output="done"))
+    assert (await tasks.wait("bash-7", 5, caller=owner)).status == "completed"
+    assert tasks.read("bash-7", caller=owner).output == "done"

@@ -18,6 +18,8 @@ from ._errors import AgentError as AgentError
 from ._errors import AgentExistsError as AgentExistsError
 from ._errors import AgentNotFoundError as AgentNotFoundError
 from ._errors import BashError as BashError
+from ._errors import CallNotFoundError as CallNotFoundError
+from ._errors import CallNotPendingError as CallNotPendingError
 from ._errors import CompactionError as CompactionError
 from ._errors import EventDecodeError as EventDecodeError
 from ._errors import FactoryError as FactoryError

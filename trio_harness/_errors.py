@@ -130,6 +130,14 @@ class ForkBoundaryError(SessionError, ValueError):
     """A fork boundary is out of range or falls inside an open turn."""
 
 
+class CallNotFoundError(SessionError, LookupError):
+    """A decision was posted for a tool call the session's log does not have (``harness.sessions.post``)."""
+
+
+class CallNotPendingError(SessionError):
+    """A decision was posted for a tool call that is not waiting for approval (decided, or never asked)."""
+
+
 class InboxError(HarnessError):
     """An inbox operation or a persisted inbox splice is invalid."""
 

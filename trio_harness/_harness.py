@@ -371,7 +371,7 @@ async def open_harness(
         if "bash" in wanted:
             await harness.load(BashToolPlugin(bash, tasks, tools, bash_tool_settings))
         if "subagent" in wanted:
-            await harness.load(SubagentToolPlugin(tasks, tools, subagent_settings))
+            await harness.load(SubagentToolPlugin(tasks, tools, subagent_settings, agents=agents))
         if "files" in wanted:
             await harness.load(FileToolsPlugin(tools, bash, file_tool_settings))
         if mcp_scope is not None:

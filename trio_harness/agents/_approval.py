@@ -178,6 +178,58 @@ def _denied_text(name: str, outcome: ApprovalOutcome, message: str | None, *, re
     return f"{text}; message: {message}" if message else text
 
 
+@attrs.define(eq=False)
+class RemoteDecisions:
+    """Decisions posted for one agent's calls (``harness.sessions.post(call_id=, decision=)``), each used once.
+
+    A decision for a call being asked about ends the approver's wait; one
+    that arrives first (for a paused turn's call, before its continuation
+    asks) is kept until the call is reached.  ``applied`` runs once the
+    decision is logged.
+    """
+
+    _early: dict[str, tuple[ApprovalDecision, Callable[[], None]]] = attrs.field(factory=dict, init=False)
+    _waiting: dict[str, Callable[[ApprovalDecision, Callable[[], None]], None]] = attrs.field(factory=dict, init=False)
+
+    def waiting(self, call_id: str) -> bool:
+        """Whether the approver is being asked about ``call_id`` now."""
+        return call_id in self._waiting
+
+    def post(self, call_id: str, decision: ApprovalDecision, applied: Callable[[], None]) -> None:
+        """Answer ``call_id`` with ``decision`` (now if it is being asked about, else when it is)."""
+        deliver = self._waiting.get(call_id)
+        if deliver is not None:
+            deliver(decision, applied)
+        else:
+            self._early[call_id] = (decision, applied)
+
+    def take(self, call_id: str) -> tuple[ApprovalDecision, Callable[[], None]] | None:
+        """The decision posted for ``call_id`` before it was asked about, if any."""
+        return self._early.pop(call_id, None)
+
+    async def ask(self, approver: Approver, request: ApprovalRequest) -> tuple[object, Callable[[], None] | None]:
+        """The approver's answer, or a posted one that arrived first (with its ``applied``)."""
+        posted: list[tuple[ApprovalDecision, Callable[[], None]]] = []
+        scope = trio.CancelScope()
+
+        def deliver(decision: ApprovalDecision, applied: Callable[[], None]) -> None:
+            if not posted:
+                posted.append((decision, applied))
+                scope.cancel()
+
+        self._waiting[request.call_id] = deliver
+        answer: object = None
+        try:
+            with scope:
+                answer = await approver(request)
+        finally:
+            if self._waiting.get(request.call_id) is deliver:
+                del self._waiting[request.call_id]
+        if posted:
+            return posted[0]
+        return answer, None
+
+
 @attrs.define(eq=False, repr=False, weakref_slot=False)
 class ApprovalGate:
     """One agent's approval: asks its approver before calls that require it, remembers "always".
@@ -204,6 +256,8 @@ class ApprovalGate:
     _cut: frozenset[str] | set[str] = attrs.field(default=frozenset(), init=False)
     # The calls a paused turn left waiting, for the continuation turn (docs/approval.rst).
     paused: tuple[ToolCall, ...] = attrs.field(default=(), init=False)
+    # Decisions posted from anywhere (agents/_remote_control.py).
+    remote: RemoteDecisions = attrs.field(factory=RemoteDecisions, init=False)
 
     def __attrs_post_init__(self) -> None:
         events = self._session.events
@@ -259,6 +313,20 @@ class ApprovalGate:
         session.append(ev.TurnEnd, turn=turn, reason="aborted", cause=cause)
         return turn
 
+    def _decided(
+        self, call: ToolCall, where: dict[str, Any], decision: ApprovalDecision, applied: Callable[[], None] | None
+    ) -> str | None:
+        """Log ``decision`` for ``call``; None to run it, else the denial the model reads."""
+        verdict = decision.verdict
+        self._session.append(ev.ApprovalDecided, **where, outcome=verdict, source="approver", message=decision.message)
+        if applied is not None:
+            applied()  # a posted decision: logged, so its mailbox row goes with this event
+        if verdict == "allow_always" or verdict == "deny_always":
+            self._standing[call.name] = (verdict, decision.message)
+        if not decision.allowed:
+            return _denied_text(call.name, verdict, decision.message)
+        return None
+
     @property
     def standing_decisions(self) -> dict[str, ApprovalOutcome]:
         """The ``allow_always`` / ``deny_always`` decisions of this session, by tool name (a copy)."""
@@ -309,6 +377,9 @@ class ApprovalGate:
                 if outcome == "allow_always":
                     return None
                 return _denied_text(call.name, outcome, remembered_message, remembered=True)
+            early = self.remote.take(call.id)
+            if early is not None:  # posted before the question was reached: the approver is not asked
+                return self._decided(call, where, early[0], early[1])
             approver = self.approver
             if approver is None:
                 # Nobody to ask: denied, saying how to allow it (docs/approval.rst).
@@ -333,7 +404,7 @@ class ApprovalGate:
                 # The question reaches the store first (a cancel here is a cancel of the wait).
                 if (unstored := await self._checkpoints.before_approval(where)) is not None:
                     return unstored  # not on the store: not asked, not run (docs/guarantees.rst)
-                decision: object = await approver(request)
+                decision, applied = await self.remote.ask(approver, request)
             except BaseException as exc:
                 cancelled, failed = split_cancelled(exc)
                 if cancelled is None:
@@ -384,12 +455,7 @@ class ApprovalGate:
                     cause=self._cause(),
                 )
                 await trio.lowlevel.checkpoint()  # raises Cancelled
-            session.append(ev.ApprovalDecided, **where, outcome=verdict, source="approver", message=decision.message)
-            if verdict == "allow_always" or verdict == "deny_always":
-                self._standing[call.name] = (verdict, decision.message)
-            if not decision.allowed:
-                return _denied_text(call.name, verdict, decision.message)
-            return None
+            return self._decided(call, where, decision, applied)
         finally:
             if asked is not None:
                 asked[index].set()

@@ -55,6 +55,7 @@ from ..session._events import InboxMessage
 from ..session._session import validate_session_id
 from ._agent import Agent
 from ._options import AgentOptions
+from ._remote_control import apply_control
 
 if TYPE_CHECKING:
     from .._bus import EventBus
@@ -531,7 +532,7 @@ class AgentRegistry:
                 raise AgentExistsError(f"agent {session.id!r} already exists: {exc}") from exc
             agent_entry = _AgentEntry(agent=agent, owner=parent)
             self._entries[agent.id] = agent_entry
-            sessions.receive(session_entry, functools.partial(_deliver, agent))
+            sessions.receive(session_entry, functools.partial(_deliver, agent), functools.partial(apply_control, agent))
         except BaseException:
             try:
                 with trio.CancelScope(shield=True):
@@ -551,6 +552,7 @@ class AgentRegistry:
         if not agent_entry.detached:
             self._bus.emit("agent/session-start", agent, source=source)
         if source == "resume":
+            await sessions.deliver_waiting(session_entry)  # a decision posted meanwhile answers the paused call
             _continue_paused(agent)
         entry_for_handle = session_entry
         return AgentHandle._create(

@@ -7,8 +7,10 @@ from ._codec import decode_event as decode_event
 from ._codec import decode_header as decode_header
 from ._codec import encode_event as encode_event
 from ._codec import encode_header as encode_header
+from ._control import ApprovalDecisionLike as ApprovalDecisionLike
 from ._events import FORMAT_VERSION as FORMAT_VERSION
 from ._events import SessionHeader as SessionHeader
+from ._follow_store import SessionFollower as SessionFollower
 from ._jsonl import JsonlStore as JsonlStore
 from ._persistence import LoadedSession as LoadedSession
 from ._persistence import MailboxWriter as MailboxWriter

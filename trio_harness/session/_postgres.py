@@ -559,6 +559,20 @@ class PostgresStore:
             events.append(event)
         return LoadedSession(header=header, events=tuple(events))
 
+    async def events_since(self, session_id: str, seq: int, limit: int = 500) -> builtins.list[Event]:
+        """The stored events of a session from ``seq`` on, at most ``limit`` (one indexed read; for ``follow``)."""
+        query = f"SELECT seq, body FROM {self._sql.s}.events WHERE session_id = %s AND seq >= %s ORDER BY seq LIMIT %s"
+        rows = await self._run(
+            f"read session {session_id!r}",
+            lambda conn: conn.execute(query, (session_id, seq, limit)).fetchall(),
+            retry=True,
+        )
+        try:
+            return [decode_event(body) for _, body in rows]
+        except EventDecodeError as exc:
+            where = f"{self.location}, session {session_id!r}"
+            raise SessionCorruptError(f"{where}: an event from seq {seq} on: {exc}", path=where, line=seq + 2) from exc
+
     async def open_writer(self, header: SessionHeader) -> SessionWriter:
         """Claim the id of a new session and return its writer; its first flush stores it.
 

@@ -17,7 +17,8 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 import trio
@@ -31,7 +32,9 @@ from .._errors import (
     SessionNotFoundError,
     SessionStoreError,
 )
+from ._control import VERDICTS, ApprovalDecisionLike, Control, check_pending, control_message, read_control
 from ._events import Event, InboxMessage, SendMode, SessionHeader
+from ._follow_store import DEFAULT_POLL_INTERVAL, SessionFollower, check_follow
 from ._persistence import RemoteInbox, ServerSideFork, SessionStore, has_mailbox
 from ._recovery import closers_for, open_turn_at
 from ._session import Session, SessionWriter, validate_session_id
@@ -53,6 +56,8 @@ class SessionEntry:
     detached: bool = False
     # Splices a posted message into the live agent's inbox (set by the agent registry).
     receiver: Callable[[InboxMessage], object] | None = None
+    # Applies a posted control; calls its second argument once the control took effect (its log events appended).
+    control: Callable[[Any, Callable[[], None]], object] | None = None
 
 
 @attrs.define(eq=False)
@@ -171,15 +176,23 @@ class SessionRegistry:
     def _restored(self, entry: SessionEntry, count: int) -> None:
         self.bus.emit("session/restored", entry.session, events=count)
 
-    def receive(self, entry: SessionEntry, deliver: Callable[[InboxMessage], object]) -> None:
+    def receive(
+        self,
+        entry: SessionEntry,
+        deliver: Callable[[InboxMessage], object],
+        control: Callable[[Any, Callable[[], None]], object] | None = None,
+    ) -> None:
         """Route messages posted to ``entry``'s session (:meth:`post`) to ``deliver``.
 
-        The agent registry passes the live agent's ``send``.  With a store that
+        The agent registry passes the live agent's ``send``, and ``control``:
+        ``control(control, applied)`` applies a posted cancel or decision
+        (session/_control.py) and calls ``applied()`` once it took effect.  With a store that
         keeps posted messages (PostgreSQL), the ones waiting for the session
         (posted while nobody held it) are delivered now, in order, and later
         ones as they are posted.
         """
         entry.receiver = deliver
+        entry.control = control
         if has_mailbox(entry.writer):
             entry.writer.receive(functools.partial(self._deliver_mail, entry))
 
@@ -201,8 +214,12 @@ class SessionRegistry:
             writer.release_mail([mail_id for mail_id, _ in mail])
             return
         delivered: list[int] = []
+        controls = False
         try:
             for mail_id, message in mail:
+                if self._apply_control(entry, mail_id, message):
+                    controls = True  # acknowledged once applied, with the flush that stores its effect
+                    continue
                 try:
                     deliver(message)
                 except HarnessError as exc:
@@ -211,8 +228,10 @@ class SessionRegistry:
                 delivered.append(mail_id)
         finally:
             writer.ack_mail(delivered)
-            writer.release_mail([mail_id for mail_id, _ in mail if mail_id not in delivered])
-        if delivered:
+            writer.release_mail(
+                [mail_id for mail_id, m in mail if mail_id not in delivered and read_control(m) is None]
+            )
+        if delivered or controls:
             try:
                 await entry.session.flush()
             except SessionStoreError as exc:
@@ -223,7 +242,109 @@ class SessionRegistry:
                 # delivers them instead.
                 log.warning("session %r: posted messages wait for a flush that stores them: %s", entry.session.id, exc)
 
-    async def post(self, session_id: str, text: str, *, mode: SendMode = "followup") -> str:
+    def _apply_control(self, entry: SessionEntry, mail_id: int, message: InboxMessage) -> bool:
+        """Apply a control from the mailbox (whether ``message`` is one).
+
+        Its mailbox row is deleted with the flush that stores what it did:
+        acknowledged once the control took effect (a decision: its
+        ``approval/decided`` appended), so a worker that dies first leaves it
+        to the next holder.  A control this agent cannot apply stays taken
+        until the writer closes and is delivered at the next resume.
+        """
+        control = read_control(message)
+        if control is None:
+            return False
+        apply = entry.control
+        writer = entry.writer
+        if apply is None or not has_mailbox(writer):
+            log.warning(
+                "session %r: the live agent cannot apply posted controls; %s waits", entry.session.id, message.id
+            )
+            return True
+        apply(control, functools.partial(writer.ack_mail, [mail_id]))
+        return True
+
+    async def deliver_waiting(self, entry: SessionEntry) -> None:
+        """Deliver what waits in the store's mailbox now (a resume does, before a paused turn asks again).
+
+        Shielded; a store failure is logged (the mailbox loop delivers later).
+        """
+        if not has_mailbox(entry.writer):
+            return
+        with trio.CancelScope(shield=True):
+            try:
+                await self._deliver_mail(entry)
+            except SessionStoreError as exc:
+                log.warning("session %r: the waiting mail is delivered later: %s", entry.session.id, exc)
+
+    async def post(
+        self,
+        session_id: str,
+        text: str | None = None,
+        *,
+        mode: SendMode = "followup",
+        cancel: bool = False,
+        call_id: str | None = None,
+        decision: ApprovalDecisionLike | None = None,
+    ) -> str:
+        """Deliver a message, a cancel or an approval decision to ``session_id`` wherever it is live.
+
+        Exactly one of ``text``, ``cancel=True`` or ``call_id`` with
+        ``decision`` is given.  A cancel acts as ``agent.cancel("user")``; a
+        decision (an :class:`~trio_harness.agents.ApprovalDecision`) answers
+        the approval question of the call ``call_id``, asked in any process,
+        or waiting in a paused turn (it then applies at the next resume
+        without asking the approver again).  Both travel like messages:
+        see :meth:`post_message`.
+
+        Raises:
+            TypeError, ValueError: not exactly one thing to post, or a bad decision.
+            CallNotFoundError: the session's log has no call ``call_id``.
+            CallNotPendingError: that call is not waiting for approval.
+            SessionNotFoundError, AgentNotFoundError, AgentDisposedError,
+                SessionStoreError: as for a message.
+        """
+        given = [text is not None, bool(cancel), call_id is not None or decision is not None]
+        if sum(given) != 1:
+            raise TypeError("post() takes exactly one of: text, cancel=True, or call_id= with decision=")
+        if text is not None:
+            return await self.post_message(session_id, text, mode=mode)
+        validate_session_id(session_id)
+        if cancel:
+            return await self._post_control(session_id, Control("cancel"))
+        verdict = getattr(decision, "verdict", None)
+        if not isinstance(call_id, str) or not call_id or verdict not in VERDICTS:
+            raise ValueError("a decision needs call_id= (a tool call id) and decision= (an ApprovalDecision)")
+        message = getattr(decision, "message", None)
+        entry = self._live.get(session_id)
+        if entry is not None:
+            events: Sequence[Event] = entry.session.events
+        else:
+            try:
+                events = (await self.persistence.load(session_id)).events
+            except SessionNotFoundError:
+                raise SessionNotFoundError(f"no live or stored session {session_id!r} to post to") from None
+        check_pending(events, session_id, call_id)
+        return await self._post_control(session_id, Control("decision", call_id, verdict, message))
+
+    async def _post_control(self, session_id: str, control: Control) -> str:
+        message = control_message(control)
+        entry = self._live.get(session_id)
+        if isinstance(self.persistence, RemoteInbox) and not (entry is not None and not entry.session.events):
+            await self.persistence.post(session_id, message)
+            return message.id
+        if entry is None or entry.control is None or entry.detached:
+            if not await self.persistence.exists(session_id):
+                raise SessionNotFoundError(f"no live or stored session {session_id!r} to post to")
+            raise AgentNotFoundError(
+                f"session {session_id!r} is not live in this process, and this store cannot keep controls "
+                "for a session nobody holds; resume its agent first (the PostgreSQL store keeps them until then)"
+            )
+        entry.control(control, lambda: None)
+        await entry.session.flush()
+        return message.id
+
+    async def post_message(self, session_id: str, text: str, *, mode: SendMode = "followup") -> str:
         """Deliver a message to the agent of ``session_id`` wherever it is live.
 
         With a store that keeps posted messages (PostgreSQL), the message is
@@ -361,6 +482,31 @@ class SessionRegistry:
             return entry.session.header, tuple(entry.session.events)
         loaded = await self.persistence.load(session_id)
         return loaded.header, loaded.events
+
+    def follow(
+        self, session_id: str, *, start: int = 0, poll_interval: float = DEFAULT_POLL_INTERVAL
+    ) -> SessionFollower:
+        """Iterate over a session's stored events from ``start`` on, live while any process appends.
+
+        Read-only (the session is not taken; it may be live here, in another
+        process or nowhere).  Each stored event is yielded once, in ``seq``
+        order; once caught up the follower reads the store again every
+        ``poll_interval`` seconds (session/_follow_store.py).  It never ends by
+        itself: break out of it (or cancel) when done.
+
+        Raises:
+            InvalidSessionIdError: the id is unusable (at once).
+            ValueError: ``start`` is not an int >= 0 or ``poll_interval`` is
+                not in (0, 5] seconds (at once).
+            SessionNotFoundError: nothing is stored (or live) under this id
+                (at the first iteration).
+            SessionCorruptError: a stored event cannot be read.
+        """
+        validate_session_id(session_id)
+        check_follow(start, poll_interval)
+        return SessionFollower(
+            self.persistence, session_id, poll_interval, lambda: session_id in self._live, expected=start
+        )
 
     async def fork(self, source: str, boundary: int, child_id: str) -> SessionHeader:
         """Store a new session holding ``source``'s first ``boundary`` events.

@@ -283,12 +283,37 @@ class TaskService:
             "starting; its work was cancelled"
         )
 
-    def _commit(self, spec: TaskSpec, entry: OwnerEntry, hooks: TaskHooks) -> Record:
+    def adopt(self, spec: TaskSpec, task_id: str, hooks: TaskHooks) -> TaskSnapshot:
+        """Register, under its own id, a task an earlier run of ``spec.owner``'s session started.
+
+        A producer that can carry on a task of a dead process (a background
+        subagent, whose child session resumes here: tools/_resume_tasks.py)
+        builds its hooks itself and registers them with the id the model
+        already knows; from then on the task is like any other (reads,
+        kills, completion notices).  ``spec.run`` is not called.
+
+        Raises:
+            TaskStartError: a preflight check refused (as for :meth:`start`),
+                or ``task_id`` is visible already.
+            ValueError: ``task_id`` is not ``<kind>-N`` of ``spec.kind``.
+        """
+        match = _TASK_ID.fullmatch(task_id) if isinstance(task_id, str) else None
+        if match is None or match.group(1) != spec.kind:
+            raise ValueError(f"task id {task_id!r} is not <kind>-N of kind {spec.kind!r}")
+        if task_id in self._records:
+            raise TaskStartError(f"task {task_id} is already registered")
+        entry = self._preflight(spec)
+        self.reserve_id(task_id)
+        return self._commit(spec, entry, hooks, task_id).snapshot()
+
+    def _commit(self, spec: TaskSpec, entry: OwnerEntry, hooks: TaskHooks, task_id: str | None = None) -> Record:
         """Register the task; nothing here can fail."""
-        number = self._counters.get(spec.kind, 0) + 1
-        self._counters[spec.kind] = number
+        if task_id is None:
+            number = self._counters.get(spec.kind, 0) + 1
+            self._counters[spec.kind] = number
+            task_id = f"{spec.kind}-{number}"
         record = Record(
-            id=f"{spec.kind}-{number}",
+            id=task_id,
             kind=spec.kind,
             label=spec.label,
             owner=entry,

@@ -9,7 +9,9 @@ it).  A task started in a resumed session's log and never reported there was
 run by an earlier run of the agent (an earlier process, or this one before the
 agent was disposed, which stopped the agent's tasks): nothing in this process
 runs it, and the log holds no pid to look for (a task of an earlier process
-cannot run in this one), so it is lost by construction.
+cannot run in this one), so it is lost by construction; except a task whose
+work lives in the log itself, a background subagent (its child session), which
+resumes in this process under the same id (tools/_resume_tasks.py).
 
 :func:`report_lost_tasks` registers each such task with the service as
 ``lost`` (so ``task_output`` and ``task_list`` answer for its id) and injects
@@ -32,6 +34,7 @@ from ..agents._inbox import new_message_id
 from ..session._events import Event, InboxMessage, InboxSpliced, ToolCallRequested, ToolResult, UserMessage
 from ..tasks._render import LOST_ERROR, parse_notice, parse_started, render_notice
 from ..tasks._types import TERMINAL_STATUSES
+from ._resume_tasks import resume_task
 
 if TYPE_CHECKING:
     from ..tasks._service import TaskService
@@ -54,12 +57,20 @@ class StartedTask:
         state: ``open`` (never reported), ``reported`` (a notice or a read
             delivered it) or ``lost`` (a lost notice or read already told the
             model).
+        call_id: the id of the tool call that started it.
+        arguments: that call's arguments (JSON text), as the log has them.
+        turn: the turn of the call's result.
+        step: the step of the call's result.
     """
 
     task_id: str
     kind: str
     label: str
     state: str = "open"
+    call_id: str | None = None
+    arguments: str | None = None
+    turn: int | None = None
+    step: int | None = None
 
 
 def _label(name: str, arguments: str | None) -> str:
@@ -110,7 +121,17 @@ def scan_tasks(events: Iterable[Event]) -> dict[str, StartedTask]:
             started = parse_started(event.content)
             if started is not None:
                 kind = started.rsplit("-", 1)[0]
-                tasks[started] = StartedTask(started, kind, _label(event.name, call.arguments if call else None))
+                arguments = call.arguments if call else None
+                tasks[started] = StartedTask(
+                    started,
+                    kind,
+                    _label(event.name, arguments),
+                    "open",
+                    event.call_id,
+                    arguments,
+                    event.turn,
+                    event.step,
+                )
             elif event.name in ("task_output", "task_kill") and call is not None:
                 status = _read_status(event.content)
                 # A kill reports the task whatever its status; a read only a terminal one.
@@ -128,7 +149,9 @@ def scan_tasks(events: Iterable[Event]) -> dict[str, StartedTask]:
 def report_lost_tasks(tasks: TaskService, agent: NoticeTarget, output_limit_bytes: int | None = None) -> list[str]:
     """Register the resumed ``agent``'s unreported tasks as lost and notify it of the new ones.
 
-    Every task its log started and never reported becomes a ``lost`` task of
+    A task whose kind has a resumer (:func:`~._resume_tasks.add_resumer`: a
+    background subagent) and that the log never reported resumes instead,
+    under its id.  Every other task its log started and never reported becomes a ``lost`` task of
     the service; those the log has not yet told the model about get one
     injected completion notice each (it joins the agent's next turn: resuming
     never starts a turn by itself).  The ids of every task the log names are
@@ -147,6 +170,8 @@ def report_lost_tasks(tasks: TaskService, agent: NoticeTarget, output_limit_byte
         tasks.reserve_id(task.task_id)
         if task.state == "reported":
             continue
+        if task.state == "open" and resume_task(tasks, agent, task):
+            continue  # it carries on in this process under its id (tools/_resume_tasks.py)
         try:
             snapshot = tasks.add_lost(agent, task.task_id, kind=task.kind, label=task.label, error=LOST_ERROR)
         except (TaskStartError, ValueError):

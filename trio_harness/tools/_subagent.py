@@ -15,13 +15,20 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import trio
 
-from .._errors import AgentDisposedError
 from ..agents._options import AgentOptions
 from ..agents._tools import Tool, ToolContext, ToolOutput, ToolSet
-from ..session import _events as ev
 from ..tasks._render import render_started
 from ..tasks._service import TaskService
 from ..tasks._types import TaskHooks, TaskOutcome, TaskSpec
+from ._resume_tasks import (
+    add_resumer,
+    child_outcome,
+    child_session_id,
+    describe_end,
+    final_text,
+    stop_child,
+    subagent_resumer,
+)
 
 if TYPE_CHECKING:
     from .._scope import Scope
@@ -44,39 +51,6 @@ def subagent_depth(agents: AgentRegistry, agent_id: str) -> int:
         depth += 1
         current = agents.owner_of(current)
     return depth
-
-
-def _final_text(agent: Agent) -> tuple[str, ev.TurnEnd | None]:
-    """The last assistant text of the last turn, and that turn's end."""
-    end: ev.TurnEnd | None = None
-    text = ""
-    for event in reversed(agent.session.events):
-        if end is None and isinstance(event, ev.TurnEnd):
-            end = event
-        elif isinstance(event, ev.AssistantMessage) and event.text:
-            text = event.text
-            break
-        elif isinstance(event, ev.TurnStart):
-            break
-    return text, end
-
-
-def _describe_end(end: ev.TurnEnd | None) -> str:
-    if end is None:
-        return "the subagent did not finish a turn"
-    if end.reason == "error" and end.failure is not None:
-        return f"the subagent failed: {end.failure.message} ({end.failure.code})"
-    if end.reason == "aborted":
-        return f"the subagent was cancelled (cause: {end.cause})"
-    return f"the subagent stopped: {end.reason}"
-
-
-def _stop_child(child: Agent) -> None:
-    """Cancel ``child`` with cause ``parent``; a child already being disposed stops anyway."""
-    try:
-        child.cancel("parent")
-    except AgentDisposedError:
-        pass  # its disposal aborts its turn (cause disposed) and done() still reports it
 
 
 @attrs.frozen
@@ -122,6 +96,7 @@ class SubagentToolPlugin:
     options: SubagentOptions = attrs.field(
         factory=SubagentOptions, validator=attrs.validators.instance_of(SubagentOptions)
     )
+    agents: AgentRegistry | None = attrs.field(default=None, kw_only=True)
 
     def tool(self) -> Tool:
         """The ``subagent`` tool definition."""
@@ -142,8 +117,15 @@ class SubagentToolPlugin:
         )
 
     async def apply(self, scope: Scope) -> None:
-        """Register the tool, bound to ``scope``."""
+        """Register the tool, bound to ``scope``; with ``agents``, also the resumer of background children."""
         self.tools.add(self.tool(), scope=scope)
+        agents = self.agents
+        if agents is not None:
+
+            async def open_child(parent: Agent, session_id: str, resume: bool) -> AgentHandle:
+                return await self._create_child(agents, parent, session_id=session_id, resume=resume)
+
+            add_resumer(self.tasks, "subagent", subagent_resumer(self.tasks, open_child), scope)
 
     def _options(self) -> AgentOptions:
         keep = self.options.child_tools
@@ -157,7 +139,9 @@ class SubagentToolPlugin:
 
         return attrs.evolve(self.options.child_options, tool_filter=tool_filter)
 
-    async def _create_child(self, agents: AgentRegistry, parent: Agent) -> AgentHandle:
+    async def _create_child(
+        self, agents: AgentRegistry, parent: Agent, *, session_id: str | None = None, resume: bool = False
+    ) -> AgentHandle:
         options = self._options()
         if options.approver is None:
             # A child asks whoever its parent asks (docs/approval.rst): the
@@ -165,7 +149,9 @@ class SubagentToolPlugin:
             inherited = getattr(parent, "approver", None)
             if inherited is not None:
                 options = attrs.evolve(options, approver=inherited)
-        return await agents.create(options=options, parent=parent, cwd=parent.session.header.cwd)
+        if resume and session_id is not None:
+            return await agents.resume(session_id, options=options, parent=parent)
+        return await agents.create(session_id=session_id, options=options, parent=parent, cwd=parent.session.header.cwd)
 
     async def _call(self, ctx: ToolContext, args: dict[str, Any]) -> str | ToolOutput:
         background = args.get(
@@ -186,25 +172,28 @@ class SubagentToolPlugin:
         try:
             handle.agent.followup(prompt)
             await handle.agent.when_idle()
-            text, end = _final_text(handle.agent)
+            text, end = final_text(handle.agent)
         except trio.Cancelled:
             # The parent's turn is being cancelled: the parent stops its child,
             # so the child's turn ends with cause "parent" (docs/subagents.rst).
-            _stop_child(handle.agent)
+            stop_child(handle.agent)
             raise
         finally:
             with trio.CancelScope(shield=True):
                 await handle.dispose()
         if end is not None and end.reason == "completed":
             return text or "(the subagent returned no text)"
-        return ToolOutput(f"error: {_describe_end(end)}" + (f"\npartial answer: {text}" if text else ""), True)
+        return ToolOutput(f"error: {describe_end(end)}" + (f"\npartial answer: {text}" if text else ""), True)
 
     async def _start_background(self, ctx: ToolContext, prompt: str, label: str) -> str:
         parent = ctx.agent
         agents = ctx.agents
 
+        # A stable child id, so that a process resuming the owner finds the child (tools/_resume_tasks.py).
+        child_id = child_session_id(parent.id, ctx.turn, ctx.step, ctx.call_id)
+
         async def starter() -> TaskHooks:
-            handle = await self._create_child(agents, parent)
+            handle = await self._create_child(agents, parent, session_id=child_id)
             child = handle.agent
             killed: list[str | None] = []
             child.followup(prompt)
@@ -212,21 +201,15 @@ class SubagentToolPlugin:
             def cancel(reason: str | None) -> None:
                 if not killed:
                     killed.append(reason)
-                _stop_child(child)
+                stop_child(child)
 
             async def done() -> TaskOutcome:
                 try:
                     await child.when_idle()
-                    text, end = _final_text(child)
+                    return child_outcome(child, bool(killed))
                 finally:
                     with trio.CancelScope(shield=True):
                         await handle.dispose()
-                detail: dict[str, object] = {"session": child.id, "reason": end.reason if end else None}
-                if killed or (end is not None and end.reason == "aborted"):
-                    return TaskOutcome("killed", output=text or None, detail=detail)
-                if end is not None and end.reason == "completed":
-                    return TaskOutcome("completed", output=text or "(the subagent returned no text)", detail=detail)
-                return TaskOutcome("failed", output=_describe_end(end), detail=detail)
 
             return TaskHooks(cancel=cancel, done=done)
 
