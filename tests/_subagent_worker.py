@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import trio
@@ -50,7 +51,7 @@ def open_store(where: str) -> SessionStore:
     return JsonlStore(where)
 
 
-def notices(events: tuple[ev.Event, ...] | list[ev.Event]) -> list[str]:
+def notices(events: Sequence[ev.Event]) -> list[str]:
     return [m.text for e in events if isinstance(e, ev.InboxSpliced) for m in e.inserted if m.origin == "task-notice"]
 
 
