@@ -8,6 +8,7 @@ variable that is its wire tag (e.g. ``"turn/start"``).
 
 from .session._events import EVENT_TYPES as EVENT_TYPES
 from .session._events import MAX_IMAGE_BYTES as MAX_IMAGE_BYTES
+from .session._events import MAX_INLINE_IMAGE_BYTES as MAX_INLINE_IMAGE_BYTES
 from .session._events import ApprovalDecided as ApprovalDecided
 from .session._events import ApprovalRequested as ApprovalRequested
 from .session._events import AssistantChunk as AssistantChunk

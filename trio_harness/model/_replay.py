@@ -32,6 +32,7 @@ import trio
 
 from .._errors import ModelError
 from ..session import _events as ev
+from ..session._blobs import image_key
 from ..session._events import ImagePart
 from ._protocol import (
     FINAL_ANSWER,
@@ -227,7 +228,7 @@ class ReplayModel:
                 self._diverged(emit, f"has user message {latest!r} where the recording had {current.last_user!r}")
                 return
             images = tuple(ImagePart.of(image) for image in users[-1].images) if users else ()
-            if images != current.last_images:
+            if tuple(map(image_key, images)) != tuple(map(image_key, current.last_images)):
                 self._diverged(
                     emit,
                     f"has {len(images)} image(s) in its newest user message where the recording had "

@@ -3,6 +3,7 @@
 from typing import TYPE_CHECKING
 
 from .._deprecate import renamed as _renamed
+from ._blobs import BlobReader as BlobReader
 from ._codec import decode_event as decode_event
 from ._codec import decode_header as decode_header
 from ._codec import encode_event as encode_event

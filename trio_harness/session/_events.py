@@ -101,26 +101,43 @@ _ORIGINS: tuple[str, ...] = get_args(MessageOrigin)
 MAX_IMAGE_BYTES = 5 * 1024 * 1024
 """The largest image a message may carry (5 MiB of encoded image file, Anthropic's limit per image)."""
 
+MAX_INLINE_IMAGE_BYTES = 64 * 1024
+"""The largest image stored inline in its event's line (64 KiB); a larger one is stored by reference.
+
+Below it, base64 in the line costs less than a file or row of its own (an
+icon, a small diagram); above it, a screenshot would make a line of megabytes
+that every load parses (docs/sessions.rst, "Images")."""
+
 ImageMediaType: TypeAlias = Literal["image/png", "image/jpeg", "image/gif", "image/webp"]
 """The media types of message images (those of :class:`~trio_harness.model.Image`)."""
 
 
 @attrs.frozen
 class ImagePart:
-    """An image of a user message as the log holds it: its media type and its bytes in base64.
+    """An image of a user message as the log holds it: inline in base64, or by reference.
 
-    Images are stored inline in the line of the message (``inbox/spliced``
-    and ``user/message``), at most :data:`MAX_IMAGE_BYTES` each
-    (docs/sessions.rst, "Images").  Build one from an
+    An image of at most :data:`MAX_INLINE_IMAGE_BYTES` is
+    stored inline in the line of the message (``inbox/spliced`` and
+    ``user/message``); a larger one (up to :data:`MAX_IMAGE_BYTES`) is stored
+    once beside the log, named by its SHA-256, and the line holds only
+    ``sha256`` and ``size`` (docs/sessions.rst, "Images").  A resumed
+    session's parts are read back inline; a read-only load keeps references
+    (:attr:`by_reference`).  Build one from an
     :class:`~trio_harness.model.Image` with :meth:`of`.
 
     Attributes:
         media_type: ``image/png``, ``image/jpeg``, ``image/gif`` or ``image/webp``.
-        data: the image file's bytes, base64-encoded (standard alphabet, padded).
+        data: the image file's bytes, base64-encoded (standard alphabet,
+            padded); empty in a part read by reference.
+        sha256: the lowercase hex SHA-256 of the image file's bytes, for an
+            image stored by reference (empty otherwise).
+        size: the image file's length in bytes, for an image stored by reference.
     """
 
     media_type: ImageMediaType
-    data: str = attrs.field(repr=lambda data: f"<{len(data)} base64 characters>")
+    data: str = attrs.field(default="", repr=lambda data: f"<{len(data)} base64 characters>", metadata=OMIT_IF_DEFAULT)
+    sha256: str = attrs.field(default="", metadata=OMIT_IF_DEFAULT)
+    size: int = attrs.field(default=0, metadata=OMIT_IF_DEFAULT)
 
     @classmethod
     def of(cls, image: Image) -> ImagePart:
@@ -139,8 +156,23 @@ class ImagePart:
             )
         return cls(image.media_type, base64.b64encode(image.data).decode("ascii"))  # type: ignore[arg-type]
 
+    @property
+    def by_reference(self) -> bool:
+        """Whether this part holds only a reference (its bytes are beside the log, not read yet)."""
+        return not self.data and bool(self.sha256)
+
     def image(self) -> Image:
-        """The :class:`~trio_harness.model.Image` it stands for."""
+        """The :class:`~trio_harness.model.Image` it stands for.
+
+        Raises:
+            ValueError: the part is :attr:`by_reference` (a read-only load's):
+                its bytes were not read.
+        """
+        if self.by_reference:
+            raise ValueError(
+                f"the {self.media_type} image {self.sha256} is stored by reference and was not read back "
+                "(a read-only load keeps references; resume the session to read them)"
+            )
         return Image(base64.b64decode(self.data), self.media_type)
 
 

@@ -66,6 +66,7 @@ from .._errors import (
     SessionNotFoundError,
     SessionStoreError,
 )
+from ._blobs import IMAGE_EVENTS, externalize, externalize_all, read_blob_file_async, write_blob_files, write_blobs_in
 from ._codec import decode_event, decode_event_line, decode_header, encode_event, encode_header, encoder_of
 from ._create_lock import CLAIM_NAME, ClaimHeld, take_claim
 from ._events import Event, SessionHeader, TurnEnd
@@ -234,8 +235,12 @@ class _JsonlWriter:
     # of the file before them: a failed sync cuts them off and buffers them again.
     _unsynced: list[str] = attrs.field(factory=list, init=False)
     _synced_length: int = attrs.field(default=0, init=False)
+    # The image blobs the buffered lines reference (session/_blobs.py), written before them.
+    _blobs: dict[str, bytes] = attrs.field(factory=dict, init=False)
 
     def write(self, event: Event) -> None:
+        if type(event) in IMAGE_EVENTS:
+            event = externalize(event, self._blobs)
         self._buffer.append(encoder_of(type(event))(event))  # encode_event(event), one call less
 
     async def flush(self, *, sync: bool = True) -> None:
@@ -259,14 +264,22 @@ class _JsonlWriter:
                     path=str(self.path),
                     session_id=self.header.id,
                 )
-            lines = self._buffer
-            self._buffer = []
+            lines, blobs = self._buffer, self._blobs
+            self._buffer, self._blobs = [], {}
             try:
                 if self._fd is None:
-                    await self._create(lines, inline)
+                    await self._create(lines, inline, blobs)
                 else:
+                    try:
+                        await write_blobs_in(self.path.parent, blobs, fsync=self.store.fsync)
+                    except BaseException:
+                        self._buffer[:0] = lines
+                        raise
                     await self._append(self._fd, lines, inline, sync)
-            except OSError as exc:
+            except BaseException as exc:
+                self._blobs = {**blobs, **self._blobs}  # written again with the lines
+                if not isinstance(exc, OSError):
+                    raise
                 raise SessionStoreError(
                     f"cannot write session {self.header.id!r} to {self.path}: {_reason(exc)}",
                     path=str(self.path),
@@ -277,13 +290,13 @@ class _JsonlWriter:
         if inline:
             await trio.lowlevel.checkpoint()
 
-    async def _create(self, lines: list[str], inline: bool) -> None:
+    async def _create(self, lines: list[str], inline: bool, blobs: dict[str, bytes]) -> None:
         """The first flush, always durable: the log appears whole, locked before it appears."""
         assert self._header_line is not None
         content = self._header_line + ("\n".join(lines) + "\n").encode("utf-8")
         try:
-            if self.store.fsync and not inline:
-                fd = await trio.to_thread.run_sync(self.store._store_new_log, self.header.id, content)
+            if (self.store.fsync and not inline) or blobs:
+                fd = await trio.to_thread.run_sync(self.store._store_new_log, self.header.id, content, blobs)
             else:
                 fd = self.store._store_new_log(self.header.id, content)
         except BaseException:
@@ -681,11 +694,12 @@ class JsonlStore:
     async def save(self, header: SessionHeader, events: Sequence[Event]) -> None:
         """Write a whole new session at once (atomically, via a temporary file), under its id's claim."""
         path = self.path_of(header.id)
-        lines = [encode_header(header), *(encode_event(e) for e in events)]
+        stored, blobs = externalize_all(events)
+        lines = [encode_header(header), *(encode_event(e) for e in stored)]
         data = ("\n".join(lines) + "\n").encode("utf-8")
         claim = await self._claim(header.id)
         try:
-            fd = await trio.to_thread.run_sync(self._store_new_log, header.id, data)
+            fd = await trio.to_thread.run_sync(self._store_new_log, header.id, data, blobs)
             os.close(fd)
         except OSError as exc:
             raise SessionStoreError(
@@ -695,6 +709,11 @@ class JsonlStore:
             if claim is not None:
                 os.close(claim)
                 self._claimed.discard(header.id)
+
+    async def read_blob(self, session_id: str, sha256: str) -> bytes:
+        """The checked bytes of the image blob ``sha256`` of the session (``blobs/<sha256>``, session/_blobs.py)."""
+        validate_session_id(session_id)
+        return await read_blob_file_async(str(self.path_of(session_id).parent), sha256, session_id)
 
     # ------------------------------------------------------------ internals
 
@@ -795,7 +814,7 @@ class JsonlStore:
             )
         return loaded
 
-    def _store_new_log(self, session_id: str, content: bytes) -> int:
+    def _store_new_log(self, session_id: str, content: bytes, blobs: dict[str, bytes] | None = None) -> int:
         """Make ``content`` the log of a new session, atomically (blocking; any thread).
 
         The content is written to a temporary file in the session directory,
@@ -833,6 +852,7 @@ class JsonlStore:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                     raise self._not_a_directory(session_id, path.parent) from None
                 raise
+            write_blob_files(dir_fd, blobs or {}, fsync=self.fsync)  # before the log that references them
             # A name of its own: a concurrent create of the same id must not touch this one.
             temp = f".{LOG_NAME}.{uuid.uuid4().hex}.tmp"
             fd = os.open(temp, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)

@@ -32,6 +32,7 @@ from .._errors import (
     SessionNotFoundError,
     SessionStoreError,
 )
+from ._blobs import resolve_images
 from ._control import VERDICTS, ApprovalDecisionLike, Control, check_pending, control_message, read_control
 from ._events import Event, InboxMessage, SendMode, SessionHeader
 from ._follow_store import DEFAULT_POLL_INTERVAL, SessionFollower, check_follow
@@ -134,7 +135,8 @@ class SessionRegistry:
             raise SessionExistsError(f"session {session_id!r} is live; dispose its agent before resuming it")
         loaded, writer = await self.persistence.resume(session_id)
         try:
-            session = Session(header=loaded.header, events=list(loaded.events), writer=writer, clock=self.clock)
+            events = await resolve_images(self.persistence, session_id, loaded.events)  # large images, read back
+            session = Session(header=loaded.header, events=list(events), writer=writer, clock=self.clock)
             for cls, fields in closers_for(session.events):
                 session.append(cls, **fields)
         except BaseException:
@@ -543,5 +545,5 @@ class SessionRegistry:
         )
         if isinstance(self.persistence, ServerSideFork) and await self.persistence.copy_prefix(source, boundary, child):
             return child
-        await self.persistence.save(child, events[:boundary])
+        await self.persistence.save(child, await resolve_images(self.persistence, source, events[:boundary]))
         return child
