@@ -20,8 +20,8 @@ import os
 import re
 import stat
 import uuid
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 import trio
@@ -372,6 +372,23 @@ def insert_blobs(conn: object, schema: str, session_id: str, blobs: dict[str, by
             "ON CONFLICT (session_id, sha256) DO NOTHING",
             (session_id, digest, data),
         )
+
+
+def select_blob(schema: str, session_id: str, digest: str, where: str) -> Callable[[Any], bytes]:
+    """(a worker thread's work) Read and check the blob ``digest`` of the session from ``schema.blobs``."""
+    check_digest(digest, session_id)
+
+    def work(conn: Any) -> bytes:
+        row = conn.execute(
+            f"SELECT data FROM {schema}.blobs WHERE session_id = %s AND sha256 = %s", (session_id, digest)
+        ).fetchone()
+        if row is None:
+            raise SessionCorruptError(
+                f"{where}: the image blob referenced by session {session_id!r} is missing", path=where, line=0
+            )
+        return check_blob(digest, bytes(row[0]), where)
+
+    return work
 
 
 def copy_blobs(schema: str) -> str:

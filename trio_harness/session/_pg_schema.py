@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .._errors import SessionStoreError
+from ._blobs import blobs_table
 
 if TYPE_CHECKING:
     import psycopg
 
 log = logging.getLogger("trio_harness.session.postgres")
 
-SCHEMA_VERSION = 1
-"""The version of the tables this store writes (kept in ``schema_version``)."""
+SCHEMA_VERSION = 2
+"""The version of the tables this store writes (kept in ``schema_version``; 2 added ``blobs``)."""
 
 _INSTALL_HINT = "install the PostgreSQL extra: pip install 'trio-harness[postgres]'"
 
@@ -84,6 +85,7 @@ class _Sql:
                 "session_id text NOT NULL, body text NOT NULL, posted_at timestamptz NOT NULL DEFAULT now())",
                 f"CREATE INDEX mailbox_session ON {s}.mailbox (session_id, id)",
             ],
+            [blobs_table(s)],  # large message images by reference (session/_blobs.py)
         ]
 
     @property
@@ -206,6 +208,8 @@ class _Tables:
             ("mailbox", "SELECT"),
             ("mailbox", "INSERT"),
             ("mailbox", "DELETE"),
+            ("blobs", "SELECT"),
+            ("blobs", "INSERT"),
         ]
         checks = ", ".join("has_table_privilege(%s, %s)" for _ in needed)
         params: list[str] = []

@@ -28,6 +28,7 @@ import attrs
 import trio
 
 from .._errors import EventDecodeError, SessionError, SessionExistsError, SessionStoreError
+from ._blobs import IMAGE_EVENTS, externalize, insert_blobs
 from ._codec import decode_inbox_message, encode_event
 from ._events import Event, InboxMessage, SessionHeader
 from ._pg_schema import _lock_key, _psycopg, _scalar, _Sql
@@ -172,6 +173,9 @@ class _PgWriter:
     # first flush of a new session, and after the connection was lost.
     _conn: psycopg.Connection[Any] | None = attrs.field(default=None, alias="conn")
     _buffer: list[str] = attrs.field(factory=list, init=False)
+    # The image blobs the buffered lines reference, and those of the flush under way (session/_blobs.py).
+    _blobs: dict[str, bytes] = attrs.field(factory=dict, init=False)
+    _flushing_blobs: dict[str, bytes] = attrs.field(factory=dict, init=False)
     _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _closed: bool = attrs.field(default=False, init=False)
     # Why this writer may not append any more (it lost its session), once it may not.
@@ -211,6 +215,8 @@ class _PgWriter:
         return _lock_key(self.store.schema, self.header.id)
 
     def write(self, event: Event) -> None:
+        if type(event) in IMAGE_EVENTS:
+            event = externalize(event, self._blobs)
         self._buffer.append(encode_event(event))
 
     # ------------------------------------------------------------ flush
@@ -228,7 +234,7 @@ class _PgWriter:
                     session_id=self.header.id,
                 )
             lines, acks = self._buffer, list(self._acks)
-            self._buffer = []
+            self._buffer, self._flushing_blobs, self._blobs = [], self._blobs, {}
             committed = False
 
             def settle(_: object) -> None:
@@ -248,6 +254,7 @@ class _PgWriter:
             except BaseException as exc:
                 if not committed:
                     self._buffer[:0] = lines
+                    self._blobs = {**self._flushing_blobs, **self._blobs}
                 if isinstance(exc, SessionError):
                     raise
                 if isinstance(exc, _psycopg().Error):
@@ -347,6 +354,7 @@ class _PgWriter:
                     ).fetchone()
                     if row is None:
                         return "created" if ours and self._stored_as(conn, header_line, first, lines) else "exists"
+                    insert_blobs(conn, sql.s, header.id, self._flushing_blobs)  # before the events, one transaction
                     conn.execute(sql.insert_events, (header.id, first, lines), binary=True)
                 return "created"
 
@@ -416,7 +424,7 @@ class _PgWriter:
         def work() -> None:
             if acks:
                 with conn.transaction():
-                    if not sync:
+                    if not sync and not self._flushing_blobs:  # a blob's commit is durable: no retake loses it
                         conn.execute("SET LOCAL synchronous_commit TO off")
                     deleted = conn.execute(
                         f"DELETE FROM {sql.s}.mailbox WHERE session_id = %s AND id = ANY(%s)", (sid, acks)
@@ -424,12 +432,14 @@ class _PgWriter:
                     if deleted != len(acks):
                         raise _MailTaken(len(acks) - deleted)
                     if lines:
+                        insert_blobs(conn, sql.s, sid, self._flushing_blobs)
                         conn.execute(sql.insert_events, (sid, first, lines), binary=True)
                 return
             with conn.pipeline(), conn.transaction():
-                if not sync:
+                if not sync and not self._flushing_blobs:
                     conn.execute("SET LOCAL synchronous_commit TO off")
                 if lines:
+                    insert_blobs(conn, sql.s, sid, self._flushing_blobs)
                     conn.execute(sql.insert_events, (sid, first, lines), binary=True)
                 else:  # only make earlier unsynced commits durable: a commit with an xid waits for the WAL
                     conn.execute("SELECT pg_current_xact_id()")

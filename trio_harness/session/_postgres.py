@@ -57,6 +57,7 @@ from .._errors import (
     UnsupportedFormatError,
 )
 from .._redact import redact_urls
+from ._blobs import copy_blobs, externalize_all, insert_blobs, select_blob
 from ._codec import decode_event, decode_header, decode_inbox_message, encode_event, encode_header, encode_inbox_message
 from ._events import Event, InboxMessage, SessionHeader
 from ._persistence import LoadedSession
@@ -485,6 +486,12 @@ class PostgresStore:
 
         return await self._run(f"look up session {session_id!r}", work, retry=True)
 
+    async def read_blob(self, session_id: str, sha256: str) -> bytes:
+        """The checked bytes of the image blob ``sha256`` of the session (a row of ``blobs``, session/_blobs.py)."""
+        validate_session_id(session_id)
+        work = select_blob(self._sql.s, session_id, sha256, f"{self.location} blobs {sha256}")
+        return await self._run(f"read an image of {session_id!r}", work, retry=True)
+
     async def list(self) -> list[SessionHeader]:
         """The headers of every stored session, oldest first (then by id); undecodable ones are logged and skipped."""
         sql = self._sql
@@ -710,7 +717,8 @@ class PostgresStore:
         validate_session_id(header.id)
         sql = self._sql
         header_line = encode_header(header)
-        lines = [encode_event(event) for event in events]
+        stored, blobs = externalize_all(events)
+        lines = [encode_event(event) for event in stored]
 
         key = _lock_key(self.schema, header.id)
 
@@ -725,6 +733,7 @@ class PostgresStore:
                 if row is None:
                     return "exists"
                 if lines:
+                    insert_blobs(conn, sql.s, header.id, blobs)
                     conn.execute(sql.insert_events, (header.id, 0, lines), binary=True)
             return "stored"
 
@@ -771,6 +780,7 @@ class PostgresStore:
                     ).rowcount
                     if copied != boundary:
                         raise _ShortPrefix
+                    conn.execute(copy_blobs(sql.s), (child.id, source))
             except _ShortPrefix:
                 return "short"  # rolled back: fewer events of the source are stored
             return "copied"
