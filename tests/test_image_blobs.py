@@ -6,6 +6,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 from _acp_clients import open_server
-from _postgres import postgres_cluster, schema, store
+from _postgres import admin, postgres_cluster, schema, store
 from test_images import PNG, png
 
 from trio_harness import Image, SessionCorruptError, SessionStoreError
@@ -139,7 +140,9 @@ async def test_a_reference_that_is_no_hash_is_refused(tmp_path: Path) -> None:
     log = tmp_path / "s" / "session.jsonl"
     log.write_text(log.read_text().replace(BIG_SHA, "../../../etc/passwd"))
     async with open_test_harness(ScriptedModel([]), store=tmp_path) as h:
-        with pytest.raises(SessionCorruptError, match="references an image blob named '../../../etc/passwd'"):
+        with pytest.raises(
+            SessionCorruptError, match=re.escape("references an image blob named '../../../etc/passwd'")
+        ):
             await h.agents.resume("s")
 
 
@@ -173,16 +176,22 @@ async def test_a_symlink_planted_at_a_blob_is_never_followed(tmp_path: Path) -> 
     assert (store / "s" / "blobs" / other_sha).read_bytes() == other.data
     # A link planted as the blobs directory: nothing is written through it, the flush fails naming it.
     with pytest.raises(SessionStoreError, match="refusing to store image blobs through it"):
-        async with (
-            open_test_harness(ScriptedModel([{"text": "ok"}]), store=store) as h,
-            h.agents.open(session_id="t") as agent,
-        ):
-            agent.followup("hello")
-            await agent.when_idle()
-            (store / "t" / "blobs").symlink_to(outside)
-            agent.followup(["big", BIG])
-            await agent.when_idle()
+        await write_through_a_planted_blobs_link(store, outside)
     assert sorted(os.listdir(outside)) == ["copy", "victim"]
+
+
+async def write_through_a_planted_blobs_link(store: Path, outside: Path) -> None:
+    async with (
+        open_test_harness(ScriptedModel([{"text": "ok"}]), store=store) as h,
+        h.agents.open(session_id="t") as agent,
+    ):
+        agent.followup("hello")
+        await agent.when_idle()
+        (store / "t" / "blobs").symlink_to(outside)
+        agent.followup(["big", BIG])
+        await agent.when_idle()
+        end = agent.session.events[-1]
+        assert isinstance(end, ev.TurnEnd) and end.reason == "error"  # its end could not be stored
 
 
 KILLED_CHILD = r"""
@@ -317,3 +326,73 @@ async def test_postgres_fork_copies_the_blobs(store: PostgresStore) -> None:
         await handle.agent.when_idle()
         await handle.dispose()
     assert await store.read_blob("child", BIG_SHA) == BIG.data
+
+
+async def test_a_version_1_schema_is_upgraded_keeping_its_sessions(postgres_cluster: Any, schema: str) -> None:
+    first = PostgresStore(postgres_cluster.dsn(), schema=schema)
+    async with first:
+        await first.check()
+        await write_then_resume(first)
+    # Back to version 1, as an older trio-harness left it (its sessions hold images inline).
+    postgres_cluster.psql(f"DROP TABLE {schema}.blobs; DELETE FROM {schema}.schema_version WHERE version = 2")
+    postgres_cluster.psql(f"DELETE FROM {schema}.sessions")
+    postgres_cluster.psql(f"DELETE FROM {schema}.events")
+    async with (
+        open_test_harness(ScriptedModel([{"text": "old"}]), store=MemoryStore()) as h,
+        h.agents.open(session_id="old") as agent,
+    ):
+        agent.followup(["look", BIG])
+        await agent.when_idle()
+        header, events = agent.session.header, list(agent.session.events)
+    with admin(postgres_cluster) as conn:  # the codec alone writes images inline, as version 1 did
+        conn.execute(
+            f"INSERT INTO {schema}.sessions (id, header, created_at) VALUES ('old', %s, 0)", (encode_header(header),)
+        )
+        for event in events:
+            conn.execute(
+                f"INSERT INTO {schema}.events (session_id, seq, body) VALUES ('old', %s, %s)",
+                (event.seq, encode_event(event)),
+            )
+    second = PostgresStore(postgres_cluster.dsn(), schema=schema)
+    async with second:
+        await second.check()
+        rows = postgres_cluster.psql(f"SELECT version FROM {schema}.schema_version ORDER BY version")
+        assert rows.split() == ["1", "2"]
+        model = ScriptedModel([{"text": "again"}])
+        async with open_test_harness(model, store=second) as h:
+            handle = await h.agents.resume("old")  # inline images read as before
+            handle.agent.followup(["and", BIG])  # a new one goes to the new table
+            await handle.agent.when_idle()
+            await handle.dispose()
+        assert images_of(model.requests[0]) == [(BIG,), (BIG,)]
+        assert await second.read_blob("old", BIG_SHA) == BIG.data
+
+
+async def test_postgres_stores_a_blob_in_the_transaction_of_its_event(
+    store: PostgresStore, postgres_cluster: Any, schema: str
+) -> None:
+    """An events insert that fails (a trigger refuses the referencing line) leaves no blob row behind."""
+    with admin(postgres_cluster) as conn:
+        conn.execute(
+            f"CREATE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$"
+        )
+        conn.execute(
+            f"CREATE TRIGGER refuse BEFORE INSERT ON {schema}.events FOR EACH ROW "
+            f"WHEN (NEW.body LIKE '%{BIG_SHA}%') EXECUTE FUNCTION {schema}.refuse()"
+        )
+    with pytest.raises(SessionStoreError, match="refused by the test"):
+        await store_a_large_image(store)
+    assert postgres_cluster.psql(f"SELECT count(*) FROM {schema}.blobs").split() == ["0"]
+    assert postgres_cluster.psql(f"SELECT count(*) FROM {schema}.events WHERE session_id = 'p'").split() != ["0"]
+
+
+async def store_a_large_image(store: PostgresStore) -> None:
+    async with (
+        open_test_harness(ScriptedModel([{"text": "ok"}, {"text": "no"}]), store=store) as h,
+        h.agents.open(session_id="p") as agent,
+    ):
+        agent.followup("hello")
+        await agent.when_idle()
+        agent.followup(["big", BIG])
+        await agent.when_idle()
