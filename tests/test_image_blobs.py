@@ -20,6 +20,7 @@ from test_images import PNG, png
 from trio_harness import Image, SessionCorruptError, SessionStoreError
 from trio_harness.events import MAX_INLINE_IMAGE_BYTES, ImagePart
 from trio_harness.model import ModelRequest, UserMessage
+from trio_harness.model._replay import ReplayModel
 from trio_harness.model._scripted import ScriptedModel
 from trio_harness.session import JsonlStore, MemoryStore, PostgresStore, encode_event, encode_header
 from trio_harness.session import _events as ev
@@ -199,6 +200,7 @@ import os, sys, hashlib
 import trio
 sys.path.insert(0, sys.argv[2])
 from test_image_blobs import BIG, BIG_SHA
+from trio_harness.model._replay import ReplayModel
 from trio_harness.model._scripted import ScriptedModel
 from trio_harness.session import _jsonl
 from trio_harness.testing import open_test_harness
@@ -382,14 +384,55 @@ async def test_postgres_stores_a_blob_in_the_transaction_of_its_event(
             f"WHEN (NEW.body LIKE '%{BIG_SHA}%') EXECUTE FUNCTION {schema}.refuse()"
         )
     with pytest.raises(SessionStoreError, match="refused by the test"):
-        await store_a_large_image(store)
+        await store_a_large_image_in(store)
     assert postgres_cluster.psql(f"SELECT count(*) FROM {schema}.blobs").split() == ["0"]
     assert postgres_cluster.psql(f"SELECT count(*) FROM {schema}.events WHERE session_id = 'p'").split() != ["0"]
 
 
-async def store_a_large_image(store: PostgresStore) -> None:
+async def test_a_strict_replay_of_a_log_with_a_reference_compares_by_hash(tmp_path: Path) -> None:
     async with (
-        open_test_harness(ScriptedModel([{"text": "ok"}, {"text": "no"}]), store=store) as h,
+        open_test_harness(ScriptedModel([{"text": "seen"}]), store=tmp_path) as h,
+        h.agents.open(session_id="rec") as agent,
+    ):
+        agent.followup(["look", BIG])
+        await agent.when_idle()
+    for image, reason in ((BIG, "completed"), (Image(png(300, 300, seed=3), "image/png"), "error")):
+        replay = ReplayModel.from_file(tmp_path / "rec" / "session.jsonl", strict=True)
+        async with open_test_harness(replay) as h, h.agents.open() as agent:
+            agent.followup(["look", image])
+            await agent.when_idle()
+            end = agent.session.events[-1]
+            assert isinstance(end, ev.TurnEnd) and end.reason == reason
+
+
+async def test_a_blob_and_its_directory_entry_are_synced_before_the_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trio_harness.session import _jsonl
+
+    order: list[str] = []
+    real_fsync, real_write = os.fsync, _jsonl._write_all
+
+    def fsync(fd: int) -> None:
+        order.append("fsync " + os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), tmp_path))
+        real_fsync(fd)
+
+    def write_all(fd: int, data: bytes) -> None:
+        if BIG_SHA.encode() in data:
+            order.append("line")
+        real_write(fd, data)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(_jsonl, "_write_all", write_all)
+    await store_a_large_image_in(tmp_path)
+    temp = os.path.join("p", "blobs", f".{BIG_SHA}.")  # synced under its temporary name, then renamed
+    (synced_blob,) = [i for i, step in enumerate(order) if step.startswith(f"fsync {temp}")]
+    assert synced_blob < order.index(f"fsync {os.path.join('p', 'blobs')}") < order.index("line")
+
+
+async def store_a_large_image_in(where: Any) -> None:
+    async with (
+        open_test_harness(ScriptedModel([{"text": "ok"}, {"text": "ok"}]), store=where) as h,
         h.agents.open(session_id="p") as agent,
     ):
         agent.followup("hello")
