@@ -439,3 +439,39 @@ async def store_a_large_image_in(where: Any) -> None:
         await agent.when_idle()
         agent.followup(["big", BIG])
         await agent.when_idle()
+
+
+async def test_a_failed_create_leaves_no_blobs_and_a_first_flush_stores_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_link = os.link
+
+    def link(*args: Any, **kwargs: Any) -> None:
+        raise OSError(5, "Input/output error (test)")
+
+    monkeypatch.setattr(os, "link", link)
+    with pytest.raises(SessionStoreError, match="Input/output error"):
+        await first_message_with_a_large_image(tmp_path)
+    assert not (tmp_path / "n").exists()  # no directory left holding a blob
+    monkeypatch.setattr(os, "link", real_link)
+    await first_message_with_a_large_image(tmp_path)
+    assert os.listdir(tmp_path / "n" / "blobs") == [BIG_SHA]
+    loaded = await JsonlStore(tmp_path).load("n")
+    assert any(
+        isinstance(e, ev.InboxSpliced) and e.inserted and e.inserted[0].images[0].by_reference for e in loaded.events
+    )
+
+
+async def first_message_with_a_large_image(where: Path) -> None:
+    async with open_test_harness(ScriptedModel([{"text": "ok"}]), store=where) as h:
+        agent = await h.agents.create(session_id="n")
+        agent.agent.followup(["big", BIG])  # in the first flush, with the header
+        await agent.agent.when_idle()
+        await agent.dispose()
+
+
+async def test_a_damaged_file_at_a_new_blobs_path_is_replaced(tmp_path: Path) -> None:
+    (tmp_path / "p" / "blobs").mkdir(parents=True, mode=0o700)
+    (tmp_path / "p" / "blobs" / BIG_SHA).write_bytes(bytes(len(BIG.data)))  # right size, wrong bytes
+    await store_a_large_image_in(tmp_path)
+    assert (tmp_path / "p" / "blobs" / BIG_SHA).read_bytes() == BIG.data

@@ -211,6 +211,43 @@ def check_digest(digest: str, session_id: str) -> str:
 # ---------------------------------------------------------------- JSONL files
 
 
+def _holds(blobs_fd: int, digest: str, size: int) -> bool:
+    """Whether ``digest`` in ``blobs_fd`` is a regular file (not a link) holding the bytes of that hash."""
+    try:
+        fd = os.open(digest, _READ_FLAGS, dir_fd=blobs_fd)
+    except OSError:
+        return False  # missing, or a symbolic link (ELOOP): written anew
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+            return False
+        digester = hashlib.sha256()
+        while chunk := os.read(fd, 1 << 20):
+            digester.update(chunk)
+        return digester.hexdigest() == digest
+    finally:
+        os.close(fd)
+
+
+def discard_blob_files(dir_fd: int) -> None:
+    """(blocking) Remove the ``blobs`` of a session directory this call created (a failed create)."""
+    try:
+        blobs_fd = os.open(BLOBS_DIR, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return
+    try:
+        for name in os.listdir(blobs_fd):
+            os.unlink(name, dir_fd=blobs_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(blobs_fd)
+    try:
+        os.rmdir(BLOBS_DIR, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
 def write_blob_files(dir_fd: int, blobs: dict[str, bytes], *, fsync: bool) -> None:
     """(blocking) Store ``blobs`` as ``blobs/<sha256>`` files under the session directory ``dir_fd``.
 
@@ -243,14 +280,11 @@ def write_blob_files(dir_fd: int, blobs: dict[str, bytes], *, fsync: bool) -> No
             ) from None
         raise
     try:
+        if created:
+            os.fchmod(blobs_fd, 0o700)  # a umask such as 0o277 would leave it unwritable
         for digest, data in blobs.items():
-            try:
-                info = os.stat(digest, dir_fd=blobs_fd, follow_symlinks=False)
-            except FileNotFoundError:
-                pass
-            else:
-                if stat.S_ISREG(info.st_mode) and info.st_size == len(data):
-                    continue  # stored already (a later load checks its hash)
+            if _holds(blobs_fd, digest, len(data)):
+                continue  # stored already (a damaged or planted one is replaced)
             temp = f".{digest}.{uuid.uuid4().hex}.tmp"
             fd = os.open(temp, _TEMP_FLAGS, 0o600, dir_fd=blobs_fd)
             try:

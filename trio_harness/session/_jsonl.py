@@ -66,7 +66,15 @@ from .._errors import (
     SessionNotFoundError,
     SessionStoreError,
 )
-from ._blobs import IMAGE_EVENTS, externalize, externalize_all, read_blob_file_async, write_blob_files, write_blobs_in
+from ._blobs import (
+    IMAGE_EVENTS,
+    discard_blob_files,
+    externalize,
+    externalize_all,
+    read_blob_file_async,
+    write_blob_files,
+    write_blobs_in,
+)
 from ._codec import decode_event, decode_event_line, decode_header, encode_event, encode_header, encoder_of
 from ._create_lock import CLAIM_NAME, ClaimHeld, take_claim
 from ._events import Event, SessionHeader, TurnEnd
@@ -886,6 +894,8 @@ class JsonlStore:
             if fd is not None:
                 os.close(fd)
             if created_dir:
+                if dir_fd is not None:
+                    discard_blob_files(dir_fd)  # written for the log that never appeared
                 try:
                     os.rmdir(name, dir_fd=root_fd)  # only if still empty
                 except OSError:
