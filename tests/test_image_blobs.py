@@ -475,3 +475,13 @@ async def test_a_damaged_file_at_a_new_blobs_path_is_replaced(tmp_path: Path) ->
     (tmp_path / "p" / "blobs" / BIG_SHA).write_bytes(bytes(len(BIG.data)))  # right size, wrong bytes
     await store_a_large_image_in(tmp_path)
     assert (tmp_path / "p" / "blobs" / BIG_SHA).read_bytes() == BIG.data
+
+
+async def test_sessions_show_names_the_size_of_an_image_stored_by_reference(tmp_path: Path) -> None:
+    from trio_harness._cli_sessions import transcript
+
+    await write_then_resume(tmp_path)
+    loaded = await JsonlStore(tmp_path).load("s")
+    lines = transcript(loaded.header, loaded.events)
+    assert f"  [image] image/png, {len(BIG.data)} bytes" in lines
+    assert f"  [image] image/png, {len(PNG.data)} bytes" in lines
