@@ -13,20 +13,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from _acp_clients import open_server
-from _postgres import admin, postgres_cluster, schema, store
+from _postgres import admin, fresh_schema, postgres_cluster, proxy_for, schema, store
 from test_images import PNG, png
+from test_postgres_faults import own_cluster, stored_session
 
 from trio_harness import Image, SessionCorruptError, SessionStoreError
-from trio_harness.events import MAX_INLINE_IMAGE_BYTES, ImagePart
+from trio_harness.events import MAX_INLINE_IMAGE_BYTES, ImagePart, InboxMessage
 from trio_harness.model import ModelRequest, UserMessage
 from trio_harness.model._replay import ReplayModel
 from trio_harness.model._scripted import ScriptedModel
-from trio_harness.session import JsonlStore, MemoryStore, PostgresStore, encode_event, encode_header
+from trio_harness.session import JsonlStore, MemoryStore, PostgresStore, SessionRegistry, encode_event, encode_header
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
 
-__all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
+__all__ = ["own_cluster", "postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
 
 BIG = Image(png(300, 300, seed=1), "image/png")  # a real PNG of ~270 KB of noise
 BIG_SHA = hashlib.sha256(BIG.data).hexdigest()
@@ -485,3 +487,45 @@ async def test_sessions_show_names_the_size_of_an_image_stored_by_reference(tmp_
     lines = transcript(loaded.header, loaded.events)
     assert f"  [image] image/png, {len(BIG.data)} bytes" in lines
     assert f"  [image] image/png, {len(PNG.data)} bytes" in lines
+
+
+def spliced_with(image: Image) -> dict[str, Any]:
+    return {"queue": "next-turn", "start": 0, "inserted": (InboxMessage("big", "look", images=(ImagePart.of(image),)),)}
+
+
+async def test_postgres_a_blob_flushed_without_sync_survives_a_server_crash(own_cluster: Any) -> None:
+    """The commit carrying a blob is synchronous: a crash right after it loses neither the blob nor its line."""
+    persistence = PostgresStore(own_cluster.dsn(), schema=fresh_schema())
+    await persistence.check()
+    async with persistence:
+        await stored_session(persistence, "s1")
+        sessions = SessionRegistry(persistence)
+        entry = sessions.enter(await sessions.prepare_resume("s1"))
+        entry.session.append(ev.InboxSpliced, **spliced_with(BIG))
+        await entry.session.flush(sync=False)
+        await trio.to_thread.run_sync(own_cluster.restart, "immediate")  # unsynced commits are lost
+        stored = (await persistence.load("s1")).events
+        assert len(stored) == len(entry.session)
+        last = stored[-1]
+        assert isinstance(last, ev.InboxSpliced) and last.inserted[0].images[0].by_reference
+        assert await persistence.read_blob("s1", BIG_SHA) == BIG.data
+        await sessions.detach(entry)
+
+
+async def test_postgres_a_connection_lost_while_storing_a_blob_stores_it_on_the_next(
+    postgres_cluster: Any, schema: str, store: PostgresStore
+) -> None:
+    await stored_session(store, "s1")
+    with proxy_for(postgres_cluster) as proxy:
+        proxied = PostgresStore(proxy.dsn(), schema=schema)
+        async with proxied:
+            sessions = SessionRegistry(proxied)
+            entry = sessions.enter(await sessions.prepare_resume("s1"))
+            entry.session.append(ev.InboxSpliced, **spliced_with(BIG))
+            dropped = proxy.drop_after(b".blobs (session_id, sha256, data)")
+            await entry.session.flush()
+            assert dropped.is_set()
+            await sessions.detach(entry)
+    stored = (await store.load("s1")).events
+    assert len(stored) == len(entry.session)
+    assert await store.read_blob("s1", BIG_SHA) == BIG.data

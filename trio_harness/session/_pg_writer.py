@@ -269,6 +269,7 @@ class _PgWriter:
                 raise
             finally:
                 self._last_used = trio.current_time()
+                self._flushing_blobs = {}  # stored, or back in self._blobs
 
     def _committed(self, lines: list[str], acks: list[int], sync: bool) -> None:
         self._stored += len(lines)
