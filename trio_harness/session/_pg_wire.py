@@ -1,0 +1,161 @@
+"""One statement sent through libpq from the Trio thread itself: no worker thread, cancellation-safely.
+
+A checkpoint is one small statement whose cost is mostly the way to the
+server and back; run as psycopg's blocking ``execute`` on a worker thread
+(:mod:`._pg_threads`) it pays two thread hops and psycopg's transaction
+machinery, about three times the round trip itself.  :func:`_statement`
+drives libpq's non-blocking API (``psycopg.pq.PGconn``: ``send_query_params``,
+``flush``, ``consume_input``, ``is_busy``, ``get_result``) and waits on the
+connection's socket with ``trio.lowlevel.wait_readable`` / ``wait_writable``.
+
+Cancellation keeps :func:`._pg_threads._call`'s contract: a caller cancelled
+before the statement is sent sends nothing; once it is sent, the statement
+is cancelled on the server, its answer waited for (shielded, at most
+``_CANCEL_GRACE`` seconds, after which the socket is shut and the connection
+is broken), and ``settle`` is called when it completed anyway, so a committed
+statement is never mistaken for a failed one.  A statement that failed (on
+the server, or because the connection was lost) raises the psycopg error
+psycopg itself would raise; whether a statement whose connection was lost
+committed is for the caller to find out (the connection is broken then).
+
+The caller owns the connection meanwhile (a session's writer, under its
+lock): nothing else may use it, on any thread, until the call returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ._pg_schema import _psycopg
+from ._pg_threads import _CANCEL_GRACE, _cancel_statement, _shut_socket
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg.pq.abc import PGresult
+
+log = logging.getLogger("trio_harness.session.postgres")
+
+TEXT_OID = 25
+INT8_OID = 20
+TEXT_ARRAY_OID = 1009
+TEXT_FORMAT = 0
+BINARY_FORMAT = 1
+
+_ARRAY_HEADER = struct.Struct("!iiIii")  # dimensions, has-nulls flag, element type, length, lower bound
+_LENGTH = struct.Struct("!i")
+
+
+def text_array(items: Sequence[str], encoding: str) -> bytes:
+    """``items`` as a one-dimensional ``text[]`` in PostgreSQL's binary format (no nulls)."""
+    parts = [_ARRAY_HEADER.pack(1, 0, TEXT_OID, len(items), 1)]
+    for item in items:
+        data = item.encode(encoding)
+        parts.append(_LENGTH.pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+class _Exchange:
+    """One statement's way through libpq: its sending, then its results until the connection is ready again."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.pgconn = conn.pgconn
+        self.fd = self.pgconn.socket
+        self.sent = False
+        self.done = False
+        self.results: list[PGresult] = []
+
+    def advance(self) -> bool:
+        """Progress as far as possible without blocking; True once every result is in.
+
+        Raises:
+            psycopg.OperationalError: the connection was lost.
+        """
+        pgconn = self.pgconn
+        if not self.sent:
+            if pgconn.flush():
+                pgconn.consume_input()  # what the server said meanwhile (a notice), so it never waits on us
+                return False
+            self.sent = True
+        pgconn.consume_input()
+        while not pgconn.is_busy():
+            result = pgconn.get_result()
+            if result is None:
+                self.done = True
+                return True
+            self.results.append(result)
+        return False
+
+    async def run(self) -> None:
+        while not self.advance():
+            if self.sent:
+                await trio.lowlevel.wait_readable(self.fd)
+            else:
+                await trio.lowlevel.wait_writable(self.fd)
+
+    @property
+    def succeeded(self) -> bool:
+        pq = _psycopg().pq
+        ok = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
+        return self.done and all(result.status in ok for result in self.results)
+
+
+async def _statement(
+    conn: psycopg.Connection[Any],
+    query: bytes,
+    params: Sequence[bytes | None],
+    types: Sequence[int],
+    formats: Sequence[int],
+    *,
+    settle: Callable[[None], None] | None = None,
+) -> None:
+    """Run one statement (no rows wanted) on ``conn`` in its own implicit transaction, from the Trio thread.
+
+    On a connection in autocommit mode, outside a transaction, the statement
+    commits by itself (at the protocol's sync, before the server says it is
+    ready again): success means committed.
+
+    Raises:
+        psycopg.Error: the statement failed (not committed), or the
+            connection was lost (maybe committed: the connection is broken).
+        trio.Cancelled: after ``settle`` when the statement completed anyway.
+    """
+    pg = _psycopg()
+    await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled caller sends nothing
+    if conn.closed or conn.broken:
+        raise pg.OperationalError("the connection is closed")
+    pgconn = conn.pgconn
+    if pgconn.transaction_status != pg.pq.TransactionStatus.IDLE:
+        status = pg.pq.TransactionStatus(pgconn.transaction_status).name
+        raise pg.InterfaceError(f"a statement sent on a connection that is {status}, not idle")
+    pgconn.nonblocking = 1
+    pgconn.send_query_params(query, params, param_types=types, param_formats=formats, result_format=TEXT_FORMAT)
+    exchange = _Exchange(conn)
+    try:
+        await exchange.run()
+    except trio.Cancelled:
+        with trio.CancelScope(shield=True):
+            try:
+                if not exchange.advance():
+                    await trio.to_thread.run_sync(_cancel_statement, conn)
+                    with trio.move_on_after(_CANCEL_GRACE) as grace:
+                        await exchange.run()
+                    if grace.cancelled_caught:
+                        log.warning(
+                            "PostgreSQL did not cancel a statement within %g s: shutting its socket", _CANCEL_GRACE
+                        )
+                        _shut_socket(conn)
+                        await exchange.run()  # ends at once: the connection is broken
+            except pg.Error as exc:  # lost: whether it committed is for the caller to find out
+                log.debug("a cancelled statement's connection failed: %s", exc)
+        if exchange.succeeded and settle is not None:
+            settle(None)
+        raise
+    for result in exchange.results:
+        if result.status not in (pg.pq.ExecStatus.COMMAND_OK, pg.pq.ExecStatus.TUPLES_OK):
+            raise pg.errors.error_from_result(result, encoding=conn.info.encoding)
