@@ -24,8 +24,10 @@ lock): nothing else may use it, on any thread, until the call returns.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import struct
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -105,25 +107,15 @@ class _Exchange:
         return self.done and all(result.status in ok for result in self.results)
 
 
-async def _statement(
-    conn: psycopg.Connection[Any],
-    query: bytes,
-    params: Sequence[bytes | None],
-    types: Sequence[int],
-    formats: Sequence[int],
-    *,
-    settle: Callable[[None], None] | None = None,
+async def _exchange(
+    conn: psycopg.Connection[Any], send: Callable[[], None], *, settle: Callable[[None], None] | None = None
 ) -> None:
-    """Run one statement (no rows wanted) on ``conn`` in its own implicit transaction, from the Trio thread.
-
-    On a connection in autocommit mode, outside a transaction, the statement
-    commits by itself (at the protocol's sync, before the server says it is
-    ready again): success means committed.
+    """``send()`` one request on ``conn``'s libpq connection and wait for all its results, cancellation-safely.
 
     Raises:
-        psycopg.Error: the statement failed (not committed), or the
-            connection was lost (maybe committed: the connection is broken).
-        trio.Cancelled: after ``settle`` when the statement completed anyway.
+        psycopg.Error: the server refused the request (nothing of it took
+            effect), or the connection was lost (the connection is broken).
+        trio.Cancelled: after ``settle`` when the request completed anyway.
     """
     pg = _psycopg()
     await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled caller sends nothing
@@ -134,7 +126,7 @@ async def _statement(
         status = pg.pq.TransactionStatus(pgconn.transaction_status).name
         raise pg.InterfaceError(f"a statement sent on a connection that is {status}, not idle")
     pgconn.nonblocking = 1
-    pgconn.send_query_params(query, params, param_types=types, param_formats=formats, result_format=TEXT_FORMAT)
+    send()
     exchange = _Exchange(conn)
     try:
         await exchange.run()
@@ -151,7 +143,7 @@ async def _statement(
                         )
                         _shut_socket(conn)
                         await exchange.run()  # ends at once: the connection is broken
-            except pg.Error as exc:  # lost: whether it committed is for the caller to find out
+            except pg.Error as exc:  # lost: whether it took effect is for the caller to find out
                 log.debug("a cancelled statement's connection failed: %s", exc)
         if exchange.succeeded and settle is not None:
             settle(None)
@@ -159,3 +151,63 @@ async def _statement(
     for result in exchange.results:
         if result.status not in (pg.pq.ExecStatus.COMMAND_OK, pg.pq.ExecStatus.TUPLES_OK):
             raise pg.errors.error_from_result(result, encoding=conn.info.encoding)
+
+
+# The statements prepared on each connection (by name), by this module: a
+# prepared statement skips the server's parsing and planning, half the cost
+# of a small INSERT's round trip.
+_prepared: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[bytes]] = weakref.WeakKeyDictionary()
+
+
+def _statement_name(query: bytes) -> bytes:
+    return b"th_" + hashlib.blake2b(query, digest_size=12).hexdigest().encode()
+
+
+async def _prepare(conn: psycopg.Connection[Any], name: bytes, query: bytes, types: Sequence[int]) -> None:
+    names = _prepared.setdefault(conn, set())
+    try:
+        await _exchange(conn, lambda: conn.pgconn.send_prepare(name, query, types), settle=lambda _: names.add(name))
+    except _psycopg().errors.DuplicatePreparedStatement:
+        pass  # prepared by a call cancelled before it knew
+    names.add(name)
+
+
+async def _statement(
+    conn: psycopg.Connection[Any],
+    query: bytes,
+    params: Sequence[bytes | None],
+    types: Sequence[int],
+    formats: Sequence[int],
+    *,
+    settle: Callable[[None], None] | None = None,
+) -> None:
+    """Run one statement (no rows wanted) on ``conn`` in its own implicit transaction, from the Trio thread.
+
+    On a connection in autocommit mode, outside a transaction, the statement
+    commits by itself (at the protocol's sync, before the server says it is
+    ready again): success means committed.  The statement is prepared on the
+    connection the first time (one more round trip, once per connection),
+    and again if it was deallocated meanwhile (psycopg's ``DEALLOCATE ALL``
+    after a rollback).
+
+    Raises:
+        psycopg.Error: the statement failed (not committed), or the
+            connection was lost (maybe committed: the connection is broken).
+        trio.Cancelled: after ``settle`` when the statement completed anyway.
+    """
+    name = _statement_name(query)
+    for attempt in (1, 2):
+        if name not in _prepared.get(conn, ()):
+            await _prepare(conn, name, query, types)
+        try:
+            await _exchange(
+                conn,
+                lambda: conn.pgconn.send_query_prepared(name, params, param_formats=formats, result_format=TEXT_FORMAT),
+                settle=settle,
+            )
+        except _psycopg().errors.InvalidSqlStatementName:  # refused at bind: nothing ran
+            _prepared.get(conn, set()).discard(name)
+            if attempt == 2:
+                raise
+            continue
+        return

@@ -509,7 +509,8 @@ class _PgWriter:
                         "AND classid::bigint = %s AND objid::bigint = %s",
                         ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
                     ).fetchone()
-                    return ("previous" if holder is not None and holder[0] == previous else "locked"), 0
+                    # No holder: the lock went free since the try (the previous connection just ended): retry.
+                    return ("previous" if holder is None or holder[0] == previous else "locked"), 0
                 store._configure_writer(conn)
                 count = _scalar(
                     conn, f"SELECT coalesce(max(seq) + 1, 0) FROM {sql.s}.events WHERE session_id = %s", (sid,)
