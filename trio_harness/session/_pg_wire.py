@@ -1,11 +1,14 @@
 """One statement sent through libpq from the Trio thread itself: no worker thread, cancellation-safely.
 
 A checkpoint is one small statement whose cost is mostly the way to the
-server and back; run as psycopg's blocking ``execute`` on a worker thread
-(:mod:`._pg_threads`) it pays two thread hops and psycopg's transaction
-machinery, about three times the round trip itself.  :func:`_statement`
-drives libpq's non-blocking API (``psycopg.pq.PGconn``: ``send_query_params``,
-``flush``, ``consume_input``, ``is_busy``, ``get_result``) and waits on the
+server and back; run as psycopg's blocking transaction (``BEGIN``, ``SET
+LOCAL``, ``INSERT``, ``COMMIT`` in a pipeline) on a worker thread
+(:mod:`._pg_threads`) it paid two thread hops and psycopg's transaction
+machinery, several times the round trip itself.  :func:`_statement` sends one
+statement prepared on the connection (parsed and planned once), its own
+implicit transaction, through libpq's non-blocking API
+(``psycopg.pq.PGconn``: ``send_query_prepared``, ``flush``,
+``consume_input``, ``is_busy``, ``get_result``) and waits on the
 connection's socket with ``trio.lowlevel.wait_readable`` / ``wait_writable``.
 
 Cancellation keeps :func:`._pg_threads._call`'s contract: a caller cancelled

@@ -12,9 +12,12 @@ whose connection died (maybe during COMMIT) takes the session again on a new
 connection and compares what is stored before it retries; events committed
 without sync that the server lost meanwhile are stored again.
 
-The writer runs its statements through :mod:`._pg_threads` and knows its
-store only as :class:`_WriterStore` (the store, :mod:`._postgres`, builds on
-this module, never the other way).
+The writer sends its appends through :mod:`._pg_wire` (one prepared
+statement, its own transaction, from the Trio thread), and its other
+statements (the first flush, retakes, an append that deletes delivered mail,
+heartbeats, mailbox reads) through :mod:`._pg_threads`.  It knows its store
+only as :class:`_WriterStore` (the store, :mod:`._postgres`, builds on this
+module, never the other way).
 """
 
 from __future__ import annotations
