@@ -72,6 +72,7 @@ class _Exchange:
         self.pgconn = conn.pgconn
         self.fd = self.pgconn.socket
         self.sent = False
+        self.polled = False
         self.done = False
         self.results: list[PGresult] = []
 
@@ -87,6 +88,8 @@ class _Exchange:
                 pgconn.consume_input()  # what the server said meanwhile (a notice), so it never waits on us
                 return False
             self.sent = True
+            if not self.polled:
+                return False  # just sent: nothing can be there yet; wait until the socket is readable
         pgconn.consume_input()
         while not pgconn.is_busy():
             result = pgconn.get_result()
@@ -95,6 +98,11 @@ class _Exchange:
                 return True
             self.results.append(result)
         return False
+
+    def poll(self) -> bool:
+        """:meth:`advance`, reading whatever is there even right after sending (for a cancelled caller)."""
+        self.polled = True
+        return self.advance()
 
     async def run(self) -> None:
         while not self.advance():
@@ -136,7 +144,7 @@ async def _exchange(
     except trio.Cancelled:
         with trio.CancelScope(shield=True):
             try:
-                if not exchange.advance():
+                if not exchange.poll():
                     await trio.to_thread.run_sync(_cancel_statement, conn)
                     with trio.move_on_after(_CANCEL_GRACE) as grace:
                         await exchange.run()
