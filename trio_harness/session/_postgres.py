@@ -14,7 +14,9 @@ byte-exact and the strict codec still validates them.
 
 The driver is the synchronous psycopg 3 run on worker threads, every call
 cancellation-safe (:mod:`._pg_threads`: psycopg's asyncio connection does not
-run under Trio).  A live session's statements are bounded by
+run under Trio); a live session's appends (its checkpoints) are instead one
+prepared statement each, sent through libpq's non-blocking API from the Trio
+thread (:mod:`._pg_wire`), with the same cancellation contract.  A live session's statements are bounded by
 ``write_timeout``.
 
 One live writer per session (:mod:`._pg_writer`): a writer holds a
