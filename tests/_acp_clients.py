@@ -45,8 +45,8 @@ __all__ = [
 
 Msg = dict[str, Any]
 
-INFO_KINDS = frozenset({"session_info_update", "usage_update"})
-"""The updates about the session (title, activity, usage) rather than its conversation."""
+INFO_KINDS = frozenset({"session_info_update", "usage_update", "available_commands_update", "config_option_update"})
+"""The updates about the session (title, activity, usage, commands, config) rather than its conversation."""
 
 
 def conversation(updates: list[Msg]) -> list[Msg]:

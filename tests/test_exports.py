@@ -540,6 +540,7 @@ PUBLIC_API: dict[str, frozenset[str]] = {
     ),
     "trio_harness.tools": frozenset(
         {
+            "BashRunner",
             "BashToolOptions",
             "BashToolPlugin",
             "connect_mcp",
@@ -551,6 +552,10 @@ PUBLIC_API: dict[str, frozenset[str]] = {
             "McpStdioServer",
             "NoticeTarget",
             "parse_mcp_config",
+            "current_plan",
+            "plan_of",
+            "PlanEntry",
+            "PlanToolPlugin",
             "SubagentOptions",
             "SubagentToolPlugin",
             "task_tools",
@@ -586,6 +591,7 @@ PUBLIC_API: dict[str, frozenset[str]] = {
             "AssistantChunk",
             "AssistantMessage",
             "CompactionFailed",
+            "ConfigChanged",
             "ContextCompacted",
             "Event",
             "EVENT_TYPES",

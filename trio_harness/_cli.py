@@ -93,7 +93,7 @@ DEFAULT_MODEL: Final = "deepseek:deepseek-chat"
 """The model spec used when neither ``--model`` nor ``$TRIO_HARNESS_MODEL`` is given."""
 
 
-_TOOL_NAMES: Final = ("tasks", "bash", "subagent")
+_TOOL_NAMES: Final = ("tasks", "bash", "subagent", "plan")
 
 
 def default_store() -> Path:
@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LIST",
         type=_tools_arg,
         default=True,
-        help="built-in tools to offer: all (default), none, or a comma list of tasks,bash,subagent",
+        help="built-in tools to offer: all (default), none, or a comma list of tasks,bash,subagent,plan",
     )
     tools.add_argument(
         "--sandbox",

@@ -56,6 +56,7 @@ from .tasks._service import TaskService, open_task_service
 from .tools._bash import BashToolOptions, BashToolPlugin
 from .tools._mcp import McpConnection, connect_mcp_servers
 from .tools._mcp_config import McpServerConfig, with_env_policy
+from .tools._plan import PlanToolPlugin
 from .tools._subagent import SubagentOptions, SubagentToolPlugin
 from .tools._tasks import TaskToolOptions, TaskToolsPlugin
 
@@ -220,7 +221,8 @@ async def open_harness(
             before the services start and closed after the sessions are
             detached.
         builtin_tools: load the built-in tool plugins (``"tasks"``, ``"bash"``,
-            ``"subagent"``): True for all, False for none, or a list of names.
+            ``"subagent"``, ``"plan"``: the ``todo_write`` tool): True for all,
+            False for none, or a list of names.
         clock: wall clock for event timestamps (injectable for tests).
         teardown_timeout: bound, in seconds of Trio time, on each teardown
             step (an agent's disposal waiting for its tasks, the task
@@ -291,14 +293,14 @@ async def open_harness(
     persistence = resolve_store(store)
     await persistence.check()  # a store path that is a file or not writable fails here, not at a flush
     if builtin_tools is True:
-        wanted = {"tasks", "bash", "subagent"}
+        wanted = {"tasks", "bash", "subagent", "plan"}
     elif builtin_tools is False:
         wanted = set()
     else:
         wanted = set(builtin_tools)
-        unknown = wanted - {"tasks", "bash", "subagent"}
+        unknown = wanted - {"tasks", "bash", "subagent", "plan"}
         if unknown:
-            raise ValueError(f"unknown built-in tools {sorted(unknown)}; choose from bash, subagent, tasks")
+            raise ValueError(f"unknown built-in tools {sorted(unknown)}; choose from bash, plan, subagent, tasks")
 
     servers = tuple(mcp_servers)
     bus = EventBus()
@@ -362,6 +364,8 @@ async def open_harness(
             await harness.load(BashToolPlugin(bash, tasks, tools, bash_tool_settings))
         if "subagent" in wanted:
             await harness.load(SubagentToolPlugin(tasks, tools, subagent_settings))
+        if "plan" in wanted:
+            await harness.load(PlanToolPlugin(tools))
         if mcp_scope is not None:
             servers = with_env_policy(servers, env_policy)
             harness._mcp_connections.extend(await connect_mcp_servers(mcp_scope, tools, servers, bus=bus))

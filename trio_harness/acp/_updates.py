@@ -76,6 +76,7 @@ _TOOL_KINDS: Final[dict[str, str]] = {
     "task_list": "read",
     "task_kill": "delete",
     "subagent": "think",
+    "todo_write": "think",
 }
 
 
@@ -129,6 +130,8 @@ def tool_title(name: str, arguments: str, limit: int = 80) -> str:
         prompt = parsed.get("prompt")
         if name == "subagent" and isinstance(prompt, str):
             return f"subagent: {shorten(prompt, limit)}"
+        if name == "todo_write":
+            return "Update the plan"
         if not parsed:
             return name
     return f"{name} {shorten(arguments, limit)}"
