@@ -447,7 +447,7 @@ class AcpServer(SessionFeatures):
             self._post_error(request.id, rpc.RpcError(rpc.INTERNAL_ERROR, f"internal error: {exc!r}"))
         else:
             self._post(rpc.result_response(request.id, result))
-            if request.method in ("session/new", "session/load"):
+            if request.method == "session/new":  # the session exists for the client from its answer on
                 self._announce(result, params)
         finally:
             if self._outbox is not None:
@@ -567,6 +567,7 @@ class AcpServer(SessionFeatures):
         # Then what the harness knows of the session: its title, last activity and usage.
         if record.title is not None:
             self._update(record.id, {"sessionUpdate": "session_info_update", "title": record.title})
+        self._announce({"sessionId": record.id}, None)
         if plan := plan_of(events):  # the plan as it stands (each plan update replaces the last)
             self._update(record.id, plan_update(plan))
         if events:
