@@ -141,6 +141,10 @@ def spawn(editor, models, store, cwd):
     )
 
 
+def dumped(options):
+    return [o.model_dump(mode="json", by_alias=True, exclude_none=True) for o in options]
+
+
 def text_of(updates):
     return "".join(u["content"]["text"] for u in updates if u["sessionUpdate"] == "agent_message_chunk")
 
@@ -154,14 +158,14 @@ async def main():
         await conn.initialize(protocol_version=PROTOCOL_VERSION, client_capabilities=capabilities)
         session = await conn.new_session(cwd=cwd, mcp_servers=[])
         sid = out["sessionId"] = session.session_id
-        out["configOptions"] = [o.model_dump(mode="json", by_alias=True, exclude_none=True) for o in session.config_options]
+        out["configOptions"] = dumped(session.config_options)
         start = len(editor.updates)
         out["statusStop"] = (await conn.prompt(session_id=sid, prompt=[text_block("/status")])).stop_reason
         out["status"] = text_of(editor.updates[start:])
         out["work"] = (await conn.prompt(session_id=sid, prompt=[text_block("plan and check")])).stop_reason
         model_values = [v["value"] for v in next(o for o in out["configOptions"] if o["id"] == "model")["options"]]
         changed = await conn.set_config_option(config_id="model", session_id=sid, value=model_values[1])
-        out["changed"] = [o.model_dump(mode="json", by_alias=True, exclude_none=True) for o in changed.config_options]
+        out["changed"] = dumped(changed.config_options)
         start = len(editor.updates)
         await conn.prompt(session_id=sid, prompt=[text_block("and now?")])
         out["afterSwitch"] = text_of(editor.updates[start:])
@@ -173,7 +177,7 @@ async def main():
     async with spawn(editor, [first, second], store, cwd) as (conn, process):
         await conn.initialize(protocol_version=PROTOCOL_VERSION, client_capabilities=capabilities)
         loaded = await conn.load_session(cwd=cwd, session_id=sid, mcp_servers=[])
-        out["loadedOptions"] = [o.model_dump(mode="json", by_alias=True, exclude_none=True) for o in loaded.config_options]
+        out["loadedOptions"] = dumped(loaded.config_options)
         out["replayed"] = list(editor.updates)
         start = len(editor.updates)
         await conn.prompt(session_id=sid, prompt=[text_block("after load")])
