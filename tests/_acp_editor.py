@@ -58,6 +58,8 @@ class EditorPeer:
         self._changed = trio.Event()
         self._next = 0
         self._sending = trio.Lock()
+        # When set, terminal/create waits for it (a test cancels meanwhile).
+        self.hold_create: trio.Event | None = None
 
     async def pump(self) -> None:
         buffer = b""
@@ -112,6 +114,8 @@ class EditorPeer:
             await self._send({"jsonrpc": "2.0", "id": request["id"], "result": result})
 
     async def _create(self, params: Msg) -> Msg:
+        if self.hold_create is not None:
+            await self.hold_create.wait()
         process = await trio.lowlevel.open_process(
             [params["command"], *params.get("args", [])],
             cwd=params.get("cwd"),

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from _acp_editor import EditorPeer, editor
 
 from trio_harness import ScriptedModel, allow_all
@@ -98,6 +99,24 @@ async def test_a_cancelled_terminal_command_is_killed_and_released(tmp_path: Pat
             assert terminal.killed and peer.asked[-2:] == ["terminal/kill", "terminal/release"]
             with trio.fail_after(5):
                 await terminal.done.wait()
+            assert server._terminal is not None and not server._terminal.live
+
+
+async def test_a_terminal_created_while_the_call_is_cancelled_is_killed_and_released(tmp_path: Path) -> None:
+    model = ScriptedModel([bash("sleep 60")])
+    async with open_test_harness(model, builtin_tools=["bash"], approver=allow_all) as harness:
+        async with editor(harness, ask_permission=False) as (peer, server):
+            peer.hold_create = trio.Event()
+            session_id, _ = await new_session(peer, tmp_path)
+            message = await peer.send_request("session/prompt", peer.prompt_params(session_id, "go"))
+            await peer.wait_until(lambda: "terminal/create" in peer.asked)
+            await peer.notify("session/cancel", {"sessionId": session_id})
+            await trio.testing.wait_all_tasks_blocked()
+            peer.hold_create.set()  # the client creates it after all
+            assert (await peer.response(message))["result"] == {"stopReason": "cancelled"}
+            (terminal,) = peer.terminals.values()
+            await peer.wait_until(lambda: terminal.released)
+            assert terminal.killed and peer.asked == ["terminal/create", "terminal/kill", "terminal/release"]
             assert server._terminal is not None and not server._terminal.live
 
 

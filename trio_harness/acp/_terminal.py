@@ -102,6 +102,7 @@ class TerminalRunner:
         call_id = tool_call_id(ctx.turn, ctx.call_id)
         if ctx.agent.id != session_id:
             call_id = f"{ctx.agent.id}/{call_id}"
+        created: dict[str, Any] | None = None
         params: dict[str, Any] = {
             "sessionId": session_id,
             "command": self.shell,
@@ -111,7 +112,12 @@ class TerminalRunner:
         }
         if spec.env:
             params["env"] = [{"name": name, "value": value} for name, value in spec.env.items()]
-        created = await self._request("terminal/create", params)
+        # Shielded (bounded): a cancel arriving meanwhile must not lose the id of a terminal the
+        # client creates anyway; it is killed and released below.
+        with trio.CancelScope(shield=True), trio.move_on_after(max(spec.timeout, CLEANUP_TIMEOUT)):
+            created = await self._request("terminal/create", params)
+        if created is None:
+            raise BashError(f"the client did not answer terminal/create within {max(spec.timeout, CLEANUP_TIMEOUT):g}s")
         terminal_id = created.get("terminalId")
         if not isinstance(terminal_id, str) or not terminal_id:
             raise BashError(f"the client's terminal/create answered no terminalId: {shorten(repr(created), 200)}")
@@ -121,6 +127,7 @@ class TerminalRunner:
         ids = {"sessionId": session_id, "terminalId": terminal_id}
         exited = False
         try:
+            await trio.lowlevel.checkpoint_if_cancelled()  # cancelled while creating: kill and release
             self.update(
                 session_id,
                 {

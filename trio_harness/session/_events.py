@@ -454,8 +454,8 @@ class ConfigChanged(Event):
     """
 
     type: ClassVar[str] = "session/config"
-    option: str = attrs.field(validator=_text)
-    value: str = attrs.field(validator=_text)
+    option: str
+    value: str
 
 
 AnyEvent: TypeAlias = (
