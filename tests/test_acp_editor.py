@@ -15,9 +15,11 @@ import pytest
 import trio
 import trio.testing
 from _acp_editor import EditorPeer, editor
+from _util import NEEDS_BUBBLEWRAP
 
 from trio_harness import ScriptedModel, allow_all
 from trio_harness.acp._commands import parse_command
+from trio_harness.bash import BashRuntimeOptions, SandboxPolicy
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
 from trio_harness.tools import PlanEntry, current_plan
@@ -156,6 +158,18 @@ async def test_background_bash_stays_local_and_approval_still_asks_first(tmp_pat
             # One terminal, for the foreground call; each call asked first.
             assert len(peer.terminals) == 1
             assert peer.asked[:3] == ["session/request_permission", "session/request_permission", "terminal/create"]
+
+
+@NEEDS_BUBBLEWRAP
+async def test_under_a_sandbox_bash_stays_local_even_with_the_clients_terminal(tmp_path: Path) -> None:
+    model = ScriptedModel([bash("echo confined > made.txt"), {"text": "ok"}])
+    options = BashRuntimeOptions(sandbox=SandboxPolicy())
+    async with open_test_harness(model, builtin_tools=["bash"], approver=allow_all, bash_options=options) as harness:
+        async with editor(harness, ask_permission=False) as (peer, _):
+            session_id, _ = await new_session(peer, tmp_path)
+            assert await prompt(peer, session_id, "go") == {"stopReason": "end_turn"}
+            assert peer.asked == [] and peer.terminals == {}
+    assert (tmp_path / "made.txt").read_text() == "confined\n"
 
 
 # ---------------------------------------------------------------- plans
