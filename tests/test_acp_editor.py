@@ -19,6 +19,7 @@ from _util import NEEDS_BUBBLEWRAP
 
 from trio_harness import ScriptedModel, allow_all
 from trio_harness.acp._commands import parse_command
+from trio_harness.acp._config import ModelChoice, model_ids
 from trio_harness.bash import BashRuntimeOptions, SandboxPolicy
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
@@ -355,3 +356,16 @@ async def test_a_config_value_that_is_no_string_is_invalid_params(tmp_path: Path
             reply = await peer.response(await peer.send_request("session/set_config_option", params))
             assert reply["error"]["code"] == -32602 and "value" in reply["error"]["message"]
             assert json.dumps(reply)  # a plain JSON-RPC error
+
+
+def test_the_model_choice_forwards_to_the_chosen_model() -> None:
+    small = ScriptedModel([], context_window=1000)
+    large = ScriptedModel([], context_window=9000)
+    choices = model_ids([small, large])
+    assert list(choices) == ["scripted", "scripted#2"]
+    choice = ModelChoice(choices, "scripted")
+    assert choice.context_window == 1000 and choice.name == "scripted"
+    choice.current = "scripted#2"
+    assert choice.context_window == 9000 and choice.provider is large
+    with pytest.raises(ValueError, match="unknown model 'nope'"):
+        ModelChoice(choices, "nope")
