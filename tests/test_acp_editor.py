@@ -369,3 +369,39 @@ def test_the_model_choice_forwards_to_the_chosen_model() -> None:
     assert choice.context_window == 9000 and choice.provider is large
     with pytest.raises(ValueError, match="unknown model 'nope'"):
         ModelChoice(choices, "nope")
+
+
+class StallingSummaries:
+    """A scripted model whose summary requests never answer (a ``/compact`` then waits)."""
+
+    name = "stalling"
+
+    def __init__(self, responses: list[Msg]) -> None:
+        self.inner = ScriptedModel(responses)
+        self.summary_asked = trio.Event()
+
+    async def stream(self, request: Any, emit: Any) -> None:
+        if request.purpose == "compaction":
+            self.summary_asked.set()
+            await trio.sleep_forever()
+        await self.inner.stream(request, emit)
+
+
+async def test_a_cancelled_command_answers_cancelled_and_the_session_goes_on(tmp_path: Path) -> None:
+    model = StallingSummaries([{"text": "one"}, {"text": "two"}, {"text": "three"}])
+    async with open_test_harness(model) as harness:
+        async with editor(harness) as (peer, _):
+            session_id, _ = await new_session(peer, tmp_path)
+            for text in ("first", "second"):
+                assert await prompt(peer, session_id, text) == {"stopReason": "end_turn"}
+            message = await peer.send_request("session/prompt", peer.prompt_params(session_id, "/compact"))
+            with trio.fail_after(5):
+                await model.summary_asked.wait()
+            busy = await peer.response(await peer.send_request("session/prompt", peer.prompt_params(session_id, "x")))
+            assert "already has a prompt in flight" in busy["error"]["message"]
+            await peer.notify("session/cancel", {"sessionId": session_id})
+            assert (await peer.response(message))["result"] == {"stopReason": "cancelled"}
+            assert await prompt(peer, session_id, "third") == {"stopReason": "end_turn"}
+            agent = harness.agents.get(session_id)
+            assert agent is not None
+            assert not [e for e in agent.session.events if isinstance(e, ev.ContextCompacted)]
