@@ -405,3 +405,21 @@ async def test_a_cancelled_command_answers_cancelled_and_the_session_goes_on(tmp
             agent = harness.agents.get(session_id)
             assert agent is not None
             assert not [e for e in agent.session.events if isinstance(e, ev.ContextCompacted)]
+
+
+async def test_a_logged_model_the_server_no_longer_offers_leaves_the_default_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = ScriptedModel([{"text": "A"}], context_window=1000)
+    second = ScriptedModel([], context_window=2000)
+    async with open_test_harness(first) as harness:
+        async with editor(harness, models=[first, second]) as (peer, _):
+            session_id, _ = await new_session(peer, tmp_path)
+            params = {"sessionId": session_id, "configId": "model", "value": "scripted#2"}
+            await peer.call("session/set_config_option", params)
+            await peer.call("session/close", {"sessionId": session_id})
+        async with editor(harness, models=[first]) as (peer, _):
+            loaded = await peer.call("session/load", {"sessionId": session_id, "cwd": str(tmp_path), "mcpServers": []})
+            assert option(loaded, "model")["currentValue"] == "scripted"
+            assert await prompt(peer, session_id, "hi") == {"stopReason": "end_turn"}
+    assert "chose model 'scripted#2', which this server does not offer" in caplog.text

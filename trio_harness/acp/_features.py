@@ -8,6 +8,7 @@ terminals: :mod:`._terminal`; plans: :mod:`trio_harness.tools._plan`.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,8 @@ from ._plan import plan_update
 from ._records import _harness_error, _Prompt, _SessionRecord
 from ._terminal import TerminalRunner
 from ._updates import shorten
+
+log = logging.getLogger("trio_harness.acp")
 
 if TYPE_CHECKING:
     from .._harness import Harness
@@ -160,6 +163,8 @@ class SessionFeatures:
                 record.mode = value
             elif option == MODEL_OPTION and record.model is not None and value in record.model.choices:
                 record.model.current = value
+            else:  # the server no longer offers it: the default applies, and the log says so
+                log.warning("acp: session %r chose %s %r, which this server does not offer", record.id, option, value)
 
     def _plan_after(self, record: _SessionRecord, event: Event) -> None:
         if isinstance(event, ev.ToolResult) and (plan := plan_result(event, record.agent.session.events)) is not None:
