@@ -9,7 +9,7 @@ chosen model come back, and the next prompt is still answered by B.
 
 - The Python SDK (``agent-client-protocol``, asyncio) runs in a subprocess.
 - The TypeScript SDK (``@agentclientprotocol/sdk``) runs under node
-  (tests/acp_ts_client.mjs); its connection parses what it handles with the
+  (tests/acp_ts_editor_client.mjs); its connection parses what it handles with the
   SDK's schemas, and the script checks every message the agent sends (requests,
   notifications, responses) with the SDK's zod schema of its method.  It is installed into a cache directory outside
   the repository (``$TRIO_HARNESS_NPM_CACHE``, default
@@ -241,7 +241,7 @@ async def test_the_python_sdk_as_an_editor(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- the TypeScript SDK
 
 TS_SDK = "@agentclientprotocol/sdk@2.4.0"
-TS_CLIENT = Path(__file__).with_name("acp_ts_client.mjs")
+TS_CLIENT = Path(__file__).with_name("acp_ts_editor_client.mjs")
 
 
 def ts_sdk_dir() -> Path:
@@ -269,7 +269,7 @@ async def test_the_typescript_sdk_as_an_editor_validating_every_message(tmp_path
     first, second = scripts(tmp_path)
     env = {**os.environ, "PYTHON": sys.executable}
     # ES modules resolve packages from the script's directory: run a copy next to node_modules.
-    script = directory / "acp_ts_client.mjs"
+    script = directory / "acp_ts_editor_client.mjs"
     shutil.copyfile(TS_CLIENT, script)
     with trio.fail_after(WAIT * 2):
         result = await trio.run_process(

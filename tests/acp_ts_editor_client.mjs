@@ -1,6 +1,6 @@
 // The official ACP TypeScript SDK as an editor with terminals (run by tests/test_acp_editor_sdk.py).
 //
-// node acp_ts_client.mjs MODEL_A MODEL_B STORE CWD   (PYTHON: the interpreter; run from the SDK's install directory)
+// node acp_ts_editor_client.mjs MODEL_A MODEL_B STORE CWD   (PYTHON: the interpreter; run from the SDK's install directory)
 //
 // Spawns `python -m trio_harness acp --model A --model B` twice (a session, then its load), implements
 // terminal/* by running the command, and checks every message the agent sends against the SDK's zod
