@@ -73,6 +73,7 @@ nitpick_ignore_regex = [
     (r"py:class", r"(.*\.)?~?[A-Z]"),
     # Private types that signatures of runtime-built objects name (not part of the public surface).
     (r"py:class", r"_Feed|_Recorded|Notify|CancelCause|SendMode|Durability|ProcessGroup|Sandbox|LoopAgent"),
+    (r"py:class", r"(trio_harness\.bash\._sandbox\.)?Sandbox|FileSystem"),
 ]
 pygments_style = "sphinx"
 

@@ -233,8 +233,7 @@ async def open_server(
         "-m",
         "trio_harness",
         "acp",
-        "--model",
-        f"scripted:{script}",
+        *([] if "--model" in extra else ["--model", f"scripted:{script}"]),  # extra's models replace it
         "--store",
         str(store),
         "--tools",

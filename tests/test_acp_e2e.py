@@ -34,7 +34,7 @@ async def test_initialize_advertises_capabilities(tmp_path: Path) -> None:
     caps = result["agentCapabilities"]
     assert caps["loadSession"] is True
     assert caps["promptCapabilities"]["embeddedContext"] is True
-    assert caps["promptCapabilities"]["image"] is False
+    assert caps["promptCapabilities"]["image"] is True  # the scripted model takes images (tests/test_acp_images.py)
     assert caps["sessionCapabilities"] == {"list": {}, "close": {}}
     assert result["authMethods"] == []
     assert result["agentInfo"]["name"] == "trio-harness"
@@ -137,9 +137,11 @@ async def test_failing_tool_calls_are_failed_live_and_in_replay(tmp_path: Path) 
         load = client.request("session/load", {"sessionId": session_id, "cwd": str(tmp_path), "mcpServers": []})
         await client.send(load)
         assert "result" in await client.response(load["id"])
-        replayed = [u for u in client.updates(session_id) if u["sessionUpdate"] == "tool_call_update"]
+        replayed_updates = client.updates(session_id)
+    replayed = tool_ends(replayed_updates)
     assert [u["status"] for u in replayed] == expected
     assert [u["toolCallId"] for u in replayed] == [u["toolCallId"] for u in live]
+    assert tool_statuses(replayed_updates) == tool_statuses(updates)  # in_progress replayed too, as live
 
 
 async def test_model_error_is_an_agent_message_and_refusal_a_stop_reason(tmp_path: Path) -> None:
@@ -260,11 +262,13 @@ async def test_load_replays_history_before_answering(tmp_path: Path) -> None:
         assert [u["sessionUpdate"] for u in replayed] == [
             "user_message_chunk",
             "tool_call",
+            "tool_call_update",  # in_progress (its tool/started)
             "tool_call_update",
             "agent_message_chunk",
         ]
+        assert replayed[2]["status"] == "in_progress"
         assert replayed[0]["content"] == {"type": "text", "text": "what tasks are running?"}
-        assert replayed[3]["content"] == {"type": "text", "text": "The first answer."}
+        assert replayed[4]["content"] == {"type": "text", "text": "The first answer."}
         # A second load of the same session on this connection is refused.
         error = await client.error(
             client.request("session/load", {"sessionId": session_id, "cwd": str(tmp_path), "mcpServers": []})
@@ -606,3 +610,26 @@ async def test_cancel_request_for_a_pending_prompt_cancels_it(tmp_path: Path) ->
             cancel = {"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": prompt["id"]}}
             await client.send(cancel)
             assert (await client.response(prompt["id"]))["result"] == {"stopReason": "cancelled"}
+
+
+async def test_a_call_the_process_died_running_replays_in_progress_then_interrupted(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    calls: list[Msg] = [{"name": "bash", "arguments": {"command": "sleep 60", "run_in_background": False}}]
+    async with open_server(
+        tmp_path, [{"tool_calls": calls}, {"text": "never"}], store=store, name="live", extra=("--yes",)
+    ) as client:
+        session_id = await client.new_session(tmp_path)
+        await client.send(client.prompt(session_id, "go"))
+        await client.wait_for(
+            lambda m: m.get("method") == "session/update" and m["params"]["update"].get("status") == "in_progress"
+        )
+        client.process.kill()  # SIGKILL while the command runs: tool/started is stored, no result
+        await client.wait_exit()
+    async with open_server(tmp_path, [], store=store, name="replay") as client:
+        await client.call("session/load", {"sessionId": session_id, "cwd": str(tmp_path), "mcpServers": []})
+        updates = client.updates(session_id)
+    # The resume logged the recovery result: the replay shows the call ran, then was interrupted.
+    (statuses,) = tool_statuses(updates).values()
+    assert statuses == ["pending", "in_progress", "failed"]
+    (end,) = tool_ends(updates)
+    assert "interrupted while it was running" in end["content"][0]["content"]["text"]

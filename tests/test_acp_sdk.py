@@ -135,10 +135,12 @@ async def test_the_official_sdk_client_drives_the_server(tmp_path: Path) -> None
     assert [u["sessionUpdate"] for u in replayed] == [
         "user_message_chunk",
         "tool_call",
+        "tool_call_update",  # in_progress (its tool/started)
         "tool_call_update",
         "agent_thought_chunk",
         "agent_message_chunk",
     ]
+    assert replayed[2]["status"] == "in_progress"
     assert replayed[0]["content"]["text"] == "list my tasks"
     assert replayed[-1]["content"]["text"] == "You have no tasks."
     assert summary["secondStopReason"] == "end_turn"

@@ -174,3 +174,29 @@ async def test_run_session_asks_a_paused_question_again_on_the_terminal(tmp_path
     assert "it ran." in output and "and then." in output
     assert written(tmp_path) == "one\n"
     assert await decisions(store) == [("allow_once", "approver", None)]
+
+
+# ---------------------------------------------------------------- file tools (docs/tools.rst, "File tools")
+
+
+async def test_an_edit_is_asked_on_the_terminal_with_its_unified_diff(tmp_path: Path) -> None:
+    target = tmp_path / "a.py"
+    target.write_text("x = 1\ny = 2\n")
+    responses: list[dict[str, Any]] = [
+        {"tool_calls": [{"name": "read_file", "arguments": {"path": "a.py"}}]},
+        {
+            "tool_calls": [
+                {"name": "edit_file", "arguments": {"path": "a.py", "old_text": "y = 2", "new_text": "y = 3"}}
+            ]
+        },
+        {"text": "done"},
+    ]
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"responses": responses}), encoding="utf-8")
+    args = ["run", "edit", "--model", f"scripted:{script}", "--store", str(tmp_path / "store"), "--tools", "files"]
+    code, output, asked = await cli_on_a_terminal(args, cwd=tmp_path, env=cli_env(), answers=["y"])
+    assert code == 0, output
+    assert asked == 1  # the read is not asked
+    diff = f"    --- {target}\n    +++ {target}\n    @@ -1,2 +1,2 @@\n     x = 1\n    -y = 2\n    +y = 3\n"
+    assert f"[approve] edit_file a.py:\n{diff}allow? [y]es" in output
+    assert target.read_text() == "x = 1\ny = 3\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any, ClassVar, get_args
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from trio_harness._errors import EventDecodeError, UnsupportedFormatError
 from trio_harness._records import OMIT_IF_DEFAULT, plain_constructor
-from trio_harness.model._protocol import Failure, ModelSettings, ToolCall, Usage, UsageTotals
+from trio_harness.model._protocol import Failure, ModelSettings, ReasoningBlock, ToolCall, Usage, UsageTotals
 from trio_harness.session import (
     FORMAT_VERSION,
     SessionHeader,
@@ -36,6 +37,7 @@ from trio_harness.session._events import (
     ConfigChanged,
     ContextCompacted,
     Event,
+    ImagePart,
     InboxMessage,
     InboxQueue,
     InboxSpliced,
@@ -89,8 +91,20 @@ model_settings = st.builds(
     extra_body=st.none() | st.dictionaries(texts, json_values, max_size=3),
 )
 tool_calls = st.builds(ToolCall, id=texts, name=texts, arguments=texts)
+image_parts = st.builds(
+    ImagePart,
+    media_type=st.sampled_from(["image/png", "image/jpeg", "image/gif", "image/webp"]),
+    data=st.binary(min_size=1, max_size=40).map(lambda b: base64.b64encode(b).decode("ascii")),
+)
+reasoning_blocks = st.builds(ReasoningBlock, provider=texts, data=st.dictionaries(texts, json_values, max_size=4))
 inbox_messages = st.builds(
-    InboxMessage, id=texts, text=texts, mode=send_modes, settings=st.none() | model_settings, origin=origins
+    InboxMessage,
+    id=texts,
+    text=texts,
+    mode=send_modes,
+    settings=st.none() | model_settings,
+    origin=origins,
+    images=st.lists(image_parts, max_size=2).map(tuple),
 )
 
 _BASE = {"seq": ints, "ts": floats}
@@ -100,7 +114,14 @@ _STEP = {**_BASE, "turn": ints, "step": ints}
 EVENT_FIELDS: dict[type[Event], dict[str, st.SearchStrategy[Any]]] = {
     TurnStart: {**_BASE, "turn": ints},
     StepStart: _STEP,
-    UserMessage: {**_STEP, "message_id": texts, "text": texts, "mode": send_modes, "origin": origins},
+    UserMessage: {
+        **_STEP,
+        "message_id": texts,
+        "text": texts,
+        "mode": send_modes,
+        "origin": origins,
+        "images": st.lists(image_parts, max_size=2).map(tuple),
+    },
     RequestHeader: {
         **_STEP,
         "provider": texts,
@@ -118,9 +139,17 @@ EVENT_FIELDS: dict[type[Event], dict[str, st.SearchStrategy[Any]]] = {
         "tool_calls": st.lists(tool_calls, max_size=3).map(tuple),
         "usage": st.none() | usages,
         "finish": texts,
+        "reasoning_blocks": st.lists(reasoning_blocks, max_size=3).map(tuple),
     },
     ToolCallRequested: {**_STEP, "call_id": texts, "name": texts, "arguments": texts},
-    ToolResult: {**_STEP, "call_id": texts, "name": texts, "content": texts, "is_error": st.booleans()},
+    ToolResult: {
+        **_STEP,
+        "call_id": texts,
+        "name": texts,
+        "content": texts,
+        "is_error": st.booleans(),
+        "detail": st.none() | st.dictionaries(texts, st.none() | texts | st.integers(-(2**53), 2**53), max_size=3),
+    },
     ToolStarted: {**_STEP, "call_id": texts, "name": texts},
     StepEnd: _STEP,
     TurnEnd: {
@@ -481,6 +510,17 @@ REJECTED: list[tuple[str, str | bytes, str]] = [
         r"shout not in literal",
     ),
     ("bad queue literal", _line(SPLICE, queue="later"), r"later not in literal"),
+    (
+        "reasoning block data not an object",
+        _line(ASSISTANT, reasoning_blocks=[{"provider": "anthropic", "data": ["thinking"]}]),
+        r"expected a JSON object, got list",
+    ),
+    (
+        "reasoning block without provider",
+        _line(ASSISTANT, reasoning_blocks=[{"data": {}}]),
+        r"missing key 'provider'",
+    ),
+    ("extra_body not an object", _line(REQUEST, settings={"extra_body": [1]}), r"expected a JSON object, got list"),
     ("array", "[1, 2]", r"an event must be a JSON object, got list"),
     ("string", '"turn/start"', r"an event must be a JSON object, got str"),
     ("null", "null", r"an event must be a JSON object, got NoneType"),
@@ -567,6 +607,24 @@ def test_message_origin_is_written_only_for_notices_and_old_lines_read_as_user()
     assert decode_event(encode_event(spliced)) == spliced
     with pytest.raises(ValueError, match="origin"):
         InboxMessage(id="n", text="t", origin="robot")  # type: ignore[arg-type]
+
+
+def test_reasoning_blocks_are_written_only_when_present_and_old_lines_read_as_none() -> None:
+    old = (
+        '{"type":"assistant/message","seq":3,"ts":1.5,"turn":1,"step":1,"text":"hi",'
+        '"reasoning":"","tool_calls":[],"usage":null,"finish":"stop"}'
+    )
+    event = decode_event(old)
+    assert isinstance(event, AssistantMessage) and event.reasoning_blocks == ()
+    assert encode_event(event) == old
+    data = {"type": "thinking", "thinking": "hm", "signature": "c2ln", "n": [1, 2.5, None]}
+    block = ReasoningBlock("anthropic", data)
+    with_blocks = attrs.evolve(event, reasoning_blocks=(block, ReasoningBlock("openai-responses", {"id": "rs_1"})))
+    line = encode_event(with_blocks)
+    assert line == _codec._encode_general(with_blocks)
+    assert json.loads(line)["reasoning_blocks"][0] == {"provider": "anthropic", "data": dict(block.data)}
+    decoded = decode_event(line)
+    assert decoded == with_blocks and encode_event(decoded) == line
 
 
 # ------------------------------------------------------------------ plain constructors

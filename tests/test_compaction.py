@@ -718,11 +718,12 @@ def test_the_transcript_shows_a_compaction() -> None:
 
 
 async def test_a_large_system_prompt_and_tools_do_not_make_every_step_compact() -> None:
-    # The built-in tools' definitions take about half of this window: the part kept verbatim must
-    # leave room below the threshold, or each request would pass it again right after compacting.
+    # The built-in tools' definitions (the file tools included) take about half of this window: the part
+    # kept verbatim must leave room below the threshold, or each request would pass it again right after
+    # compacting.
     model = ScriptedModel([{"text": f"Answer {n}: " + "a" * 180} for n in range(30)], summary="short summary")
-    async with open_test_harness(model, builtin_tools=["tasks", "bash", "subagent"]) as h:
-        async with h.agents.open(options=AgentOptions(context=ContextPolicy(window=2_000))) as agent:
+    async with open_test_harness(model, builtin_tools=["tasks", "bash", "subagent", "files"]) as h:
+        async with h.agents.open(options=AgentOptions(context=ContextPolicy(window=3_000))) as agent:
             assert isinstance(agent, ReactAgent)
             await run_turns(agent, 1, 30)
             events = list(agent.session.events)

@@ -73,6 +73,7 @@ from .agents import ToolOutput as ToolOutput
 from .agents import allow_all as allow_all
 from .agents import tool as tool
 from .bash import BashRuntimeOptions as BashRuntimeOptions
+from .model import Image as Image
 from .model import ModelProvider as ModelProvider
 from .model import ModelSettings as ModelSettings
 from .model import ScriptedModel as ScriptedModel

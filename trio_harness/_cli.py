@@ -5,7 +5,8 @@ Subcommands:
 * ``acp``: serve the Agent Client Protocol on stdin / stdout;
 * ``run PROMPT``: send one prompt to a new (or ``--session ID``) agent and
   stream the answer to stdout, tool calls to stderr;
-* ``sessions list`` / ``sessions show ID``: inspect the session store.
+* ``sessions list`` / ``sessions show ID``: inspect the session store;
+* ``models``: the known models (:mod:`trio_harness._cli_models`).
 
 ``acp`` and ``run`` take ``--mcp-config FILE``: MCP servers (the
 ``mcpServers`` JSON users already have) whose tools every agent gets.
@@ -17,6 +18,7 @@ Every subcommand takes ``--store DIR`` or ``--store postgresql://...``
 ``--max-tokens N`` (model settings of every request) and ``--system TEXT`` or
 ``--system-file PATH`` (the system prompt).
 
+``run --image FILE`` (repeatable) attaches image files to the prompt.
 ``run`` reads the prompt from stdin when none is given and stdin is not a
 terminal, shows progress on stderr when it is a terminal
 (:mod:`trio_harness._cli_progress`) and ends with the line that resumes the
@@ -66,6 +68,7 @@ from ._cli_common import (
     _error,
     _store_name,
 )
+from ._cli_models import add_models_command
 from ._errors import (
     HarnessError,
     InvalidSessionIdError,
@@ -80,8 +83,9 @@ from .bash._sandbox import SandboxPolicy, SandboxUnavailableError
 
 if TYPE_CHECKING:
     from ._cli_progress import Printer
-    from ._records import Failure, ModelSettings
+    from ._records import Failure, Image, ModelSettings
     from .agents._agent import Agent
+    from .agents._inbox import Prompt
     from .agents._options import AgentOptions
     from .agents._turns import TurnOutcome
     from .model._protocol import ModelProvider
@@ -93,7 +97,7 @@ DEFAULT_MODEL: Final = "deepseek:deepseek-chat"
 """The model spec used when neither ``--model`` nor ``$TRIO_HARNESS_MODEL`` is given."""
 
 
-_TOOL_NAMES: Final = ("tasks", "bash", "subagent", "plan")
+_TOOL_NAMES: Final = ("tasks", "bash", "subagent", "files", "plan")
 
 
 def default_store() -> Path:
@@ -173,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LIST",
         type=_tools_arg,
         default=True,
-        help="built-in tools to offer: all (default), none, or a comma list of tasks,bash,subagent,plan",
+        help="built-in tools to offer: all (default), none, or a comma list of tasks,bash,subagent,files,plan",
     )
     tools.add_argument(
         "--sandbox",
@@ -280,6 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--session", metavar="ID", help="resume this stored session instead of creating one")
     run.add_argument(
+        "--image",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="attach an image file (PNG, JPEG, GIF or WebP, at most 5 MiB) to the prompt; repeatable",
+    )
+    run.add_argument(
         "--max-steps",
         metavar="N",
         type=_positive_int,
@@ -323,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="truncate tool arguments and results to N characters (default: %(default)s)",
     )
     show.set_defaults(handler=_sessions_command("show"))
+    add_models_command(commands)
     return parser
 
 
@@ -563,17 +575,32 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not prompt.strip():
         _error("the prompt is empty")
         return EXIT_USAGE
+    images = _cli_images(args.image)
+    if images is None:
+        return EXIT_USAGE
     servers = _mcp_servers(args)
     if servers is None:
         return EXIT_USAGE
     ok, args.system_prompt = _read_system(args)
     if not ok:
         return EXIT_USAGE
-    return trio.run(_with_model, args.model, functools.partial(_run_prompt, args, prompt=prompt, servers=servers))
+    content = [prompt, *images] if images else prompt
+    return trio.run(_with_model, args.model, functools.partial(_run_prompt, args, prompt=content, servers=servers))
+
+
+def _cli_images(paths: Sequence[str]) -> list[Image] | None:
+    """The ``--image`` files, read; None after reporting one that cannot be used."""
+    from .model._images import load_image
+
+    try:
+        return [load_image(path) for path in paths]
+    except ModelError as exc:
+        _error(f"--image: {exc}")
+        return None
 
 
 async def _run_prompt(
-    args: argparse.Namespace, provider: ModelProvider, prompt: str, servers: Sequence[McpServerConfig] = ()
+    args: argparse.Namespace, provider: ModelProvider, prompt: Prompt, servers: Sequence[McpServerConfig] = ()
 ) -> int:
     from ._cli_approval import TerminalApprover
     from ._cli_progress import Printer, Style, use_colour

@@ -15,13 +15,15 @@ if TYPE_CHECKING:
     from .agents._approval import ApprovalDecision, ApprovalRequest
 
 
-def approval_question(request: ApprovalRequest, *, width: int = 80) -> str:
+def approval_question(request: ApprovalRequest, *, width: int = 80, diff: str | None = None) -> str:
     """What ``run`` shows before asking: the tool, where it runs, and the whole call, wrapped and inert.
 
     For ``bash``: the directory the command runs in (its ``workdir``, else
     the session's directory, else the harness's), ``in the background`` when
     ``run_in_background`` is set, then every line of the command.  For any
-    other tool, its arguments as JSON.  Each line of the call is indented four
+    other tool, its arguments as JSON; for a file tool's write, given its
+    ``diff`` (:func:`~trio_harness.tools.file_change`), the path and the
+    unified diff.  Each line of the call is indented four
     spaces; a line wider than ``width`` continues on lines starting ``  ↪ ``.
     Control characters are shown escaped (:func:`~trio_harness._cli_progress.inert`).
     """
@@ -29,7 +31,10 @@ def approval_question(request: ApprovalRequest, *, width: int = 80) -> str:
 
     arguments = request.arguments
     command = arguments.get("command") if request.tool == "bash" else None
-    if isinstance(command, str):
+    if diff is not None:  # a file tool's write: the change it makes (docs/tools.rst, "File tools")
+        head = f"[approve] {request.tool} {arguments.get('path')}"
+        body = diff.rstrip("\n")
+    elif isinstance(command, str):
         workdir = arguments.get("workdir") or request.agent.session.header.cwd or os.getcwd()
         head = f"[approve] {request.tool} in {workdir}"
         if arguments.get("run_in_background"):
@@ -101,7 +106,11 @@ class TerminalApprover:
                 "there is no terminal to ask the user for approval; "
                 "the user can rerun trio-harness with --yes to allow tool calls"
             )
-        question = approval_question(request, width=_stderr_columns())
+        from .tools._files import file_change
+
+        change = await file_change(request) if request.tool in ("write_file", "edit_file") else None
+        diff = change.unified_diff if change is not None else None
+        question = approval_question(request, width=_stderr_columns(), diff=diff)
         async with self._lock:
             self.printer.break_line()
             print(question, file=sys.stderr, flush=True)

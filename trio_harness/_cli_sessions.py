@@ -160,6 +160,8 @@ def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 5
             who = "notice" if event.origin == "task-notice" else "user"
             who = who if event.mode == "followup" else f"{who} ({event.mode})"
             lines.append(f"{who}: {_indent(event.text)}")
+            for part in event.images:  # the size of the image file the base64 stands for
+                lines.append(f"  [image] {part.media_type}, {len(part.data) * 3 // 4 - part.data.count('=')} bytes")
         elif isinstance(event, ev.AssistantMessage):
             if event.reasoning:
                 lines.append(f"thinking: {_shorten(event.reasoning, width)}")

@@ -54,13 +54,16 @@ from .session._registry import SessionRegistry
 from .tasks._options import TaskRuntimeOptions
 from .tasks._service import TaskService, open_task_service
 from .tools._bash import BashToolOptions, BashToolPlugin
+from .tools._files import FileToolOptions, FileToolsPlugin
 from .tools._mcp import McpConnection, connect_mcp_servers
 from .tools._mcp_config import McpServerConfig, with_env_policy
 from .tools._plan import PlanToolPlugin
 from .tools._subagent import SubagentOptions, SubagentToolPlugin
 from .tools._tasks import TaskToolOptions, TaskToolsPlugin
 
-_O = TypeVar("_O", BashRuntimeOptions, TaskRuntimeOptions, TaskToolOptions, SubagentOptions, BashToolOptions)
+_O = TypeVar(
+    "_O", BashRuntimeOptions, TaskRuntimeOptions, TaskToolOptions, SubagentOptions, BashToolOptions, FileToolOptions
+)
 
 
 def _option_record(kind: type[_O], value: _O | None, parameter: str) -> _O:
@@ -203,6 +206,7 @@ async def open_harness(
     model_settings: ModelSettings | None = None,
     builtin_loop: bool = True,
     durability: Durability = "step",
+    file_tool_options: FileToolOptions | None = None,
 ) -> AsyncIterator[Harness]:
     """Open a harness; every service stops (in reverse order) when the block exits.
 
@@ -221,7 +225,8 @@ async def open_harness(
             before the services start and closed after the sessions are
             detached.
         builtin_tools: load the built-in tool plugins (``"tasks"``, ``"bash"``,
-            ``"subagent"``, ``"plan"``: the ``todo_write`` tool): True for all,
+            ``"subagent"``, ``"files"``: ``read_file``, ``write_file``,
+            ``edit_file``; ``"plan"``: the ``todo_write`` tool): True for all,
             False for none, or a list of names.
         clock: wall clock for event timestamps (injectable for tests).
         teardown_timeout: bound, in seconds of Trio time, on each teardown
@@ -267,6 +272,10 @@ async def open_harness(
             checkpoint waits for the disk) or ``"turn"`` (only the turn end
             is stored).  docs/sessions.rst, "Durability", says what each can
             lose to a kill -9 and to a power cut.
+        file_tool_options: settings of the file tools plugin
+            (:class:`~trio_harness.tools.FileToolOptions`): whether writes
+            require approval (they do by default, like ``bash``), and the
+            byte limits (docs/tools.rst, "File tools").
 
     Raises:
         TypeError: a settings argument is not its record.
@@ -288,19 +297,22 @@ async def open_harness(
     task_tool_settings = _option_record(TaskToolOptions, task_tool_options, "task_tool_options")
     subagent_settings = _option_record(SubagentOptions, subagent_options, "subagent_options")
     bash_tool_settings = _option_record(BashToolOptions, bash_tool_options, "bash_tool_options")
+    file_tool_settings = _option_record(FileToolOptions, file_tool_options, "file_tool_options")
     if approver is not None and not callable(approver):
         raise TypeError(f"approver must be an async callable or None, got {type(approver).__name__}")
     persistence = resolve_store(store)
     await persistence.check()  # a store path that is a file or not writable fails here, not at a flush
     if builtin_tools is True:
-        wanted = {"tasks", "bash", "subagent", "plan"}
+        wanted = {"tasks", "bash", "subagent", "files", "plan"}
     elif builtin_tools is False:
         wanted = set()
     else:
         wanted = set(builtin_tools)
-        unknown = wanted - {"tasks", "bash", "subagent", "plan"}
+        unknown = wanted - {"tasks", "bash", "subagent", "files", "plan"}
         if unknown:
-            raise ValueError(f"unknown built-in tools {sorted(unknown)}; choose from bash, plan, subagent, tasks")
+            raise ValueError(
+                f"unknown built-in tools {sorted(unknown)}; choose from bash, files, plan, subagent, tasks"
+            )
 
     servers = tuple(mcp_servers)
     bus = EventBus()
@@ -364,6 +376,8 @@ async def open_harness(
             await harness.load(BashToolPlugin(bash, tasks, tools, bash_tool_settings))
         if "subagent" in wanted:
             await harness.load(SubagentToolPlugin(tasks, tools, subagent_settings))
+        if "files" in wanted:
+            await harness.load(FileToolsPlugin(tools, bash, file_tool_settings))
         if "plan" in wanted:
             await harness.load(PlanToolPlugin(tools))
         if mcp_scope is not None:

@@ -7,6 +7,7 @@ variable that is its wire tag (e.g. ``"turn/start"``).
 """
 
 from .session._events import EVENT_TYPES as EVENT_TYPES
+from .session._events import MAX_IMAGE_BYTES as MAX_IMAGE_BYTES
 from .session._events import ApprovalDecided as ApprovalDecided
 from .session._events import ApprovalRequested as ApprovalRequested
 from .session._events import AssistantChunk as AssistantChunk
@@ -15,6 +16,8 @@ from .session._events import CompactionFailed as CompactionFailed
 from .session._events import ConfigChanged as ConfigChanged
 from .session._events import ContextCompacted as ContextCompacted
 from .session._events import Event as Event
+from .session._events import ImageMediaType as ImageMediaType
+from .session._events import ImagePart as ImagePart
 from .session._events import InboxMessage as InboxMessage
 from .session._events import InboxSpliced as InboxSpliced
 from .session._events import MessageOrigin as MessageOrigin

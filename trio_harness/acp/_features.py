@@ -36,7 +36,7 @@ from ._config import (
 )
 from ._modes import MODE_AUTO, MODE_IDS, mode_state
 from ._params import SetSessionModeParams
-from ._permission import decision_of, permission_params
+from ._permission import add_file_change, decision_of, permission_params
 from ._plan import plan_update
 from ._records import _harness_error, _Prompt, _SessionRecord
 from ._terminal import TerminalRunner
@@ -211,6 +211,7 @@ class SessionFeatures:
         if record is not None and record.mode == MODE_AUTO:
             return ApprovalDecision.allow_once()  # mode "auto": run without asking
         params = permission_params(session_id, request)
+        await add_file_change(params, request, self.harness.tools)  # a write shows its diff (docs/editors.rst)
         response = await self._requests.call(self._post, "session/request_permission", params)
         decision = decision_of(response.result, response.error)
         if decision is not None:

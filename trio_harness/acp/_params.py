@@ -20,7 +20,9 @@ agentclientprotocol/agent-client-protocol):
 * Beyond the schema, only what this server needs: ``cwd`` must be an absolute
   path (the schema's description says so), a ``cursor`` must be one this
   server issued, and a prompt must be non-empty and made of the blocks this
-  server reads (text, text resources, resource links).  ``mcpServers`` is
+  server reads (text, images, text resources, resource links; an image's
+  ``mimeType`` one of PNG, JPEG, GIF, WebP, its ``data`` valid base64 of at
+  most 5 MiB).  ``mcpServers`` is
   optional here although the schema requires it, and so are the ``args``,
   ``env`` and ``headers`` arrays of its entries; an entry is a stdio server
   (no ``type``, or ``"stdio"``) or an ``"http"`` one (the server advertises
@@ -31,6 +33,7 @@ agentclientprotocol/agent-client-protocol):
 
 from __future__ import annotations
 
+import base64
 import os
 import types
 from collections.abc import Callable, Mapping
@@ -43,6 +46,9 @@ from cattrs.gen import make_dict_structure_fn, override
 from cattrs.preconf.json import make_converter
 
 from .._errors import McpConfigError
+from .._records import IMAGE_MEDIA_TYPES, Image
+from ..model._images import supports_images
+from ..session._events import MAX_IMAGE_BYTES
 from ..tools._mcp_config import McpHttpServer, McpServerConfig, McpStdioServer
 from . import _jsonrpc as rpc
 
@@ -98,9 +104,36 @@ class ResourceLinkBlock:
     meta: Meta = None
 
 
-ContentBlock: TypeAlias = TextBlock | ResourceBlock | ResourceLinkBlock
-_BLOCKS: dict[str, type[ContentBlock]] = {cls.kind: cls for cls in (TextBlock, ResourceBlock, ResourceLinkBlock)}
+@attrs.frozen
+class ImageBlock:
+    """An ``image`` content block: base64 ``data`` and its ``mimeType`` (PNG, JPEG, GIF or WebP, at most 5 MiB)."""
+
+    kind: ClassVar[str] = "image"
+    data: str
+    mime_type: str
+    uri: str | None = None
+    meta: Meta = None
+
+    def image(self) -> Image:
+        """The image it carries (checked when the block was decoded)."""
+        return Image(base64.b64decode(self.data), self.mime_type)
+
+
+ContentBlock: TypeAlias = TextBlock | ImageBlock | ResourceBlock | ResourceLinkBlock
+_BLOCKS: dict[str, type[ContentBlock]] = {
+    cls.kind: cls for cls in (TextBlock, ImageBlock, ResourceBlock, ResourceLinkBlock)
+}
 Prompt: TypeAlias = tuple[ContentBlock, ...]
+
+
+def prompt_capabilities(model: object) -> dict[str, bool]:
+    """``promptCapabilities`` of ``initialize``: images when the harness's model takes them (``supports_images``)."""
+    return {"image": supports_images(model), "audio": False, "embeddedContext": True}
+
+
+def prompt_images(blocks: Prompt) -> tuple[Image, ...]:
+    """The images of a prompt, in order (they follow its text in the message)."""
+    return tuple(block.image() for block in blocks if isinstance(block, ImageBlock))
 
 
 def prompt_text(blocks: Prompt) -> str:
@@ -109,6 +142,8 @@ def prompt_text(blocks: Prompt) -> str:
     for block in blocks:
         if isinstance(block, TextBlock):
             parts.append(block.text)
+        elif isinstance(block, ImageBlock):
+            continue  # the message's images (prompt_images)
         elif isinstance(block, ResourceBlock):
             parts.append(f'<context uri="{block.resource.uri}">\n{block.resource.text}\n</context>')
         else:
@@ -275,6 +310,17 @@ class PromptParams:
         """The prompt as the text the agent receives (see :func:`prompt_text`)."""
         return prompt_text(self.prompt)
 
+    @property
+    def images(self) -> tuple[Image, ...]:
+        """The prompt's images (see :func:`prompt_images`)."""
+        return prompt_images(self.prompt)
+
+    @property
+    def content(self) -> str | list[str | Image]:
+        """What the agent is sent: the text, followed by the images when there are some."""
+        images = self.images
+        return [self.text, *images] if images else self.text
+
 
 @attrs.frozen
 class CancelParams:
@@ -313,6 +359,7 @@ _RECORDS: tuple[type, ...] = (
     TextResource,
     ResourceBlock,
     ResourceLinkBlock,
+    ImageBlock,
     InitializeParams,
     AuthenticateParams,
     SetSessionModeParams,
@@ -422,9 +469,28 @@ def _content_block(value: object, _: object) -> ContentBlock:
     kind = value.get("type")
     cls = _BLOCKS.get(kind) if type(kind) is str else None
     if cls is None:
-        raise _Invalid(f"has unsupported type {_shown(kind, 60)}; supported: text, resource (text), resource_link")
+        raise _Invalid(
+            f"has unsupported type {_shown(kind, 60)}; supported: text, image, resource (text), resource_link"
+        )
     block: ContentBlock = _converter.structure(value, cls)
+    if isinstance(block, ImageBlock):
+        _check_image(block)
     return block
+
+
+def _check_image(block: ImageBlock) -> None:
+    if block.mime_type not in IMAGE_MEDIA_TYPES:
+        raise _Invalid(
+            f"has mimeType {_shown(block.mime_type, 60)}; supported images: {', '.join(sorted(IMAGE_MEDIA_TYPES))}"
+        )
+    if len(block.data) > (MAX_IMAGE_BYTES + 2) // 3 * 4:
+        raise _Invalid(f"is an image larger than the {MAX_IMAGE_BYTES} bytes a message image may have")
+    try:
+        data = base64.b64decode(block.data, validate=True)
+    except ValueError:
+        raise _Invalid("has data that is not valid base64") from None
+    if not data:
+        raise _Invalid("has empty image data")
 
 
 def _record_hook(cls: type) -> Callable[[object, object], Any]:

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 from ..agents._approval import ApprovalDecision
-from ._updates import raw_input, shorten, tool_call_id, tool_kind, tool_title
+from ..tools._files import file_change
+from ._updates import diff_content, file_location, raw_input, shorten, tool_call_id, tool_kind, tool_title
 
 if TYPE_CHECKING:
     from ..agents._approval import ApprovalRequest
+    from ..agents._tools import ToolSet
 
 PERMISSION_OPTIONS: Final = (
     {"optionId": "allow_once", "name": "Allow once", "kind": "allow_once"},
@@ -42,6 +44,19 @@ def permission_params(session_id: str, request: ApprovalRequest) -> dict[str, An
         },
         "options": [dict(option) for option in PERMISSION_OPTIONS],
     }
+
+
+async def add_file_change(params: dict[str, Any], request: ApprovalRequest, tools: ToolSet | None) -> None:
+    """Put a write's change into the question: ``locations`` and a ``diff`` content block (file tools only)."""
+    locations = file_location(request.tool, request.raw_arguments, request.agent.session.header.cwd)
+    if locations is None:
+        return
+    tool_call = params["toolCall"]
+    tool_call["locations"] = locations
+    change = await file_change(request, tools)
+    if change is not None:
+        tool_call["locations"] = [{"path": change.path}]
+        tool_call["content"] = [diff_content(change.path, change.old_text, change.new_text)]
 
 
 def decision_of(result: object, error: object) -> ApprovalDecision | None:

@@ -11,6 +11,7 @@ import attrs
 import trio
 
 from .._errors import HarnessError, InvalidSessionIdError, McpStartError, SessionNotFoundError
+from ..model._cost import load_prices
 from ..session import _events as ev
 from ..tools._mcp import connect_mcp_servers, mcp_notice_line
 from . import _jsonrpc as rpc
@@ -177,3 +178,11 @@ def context_window(agent: Agent, harness: Harness) -> int | None:
         model = agent.options.model if agent.options.model is not None else harness.model
         window = getattr(model, "context_window", None)
     return window if type(window) is int and window > 0 else None
+
+
+async def _warm_prices() -> None:
+    """Load the price table off the Trio thread; a failure is left to the first lookup to report."""
+    try:
+        await load_prices()
+    except Exception:
+        log.debug("loading the price table failed; the first usage_update will report it", exc_info=True)

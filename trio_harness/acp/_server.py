@@ -49,6 +49,7 @@ fails the request with an error naming it (docs/mcp.rst, "ACP").
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -68,7 +69,6 @@ from .._errors import (
 from .._records import Failure
 from ..agents._options import AgentOptions
 from ..agents._turns import TurnOutcome
-from ..model._cost import load_prices
 from ..model._protocol import ModelProvider
 from ..session import _events as ev
 from ..tools._mcp import MCP_NOTICES
@@ -81,6 +81,7 @@ from ._config import (
     parse_set_config,
 )
 from ._features import SessionFeatures
+from ._fs import ClientFs, bind_client_fs, client_fs
 from ._modes import MODE_ASK, MODE_IDS
 from ._params import (
     AuthenticateParams,
@@ -93,6 +94,7 @@ from ._params import (
     PromptParams,
     SetSessionModeParams,
     decode_params,
+    prompt_capabilities,
 )
 from ._plan import plan_update
 from ._records import (
@@ -102,6 +104,7 @@ from ._records import (
     _Prompt,
     _sandbox_meta,
     _SessionRecord,
+    _warm_prices,
     context_estimate,
     context_window,
     list_sessions,
@@ -113,7 +116,7 @@ from ._updates import (
     failure_update,
     iso_time,
     live_update,
-    message_update,
+    message_updates,
     replay_updates,
     session_title,
     shorten,
@@ -209,6 +212,8 @@ class AcpServer(SessionFeatures):
     _requests: rpc.OutgoingRequests = attrs.field(factory=rpc.OutgoingRequests, init=False)
     # The client's terminals run foreground bash when it advertises them (docs/acp.rst, "Terminals").
     _terminal: TerminalRunner | None = attrs.field(default=None, init=False)
+    # The client's fs capabilities (initialize): the file tools' reads and writes go through it.
+    _client_fs: ClientFs = attrs.field(factory=ClientFs, init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.max_line_bytes <= 0:
@@ -402,6 +407,7 @@ class AcpServer(SessionFeatures):
             if method == "initialize":
                 self._note_client(params)
                 self._post(rpc.result_response(request.id, self._initialize(decode_params(InitializeParams, params))))
+                self._client_fs = client_fs(params)  # the editor's files for the file tools (docs/editors.rst)
             elif method == "authenticate":
                 answer = self._authenticate(decode_params(AuthenticateParams, params))
                 self._post(rpc.result_response(request.id, answer))
@@ -487,7 +493,7 @@ class AcpServer(SessionFeatures):
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
                 "loadSession": True,
-                "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
+                "promptCapabilities": prompt_capabilities(self.harness.model),
                 "mcpCapabilities": {"http": True, "sse": False},
                 "sessionCapabilities": {"list": {}, "close": {}},
             },
@@ -562,7 +568,7 @@ class AcpServer(SessionFeatures):
         self._apply_logged(record)
         # Synchronous from here: the replay is queued before the answer and before any new event.
         events = record.agent.session.events
-        for update in replay_updates(events, record.id):
+        for update in replay_updates(events, record.id, record.agent.session.header.cwd):
             self._update(record.id, update)
         # Then what the harness knows of the session: its title, last activity and usage.
         if record.title is not None:
@@ -613,6 +619,8 @@ class AcpServer(SessionFeatures):
             model=choice,
         )
         self._records[record.id] = record
+        call = functools.partial(self._requests.call, self._post)  # fs/* requests to the client
+        bind_client_fs(self.harness.tools, handle.agent, record.id, self._client_fs, call)
         record.remove_observer = handle.agent.session.observe(lambda event: self._watch_unsolicited(record, event))
         return record
 
@@ -641,8 +649,10 @@ class AcpServer(SessionFeatures):
             if record.unsolicited:
                 # A user's message as user text, a task notice as the agent's (docs/acp.rst).
                 for message in record.first_step_messages:
-                    self._update(record.id, message_update(message, record.id))
-                if isinstance(event, ev.ToolCallRequested) and (update := live_update(event, record.id)):
+                    for shown in message_updates(message, record.id):
+                        self._update(record.id, shown)
+                cwd = record.agent.session.header.cwd
+                if isinstance(event, ev.ToolCallRequested) and (update := live_update(event, record.id, cwd)):
                     self._update(record.id, update)  # a paused turn's continuation: from its first call
         elif isinstance(event, ev.CompactionFailed) and event.turn is None:
             self._update(record.id, compaction_failed_update(event, record.id))
@@ -660,7 +670,7 @@ class AcpServer(SessionFeatures):
             record.in_first_step = False
             self._after_turn(record, event)
         elif record.unsolicited:
-            update = live_update(event, record.id)
+            update = live_update(event, record.id, record.agent.session.header.cwd)
             if update is not None:
                 self._update(record.id, update)
                 self._plan_after(record, event)
@@ -705,7 +715,7 @@ class AcpServer(SessionFeatures):
 
     def _start_prompt(self, request: rpc.Request, params: PromptParams) -> None:
         record = self._record(params.session_id)
-        text = params.text
+        text = params.content
         self._check_auth()
         if record.prompt is not None:
             raise rpc.RpcError(
@@ -714,15 +724,16 @@ class AcpServer(SessionFeatures):
                 {"sessionId": record.id},
             )
         agent = record.agent
-        if (command := parse_command(text)) is not None:
+        if isinstance(text, str) and (command := parse_command(text)) is not None:  # a slash command (no images)
             record.prompt = _Prompt(request_id=request.id)
             if not self._spawn(self._run_command, record, record.prompt, *command):
                 record.prompt = None
                 raise rpc.RpcError(rpc.INTERNAL_ERROR, "the server is shutting down")
             return
+        cwd = agent.session.header.cwd
 
         def on_event(event: Event) -> None:
-            update = live_update(event, record.id)
+            update = live_update(event, record.id, cwd)
             if update is not None:
                 self._update(record.id, update)
                 self._plan_after(record, event)
@@ -862,14 +873,6 @@ class AcpServer(SessionFeatures):
         # Nothing of this connection asks any more; a wait left (an agent of
         # another owner using this approver) ends with PeerGoneError: denied.
         self._requests.close()
-
-
-async def _warm_prices() -> None:
-    """Load the price table off the Trio thread; a failure is left to the first lookup to report."""
-    try:
-        await load_prices()
-    except Exception:
-        log.debug("loading the price table failed; the first usage_update will report it", exc_info=True)
 
 
 async def serve_stdio(harness: Harness, **options: Any) -> None:

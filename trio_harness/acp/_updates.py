@@ -14,7 +14,9 @@ session event                          ACP update
 ``assistant/chunk`` (kind reasoning)   ``agent_thought_chunk``
 ``tool/call``                          ``tool_call`` (status ``pending``)
 notice ``agent/tool/started``          ``tool_call_update`` (status ``in_progress``)
-``tool/result``                        ``tool_call_update`` (``completed`` / ``failed``)
+``tool/result``                        ``tool_call_update`` (``completed`` / ``failed``;
+                                       a file tool's with ``locations``, a write's
+                                       content a ``diff``)
 ``user/message`` of a task notice      ``agent_thought_chunk`` (``_meta`` origin)
 =====================================  ==============================================
 
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal
@@ -76,8 +79,13 @@ _TOOL_KINDS: Final[dict[str, str]] = {
     "task_list": "read",
     "task_kill": "delete",
     "subagent": "think",
+    "read_file": "read",
+    "write_file": "edit",
+    "edit_file": "edit",
     "todo_write": "think",
 }
+
+FILE_TOOLS: Final = frozenset({"read_file", "write_file", "edit_file"})
 
 
 def shorten(text: str, limit: int = 200) -> str:
@@ -127,6 +135,9 @@ def tool_title(name: str, arguments: str, limit: int = 80) -> str:
         command = parsed.get("command")
         if name == "bash" and isinstance(command, str):
             return f"bash: {shorten(command, limit)}"
+        path = parsed.get("path")
+        if name in FILE_TOOLS and isinstance(path, str):
+            return f"{name}: {shorten(path, limit)}"
         prompt = parsed.get("prompt")
         if name == "subagent" and isinstance(prompt, str):
             return f"subagent: {shorten(prompt, limit)}"
@@ -169,8 +180,27 @@ def stop_reason_for(end: ev.TurnEnd | None) -> tuple[StopReason | None, Failure 
     return None, failure
 
 
-def _tool_call(event: ev.ToolCallRequested) -> Update:
-    return {
+def file_location(name: str, arguments: str, cwd: str | None) -> list[dict[str, Any]] | None:
+    """The ACP ``locations`` of a file tool call from its arguments (the path made absolute), or None."""
+    if name not in FILE_TOOLS:
+        return None
+    parsed = _parse_arguments(arguments)
+    path = parsed.get("path") if isinstance(parsed, dict) else None
+    if not isinstance(path, str) or not path or "\0" in path:
+        return None
+    if not os.path.isabs(path):
+        if cwd is None:
+            return None
+        path = os.path.normpath(os.path.join(cwd, path))
+    location: dict[str, Any] = {"path": path}
+    offset = parsed.get("offset")
+    if name == "read_file" and type(offset) is int and offset >= 1:
+        location["line"] = offset
+    return [location]
+
+
+def _tool_call(event: ev.ToolCallRequested, cwd: str | None = None) -> Update:
+    update: Update = {
         "sessionUpdate": "tool_call",
         "toolCallId": tool_call_id(event.turn, event.call_id),
         "title": tool_title(event.name, event.arguments),
@@ -178,15 +208,37 @@ def _tool_call(event: ev.ToolCallRequested) -> Update:
         "status": "pending",  # until it runs: see tool_started_update
         "rawInput": _parse_arguments(event.arguments),
     }
+    locations = file_location(event.name, event.arguments, cwd)
+    if locations is not None:
+        update["locations"] = locations
+    return update
+
+
+def diff_content(path: str, old_text: str | None, new_text: str) -> dict[str, Any]:
+    """An ACP ``diff`` tool call content block (``oldText`` null for a new file)."""
+    return {"type": "diff", "path": path, "oldText": old_text, "newText": new_text}
 
 
 def _tool_result(event: ev.ToolResult) -> Update:
-    return {
+    update: Update = {
         "sessionUpdate": "tool_call_update",
         "toolCallId": tool_call_id(event.turn, event.call_id),
         "status": "failed" if event.is_error else "completed",
         "content": [{"type": "content", "content": _text(event.content)}],
     }
+    detail = event.detail
+    path = detail.get("path") if detail is not None and event.name in FILE_TOOLS and not event.is_error else None
+    if detail is not None and isinstance(path, str):
+        # A file tool: where it read or wrote, and a write as a diff (docs/editors.rst).
+        location: dict[str, Any] = {"path": path}
+        if type(detail.get("line")) is int:
+            location["line"] = detail["line"]
+        update["locations"] = [location]
+        new_text = detail.get("new_text")
+        old_text = detail.get("old_text")
+        if isinstance(new_text, str) and (old_text is None or isinstance(old_text, str)):
+            update["content"] = [diff_content(path, old_text, new_text)]
+    return update
 
 
 def message_id(session_id: str, key: str) -> str:
@@ -222,6 +274,17 @@ def message_update(event: ev.UserMessage, session_id: str = "") -> Update:
     if event.origin == "task-notice":
         return _chunk("agent_thought_chunk", event.text, session_id, key, {NOTICE_META: event.origin})
     return _chunk("user_message_chunk", event.text, session_id, key)
+
+
+def message_updates(event: ev.UserMessage, session_id: str = "") -> Iterator[Update]:
+    """A claimed message as updates: its text (``message_update``; left out when empty and it has images),
+    then each image as a ``user_message_chunk`` with an ``image`` block, under the same ``messageId``."""
+    if event.text or not event.images:
+        yield message_update(event, session_id)
+    key = message_id(session_id, f"{event.turn}/message/{event.message_id}")
+    for part in event.images:
+        content = {"type": "image", "data": part.data, "mimeType": part.media_type}
+        yield {"sessionUpdate": "user_message_chunk", "content": content, "messageId": key}
 
 
 def failure_text(failure: Failure) -> str:
@@ -282,7 +345,7 @@ def turn_end_update(end: ev.TurnEnd, session_id: str = "") -> Update | None:
     return _chunk("agent_message_chunk", text, session_id, f"{end.turn}/end", {TURN_END_META: meta})
 
 
-def live_update(event: ev.Event, session_id: str = "") -> Update | None:
+def live_update(event: ev.Event, session_id: str = "", cwd: str | None = None) -> Update | None:
     """The ``session/update`` payload (the ``update`` object) for a live event, or None.
 
     ``session_id`` seeds the chunks' ``messageId`` (``message_id``).  A
@@ -298,7 +361,7 @@ def live_update(event: ev.Event, session_id: str = "") -> Update | None:
     if isinstance(event, ev.UserMessage):
         return message_update(event, session_id) if event.origin == "task-notice" else None
     if isinstance(event, ev.ToolCallRequested):
-        return _tool_call(event)
+        return _tool_call(event, cwd)
     if isinstance(event, ev.ToolResult):
         return _tool_result(event)
     return None
@@ -314,15 +377,17 @@ def tool_started_update(turn: int, call_id: str) -> Update:
     return {"sessionUpdate": "tool_call_update", "toolCallId": tool_call_id(turn, call_id), "status": "in_progress"}
 
 
-def replay_updates(events: Sequence[ev.Event], session_id: str = "") -> Iterator[Update]:
+def replay_updates(events: Sequence[ev.Event], session_id: str = "", cwd: str | None = None) -> Iterator[Update]:
     """The updates that replay a stored log to a client (``session/load``).
 
     User messages become ``user_message_chunk`` (task notices
     ``agent_thought_chunk``, see ``message_update``); each step's
     assistant text and reasoning are sent whole (from ``assistant/message``,
     or from the chunks of a step that died before its message was logged);
-    tool calls and results as in the live stream; a cancelled, interrupted or
-    failed turn ends with a note saying so (``turn_end_update``).
+    tool calls and results as in the live stream (a call's ``tool/started``
+    as ``in_progress``, so a call the process died running shows as running
+    until its recovery result says it was interrupted); a cancelled,
+    interrupted or failed turn ends with a note saying so (``turn_end_update``).
     """
     text: list[str] = []
     reasoning: list[str] = []
@@ -339,7 +404,7 @@ def replay_updates(events: Sequence[ev.Event], session_id: str = "") -> Iterator
     for event in events:
         if isinstance(event, ev.UserMessage):
             yield from pending()
-            yield message_update(event, session_id)
+            yield from message_updates(event, session_id)
         elif isinstance(event, ev.AssistantChunk):
             place = f"{event.turn}/{event.step}"
             (text if event.kind == "text" else reasoning).append(event.text)
@@ -350,7 +415,9 @@ def replay_updates(events: Sequence[ev.Event], session_id: str = "") -> Iterator
             yield from pending()
         elif isinstance(event, ev.ToolCallRequested):
             yield from pending()
-            yield _tool_call(event)
+            yield _tool_call(event, cwd)
+        elif isinstance(event, ev.ToolStarted):
+            yield tool_started_update(event.turn, event.call_id)
         elif isinstance(event, ev.ToolResult):
             yield _tool_result(event)
         elif isinstance(event, ev.StepEnd):

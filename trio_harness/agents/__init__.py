@@ -21,6 +21,7 @@ from ._follow import Followers as Followers
 from ._function_tools import FunctionTool as FunctionTool
 from ._function_tools import tool as tool
 from ._inbox import Inbox as Inbox
+from ._inbox import Prompt as Prompt
 from ._options import AgentOptions as AgentOptions
 from ._registry import AgentFactory as AgentFactory
 from ._registry import AgentHandle as AgentHandle

@@ -12,10 +12,10 @@ if TYPE_CHECKING:
     from .._records import ModelSettings, UsageTotals
     from .._scope import Scope
     from ..model._protocol import OutputMode
-    from ..session._events import CancelCause, ContextCompacted, Event, InboxMessage, SendMode
+    from ..session._events import CancelCause, ContextCompacted, Event, SendMode
     from ..session._session import Session
     from ._follow import FollowedPrompt
-    from ._inbox import Inbox
+    from ._inbox import Inbox, Prompt
     from ._options import AgentOptions
     from ._run import RunResult
     from ._stream import EventStream
@@ -105,7 +105,7 @@ class Agent(Protocol):
 
     def send(
         self,
-        message: str | InboxMessage,
+        message: Prompt,
         *,
         mode: Literal["followup", "steer", "inject"],
         settings: ModelSettings | None = None,
@@ -117,7 +117,7 @@ class Agent(Protocol):
         """
         ...
 
-    def followup(self, message: str | InboxMessage, *, settings: ModelSettings | None = None) -> str:
+    def followup(self, message: Prompt, *, settings: ModelSettings | None = None) -> str:
         """Queue a message for a new turn, waking the agent; returns its id.
 
         ``settings`` apply to that turn only (they win over the agent's and
@@ -125,11 +125,11 @@ class Agent(Protocol):
         """
         ...
 
-    def steer(self, message: str | InboxMessage) -> str:
+    def steer(self, message: Prompt) -> str:
         """Queue a message for the next step, waking the agent (a turn opens when idle)."""
         ...
 
-    def inject(self, message: str | InboxMessage) -> str:
+    def inject(self, message: Prompt) -> str:
         """Queue a message for the next step without waking the agent."""
         ...
 
@@ -153,7 +153,7 @@ class Agent(Protocol):
     @overload
     async def run(
         self,
-        prompt: str,
+        prompt: Prompt,
         *,
         output: None = None,
         retries: int = 2,
@@ -164,7 +164,7 @@ class Agent(Protocol):
     @overload
     async def run(
         self,
-        prompt: str,
+        prompt: Prompt,
         *,
         output: type[T],
         retries: int = 2,
@@ -175,7 +175,7 @@ class Agent(Protocol):
     @overload
     async def run(
         self,
-        prompt: str,
+        prompt: Prompt,
         *,
         output: Any,
         retries: int = 2,
@@ -185,7 +185,7 @@ class Agent(Protocol):
 
     async def run(
         self,
-        prompt: str,
+        prompt: Prompt,
         *,
         output: Any = None,
         retries: int = 2,
@@ -205,7 +205,7 @@ class Agent(Protocol):
 
     def follow(
         self,
-        message: str | InboxMessage,
+        message: Prompt,
         *,
         mode: SendMode = "followup",
         settings: ModelSettings | None = None,

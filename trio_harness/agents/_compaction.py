@@ -133,6 +133,7 @@ def render_transcript(messages: Sequence[Message]) -> list[str]:
     for message in messages:
         if isinstance(message, UserMessage):
             lines.append(f"User: {message.text}")
+            lines.extend(f"User attached an image ({image.media_type})" for image in message.images)
         elif isinstance(message, AssistantMessage):
             if message.text:
                 lines.append(f"Assistant: {message.text}")

@@ -16,8 +16,8 @@ and the turn ends ``paused`` (docs/approval.rst, "Paused approvals").
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -118,15 +118,16 @@ class ToolDispatch:
         session = self._session
         self._checkpoints.failure = None  # a failure of an earlier, aborted step is not this one's
         count = len(calls)
-        results: list[tuple[str, bool] | None] = [None] * count
+        results: list[tuple[str, bool, dict[str, Any] | None] | None] = [None] * count
         logged = 0
         approvals = self._approvals
         # Approval asks are sequential, in model order, also for calls that run in
         # parallel: call i asks once every earlier call is past its approval (docs/approval.rst).
         asked = [trio.Event() for _ in range(count)] if approvals.approver is not None and count > 1 else None
 
-        def log_result(index: int, result: tuple[str, bool]) -> None:
+        def log_result(index: int, result: tuple[str, bool, dict[str, Any] | None]) -> None:
             call = calls[index]
+            extra = {} if result[2] is None else {"detail": result[2]}
             session.append(
                 ev.ToolResult,
                 turn=turn,
@@ -135,13 +136,14 @@ class ToolDispatch:
                 name=call.name,
                 content=result[0],
                 is_error=result[1],
+                **extra,
             )
 
-        def deliver(index: int, content: str, is_error: bool) -> None:
+        def deliver(index: int, content: str, is_error: bool, detail: Mapping[str, Any] | None = None) -> None:
             nonlocal logged
             if results[index] is not None:
                 return
-            results[index] = (content, is_error)
+            results[index] = (content, is_error, None if detail is None else dict(detail))
             while logged < count and (result := results[logged]) is not None:
                 log_result(logged, result)
                 logged += 1
@@ -210,7 +212,7 @@ class ToolDispatch:
                     raise
                 raise cancelled from None
             if isinstance(output, ToolOutput):
-                deliver(index, output.content, output.is_error)
+                deliver(index, output.content, output.is_error, output.detail)
             else:
                 deliver(index, output if isinstance(output, str) else str(output), False)
 

@@ -63,7 +63,7 @@ from ._durability import UNSHIELDED, Checkpoints, Durability
 from ._follow import FollowedPrompt, Followers
 from ._function_tools import caller_namespace, output_adapter
 from ._history import History
-from ._inbox import Inbox
+from ._inbox import Inbox, Prompt, log_claimed
 from ._model_stream import stream_response
 from ._options import AgentOptions
 from ._request import RequestBuilder
@@ -291,7 +291,7 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
         when = None if at is None else datetime.datetime.fromtimestamp(at, datetime.UTC)
         return usage_cost(usage, self._request.model_name(), provider=provider, api_url=api_url, at=when)
 
-    def send(self, message: str | InboxMessage, *, mode: SendMode, settings: ModelSettings | None = None) -> str:
+    def send(self, message: Prompt, *, mode: SendMode, settings: ModelSettings | None = None) -> str:
         """Persist ``message`` into the inbox, then wake the driver unless ``mode`` is inject.
 
         Args:
@@ -331,7 +331,7 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
             self._wake()
 
     def _route(
-        self, message: str | InboxMessage, mode: SendMode, settings: ModelSettings | None
+        self, message: Prompt, mode: SendMode, settings: ModelSettings | None
     ) -> tuple[InboxMessage, ev.InboxQueue]:
         self._check_live("send it a message")
         if mode not in ("followup", "steer", "inject"):
@@ -348,15 +348,15 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
             queue = "next-turn"  # never join a converging, cancelled turn
         return msg, queue
 
-    def followup(self, message: str | InboxMessage, *, settings: ModelSettings | None = None) -> str:
+    def followup(self, message: Prompt, *, settings: ModelSettings | None = None) -> str:
         """Queue ``message`` for a new turn and wake the agent (``settings``: that turn's model settings)."""
         return self.send(message, mode="followup", settings=settings)
 
-    def steer(self, message: str | InboxMessage) -> str:
+    def steer(self, message: Prompt) -> str:
         """Queue ``message`` for the next step and wake the agent."""
         return self.send(message, mode="steer")
 
-    def inject(self, message: str | InboxMessage) -> str:
+    def inject(self, message: Prompt) -> str:
         """Queue ``message`` for the next step without waking the agent."""
         return self.send(message, mode="inject")
 
@@ -464,7 +464,7 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
     @overload
     async def run(
         self,
-        prompt: str,
+        prompt: Prompt,
         *,
         output: None = None,
         retries: int = 2,
@@ -475,7 +475,7 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
     @overload
     async def run(
         self,
-        prompt: str,
+        prompt: Prompt,
         *,
         output: type[T],
         retries: int = 2,
@@ -486,7 +486,7 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
     @overload
     async def run(
         self,
-        prompt: str,
+        prompt: Prompt,
         *,
         output: Any,
         retries: int = 2,
@@ -496,7 +496,7 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
 
     async def run(
         self,
-        prompt: str,
+        prompt: Prompt,
         *,
         output: Any = None,
         retries: int = 2,
@@ -557,7 +557,7 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
 
     def follow(
         self,
-        message: str | InboxMessage,
+        message: Prompt,
         *,
         mode: SendMode = "followup",
         settings: ModelSettings | None = None,
@@ -851,15 +851,7 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
                 return await self._dispatch.run(turn, step, list(paused), request.tools())  # type: ignore[func-returns-value]
             claimed = self._inbox.claim(turn, turn_boundary=step == 1)
             for message in claimed:
-                session.append(
-                    ev.UserMessage,
-                    turn=turn,
-                    step=step,
-                    message_id=message.id,
-                    text=message.text,
-                    mode=message.mode,
-                    origin=message.origin,
-                )
+                log_claimed(session, turn, step, message)
                 if message.settings is not None and request.turn_settings is None:
                     request.turn_settings = message.settings
                 if self._outputs and request.turn_output is None:

@@ -137,12 +137,19 @@ class History:
                 continue  # most events (steps, chunks, headers, calls) add nothing: one set lookup
             # ``type(event) is`` narrows like isinstance, and is cheaper.
             if type(event) is ev.UserMessage:
-                out.append(_user_message(text=event.text))
-                chars += len(event.text)
+                if event.images:
+                    message = _user_message(text=event.text, images=tuple(part.image() for part in event.images))
+                    out.append(message)
+                    chars += message_chars(message)
+                else:
+                    out.append(_user_message(text=event.text))
+                    chars += len(event.text)
             elif type(event) is ev.AssistantMessage:
-                if event.text or event.tool_calls or event.reasoning:
+                # A failed or cancelled step's reasoning blocks are not sent back (docs/models.rst).
+                blocks = event.reasoning_blocks if event.finish not in ("error", "aborted") else ()
+                if event.text or event.tool_calls or event.reasoning or blocks:
                     message = _assistant_message(
-                        text=event.text, tool_calls=event.tool_calls, reasoning=event.reasoning
+                        text=event.text, tool_calls=event.tool_calls, reasoning=event.reasoning, reasoning_blocks=blocks
                     )
                     out.append(message)
                     chars += message_chars(message)

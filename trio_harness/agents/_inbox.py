@@ -25,13 +25,20 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Literal, TypeAlias
 
 import attrs
 
 from .._errors import AgentDisposedError, InboxError
-from ..session._events import InboxMessage, InboxQueue, InboxSpliced, SendMode
+from .._records import Image
+from ..session import _events as ev
+from ..session._events import ImagePart, InboxMessage, InboxQueue, InboxSpliced, SendMode
 from ..session._session import Session
+
+Prompt: TypeAlias = str | InboxMessage | Sequence[str | Image]
+"""What ``send``, ``followup``, ``run`` and the others take: text, a message
+object, or a sequence of text pieces and :class:`~trio_harness.model.Image`
+values (the texts joined by blank lines; the images follow the text, in order)."""
 
 _counter = itertools.count(1)
 _prefix = os.urandom(4).hex()
@@ -369,10 +376,52 @@ class Inbox:
         return claimed
 
     @staticmethod
-    def message(text: str | InboxMessage, mode: SendMode) -> InboxMessage:
-        """Build an inbox message from text (a fresh id) or pass one through."""
+    def message(text: Prompt, mode: SendMode) -> InboxMessage:
+        """Build an inbox message from a prompt (a fresh id) or pass a message through.
+
+        Raises:
+            TypeError: not text, a message, or a sequence of text and images.
+            ValueError: an image is larger than :data:`~trio_harness.events.MAX_IMAGE_BYTES`.
+        """
+        if type(text) is str:
+            return InboxMessage(id=new_message_id(), text=text, mode=mode)
         if isinstance(text, InboxMessage):
             return text
-        if not isinstance(text, str):
-            raise TypeError(f"a message must be text or an InboxMessage, got {type(text).__name__}")
-        return InboxMessage(id=new_message_id(), text=text, mode=mode)
+        if isinstance(text, str):
+            return InboxMessage(id=new_message_id(), text=str(text), mode=mode)
+        content: object = text
+        if isinstance(content, Sequence | Image) and not isinstance(content, bytes | bytearray):
+            return _content_message(content, mode)
+        raise TypeError(
+            f"a message must be text, an InboxMessage or a sequence of text and images, got {type(text).__name__}"
+        )
+
+
+def _content_message(content: Sequence[object] | Image, mode: SendMode) -> InboxMessage:
+    """The inbox message of a sequence of text pieces and images (a lone Image is one image)."""
+    texts: list[str] = []
+    images: list[ImagePart] = []
+    for index, part in enumerate((content,) if isinstance(content, Image) else content):
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, Image):
+            images.append(ImagePart.of(part))
+        else:
+            raise TypeError(f"message part {index} must be text or an Image, got {type(part).__name__}")
+    if not texts and not images:
+        raise ValueError("a message needs some text or an image, got an empty sequence")
+    return InboxMessage(id=new_message_id(), text="\n\n".join(texts), mode=mode, images=tuple(images))
+
+
+def log_claimed(session: Session, turn: int, step: int, message: InboxMessage) -> None:
+    """Log a claimed inbox message as the ``user/message`` that puts it in the conversation."""
+    session.append(
+        ev.UserMessage,
+        turn=turn,
+        step=step,
+        message_id=message.id,
+        text=message.text,
+        mode=message.mode,
+        origin=message.origin,
+        images=message.images,
+    )

@@ -2,8 +2,11 @@
 
 Text and reasoning deltas are logged as ``assistant/chunk`` events as they
 arrive (what ``agent.events()`` streams); tool-call deltas are assembled by
-index; a retry the provider reports is logged as ``request/retry``.  Nothing
-counts after the finish.
+index; a retry the provider reports is logged as ``request/retry``; reasoning
+blocks (:class:`~trio_harness.model.ReasoningBlock`) are kept in order and
+logged with the assistant message (a block holding anything but plain JSON
+ends the step as an error: the log could not give it back unchanged).
+Nothing counts after the finish.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from ..model._protocol import (
     Chunk,
     Failure,
     Finish,
+    ReasoningBlock,
     ReasoningDelta,
     Retry,
     TextDelta,
@@ -25,6 +29,7 @@ from ..model._protocol import (
     Usage,
 )
 from ..session import _events as ev
+from ..session._codec import is_plain_json
 
 if TYPE_CHECKING:
     from ..model._protocol import ModelProvider, ModelRequest
@@ -49,6 +54,7 @@ async def stream_response(
     text: list[str] = []
     reasoning: list[str] = []
     pieces: dict[int, list[Any]] = {}
+    blocks: list[ReasoningBlock] = []
     usage: Usage | None = None
     finish: Finish | None = None
 
@@ -75,6 +81,18 @@ async def stream_response(
             usage = chunk
         elif type(chunk) is Finish:
             finish = chunk
+        elif type(chunk) is ReasoningBlock:
+            if type(chunk.provider) is str and type(chunk.data) is dict and is_plain_json(chunk.data):
+                blocks.append(chunk)
+            else:
+                finish = Finish(
+                    "error",
+                    Failure(
+                        "invalid-chunk",
+                        f"the model provider {provider.name} reported a reasoning block that is not a provider "
+                        f"name and a JSON object of plain JSON values: {chunk!r:.200}",
+                    ),
+                )
         elif type(chunk) is Retry:
             session.append(
                 ev.RequestRetry,
@@ -97,7 +115,7 @@ async def stream_response(
         else:
             if failed is not None:
                 log.error("agent %s: model provider %s raised while cancelled: %r", session.id, provider.name, failed)
-            _log_partial(session, turn, step, text, reasoning, usage)
+            _log_partial(session, turn, step, text, reasoning, blocks, usage)
             if cancelled is exc:
                 raise
             raise cancelled from None
@@ -121,15 +139,26 @@ async def stream_response(
         tool_calls=tuple(calls),
         usage=usage,
         finish=finish.reason,
+        reasoning_blocks=tuple(blocks),
     )
     return finish, calls
 
 
 def _log_partial(
-    session: Session, turn: int, step: int, text: list[str], reasoning: list[str], usage: Usage | None
+    session: Session,
+    turn: int,
+    step: int,
+    text: list[str],
+    reasoning: list[str],
+    blocks: list[ReasoningBlock],
+    usage: Usage | None,
 ) -> None:
-    """Log what a cancelled stream had produced, as an aborted assistant message."""
-    if text or reasoning:
+    """Log what a cancelled stream had produced, as an aborted assistant message.
+
+    Its complete reasoning blocks are logged too; later requests do not send
+    them back (see ``assistant/message``).
+    """
+    if text or reasoning or blocks:
         session.append(
             ev.AssistantMessage,
             turn=turn,
@@ -138,4 +167,5 @@ def _log_partial(
             reasoning="".join(reasoning),
             usage=usage,
             finish="aborted",
+            reasoning_blocks=tuple(blocks),
         )

@@ -31,10 +31,15 @@ class ToolOutput:
     Attributes:
         content: the text the model reads.
         is_error: whether the call failed (the model sees an error result).
+        detail: structured facts about the call for front ends and for the
+            tool itself, logged with the result (``tool/result``'s
+            ``detail``) but never sent to the model: a JSON object, e.g. the
+            file tools' diff (docs/tools.rst, "File tools").
     """
 
     content: str
     is_error: bool = False
+    detail: Mapping[str, Any] | None = None
 
 
 @attrs.frozen

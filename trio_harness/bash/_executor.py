@@ -205,6 +205,11 @@ class BashExecutor:
     _counter: int = attrs.field(default=0, init=False)
     _closed: bool = attrs.field(default=False, init=False)
 
+    @property
+    def checked_sandbox(self) -> Sandbox | None:
+        """The sandbox as checked when the executor opened (resolved writable and hidden paths), or None."""
+        return self._checked
+
     # ------------------------------------------------------------ validation
 
     def resolve(self, request: BashRequest) -> BashSpec:

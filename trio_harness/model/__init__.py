@@ -1,5 +1,8 @@
 """Model providers behind one streaming protocol."""
 
+from ._catalog import ModelInfo as ModelInfo
+from ._catalog import catalog_entry as catalog_entry
+from ._catalog import known_models as known_models
 from ._cost import load_prices as load_prices
 from ._cost import usage_cost as usage_cost
 from ._openai import OpenAIProvider as OpenAIProvider
@@ -27,6 +30,7 @@ from ._protocol import Usage as Usage
 from ._protocol import UsageTotals as UsageTotals
 from ._protocol import UserMessage as UserMessage
 from ._replay import ReplayModel as ReplayModel
+from ._responses import ResponsesProvider as ResponsesProvider
 from ._scripted import ScriptedModel as ScriptedModel
 from ._spec import open_model as open_model
 from ._spec import resolve_model as resolve_model

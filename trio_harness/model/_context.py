@@ -14,33 +14,28 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from .._records import Failure
+from ._catalog import known_models, model_info
 from ._protocol import AssistantMessage, Message, ToolMessage, ToolSpec, UserMessage
 
 CHARS_PER_TOKEN: Final = 4
 """The characters-per-token ratio of every estimate (and of the scripted model's usage)."""
 
-KNOWN_CONTEXT_WINDOWS: Final[Mapping[str, int]] = {
-    "deepseek-chat": 128_000,
-    "deepseek-reasoner": 128_000,
-    "gpt-3.5-turbo": 16_385,
-    "gpt-4-turbo": 128_000,
-    "gpt-4o": 128_000,
-    "gpt-4.1": 1_047_576,
-    "gpt-5": 400_000,
-    "o1": 200_000,
-    "o3": 200_000,
-    "o4-mini": 200_000,
-}
-"""Context windows (tokens) of known models, by name prefix; the longest matching prefix wins."""
+IMAGE_CHARS: Final = 6_000
+"""What an image counts for in a size estimate, in characters (about 1,500 tokens: a
+mid-sized image as OpenAI and Anthropic price it)."""
+
+KNOWN_CONTEXT_WINDOWS: Final[Mapping[str, int]] = {info.model: info.context_window for info in known_models()}
+"""Context windows (tokens) of known models, by name (the model catalog's, :mod:`trio_harness.model._catalog`)."""
 
 
 def context_window_for(model: str) -> int | None:
-    """The context window of a known model (``gpt-4o-2024-08-06`` matches ``gpt-4o``), or None."""
-    best: str | None = None
-    for prefix in KNOWN_CONTEXT_WINDOWS:
-        if (model == prefix or model.startswith(prefix + "-")) and (best is None or len(prefix) > len(best)):
-            best = prefix
-    return KNOWN_CONTEXT_WINDOWS[best] if best is not None else None
+    """The context window of a known model (``gpt-4o-2024-08-06`` matches ``gpt-4o``), or None.
+
+    Read from the model catalog (:func:`~trio_harness.model.catalog_entry`),
+    whatever family the model belongs to.
+    """
+    info = model_info(model)
+    return info.context_window if info is not None else None
 
 
 def tokens_for_chars(chars: int) -> int:
@@ -51,13 +46,15 @@ def tokens_for_chars(chars: int) -> int:
 def message_chars(message: Message) -> int:
     """The characters of one message that a request sends."""
     if type(message) is UserMessage:
-        return len(message.text)
+        return len(message.text) + IMAGE_CHARS * len(message.images)
     if type(message) is ToolMessage:
         return len(message.content) + len(message.name) + len(message.call_id)
     if type(message) is AssistantMessage:
         size = len(message.text)
         for call in message.tool_calls:
             size += len(call.id) + len(call.name) + len(call.arguments)
+        for block in message.reasoning_blocks:
+            size += len(json.dumps(block.data, separators=(",", ":")))
         return size
     return len(getattr(message, "text", ""))
 

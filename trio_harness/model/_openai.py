@@ -21,14 +21,15 @@ those when they are garbage collected).
 
 from __future__ import annotations
 
+import base64
 import email.utils
 import json
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Final, Literal, Self
+from typing import Any, Final, Literal, Protocol, Self
 
 import attrs
 import httpx
@@ -37,10 +38,13 @@ import trio
 from .._errors import ModelError
 from .._redact import redact_urls
 from .._util import is_positive_int
+from ._catalog import model_info
 from ._chunks import ChunkParser, message_of
 from ._context import context_window_for
+from ._images import has_images, images_unsupported
 from ._protocol import (
     AssistantMessage,
+    Chunk,
     Emit,
     Failure,
     Finish,
@@ -48,9 +52,10 @@ from ._protocol import (
     ModelSettings,
     Retry,
     ToolMessage,
+    Usage,
     UserMessage,
 )
-from ._sse import SSEDecoder, SSEError
+from ._sse import SSEDecoder, SSEEnd, SSEError, SSEEvent
 
 _ERROR_BODY_LIMIT: Final = 64 * 1024
 """How much of an error response body is read to find the server's message."""
@@ -61,6 +66,24 @@ _DRAIN_GRACE: Final = 0.5
 Reading the body to its end lets httpx return the connection to its pool; a
 server that keeps the body open after ``[DONE]`` only costs this much.
 """
+
+
+class StreamParser(Protocol):
+    """What the HTTP loop needs of a sans-io stream parser (:class:`ChunkParser`, the Responses parser)."""
+
+    @property
+    def done(self) -> bool: ...
+    @property
+    def failure(self) -> Failure | None: ...
+    @property
+    def emitted(self) -> bool: ...
+    @property
+    def usage(self) -> Usage | None: ...
+    def feed_into(self, events: Iterable[SSEEvent], emit: Callable[[Chunk], None]) -> None: ...
+    def feed_body(self, body: bytes) -> list[Chunk]: ...
+    def feed_end(self, end: SSEEnd) -> list[Chunk]: ...
+    def fail(self, failure: Failure) -> Failure: ...
+    def conclude(self, failure: Failure | None = None) -> Finish | Failure: ...
 
 
 def _make_rng(rng: random.Random | None) -> random.Random:
@@ -124,6 +147,12 @@ class OpenAIProvider:
             prompt asks for JSON).  Only ``"json_schema"`` declares
             ``json_schema_output``: on the others ``agent.run(output=TYPE)``
             uses the final-answer tool unless ``output_mode="native"``.
+        supports_images: whether the route takes images in user messages
+            (``image_url`` content parts with ``data:`` URLs); when False a
+            request carrying images fails at once with code
+            ``images-unsupported`` naming the model.  True by default,
+            False for ``deepseek:`` and for a model the catalog
+            (:func:`~trio_harness.model.catalog_entry`) says takes none.
         context_window: the model's context window in tokens; None (the
             default) takes it from the known models' table
             (the built-in table of known models), and stays
@@ -151,6 +180,7 @@ class OpenAIProvider:
     settings: ModelSettings = attrs.field(factory=ModelSettings)
     context_window: int | None = None
     output_format: Literal["json_schema", "json_object", "none"] = "json_schema"
+    supports_images: bool = True
     _owned_client: httpx.AsyncClient | None = attrs.field(init=False, default=None, repr=False)
     _url: str = attrs.field(init=False, default="", repr=False)
     _timeout: httpx.Timeout = attrs.field(init=False, repr=False)
@@ -177,6 +207,9 @@ class OpenAIProvider:
             raise ModelError(
                 f"OpenAIProvider output_format must be json_schema, json_object or none, got {self.output_format!r}"
             )
+        known = model_info(self.model)
+        if known is not None and not known.images:
+            self.supports_images = False  # the catalog knows the model takes none
         if self.context_window is None:
             self.context_window = context_window_for(self.model)
         elif not is_positive_int(self.context_window):
@@ -263,7 +296,10 @@ class OpenAIProvider:
             messages.append({"role": "system", "content": request.system})
         for message in request.messages:
             if isinstance(message, UserMessage):
-                messages.append({"role": "user", "content": message.text})
+                if message.images:
+                    messages.append({"role": "user", "content": _user_content(message)})
+                else:
+                    messages.append({"role": "user", "content": message.text})
             elif isinstance(message, AssistantMessage):
                 wire: dict[str, Any] = {"role": "assistant", "content": message.text}
                 if message.tool_calls:
@@ -381,12 +417,16 @@ class OpenAIProvider:
             request: what to ask the model.
             emit: called synchronously with each chunk, in order.
         """
+        if not self.supports_images and has_images(request):
+            await trio.lowlevel.checkpoint()
+            emit(Finish("error", images_unsupported(self.name, request.model or self.model)))
+            return
         content = json.dumps(self.build_body(request), ensure_ascii=False, default=_json_default).encode()
         headers = self._headers()
         client = self._client()
         attempt = 0
         while True:
-            parser = ChunkParser(self.name)
+            parser = self._new_parser()
             outcome: Finish | Failure | None = None
             with trio.move_on_after(self.request_timeout):
                 outcome = await self._attempt(client, content, headers, parser, emit)
@@ -421,6 +461,10 @@ class OpenAIProvider:
             emit(Finish(reason="error", failure=failure))
             return
 
+    def _new_parser(self) -> StreamParser:
+        """The sans-io parser of one attempt's stream (a subclass speaking another format returns its own)."""
+        return ChunkParser(self.name)
+
     # ------------------------------------------------------------ one attempt
 
     async def _attempt(
@@ -428,7 +472,7 @@ class OpenAIProvider:
         client: httpx.AsyncClient,
         content: bytes,
         headers: dict[str, str],
-        parser: ChunkParser,
+        parser: StreamParser,
         emit: Emit,
     ) -> Finish | Failure:
         """Make one HTTP request and return its outcome (the parser keeps what it saw)."""
@@ -452,7 +496,7 @@ class OpenAIProvider:
             return parser.conclude(self._transport_failure(exc))
 
     async def _read_stream(
-        self, response: httpx.Response, ctype: str, parser: ChunkParser, emit: Emit
+        self, response: httpx.Response, ctype: str, parser: StreamParser, emit: Emit
     ) -> Finish | Failure:
         """Read the event stream of a successful response and feed it to the parsers (the hot path)."""
         decoder = SSEDecoder()
@@ -504,7 +548,7 @@ class OpenAIProvider:
 
     # ------------------------------------------------------------ outcomes
 
-    def _emit_usage(self, parser: ChunkParser, emit: Emit) -> None:
+    def _emit_usage(self, parser: StreamParser, emit: Emit) -> None:
         usage = parser.usage
         if usage is not None:
             emit(usage)
@@ -653,3 +697,12 @@ def _retry_after(headers: httpx.Headers, wall_clock: Callable[[], float] = time.
     if math.isfinite(value) and value >= 0:
         return value
     return None
+
+
+def _user_content(message: UserMessage) -> list[dict[str, Any]]:
+    """A user message's content parts: its text, then each image as a ``data:`` URL."""
+    parts: list[dict[str, Any]] = [{"type": "text", "text": message.text}] if message.text else []
+    for image in message.images:
+        url = f"data:{image.media_type};base64,{base64.b64encode(image.data).decode('ascii')}"
+        parts.append({"type": "image_url", "image_url": {"url": url}})
+    return parts

@@ -2,7 +2,8 @@
 
 Each ``assistant/message`` event of the recording (that did not fail) is one
 model response; the replay streams it again as it was streamed the first time
-(the recorded ``assistant/chunk`` pieces, then tool calls, usage and finish).
+(the recorded ``assistant/chunk`` pieces, then its reasoning blocks in their
+order, tool calls, usage and finish).
 Responses are consumed in order, one per request, so a conversation recorded
 against a real provider can be replayed in tests and examples with no network.
 
@@ -31,6 +32,7 @@ import trio
 
 from .._errors import ModelError
 from ..session import _events as ev
+from ..session._events import ImagePart
 from ._protocol import (
     FINAL_ANSWER,
     Emit,
@@ -62,6 +64,7 @@ class _Recorded:
     message: ev.AssistantMessage | None
     last_user: str | None
     settings: ModelSettings | None = None
+    last_images: tuple[ImagePart, ...] = ()
     compaction: ev.ContextCompacted | ev.CompactionFailed | None = None
 
     @property
@@ -73,10 +76,12 @@ def _recordings(events: Iterable[ev.Event]) -> list[_Recorded]:
     out: list[_Recorded] = []
     chunks: list[ev.AssistantChunk] = []
     last_user: str | None = None
+    last_images: tuple[ImagePart, ...] = ()
     settings: ModelSettings | None = None
     for event in events:
         if isinstance(event, ev.UserMessage):
             last_user = event.text
+            last_images = event.images
         elif isinstance(event, ev.StepStart):
             chunks = []
         elif isinstance(event, ev.RequestHeader):
@@ -86,7 +91,7 @@ def _recordings(events: Iterable[ev.Event]) -> list[_Recorded]:
             chunks.append(event)
         elif isinstance(event, ev.AssistantMessage):
             if event.finish not in ("error", "aborted"):
-                out.append(_Recorded(tuple(chunks), event, last_user, settings))
+                out.append(_Recorded(tuple(chunks), event, last_user, settings, last_images=last_images))
             chunks = []
         elif isinstance(event, ev.ContextCompacted | ev.CompactionFailed):
             out.append(_Recorded((), None, None, compaction=event))
@@ -106,6 +111,8 @@ class ReplayModel:
     # How the recording asked for typed answers: through the final-answer tool (False) or the
     # JSON response format (True), so ``run(output=T)`` in auto mode asks the same way again.
     json_schema_output: bool = attrs.field(default=True, kw_only=True)
+    # It answers requests with images as any other (strict mode compares them with the recording's).
+    supports_images: bool = attrs.field(default=True, kw_only=True)
     requests: list[ModelRequest] = attrs.field(factory=list, init=False)
     _next: int = attrs.field(default=0, init=False)
     # How many summary requests the current recording (a compaction) answered: a compaction
@@ -214,10 +221,18 @@ class ReplayModel:
         assert message is not None
         self._next += 1
         if self.strict and current.last_user is not None:
-            users = [m.text for m in request.messages if isinstance(m, UserMessage)]
-            latest = users[-1] if users else None
+            users = [m for m in request.messages if isinstance(m, UserMessage)]
+            latest = users[-1].text if users else None
             if latest != current.last_user:
                 self._diverged(emit, f"has user message {latest!r} where the recording had {current.last_user!r}")
+                return
+            images = tuple(ImagePart.of(image) for image in users[-1].images) if users else ()
+            if images != current.last_images:
+                self._diverged(
+                    emit,
+                    f"has {len(images)} image(s) in its newest user message where the recording had "
+                    f"{len(current.last_images)} (or different ones)",
+                )
                 return
         if self.strict:
             sent = None if request.settings.empty else request.settings
@@ -232,6 +247,8 @@ class ReplayModel:
                 emit(ReasoningDelta(message.reasoning))
             if message.text:
                 emit(TextDelta(message.text))
+        for block in message.reasoning_blocks:
+            emit(block)
         for index, call in enumerate(message.tool_calls):
             emit(ToolCallDelta(index=index, id=call.id, name=call.name, arguments=call.arguments))
         if message.usage is not None:

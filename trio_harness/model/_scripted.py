@@ -10,16 +10,20 @@ mapping in the script-file format (``--model scripted:PATH``)::
         {"error": {"message": "overloaded", "code": "http-529"}}
     ]}
 
-Two optional keys extend the format: ``"reasoning"`` (streamed as reasoning
-deltas before the text) and ``"delay"`` (seconds of Trio time to wait before
-answering; deterministic under a mock clock).  In process, a response may also
+Three optional keys extend the format: ``"reasoning"`` (streamed as reasoning
+deltas before the text), ``"reasoning_blocks"`` (a list of
+``{"provider": ..., "data": {...}}`` objects, reported as
+:class:`~trio_harness.model.ReasoningBlock` chunks after the reasoning) and
+``"delay"`` (seconds of Trio time to wait before answering; deterministic
+under a mock clock).  In process, a response may also
 be a callable taking the :class:`ModelRequest` and returning a mapping.
 
 Two optional top-level keys of the file (and constructor arguments) help test
 long sessions offline: ``"context_window"`` (tokens; a request larger than it
 fails with a ``context-length`` failure and consumes no response) and
 ``"summary"`` (the text answering every context-compaction request, which then
-consumes no response either).  The reported usage follows the text's length,
+consumes no response either).  A third, ``"supports_images"`` (true by
+default), says whether it takes images.  The reported usage follows the text's length,
 about four characters a token (:data:`~trio_harness.model.CHARS_PER_TOKEN`),
 measured incrementally, so a long session costs no more per request.  A
 scripted model is an endpoint with a JSON response format: for a request with
@@ -43,6 +47,7 @@ import trio
 from .._errors import ModelError
 from .._util import is_positive_int
 from ._context import message_chars, tokens_for_chars, tools_chars
+from ._images import has_images, images_unsupported
 from ._protocol import (
     Emit,
     Failure,
@@ -50,6 +55,7 @@ from ._protocol import (
     Message,
     ModelRequest,
     ModelSettings,
+    ReasoningBlock,
     ReasoningDelta,
     TextDelta,
     ToolCallDelta,
@@ -59,7 +65,7 @@ from ._protocol import (
 
 Response = Mapping[str, Any] | Callable[[ModelRequest], Mapping[str, Any]]
 
-_KEYS = frozenset({"text", "tool_calls", "hang", "error", "reasoning", "delay"})
+_KEYS = frozenset({"text", "tool_calls", "hang", "error", "reasoning", "reasoning_blocks", "delay"})
 
 
 def _check_response(response: object, where: str) -> None:
@@ -84,6 +90,17 @@ def _check_response(response: object, where: str) -> None:
             raise ModelError(
                 f"{where}: tool_calls[{i}] has unknown keys {sorted(set(call) - {'name', 'arguments', 'id'})}"
             )
+    blocks = response.get("reasoning_blocks", [])
+    if not isinstance(blocks, list) or not all(
+        isinstance(b, Mapping)
+        and set(b) == {"provider", "data"}
+        and isinstance(b["provider"], str)
+        and isinstance(b["data"], Mapping)
+        for b in blocks
+    ):
+        raise ModelError(
+            f"{where}: 'reasoning_blocks' must be a list of objects with a string 'provider' and an object 'data'"
+        )
     error = response.get("error")
     if error is not None and (not isinstance(error, Mapping) or not isinstance(error.get("message"), str)):
         raise ModelError(f"{where}: 'error' must be an object with a string 'message'")
@@ -121,6 +138,9 @@ class ScriptedModel:
         summary: the answer to every context-compaction request (a text, or
             a callable of the request); None to answer them from the script.
         settings: default model settings of the route (a spec's query).
+        supports_images: whether it takes images (True); when False a request
+            carrying images fails with code ``images-unsupported``, as a
+            provider that cannot take them does.
         json_schema_output: whether it counts as an endpoint with a JSON-schema
             response format (True: ``agent.run(output=TYPE)`` validates its
             text answer; False: it is offered the final-answer tool).
@@ -133,6 +153,7 @@ class ScriptedModel:
     summary: str | Callable[[ModelRequest], str] | None = attrs.field(default=None, kw_only=True)
     settings: ModelSettings = attrs.field(factory=ModelSettings, kw_only=True)
     json_schema_output: bool = attrs.field(default=True, kw_only=True)
+    supports_images: bool = attrs.field(default=True, kw_only=True)
     requests: list[ModelRequest] = attrs.field(factory=list, init=False)
     # Internal counters, set at every request: no converter or validator to run on
     # assignment (NO_OP skips attrs' per-assignment hook; the public fields keep theirs).
@@ -166,7 +187,7 @@ class ScriptedModel:
             raise ModelError(f"scripted model file {str(path)!r} is not readable JSON: {exc}") from None
         if not isinstance(data, dict) or not isinstance(data.get("responses"), list):
             raise ModelError(f"scripted model file {str(path)!r} must be an object with a 'responses' list")
-        known = {"responses", "context_window", "summary"}
+        known = {"responses", "context_window", "summary", "supports_images"}
         if set(data) - known:
             raise ModelError(
                 f"scripted model file {str(path)!r} has unknown keys {sorted(set(data) - known)}; "
@@ -175,9 +196,18 @@ class ScriptedModel:
         summary = data.get("summary")
         if summary is not None and not isinstance(summary, str):
             raise ModelError(f"scripted model file {str(path)!r}: 'summary' must be a string")
+        images = data.get("supports_images", True)
+        if type(images) is not bool:
+            raise ModelError(f"scripted model file {str(path)!r}: 'supports_images' must be true or false")
         source = f"scripted model file {str(path)!r}"
         try:
-            return cls(data["responses"], source=source, context_window=data.get("context_window"), summary=summary)
+            return cls(
+                data["responses"],
+                source=source,
+                context_window=data.get("context_window"),
+                summary=summary,
+                supports_images=images,
+            )
         except ModelError as exc:
             if str(exc).startswith(source):  # the response checks name the file already
                 raise
@@ -238,6 +268,10 @@ class ScriptedModel:
                 )
             )
             return
+        if not self.supports_images and has_images(request):
+            await trio.lowlevel.checkpoint()
+            emit(Finish("error", images_unsupported(self.source, request.model or "scripted")))
+            return
         if request.purpose == "compaction" and self.summary is not None:
             await trio.lowlevel.checkpoint()
             text = self.summary if isinstance(self.summary, str) else self.summary(request)
@@ -276,6 +310,8 @@ class ScriptedModel:
             return
         for piece in _split(response.get("reasoning", ""), self.chunks):
             emit(ReasoningDelta(piece))
+        for block in response.get("reasoning_blocks", ()):
+            emit(ReasoningBlock(block["provider"], dict(block["data"])))
         text = response.get("text", "")
         for piece in _split(text, self.chunks):
             emit(TextDelta(piece))

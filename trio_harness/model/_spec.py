@@ -6,6 +6,10 @@ Accepted forms:
 * ``openai:MODEL`` - OpenAI's API, key from ``OPENAI_API_KEY`` (required);
 * ``openai:MODEL@BASE_URL`` - any OpenAI-compatible server (vLLM, Ollama,
   llama.cpp, a gateway); ``OPENAI_API_KEY`` is sent when set, and optional;
+* ``openai-responses:MODEL`` - OpenAI's Responses API
+  (:class:`~trio_harness.model.ResponsesProvider`), key from ``OPENAI_API_KEY``
+  (required); ``openai-responses:MODEL@BASE_URL`` for any server speaking it
+  (the key is then optional);
 * ``scripted:PATH`` - a :class:`~trio_harness.model._scripted.ScriptedModel`
   replaying a script file (for tests and demos; ``~`` is expanded);
 * ``replay:PATH`` - a :class:`~trio_harness.model._replay.ReplayModel`
@@ -42,6 +46,7 @@ from .._records import ModelSettings
 from .._redact import redact_urls
 from ._openai import OpenAIProvider
 from ._protocol import ModelProvider
+from ._responses import ResponsesProvider
 
 DEEPSEEK_BASE_URL: Final = "https://api.deepseek.com"
 """The base URL of ``deepseek:`` specs."""
@@ -52,7 +57,8 @@ OPENAI_BASE_URL: Final = "https://api.openai.com/v1"
 _FORMS: Final = (
     "accepted forms: 'deepseek:MODEL' (key from DEEPSEEK_API_KEY), "
     "'openai:MODEL' (key from OPENAI_API_KEY), "
-    "'openai:MODEL@BASE_URL' (OPENAI_API_KEY optional), 'scripted:PATH', 'replay:PATH', "
+    "'openai:MODEL@BASE_URL' (OPENAI_API_KEY optional), "
+    "'openai-responses:MODEL[@BASE_URL]' (the same keys, OpenAI's Responses API), 'scripted:PATH', 'replay:PATH', "
     "or a ModelProvider object"
 )
 
@@ -92,7 +98,7 @@ def resolve_model(
     text = spec.strip()
     prefix, colon, rest = text.partition(":")
     prefix = prefix.lower()
-    if not colon or prefix not in ("deepseek", "openai", "scripted", "replay"):
+    if not colon or prefix not in ("deepseek", "openai", "openai-responses", "scripted", "replay"):
         raise ModelError(f"unknown model spec {redact_urls(spec)!r}; {_FORMS}")
     rest = rest.strip()
     settings, context_window = ModelSettings(), None
@@ -131,7 +137,10 @@ def resolve_model(
             settings=settings,
             context_window=context_window,
             output_format="json_object",  # DeepSeek's JSON mode takes no schema
+            supports_images=False,  # DeepSeek's chat API takes text only
         )
+    if prefix == "openai-responses":
+        return _responses(spec, rest, environ, require_key, settings, context_window)
     # openai
     found = _BASE_URL_AT.search(rest)
     if found is not None:
@@ -183,7 +192,7 @@ def missing_api_key(spec: str | ModelProvider, *, env: Mapping[str, str] | None 
         return None
     if prefix == "deepseek":
         variable = "DEEPSEEK_API_KEY"
-    elif prefix == "openai" and _BASE_URL_AT.search(rest) is None:
+    elif prefix in ("openai", "openai-responses") and _BASE_URL_AT.search(rest) is None:
         variable = "OPENAI_API_KEY"
     else:
         return None
@@ -245,6 +254,35 @@ def shown_spec(spec: str) -> str:
     if not mark:
         return redact_urls(spec)
     return redact_urls(head) + mark + redact_urls(query)
+
+
+def _responses(
+    spec: str,
+    rest: str,
+    environ: Mapping[str, str],
+    require_key: bool,
+    settings: ModelSettings,
+    context_window: int | None,
+) -> ModelProvider:
+    """An ``openai-responses:MODEL[@BASE_URL]`` spec's provider."""
+    found = _BASE_URL_AT.search(rest)
+    if found is None and "@" in rest:
+        model, _, base_url = rest.rpartition("@")
+        raise ModelError(
+            redact_urls(f"model spec {spec!r}: base URL {base_url!r} must start with http:// or https://; {_FORMS}")
+        )
+    model = rest if found is None else rest[: found.start()]
+    base_url = OPENAI_BASE_URL if found is None else rest[found.end() :]
+    _check_model(spec, model)
+    return ResponsesProvider(
+        model=model,
+        base_url=base_url,
+        api_key=_key(environ, "OPENAI_API_KEY", spec, required=require_key and found is None),
+        api_key_env="OPENAI_API_KEY",
+        name=f"openai-responses:{model}" if found is None else f"openai-responses:{model}@{base_url}",
+        settings=settings,
+        context_window=context_window,
+    )
 
 
 def _check_model(spec: str, model: str) -> None:

@@ -12,7 +12,7 @@ import json
 import math
 import re
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, Union, get_args, get_origin
 
 import attrs
@@ -62,6 +62,21 @@ def _strict_tuple(kind: Any, converter: Any) -> Any:
 
 
 _converter.register_structure_hook_factory(_is_homogeneous_tuple, _strict_tuple)
+
+
+def _json_object_structure(value: Any, _: Any) -> Any:
+    # A free-form JSON object (ModelSettings.extra_body, ReasoningBlock.data), kept as parsed.
+    if type(value) is not dict:
+        raise TypeError(f"expected a JSON object, got {type(value).__name__} {value!r:.80}")
+    return value
+
+
+def _is_json_object(kind: Any) -> bool:
+    origin: Any = get_origin(kind)
+    return origin in (dict, Mapping) and get_args(kind) == (str, Any)
+
+
+_converter.register_structure_hook_func(_is_json_object, _json_object_structure)
 
 
 def _register_omitting(kind: type[Any], seen: set[type[Any]]) -> None:
@@ -164,8 +179,8 @@ class _Gen:
             return f"tuple([{item}(_x) for _x in {v}])"
         if attrs.has(kind):
             return f"{self.function(kind)}({v})"
-        if origin is dict and args == (str, Any):
-            # A free-form JSON object (ModelSettings.extra_body): JSON keys are strings.
+        if origin in (dict, Mapping) and args == (str, Any):
+            # A free-form JSON object (ModelSettings.extra_body, ReasoningBlock.data): JSON keys are strings.
             out.append(f"{indent}if type({v}) is not dict: raise _Fallback")
             return v
         raise TypeError(f"no fast converter for {kind!r}")
@@ -333,8 +348,9 @@ class _EncoderGen:
             return v
         if attrs.has(kind):
             return f"{self.function(kind)}({v})"
-        if origin is dict and args == (str, Any):
-            # A free-form JSON object (ModelSettings.extra_body): written by json, as the general encoder does.
+        if origin in (dict, Mapping) and args == (str, Any):
+            # A free-form JSON object (ModelSettings.extra_body, ReasoningBlock.data): written by json, as the
+            # general encoder does.
             bad.append(f"type({v}) is not dict")
             return f"_json_object({v})"
         raise TypeError(f"no fast encoder for {kind!r}")
@@ -471,22 +487,22 @@ class _EncoderGen:
         return {kind: self.namespace[self.cache[kind]] for kind in fast}
 
 
-def _is_plain_json(value: object) -> bool:
+def is_plain_json(value: object) -> bool:
     """Whether ``value`` holds only what json writes as the general encoder does (exact JSON types)."""
     if value is None or type(value) is str or type(value) is int or type(value) is bool:
         return True
     if type(value) is float:
         return math.isfinite(value)
     if type(value) is list:
-        return all(map(_is_plain_json, value))
+        return all(map(is_plain_json, value))
     if type(value) is dict:
-        return all(type(k) is str and _is_plain_json(v) for k, v in value.items())
+        return all(type(k) is str and is_plain_json(v) for k, v in value.items())
     return False
 
 
 def _json_object(value: dict[str, Any]) -> str:
     """The JSON text of a free-form JSON object; declines anything but plain JSON values."""
-    if not _is_plain_json(value):
+    if not is_plain_json(value):
         raise _Fallback
     text: str = _dumps_utf8(value)
     return text

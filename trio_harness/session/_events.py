@@ -8,12 +8,13 @@ wall-clock ``ts`` taken from the session's injectable clock.  Append events with
 
 from __future__ import annotations
 
+import base64
 import math
-from typing import ClassVar, Literal, TypeAlias, get_args
+from typing import Any, ClassVar, Literal, TypeAlias, get_args
 
 import attrs
 
-from .._records import OMIT_IF_DEFAULT, Failure, ModelSettings, ToolCall, Usage, UsageTotals
+from .._records import OMIT_IF_DEFAULT, Failure, Image, ModelSettings, ReasoningBlock, ToolCall, Usage, UsageTotals
 
 # ---------------------------------------------------------------- validators
 #
@@ -97,6 +98,57 @@ _SEND_MODES: tuple[str, ...] = get_args(SendMode)
 _ORIGINS: tuple[str, ...] = get_args(MessageOrigin)
 
 
+MAX_IMAGE_BYTES = 5 * 1024 * 1024
+"""The largest image a message may carry (5 MiB of encoded image file, Anthropic's limit per image)."""
+
+ImageMediaType: TypeAlias = Literal["image/png", "image/jpeg", "image/gif", "image/webp"]
+"""The media types of message images (those of :class:`~trio_harness.model.Image`)."""
+
+
+@attrs.frozen
+class ImagePart:
+    """An image of a user message as the log holds it: its media type and its bytes in base64.
+
+    Images are stored inline in the line of the message (``inbox/spliced``
+    and ``user/message``), at most :data:`MAX_IMAGE_BYTES` each
+    (docs/sessions.rst, "Images").  Build one from an
+    :class:`~trio_harness.model.Image` with :meth:`of`.
+
+    Attributes:
+        media_type: ``image/png``, ``image/jpeg``, ``image/gif`` or ``image/webp``.
+        data: the image file's bytes, base64-encoded (standard alphabet, padded).
+    """
+
+    media_type: ImageMediaType
+    data: str = attrs.field(repr=lambda data: f"<{len(data)} base64 characters>")
+
+    @classmethod
+    def of(cls, image: Image) -> ImagePart:
+        """The log form of ``image``.
+
+        Raises:
+            TypeError: ``image`` is not an :class:`~trio_harness.model.Image`.
+            ValueError: the image is larger than :data:`MAX_IMAGE_BYTES`.
+        """
+        if not isinstance(image, Image):
+            raise TypeError(f"expected an Image, got {type(image).__name__}")
+        if len(image.data) > MAX_IMAGE_BYTES:
+            raise ValueError(
+                f"the {image.media_type} image is {len(image.data)} bytes, more than the {MAX_IMAGE_BYTES} "
+                "bytes a message image may have; scale it down"
+            )
+        return cls(image.media_type, base64.b64encode(image.data).decode("ascii"))  # type: ignore[arg-type]
+
+    def image(self) -> Image:
+        """The :class:`~trio_harness.model.Image` it stands for."""
+        return Image(base64.b64decode(self.data), self.media_type)
+
+
+def _images(instance: object, attribute: attrs.Attribute[tuple[ImagePart, ...]], value: object) -> None:
+    if type(value) is not tuple or not all(type(part) is ImagePart for part in value):
+        raise TypeError(f"{type(instance).__name__}.{attribute.name} must be a tuple of ImagePart, got {value!r:.80}")
+
+
 @attrs.frozen
 class Event:
     """Base of every session event: ``seq`` (index in the log) and ``ts`` (wall clock)."""
@@ -119,6 +171,8 @@ class InboxMessage:
         origin: ``user`` (the default) or ``task-notice`` (a background
             task's completion notice); see :data:`MessageOrigin`.  Stored
             only when not ``user``, so older logs read unchanged.
+        images: the images that follow the text (:class:`ImagePart`), stored
+            only when there are some.
 
     Raises:
         TypeError: ``id`` or ``text`` is not a str, ``settings`` not a
@@ -132,6 +186,7 @@ class InboxMessage:
     mode: SendMode = attrs.field(default="followup", validator=_send_mode)
     settings: ModelSettings | None = attrs.field(default=None, validator=_optional_settings, metadata=OMIT_IF_DEFAULT)
     origin: MessageOrigin = attrs.field(default="user", validator=_origin, metadata=OMIT_IF_DEFAULT)
+    images: tuple[ImagePart, ...] = attrs.field(default=(), validator=_images, metadata=OMIT_IF_DEFAULT)
 
 
 @attrs.frozen
@@ -160,6 +215,8 @@ class UserMessage(Event):
             background task's completion notice, which the model reads as user
             text and front ends show as the agent's information).  Written
             only when not ``user``.
+        images: the message's images (:class:`ImagePart`), after its text in
+            the request; written only when there are some.
     """
 
     type: ClassVar[str] = "user/message"
@@ -169,6 +226,7 @@ class UserMessage(Event):
     text: str
     mode: SendMode = "followup"
     origin: MessageOrigin = attrs.field(default="user", metadata=OMIT_IF_DEFAULT)
+    images: tuple[ImagePart, ...] = attrs.field(default=(), metadata=OMIT_IF_DEFAULT)
 
 
 @attrs.frozen
@@ -215,7 +273,18 @@ class AssistantChunk(Event):
 
 @attrs.frozen
 class AssistantMessage(Event):
-    """The assistant's complete message for one step."""
+    """The assistant's complete message for one step.
+
+    Attributes:
+        reasoning_blocks: the opaque blocks the provider reported during the
+            step (:class:`~trio_harness.model.ReasoningBlock`: Anthropic
+            thinking, OpenAI Responses reasoning items), in the order it
+            reported them.  Later requests send them back with this message,
+            except for a message whose finish is ``error`` or ``aborted``
+            (logged, never sent back: such a step may lack what the block
+            belongs to).  Written only when there are some, so older logs
+            read unchanged.
+    """
 
     type: ClassVar[str] = "assistant/message"
     turn: int
@@ -225,6 +294,7 @@ class AssistantMessage(Event):
     tool_calls: tuple[ToolCall, ...] = ()
     usage: Usage | None = None
     finish: str = "stop"
+    reasoning_blocks: tuple[ReasoningBlock, ...] = attrs.field(default=(), metadata=OMIT_IF_DEFAULT)
 
 
 @attrs.frozen
@@ -263,7 +333,13 @@ class ToolStarted(Event):
 
 @attrs.frozen
 class ToolResult(Event):
-    """The result of a tool call (logged in the model's order)."""
+    """The result of a tool call (logged in the model's order).
+
+    Attributes:
+        detail: the tool's structured facts about the call (its
+            ``ToolOutput.detail``, e.g. a file tool's diff), not sent to the
+            model; None when it gave none.
+    """
 
     type: ClassVar[str] = "tool/result"
     turn: int
@@ -272,6 +348,7 @@ class ToolResult(Event):
     name: str
     content: str
     is_error: bool = False
+    detail: dict[str, Any] | None = attrs.field(default=None, hash=False, metadata=OMIT_IF_DEFAULT)
 
 
 @attrs.frozen

@@ -1,0 +1,480 @@
+"""The OpenAI Responses event stream, parsed without I/O (sans-io).
+
+:class:`ResponsesParser` takes the server-sent events of one streamed
+``POST /responses`` call (decoded by :mod:`trio_harness.model._sse`) and turns
+them into the chunks of :mod:`trio_harness.model._protocol`; it has the
+interface of :class:`~trio_harness.model._chunks.ChunkParser`, so the HTTP
+loop of :class:`~trio_harness.model.OpenAIProvider` drives either.
+
+Each event's JSON carries its ``type`` (the SSE ``event`` field repeats it and
+is not needed):
+
+* ``response.output_text.delta`` - a :class:`TextDelta`;
+  ``response.output_text.done`` and ``response.output_item.done`` of a
+  ``message`` carry the whole text, emitted only for an item that streamed
+  no delta (servers that send the whole item at once);
+* ``response.output_item.added`` of a ``function_call`` - a
+  :class:`ToolCallDelta` with its ``call_id`` (what a ``function_call_output``
+  answers, not the item ``id``) and ``name``; then
+  ``response.function_call_arguments.delta`` pieces keyed by ``item_id`` (or
+  ``output_index``); ``.done`` and the item's ``output_item.done`` complete
+  what the deltas did not send;
+* ``response.reasoning_summary_text.delta`` and
+  ``response.reasoning_text.delta`` - :class:`ReasoningDelta` s;
+  ``response.output_item.done`` of a ``reasoning`` item - a
+  :class:`ReasoningBlock` (``provider="openai-responses"``, ``data`` the item
+  exactly as received, ``encrypted_content`` included), sent back in later
+  requests;
+* ``response.refusal.delta`` / ``.done`` - the refusal text, reported as a
+  ``refusal`` failure at the end;
+* ``response.completed`` / ``response.incomplete`` / ``response.failed`` -
+  the end: the usage (``input_tokens_details.cached_tokens``,
+  ``output_tokens_details.reasoning_tokens``) and the outcome;
+* ``error`` - a failure carried by the stream;
+* anything else (``response.created``, ``response.in_progress``,
+  ``response.content_part.*``, hosted-tool progress, ...) is read and ignored.
+
+Failures are values: bad JSON, an event without a ``type``, a field of the
+wrong type stop the parser (:attr:`ResponsesParser.done`) with a
+``malformed-stream`` failure; the chunks of the events before are still
+returned.  The result never depends on how the events were batched.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+from ._protocol import (
+    Chunk,
+    Failure,
+    Finish,
+    ReasoningBlock,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
+from ._sse import SSEEnd, SSEEvent, SSEMessages
+
+PROVIDER: Final = "openai-responses"
+"""The ``provider`` of the :class:`ReasoningBlock` s this parser makes (and the provider sends back)."""
+
+_DECODER: Final = json.JSONDecoder()
+_SCAN: Final[Callable[[str, int], tuple[Any, int]]] = getattr(_DECODER, "scan_once", _DECODER.raw_decode)
+
+_RETRYABLE_CODES: Final = frozenset({"server_error", "internal_error", "rate_limit_exceeded", "overloaded", "timeout"})
+"""Error codes of a failed response worth retrying (while nothing was emitted)."""
+
+_TEXT_DELTA: Final = "response.output_text.delta"
+
+
+class _StreamFailure(Exception):
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+class ResponsesParser:
+    """Parser of one Responses event stream (see the module docstring).
+
+    Args:
+        name: the provider's name, which starts every failure message.
+    """
+
+    __slots__ = (
+        "_args",
+        "_calls",
+        "_done",
+        "_emitted",
+        "_failure",
+        "_finished",
+        "_reasoned",
+        "_refusal",
+        "_status",
+        "_texted",
+        "_usage",
+        "name",
+    )
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._done = False
+        self._emitted = False
+        self._failure: Failure | None = None
+        self._usage: Mapping[str, Any] | None = None
+        # The terminal event seen: "completed", "incomplete" (with its reason) or None.
+        self._status: str | None = None
+        self._finished: str | None = None
+        # Function calls by item id and by output index: (tool-call index, call id).
+        self._calls: dict[object, int] = {}
+        # The argument text streamed so far, by tool-call index.
+        self._args: list[str] = []
+        # Output items (ids or indexes) that streamed text / reasoning deltas.
+        self._texted: set[object] = set()
+        self._reasoned: set[object] = set()
+        self._refusal: str | None = None
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def done(self) -> bool:
+        """True once the response ended (completed, incomplete, failed) or a failure was seen."""
+        return self._done
+
+    @property
+    def failure(self) -> Failure | None:
+        """The failure the stream carried (malformed, ``error``, ``response.failed``), if any."""
+        return self._failure
+
+    @property
+    def emitted(self) -> bool:
+        """True once any delta or block was returned (a retry would repeat output)."""
+        return self._emitted
+
+    @property
+    def usage(self) -> Usage | None:
+        """The usage of the final response object, if the server reported one."""
+        usage = self._usage
+        if usage is None:
+            return None
+        inputs = usage.get("input_tokens_details")
+        outputs = usage.get("output_tokens_details")
+        return Usage(
+            input_tokens=_count(usage.get("input_tokens")),
+            output_tokens=_count(usage.get("output_tokens")),
+            cache_hit_tokens=_count(inputs.get("cached_tokens")) if type(inputs) is dict else 0,
+            reasoning_tokens=_count(outputs.get("reasoning_tokens")) if type(outputs) is dict else 0,
+        )
+
+    # ------------------------------------------------------------ input
+
+    def feed(self, event: SSEEvent) -> list[Chunk]:
+        """Take one event; return its chunks (none once :attr:`done`)."""
+        chunks: list[Chunk] = []
+        self.feed_into((event,), chunks.append)
+        return chunks
+
+    def feed_all(self, events: Iterable[SSEEvent]) -> list[Chunk]:
+        """Take events in order; return their chunks (stopping at the end of the response or a failure)."""
+        chunks: list[Chunk] = []
+        self.feed_into(events, chunks.append)
+        return chunks
+
+    def feed_into(self, events: Iterable[SSEEvent], emit: Callable[[Chunk], None]) -> None:
+        """Take events in order, passing each chunk to ``emit`` at once (the hot path)."""
+        if self._done:
+            return
+        datas: Iterable[str] = events.data if type(events) is SSEMessages else (event.data for event in events)
+        scan = _SCAN
+        texted = self._texted
+        try:
+            for data in datas:
+                try:
+                    obj, end = scan(data, 0)
+                except (StopIteration, ValueError):
+                    if data == "[DONE]":  # not OpenAI's, but some gateways add it
+                        self._done = True
+                        break
+                    if not data or data.isspace():
+                        continue
+                    raise self._malformed(f"bad JSON in a data line: {data[:200]!r}") from None
+                if end != len(data) and not data[end:].isspace():
+                    raise self._malformed(f"bad JSON in a data line: {data[:200]!r}")
+                if type(obj) is not dict:
+                    raise self._malformed(f"an event is not a JSON object: {data[:200]!r}")
+                kind = obj.get("type")
+                if kind == _TEXT_DELTA:
+                    # The bulk of every stream, handled inline.
+                    delta = obj.get("delta")
+                    if type(delta) is not str:
+                        raise self._malformed(f"'delta' is not a string: {data[:200]!r}")
+                    if delta:
+                        key = obj.get("item_id") or obj.get("output_index")
+                        if key not in texted:
+                            texted.add(key)
+                        self._emitted = True
+                        emit(TextDelta(delta))
+                    continue
+                if type(kind) is not str:
+                    raise self._malformed(f"an event has no 'type': {data[:200]!r}")
+                if self._on_event(kind, obj, data, emit):
+                    self._done = True
+                    break
+        except _StreamFailure as exc:
+            self._failure = exc.failure
+            self._done = True
+
+    def feed_body(self, body: bytes) -> list[Chunk]:
+        """Take a whole JSON response object (a server that did not stream); the parser is then done."""
+        chunks: list[Chunk] = []
+        if self._done:
+            return chunks
+        self._done = True
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            obj = None
+        text = body.decode(errors="replace")
+        try:
+            if type(obj) is dict and obj.get("error") and obj.get("object") != "response":
+                raise _StreamFailure(self._error(obj["error"], text))
+            if type(obj) is not dict or type(obj.get("output")) is not list:
+                raise self._malformed(f"expected an event stream, got a JSON body: {text[:200]!r}")
+            for position, item in enumerate(obj["output"]):
+                self._item_done({"item": item, "output_index": position}, text, chunks.append)
+            self._terminal(obj, text)
+        except _StreamFailure as exc:
+            self._failure = exc.failure
+        return chunks
+
+    def feed_end(self, end: SSEEnd) -> list[Chunk]:
+        """Take what the SSE decoder found at the end of the body.
+
+        A body cut in the middle of a line before the response ended is a
+        ``truncated-stream`` failure (retryable); a last event that lacked its
+        blank line is taken like any other.
+        """
+        if self._done:
+            return []
+        if end.truncated:
+            self._failure = Failure(
+                "truncated-stream", f"{self.name}: stream ended in the middle of a line", retryable=True
+            )
+            self._done = True
+            return []
+        return self.feed(end.event) if end.event is not None else []
+
+    def fail(self, failure: Failure) -> Failure:
+        """Record a failure found outside the events (an HTTP status, bytes that are not UTF-8); returns it."""
+        if self._failure is None:
+            self._failure = failure
+        self._done = True
+        return self._failure
+
+    # ------------------------------------------------------------ outcome
+
+    def conclude(self, failure: Failure | None = None) -> Finish | Failure:
+        """The outcome, once the stream is over (or will not be read further).
+
+        In order: a failure the stream carried; after ``response.completed``,
+        ``"tool-calls"`` when it made function calls, else ``"stop"`` (or a
+        ``refusal`` error when the model refused); after
+        ``response.incomplete``, ``"max-tokens"`` for ``max_output_tokens``
+        (a ``refusal`` error for ``content_filter``); else ``failure``, why
+        the stream ended early, or a ``no-finish`` failure.
+        """
+        if self._failure is not None:
+            return self._failure
+        status = self._status
+        if status is None:
+            if failure is not None and failure.code != "no-finish":
+                return failure
+            return Failure("no-finish", f"{self.name}: stream ended without response.completed, .incomplete or .failed")
+        if self._refusal is not None or (status == "incomplete" and self._finished == "content_filter"):
+            detail = f": {self._refusal}" if self._refusal else ""
+            return Finish(reason="error", failure=Failure("refusal", f"{self.name}: the model refused{detail}"))
+        if status == "incomplete":
+            if self._finished == "max_output_tokens":
+                return Finish(reason="max-tokens")
+            why = self._finished or "no reason given"
+            return Finish(
+                reason="error", failure=Failure("incomplete", f"{self.name}: the response is incomplete ({why})")
+            )
+        return Finish(reason="tool-calls" if self._args else "stop")
+
+    # ------------------------------------------------------------ events
+
+    def _on_event(self, kind: str, obj: dict[str, Any], data: str, emit: Callable[[Chunk], None]) -> bool:
+        """Handle one event other than a text delta; return True at the end of the response."""
+        if kind == "response.function_call_arguments.delta":
+            index = self._call_index(obj, data)
+            delta = obj.get("delta")
+            if type(delta) is not str:
+                raise self._malformed(f"'delta' is not a string: {data[:200]!r}")
+            if delta:
+                self._args[index] += delta
+                self._emitted = True
+                emit(ToolCallDelta(index=index, arguments=delta))
+        elif kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
+            delta = obj.get("delta")
+            if type(delta) is not str:
+                raise self._malformed(f"'delta' is not a string: {data[:200]!r}")
+            if delta:
+                self._reasoned.add(obj.get("item_id") or obj.get("output_index"))
+                self._emitted = True
+                emit(ReasoningDelta(delta))
+        elif kind == "response.output_item.added":
+            item = obj.get("item")
+            if type(item) is not dict:
+                raise self._malformed(f"'item' is not an object: {data[:200]!r}")
+            if item.get("type") == "function_call":
+                self._call_started(item, obj.get("output_index"), data, emit)
+        elif kind == "response.output_item.done":
+            self._item_done(obj, data, emit)
+        elif kind == "response.function_call_arguments.done":
+            arguments = obj.get("arguments")
+            if type(arguments) is not str:
+                raise self._malformed(f"'arguments' is not a string: {data[:200]!r}")
+            self._complete_arguments(self._call_index(obj, data), arguments, emit)
+        elif kind == "response.output_text.done":
+            key = obj.get("item_id") or obj.get("output_index")
+            text = obj.get("text")
+            if key not in self._texted and type(text) is str and text:
+                self._texted.add(key)
+                self._emitted = True
+                emit(TextDelta(text))
+        elif kind == "response.refusal.done":
+            refusal = obj.get("refusal")
+            if type(refusal) is str:
+                self._refusal = refusal
+        elif kind == "response.refusal.delta":
+            delta = obj.get("delta")
+            if type(delta) is str:
+                self._refusal = (self._refusal or "") + delta
+        elif kind in ("response.completed", "response.incomplete", "response.failed"):
+            response = obj.get("response")
+            if type(response) is not dict:
+                raise self._malformed(f"'response' is not an object: {data[:200]!r}")
+            self._terminal(response, data)
+            return True
+        elif kind == "error":
+            raise _StreamFailure(self._error(obj.get("error", obj), data))
+        return False
+
+    def _terminal(self, response: dict[str, Any], data: str) -> None:
+        usage = response.get("usage")
+        if usage is not None:
+            if type(usage) is not dict:
+                raise self._malformed(f"'usage' is not an object: {data[:200]!r}")
+            self._usage = usage
+        status = response.get("status")
+        if status == "failed" or (status != "incomplete" and response.get("error")):
+            raise _StreamFailure(self._error(response.get("error") or {}, data))
+        if status == "incomplete":
+            details = response.get("incomplete_details")
+            reason = details.get("reason") if type(details) is dict else None
+            self._finished = reason if type(reason) is str else None
+            self._status = "incomplete"
+        else:
+            self._status = "completed"
+
+    def _call_started(self, item: dict[str, Any], position: object, data: str, emit: Callable[[Chunk], None]) -> int:
+        call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments", "")
+        if type(call_id) is not str or not call_id or type(name) is not str or not name:
+            raise self._malformed(f"a function_call item needs a 'call_id' and a 'name': {data[:200]!r}")
+        if arguments is None:
+            arguments = ""
+        if type(arguments) is not str:
+            raise self._malformed(f"'arguments' is not a string: {data[:200]!r}")
+        index = len(self._args)
+        self._args.append(arguments)
+        item_id = item.get("id")
+        if type(item_id) is str and item_id:
+            self._calls[item_id] = index
+        if type(position) is int:
+            self._calls[position] = index
+        self._emitted = True
+        emit(ToolCallDelta(index=index, id=call_id, name=name, arguments=arguments))
+        return index
+
+    def _call_index(self, obj: dict[str, Any], data: str) -> int:
+        item_id = obj.get("item_id")
+        index = self._calls.get(item_id) if type(item_id) is str else None
+        if index is None:
+            index = self._calls.get(obj.get("output_index", -1))
+        if index is None:
+            raise self._malformed(f"function call arguments for an unknown item: {data[:200]!r}")
+        return index
+
+    def _complete_arguments(self, index: int, arguments: str, emit: Callable[[Chunk], None]) -> None:
+        sent = self._args[index]
+        if arguments == sent:
+            return
+        if not arguments.startswith(sent):
+            raise _StreamFailure(
+                Failure(
+                    "malformed-stream",
+                    f"{self.name}: the final arguments of call {index} differ from the streamed ones",
+                )
+            )
+        self._args[index] = arguments
+        self._emitted = True
+        emit(ToolCallDelta(index=index, arguments=arguments[len(sent) :]))
+
+    def _item_done(self, obj: dict[str, Any], data: str, emit: Callable[[Chunk], None]) -> None:
+        item = obj.get("item")
+        if type(item) is not dict:
+            raise self._malformed(f"'item' is not an object: {data[:200]!r}")
+        kind = item.get("type")
+        position = obj.get("output_index")
+        key = item.get("id") or position
+        if kind == "reasoning":
+            if key not in self._reasoned:
+                summary = item.get("summary")
+                texts = [
+                    part["text"]
+                    for part in (summary if type(summary) is list else ())
+                    if type(part) is dict and type(part.get("text")) is str and part["text"]
+                ]
+                if texts:
+                    self._emitted = True
+                    emit(ReasoningDelta("\n\n".join(texts)))
+            self._emitted = True
+            emit(ReasoningBlock(PROVIDER, item))
+        elif kind == "function_call":
+            item_id = item.get("id")
+            index = self._calls.get(item_id) if type(item_id) is str else None
+            if index is None and type(position) is int:
+                index = self._calls.get(position)
+            if index is None:
+                index = self._call_started(item, position, data, emit)
+            arguments = item.get("arguments")
+            if type(arguments) is str:
+                self._complete_arguments(index, arguments, emit)
+        elif kind == "message":
+            content = item.get("content")
+            for part in content if type(content) is list else ():
+                if type(part) is not dict:
+                    continue
+                if part.get("type") == "refusal" and type(part.get("refusal")) is str:
+                    self._refusal = part["refusal"]
+                elif part.get("type") == "output_text" and key not in self._texted:
+                    text = part.get("text")
+                    if type(text) is str and text:
+                        self._emitted = True
+                        emit(TextDelta(text))
+            self._texted.add(key)
+
+    # ------------------------------------------------------------ failures
+
+    def _malformed(self, message: str) -> _StreamFailure:
+        return _StreamFailure(Failure("malformed-stream", f"{self.name}: {message}"))
+
+    def _error(self, error: object, data: str) -> Failure:
+        """A failure for an error object of the stream (an ``error`` event, a failed response)."""
+        message = ""
+        code: object = None
+        if isinstance(error, dict):
+            message = str(error.get("message") or "")
+            code = error.get("code") or error.get("type")
+        message = message or data[:200]
+        if type(code) is str and code.isdigit():
+            code = int(code)
+        if type(code) is int and 400 <= code <= 599:
+            return Failure(
+                f"http-{code}",
+                f"{self.name}: error {code} in the stream: {message}",
+                retryable=code == 429 or code >= 500,
+            )
+        suffix = f" ({code})" if type(code) is str and code else ""
+        return Failure(
+            "stream-error",
+            f"{self.name}: the response failed: {message}{suffix}",
+            retryable=code in _RETRYABLE_CODES,
+        )
+
+
+def _count(value: object) -> int:
+    return value if type(value) is int and value >= 0 else 0

@@ -1,0 +1,253 @@
+"""The file tools' file-system seam: a protocol, the local file system, and the path rules of the sandbox.
+
+The tools (:mod:`._files`) read and write through a :class:`FileSystem`; they
+never know which one.  :class:`LocalFileSystem` is the default; the ACP bridge
+binds a client-backed one to a session whose editor offers ``fs/read_text_file``
+and ``fs/write_text_file`` (:mod:`trio_harness.acp._fs`), so the agent reads
+unsaved buffers and its edits land in the editor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import tempfile
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import attrs
+import trio
+
+BINARY_PROBE = 8192
+"""How many leading bytes are searched for a NUL byte (a binary file)."""
+
+
+class FileToolError(Exception):
+    """A file tool call that cannot be done; the message is the model's error result (without ``error: ``)."""
+
+
+@attrs.frozen
+class FileContent:
+    """What a read found: the text, and the modification time when the file system knows it.
+
+    Attributes:
+        text: the whole file, decoded as UTF-8 (line endings kept).
+        mtime_ns: the modification time in nanoseconds, or None (an editor buffer has none).
+    """
+
+    text: str
+    mtime_ns: int | None = None
+
+
+@runtime_checkable
+class FileSystem(Protocol):
+    """Where the file tools read and write: the local disk, or an editor's buffers over ACP.
+
+    Paths are absolute, already checked against the sandbox's rules.
+    """
+
+    async def read_text(self, path: str) -> FileContent | None:
+        """The file's text, or None when there is no such file.
+
+        Raises:
+            FileToolError: the path is a directory, the file is binary or too
+                large, or it cannot be read (the message says which).
+        """
+        ...
+
+    async def write_text(self, path: str, text: str) -> int | None:
+        """Replace the file's text (creating it and its parent directories); the new mtime (ns) when known.
+
+        Raises:
+            FileToolError: the file cannot be written (the message says why).
+        """
+        ...
+
+
+def _too_large(path: str, size: int, limit: int) -> FileToolError:
+    return FileToolError(
+        f"{path} is {size} bytes, more than the {limit}-byte limit of the file tools; "
+        "look at parts of it with bash (head, sed -n, grep)"
+    )
+
+
+def check_text(path: str, data: bytes) -> str:
+    """``data`` decoded as UTF-8 text, or :exc:`FileToolError` for a binary file."""
+    if b"\0" in data[:BINARY_PROBE]:
+        raise FileToolError(f"{path} is a binary file ({len(data)} bytes); the file tools read and write text only")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FileToolError(
+            f"{path} is not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r}); "
+            "the file tools read and write UTF-8 text only"
+        ) from None
+
+
+def _os_error(action: str, path: str, exc: OSError) -> FileToolError:
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.EROFS:
+        reason += " (the file system is read-only)"
+    return FileToolError(f"cannot {action} {path}: {reason}")
+
+
+def _read_local(path: str, max_bytes: int) -> FileContent | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise FileToolError(f"{path} is a directory, not a file; list it with bash (ls)") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a symlink planted after the path was resolved
+            raise FileToolError(f"{path} changed into a symbolic link while it was opened; try again") from None
+        raise _os_error("read", path, exc) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise FileToolError(f"{path} is a directory, not a file; list it with bash (ls)")
+        raise FileToolError(f"{path} is not a regular file (a device, socket or pipe); the file tools skip it")
+    with os.fdopen(fd, "rb") as file:
+        if info.st_size > max_bytes:
+            raise _too_large(path, info.st_size, max_bytes)
+        data = file.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise _too_large(path, len(data), max_bytes)
+    return FileContent(check_text(path, data), info.st_mtime_ns)
+
+
+def encode_text(path: str, text: str) -> bytes:
+    """``text`` as UTF-8, or :exc:`FileToolError` (a lone surrogate, which JSON escapes can carry)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise FileToolError(
+            f"the content for {path} is not valid Unicode text (a lone surrogate at character {exc.start}); "
+            "nothing was written"
+        ) from None
+
+
+def _write_local(path: str, text: str) -> int:
+    data = encode_text(path, text)
+    directory, name = os.path.split(path)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        try:
+            mode: int | None = stat.S_IMODE(os.stat(path, follow_symlinks=False).st_mode)
+        except FileNotFoundError:
+            mode = None
+        fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise _os_error("write", path, exc) from None
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+            if mode is None:  # a new file: the mode a plain open would give it
+                umask = os.umask(0)
+                os.umask(umask)
+                mode = 0o666 & ~umask
+            os.fchmod(file.fileno(), mode)
+        os.replace(temp, path)  # atomic: a reader sees the old text or the new, never half
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise _os_error("write", path, exc) from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    return os.stat(path).st_mtime_ns
+
+
+@attrs.frozen
+class LocalFileSystem:
+    """The local disk (reads and writes run on a worker thread; writes are atomic: temp file + rename, mode kept).
+
+    Attributes:
+        max_bytes: the largest file read (a larger one is refused).
+    """
+
+    max_bytes: int
+
+    async def read_text(self, path: str) -> FileContent | None:
+        """See :meth:`FileSystem.read_text`."""
+        return await trio.to_thread.run_sync(_read_local, path, self.max_bytes)
+
+    async def write_text(self, path: str, text: str) -> int | None:
+        """See :meth:`FileSystem.write_text`."""
+        return await trio.to_thread.run_sync(_write_local, path, text)
+
+
+# ---------------------------------------------------------------- path rules
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+@attrs.frozen
+class PathRules:
+    """Which resolved paths the file tools may read and write (the bash sandbox's rules, or none).
+
+    Attributes:
+        writable: extra writable roots besides the session's directory (resolved); None: no sandbox, all writable.
+        hidden: paths nothing may read or write (absolute; resolved at each check).
+        protect_git: ``.git/hooks`` and ``.git/config`` of each writable root are read-only.
+    """
+
+    writable: tuple[str, ...] | None = None
+    hidden: tuple[str, ...] = ()
+    protect_git: bool = False
+
+    def _hidden(self, real: str) -> str | None:
+        for path in self.hidden:
+            if _under(real, path) or _under(real, os.path.realpath(path)):
+                return path
+        return None
+
+    def check_read(self, shown: str, real: str) -> None:
+        """Refuse a read of a hidden path."""
+        if (hidden := self._hidden(real)) is not None:
+            raise FileToolError(f"{shown} is hidden by the sandbox ({hidden}); it cannot be read")
+
+    def check_write(self, shown: str, real: str, cwd: str) -> None:
+        """Refuse a write outside the writable roots (the session's directory and the policy's), or of a hidden path."""
+        if (hidden := self._hidden(real)) is not None:
+            raise FileToolError(f"{shown} is hidden by the sandbox ({hidden}); it cannot be written")
+        if self.writable is None:
+            return
+        roots: Sequence[str] = (os.path.realpath(cwd), *self.writable)
+        for root in roots:
+            if _under(real, root):
+                git = os.path.join(root, ".git")
+                if self.protect_git and (
+                    _under(real, os.path.join(git, "hooks")) or real == os.path.join(git, "config")
+                ):
+                    raise FileToolError(
+                        f"{shown} is read-only in the sandbox (.git/hooks and .git/config are protected)"
+                    )
+                return
+        where = ", ".join(roots)
+        resolved = f" (it resolves to {real})" if real != shown else ""
+        raise FileToolError(
+            f"{shown}{resolved} is outside the sandbox's writable paths ({where}); write inside the working directory"
+        )
+
+
+def resolve_path(cwd: str, path: str) -> tuple[str, str]:
+    """``path`` made absolute against ``cwd`` (``~`` expanded), and the same with every symlink resolved.
+
+    Raises:
+        FileToolError: the path is empty or contains a NUL character.
+    """
+    if not path.strip():
+        raise FileToolError("path is empty; give a file path (relative to the working directory, or absolute)")
+    if "\0" in path:
+        raise FileToolError("path contains a NUL character")
+    full = os.path.normpath(os.path.join(cwd, os.path.expanduser(path)))
+    return full, os.path.realpath(full)
