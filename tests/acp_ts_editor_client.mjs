@@ -4,7 +4,8 @@
 //
 // Spawns `python -m trio_harness acp --model A --model B` twice (a session, then its load), implements
 // terminal/* by running the command, and checks every message the agent sends against the SDK's zod
-// schemas (besides the checks the SDK's own connection makes).  Prints one JSON summary line.
+// schemas (besides the checks the SDK's own connection makes).  Prints one JSON summary line, with
+// every raw message of both connections ("wire") for the test to check against the SDK's schema.json.
 
 import { spawn } from "node:child_process";
 import path from "node:path";
@@ -38,7 +39,8 @@ const REQUESTS = {
 };
 const NOTIFICATIONS = { "session/update": z.zSessionNotification };
 
-const summary = { schemaErrors: [], validated: 0 };
+const summary = { schemaErrors: [], validated: 0, wire: [] };
+let run = 0; // which server process (0: the session, 1: its load)
 
 function check(schema, value, what) {
   if (schema === undefined) {
@@ -56,6 +58,7 @@ function checkedStream(child) {
   const sent = new Map();
   const outgoing = new TransformStream({
     transform(message, controller) {
+      summary.wire.push({ run, from: "client", message });
       if (message.method !== undefined && message.id !== undefined) sent.set(message.id, message.method);
       controller.enqueue(message);
     },
@@ -64,6 +67,7 @@ function checkedStream(child) {
   const incoming = raw.readable.pipeThrough(
     new TransformStream({
       transform(message, controller) {
+        summary.wire.push({ run, from: "agent", message }); // the test checks each against schema.json
         if (message.jsonrpc !== "2.0") summary.schemaErrors.push(`not JSON-RPC 2.0: ${JSON.stringify(message)}`);
         if (message.method !== undefined && message.id !== undefined) {
           check(REQUESTS[message.method], message.params, `request ${message.method}`);
@@ -177,6 +181,7 @@ summary.log = record.log;
 summary.released = record.terminals.map((t) => t.released);
 
 record = { updates: [], log: [], terminals: [] };
+run = 1;
 await withAgent(record, async (ctx) => {
   await initialize(ctx);
   const loaded = await ctx.request("session/load", { sessionId, cwd, mcpServers: [] });

@@ -9,12 +9,14 @@ chosen model come back, and the next prompt is still answered by B.
 
 - The Python SDK (``agent-client-protocol``, asyncio) runs in a subprocess.
 - The TypeScript SDK (``@agentclientprotocol/sdk``) runs under node
-  (tests/acp_ts_editor_client.mjs); its connection parses what it handles with the
-  SDK's schemas, and the script checks every message the agent sends (requests,
-  notifications, responses) with the SDK's zod schema of its method.  It is installed into a cache directory outside
-  the repository (``$TRIO_HARNESS_NPM_CACHE``, default
-  ``~/.cache/trio-harness-tests/acp-ts-sdk``); without node or npm the test
-  is skipped with the reason.
+  (tests/acp_ts_editor_client.mjs): its connection parses what it handles with
+  the SDK's schemas, the script checks every message the agent sends
+  (requests, notifications, responses) with the SDK's zod schema of its method,
+  and the test checks each raw message again against its definition in the
+  SDK's ``schema.json`` (``jsonschema``).  The SDK is the one
+  tests/test_acp_ts_sdk.py installs in its cache directory outside the
+  repository (``$TRIO_HARNESS_NPM_CACHE``); without node or npm that test's
+  rule applies (a skip naming the reason, a failure under CI).
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import trio
 from _acp_clients import run_python_client
 from _util import WAIT
+from test_acp_ts_sdk import sdk_dir
 
 pytest.importorskip("acp")
 
@@ -240,32 +244,58 @@ async def test_the_python_sdk_as_an_editor(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- the TypeScript SDK
 
-TS_SDK = "@agentclientprotocol/sdk@2.4.0"
 TS_CLIENT = Path(__file__).with_name("acp_ts_editor_client.mjs")
 
+# The schema.json definition of each message the agent sends: by method (requests, notifications)
+# or by the method of the client request it answers (responses).
+AGENT_SENDS = {
+    "session/update": "SessionNotification",
+    "session/request_permission": "RequestPermissionRequest",
+    "terminal/create": "CreateTerminalRequest",
+    "terminal/output": "TerminalOutputRequest",
+    "terminal/wait_for_exit": "WaitForTerminalExitRequest",
+    "terminal/kill": "KillTerminalRequest",
+    "terminal/release": "ReleaseTerminalRequest",
+}
+ANSWERS = {
+    "initialize": "InitializeResponse",
+    "session/new": "NewSessionResponse",
+    "session/load": "LoadSessionResponse",
+    "session/prompt": "PromptResponse",
+    "session/set_config_option": "SetSessionConfigOptionResponse",
+    "session/set_mode": "SetSessionModeResponse",
+    "session/close": "CloseSessionResponse",
+}
 
-def ts_sdk_dir() -> Path:
-    """The cache directory holding the TypeScript SDK (installed once with npm; outside the repository)."""
-    default = Path.home() / ".cache" / "trio-harness-tests" / "acp-ts-sdk"
-    return Path(os.environ.get("TRIO_HARNESS_NPM_CACHE", default))
 
-
-async def install_ts_sdk() -> Path:
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("node and npm are needed for the TypeScript SDK client")
-    directory = ts_sdk_dir()
-    if not (directory / "node_modules" / "@agentclientprotocol" / "sdk" / "package.json").exists():
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "package.json").write_text('{"name": "acp-ts-client", "private": true}', encoding="utf-8")
-        with trio.fail_after(300):
-            await trio.run_process(
-                ["npm", "install", "--no-audit", "--no-fund", TS_SDK], cwd=directory, capture_stdout=True
-            )
-    return directory
+def check_wire(root: Path, wire: list[dict[str, Any]]) -> int:
+    """Check every raw message the agent sent against its definition in the SDK's ``schema.json``; the count."""
+    schema = json.loads((root / "node_modules/@agentclientprotocol/sdk/schema/v1/schema.json").read_text("utf-8"))
+    asked = {
+        (e["run"], e["message"]["id"]): e["message"]["method"]
+        for e in wire
+        if e["from"] == "client" and "method" in e["message"] and "id" in e["message"]
+    }
+    checked = 0
+    for entry in wire:
+        message = entry["message"]
+        if entry["from"] != "agent":
+            continue
+        assert message["jsonrpc"] == "2.0"
+        if "method" in message:
+            name, value = AGENT_SENDS[message["method"]], message["params"]
+        else:
+            assert "error" not in message, message
+            name, value = ANSWERS[asked[(entry["run"], message["id"])]], message["result"]
+        validator = jsonschema.Draft202012Validator({"$defs": schema["$defs"], "$ref": f"#/$defs/{name}"})
+        errors = [error.message for error in validator.iter_errors(value)]
+        assert not errors, (name, value, errors)
+        checked += 1
+    return checked
 
 
 async def test_the_typescript_sdk_as_an_editor_validating_every_message(tmp_path: Path) -> None:
-    directory = await install_ts_sdk()
+    directory = sdk_dir()  # the TypeScript SDK test's cache (installed there when missing)
     first, second = scripts(tmp_path)
     env = {**os.environ, "PYTHON": sys.executable}
     # ES modules resolve packages from the script's directory: run a copy next to node_modules.
@@ -285,4 +315,5 @@ async def test_the_typescript_sdk_as_an_editor_validating_every_message(tmp_path
     out = json.loads(result.stdout.decode().strip().splitlines()[-1])
     assert out["schemaErrors"] == [], out["schemaErrors"]
     assert out["validated"] > 20  # every message of both connections was checked
+    assert check_wire(directory, out["wire"]) == sum(e["from"] == "agent" for e in out["wire"]) > 20
     check_summary(out)
