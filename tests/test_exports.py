@@ -551,6 +551,7 @@ PUBLIC_API: dict[str, frozenset[str]] = {
     ),
     "trio_harness.tools": frozenset(
         {
+            "BashRunner",
             "BashToolOptions",
             "BashToolPlugin",
             "FileChange",
@@ -566,6 +567,10 @@ PUBLIC_API: dict[str, frozenset[str]] = {
             "McpStdioServer",
             "NoticeTarget",
             "parse_mcp_config",
+            "current_plan",
+            "plan_of",
+            "PlanEntry",
+            "PlanToolPlugin",
             "SubagentOptions",
             "SubagentToolPlugin",
             "task_tools",
@@ -601,6 +606,7 @@ PUBLIC_API: dict[str, frozenset[str]] = {
             "AssistantChunk",
             "AssistantMessage",
             "CompactionFailed",
+            "ConfigChanged",
             "ContextCompacted",
             "Event",
             "EVENT_TYPES",

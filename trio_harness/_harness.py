@@ -57,6 +57,7 @@ from .tools._bash import BashToolOptions, BashToolPlugin
 from .tools._files import FileToolOptions, FileToolsPlugin
 from .tools._mcp import McpConnection, connect_mcp_servers
 from .tools._mcp_config import McpServerConfig, with_env_policy
+from .tools._plan import PlanToolPlugin
 from .tools._subagent import SubagentOptions, SubagentToolPlugin
 from .tools._tasks import TaskToolOptions, TaskToolsPlugin
 
@@ -225,7 +226,8 @@ async def open_harness(
             detached.
         builtin_tools: load the built-in tool plugins (``"tasks"``, ``"bash"``,
             ``"subagent"``, ``"files"``: ``read_file``, ``write_file``,
-            ``edit_file``): True for all, False for none, or a list of names.
+            ``edit_file``; ``"plan"``: the ``todo_write`` tool): True for all,
+            False for none, or a list of names.
         clock: wall clock for event timestamps (injectable for tests).
         teardown_timeout: bound, in seconds of Trio time, on each teardown
             step (an agent's disposal waiting for its tasks, the task
@@ -301,14 +303,16 @@ async def open_harness(
     persistence = resolve_store(store)
     await persistence.check()  # a store path that is a file or not writable fails here, not at a flush
     if builtin_tools is True:
-        wanted = {"tasks", "bash", "subagent", "files"}
+        wanted = {"tasks", "bash", "subagent", "files", "plan"}
     elif builtin_tools is False:
         wanted = set()
     else:
         wanted = set(builtin_tools)
-        unknown = wanted - {"tasks", "bash", "subagent", "files"}
+        unknown = wanted - {"tasks", "bash", "subagent", "files", "plan"}
         if unknown:
-            raise ValueError(f"unknown built-in tools {sorted(unknown)}; choose from bash, files, subagent, tasks")
+            raise ValueError(
+                f"unknown built-in tools {sorted(unknown)}; choose from bash, files, plan, subagent, tasks"
+            )
 
     servers = tuple(mcp_servers)
     bus = EventBus()
@@ -374,6 +378,8 @@ async def open_harness(
             await harness.load(SubagentToolPlugin(tasks, tools, subagent_settings, agents=agents))
         if "files" in wanted:
             await harness.load(FileToolsPlugin(tools, bash, file_tool_settings))
+        if "plan" in wanted:
+            await harness.load(PlanToolPlugin(tools))
         if mcp_scope is not None:
             servers = with_env_policy(servers, env_policy)
             harness._mcp_connections.extend(await connect_mcp_servers(mcp_scope, tools, servers, bus=bus))
