@@ -31,7 +31,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 
@@ -39,6 +39,7 @@ from ._bus import EventBus
 from ._construct import NoPublicConstructor
 from ._errors import SessionStoreError
 from ._scope import DEFAULT_TEARDOWN_TIMEOUT, LoadedPlugin, Plugin, Scope, open_scope
+from ._telemetry import open_telemetry
 from .agents._approval import Approver
 from .agents._durability import Durability, check_durability
 from .agents._factory import ReactLoopFactory
@@ -58,6 +59,10 @@ from .tools._mcp import McpConnection, connect_mcp_servers
 from .tools._mcp_config import McpServerConfig, with_env_policy
 from .tools._subagent import SubagentOptions, SubagentToolPlugin
 from .tools._tasks import TaskToolOptions, TaskToolsPlugin
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
 
 _O = TypeVar("_O", BashRuntimeOptions, TaskRuntimeOptions, TaskToolOptions, SubagentOptions, BashToolOptions)
 
@@ -202,6 +207,8 @@ async def open_harness(
     model_settings: ModelSettings | None = None,
     builtin_loop: bool = True,
     durability: Durability = "step",
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
 ) -> AsyncIterator[Harness]:
     """Open a harness; every service stops (in reverse order) when the block exits.
 
@@ -265,6 +272,11 @@ async def open_harness(
             checkpoint waits for the disk) or ``"turn"`` (only the turn end
             is stored).  docs/sessions.rst, "Durability", says what each can
             lose to a kill -9 and to a power cut.
+        tracer_provider: where the OpenTelemetry spans go (:doc:`/tracing`);
+            None takes the global provider.  Without the OpenTelemetry API
+            (the ``otel`` extra) or with no SDK configured, nothing is traced
+            and nothing is added to the agents' work.
+        meter_provider: where the OpenTelemetry metrics go; None takes the global provider.
 
     Raises:
         TypeError: a settings argument is not its record.
@@ -333,6 +345,7 @@ async def open_harness(
         mcp_scope = await root.open_child("mcp") if servers else None
         agents_scope = await root.open_child("agents")
         agents = AgentRegistry(sessions=sessions, bus=bus)
+        mcp_connections: list[McpConnection] = []
         if builtin_loop:
             factory = ReactLoopFactory(
                 bus=bus,
@@ -344,6 +357,16 @@ async def open_harness(
                 durability=durability,
             )
             agents.register_factory(factory, agents_scope)
+        telemetry = open_telemetry(
+            bus=bus,
+            agents=agents,
+            tasks=tasks,
+            mcp_connections=mcp_connections,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+        )
+        if telemetry is not None:  # stops once every agent is disposed (their turns are ended)
+            sessions_scope.add_exit_callback(telemetry.close)
         harness = Harness._create(
             scope=root,
             bus=bus,
@@ -354,6 +377,7 @@ async def open_harness(
             tools=tools,
             model=provider,
             plugins_scope=plugins_scope,
+            _mcp_connections=mcp_connections,
         )
 
         if "tasks" in wanted:

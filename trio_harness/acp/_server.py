@@ -66,6 +66,7 @@ from .._errors import (
     SessionStoreError,
 )
 from .._records import Failure
+from .._telemetry import continue_trace
 from ..agents._approval import ApprovalDecision, ApprovalRequest
 from ..agents._options import AgentOptions
 from ..agents._turns import TurnOutcome
@@ -732,7 +733,8 @@ class AcpServer:
 
         prompt = record.prompt = _Prompt(request_id=request.id)
         try:
-            prompt.followed = agent.follow(text, on_event=on_event, on_done=on_done)
+            with continue_trace(params.meta):  # a W3C traceparent in _meta: the turn continues that trace
+                prompt.followed = agent.follow(text, on_event=on_event, on_done=on_done)
         except Exception as exc:  # e.g. the agent is being disposed
             record.prompt = None
             raise rpc.RpcError(rpc.INTERNAL_ERROR, f"session {record.id!r} cannot take a prompt: {exc}") from None

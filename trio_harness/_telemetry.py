@@ -1,0 +1,706 @@
+"""OpenTelemetry traces and metrics, in the GenAI semantic conventions, from the session logs.
+
+The log already holds every boundary a trace needs, so the telemetry is an
+observer: ``open_harness`` builds one :class:`Telemetry` when a tracer or meter
+provider is configured (passed in, or the global one set by an SDK), and it
+watches every agent's session (:meth:`Session.observe`, from ``agent/created``
+on) and the bus (``task/done``).  Each appended event opens, annotates or ends
+a span as it is appended (docs/tracing.rst has the tree and the attributes):
+
+* ``turn/start`` .. ``turn/end``: ``invoke_agent {agent}``, whose parent is the
+  OpenTelemetry context current where the turn's message was sent (captured
+  when its inbox splice is appended: ``send`` appends it in the caller's task);
+* ``request/header`` .. ``assistant/message``: ``chat {model}`` (retries are
+  span events; a failed request ends with the turn's failure as ``error.type``);
+* ``tool/call`` .. ``tool/result``: ``execute_tool {tool}`` (approval events on
+  it), current while the handler runs (``_trace_hooks.tool_scope``), so a
+  subagent's turn is its child;
+* ``context/compacted`` / ``context/compaction-failed`` and ``task/done``: spans
+  of their own, linked to the turn that started them.
+
+Nothing is installed when the API is missing or no SDK is configured (the
+providers are the API's proxies or no-ops): the agents then run exactly as
+without this module.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ._bus import EventBus, Notice
+from ._records import Usage, UsageTotals
+from ._trace_hooks import register_tool_scope
+from .session import _events as ev
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.metrics import Meter, MeterProvider, Observation
+    from opentelemetry.trace import Link, Span, SpanContext, Tracer, TracerProvider
+
+    from .agents._agent import Agent
+    from .agents._registry import AgentRegistry
+    from .tasks._service import TaskService
+    from .tasks._types import TaskSnapshot
+    from .tools._mcp import McpConnection
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import metrics as otel_metrics
+    from opentelemetry import trace as otel_trace
+
+    _HAVE_API = True
+except ImportError:  # the ``otel`` extra is not installed
+    _HAVE_API = False
+
+log = logging.getLogger("trio_harness.telemetry")
+
+SCOPE_NAME = "trio_harness"
+CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+
+# The conventions' advisory buckets (gen_ai.client.token.usage, gen_ai.client.operation.duration).
+_TOKEN_BUCKETS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864]
+_DURATION_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92]
+_EXIT_CODE = re.compile(r"\[exit code: (-?\d+)\]\s*\Z")
+# How many recent turns of an agent are kept to link the tasks started in them.
+_RECENT_TURNS = 32
+
+
+def api_available() -> bool:
+    """Whether the OpenTelemetry API (the ``otel`` extra) can be imported."""
+    return _HAVE_API
+
+
+def _tracing_configured(provider: object) -> bool:
+    # The API's global provider is a proxy until an SDK sets one; a no-op one records nothing.
+    return not isinstance(provider, otel_trace.ProxyTracerProvider | otel_trace.NoOpTracerProvider)
+
+
+def _metrics_configured(provider: object) -> bool:
+    if isinstance(provider, otel_metrics.NoOpMeterProvider):
+        return False
+    return type(provider).__name__ != "_ProxyMeterProvider"  # the API's global proxy: no SDK set
+
+
+def open_telemetry(
+    *,
+    bus: EventBus,
+    agents: AgentRegistry,
+    tasks: TaskService,
+    mcp_connections: Sequence[McpConnection],
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
+) -> Telemetry | None:
+    """The harness's telemetry, or None when there is nothing to send it to (zero cost then).
+
+    Args:
+        tracer_provider: the application's; None takes the global one.
+        meter_provider: the application's; None takes the global one.
+
+    Raises:
+        RuntimeError: a provider was passed but the OpenTelemetry API is not installed.
+    """
+    if not _HAVE_API:
+        if tracer_provider is not None or meter_provider is not None:
+            raise RuntimeError(
+                "tracer_provider / meter_provider need the OpenTelemetry API: pip install 'trio-harness[otel]'"
+            )
+        return None
+    traces = tracer_provider if tracer_provider is not None else otel_trace.get_tracer_provider()
+    meters = meter_provider if meter_provider is not None else otel_metrics.get_meter_provider()
+    tracing, measuring = _tracing_configured(traces), _metrics_configured(meters)
+    if not tracing and not measuring:
+        return None
+    from ._version import __version__
+
+    telemetry = Telemetry(
+        bus=bus,
+        agents=agents,
+        tasks=tasks,
+        mcp_connections=mcp_connections,
+        tracer=traces.get_tracer(SCOPE_NAME, __version__),
+        meter=meters.get_meter(SCOPE_NAME, __version__) if measuring else None,
+        capture_content=os.environ.get(CAPTURE_ENV, "").strip().lower() == "true",
+    )
+    telemetry.start()
+    return telemetry
+
+
+def continue_trace(meta: Mapping[str, Any] | None) -> AbstractContextManager[object]:
+    """Make the W3C ``traceparent`` (and ``tracestate``) of an ACP request's ``_meta`` the current context.
+
+    A no-op without the API or without a ``traceparent``.
+    """
+    if not _HAVE_API or not meta or not isinstance(meta.get("traceparent"), str):
+        return nullcontext()
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier = {key: meta[key] for key in ("traceparent", "tracestate") if isinstance(meta.get(key), str)}
+    return _attached(TraceContextTextMapPropagator().extract(carrier))
+
+
+@contextmanager
+def _attached(ctx: Context) -> Iterator[None]:
+    token = otel_context.attach(ctx)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+def _usage_attributes(usage: Usage | UsageTotals) -> dict[str, int]:
+    attributes = {"gen_ai.usage.input_tokens": usage.input_tokens, "gen_ai.usage.output_tokens": usage.output_tokens}
+    if usage.cache_hit_tokens:
+        attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cache_hit_tokens
+    if usage.cache_write_tokens:
+        attributes["gen_ai.usage.cache_creation.input_tokens"] = usage.cache_write_tokens
+    if usage.reasoning_tokens:
+        attributes["gen_ai.usage.reasoning.output_tokens"] = usage.reasoning_tokens
+    return attributes
+
+
+def _text_messages(role: str, texts: Sequence[str]) -> str:
+    return json.dumps([{"role": role, "parts": [{"type": "text", "content": text}]} for text in texts])
+
+
+@attrs.define(eq=False)
+class _Chat:
+    span: Span
+    started: float
+    attributes: dict[str, Any]
+    failed: bool = False
+
+
+@attrs.define(eq=False)
+class _Call:
+    span: Span
+    started: float
+    name: str
+    arguments: str
+    error_type: str | None = None
+
+
+@attrs.define(eq=False)
+class _AgentTrace:
+    """The open spans of one agent, fed by its session's appends."""
+
+    telemetry: Telemetry
+    agent: Agent
+    name: str
+    remove: Callable[[], None] = lambda: None
+    # Inbox message id -> the context current where it was sent (only contexts with a span).
+    parents: dict[str, Context] = attrs.field(factory=dict)
+    pending_turn: tuple[int, int] | None = None  # (turn, start ns) until the turn's first message is seen
+    turn: Span | None = None
+    turn_number: int = 0
+    inputs: list[str] = attrs.field(factory=list)
+    chat: _Chat | None = None
+    calls: dict[str, _Call] = attrs.field(factory=dict)
+    # (turn, start ns, end ns or None, span context) of recent turns: what a compaction or task links to.
+    recent: collections.deque[list[Any]] = attrs.field(factory=lambda: collections.deque(maxlen=_RECENT_TURNS))
+    last_ns: int = 0
+
+    # ------------------------------------------------------------ turns
+
+    def observe(self, event: ev.Event) -> None:
+        handler = _HANDLERS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+            self.last_ns = time.time_ns()
+
+    def _on_splice(self, event: ev.InboxSpliced) -> None:
+        for message_id in event.removed:
+            self.parents.pop(message_id, None)
+        if event.inserted:
+            ctx = otel_context.get_current()
+            if otel_trace.get_current_span(ctx).get_span_context().is_valid:
+                for message in event.inserted:
+                    self.parents[message.id] = ctx
+
+    def _on_turn_start(self, event: ev.TurnStart) -> None:
+        self.pending_turn = (event.turn, time.time_ns())
+
+    def _open_turn(self, parent: Context | None) -> Span:
+        turn, start = self.pending_turn or (self.turn_number + 1, time.time_ns())
+        self.pending_turn = None
+        agent = self.agent
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.id": agent.id,
+            "gen_ai.agent.name": self.name,
+            "gen_ai.conversation.id": agent.session.id,
+            "trio_harness.turn": turn,
+        }
+        if agent.parent_id is not None:
+            attributes["trio_harness.agent.parent_id"] = agent.parent_id
+        span = self.telemetry.tracer.start_span(
+            f"invoke_agent {self.name}",
+            context=parent if parent is not None else otel_context.Context(),
+            kind=otel_trace.SpanKind.INTERNAL,
+            attributes=attributes,
+            start_time=start,
+        )
+        self.turn, self.turn_number = span, turn
+        self.recent.append([turn, start, None, span.get_span_context()])
+        return span
+
+    def _turn_span(self) -> Span:
+        return self.turn if self.turn is not None else self._open_turn(None)
+
+    def _on_user_message(self, event: ev.UserMessage) -> None:
+        parent = self.parents.pop(event.message_id, None)
+        if self.turn is None:
+            self._open_turn(parent)
+        if self.telemetry.capture_content:
+            self.inputs.append(event.text)
+
+    def _on_turn_end(self, event: ev.TurnEnd) -> None:
+        span = self._turn_span()
+        failure = event.failure
+        error_type = (
+            failure.code
+            if failure is not None
+            else "cancelled"
+            if event.reason == "aborted"
+            else None
+            if event.reason in ("completed", "paused")
+            else event.reason
+        )
+        # What the turn left open ends with it: a cancelled request, calls cut off.
+        if self.chat is not None:
+            self._end_chat(error_type or "cancelled")
+        for call_id in list(self.calls):
+            self._end_call(call_id, error_type or event.reason)
+        span.set_attribute("trio_harness.turn.end_reason", event.reason)
+        if event.cause is not None:
+            span.set_attribute("trio_harness.turn.cancel_cause", event.cause)
+        if event.usage is not None:
+            span.set_attributes(_usage_attributes(event.usage))
+            span.set_attribute("trio_harness.usage.requests", event.usage.requests)
+        if self.inputs:
+            span.set_attribute("gen_ai.input.messages", _text_messages("user", self.inputs))
+            self.inputs = []
+        if error_type is not None:
+            span.set_attribute("error.type", error_type)
+            span.set_status(otel_trace.StatusCode.ERROR, failure.message if failure is not None else event.reason)
+        span.end()
+        self.turn = None
+        for entry in reversed(self.recent):
+            if entry[0] == event.turn:
+                entry[2] = time.time_ns()
+                break
+
+    # ------------------------------------------------------------ model requests
+
+    def _on_request(self, event: ev.RequestHeader) -> None:
+        if self.chat is not None:  # refused as too long, then compacted and asked again
+            self._end_chat("context-overflow")
+        turn = self._turn_span()
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": event.provider,
+            "gen_ai.request.model": event.model,
+        }
+        metric_attributes = dict(attributes)
+        if event.max_tokens is not None:
+            attributes["gen_ai.request.max_tokens"] = event.max_tokens
+        settings = event.settings
+        if settings is not None:
+            for field, key in (
+                ("temperature", "gen_ai.request.temperature"),
+                ("top_p", "gen_ai.request.top_p"),
+                ("seed", "gen_ai.request.seed"),
+            ):
+                value = getattr(settings, field, None)
+                if value is not None:
+                    attributes[key] = value
+        attributes["trio_harness.step"] = event.step
+        span = self.telemetry.tracer.start_span(
+            f"chat {event.model}",
+            context=otel_trace.set_span_in_context(turn),
+            kind=otel_trace.SpanKind.CLIENT,
+            attributes=attributes,
+        )
+        self.chat = _Chat(span, time.perf_counter(), metric_attributes)
+
+    def _on_retry(self, event: ev.RequestRetry) -> None:
+        if self.chat is not None:
+            self.chat.span.add_event(
+                "gen_ai.request.retry",
+                {
+                    "trio_harness.retry.attempt": event.attempt,
+                    "trio_harness.retry.delay": event.delay,
+                    "error.type": event.failure.code,
+                    "trio_harness.retry.message": event.failure.message,
+                },
+            )
+
+    def _on_assistant(self, event: ev.AssistantMessage) -> None:
+        chat = self.chat
+        if chat is None:
+            return
+        span = chat.span
+        span.set_attribute("gen_ai.response.finish_reasons", (event.finish,))
+        usage = event.usage
+        if usage is not None:
+            span.set_attributes(_usage_attributes(usage))
+            self.telemetry.record_tokens(usage, chat.attributes)
+        if self.telemetry.capture_content:
+            span.set_attribute("gen_ai.output.messages", _text_messages("assistant", [event.text]))
+        if event.finish == "error":  # the failure is the turn's: it names it at turn/end
+            chat.failed = True
+            return
+        self._end_chat(None if event.finish != "aborted" else "cancelled")
+
+    def _end_chat(self, error_type: str | None) -> None:
+        chat = self.chat
+        assert chat is not None
+        self.chat = None
+        if chat.failed and error_type is None:
+            error_type = "error"
+        if error_type is not None:
+            chat.span.set_attribute("error.type", error_type)
+            chat.span.set_status(otel_trace.StatusCode.ERROR, error_type)
+        chat.span.end()
+        self.telemetry.record_duration(time.perf_counter() - chat.started, chat.attributes, error_type)
+
+    # ------------------------------------------------------------ tool calls
+
+    def _on_tool_call(self, event: ev.ToolCallRequested) -> None:
+        turn = self._turn_span()
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": event.name,
+            "gen_ai.tool.call.id": event.call_id,
+            "trio_harness.step": event.step,
+        }
+        mcp = self.telemetry.mcp_tool(event.name)
+        if mcp is None:
+            attributes["gen_ai.tool.type"] = "function"
+        else:
+            server, server_tool, transport = mcp
+            attributes.update(
+                {
+                    "gen_ai.tool.type": "extension",
+                    "mcp.method.name": "tools/call",
+                    "trio_harness.mcp.server": server,
+                    "trio_harness.mcp.tool": server_tool,
+                    "network.transport": "pipe" if transport == "stdio" else "tcp",
+                }
+            )
+        if self.telemetry.capture_content:
+            attributes["gen_ai.tool.call.arguments"] = event.arguments
+        span = self.telemetry.tracer.start_span(
+            f"execute_tool {event.name}",
+            context=otel_trace.set_span_in_context(turn),
+            kind=otel_trace.SpanKind.INTERNAL,
+            attributes=attributes,
+        )
+        self.calls[event.call_id] = _Call(span, time.perf_counter(), event.name, event.arguments)
+
+    def _on_approval_asked(self, event: ev.ApprovalRequested) -> None:
+        call = self.calls.get(event.call_id)
+        if call is not None:
+            call.span.add_event("trio_harness.approval.requested")
+
+    def _on_approval_decided(self, event: ev.ApprovalDecided) -> None:
+        call = self.calls.get(event.call_id)
+        if call is None:
+            return
+        attributes: dict[str, Any] = {
+            "trio_harness.approval.outcome": event.outcome,
+            "trio_harness.approval.source": event.source,
+        }
+        if event.cause is not None:
+            attributes["trio_harness.approval.cause"] = event.cause
+        call.span.add_event("trio_harness.approval.decided", attributes)
+        if event.outcome in ("deny", "deny_always"):
+            call.error_type = "approval-denied"
+        elif event.outcome == "cancelled":
+            call.error_type = "cancelled"
+
+    def _on_tool_started(self, event: ev.ToolStarted) -> None:
+        call = self.calls.get(event.call_id)
+        if call is not None:
+            call.span.add_event("trio_harness.tool.started")
+
+    def _on_tool_result(self, event: ev.ToolResult) -> None:
+        call = self.calls.get(event.call_id)
+        if call is None:
+            return
+        span = call.span
+        if call.name == "bash":
+            exit_code = _bash_exit_code(event, call.arguments)
+            if exit_code is not None:
+                span.set_attribute("trio_harness.bash.exit_code", exit_code)
+        if self.telemetry.capture_content:
+            span.set_attribute("gen_ai.tool.call.result", event.content)
+        error_type = None
+        if event.is_error:
+            error_type = call.error_type or (
+                "cancelled" if event.content.startswith("error: cancelled") else "tool-error"
+            )
+        self._end_call(event.call_id, error_type)
+
+    def _end_call(self, call_id: str, error_type: str | None) -> None:
+        call = self.calls.pop(call_id)
+        if error_type is not None:
+            call.span.set_attribute("error.type", error_type)
+            call.span.set_status(otel_trace.StatusCode.ERROR, error_type)
+        call.span.end()
+        self.telemetry.record_tool(time.perf_counter() - call.started, call.name, error_type)
+
+    def tool_context(self, call_id: str) -> AbstractContextManager[object]:
+        call = self.calls.get(call_id)
+        if call is None:
+            return nullcontext()
+        return otel_trace.use_span(call.span, end_on_exit=False, record_exception=False, set_status_on_exception=False)
+
+    # ------------------------------------------------------------ maintenance
+
+    def _on_compaction(self, event: ev.ContextCompacted | ev.CompactionFailed) -> None:
+        # Nothing is logged while a compaction runs: it began after the event before it.
+        attributes: dict[str, Any] = {
+            "gen_ai.conversation.id": self.agent.session.id,
+            "gen_ai.agent.id": self.agent.id,
+            "trio_harness.compaction.reason": event.reason,
+        }
+        if event.usage is not None:
+            attributes.update(_usage_attributes(event.usage))
+        if isinstance(event, ev.ContextCompacted):
+            attributes["trio_harness.compaction.tokens_before"] = event.tokens_before
+            attributes["trio_harness.compaction.boundary"] = event.boundary
+        link = self.link_to_turn(event.turn)
+        span = self.telemetry.tracer.start_span(
+            "compaction",
+            context=otel_context.Context(),
+            attributes=attributes,
+            links=[link] if link is not None else None,
+            start_time=self.last_ns or None,
+        )
+        if isinstance(event, ev.CompactionFailed):
+            span.set_attribute("error.type", event.failure.code)
+            span.set_status(otel_trace.StatusCode.ERROR, event.failure.message)
+        span.end()
+
+    def link_to_turn(self, turn: int | None, at_ns: int | None = None) -> Link | None:
+        """A link to the turn numbered ``turn``, or to the turn running at ``at_ns``, or to the last one."""
+        chosen: SpanContext | None = None
+        for number, start, end, context in reversed(self.recent):
+            if turn is not None:
+                if number == turn:
+                    chosen = context
+                    break
+            elif at_ns is None or (start <= at_ns and (end is None or at_ns <= end)):
+                chosen = context
+                break
+        if chosen is None and turn is None and at_ns is not None and self.recent:
+            chosen = self.recent[-1][3]
+        return otel_trace.Link(chosen) if chosen is not None else None
+
+    def close(self) -> None:
+        self.remove()
+        if self.chat is not None:
+            self._end_chat("disposed")
+        for call_id in list(self.calls):
+            self._end_call(call_id, "disposed")
+        if self.turn is not None:
+            self.turn.set_attribute("error.type", "disposed")
+            self.turn.end()
+            self.turn = None
+
+
+def _bash_exit_code(event: ev.ToolResult, arguments: str) -> int | None:
+    match = _EXIT_CODE.search(event.content)
+    if match is not None:
+        return int(match.group(1))
+    if event.is_error:
+        return None  # killed by a signal, timed out, refused: no exit code
+    try:
+        args = json.loads(arguments)
+    except ValueError:
+        return None
+    return None if isinstance(args, dict) and args.get("background") else 0
+
+
+_HANDLERS: dict[type[ev.Event], Callable[[_AgentTrace, Any], None]] = {
+    ev.InboxSpliced: _AgentTrace._on_splice,
+    ev.TurnStart: _AgentTrace._on_turn_start,
+    ev.UserMessage: _AgentTrace._on_user_message,
+    ev.TurnEnd: _AgentTrace._on_turn_end,
+    ev.RequestHeader: _AgentTrace._on_request,
+    ev.RequestRetry: _AgentTrace._on_retry,
+    ev.AssistantMessage: _AgentTrace._on_assistant,
+    ev.ToolCallRequested: _AgentTrace._on_tool_call,
+    ev.ApprovalRequested: _AgentTrace._on_approval_asked,
+    ev.ApprovalDecided: _AgentTrace._on_approval_decided,
+    ev.ToolStarted: _AgentTrace._on_tool_started,
+    ev.ToolResult: _AgentTrace._on_tool_result,
+    ev.ContextCompacted: _AgentTrace._on_compaction,
+    ev.CompactionFailed: _AgentTrace._on_compaction,
+    ev.StepStart: lambda trace, event: None,  # only the time: a compaction starts after it
+    ev.StepEnd: lambda trace, event: None,
+}
+
+
+@attrs.define(eq=False)
+class Telemetry:
+    """One harness's spans and metrics (built by :func:`open_telemetry`)."""
+
+    _bus: EventBus = attrs.field(alias="bus")
+    _agents: AgentRegistry = attrs.field(alias="agents")
+    _tasks: TaskService = attrs.field(alias="tasks")
+    _mcp_connections: Sequence[McpConnection] = attrs.field(alias="mcp_connections")
+    tracer: Tracer
+    meter: Meter | None
+    capture_content: bool = False
+    _traces: dict[str, _AgentTrace] = attrs.field(factory=dict, init=False)
+    _removers: list[Callable[[], None]] = attrs.field(factory=list, init=False)
+    _token_usage: Any = attrs.field(default=None, init=False)
+    _duration: Any = attrs.field(default=None, init=False)
+    _tool_duration: Any = attrs.field(default=None, init=False)
+
+    def start(self) -> None:
+        bus = self._bus
+        self._removers += [
+            bus.on("agent/created", self._on_created),
+            bus.on("agent/disposed", self._on_disposed),
+            bus.on("task/done", self._on_task_done),
+            register_tool_scope(bus, self._tool_scope),
+        ]
+        meter = self.meter
+        if meter is not None:
+            self._token_usage = meter.create_histogram(
+                "gen_ai.client.token.usage",
+                unit="{token}",
+                description="Number of input and output tokens used.",
+                explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS,
+            )
+            self._duration = meter.create_histogram(
+                "gen_ai.client.operation.duration",
+                unit="s",
+                description="GenAI operation duration.",
+                explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
+            )
+            self._tool_duration = meter.create_histogram(
+                "trio_harness.tool.duration",
+                unit="s",
+                description="Duration of a tool call, from the model's request to its result (approval included).",
+                explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
+            )
+            meter.create_observable_gauge(
+                "trio_harness.agents.live",
+                callbacks=[self._observe_agents],
+                unit="{agent}",
+                description="Live agents of the harness.",
+            )
+            meter.create_observable_gauge(
+                "trio_harness.tasks.running",
+                callbacks=[self._observe_tasks],
+                unit="{task}",
+                description="Background tasks running (or stopping).",
+            )
+
+    def close(self) -> None:
+        """Stop observing; end what is still open (at the harness's exit)."""
+        for remove in self._removers:
+            remove()
+        self._removers.clear()
+        for trace in list(self._traces.values()):
+            trace.close()
+        self._traces.clear()
+
+    # ------------------------------------------------------------ agents
+
+    def _on_created(self, notice: Notice) -> None:
+        agent: Agent = notice.subject  # type: ignore[assignment]
+        name = "subagent" if agent.parent_id is not None else "agent"
+        trace = _AgentTrace(self, agent, name)
+        trace.remove = agent.session.observe(trace.observe)
+        self._traces[agent.id] = trace
+
+    def _on_disposed(self, notice: Notice) -> None:
+        trace = self._traces.pop(notice.subject.id, None)
+        if trace is not None:
+            trace.close()
+
+    def _tool_scope(self, session_id: str, call_id: str) -> AbstractContextManager[object]:
+        trace = self._traces.get(session_id)
+        return nullcontext() if trace is None else trace.tool_context(call_id)
+
+    def mcp_tool(self, name: str) -> tuple[str, str, str] | None:
+        """(server, the server's tool name, transport) when ``name`` is an MCP server's tool."""
+        for connection in self._mcp_connections:
+            server_tool = connection.tool_names.get(name)
+            if server_tool is not None:
+                return connection.name, server_tool, connection.config.transport
+        return None
+
+    # ------------------------------------------------------------ tasks
+
+    def _on_task_done(self, notice: Notice) -> None:
+        snapshot: TaskSnapshot = notice.subject  # type: ignore[assignment]
+        now = time.time_ns()
+        ran = 0.0 if snapshot.ended_at is None else max(0.0, snapshot.ended_at - snapshot.started_at)
+        start = now - int(ran * 1e9)
+        links = []
+        trace = self._traces.get(snapshot.owner_id) if snapshot.owner_id is not None else None
+        if trace is not None:
+            link = trace.link_to_turn(None, start)
+            if link is not None:
+                links.append(link)
+        attributes: dict[str, Any] = {
+            "trio_harness.task.id": snapshot.id,
+            "trio_harness.task.kind": snapshot.kind,
+            "trio_harness.task.status": snapshot.status,
+        }
+        if snapshot.owner_id is not None:
+            attributes["gen_ai.conversation.id"] = snapshot.owner_id
+        exit_code = snapshot.detail.get("exit_code")
+        if type(exit_code) is int:
+            attributes["trio_harness.bash.exit_code"] = exit_code
+        if self.capture_content:
+            attributes["trio_harness.task.label"] = snapshot.label
+        name = f"task {snapshot.kind}"
+        span = self.tracer.start_span(
+            name, context=otel_context.Context(), attributes=attributes, links=links, start_time=start
+        )
+        if snapshot.status != "completed":
+            span.set_attribute("error.type", snapshot.status)
+            span.set_status(otel_trace.StatusCode.ERROR, snapshot.error or snapshot.kill_reason or snapshot.status)
+        span.end(now)
+
+    # ------------------------------------------------------------ metrics
+
+    def record_tokens(self, usage: Usage, attributes: Mapping[str, Any]) -> None:
+        if self._token_usage is not None:
+            self._token_usage.record(usage.input_tokens, {**attributes, "gen_ai.token.type": "input"})
+            self._token_usage.record(usage.output_tokens, {**attributes, "gen_ai.token.type": "output"})
+
+    def record_duration(self, seconds: float, attributes: Mapping[str, Any], error_type: str | None) -> None:
+        if self._duration is not None:
+            if error_type is not None:
+                attributes = {**attributes, "error.type": error_type}
+            self._duration.record(seconds, attributes)
+
+    def record_tool(self, seconds: float, name: str, error_type: str | None) -> None:
+        if self._tool_duration is not None:
+            attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}
+            if error_type is not None:
+                attributes["error.type"] = error_type
+            self._tool_duration.record(seconds, attributes)
+
+    def _observe_agents(self, options: Any) -> Iterator[Observation]:
+        yield otel_metrics.Observation(len(self._agents))
+
+    def _observe_tasks(self, options: Any) -> Iterator[Observation]:
+        yield otel_metrics.Observation(self._tasks.live_count)
