@@ -218,8 +218,9 @@ class _AgentTrace:
             self.last_ns = time.time_ns()
 
     def _on_splice(self, event: ev.InboxSpliced) -> None:
-        for message_id in event.removed:
-            self.parents.pop(message_id, None)
+        if event.outcome == "canceled":  # claimed ones are taken at their user/message
+            for message_id in event.removed:
+                self.parents.pop(message_id, None)
         if event.inserted:
             ctx = otel_context.get_current()
             if otel_trace.get_current_span(ctx).get_span_context().is_valid:
@@ -308,8 +309,9 @@ class _AgentTrace:
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": event.provider,
-            "gen_ai.request.model": event.model,
         }
+        if event.model:
+            attributes["gen_ai.request.model"] = event.model
         metric_attributes = dict(attributes)
         if event.max_tokens is not None:
             attributes["gen_ai.request.max_tokens"] = event.max_tokens
@@ -325,7 +327,7 @@ class _AgentTrace:
                     attributes[key] = value
         attributes["trio_harness.step"] = event.step
         span = self.telemetry.tracer.start_span(
-            f"chat {event.model}",
+            f"chat {event.model}" if event.model else "chat",
             context=otel_trace.set_span_in_context(turn),
             kind=otel_trace.SpanKind.CLIENT,
             attributes=attributes,
