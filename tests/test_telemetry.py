@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import trio
+from _acp_clients import connected
 from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -72,12 +73,12 @@ def parent_of(span: ReadableSpan) -> int | None:
 
 def span_id(span: ReadableSpan) -> int:
     assert span.context is not None
-    return span.context.span_id
+    return int(span.context.span_id)
 
 
 def trace_id(span: ReadableSpan) -> int:
     assert span.context is not None
-    return span.context.trace_id
+    return int(span.context.trace_id)
 
 
 async def echo(ctx: ToolContext, args: dict[str, Any]) -> str:
@@ -284,7 +285,7 @@ async def test_a_retry_is_an_event_of_the_chat_span_and_usage_is_recorded(
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
     async with (
-        open_test_harness(RetryingModel(), tracer_provider=provider, meter_provider=meters) as h,  # type: ignore[arg-type]
+        open_test_harness(RetryingModel(), tracer_provider=provider, meter_provider=meters) as h,
         h.agents.open() as agent,
     ):
         agent.followup("go")
@@ -430,3 +431,24 @@ async def test_a_background_task_and_a_compaction_are_spans_linked_to_their_turn
     assert compaction.attributes is not None
     assert compaction.attributes["trio_harness.compaction.reason"] == "manual"
     assert len(compaction.links) == 1
+
+
+async def test_an_acp_prompt_with_a_traceparent_in_meta_continues_that_trace(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    async with traced(ScriptedModel([{"text": "hi"}, {"text": "again"}]), provider) as h:
+        async with connected(h) as (peer, _server, _):
+            await peer.call("initialize", {"protocolVersion": 1})
+            session_id = (await peer.call("session/new", {"cwd": "/", "mcpServers": []}))["sessionId"]
+            prompt = [{"type": "text", "text": "hi"}]
+            meta = {"traceparent": traceparent, "tracestate": "vendor=1"}
+            reply = await peer.call("session/prompt", {"sessionId": session_id, "prompt": prompt, "_meta": meta})
+            assert reply["stopReason"] == "end_turn"
+            await peer.call("session/prompt", {"sessionId": session_id, "prompt": prompt})
+    first, second = named(exporter.get_finished_spans(), "invoke_agent agent")
+    assert trace_id(first) == 0x4BF92F3577B34DA6A3CE929D0E0E4736
+    assert first.parent is not None and first.parent.span_id == 0x00F067AA0BA902B7 and first.parent.is_remote
+    assert first.parent.trace_state.get("vendor") == "1"
+    assert first.attributes is not None and first.attributes["gen_ai.conversation.id"] == session_id
+    assert second.parent is None  # a prompt without one starts a trace of its own

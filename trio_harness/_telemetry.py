@@ -706,3 +706,59 @@ class Telemetry:
 
     def _observe_tasks(self, options: Any) -> Iterator[Observation]:
         yield otel_metrics.Observation(self._tasks.live_count)
+
+
+# ---------------------------------------------------------------- the CLI's OTLP exporter
+
+_ENDPOINTS = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+)
+
+
+def otlp_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``open_harness`` keyword arguments exporting over OTLP/HTTP, configured by the standard ``OTEL_*`` variables.
+
+    ``trio-harness run`` and ``acp`` call it.  It configures nothing (returns
+    ``{}``) unless an OTLP endpoint variable is set (``OTEL_EXPORTER_OTLP_ENDPOINT``
+    or its ``_TRACES_`` / ``_METRICS_`` forms) and ``OTEL_SDK_DISABLED`` is not
+    ``true``; ``OTEL_TRACES_EXPORTER=none`` / ``OTEL_METRICS_EXPORTER=none`` leave
+    one of the two out.  The exporters read the rest (headers, timeouts,
+    protocol paths), the resource ``OTEL_SERVICE_NAME`` (default ``trio-harness``)
+    and ``OTEL_RESOURCE_ATTRIBUTES``.  The providers are shut down (their
+    batches sent) when the process exits.  Without the packages of the
+    ``otlp`` extra, a warning says what to install and nothing is exported.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true" or not any(env.get(name) for name in _ENDPOINTS):
+        return {}
+    try:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError as exc:
+        log.warning(
+            "an OTLP endpoint is set but the exporter cannot be loaded (%s): pip install 'trio-harness[otlp]'", exc
+        )
+        return {}
+    import atexit
+
+    resource = Resource.create({} if env.get("OTEL_SERVICE_NAME") else {"service.name": "trio-harness"})
+    options: dict[str, Any] = {}
+    if env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() != "none":
+        tracer_provider = SdkTracerProvider(resource=resource)
+        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        atexit.register(tracer_provider.shutdown)
+        options["tracer_provider"] = tracer_provider
+    if env.get("OTEL_METRICS_EXPORTER", "otlp").strip().lower() != "none":
+        meter_provider = SdkMeterProvider(
+            resource=resource, metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())]
+        )
+        atexit.register(meter_provider.shutdown)
+        options["meter_provider"] = meter_provider
+    return options
