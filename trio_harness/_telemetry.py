@@ -201,6 +201,7 @@ class _AgentTrace:
     parents: dict[str, Context] = attrs.field(factory=dict)
     pending_turn: tuple[int, int] | None = None  # (turn, start ns) until the turn's first message is seen
     turn: Span | None = None
+    turn_context: Context | None = None  # the turn span's context: its requests' and calls' parent
     turn_number: int = 0
     inputs: list[str] = attrs.field(factory=list)
     chat: _Chat | None = None
@@ -251,11 +252,18 @@ class _AgentTrace:
             start_time=start,
         )
         self.turn, self.turn_number = span, turn
+        self.turn_context = otel_trace.set_span_in_context(span)
         self.recent.append([turn, start, None, span.get_span_context()])
         return span
 
     def _turn_span(self) -> Span:
         return self.turn if self.turn is not None else self._open_turn(None)
+
+    def _turn_parent(self) -> Context:
+        if self.turn is None:
+            self._open_turn(None)
+        assert self.turn_context is not None
+        return self.turn_context
 
     def _on_user_message(self, event: ev.UserMessage) -> None:
         parent = self.parents.pop(event.message_id, None)
@@ -281,20 +289,22 @@ class _AgentTrace:
             self._end_chat(error_type or "cancelled")
         for call_id in list(self.calls):
             self._end_call(call_id, error_type or event.reason)
-        span.set_attribute("trio_harness.turn.end_reason", event.reason)
+        attributes: dict[str, Any] = {"trio_harness.turn.end_reason": event.reason}
         if event.cause is not None:
-            span.set_attribute("trio_harness.turn.cancel_cause", event.cause)
+            attributes["trio_harness.turn.cancel_cause"] = event.cause
         if event.usage is not None:
-            span.set_attributes(_usage_attributes(event.usage))
-            span.set_attribute("trio_harness.usage.requests", event.usage.requests)
+            attributes.update(_usage_attributes(event.usage))
+            attributes["trio_harness.usage.requests"] = event.usage.requests
         if self.inputs:
-            span.set_attribute("gen_ai.input.messages", _text_messages("user", self.inputs))
+            attributes["gen_ai.input.messages"] = _text_messages("user", self.inputs)
             self.inputs = []
         if error_type is not None:
-            span.set_attribute("error.type", error_type)
+            attributes["error.type"] = error_type
+        span.set_attributes(attributes)
+        if error_type is not None:
             span.set_status(otel_trace.StatusCode.ERROR, failure.message if failure is not None else event.reason)
         span.end()
-        self.turn = None
+        self.turn = self.turn_context = None
         for entry in reversed(self.recent):
             if entry[0] == event.turn:
                 entry[2] = time.time_ns()
@@ -305,14 +315,14 @@ class _AgentTrace:
     def _on_request(self, event: ev.RequestHeader) -> None:
         if self.chat is not None:  # refused as too long, then compacted and asked again
             self._end_chat("context-overflow")
-        turn = self._turn_span()
+        parent = self._turn_parent()
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": event.provider,
         }
         if event.model:
             attributes["gen_ai.request.model"] = event.model
-        metric_attributes = dict(attributes)
+        metric_attributes = self.telemetry.metric_attributes(event.provider, event.model)
         if event.max_tokens is not None:
             attributes["gen_ai.request.max_tokens"] = event.max_tokens
         settings = event.settings
@@ -328,7 +338,7 @@ class _AgentTrace:
         attributes["trio_harness.step"] = event.step
         span = self.telemetry.tracer.start_span(
             f"chat {event.model}" if event.model else "chat",
-            context=otel_trace.set_span_in_context(turn),
+            context=parent,
             kind=otel_trace.SpanKind.CLIENT,
             attributes=attributes,
         )
@@ -350,14 +360,14 @@ class _AgentTrace:
         chat = self.chat
         if chat is None:
             return
-        span = chat.span
-        span.set_attribute("gen_ai.response.finish_reasons", (event.finish,))
+        attributes: dict[str, Any] = {"gen_ai.response.finish_reasons": (event.finish,)}
         usage = event.usage
         if usage is not None:
-            span.set_attributes(_usage_attributes(usage))
+            attributes.update(_usage_attributes(usage))
             self.telemetry.record_tokens(usage, chat.attributes)
         if self.telemetry.capture_content:
-            span.set_attribute("gen_ai.output.messages", _text_messages("assistant", [event.text]))
+            attributes["gen_ai.output.messages"] = _text_messages("assistant", [event.text])
+        chat.span.set_attributes(attributes)
         if event.finish == "error":  # the failure is the turn's: it names it at turn/end
             chat.failed = True
             return
@@ -378,7 +388,7 @@ class _AgentTrace:
     # ------------------------------------------------------------ tool calls
 
     def _on_tool_call(self, event: ev.ToolCallRequested) -> None:
-        turn = self._turn_span()
+        parent = self._turn_parent()
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": event.name,
@@ -403,7 +413,7 @@ class _AgentTrace:
             attributes["gen_ai.tool.call.arguments"] = event.arguments
         span = self.telemetry.tracer.start_span(
             f"execute_tool {event.name}",
-            context=otel_trace.set_span_in_context(turn),
+            context=parent,
             kind=otel_trace.SpanKind.INTERNAL,
             attributes=attributes,
         )
@@ -570,6 +580,9 @@ class Telemetry:
     _token_usage: Any = attrs.field(default=None, init=False)
     _duration: Any = attrs.field(default=None, init=False)
     _tool_duration: Any = attrs.field(default=None, init=False)
+    _metric_attributes: dict[tuple[str, str], dict[str, Any]] = attrs.field(factory=dict, init=False)
+    _tool_attributes: dict[str, dict[str, Any]] = attrs.field(factory=dict, init=False)
+    _token_attributes: dict[int, tuple[dict[str, Any], dict[str, Any]]] = attrs.field(factory=dict, init=False)
 
     def start(self) -> None:
         bus = self._bus
@@ -683,10 +696,26 @@ class Telemetry:
 
     # ------------------------------------------------------------ metrics
 
+    def metric_attributes(self, provider: str, model: str) -> dict[str, Any]:
+        """The metric attributes of a request to ``model`` of ``provider`` (built once each)."""
+        key = (provider, model)
+        attributes = self._metric_attributes.get(key)
+        if attributes is None:
+            attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": provider}
+            if model:
+                attributes["gen_ai.request.model"] = model
+            self._metric_attributes[key] = attributes
+            self._token_attributes[id(attributes)] = (
+                {**attributes, "gen_ai.token.type": "input"},
+                {**attributes, "gen_ai.token.type": "output"},
+            )
+        return attributes
+
     def record_tokens(self, usage: Usage, attributes: Mapping[str, Any]) -> None:
         if self._token_usage is not None:
-            self._token_usage.record(usage.input_tokens, {**attributes, "gen_ai.token.type": "input"})
-            self._token_usage.record(usage.output_tokens, {**attributes, "gen_ai.token.type": "output"})
+            inputs, outputs = self._token_attributes[id(attributes)]
+            self._token_usage.record(usage.input_tokens, inputs)
+            self._token_usage.record(usage.output_tokens, outputs)
 
     def record_duration(self, seconds: float, attributes: Mapping[str, Any], error_type: str | None) -> None:
         if self._duration is not None:
@@ -696,9 +725,13 @@ class Telemetry:
 
     def record_tool(self, seconds: float, name: str, error_type: str | None) -> None:
         if self._tool_duration is not None:
-            attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}
-            if error_type is not None:
-                attributes["error.type"] = error_type
+            attributes = self._tool_attributes.get(name) if error_type is None else None
+            if attributes is None:
+                attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}
+                if error_type is not None:
+                    attributes["error.type"] = error_type
+                elif len(self._tool_attributes) < 1024:
+                    self._tool_attributes[name] = attributes
             self._tool_duration.record(seconds, attributes)
 
     def _observe_agents(self, options: Any) -> Iterator[Observation]:

@@ -1,0 +1,183 @@
+"""The cost of OpenTelemetry on the tool run (docs/tracing.rst, "Cost").
+
+The run is bench/bench_agents.py's: prompt -> one tool call -> the tool result
+-> ``"done"``, on a reused agent with the constant-cost model (its
+"constant-cost model" row).  Rows, in one run of this script:
+
+1. **Telemetry off** (the OpenTelemetry API installed, no SDK configured):
+   this tree against the tree named by ``--baseline`` (default: the main
+   checkout, ``/work/main``), each in child processes, alternated
+   ``--rounds`` times; the ratio of the medians (target < 1.03).
+2. **An SDK with a batch span processor** (its exporter discards the spans:
+   the cost is the harness's and the SDK's, not a network's) and an SDK meter
+   provider, against telemetry off, in interleaved batches of one process;
+   the median of the per-batch ratios (target < 1.25).
+3. **The SDK's own floor**: what the run's telemetry costs the SDK alone, no
+   harness around it: 4 spans (a turn, two requests, a call) with the run's
+   attributes and 7 histogram records, in a tight loop (CPU time per run).
+
+Run with ``python bench/bench_telemetry.py`` (rows as JSON lines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+from bench_agents import ECHO, InstantModel, Timing, _reused_batch
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from trio_harness import AgentOptions, open_harness
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+BATCH = 250
+BATCHES = 8
+ROUNDS = 4
+OFF_TARGET = 1.03
+SDK_TARGET = 1.25
+
+
+class Discard(SpanExporter):
+    """Takes every batch and drops it."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+async def _agent_runs(harness: Any) -> Any:
+    harness.tools.add(ECHO)
+    handle = await harness.agents.create(options=AgentOptions(model=InstantModel()))
+    return handle
+
+
+async def measure_off(batch: int = BATCH, batches: int = BATCHES) -> float:
+    """Median per-run microseconds of the tool run, telemetry off (no providers configured)."""
+    timing = Timing()
+    gc.collect()
+    async with open_harness(store=":memory:", builtin_tools=False) as harness:
+        handle = await _agent_runs(harness)
+        for index in range(batches + 1):
+            await _reused_batch(handle.agent, batch, timing if index else None)
+        await handle.dispose()
+    return timing.median
+
+
+async def measure_sdk(batch: int = BATCH, batches: int = BATCHES) -> tuple[Timing, Timing, list[float]]:
+    """Interleaved batches: telemetry off, and an SDK with a batch span processor and a meter provider."""
+    off, on = Timing(), Timing()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(Discard()))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    gc.collect()
+    async with (
+        open_harness(store=":memory:", builtin_tools=False) as plain,
+        open_harness(
+            store=":memory:", builtin_tools=False, tracer_provider=tracer_provider, meter_provider=meter_provider
+        ) as traced,
+    ):
+        plain_handle, traced_handle = await _agent_runs(plain), await _agent_runs(traced)
+        for index in range(batches + 1):
+            await _reused_batch(plain_handle.agent, batch, off if index else None)
+            await _reused_batch(traced_handle.agent, batch, on if index else None)
+        await plain_handle.dispose()
+        await traced_handle.dispose()
+    tracer_provider.shutdown()
+    meter_provider.shutdown()
+    ratios = [b / a for a, b in zip(off.wall, on.wall)]
+    return off, on, ratios
+
+
+def sdk_floor(runs: int = 5000) -> float:
+    """CPU microseconds the SDK alone spends on one run's spans and metric records."""
+    import time
+
+    from opentelemetry import context, trace
+
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(Discard()))
+    tracer = tracer_provider.get_tracer("floor")
+    histogram = MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("floor").create_histogram("h")
+    base = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "instant", "trio_harness.step": 1}
+    token = {**base, "gen_ai.token.type": "input"}
+    start = time.process_time()
+    for _ in range(runs):
+        turn = tracer.start_span("invoke_agent agent", context=context.Context(), attributes=base)
+        parent = trace.set_span_in_context(turn)
+        for name in ("chat", "execute_tool echo", "chat"):
+            span = tracer.start_span(name, context=parent, attributes=base)
+            span.set_attributes({"gen_ai.usage.input_tokens": 30, "gen_ai.response.finish_reasons": ("stop",)})
+            span.end()
+        turn.set_attributes({"gen_ai.usage.input_tokens": 60, "trio_harness.turn.end_reason": "completed"})
+        turn.end()
+        for _ in range(7):
+            histogram.record(30, token)
+    floor = (time.process_time() - start) / runs * 1e6
+    tracer_provider.shutdown()
+    return floor
+
+
+def _child(code: Path) -> float:
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    out = subprocess.run(
+        [sys.executable, str(HERE / "bench_telemetry.py"), "--child"], env=env, capture_output=True, check=True
+    )
+    return float(json.loads(out.stdout)["us"])
+
+
+def bench(baseline: Path, rounds: int) -> list[dict[str, object]]:
+    ours: list[float] = []
+    theirs: list[float] = []
+    for _ in range(rounds):
+        theirs.append(_child(baseline))
+        ours.append(_child(ROOT))
+    off_ratio = statistics.median(ours) / statistics.median(theirs)
+    off, on, ratios = trio.run(measure_sdk)
+    sdk_ratio = statistics.median(ratios)
+    return [
+        {"figure": f"tool run, telemetry off, baseline {baseline}", "value": round(statistics.median(theirs), 1)}
+        | {"unit": "us", "target": "report"},
+        {"figure": "tool run, telemetry off (API installed, no SDK)", "value": round(statistics.median(ours), 1)}
+        | {"unit": "us", "target": "report"},
+        {"figure": "  telemetry off / baseline", "value": round(off_ratio, 3), "unit": "x"}
+        | {"target": f"< {OFF_TARGET}", "met": off_ratio < OFF_TARGET},
+        {"figure": "tool run, telemetry off (interleaved)", "value": round(off.median, 1), "unit": "us"}
+        | {"target": "report", "cpu_us": round(off.median_cpu, 1)},
+        {"figure": "tool run, SDK + BatchSpanProcessor + meters", "value": round(on.median, 1), "unit": "us"}
+        | {"target": "report", "cpu_us": round(on.median_cpu, 1)},
+        {"figure": "  SDK / off (median of per-batch ratios)", "value": round(sdk_ratio, 3), "unit": "x"}
+        | {"target": f"< {SDK_TARGET}", "met": sdk_ratio < SDK_TARGET},
+        {"figure": "  SDK / off, CPU time", "value": round(on.median_cpu / off.median_cpu, 3), "unit": "x"}
+        | {"target": "report"},
+        {"figure": "the SDK alone: 4 spans + 7 histogram records (CPU)", "value": round(sdk_floor(), 1), "unit": "us"}
+        | {"target": "report"},
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="the cost of OpenTelemetry on the tool run")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--baseline", type=Path, default=Path("/work/main"), help="the tree to compare against")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="child processes per tree")
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps({"us": trio.run(measure_off)}))
+        return
+    for row in bench(args.baseline, args.rounds):
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
