@@ -452,3 +452,50 @@ async def test_an_acp_prompt_with_a_traceparent_in_meta_continues_that_trace(
     assert first.parent.trace_state.get("vendor") == "1"
     assert first.attributes is not None and first.attributes["gen_ai.conversation.id"] == session_id
     assert second.parent is None  # a prompt without one starts a trace of its own
+
+
+async def test_tool_duration_and_the_running_tasks_gauge(provider: TracerProvider) -> None:
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60", "run_in_background": True}}]},
+            {"text": "started"},
+        ]
+    )
+    async with (
+        open_test_harness(
+            model, builtin_tools=["bash", "tasks"], approver=allow_all, tracer_provider=provider, meter_provider=meters
+        ) as h,
+        h.agents.open() as agent,
+    ):
+        agent.followup("go")
+        await agent.when_idle()
+        metrics = _metrics(reader)
+        assert metrics["trio_harness.tasks.running"] == [({}, 1)]
+        ((attributes, seconds),) = metrics["trio_harness.tool.duration"]
+        assert attributes == {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "bash"}
+        assert seconds >= 0
+    assert _metrics(reader)["trio_harness.tasks.running"] == [({}, 0)]  # the owner's disposal stopped it
+
+
+def test_otlp_from_env_follows_the_standard_variables() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
+    from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+
+    from trio_harness._telemetry import otlp_from_env
+
+    endpoint = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
+    assert otlp_from_env({}) == {}  # no endpoint: nothing is configured
+    assert otlp_from_env({**endpoint, "OTEL_SDK_DISABLED": "true"}) == {}
+    both = otlp_from_env(endpoint)
+    assert isinstance(both["tracer_provider"], SdkTracerProvider)
+    assert isinstance(both["meter_provider"], SdkMeterProvider)
+    assert both["tracer_provider"].resource.attributes["service.name"] == "trio-harness"
+    traces_only = otlp_from_env({**endpoint, "OTEL_METRICS_EXPORTER": "none"})
+    assert set(traces_only) == {"tracer_provider"}
+    metrics_only = otlp_from_env({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://x:9", "OTEL_TRACES_EXPORTER": "none"})
+    assert set(metrics_only) == {"meter_provider"}
+    for options in (both, traces_only, metrics_only):
+        for provider in options.values():
+            provider.shutdown()
