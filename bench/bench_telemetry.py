@@ -110,7 +110,7 @@ def sdk_floor(runs: int = 5000) -> float:
     tracer_provider.add_span_processor(BatchSpanProcessor(Discard()))
     tracer = tracer_provider.get_tracer("floor")
     histogram = MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("floor").create_histogram("h")
-    base = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "instant", "trio_harness.step": 1}
+    base: dict[str, Any] = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "instant", "trio_harness.step": 1}
     token = {**base, "gen_ai.token.type": "input"}
     start = time.process_time()
     for _ in range(runs):
