@@ -499,3 +499,32 @@ def test_otlp_from_env_follows_the_standard_variables() -> None:
     for options in (both, traces_only, metrics_only):
         for provider in options.values():
             provider.shutdown()
+
+
+def test_without_the_api_a_harness_runs_and_a_provider_is_refused() -> None:
+    import subprocess
+
+    code = """
+import sys
+sys.modules["opentelemetry"] = None  # as if the otel extra were not installed
+import trio
+from trio_harness import ScriptedModel
+from trio_harness.testing import open_test_harness
+
+async def main():
+    async with open_test_harness(ScriptedModel([{"text": "hi"}])) as h, h.agents.open() as agent:
+        agent.followup("go")
+        await agent.when_idle()
+        assert agent.session.events[-1].reason == "completed"
+    try:
+        async with open_test_harness(tracer_provider=object()):
+            pass
+    except RuntimeError as exc:
+        print(exc)
+
+trio.run(main)
+"""
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=root)
+    assert run.returncode == 0, run.stderr
+    assert "need the OpenTelemetry API: pip install 'trio-harness[otel]'" in run.stdout
