@@ -11,7 +11,9 @@ The run is bench/bench_agents.py's: prompt -> one tool call -> the tool result
 2. **An SDK with a batch span processor** (its exporter discards the spans:
    the cost is the harness's and the SDK's, not a network's) and an SDK meter
    provider, against telemetry off, in interleaved batches of one process;
-   the median of the per-batch ratios (target < 1.25).
+   the median of the per-batch ratios (target < 1.25).  Interleaved with them,
+   **stub providers** whose spans and instruments do nothing: what the
+   harness's own telemetry code costs, without the SDK's work.
 3. **The SDK's own floor**: what the run's telemetry costs the SDK alone, no
    harness around it: 4 spans (a turn, two requests, a call) with the run's
    attributes and 7 histogram records, in a tight loop (CPU time per run).
@@ -34,6 +36,7 @@ from typing import Any
 
 import trio
 from bench_agents import ECHO, InstantModel, Timing, _reused_batch
+from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -57,6 +60,46 @@ class Discard(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
+_STUB_CONTEXT = trace.SpanContext(trace_id=1, span_id=2, is_remote=False, trace_flags=trace.TraceFlags(1))
+
+
+class StubSpan:
+    """A span that records nothing (a valid context, so that children have a parent)."""
+
+    def set_attributes(self, attributes: object) -> None: ...
+    def set_attribute(self, key: str, value: object) -> None: ...
+    def add_event(self, *args: object, **kwargs: object) -> None: ...
+    def set_status(self, *args: object, **kwargs: object) -> None: ...
+    def end(self, end_time: int | None = None) -> None: ...
+    def get_span_context(self) -> trace.SpanContext:
+        return _STUB_CONTEXT
+
+
+class StubTracerProvider:
+    """Hands out one do-nothing span: the harness's telemetry work without the SDK's."""
+
+    span = StubSpan()
+
+    def get_tracer(self, *args: object, **kwargs: object) -> StubTracerProvider:
+        return self
+
+    def start_span(self, *args: object, **kwargs: object) -> StubSpan:
+        return self.span
+
+
+class StubMeterProvider:
+    """Instruments that record nothing."""
+
+    def get_meter(self, *args: object, **kwargs: object) -> StubMeterProvider:
+        return self
+
+    def create_histogram(self, *args: object, **kwargs: object) -> StubMeterProvider:
+        return self
+
+    def create_observable_gauge(self, *args: object, **kwargs: object) -> None: ...
+    def record(self, *args: object, **kwargs: object) -> None: ...
+
+
 async def _agent_runs(harness: Any) -> Any:
     harness.tools.add(ECHO)
     handle = await harness.agents.create(options=AgentOptions(model=InstantModel()))
@@ -75,29 +118,31 @@ async def measure_off(batch: int = BATCH, batches: int = BATCHES) -> float:
     return timing.median
 
 
-async def measure_sdk(batch: int = BATCH, batches: int = BATCHES) -> tuple[Timing, Timing, list[float]]:
-    """Interleaved batches: telemetry off, and an SDK with a batch span processor and a meter provider."""
-    off, on = Timing(), Timing()
+async def measure_sdk(batch: int = BATCH, batches: int = BATCHES) -> tuple[Timing, Timing, Timing, list[float]]:
+    """Interleaved batches: telemetry off, stub providers, an SDK with a batch span processor and a meter provider."""
+    off, stub, on = Timing(), Timing(), Timing()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(BatchSpanProcessor(Discard()))
     meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    stubs: dict[str, Any] = {"tracer_provider": StubTracerProvider(), "meter_provider": StubMeterProvider()}
     gc.collect()
     async with (
         open_harness(store=":memory:", builtin_tools=False) as plain,
+        open_harness(store=":memory:", builtin_tools=False, **stubs) as stubbed,
         open_harness(
             store=":memory:", builtin_tools=False, tracer_provider=tracer_provider, meter_provider=meter_provider
         ) as traced,
     ):
-        plain_handle, traced_handle = await _agent_runs(plain), await _agent_runs(traced)
+        handles = [await _agent_runs(plain), await _agent_runs(stubbed), await _agent_runs(traced)]
         for index in range(batches + 1):
-            await _reused_batch(plain_handle.agent, batch, off if index else None)
-            await _reused_batch(traced_handle.agent, batch, on if index else None)
-        await plain_handle.dispose()
-        await traced_handle.dispose()
+            for handle, timing in zip(handles, (off, stub, on)):
+                await _reused_batch(handle.agent, batch, timing if index else None)
+        for handle in handles:
+            await handle.dispose()
     tracer_provider.shutdown()
     meter_provider.shutdown()
     ratios = [b / a for a, b in zip(off.wall, on.wall)]
-    return off, on, ratios
+    return off, stub, on, ratios
 
 
 def sdk_floor(runs: int = 5000) -> float:
@@ -144,7 +189,7 @@ def bench(baseline: Path, rounds: int) -> list[dict[str, object]]:
         theirs.append(_child(baseline))
         ours.append(_child(ROOT))
     off_ratio = statistics.median(ours) / statistics.median(theirs)
-    off, on, ratios = trio.run(measure_sdk)
+    off, stub, on, ratios = trio.run(measure_sdk)
     sdk_ratio = statistics.median(ratios)
     return [
         {"figure": f"tool run, telemetry off, baseline {baseline}", "value": round(statistics.median(theirs), 1)}
@@ -155,6 +200,10 @@ def bench(baseline: Path, rounds: int) -> list[dict[str, object]]:
         | {"target": f"< {OFF_TARGET}", "met": off_ratio < OFF_TARGET},
         {"figure": "tool run, telemetry off (interleaved)", "value": round(off.median, 1), "unit": "us"}
         | {"target": "report", "cpu_us": round(off.median_cpu, 1)},
+        {"figure": "tool run, stub providers (the harness's telemetry work alone)", "value": round(stub.median, 1)}
+        | {"unit": "us", "target": "report", "cpu_us": round(stub.median_cpu, 1)},
+        {"figure": "  stub / off, CPU time", "value": round(stub.median_cpu / off.median_cpu, 3), "unit": "x"}
+        | {"target": "report"},
         {"figure": "tool run, SDK + BatchSpanProcessor + meters", "value": round(on.median, 1), "unit": "us"}
         | {"target": "report", "cpu_us": round(on.median_cpu, 1)},
         {"figure": "  SDK / off (median of per-batch ratios)", "value": round(sdk_ratio, 3), "unit": "x"}

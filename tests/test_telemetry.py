@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -270,10 +271,14 @@ class RetryingModel:
     """Retries once (a 429), then answers with usage, cache reads included."""
 
     name = "retrying"
+    called_ns = retried_ns = 0
 
     async def stream(self, request: ModelRequest, emit: Emit) -> None:
+        self.called_ns = time.time_ns()
         await trio.lowlevel.checkpoint()
         emit(Retry(attempt=1, delay=0.5, failure=Failure("http-429", "slow down", retryable=True)))
+        self.retried_ns = time.time_ns()
+        await trio.lowlevel.checkpoint()
         emit(TextDelta("done"))
         emit(Usage(input_tokens=30, output_tokens=2, cache_hit_tokens=10))
         emit(Finish("stop"))
@@ -284,8 +289,9 @@ async def test_a_retry_is_an_event_of_the_chat_span_and_usage_is_recorded(
 ) -> None:
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
+    model = RetryingModel()
     async with (
-        open_test_harness(RetryingModel(), tracer_provider=provider, meter_provider=meters) as h,
+        open_test_harness(model, tracer_provider=provider, meter_provider=meters) as h,
         h.agents.open() as agent,
     ):
         agent.followup("go")
@@ -298,6 +304,10 @@ async def test_a_retry_is_an_event_of_the_chat_span_and_usage_is_recorded(
     assert retry.name == "gen_ai.request.retry"
     assert retry.attributes is not None and retry.attributes["error.type"] == "http-429"
     assert retry.attributes["trio_harness.retry.attempt"] == 1
+    # The span is handed to the SDK when the response is complete, with the request's start
+    # time and the retry's own: the times are when they happened.
+    assert chat.start_time is not None and chat.end_time is not None
+    assert chat.start_time <= model.called_ns <= retry.timestamp <= model.retried_ns <= chat.end_time
     assert chat.attributes is not None
     assert chat.attributes["gen_ai.usage.input_tokens"] == 30
     assert chat.attributes["gen_ai.usage.output_tokens"] == 2

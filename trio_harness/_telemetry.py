@@ -44,7 +44,7 @@ from .session import _events as ev
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-    from opentelemetry.metrics import Meter, MeterProvider, Observation
+    from opentelemetry.metrics import Histogram, Meter, MeterProvider, Observation
     from opentelemetry.trace import Link, Span, SpanContext, Tracer, TracerProvider
 
     from .agents._agent import Agent
@@ -157,36 +157,84 @@ def _attached(ctx: Context) -> Iterator[None]:
         otel_context.detach(token)
 
 
-def _usage_attributes(usage: Usage | UsageTotals) -> dict[str, int]:
-    attributes = {"gen_ai.usage.input_tokens": usage.input_tokens, "gen_ai.usage.output_tokens": usage.output_tokens}
+def _add_usage(attributes: dict[str, Any], usage: Usage | UsageTotals) -> None:
+    attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
+    attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
     if usage.cache_hit_tokens:
         attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cache_hit_tokens
     if usage.cache_write_tokens:
         attributes["gen_ai.usage.cache_creation.input_tokens"] = usage.cache_write_tokens
     if usage.reasoning_tokens:
         attributes["gen_ai.usage.reasoning.output_tokens"] = usage.reasoning_tokens
-    return attributes
+
+
+# A request's model settings that have GenAI attributes.
+_SETTINGS = (
+    ("temperature", "gen_ai.request.temperature"),
+    ("top_p", "gen_ai.request.top_p"),
+    ("seed", "gen_ai.request.seed"),
+)
 
 
 def _text_messages(role: str, texts: Sequence[str]) -> str:
     return json.dumps([{"role": role, "parts": [{"type": "text", "content": text}]} for text in texts])
 
 
+@attrs.frozen
+class _ChatKind:
+    """What every request to one model of one provider shares (built once each)."""
+
+    name: str
+    attributes: Mapping[str, Any]  # the span's, before the request's own
+    metric_attributes: Mapping[str, Any]
+    input_tokens: Mapping[str, Any]  # gen_ai.client.token.usage's, gen_ai.token.type=input
+    output_tokens: Mapping[str, Any]
+
+
 @attrs.define(eq=False)
 class _Chat:
-    span: Span
-    started: float
+    """A model request in flight: its span is started, with its start time, when it ends."""
+
+    kind: _ChatKind
+    parent: Context
     attributes: dict[str, Any]
+    start_ns: int
+    started: float  # perf_counter, for the duration metric
+    events: list[tuple[str, dict[str, Any], int]] = attrs.field(factory=list)
     failed: bool = False
+
+
+@attrs.frozen
+class _ToolKind:
+    """What every call of one tool shares: the span name, the span and metric attributes."""
+
+    name: str
+    attributes: Mapping[str, Any]  # the span's, before the call's own
+    metric_attributes: Mapping[str, Any]
 
 
 @attrs.define(eq=False)
 class _Call:
     span: Span
     started: float
+    kind: _ToolKind
     name: str
     arguments: str
     error_type: str | None = None
+
+
+@attrs.define(eq=False)
+class _SpanScope:
+    """Makes ``span`` the current span while the tool handler runs (the API's ``use_span``, minus its generator)."""
+
+    span: Span
+    token: Any = None
+
+    def __enter__(self) -> None:
+        self.token = otel_context.attach(otel_trace.set_span_in_context(self.span))
+
+    def __exit__(self, *exc_info: object) -> None:
+        otel_context.detach(self.token)
 
 
 @attrs.define(eq=False)
@@ -209,6 +257,21 @@ class _AgentTrace:
     # (turn, start ns, end ns or None, span context) of recent turns: what a compaction or task links to.
     recent: collections.deque[list[Any]] = attrs.field(factory=lambda: collections.deque(maxlen=_RECENT_TURNS))
     last_ns: int = 0
+    turn_name: str = attrs.field(init=False)
+    turn_attributes: Mapping[str, Any] = attrs.field(init=False)  # every turn's, before its number
+
+    def __attrs_post_init__(self) -> None:
+        agent = self.agent
+        self.turn_name = f"invoke_agent {self.name}"
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.id": agent.id,
+            "gen_ai.agent.name": self.name,
+            "gen_ai.conversation.id": agent.session.id,
+        }
+        if agent.parent_id is not None:
+            attributes["trio_harness.agent.parent_id"] = agent.parent_id
+        self.turn_attributes = attributes
 
     # ------------------------------------------------------------ turns
 
@@ -234,18 +297,9 @@ class _AgentTrace:
     def _open_turn(self, parent: Context | None) -> Span:
         turn, start = self.pending_turn or (self.turn_number + 1, time.time_ns())
         self.pending_turn = None
-        agent = self.agent
-        attributes: dict[str, Any] = {
-            "gen_ai.operation.name": "invoke_agent",
-            "gen_ai.agent.id": agent.id,
-            "gen_ai.agent.name": self.name,
-            "gen_ai.conversation.id": agent.session.id,
-            "trio_harness.turn": turn,
-        }
-        if agent.parent_id is not None:
-            attributes["trio_harness.agent.parent_id"] = agent.parent_id
+        attributes = {**self.turn_attributes, "trio_harness.turn": turn}
         span = self.telemetry.tracer.start_span(
-            f"invoke_agent {self.name}",
+            self.turn_name,
             context=parent if parent is not None else otel_context.Context(),
             kind=otel_trace.SpanKind.INTERNAL,
             attributes=attributes,
@@ -293,7 +347,7 @@ class _AgentTrace:
         if event.cause is not None:
             attributes["trio_harness.turn.cancel_cause"] = event.cause
         if event.usage is not None:
-            attributes.update(_usage_attributes(event.usage))
+            _add_usage(attributes, event.usage)
             attributes["trio_harness.usage.requests"] = event.usage.requests
         if self.inputs:
             attributes["gen_ai.input.messages"] = _text_messages("user", self.inputs)
@@ -316,108 +370,92 @@ class _AgentTrace:
         if self.chat is not None:  # refused as too long, then compacted and asked again
             self._end_chat("context-overflow")
         parent = self._turn_parent()
-        attributes: dict[str, Any] = {
-            "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": event.provider,
-        }
-        if event.model:
-            attributes["gen_ai.request.model"] = event.model
-        metric_attributes = self.telemetry.metric_attributes(event.provider, event.model)
+        kind = self.telemetry.chat_kind(event.provider, event.model)
+        attributes = {**kind.attributes, "trio_harness.step": event.step}
         if event.max_tokens is not None:
             attributes["gen_ai.request.max_tokens"] = event.max_tokens
         settings = event.settings
         if settings is not None:
-            for field, key in (
-                ("temperature", "gen_ai.request.temperature"),
-                ("top_p", "gen_ai.request.top_p"),
-                ("seed", "gen_ai.request.seed"),
-            ):
+            for field, key in _SETTINGS:
                 value = getattr(settings, field, None)
                 if value is not None:
                     attributes[key] = value
-        attributes["trio_harness.step"] = event.step
-        span = self.telemetry.tracer.start_span(
-            f"chat {event.model}" if event.model else "chat",
-            context=parent,
-            kind=otel_trace.SpanKind.CLIENT,
-            attributes=attributes,
-        )
-        self.chat = _Chat(span, time.perf_counter(), metric_attributes)
+        self.chat = _Chat(kind, parent, attributes, time.time_ns(), time.perf_counter())
 
     def _on_retry(self, event: ev.RequestRetry) -> None:
         if self.chat is not None:
-            self.chat.span.add_event(
-                "gen_ai.request.retry",
-                {
-                    "trio_harness.retry.attempt": event.attempt,
-                    "trio_harness.retry.delay": event.delay,
-                    "error.type": event.failure.code,
-                    "trio_harness.retry.message": event.failure.message,
-                },
-            )
+            attributes = {
+                "trio_harness.retry.attempt": event.attempt,
+                "trio_harness.retry.delay": event.delay,
+                "error.type": event.failure.code,
+                "trio_harness.retry.message": event.failure.message,
+            }
+            self.chat.events.append(("gen_ai.request.retry", attributes, time.time_ns()))
 
     def _on_assistant(self, event: ev.AssistantMessage) -> None:
         chat = self.chat
         if chat is None:
             return
-        attributes: dict[str, Any] = {"gen_ai.response.finish_reasons": (event.finish,)}
+        attributes = chat.attributes
+        attributes["gen_ai.response.finish_reasons"] = (event.finish,)
         usage = event.usage
         if usage is not None:
-            attributes.update(_usage_attributes(usage))
-            self.telemetry.record_tokens(usage, chat.attributes)
+            _add_usage(attributes, usage)
+            token_usage = self.telemetry.token_usage
+            if token_usage is not None:
+                token_usage.record(usage.input_tokens, chat.kind.input_tokens)
+                token_usage.record(usage.output_tokens, chat.kind.output_tokens)
         if self.telemetry.capture_content:
             attributes["gen_ai.output.messages"] = _text_messages("assistant", [event.text])
-        chat.span.set_attributes(attributes)
         if event.finish == "error":  # the failure is the turn's: it names it at turn/end
             chat.failed = True
             return
         self._end_chat(None if event.finish != "aborted" else "cancelled")
 
     def _end_chat(self, error_type: str | None) -> None:
+        # The span is handed to the SDK whole, at its end (with its start time): one
+        # attribute set instead of one at the start and more at the end.  Nothing is
+        # ever its child (it is never current), so it need not exist before.
         chat = self.chat
         assert chat is not None
         self.chat = None
         if chat.failed and error_type is None:
             error_type = "error"
+        kind = chat.kind
         if error_type is not None:
-            chat.span.set_attribute("error.type", error_type)
-            chat.span.set_status(otel_trace.StatusCode.ERROR, error_type)
-        chat.span.end()
-        self.telemetry.record_duration(time.perf_counter() - chat.started, chat.attributes, error_type)
+            chat.attributes["error.type"] = error_type
+        span = self.telemetry.tracer.start_span(
+            kind.name,
+            context=chat.parent,
+            kind=otel_trace.SpanKind.CLIENT,
+            attributes=chat.attributes,
+            start_time=chat.start_ns,
+        )
+        for name, attributes, at in chat.events:
+            span.add_event(name, attributes, at)
+        if error_type is not None:
+            span.set_status(otel_trace.StatusCode.ERROR, error_type)
+        span.end()
+        duration = self.telemetry.duration
+        if duration is not None:
+            seconds = time.perf_counter() - chat.started
+            if error_type is None:
+                duration.record(seconds, kind.metric_attributes)
+            else:
+                duration.record(seconds, {**kind.metric_attributes, "error.type": error_type})
 
     # ------------------------------------------------------------ tool calls
 
     def _on_tool_call(self, event: ev.ToolCallRequested) -> None:
         parent = self._turn_parent()
-        attributes: dict[str, Any] = {
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": event.name,
-            "gen_ai.tool.call.id": event.call_id,
-            "trio_harness.step": event.step,
-        }
-        mcp = self.telemetry.mcp_tool(event.name)
-        if mcp is None:
-            attributes["gen_ai.tool.type"] = "function"
-        else:
-            server, server_tool, transport = mcp
-            attributes.update(
-                {
-                    "gen_ai.tool.type": "extension",
-                    "mcp.method.name": "tools/call",
-                    "trio_harness.mcp.server": server,
-                    "trio_harness.mcp.tool": server_tool,
-                    "network.transport": "pipe" if transport == "stdio" else "tcp",
-                }
-            )
+        kind = self.telemetry.tool_kind(event.name)
+        attributes = {**kind.attributes, "gen_ai.tool.call.id": event.call_id, "trio_harness.step": event.step}
         if self.telemetry.capture_content:
             attributes["gen_ai.tool.call.arguments"] = event.arguments
         span = self.telemetry.tracer.start_span(
-            f"execute_tool {event.name}",
-            context=parent,
-            kind=otel_trace.SpanKind.INTERNAL,
-            attributes=attributes,
+            kind.name, context=parent, kind=otel_trace.SpanKind.INTERNAL, attributes=attributes
         )
-        self.calls[event.call_id] = _Call(span, time.perf_counter(), event.name, event.arguments)
+        self.calls[event.call_id] = _Call(span, time.perf_counter(), kind, event.name, event.arguments)
 
     def _on_approval_asked(self, event: ev.ApprovalRequested) -> None:
         call = self.calls.get(event.call_id)
@@ -449,33 +487,39 @@ class _AgentTrace:
         call = self.calls.get(event.call_id)
         if call is None:
             return
-        span = call.span
+        attributes: dict[str, Any] = {}
         if call.name == "bash":
             exit_code = _bash_exit_code(event, call.arguments)
             if exit_code is not None:
-                span.set_attribute("trio_harness.bash.exit_code", exit_code)
+                attributes["trio_harness.bash.exit_code"] = exit_code
         if self.telemetry.capture_content:
-            span.set_attribute("gen_ai.tool.call.result", event.content)
+            attributes["gen_ai.tool.call.result"] = event.content
         error_type = None
         if event.is_error:
             error_type = call.error_type or (
                 "cancelled" if event.content.startswith("error: cancelled") else "tool-error"
             )
-        self._end_call(event.call_id, error_type)
+        self._end_call(event.call_id, error_type, attributes)
 
-    def _end_call(self, call_id: str, error_type: str | None) -> None:
+    def _end_call(self, call_id: str, error_type: str | None, attributes: dict[str, Any] | None = None) -> None:
         call = self.calls.pop(call_id)
+        span = call.span
         if error_type is not None:
-            call.span.set_attribute("error.type", error_type)
-            call.span.set_status(otel_trace.StatusCode.ERROR, error_type)
-        call.span.end()
-        self.telemetry.record_tool(time.perf_counter() - call.started, call.name, error_type)
+            attributes = {**attributes, "error.type": error_type} if attributes else {"error.type": error_type}
+        if attributes:
+            span.set_attributes(attributes)
+        if error_type is not None:
+            span.set_status(otel_trace.StatusCode.ERROR, error_type)
+        span.end()
+        tool_duration = self.telemetry.tool_duration
+        if tool_duration is not None:
+            seconds = time.perf_counter() - call.started
+            metric = call.kind.metric_attributes
+            tool_duration.record(seconds, metric if error_type is None else {**metric, "error.type": error_type})
 
     def tool_context(self, call_id: str) -> AbstractContextManager[object]:
         call = self.calls.get(call_id)
-        if call is None:
-            return nullcontext()
-        return otel_trace.use_span(call.span, end_on_exit=False, record_exception=False, set_status_on_exception=False)
+        return nullcontext() if call is None else _SpanScope(call.span)
 
     # ------------------------------------------------------------ maintenance
 
@@ -487,7 +531,7 @@ class _AgentTrace:
             "trio_harness.compaction.reason": event.reason,
         }
         if event.usage is not None:
-            attributes.update(_usage_attributes(event.usage))
+            _add_usage(attributes, event.usage)
         if isinstance(event, ev.ContextCompacted):
             attributes["trio_harness.compaction.tokens_before"] = event.tokens_before
             attributes["trio_harness.compaction.boundary"] = event.boundary
@@ -577,12 +621,12 @@ class Telemetry:
     capture_content: bool = False
     _traces: dict[str, _AgentTrace] = attrs.field(factory=dict, init=False)
     _removers: list[Callable[[], None]] = attrs.field(factory=list, init=False)
-    _token_usage: Any = attrs.field(default=None, init=False)
-    _duration: Any = attrs.field(default=None, init=False)
-    _tool_duration: Any = attrs.field(default=None, init=False)
-    _metric_attributes: dict[tuple[str, str], dict[str, Any]] = attrs.field(factory=dict, init=False)
-    _tool_attributes: dict[str, dict[str, Any]] = attrs.field(factory=dict, init=False)
-    _token_attributes: dict[int, tuple[dict[str, Any], dict[str, Any]]] = attrs.field(factory=dict, init=False)
+    # The histograms (None without a meter provider).
+    token_usage: Histogram | None = attrs.field(default=None, init=False)
+    duration: Histogram | None = attrs.field(default=None, init=False)
+    tool_duration: Histogram | None = attrs.field(default=None, init=False)
+    _chat_kinds: dict[tuple[str, str], _ChatKind] = attrs.field(factory=dict, init=False)
+    _tool_kinds: dict[str, _ToolKind] = attrs.field(factory=dict, init=False)
 
     def start(self) -> None:
         bus = self._bus
@@ -594,19 +638,19 @@ class Telemetry:
         ]
         meter = self.meter
         if meter is not None:
-            self._token_usage = meter.create_histogram(
+            self.token_usage = meter.create_histogram(
                 "gen_ai.client.token.usage",
                 unit="{token}",
                 description="Number of input and output tokens used.",
                 explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS,
             )
-            self._duration = meter.create_histogram(
+            self.duration = meter.create_histogram(
                 "gen_ai.client.operation.duration",
                 unit="s",
                 description="GenAI operation duration.",
                 explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
             )
-            self._tool_duration = meter.create_histogram(
+            self.tool_duration = meter.create_histogram(
                 "trio_harness.tool.duration",
                 unit="s",
                 description="Duration of a tool call, from the model's request to its result (approval included).",
@@ -696,43 +740,49 @@ class Telemetry:
 
     # ------------------------------------------------------------ metrics
 
-    def metric_attributes(self, provider: str, model: str) -> dict[str, Any]:
-        """The metric attributes of a request to ``model`` of ``provider`` (built once each)."""
+    def chat_kind(self, provider: str, model: str) -> _ChatKind:
+        """The span name and the span and metric attributes of a request to ``model`` of ``provider``."""
         key = (provider, model)
-        attributes = self._metric_attributes.get(key)
-        if attributes is None:
-            attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": provider}
+        kind = self._chat_kinds.get(key)
+        if kind is None:
+            metric: dict[str, Any] = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": provider}
             if model:
-                attributes["gen_ai.request.model"] = model
-            self._metric_attributes[key] = attributes
-            self._token_attributes[id(attributes)] = (
-                {**attributes, "gen_ai.token.type": "input"},
-                {**attributes, "gen_ai.token.type": "output"},
+                metric["gen_ai.request.model"] = model
+            kind = _ChatKind(
+                name=f"chat {model}" if model else "chat",
+                attributes=metric,
+                metric_attributes=metric,
+                input_tokens={**metric, "gen_ai.token.type": "input"},
+                output_tokens={**metric, "gen_ai.token.type": "output"},
             )
-        return attributes
+            if len(self._chat_kinds) < 1024:
+                self._chat_kinds[key] = kind
+        return kind
 
-    def record_tokens(self, usage: Usage, attributes: Mapping[str, Any]) -> None:
-        if self._token_usage is not None:
-            inputs, outputs = self._token_attributes[id(attributes)]
-            self._token_usage.record(usage.input_tokens, inputs)
-            self._token_usage.record(usage.output_tokens, outputs)
-
-    def record_duration(self, seconds: float, attributes: Mapping[str, Any], error_type: str | None) -> None:
-        if self._duration is not None:
-            if error_type is not None:
-                attributes = {**attributes, "error.type": error_type}
-            self._duration.record(seconds, attributes)
-
-    def record_tool(self, seconds: float, name: str, error_type: str | None) -> None:
-        if self._tool_duration is not None:
-            attributes = self._tool_attributes.get(name) if error_type is None else None
-            if attributes is None:
-                attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}
-                if error_type is not None:
-                    attributes["error.type"] = error_type
-                elif len(self._tool_attributes) < 1024:
-                    self._tool_attributes[name] = attributes
-            self._tool_duration.record(seconds, attributes)
+    def tool_kind(self, name: str) -> _ToolKind:
+        """The span name and the span and metric attributes of a call of the tool ``name``."""
+        mcp = self.mcp_tool(name)  # looked up each call: servers come and go
+        if mcp is None:
+            kind = self._tool_kinds.get(name)
+            if kind is not None:
+                return kind
+        metric = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}
+        attributes: dict[str, Any] = {**metric, "gen_ai.tool.type": "function"}
+        if mcp is not None:
+            server, server_tool, transport = mcp
+            attributes.update(
+                {
+                    "gen_ai.tool.type": "extension",
+                    "mcp.method.name": "tools/call",
+                    "trio_harness.mcp.server": server,
+                    "trio_harness.mcp.tool": server_tool,
+                    "network.transport": "pipe" if transport == "stdio" else "tcp",
+                }
+            )
+        kind = _ToolKind(name=f"execute_tool {name}", attributes=attributes, metric_attributes=metric)
+        if mcp is None and len(self._tool_kinds) < 1024:
+            self._tool_kinds[name] = kind
+        return kind
 
     def _observe_agents(self, options: Any) -> Iterator[Observation]:
         yield otel_metrics.Observation(len(self._agents))
