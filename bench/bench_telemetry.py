@@ -5,9 +5,11 @@ The run is bench/bench_agents.py's: prompt -> one tool call -> the tool result
 "constant-cost model" row).  Rows, in one run of this script:
 
 1. **Telemetry off** (the OpenTelemetry API installed, no SDK configured):
-   this tree against the tree named by ``--baseline`` (default: the main
-   checkout, ``/work/main``), each in child processes, alternated
-   ``--rounds`` times; the ratio of the medians (target < 1.03).
+   this tree against the tree named by ``--baseline`` or
+   ``TRIO_HARNESS_BENCH_BASELINE`` (default: the main checkout
+   ``/work/main`` when there is one; without a baseline the row says so), each
+   in child processes, alternated ``--rounds`` times; the ratio of the medians
+   (target < 1.03).
 2. **An SDK with a batch span processor** (its exporter discards the spans:
    the cost is the harness's and the SDK's, not a network's) and an SDK meter
    provider, against telemetry off, in interleaved batches of one process;
@@ -18,7 +20,8 @@ The run is bench/bench_agents.py's: prompt -> one tool call -> the tool result
    harness around it: 4 spans (a turn, two requests, a call) with the run's
    attributes and 7 histogram records, in a tight loop (CPU time per run).
 
-Run with ``python bench/bench_telemetry.py`` (rows as JSON lines).
+Run with ``python bench/bench_telemetry.py`` (rows as JSON lines), or as part of
+``nox -s bench`` (bench/run.py calls :func:`bench`; the bench group has the SDK).
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -174,30 +176,48 @@ def sdk_floor(runs: int = 5000) -> float:
     return floor
 
 
-def _child(code: Path) -> float:
+async def _child(code: Path) -> float:
     env = {**os.environ, "PYTHONPATH": str(code)}
-    out = subprocess.run(
-        [sys.executable, str(HERE / "bench_telemetry.py"), "--child"], env=env, capture_output=True, check=True
+    done = await trio.run_process(
+        [sys.executable, str(HERE / "bench_telemetry.py"), "--child"], env=env, capture_stdout=True, check=True
     )
-    return float(json.loads(out.stdout)["us"])
+    return float(json.loads(done.stdout)["us"])
 
 
-def bench(baseline: Path, rounds: int) -> list[dict[str, object]]:
-    ours: list[float] = []
-    theirs: list[float] = []
-    for _ in range(rounds):
-        theirs.append(_child(baseline))
-        ours.append(_child(ROOT))
-    off_ratio = statistics.median(ours) / statistics.median(theirs)
-    off, stub, on, ratios = trio.run(measure_sdk)
+def default_baseline() -> Path | None:
+    """``TRIO_HARNESS_BENCH_BASELINE``, else the main checkout ``/work/main`` when it exists."""
+    named = os.environ.get("TRIO_HARNESS_BENCH_BASELINE")
+    if named:
+        return Path(named)
+    main = Path("/work/main")
+    return main if (main / "trio_harness").is_dir() else None
+
+
+async def bench(baseline: Path | None = None, rounds: int = ROUNDS) -> list[dict[str, object]]:
+    """The rows (bench/run.py calls this with the defaults)."""
+    baseline = baseline if baseline is not None else default_baseline()
+    rows: list[dict[str, object]] = []
+    if baseline is None:
+        missing: dict[str, object] = {"figure": "  telemetry off / baseline", "value": "n/a: no baseline tree"}
+        rows.append(missing | {"unit": "x", "target": "report (--baseline or TRIO_HARNESS_BENCH_BASELINE names one)"})
+    else:
+        ours: list[float] = []
+        theirs: list[float] = []
+        for _ in range(rounds):
+            theirs.append(await _child(baseline))
+            ours.append(await _child(ROOT))
+        off_ratio = statistics.median(ours) / statistics.median(theirs)
+        rows += [
+            {"figure": f"tool run, telemetry off, baseline {baseline}", "value": round(statistics.median(theirs), 1)}
+            | {"unit": "us", "target": "report"},
+            {"figure": "tool run, telemetry off (API installed, no SDK)", "value": round(statistics.median(ours), 1)}
+            | {"unit": "us", "target": "report"},
+            {"figure": "  telemetry off / baseline", "value": round(off_ratio, 3), "unit": "x"}
+            | {"target": f"< {OFF_TARGET}", "met": off_ratio < OFF_TARGET},
+        ]
+    off, stub, on, ratios = await measure_sdk()
     sdk_ratio = statistics.median(ratios)
-    return [
-        {"figure": f"tool run, telemetry off, baseline {baseline}", "value": round(statistics.median(theirs), 1)}
-        | {"unit": "us", "target": "report"},
-        {"figure": "tool run, telemetry off (API installed, no SDK)", "value": round(statistics.median(ours), 1)}
-        | {"unit": "us", "target": "report"},
-        {"figure": "  telemetry off / baseline", "value": round(off_ratio, 3), "unit": "x"}
-        | {"target": f"< {OFF_TARGET}", "met": off_ratio < OFF_TARGET},
+    rows += [
         {"figure": "tool run, telemetry off (interleaved)", "value": round(off.median, 1), "unit": "us"}
         | {"target": "report", "cpu_us": round(off.median_cpu, 1)},
         {"figure": "tool run, stub providers (the harness's telemetry work alone)", "value": round(stub.median, 1)}
@@ -213,18 +233,19 @@ def bench(baseline: Path, rounds: int) -> list[dict[str, object]]:
         {"figure": "the SDK alone: 4 spans + 7 histogram records (CPU)", "value": round(sdk_floor(), 1), "unit": "us"}
         | {"target": "report"},
     ]
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="the cost of OpenTelemetry on the tool run")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--baseline", type=Path, default=Path("/work/main"), help="the tree to compare against")
+    parser.add_argument("--baseline", type=Path, default=None, help="the tree to compare against (default: see bench)")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="child processes per tree")
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps({"us": trio.run(measure_off)}))
         return
-    for row in bench(args.baseline, args.rounds):
+    for row in trio.run(bench, args.baseline, args.rounds):
         print(json.dumps(row))
 
 
