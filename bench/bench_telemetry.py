@@ -108,8 +108,8 @@ async def _agent_runs(harness: Any) -> Any:
     return handle
 
 
-async def measure_off(batch: int = BATCH, batches: int = BATCHES) -> float:
-    """Median per-run microseconds of the tool run, telemetry off (no providers configured)."""
+async def measure_off(batch: int = BATCH, batches: int = BATCHES) -> tuple[float, float]:
+    """Median per-run microseconds (wall, CPU) of the tool run, telemetry off (no providers configured)."""
     timing = Timing()
     gc.collect()
     async with open_harness(store=":memory:", builtin_tools=False) as harness:
@@ -117,7 +117,7 @@ async def measure_off(batch: int = BATCH, batches: int = BATCHES) -> float:
         for index in range(batches + 1):
             await _reused_batch(handle.agent, batch, timing if index else None)
         await handle.dispose()
-    return timing.median
+    return timing.median, timing.median_cpu
 
 
 async def measure_sdk(batch: int = BATCH, batches: int = BATCHES) -> tuple[Timing, Timing, Timing, list[float]]:
@@ -176,12 +176,13 @@ def sdk_floor(runs: int = 5000) -> float:
     return floor
 
 
-async def _child(code: Path) -> float:
+async def _child(code: Path) -> tuple[float, float]:
     env = {**os.environ, "PYTHONPATH": str(code)}
     done = await trio.run_process(
         [sys.executable, str(HERE / "bench_telemetry.py"), "--child"], env=env, capture_stdout=True, check=True
     )
-    return float(json.loads(done.stdout)["us"])
+    result = json.loads(done.stdout)
+    return float(result["us"]), float(result["cpu_us"])
 
 
 def default_baseline() -> Path | None:
@@ -201,19 +202,23 @@ async def bench(baseline: Path | None = None, rounds: int = ROUNDS) -> list[dict
         missing: dict[str, object] = {"figure": "  telemetry off / baseline", "value": "n/a: no baseline tree"}
         rows.append(missing | {"unit": "x", "target": "report (--baseline or TRIO_HARNESS_BENCH_BASELINE names one)"})
     else:
-        ours: list[float] = []
-        theirs: list[float] = []
+        ours: list[tuple[float, float]] = []
+        theirs: list[tuple[float, float]] = []
         for _ in range(rounds):
             theirs.append(await _child(baseline))
             ours.append(await _child(ROOT))
-        off_ratio = statistics.median(ours) / statistics.median(theirs)
+        our_us, their_us = statistics.median(us for us, _ in ours), statistics.median(us for us, _ in theirs)
+        off_ratio = our_us / their_us
+        cpu_ratio = statistics.median(cpu for _, cpu in ours) / statistics.median(cpu for _, cpu in theirs)
         rows += [
-            {"figure": f"tool run, telemetry off, baseline {baseline}", "value": round(statistics.median(theirs), 1)}
+            {"figure": f"tool run, telemetry off, baseline {baseline}", "value": round(their_us, 1)}
             | {"unit": "us", "target": "report"},
-            {"figure": "tool run, telemetry off (API installed, no SDK)", "value": round(statistics.median(ours), 1)}
+            {"figure": "tool run, telemetry off (API installed, no SDK)", "value": round(our_us, 1)}
             | {"unit": "us", "target": "report"},
             {"figure": "  telemetry off / baseline", "value": round(off_ratio, 3), "unit": "x"}
             | {"target": f"< {OFF_TARGET}", "met": off_ratio < OFF_TARGET},
+            {"figure": "  telemetry off / baseline, CPU time", "value": round(cpu_ratio, 3), "unit": "x"}
+            | {"target": "report"},
         ]
     off, stub, on, ratios = await measure_sdk()
     sdk_ratio = statistics.median(ratios)
@@ -243,7 +248,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="child processes per tree")
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps({"us": trio.run(measure_off)}))
+        wall, cpu = trio.run(measure_off)
+        print(json.dumps({"us": wall, "cpu_us": cpu}))
         return
     for row in trio.run(bench, args.baseline, args.rounds):
         print(json.dumps(row))
