@@ -176,7 +176,7 @@ async def test_under_a_sandbox_bash_stays_local_even_with_the_clients_terminal(t
 # ---------------------------------------------------------------- plans
 
 
-PLAN = [
+PLAN: list[dict[str, Any]] = [
     {"content": "Read the code", "status": "completed", "priority": "high"},
     {"content": "Write the fix", "status": "in_progress", "priority": "medium"},
     {"content": "Run the tests", "status": "pending", "priority": "low"},

@@ -504,6 +504,7 @@ async def _serve_acp(
     missing_key: str | None = None,
 ) -> int:
     from ._harness import open_harness
+    from ._telemetry import otlp_from_env
     from .acp._server import serve_stdio
     from .agents._approval import allow_all
 
@@ -540,6 +541,7 @@ async def _serve_acp(
                 mcp_servers=servers,
                 model_settings=_model_settings(args),
                 durability=args.durability,
+                **otlp_from_env(),  # OTEL_EXPORTER_OTLP_ENDPOINT: traces and metrics (docs/tracing.rst)
             ) as harness,
             trio.open_nursery() as nursery,
         ):
@@ -609,6 +611,7 @@ async def _run_prompt(
     from ._cli_approval import TerminalApprover
     from ._cli_progress import Printer, Style, use_colour
     from ._harness import open_harness
+    from ._telemetry import otlp_from_env
     from .agents._approval import allow_all
     from .model._images import refuse_images
     from .tools._mcp import MCP_NOTICES, mcp_notice_line, mcp_skipped_line
@@ -645,6 +648,7 @@ async def _run_prompt(
             mcp_servers=servers,
             model_settings=_model_settings(args),
             durability=args.durability,
+            **otlp_from_env(),  # OTEL_EXPORTER_OTLP_ENDPOINT: traces and metrics (docs/tracing.rst)
         ) as harness:
             entered = True
             if not args.quiet:  # MCP servers: a tool left out, a restart: one line each

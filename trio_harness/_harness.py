@@ -31,7 +31,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 
@@ -39,6 +39,7 @@ from ._bus import EventBus
 from ._construct import NoPublicConstructor
 from ._errors import SessionStoreError
 from ._scope import DEFAULT_TEARDOWN_TIMEOUT, LoadedPlugin, Plugin, Scope, open_scope
+from ._telemetry import open_telemetry
 from .agents._approval import Approver
 from .agents._durability import Durability, check_durability
 from .agents._factory import ReactLoopFactory
@@ -60,6 +61,10 @@ from .tools._mcp_config import McpServerConfig, with_env_policy
 from .tools._plan import PlanToolPlugin
 from .tools._subagent import SubagentOptions, SubagentToolPlugin
 from .tools._tasks import TaskToolOptions, TaskToolsPlugin
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
 
 _O = TypeVar(
     "_O", BashRuntimeOptions, TaskRuntimeOptions, TaskToolOptions, SubagentOptions, BashToolOptions, FileToolOptions
@@ -207,6 +212,8 @@ async def open_harness(
     builtin_loop: bool = True,
     durability: Durability = "step",
     file_tool_options: FileToolOptions | None = None,
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
 ) -> AsyncIterator[Harness]:
     """Open a harness; every service stops (in reverse order) when the block exits.
 
@@ -276,6 +283,11 @@ async def open_harness(
             (:class:`~trio_harness.tools.FileToolOptions`): whether writes
             require approval (they do by default, like ``bash``), and the
             byte limits (docs/tools.rst, "File tools").
+        tracer_provider: where the OpenTelemetry spans go (:doc:`/tracing`);
+            None takes the global provider.  Without the OpenTelemetry API
+            (the ``otel`` extra) or with no SDK configured, nothing is traced
+            and nothing is added to the agents' work.
+        meter_provider: where the OpenTelemetry metrics go; None takes the global provider.
 
     Raises:
         TypeError: a settings argument is not its record.
@@ -347,6 +359,7 @@ async def open_harness(
         mcp_scope = await root.open_child("mcp") if servers else None
         agents_scope = await root.open_child("agents")
         agents = AgentRegistry(sessions=sessions, bus=bus)
+        mcp_connections: list[McpConnection] = []
         if builtin_loop:
             factory = ReactLoopFactory(
                 bus=bus,
@@ -358,6 +371,16 @@ async def open_harness(
                 durability=durability,
             )
             agents.register_factory(factory, agents_scope)
+        telemetry = open_telemetry(
+            bus=bus,
+            agents=agents,
+            tasks=tasks,
+            mcp_connections=mcp_connections,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+        )
+        if telemetry is not None:  # stops once every agent is disposed (their turns are ended)
+            sessions_scope.add_exit_callback(telemetry.close)
         harness = Harness._create(
             scope=root,
             bus=bus,
@@ -368,6 +391,7 @@ async def open_harness(
             tools=tools,
             model=provider,
             plugins_scope=plugins_scope,
+            _mcp_connections=mcp_connections,
         )
 
         if "tasks" in wanted:

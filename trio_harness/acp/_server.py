@@ -68,6 +68,7 @@ from .._errors import (
     SessionStoreError,
 )
 from .._records import Failure
+from .._telemetry import continue_trace
 from ..agents._options import AgentOptions
 from ..agents._turns import TurnOutcome
 from ..model._protocol import ModelProvider
@@ -747,7 +748,8 @@ class AcpServer(SessionFeatures):
 
         prompt = record.prompt = _Prompt(request_id=request.id)
         try:
-            prompt.followed = agent.follow(text, on_event=on_event, on_done=on_done)
+            with continue_trace(params.meta):  # a W3C traceparent in _meta: the turn continues that trace
+                prompt.followed = agent.follow(text, on_event=on_event, on_done=on_done)
         except Exception as exc:  # e.g. the agent is being disposed, or its model takes no images (ModelError)
             record.prompt = None
             code = rpc.INVALID_PARAMS if isinstance(exc, ModelError) else rpc.INTERNAL_ERROR
