@@ -4,12 +4,11 @@
 exports with the standard ``OTEL_EXPORTER_OTLP_ENDPOINT``; Phoenix (``phoenix
 serve``, from PyPI's ``arize-phoenix``) stores the spans, and its REST API
 gives them back with their parents.  Phoenix is heavy (~850 MB) and not a
-dependency of the project: ``.ci/phoenix`` builds it once into a virtual
-environment of its own, ``${XDG_CACHE_HOME:-~/.cache}/trio-harness/phoenix``
-(about 5 minutes from PyPI), which is where this test looks unless
-``TRIO_HARNESS_PHOENIX`` names another ``phoenix`` command.  ``.ci/run`` runs
-it before the suite, so in CI the test always runs; elsewhere it skips, saying
-how to enable it, unless ``CI`` is set: then a missing Phoenix fails it.
+dependency of the project: ``nox -s tests`` (what CI runs) installs it in a
+venv of its own (``_side_venv`` in noxfile.py; about 5 minutes from PyPI the
+first time) and names its ``phoenix`` command in ``TRIO_HARNESS_PHOENIX``;
+under plain pytest without the variable the test is skipped, saying how to
+enable it, and with ``CI`` set it fails instead (tests/_receivers.py).
 """
 
 from __future__ import annotations
@@ -20,35 +19,18 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from _receivers import receiver
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def phoenix_command(environ: Mapping[str, str]) -> Path:
-    """Where the ``phoenix`` command is: ``TRIO_HARNESS_PHOENIX``, or the venv ``.ci/phoenix`` builds."""
-    named = environ.get("TRIO_HARNESS_PHOENIX")
-    if named:
-        return Path(named)
-    cache = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "trio-harness" / "phoenix" / "bin" / "phoenix"
-
-
-PHOENIX = phoenix_command(os.environ)
-MISSING = (
-    f"Phoenix is not installed at {PHOENIX}: run .ci/phoenix (builds it once, about 5 minutes) "
-    "or set TRIO_HARNESS_PHOENIX to a phoenix command; with CI set this test fails instead"
-)
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not PHOENIX.exists() and not os.environ.get("CI"), reason=MISSING),
-]
+pytestmark = pytest.mark.slow
 
 
 def free_port() -> int:
@@ -60,8 +42,7 @@ def free_port() -> int:
 
 @pytest.fixture
 def phoenix(tmp_path: Path) -> Iterator[str]:
-    if not PHOENIX.exists():  # only with CI set (the test skips otherwise): .ci/run builds it
-        pytest.fail(MISSING)
+    command = receiver("TRIO_HARNESS_PHOENIX", "the phoenix command of an `arize-phoenix` installation")
     port, grpc = free_port(), free_port()
     env = {
         **os.environ,
@@ -71,7 +52,7 @@ def phoenix(tmp_path: Path) -> Iterator[str]:
         "PHOENIX_GRPC_PORT": str(grpc),
     }
     log = (tmp_path / "phoenix.log").open("wb")
-    process = subprocess.Popen([str(PHOENIX), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen([command, "serve"], env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 240  # it migrates its database first
