@@ -25,6 +25,7 @@ def _install(session: nox.Session, *groups: str, extras: str = "") -> None:
 
 
 LITELLM = ("litellm[proxy]==1.108.7",)
+PHOENIX = ("arize-phoenix==20.26.1",)  # the OTLP receiver of tests/test_telemetry_phoenix.py
 """LiteLLM's proxy, a real server for the provider tests (tests/test_anthropic_litellm.py)."""
 
 
@@ -63,7 +64,11 @@ def tests(session: nox.Session) -> None:
     """
     _install(session, "tests", extras="cost")  # the cost extra: tests/test_cost.py prices real usage
     litellm = _side_venv(session, "litellm", LITELLM)
-    env = {"TRIO_HARNESS_LITELLM": str(litellm / "bin" / "litellm")}
+    phoenix = _side_venv(session, "phoenix", PHOENIX)
+    env = {
+        "TRIO_HARNESS_LITELLM": str(litellm / "bin" / "litellm"),
+        "TRIO_HARNESS_PHOENIX": str(phoenix / "bin" / "phoenix"),
+    }
     session.run("pytest", "--run-slow", *session.posargs, env=env)
 
 

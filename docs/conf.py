@@ -68,7 +68,8 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(typing|collections|contextlib|contextvars|datetime|decimal|os|pathlib|random|tempfile)\..*"),
     (r"py:mod", r"fnmatch"),
     (r"py:class", r"AbstractAsyncContextManager|Decimal|CallToolResult"),
-    (r"py:.*", r"(trio|httpx|mcp)\..*"),
+    (r"py:.*", r"(trio|httpx|mcp|opentelemetry)\..*"),
+    (r"py:class", r"TracerProvider|MeterProvider"),  # OpenTelemetry's (open_harness's providers)
     # Type parameters in signatures (``T``, ``~P``, ``trio_harness.agents._run.T``) are not objects.
     (r"py:class", r"(.*\.)?~?[A-Z]"),
     # Private types that signatures of runtime-built objects name (not part of the public surface).

@@ -45,8 +45,8 @@ __all__ = [
 
 Msg = dict[str, Any]
 
-INFO_KINDS = frozenset({"session_info_update", "usage_update"})
-"""The updates about the session (title, activity, usage) rather than its conversation."""
+INFO_KINDS = frozenset({"session_info_update", "usage_update", "available_commands_update", "config_option_update"})
+"""The updates about the session (title, activity, usage, commands, config) rather than its conversation."""
 
 
 def conversation(updates: list[Msg]) -> list[Msg]:
@@ -233,8 +233,7 @@ async def open_server(
         "-m",
         "trio_harness",
         "acp",
-        "--model",
-        f"scripted:{script}",
+        *([] if "--model" in extra else ["--model", f"scripted:{script}"]),  # extra's models replace it
         "--store",
         str(store),
         "--tools",

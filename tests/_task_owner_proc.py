@@ -4,7 +4,7 @@ Usage::
 
     python _task_owner_proc.py ROOT SESSION_ID PIDFILE
 
-Opens a harness on a JSONL store at ``ROOT`` and runs one turn of the agent
+Opens a harness on the store ``ROOT`` (a JSONL root or a ``postgresql://`` URL) and runs one turn of the agent
 ``SESSION_ID`` (a scripted model): it starts two background tasks, ``bash-1``
 (``sleep 1000``, which writes its shell's pid to ``PIDFILE`` first) and
 ``bash-2`` (``true``), waits for ``bash-2`` with ``task_output``, and answers.

@@ -516,7 +516,8 @@ async def test_meta_and_fields_of_newer_clients_are_accepted_on_every_method(tmp
         listed = await client.call("session/list", {"cwd": str(tmp_path), "_meta": meta})
         assert [s["sessionId"] for s in listed["sessions"]] == [session_id]
         load = {"sessionId": session_id, "cwd": str(tmp_path), "mcpServers": [], "_meta": meta}
-        assert await client.call("session/load", load) == {"modes": mode_state("ask")}
+        loaded = await client.call("session/load", load)
+        assert loaded["modes"] == mode_state("ask") and set(loaded) == {"modes", "configOptions"}
 
 
 async def test_bad_params_are_invalid_params_for_requests_and_ignored_in_notifications(tmp_path: Path) -> None:
@@ -568,7 +569,10 @@ async def test_sandbox_is_advertised_in_session_new_and_load_and_confines_bash(t
 
     async with open_server(tmp_path, [], store=store, name="load", extra=("--sandbox",)) as client:
         loaded = await client.call("session/load", {"sessionId": session_id, "cwd": str(work), "mcpServers": []})
-        assert loaded == {"_meta": advertised, "modes": mode_state("ask")}
+        assert {k: v for k, v in loaded.items() if k != "configOptions"} == {
+            "_meta": advertised,
+            "modes": mode_state("ask"),
+        }
     async with open_server(tmp_path, [], store=store, name="plain") as client:
         assert "_meta" not in await client.call("session/new", {"cwd": str(work), "mcpServers": []})
 

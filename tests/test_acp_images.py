@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _acp_clients import Msg, open_server, run_python_client
+from _acp_clients import Msg, conversation, open_server, run_python_client
 from test_images import GIF, PNG
 
 from trio_harness.session import JsonlStore
@@ -23,7 +23,7 @@ def prompt_of(session_id: str, blocks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def text_only_model(tmp_path: Path, responses: list[Msg]) -> tuple[str, ...]:
-    """``--model`` of a scripted model that takes no images (a later --model wins over open_server's)."""
+    """``--model`` of a scripted model that takes no images (open_server then gives no --model of its own)."""
     path = tmp_path / "text-only.json"
     path.write_text(json.dumps({"responses": responses, "supports_images": False}))
     return ("--model", f"scripted:{path}")
@@ -89,7 +89,7 @@ async def test_bad_image_blocks_are_invalid_params_naming_the_block(tmp_path: Pa
             error = await client.error(request)
             assert error["code"] == -32602, error
             assert message in error["message"], error
-        assert client.updates(session_id) == []  # nothing ran
+        assert conversation(client.updates(session_id)) == []  # nothing ran
 
 
 async def test_an_image_prompt_to_a_model_that_takes_none_is_refused_naming_it(tmp_path: Path) -> None:

@@ -465,8 +465,9 @@ async def test_a_client_that_does_not_read_its_answers_stops_being_read() -> Non
 async def test_a_turn_streams_past_the_outbox_limit_without_deadlock(reads_along: bool) -> None:
     calls = [{"name": "no_such_tool", "arguments": {}} for _ in range(30)]
     model = scripted([{"tool_calls": calls}, {"text": "all done", "reasoning": "thinking it over"}])
-    # The updates, the title, the last activity, the prompt's answer, the later request's answer.
-    expected = 60 + 6 + 2 + 2
+    # The commands (after session/new), the updates, the title, the last activity, the prompt's
+    # answer, the later request's answer.
+    expected = 1 + 60 + 6 + 2 + 2
     async with open_test_harness(model) as harness:
         client, server_end = socket_streams()
         server = AcpServer(harness, outbox_limit=1)

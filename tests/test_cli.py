@@ -604,3 +604,22 @@ async def test_sessions_show_accepts_a_unique_prefix_and_lists_an_ambiguous_one(
     assert ambiguous.returncode == 2
     err = ambiguous.stderr.decode()
     assert err.count("\n") == 1 and "aa11" in err and "aa22" in err and "ambiguous" in err
+
+
+async def test_run_shows_the_plan_whole_even_when_quiet(tmp_path: Path) -> None:
+    todos = [
+        {"content": "Read the code", "status": "completed", "priority": "high"},
+        {"content": "Fix it", "status": "in_progress", "priority": "medium"},
+    ]
+    model = script(tmp_path, [{"tool_calls": [{"name": "todo_write", "arguments": {"todos": todos}}]}, {"text": "ok"}])
+    store = str(tmp_path / "store")
+    result = await cli("run", "plan it", "--model", model, "--store", store, "--quiet", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.decode().splitlines() == ["[plan]", "  [x] Read the code (high)", "  [~] Fix it"]
+
+
+async def test_only_acp_takes_several_models(tmp_path: Path) -> None:
+    model = script(tmp_path, [{"text": "ok"}])
+    result = await cli("run", "hi", "--model", model, "--model", model, cwd=tmp_path)
+    assert result.returncode == 2
+    assert b"run takes one --model (only acp offers several)" in result.stderr

@@ -34,6 +34,7 @@ from trio_harness.session._events import (
     AssistantMessage,
     CancelCause,
     CompactionFailed,
+    ConfigChanged,
     ContextCompacted,
     Event,
     ImagePart,
@@ -185,6 +186,7 @@ EVENT_FIELDS: dict[type[Event], dict[str, st.SearchStrategy[Any]]] = {
         "turn": st.none() | ints,
         "usage": st.none() | totals,
     },
+    ConfigChanged: {**_BASE, "option": texts, "value": texts},
     ContextCompacted: {
         **_BASE,
         "boundary": ints,

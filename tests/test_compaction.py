@@ -722,7 +722,7 @@ async def test_a_large_system_prompt_and_tools_do_not_make_every_step_compact() 
     # kept verbatim must leave room below the threshold, or each request would pass it again right after
     # compacting.
     model = ScriptedModel([{"text": f"Answer {n}: " + "a" * 180} for n in range(30)], summary="short summary")
-    async with open_test_harness(model, builtin_tools=True) as h:
+    async with open_test_harness(model, builtin_tools=["tasks", "bash", "subagent", "files"]) as h:
         async with h.agents.open(options=AgentOptions(context=ContextPolicy(window=3_000))) as agent:
             assert isinstance(agent, ReactAgent)
             await run_turns(agent, 1, 30)

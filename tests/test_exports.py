@@ -552,6 +552,7 @@ PUBLIC_API: dict[str, frozenset[str]] = {
     ),
     "trio_harness.tools": frozenset(
         {
+            "BashRunner",
             "BashToolOptions",
             "BashToolPlugin",
             "FileChange",
@@ -567,6 +568,10 @@ PUBLIC_API: dict[str, frozenset[str]] = {
             "McpStdioServer",
             "NoticeTarget",
             "parse_mcp_config",
+            "current_plan",
+            "plan_of",
+            "PlanEntry",
+            "PlanToolPlugin",
             "SubagentOptions",
             "SubagentToolPlugin",
             "task_tools",
@@ -602,6 +607,7 @@ PUBLIC_API: dict[str, frozenset[str]] = {
             "AssistantChunk",
             "AssistantMessage",
             "CompactionFailed",
+            "ConfigChanged",
             "ContextCompacted",
             "Event",
             "EVENT_TYPES",

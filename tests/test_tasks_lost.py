@@ -1,11 +1,12 @@
 """Background tasks that died with their process are reported as lost on resume
-(docs/tasks.rst, "After a restart"; issue 24 item 5)."""
+(docs/tasks.rst, "After a restart"; issue 24 item 5), on JSONL and on PostgreSQL."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 import trio
 import trio.testing
 from _fakes import FakeOwner, FakeProducer, make_owner
+from _postgres import Cluster, postgres_cluster
 from _util import UNASKED_BASH, WAIT, group_alive, read_line, wait_until
 
 from trio_harness import AgentOptions, ScriptedModel, SubagentOptions
@@ -26,6 +28,8 @@ from trio_harness.tasks._render import LOST_ERROR, parse_notice, render_notice
 from trio_harness.testing import assert_balanced, open_test_harness
 from trio_harness.tools._lost_tasks import scan_tasks
 from trio_harness.tools._resume_tasks import INTERRUPTED_NOTE
+
+__all__ = ["postgres_cluster"]  # the fixture, imported for pytest
 
 LOST_WORDS = "The process that ran it stopped before the task reported"
 
@@ -41,11 +45,15 @@ def notices(agent: Agent) -> list[str]:
     ]
 
 
+def lost_notices(agent: Agent) -> list[str]:
+    return [text for text in notices(agent) if LOST_WORDS in text]
+
+
 def results(agent: Agent) -> dict[str, str]:
     return {e.call_id: e.content for e in agent.session.events if isinstance(e, ev.ToolResult)}
 
 
-async def kill_owner_process(root: Path, pidfile: Path) -> int:
+async def kill_owner_process(root: Path | str, pidfile: Path) -> int:
     """Run ``_task_owner_proc.py`` until its turn ended, SIGKILL it; return its task's process group."""
     script = Path(__file__).with_name("_task_owner_proc.py")
     process = await trio.lowlevel.open_process(
@@ -72,8 +80,19 @@ async def kill_owner_process(root: Path, pidfile: Path) -> int:
     return group
 
 
-async def test_a_task_of_a_killed_process_is_reported_lost_once(tmp_path: Path) -> None:
-    root, pidfile = tmp_path / "root", tmp_path / "pid"
+@pytest.fixture(params=["jsonl", "postgres"])
+def owner_store(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """Where the owner process stores its session: a JSONL root, or a fresh PostgreSQL database."""
+    if request.param == "jsonl":
+        return tmp_path / "root"
+    cluster: Cluster = request.getfixturevalue("postgres_cluster")
+    database = f"lost_{uuid.uuid4().hex[:12]}"
+    cluster.psql(f"CREATE DATABASE {database}")
+    return cluster.dsn(database)
+
+
+async def test_a_task_of_a_killed_process_is_reported_lost_once(tmp_path: Path, owner_store: Path | str) -> None:
+    root, pidfile = owner_store, tmp_path / "pid"
     await kill_owner_process(root, pidfile)
 
     # A new process resumes the session: bash-1 (never reported) is lost,
@@ -93,6 +112,8 @@ async def test_a_task_of_a_killed_process_is_reported_lost_once(tmp_path: Path) 
     async with open_test_harness(model, store=root, builtin_tools=True, bash_tool_options=UNASKED_BASH) as h:
         handle = await h.agents.resume("s")
         agent = handle.agent
+        reported_before = len(notices(agent)) - len(lost_notices(agent))  # bash-2's, by the first process: 0 or 1
+        assert reported_before in (0, 1)
         (pending,) = agent.inbox.next_step  # injected: resuming does not start a turn
         assert pending.origin == "task-notice" and agent.status == "idle"
         assert pending.text == (
@@ -110,19 +131,21 @@ async def test_a_task_of_a_killed_process_is_reported_lost_once(tmp_path: Path) 
         agent.followup("what about the server?")
         await agent.when_idle()
         claimed = [e for e in agent.session.events if isinstance(e, ev.UserMessage) and e.origin == "task-notice"]
-        assert [e.text for e in claimed] == [pending.text]
+        # bash-2's completion notice may have reached the first process's inbox before its task_output
+        # did (checkpoints make that window wider on PostgreSQL): it is never reported by this one.
+        assert [e.text for e in claimed if "bash-2" not in e.text] == [pending.text]
         output, listing, kill = list(results(agent).values())[-3:]
         assert output == f"error: {LOST_ERROR}\n[status: lost]"
         assert listing == f"bash-1 [bash] lost — echo $$ > {pidfile}; sleep 1000"
         assert kill.endswith("[status: lost]") and "had already ended" in kill
-        assert len(notices(agent)) == 1
+        assert len(lost_notices(agent)) == 1 and len(notices(agent)) - len(lost_notices(agent)) == reported_before
         await handle.dispose()
 
     # Resuming again: the notice is in the log, so it is not repeated; the id still answers.
     async with open_test_harness(store=root, builtin_tools=True, bash_tool_options=UNASKED_BASH) as h:
         async with h.agents.open(session_id="s", resume=True) as agent:
             assert list(agent.inbox.next_step) == []
-            assert len(notices(agent)) == 1
+            assert len(lost_notices(agent)) == 1 and len(notices(agent)) - 1 == reported_before
             assert h.tasks.get("bash-1", caller=agent).status == "lost"
             assert_balanced(agent.session.events)
 

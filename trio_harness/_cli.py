@@ -97,7 +97,7 @@ DEFAULT_MODEL: Final = "deepseek:deepseek-chat"
 """The model spec used when neither ``--model`` nor ``$TRIO_HARNESS_MODEL`` is given."""
 
 
-_TOOL_NAMES: Final = ("tasks", "bash", "subagent", "files")
+_TOOL_NAMES: Final = ("tasks", "bash", "subagent", "files", "plan")
 
 
 def default_store() -> Path:
@@ -164,19 +164,22 @@ def build_parser() -> argparse.ArgumentParser:
     tools.add_argument(
         "--model",
         metavar="SPEC",
-        default=os.environ.get("TRIO_HARNESS_MODEL") or DEFAULT_MODEL,
-        help="the model: deepseek:MODEL (DeepSeek, needs $DEEPSEEK_API_KEY), openai:MODEL (OpenAI, "
+        action="append",
+        default=None,
+        help="the model (acp: repeat it to offer several, the first the default; a session switches with its "
+        "model config option): deepseek:MODEL (DeepSeek, needs $DEEPSEEK_API_KEY), openai:MODEL (OpenAI, "
         "needs $OPENAI_API_KEY), openai:MODEL@BASE_URL (any OpenAI-compatible server), "
+        "openai-responses:MODEL[@BASE_URL] (the Responses API), "
         "anthropic:MODEL (Anthropic, needs $ANTHROPIC_API_KEY), anthropic:MODEL@BASE_URL, scripted:PATH "
         "(answers from a JSON script file, offline) or replay:SESSION_LOG (answers recorded in a "
-        "session log, offline) (default: $TRIO_HARNESS_MODEL or %(default)s)",
+        f"session log, offline) (default: $TRIO_HARNESS_MODEL or {DEFAULT_MODEL})",
     )
     tools.add_argument(
         "--tools",
         metavar="LIST",
         type=_tools_arg,
         default=True,
-        help="built-in tools to offer: all (default), none, or a comma list of tasks,bash,subagent,files",
+        help="built-in tools to offer: all (default), none, or a comma list of tasks,bash,subagent,files,plan",
     )
     tools.add_argument(
         "--sandbox",
@@ -341,6 +344,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if hasattr(args, "model"):  # repeatable: args.models all of them, args.model the first (the default)
+        args.models = args.model or [os.environ.get("TRIO_HARNESS_MODEL") or DEFAULT_MODEL]
+        args.model = args.models[0]
+        if args.command != "acp" and len(args.models) > 1:
+            parser.error(f"{args.command} takes one --model (only acp offers several)")
     if args.store is None:
         args.store = default_store()
     handler: Callable[[argparse.Namespace], int] = args.handler
@@ -374,6 +382,24 @@ async def _with_model(spec: str, main: Callable[[ModelProvider], Awaitable[int]]
             _error(str(exc))
             return EXIT_USAGE
         return await main(provider)
+
+
+async def _with_models(
+    specs: Sequence[str], main: Callable[[list[ModelProvider]], Awaitable[int]], *, require_key: bool = True
+) -> int:
+    """Run ``main`` with the providers ``specs`` name (only the first needs its key), closed after it."""
+    from .model._spec import open_model
+
+    async with contextlib.AsyncExitStack() as stack:
+        providers: list[ModelProvider] = []
+        for index, spec in enumerate(specs):
+            try:
+                model = open_model(spec, require_key=require_key if index == 0 else True)
+                providers.append(await stack.enter_async_context(model))
+            except ModelError as exc:
+                _error(str(exc))
+                return EXIT_USAGE
+        return await main(providers)
 
 
 def _bash_options(args: argparse.Namespace) -> BashRuntimeOptions:
@@ -466,22 +492,26 @@ def _cmd_acp(args: argparse.Namespace) -> int:
     sys.stdout = sys.stderr  # stray prints must never reach the protocol stream
     try:
         serve = functools.partial(_serve_acp, args, servers=servers, missing_key=missing)
-        return trio.run(functools.partial(_with_model, args.model, serve, require_key=missing is None))
+        return trio.run(functools.partial(_with_models, args.models, serve, require_key=missing is None))
     finally:
         sys.stdout = saved
 
 
 async def _serve_acp(
     args: argparse.Namespace,
-    provider: ModelProvider,
+    providers: list[ModelProvider],
     servers: Sequence[McpServerConfig] = (),
     missing_key: str | None = None,
 ) -> int:
     from ._harness import open_harness
+    from ._telemetry import otlp_from_env
     from .acp._server import serve_stdio
     from .agents._approval import allow_all
 
+    provider = providers[0]
     options: dict[str, Any] = {"ask_permission": not args.yes}
+    if len(providers) > 1:  # the model config option (docs/acp.rst, "Config options")
+        options["models"] = providers
     if missing_key is not None:
         from .acp._auth import EnvKeyAuth
         from .model._anthropic import AnthropicProvider
@@ -511,6 +541,7 @@ async def _serve_acp(
                 mcp_servers=servers,
                 model_settings=_model_settings(args),
                 durability=args.durability,
+                **otlp_from_env(),  # OTEL_EXPORTER_OTLP_ENDPOINT: traces and metrics (docs/tracing.rst)
             ) as harness,
             trio.open_nursery() as nursery,
         ):
@@ -580,6 +611,7 @@ async def _run_prompt(
     from ._cli_approval import TerminalApprover
     from ._cli_progress import Printer, Style, use_colour
     from ._harness import open_harness
+    from ._telemetry import otlp_from_env
     from .agents._approval import allow_all
     from .model._images import refuse_images
     from .tools._mcp import MCP_NOTICES, mcp_notice_line, mcp_skipped_line
@@ -616,6 +648,7 @@ async def _run_prompt(
             mcp_servers=servers,
             model_settings=_model_settings(args),
             durability=args.durability,
+            **otlp_from_env(),  # OTEL_EXPORTER_OTLP_ENDPOINT: traces and metrics (docs/tracing.rst)
         ) as harness:
             entered = True
             if not args.quiet:  # MCP servers: a tool left out, a restart: one line each

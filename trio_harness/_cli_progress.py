@@ -267,7 +267,13 @@ class Printer:
             if event.outcome.startswith("allow"):
                 self.set_status(f"running tool {event.name}")
         elif isinstance(event, ev.ToolResult):
-            if not self.quiet:
+            if event.name == "todo_write" and not event.is_error:
+                # The plan, whole, even with --quiet: the todo_write result after its first line.
+                self.break_line()
+                for line in ["[plan]", *(f"  {line}" for line in event.content.split("\n")[1:])]:
+                    print(self.style.tool(self.show(line)), file=self.err)
+                self.err.flush()
+            elif not self.quiet:
                 label = "[tool error]" if event.is_error else "[tool result]"
                 self.break_line()
                 for line in result_lines(label, self.show(event.content)):

@@ -152,6 +152,9 @@ def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 5
     if header.parent_session is not None:
         lines.append(f"forked from {header.parent_session} (first {header.seed_length} events)")
     lines.append(f"{len(events)} events")
+    # Calls whose handler started (tool/started) and that have no result yet, by call id.
+    running: dict[str, ev.ToolStarted] = {}
+    arguments: dict[str, str] = {}
     for event in events:
         if isinstance(event, ev.TurnStart):
             lines += ["", f"=== turn {event.turn} ==="]
@@ -169,8 +172,12 @@ def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 5
             if event.text:
                 lines.append(f"assistant: {_indent(event.text)}")
         elif isinstance(event, ev.ToolCallRequested):
+            arguments[event.call_id] = event.arguments
             lines.append(f"  [tool] {event.name} {_shorten(_compact_arguments(event.arguments), width)}")
+        elif isinstance(event, ev.ToolStarted):
+            running[event.call_id] = event
         elif isinstance(event, ev.ToolResult):
+            running.pop(event.call_id, None)
             label = "[tool error]" if event.is_error else "[tool result]"
             lines += _result_lines(label, event.content, width)
         elif isinstance(event, ev.ApprovalDecided):
@@ -204,6 +211,12 @@ def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 5
             lines.append(f"--- turn {event.turn} ended: {reason} ---")
     for call in paused_calls(events):  # docs/approval.rst, "Paused approvals"
         lines.append(f"[waiting for approval] {call.name} {_shorten(_compact_arguments(call.arguments), width)}")
+    for started in running.values():  # docs/guarantees.rst, "Durable steps"
+        shown = _shorten(_compact_arguments(arguments.get(started.call_id, "")), width)
+        lines.append(
+            f"[started, no result] {started.name} {shown} (call {started.call_id}): still running, or interrupted "
+            "with its process (it may have had effects)"
+        )
     return lines
 
 

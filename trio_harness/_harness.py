@@ -31,7 +31,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 
@@ -39,6 +39,7 @@ from ._bus import EventBus
 from ._construct import NoPublicConstructor
 from ._errors import SessionStoreError
 from ._scope import DEFAULT_TEARDOWN_TIMEOUT, LoadedPlugin, Plugin, Scope, open_scope
+from ._telemetry import open_telemetry
 from .agents._approval import Approver
 from .agents._durability import Durability, check_durability
 from .agents._factory import ReactLoopFactory
@@ -57,8 +58,13 @@ from .tools._bash import BashToolOptions, BashToolPlugin
 from .tools._files import FileToolOptions, FileToolsPlugin
 from .tools._mcp import McpConnection, connect_mcp_servers
 from .tools._mcp_config import McpServerConfig, with_env_policy
+from .tools._plan import PlanToolPlugin
 from .tools._subagent import SubagentOptions, SubagentToolPlugin
 from .tools._tasks import TaskToolOptions, TaskToolsPlugin
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
 
 _O = TypeVar(
     "_O", BashRuntimeOptions, TaskRuntimeOptions, TaskToolOptions, SubagentOptions, BashToolOptions, FileToolOptions
@@ -206,6 +212,8 @@ async def open_harness(
     builtin_loop: bool = True,
     durability: Durability = "step",
     file_tool_options: FileToolOptions | None = None,
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
 ) -> AsyncIterator[Harness]:
     """Open a harness; every service stops (in reverse order) when the block exits.
 
@@ -225,7 +233,8 @@ async def open_harness(
             detached.
         builtin_tools: load the built-in tool plugins (``"tasks"``, ``"bash"``,
             ``"subagent"``, ``"files"``: ``read_file``, ``write_file``,
-            ``edit_file``): True for all, False for none, or a list of names.
+            ``edit_file``; ``"plan"``: the ``todo_write`` tool): True for all,
+            False for none, or a list of names.
         clock: wall clock for event timestamps (injectable for tests).
         teardown_timeout: bound, in seconds of Trio time, on each teardown
             step (an agent's disposal waiting for its tasks, the task
@@ -274,6 +283,11 @@ async def open_harness(
             (:class:`~trio_harness.tools.FileToolOptions`): whether writes
             require approval (they do by default, like ``bash``), and the
             byte limits (docs/tools.rst, "File tools").
+        tracer_provider: where the OpenTelemetry spans go (:doc:`/tracing`);
+            None takes the global provider.  Without the OpenTelemetry API
+            (the ``otel`` extra) or with no SDK configured, nothing is traced
+            and nothing is added to the agents' work.
+        meter_provider: where the OpenTelemetry metrics go; None takes the global provider.
 
     Raises:
         TypeError: a settings argument is not its record.
@@ -301,14 +315,16 @@ async def open_harness(
     persistence = resolve_store(store)
     await persistence.check()  # a store path that is a file or not writable fails here, not at a flush
     if builtin_tools is True:
-        wanted = {"tasks", "bash", "subagent", "files"}
+        wanted = {"tasks", "bash", "subagent", "files", "plan"}
     elif builtin_tools is False:
         wanted = set()
     else:
         wanted = set(builtin_tools)
-        unknown = wanted - {"tasks", "bash", "subagent", "files"}
+        unknown = wanted - {"tasks", "bash", "subagent", "files", "plan"}
         if unknown:
-            raise ValueError(f"unknown built-in tools {sorted(unknown)}; choose from bash, files, subagent, tasks")
+            raise ValueError(
+                f"unknown built-in tools {sorted(unknown)}; choose from bash, files, plan, subagent, tasks"
+            )
 
     servers = tuple(mcp_servers)
     bus = EventBus()
@@ -343,6 +359,7 @@ async def open_harness(
         mcp_scope = await root.open_child("mcp") if servers else None
         agents_scope = await root.open_child("agents")
         agents = AgentRegistry(sessions=sessions, bus=bus)
+        mcp_connections: list[McpConnection] = []
         if builtin_loop:
             factory = ReactLoopFactory(
                 bus=bus,
@@ -354,6 +371,16 @@ async def open_harness(
                 durability=durability,
             )
             agents.register_factory(factory, agents_scope)
+        telemetry = open_telemetry(
+            bus=bus,
+            agents=agents,
+            tasks=tasks,
+            mcp_connections=mcp_connections,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+        )
+        if telemetry is not None:  # stops once every agent is disposed (their turns are ended)
+            sessions_scope.add_exit_callback(telemetry.close)
         harness = Harness._create(
             scope=root,
             bus=bus,
@@ -364,6 +391,7 @@ async def open_harness(
             tools=tools,
             model=provider,
             plugins_scope=plugins_scope,
+            _mcp_connections=mcp_connections,
         )
 
         if "tasks" in wanted:
@@ -374,6 +402,8 @@ async def open_harness(
             await harness.load(SubagentToolPlugin(tasks, tools, subagent_settings, agents=agents))
         if "files" in wanted:
             await harness.load(FileToolsPlugin(tools, bash, file_tool_settings))
+        if "plan" in wanted:
+            await harness.load(PlanToolPlugin(tools))
         if mcp_scope is not None:
             servers = with_env_policy(servers, env_policy)
             harness._mcp_connections.extend(await connect_mcp_servers(mcp_scope, tools, servers, bus=bus))

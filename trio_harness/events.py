@@ -14,6 +14,7 @@ from .session._events import ApprovalRequested as ApprovalRequested
 from .session._events import AssistantChunk as AssistantChunk
 from .session._events import AssistantMessage as AssistantMessage
 from .session._events import CompactionFailed as CompactionFailed
+from .session._events import ConfigChanged as ConfigChanged
 from .session._events import ContextCompacted as ContextCompacted
 from .session._events import Event as Event
 from .session._events import ImageMediaType as ImageMediaType

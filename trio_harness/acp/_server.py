@@ -68,16 +68,23 @@ from .._errors import (
     SessionStoreError,
 )
 from .._records import Failure
-from ..agents._approval import ApprovalDecision, ApprovalRequest
+from .._telemetry import continue_trace
 from ..agents._options import AgentOptions
 from ..agents._turns import TurnOutcome
-from ..model._cost import load_prices
+from ..model._protocol import ModelProvider
 from ..session import _events as ev
 from ..tools._mcp import MCP_NOTICES
 from ..tools._mcp_config import with_env_policy
+from ..tools._plan import plan_of
 from . import _jsonrpc as rpc
+from ._commands import parse_command
+from ._config import (
+    ModelChoice,
+    parse_set_config,
+)
+from ._features import SessionFeatures
 from ._fs import ClientFs, bind_client_fs, client_fs
-from ._modes import MODE_ASK, MODE_AUTO, MODE_IDS, mode_state
+from ._modes import MODE_ASK, MODE_IDS
 from ._params import (
     AuthenticateParams,
     CancelParams,
@@ -91,8 +98,20 @@ from ._params import (
     decode_params,
     prompt_capabilities,
 )
-from ._permission import add_file_change, decision_of, permission_params
-from ._records import _harness_error, _log_mcp_notice, _mcp_setup, _Prompt, _sandbox_meta, _SessionRecord
+from ._plan import plan_update
+from ._records import (
+    _harness_error,
+    _log_mcp_notice,
+    _mcp_setup,
+    _Prompt,
+    _sandbox_meta,
+    _SessionRecord,
+    _warm_prices,
+    context_estimate,
+    context_window,
+    list_sessions,
+)
+from ._terminal import TerminalRunner
 from ._updates import (
     StopReason,
     compaction_failed_update,
@@ -113,10 +132,9 @@ from ._updates import (
 if TYPE_CHECKING:
     from .._harness import Harness
     from .._scope import Scope
-    from ..agents._agent import Agent
     from ..agents._options import AgentOptions
     from ..agents._registry import AgentHandle
-    from ..session._events import Event, SessionHeader
+    from ..session._events import Event
 
 
 log = logging.getLogger("trio_harness.acp")
@@ -124,7 +142,6 @@ log = logging.getLogger("trio_harness.acp")
 PROTOCOL_VERSION: Final = 1
 """The ACP protocol version this server speaks."""
 
-LIST_PAGE_SIZE: Final = 50
 FLUSH_TIMEOUT: Final = 30.0
 DRAIN_TIMEOUT: Final = 5.0
 
@@ -137,7 +154,7 @@ _Result = dict[str, Any] | None
 
 
 @attrs.define(eq=False, repr=False)
-class AcpServer:
+class AcpServer(SessionFeatures):
     """An ACP agent server for one client connection.
 
     Use :meth:`serve` with a pair of Trio streams (or :func:`serve_stdio`).
@@ -167,6 +184,9 @@ class AcpServer:
             ``auto``, see ``trio_harness/acp/_modes.py``); modes are offered
             only while ``ask_permission`` is on and ``agent_options`` sets no
             approver (the modes switch the asking approver).
+        models: the models a session may switch between (the ``model``
+            config option, docs/acp.rst "Config options"); the first is the
+            default.  Empty: the one model the sessions use.
     """
 
     harness: Harness
@@ -177,6 +197,7 @@ class AcpServer:
     outbox_limit: int = rpc.DEFAULT_OUTBOX_LIMIT
     ask_permission: bool = True
     initial_mode: str = MODE_ASK
+    models: Sequence[ModelProvider] = ()
     _records: dict[str, _SessionRecord] = attrs.field(factory=dict, init=False)
     _scope: Scope | None = attrs.field(default=None, init=False)
     _outbox: rpc.Outbox | None = attrs.field(default=None, init=False)
@@ -191,6 +212,8 @@ class AcpServer:
     _authenticated: bool = attrs.field(default=False, init=False)
     # Requests sent to the client (session/request_permission), waiting for answers.
     _requests: rpc.OutgoingRequests = attrs.field(factory=rpc.OutgoingRequests, init=False)
+    # The client's terminals run foreground bash when it advertises them (docs/acp.rst, "Terminals").
+    _terminal: TerminalRunner | None = attrs.field(default=None, init=False)
     # The client's fs capabilities (initialize): the file tools' reads and writes go through it.
     _client_fs: ClientFs = attrs.field(factory=ClientFs, init=False)
 
@@ -338,6 +361,8 @@ class AcpServer:
         self._post(rpc.error_response(request_id, error))
 
     def _update(self, session_id: str, update: dict[str, Any]) -> None:
+        if self._terminal is not None and "content" in update:
+            update = self._terminal.decorate(session_id, update)
         self._post(rpc.notification("session/update", {"sessionId": session_id, "update": update}))
 
     def _spawn(self, fn: Callable[[*_Ts], Awaitable[object]], *args: *_Ts) -> bool:
@@ -382,6 +407,7 @@ class AcpServer:
         params = request.params
         try:
             if method == "initialize":
+                self._note_client(params)
                 self._post(rpc.result_response(request.id, self._initialize(decode_params(InitializeParams, params))))
                 self._client_fs = client_fs(params)  # the editor's files for the file tools (docs/editors.rst)
             elif method == "authenticate":
@@ -395,6 +421,8 @@ class AcpServer:
             elif method == "session/set_mode":
                 answer = self._set_mode(decode_params(SetSessionModeParams, params))
                 self._post(rpc.result_response(request.id, answer))
+            elif method == "session/set_config_option":
+                self._post(rpc.result_response(request.id, self._set_config(*parse_set_config(params))))
             elif method == "session/close":
                 record = self._take_for_close(decode_params(CloseSessionParams, params))
                 self._spawn_request(request, self._close, record)
@@ -427,6 +455,8 @@ class AcpServer:
             self._post_error(request.id, rpc.RpcError(rpc.INTERNAL_ERROR, f"internal error: {exc!r}"))
         else:
             self._post(rpc.result_response(request.id, result))
+            if request.method == "session/new":  # the session exists for the client from its answer on
+                self._announce(result, params)
         finally:
             if self._outbox is not None:
                 self._outbox.release()
@@ -493,16 +523,18 @@ class AcpServer:
     async def _new(self, params: NewSessionParams) -> dict[str, Any]:
         self._check_auth()
         self._check_open()
+        options, choice = self._session_options()
         handle = await self.harness.agents.create(
             owner=self._scope,
             cwd=params.cwd,
-            options=self._agent_options(),
+            options=options,
             setup=_mcp_setup(with_env_policy(params.mcp_configs(), self.harness.bash.env_policy), self.harness.bus),
         )
-        record = await self._adopt(handle)
+        record = await self._adopt(handle, choice)
         return {
             "sessionId": record.id,
             **self._modes_of(record),
+            "configOptions": self._config_options(record),
             **_sandbox_meta(self.harness, record.agent.session.header.cwd),
         }
 
@@ -517,10 +549,9 @@ class AcpServer:
                 {"sessionId": session_id},
             )
         setup = _mcp_setup(with_env_policy(params.mcp_configs(), self.harness.bash.env_policy), self.harness.bus)
+        options, choice = self._session_options()
         try:
-            handle = await self.harness.agents.resume(
-                session_id, owner=self._scope, options=self._agent_options(), setup=setup
-            )
+            handle = await self.harness.agents.resume(session_id, owner=self._scope, options=options, setup=setup)
         except SessionNotFoundError:
             raise rpc.RpcError(
                 rpc.RESOURCE_NOT_FOUND,
@@ -535,7 +566,8 @@ class AcpServer:
             ) from None
         # No checkpoint from the resume to the answer: a paused turn's continuation (started
         # by the resume) asks its session/request_permission only after the replay and the answer.
-        record = await self._adopt(handle)
+        record = await self._adopt(handle, choice)
+        self._apply_logged(record)
         # Synchronous from here: the replay is queued before the answer and before any new event.
         events = record.agent.session.events
         for update in replay_updates(events, record.id, record.agent.session.header.cwd):
@@ -543,39 +575,20 @@ class AcpServer:
         # Then what the harness knows of the session: its title, last activity and usage.
         if record.title is not None:
             self._update(record.id, {"sessionUpdate": "session_info_update", "title": record.title})
+        self._announce({"sessionId": record.id}, None)
+        if plan := plan_of(events):  # the plan as it stands (each plan update replaces the last)
+            self._update(record.id, plan_update(plan))
         if events:
             self._after_turn(record, next((e for e in reversed(events) if isinstance(e, ev.TurnEnd)), None))
-        return {**self._modes_of(record), **_sandbox_meta(self.harness, record.agent.session.header.cwd)}
+        return {
+            **self._modes_of(record),
+            "configOptions": self._config_options(record),
+            **_sandbox_meta(self.harness, record.agent.session.header.cwd),
+        }
 
     async def _list(self, params: ListSessionsParams) -> dict[str, Any]:
-        cwd, cursor = params.cwd, params.cursor
         self._check_auth()
-        sessions = self.harness.sessions
-        headers: dict[str, SessionHeader] = {h.id: h for h in await sessions.stored()}
-        for live in sessions.list():
-            headers.setdefault(live.id, live.header)
-        ordered = sorted(headers.values(), key=lambda h: (-h.created_at, h.id))
-        if cwd is not None:
-            ordered = [h for h in ordered if h.cwd == cwd]
-        start = int(cursor) if cursor is not None else 0
-        page = ordered[start : start + LIST_PAGE_SIZE]
-        infos: list[dict[str, Any]] = []
-        for header in page:
-            info: dict[str, Any] = {"sessionId": header.id, "cwd": header.cwd or "/"}
-            events: tuple[Event, ...] = ()
-            try:
-                _, events = await sessions.load_events(header.id)
-            except HarnessError as exc:
-                log.warning("acp: session/list cannot read session %r: %s", header.id, exc)
-            title = session_title(events)
-            if title:
-                info["title"] = title
-            info["updatedAt"] = iso_time(events[-1].ts if events else header.created_at)
-            infos.append(info)
-        result: dict[str, Any] = {"sessions": infos}
-        if start + LIST_PAGE_SIZE < len(ordered):
-            result["nextCursor"] = str(start + LIST_PAGE_SIZE)
-        return result
+        return await list_sessions(self.harness, params.cwd, params.cursor)
 
     def _take_for_close(self, params: CloseSessionParams) -> _SessionRecord:
         record = self._record(params.session_id)
@@ -594,14 +607,18 @@ class AcpServer:
         if self._closing:
             raise rpc.RpcError(rpc.INTERNAL_ERROR, "the server is shutting down")
 
-    async def _adopt(self, handle: AgentHandle) -> _SessionRecord:
+    async def _adopt(self, handle: AgentHandle, choice: ModelChoice | None = None) -> _SessionRecord:
         """Take a fresh handle into a session record (or dispose it if the server is closing)."""
         if self._closing or (self._scope is not None and self._scope.closing):
             with trio.CancelScope(shield=True):
                 await handle.dispose()
             raise rpc.RpcError(rpc.INTERNAL_ERROR, "the server is shutting down")
         record = _SessionRecord(
-            id=handle.agent.id, handle=handle, mode=self.initial_mode, title=session_title(handle.agent.session.events)
+            id=handle.agent.id,
+            handle=handle,
+            mode=self.initial_mode,
+            title=session_title(handle.agent.session.events),
+            model=choice,
         )
         self._records[record.id] = record
         call = functools.partial(self._requests.call, self._post)  # fs/* requests to the client
@@ -658,6 +675,7 @@ class AcpServer:
             update = live_update(event, record.id, record.agent.session.header.cwd)
             if update is not None:
                 self._update(record.id, update)
+                self._plan_after(record, event)
 
     def _tool_started(self, notice: Notice) -> None:
         """A call of a turn this connection streams runs now: ``in_progress``."""
@@ -684,37 +702,16 @@ class AcpServer:
         events = agent.session.events
         update = usage_update(
             events,
-            self._context_window(agent),
+            context_window(agent, self.harness),
             end.usage if end is not None else None,
             agent.usage,
             agent.cost,
-            lambda: self._context_estimate(agent),
+            lambda: context_estimate(agent),
         )
         if update is not None:
             self._update(record.id, update)
         if events and activity:
             self._update(record.id, {"sessionUpdate": "session_info_update", "updatedAt": iso_time(events[-1].ts)})
-
-    @staticmethod
-    def _context_estimate(agent: Agent) -> int | None:
-        """The driver's estimate of the tokens of ``agent``'s next request (None when it has none)."""
-        estimate = getattr(agent, "context_estimate", None)
-        if not callable(estimate):
-            return None
-        try:
-            value = estimate()
-        except Exception:  # a failing prompt hook: the next step reports it as the turn's error
-            log.debug("acp: the context estimate of %s failed", agent.id, exc_info=True)
-            return None
-        return value if type(value) is int and value >= 0 else None
-
-    def _context_window(self, agent: Agent) -> int | None:
-        """The context window of ``agent``'s requests, as its driver sees it (None when unknown)."""
-        window: object = agent.options.context.window
-        if window is None:
-            model = agent.options.model if agent.options.model is not None else self.harness.model
-            window = getattr(model, "context_window", None)
-        return window if type(window) is int and window > 0 else None
 
     # ------------------------------------------------------------ prompts
 
@@ -729,12 +726,19 @@ class AcpServer:
                 {"sessionId": record.id},
             )
         agent = record.agent
+        if isinstance(text, str) and (command := parse_command(text)) is not None:  # a slash command (no images)
+            record.prompt = _Prompt(request_id=request.id)
+            if not self._spawn(self._run_command, record, record.prompt, *command):
+                record.prompt = None
+                raise rpc.RpcError(rpc.INTERNAL_ERROR, "the server is shutting down")
+            return
         cwd = agent.session.header.cwd
 
         def on_event(event: Event) -> None:
             update = live_update(event, record.id, cwd)
             if update is not None:
                 self._update(record.id, update)
+                self._plan_after(record, event)
 
         def on_done(outcome: TurnOutcome) -> None:
             stop_reason, failure = stop_reason_for(outcome.end)
@@ -744,7 +748,8 @@ class AcpServer:
 
         prompt = record.prompt = _Prompt(request_id=request.id)
         try:
-            prompt.followed = agent.follow(text, on_event=on_event, on_done=on_done)
+            with continue_trace(params.meta):  # a W3C traceparent in _meta: the turn continues that trace
+                prompt.followed = agent.follow(text, on_event=on_event, on_done=on_done)
         except Exception as exc:  # e.g. the agent is being disposed, or its model takes no images (ModelError)
             record.prompt = None
             code = rpc.INVALID_PARAMS if isinstance(exc, ModelError) else rpc.INTERNAL_ERROR
@@ -813,37 +818,14 @@ class AcpServer:
                 return
         log.debug("acp: $/cancel_request for %r, which is no pending prompt, ignored", request_id)
 
-    def _modes_offered(self) -> bool:
-        options = self.agent_options
-        return self.ask_permission and (options is None or options.approver is None)
-
-    def _modes_of(self, record: _SessionRecord) -> dict[str, Any]:
-        """The ``modes`` member of a session/new or session/load result (none when modes are off)."""
-        return {"modes": mode_state(record.mode)} if self._modes_offered() else {}
-
-    def _set_mode(self, params: SetSessionModeParams) -> dict[str, Any]:
-        record = self._record(params.session_id)
-        if not self._modes_offered():
-            raise rpc.RpcError(
-                rpc.METHOD_NOT_FOUND, "this server offers no session modes (it was started without asking approval)"
-            )
-        if params.mode_id not in MODE_IDS:
-            raise rpc.RpcError(
-                rpc.INVALID_PARAMS,
-                f"invalid params for session/set_mode: unknown modeId {shorten(params.mode_id, 100)!r}; "
-                f"known: {sorted(MODE_IDS)}",
-                {"field": "modeId"},
-            )
-        if record.mode != params.mode_id:
-            record.mode = params.mode_id
-            self._update(record.id, {"sessionUpdate": "current_mode_update", "currentModeId": record.mode})
-        return {}
-
     def _cancel(self, params: CancelParams) -> None:
         session_id = params.session_id
         record = self._records.get(session_id)
         if record is None:
             log.debug("acp: session/cancel for unknown session %r ignored", session_id)
+            return
+        if record.prompt is not None and record.prompt.scope is not None:
+            record.prompt.scope.cancel()  # a slash command
             return
         try:
             record.agent.cancel("user")
@@ -862,44 +844,6 @@ class AcpServer:
         if not self.ask_permission or (options is not None and options.approver is not None):
             return options
         return attrs.evolve(options or AgentOptions(), approver=self._request_permission)
-
-    def _session_of(self, agent: Agent) -> str | None:
-        """The id of this connection's session that ``agent`` (or the agent that started it) serves."""
-        seen: set[str] = set()
-        current: Agent | None = agent
-        while current is not None and current.id not in seen:
-            if current.id in self._records:
-                return current.id
-            seen.add(current.id)
-            parent = current.parent_id
-            current = self.harness.agents.get(parent) if parent is not None else None
-        return None
-
-    async def _request_permission(self, request: ApprovalRequest) -> ApprovalDecision:
-        """The approver of this connection's agents: ask the client (``session/request_permission``)."""
-        session_id = self._session_of(request.agent)
-        if session_id is None:
-            return ApprovalDecision.deny(
-                f"no ACP session of this connection serves agent {request.agent_id!r}, so nobody can approve the call"
-            )
-        record = self._records.get(session_id)
-        if record is not None and record.mode == MODE_AUTO:
-            return ApprovalDecision.allow_once()  # mode "auto": run without asking
-        params = permission_params(session_id, request)
-        await add_file_change(params, request, self.harness.tools)  # a write shows its diff (docs/editors.rst)
-        response = await self._requests.call(self._post, "session/request_permission", params)
-        decision = decision_of(response.result, response.error)
-        if decision is not None:
-            return decision
-        # ACP: "the prompt turn was cancelled before the user responded".
-        # Cancel the asking agent's turn; the cancel ends this wait at once.
-        try:
-            cancelled = request.agent.cancel("user")
-        except AgentDisposedError:
-            cancelled = True  # its disposal aborts the turn
-        if cancelled:
-            await trio.sleep_forever()
-        return ApprovalDecision.deny("the client cancelled the permission request")
 
     # ------------------------------------------------------------ teardown
 
@@ -933,14 +877,6 @@ class AcpServer:
         # Nothing of this connection asks any more; a wait left (an agent of
         # another owner using this approver) ends with PeerGoneError: denied.
         self._requests.close()
-
-
-async def _warm_prices() -> None:
-    """Load the price table off the Trio thread; a failure is left to the first lookup to report."""
-    try:
-        await load_prices()
-    except Exception:
-        log.debug("loading the price table failed; the first usage_update will report it", exc_info=True)
 
 
 async def serve_stdio(harness: Harness, **options: Any) -> None:

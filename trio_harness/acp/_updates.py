@@ -82,6 +82,7 @@ _TOOL_KINDS: Final[dict[str, str]] = {
     "read_file": "read",
     "write_file": "edit",
     "edit_file": "edit",
+    "todo_write": "think",
 }
 
 FILE_TOOLS: Final = frozenset({"read_file", "write_file", "edit_file"})
@@ -140,6 +141,8 @@ def tool_title(name: str, arguments: str, limit: int = 80) -> str:
         prompt = parsed.get("prompt")
         if name == "subagent" and isinstance(prompt, str):
             return f"subagent: {shorten(prompt, limit)}"
+        if name == "todo_write":
+            return "Update the plan"
         if not parsed:
             return name
     return f"{name} {shorten(arguments, limit)}"

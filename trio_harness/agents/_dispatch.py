@@ -23,6 +23,7 @@ import attrs
 import trio
 
 from .._records import plain_constructor
+from .._trace_hooks import tool_scope
 from .._util import describe, split_cancelled
 from ..session import _events as ev
 from ._tools import Tool, ToolContext, ToolOutput, ToolSet
@@ -188,7 +189,8 @@ class ToolDispatch:
                 if refusal is not None:
                     return ToolOutput(refusal, is_error=True)
                 self._bus.emit("agent/tool/started", agent, turn=turn, step=step, call_id=call.id, tool=call.name)
-                return await tool.handler(ctx, args)
+                with tool_scope(self._bus, session.id, call.id):  # the call's span is current (docs/tracing.rst)
+                    return await tool.handler(ctx, args)
 
             try:
                 if limiter is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -72,6 +72,14 @@ class AgentOptions:
             ``"turn"`` (at the turn end only).  None uses the harness's
             (``open_harness(durability=...)``, default ``"step"``;
             docs/sessions.rst, "Durability").
+        bash_runner: runs this agent's foreground ``bash`` commands instead
+            of the harness's executor: ``async (ctx, spec) -> BashResult``
+            (a :class:`~trio_harness.agents.ToolContext` and a
+            :class:`~trio_harness.bash.BashSpec`; see
+            :data:`trio_harness.tools.BashRunner`).  The ACP bridge sets it to
+            run them in the client's terminal (docs/acp.rst, "Terminals").
+            None: the executor runs them.  Background commands always run in
+            the executor.
 
     Raises:
         ValueError: ``durability`` names no policy.
@@ -95,3 +103,4 @@ class AgentOptions:
     context: ContextPolicy = attrs.field(factory=ContextPolicy, validator=attrs.validators.instance_of(ContextPolicy))
     history_processor: HistoryProcessor | None = None
     durability: Durability | None = attrs.field(default=None, validator=durability_or_none)
+    bash_runner: Callable[[Any, Any], Awaitable[Any]] | None = attrs.field(default=None, validator=_callable_or_none)

@@ -27,7 +27,9 @@ import attrs
 import trio
 
 from .._errors import SessionCorruptError, SessionStoreError
+from ._codec import encode_event
 from ._events import MAX_IMAGE_BYTES, MAX_INLINE_IMAGE_BYTES, Event, ImagePart, InboxMessage, InboxSpliced, UserMessage
+from ._session import validate_session_id
 
 BLOBS_DIR = "blobs"
 """The directory of a JSONL session's blobs, inside the session's directory."""
@@ -102,10 +104,10 @@ def externalize(event: Event, blobs: dict[str, bytes]) -> Event:
     return event
 
 
-def externalize_all(events: Sequence[Event]) -> tuple[list[Event], dict[str, bytes]]:
-    """:func:`externalize` over ``events``: the events as stored and the blobs they reference."""
+def encode_stored(events: Sequence[Event]) -> tuple[list[str], dict[str, bytes]]:
+    """The lines of ``events`` as a store writes them (:func:`externalize`), and the blobs they reference."""
     blobs: dict[str, bytes] = {}
-    return [externalize(e, blobs) if type(e) in IMAGE_EVENTS else e for e in events], blobs
+    return [encode_event(externalize(e, blobs) if type(e) in IMAGE_EVENTS else e) for e in events], blobs
 
 
 # ---------------------------------------------------------------- reading back
@@ -410,6 +412,7 @@ def insert_blobs(conn: object, schema: str, session_id: str, blobs: dict[str, by
 
 def select_blob(schema: str, session_id: str, digest: str, where: str) -> Callable[[Any], bytes]:
     """(a worker thread's work) Read and check the blob ``digest`` of the session from ``schema.blobs``."""
+    validate_session_id(session_id)
     check_digest(digest, session_id)
 
     def work(conn: Any) -> bytes:

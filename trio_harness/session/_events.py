@@ -549,6 +549,24 @@ class CompactionFailed(Event):
     usage: UsageTotals | None = None
 
 
+@attrs.frozen
+class ConfigChanged(Event):
+    """A session setting was chosen for the requests from here on (an ACP config option, ``/`` command, ...).
+
+    The ACP bridge logs ``session/set_config_option`` and ``session/set_mode``
+    as this event, so a resumed or loaded session keeps the choice
+    (docs/acp.rst, "Config options").  The last event of an ``option`` wins.
+
+    Attributes:
+        option: the setting's id (``mode``, ``model``).
+        value: the chosen value's id.
+    """
+
+    type: ClassVar[str] = "session/config"
+    option: str
+    value: str
+
+
 AnyEvent: TypeAlias = (
     TurnStart
     | StepStart
@@ -567,6 +585,7 @@ AnyEvent: TypeAlias = (
     | ApprovalDecided
     | ContextCompacted
     | CompactionFailed
+    | ConfigChanged
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -587,6 +606,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ApprovalDecided,
     ContextCompacted,
     CompactionFailed,
+    ConfigChanged,
 )
 """Every event class, in a stable order.
 

@@ -69,13 +69,13 @@ from .._errors import (
 from ._blobs import (
     IMAGE_EVENTS,
     discard_blob_files,
+    encode_stored,
     externalize,
-    externalize_all,
     read_blob_file_async,
     write_blob_files,
     write_blobs_in,
 )
-from ._codec import decode_event, decode_event_line, decode_header, encode_event, encode_header, encoder_of
+from ._codec import decode_event, decode_event_line, decode_header, encode_header, encoder_of
 from ._create_lock import CLAIM_NAME, ClaimHeld, take_claim
 from ._events import Event, SessionHeader, TurnEnd
 from ._persistence import LoadedSession
@@ -702,8 +702,8 @@ class JsonlStore:
     async def save(self, header: SessionHeader, events: Sequence[Event]) -> None:
         """Write a whole new session at once (atomically, via a temporary file), under its id's claim."""
         path = self.path_of(header.id)
-        stored, blobs = externalize_all(events)
-        lines = [encode_header(header), *(encode_event(e) for e in stored)]
+        events_lines, blobs = encode_stored(events)
+        lines = [encode_header(header), *events_lines]
         data = ("\n".join(lines) + "\n").encode("utf-8")
         claim = await self._claim(header.id)
         try:

@@ -96,6 +96,24 @@ class _Sql:
             "ON CONFLICT (id) DO NOTHING RETURNING 1"
         )
 
+    def append_events(self, *, sync: bool) -> bytes:
+        """A batch of events as one statement, its own transaction: ``$1`` session id, ``$2`` first seq, ``$3`` bodies.
+
+        Without ``sync`` the statement turns ``synchronous_commit`` off for
+        its own (implicit) transaction, whose commit then does not wait for
+        the WAL to reach the disk; with it, the server's setting holds.
+        """
+        query = (
+            f"INSERT INTO {self.s}.events (session_id, seq, body) "
+            "SELECT $1, $2 + o - 1, b FROM unnest($3::text[]) WITH ORDINALITY AS t(b, o)"
+        )
+        if not sync:
+            query += " WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL"
+        return query.encode()
+
+    # A transaction that takes a transaction id, so its commit waits for the WAL up to it (and all before).
+    sync_point = b"SELECT pg_current_xact_id()"
+
     @property
     def insert_events(self) -> str:
         return (

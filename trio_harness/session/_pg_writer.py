@@ -12,9 +12,12 @@ whose connection died (maybe during COMMIT) takes the session again on a new
 connection and compares what is stored before it retries; events committed
 without sync that the server lost meanwhile are stored again.
 
-The writer runs its statements through :mod:`._pg_threads` and knows its
-store only as :class:`_WriterStore` (the store, :mod:`._postgres`, builds on
-this module, never the other way).
+The writer sends its appends through :mod:`._pg_wire` (one prepared
+statement, its own transaction, from the Trio thread), and its other
+statements (the first flush, retakes, an append that deletes delivered mail,
+heartbeats, mailbox reads) through :mod:`._pg_threads`.  It knows its store
+only as :class:`_WriterStore` (the store, :mod:`._postgres`, builds on this
+module, never the other way).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from ._codec import decode_inbox_message, encode_event
 from ._events import Event, InboxMessage, SessionHeader
 from ._pg_schema import _lock_key, _psycopg, _scalar, _Sql
 from ._pg_threads import _call, _execute
+from ._pg_wire import BINARY_FORMAT, INT8_OID, TEXT_ARRAY_OID, TEXT_FORMAT, TEXT_OID, text_array
+from ._pg_wire import _statement as _wire_statement
 
 if TYPE_CHECKING:
     import psycopg
@@ -155,6 +160,10 @@ async def claim_new(store: _WriterStore, session_id: str) -> psycopg.Connection[
         raise
     return conn
 
+
+# The parameters of an append (session id, first seq, bodies): their types and formats.
+_APPEND_TYPES = (TEXT_OID, INT8_OID, TEXT_ARRAY_OID)
+_APPEND_FORMATS = (TEXT_FORMAT, TEXT_FORMAT, BINARY_FORMAT)
 
 # Seconds a writer retaking its session waits for the server to drop its
 # previous connection (which may still hold the lock) before the flush fails.
@@ -298,6 +307,16 @@ class _PgWriter:
         call fails with :exc:`SessionStoreError`.  A statement that completed
         anyway returns its result (``settle`` is for outer cancellations).
         """
+        return await self._bounded(conn, lambda on_settle: _call(conn, fn, settle=on_settle), settle=settle)
+
+    async def _bounded(
+        self,
+        conn: psycopg.Connection[Any],
+        run: Callable[[Callable[[T], None]], Awaitable[T]],
+        *,
+        settle: Callable[[T], None] | None = None,
+    ) -> T:
+        """``run(on_settle)`` (a cancellation-safe call on ``conn``) bounded by ``write_timeout``, as :meth:`_timed`."""
         finished: list[T] = []
 
         def on_settle(value: T) -> None:
@@ -307,7 +326,7 @@ class _PgWriter:
 
         timeout = self.store.write_timeout
         with trio.move_on_after(timeout):
-            return await _call(conn, fn, settle=on_settle)
+            return await run(on_settle)
         if finished:
             return finished[0]
         if self._conn is conn:
@@ -422,32 +441,38 @@ class _PgWriter:
         assert conn is not None
         sql, sid, first = self.store._sql, self.header.id, self._stored
 
-        def work() -> None:
-            if acks:
-                with conn.transaction():
-                    if not sync and not self._flushing_blobs:  # a blob's commit is durable: no retake loses it
-                        conn.execute("SET LOCAL synchronous_commit TO off")
+        def work() -> None:  # (worker thread) with mailbox deletes or image blobs: one transaction, several statements
+            with conn.transaction():
+                if not sync and not self._flushing_blobs:  # a blob's commit is durable: no retake loses it
+                    conn.execute("SET LOCAL synchronous_commit TO off")
+                if acks:
                     deleted = conn.execute(
                         f"DELETE FROM {sql.s}.mailbox WHERE session_id = %s AND id = ANY(%s)", (sid, acks)
                     ).rowcount
                     if deleted != len(acks):
                         raise _MailTaken(len(acks) - deleted)
-                    if lines:
-                        insert_blobs(conn, sql.s, sid, self._flushing_blobs)
-                        conn.execute(sql.insert_events, (sid, first, lines), binary=True)
-                return
-            with conn.pipeline(), conn.transaction():
-                if not sync and not self._flushing_blobs:
-                    conn.execute("SET LOCAL synchronous_commit TO off")
                 if lines:
-                    insert_blobs(conn, sql.s, sid, self._flushing_blobs)
+                    insert_blobs(conn, sql.s, sid, self._flushing_blobs)  # before the events that reference them
                     conn.execute(sql.insert_events, (sid, first, lines), binary=True)
-                else:  # only make earlier unsynced commits durable: a commit with an xid waits for the WAL
-                    conn.execute("SELECT pg_current_xact_id()")
 
+        run: Callable[[Callable[[None], None]], Awaitable[None]]
+        types: Sequence[int]
+        formats: Sequence[int]
+        if acks or self._flushing_blobs:
+            run = lambda on_settle: _call(conn, work, settle=on_settle)  # noqa: E731
+        else:
+            # A checkpoint: one statement, its own transaction, sent from this thread (see _pg_wire).
+            if lines:
+                encoding = conn.info.encoding
+                query = sql.append_events(sync=sync)
+                params = [sid.encode(encoding), b"%d" % first, text_array(lines, encoding)]
+                types, formats = _APPEND_TYPES, _APPEND_FORMATS
+            else:  # only make earlier unsynced commits durable
+                query, params, types, formats = sql.sync_point, [], (), ()
+            run = lambda on_settle: _wire_statement(conn, query, params, types, formats, settle=on_settle)  # noqa: E731
         pg = _psycopg()
         try:
-            await self._timed(conn, work, settle=settle)
+            await self._bounded(conn, run, settle=settle)
         except pg.errors.UniqueViolation as exc:
             raise self._lost(
                 f"events from seq {first} on are already stored by another writer: this writer lost the session "
@@ -498,7 +523,8 @@ class _PgWriter:
                         "AND classid::bigint = %s AND objid::bigint = %s",
                         ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
                     ).fetchone()
-                    return ("previous" if holder is not None and holder[0] == previous else "locked"), 0
+                    # No holder: the lock went free since the try (the previous connection just ended): retry.
+                    return ("previous" if holder is None or holder[0] == previous else "locked"), 0
                 store._configure_writer(conn)
                 count = _scalar(
                     conn, f"SELECT coalesce(max(seq) + 1, 0) FROM {sql.s}.events WHERE session_id = %s", (sid,)

@@ -14,7 +14,9 @@ byte-exact and the strict codec still validates them.
 
 The driver is the synchronous psycopg 3 run on worker threads, every call
 cancellation-safe (:mod:`._pg_threads`: psycopg's asyncio connection does not
-run under Trio).  A live session's statements are bounded by
+run under Trio); a live session's appends (its checkpoints) are instead one
+prepared statement each, sent through libpq's non-blocking API from the Trio
+thread (:mod:`._pg_wire`), with the same cancellation contract.  A live session's statements are bounded by
 ``write_timeout``.
 
 One live writer per session (:mod:`._pg_writer`): a writer holds a
@@ -57,8 +59,8 @@ from .._errors import (
     UnsupportedFormatError,
 )
 from .._redact import redact_urls
-from ._blobs import copy_blobs, externalize_all, insert_blobs, select_blob
-from ._codec import decode_event, decode_header, decode_inbox_message, encode_event, encode_header, encode_inbox_message
+from ._blobs import copy_blobs, encode_stored, insert_blobs, select_blob
+from ._codec import decode_event, decode_header, decode_inbox_message, encode_header, encode_inbox_message
 from ._events import Event, InboxMessage, SessionHeader
 from ._persistence import LoadedSession
 from ._pg_schema import _lock_key, _psycopg, _quote, _scalar, _Sql, _Tables
@@ -488,7 +490,6 @@ class PostgresStore:
 
     async def read_blob(self, session_id: str, sha256: str) -> bytes:
         """The checked bytes of the image blob ``sha256`` of the session (a row of ``blobs``, session/_blobs.py)."""
-        validate_session_id(session_id)
         work = select_blob(self._sql.s, session_id, sha256, f"{self.location} blobs {sha256}")
         return await self._run(f"read an image of {session_id!r}", work, retry=True)
 
@@ -717,8 +718,7 @@ class PostgresStore:
         validate_session_id(header.id)
         sql = self._sql
         header_line = encode_header(header)
-        stored, blobs = externalize_all(events)
-        lines = [encode_event(event) for event in stored]
+        lines, blobs = encode_stored(events)
 
         key = _lock_key(self.schema, header.id)
 

@@ -458,6 +458,11 @@ class TaskService:
         """
         return self._lookup(task_id, caller).snapshot()
 
+    @property
+    def live_count(self) -> int:
+        """How many tasks are live (running or stopping), whoever owns them (the telemetry gauge)."""
+        return len(self._live)
+
     def list(self, caller: TaskOwner | None = None) -> builtins.list[TaskSnapshot]:
         """Snapshots of the tasks visible to ``caller``, oldest first."""
         caller_id = None if caller is None else caller.id

@@ -1,4 +1,5 @@
-"""The built-in tool plugins (background-task control, ``bash``, ``subagent``, the file tools) and MCP servers.
+"""The built-in tool plugins (background-task control, ``bash``, ``subagent``, the file tools, the ``todo_write``
+plan) and MCP servers.
 
 This layer sits above the services it drives (:mod:`trio_harness.agents`,
 :mod:`trio_harness.tasks`, :mod:`trio_harness.bash`) and below the harness
@@ -17,6 +18,7 @@ in a child scope of the scope it is given and registers its tools into a tool
 set until that scope closes (docs/mcp.rst).
 """
 
+from ._bash import BashRunner as BashRunner
 from ._bash import BashToolOptions as BashToolOptions
 from ._bash import BashToolPlugin as BashToolPlugin
 from ._files import FileChange as FileChange
@@ -31,6 +33,10 @@ from ._mcp_config import McpServerConfig as McpServerConfig
 from ._mcp_config import McpStdioServer as McpStdioServer
 from ._mcp_config import load_mcp_config as load_mcp_config
 from ._mcp_config import parse_mcp_config as parse_mcp_config
+from ._plan import PlanEntry as PlanEntry
+from ._plan import PlanToolPlugin as PlanToolPlugin
+from ._plan import current_plan as current_plan
+from ._plan import plan_of as plan_of
 from ._subagent import SubagentOptions as SubagentOptions
 from ._subagent import SubagentToolPlugin as SubagentToolPlugin
 from ._tasks import NoticeTarget as NoticeTarget

@@ -14,8 +14,8 @@ on the plugin's allow-list of command prefixes (docs/approval.rst).
 from __future__ import annotations
 
 import shlex
-from collections.abc import Collection, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import attrs
 import trio
@@ -23,7 +23,7 @@ import trio
 from .._errors import BashError
 from ..agents._tools import Tool, ToolContext, ToolOutput, ToolSet
 from ..bash._executor import BashExecutor
-from ..bash._records import BashRequest, BashSpec
+from ..bash._records import BashRequest, BashResult, BashSpec
 from ..bash._render import render_result
 from ..bash._sandbox import describe_sandbox
 from ..tasks._render import render_started
@@ -32,6 +32,15 @@ from ..tasks._types import TaskHooks, TaskOutcome, TaskSpec
 
 if TYPE_CHECKING:
     from .._scope import Scope
+
+
+BashRunner: TypeAlias = Callable[[ToolContext, BashSpec], Awaitable[BashResult]]
+"""What runs an agent's foreground ``bash`` commands instead of the executor
+(``AgentOptions.bash_runner``): given the call's context and the validated
+spec, it returns the same :class:`~trio_harness.bash.BashResult` the executor
+would (output tails, exit code or signal, ``timed_out`` after
+``spec.timeout``), and kills what it started when cancelled.  The tool renders
+it the same way, so the model sees one shape whatever runs the command."""
 
 
 SHELL_METACHARACTERS: frozenset[str] = frozenset(";&|<>()$`\\{}*?[]")
@@ -228,7 +237,9 @@ class BashToolPlugin:
         except BashError as exc:
             return ToolOutput(f"error: {exc}", is_error=True)
         if not background:
-            result = await executor.run(spec)
+            # The agent's runner (the ACP client's terminal) or the executor: the same result either way.
+            runner = ctx.agent.options.bash_runner
+            result = await (runner(ctx, spec) if runner is not None else executor.run(spec))
             # A nonzero exit, a signal or a timeout is a failed call (the text the model reads is the same).
             return ToolOutput(render_result(result), is_error=result.exit_code != 0 or result.timed_out)
         return await self._start_background(ctx, spec, args.get("description") or args["command"])
