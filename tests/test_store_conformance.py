@@ -23,10 +23,12 @@ import attrs
 import pytest
 import trio
 from _postgres import Cluster, fresh_schema, postgres_cluster
+from test_images import png
 
 from trio_harness import (
     AgentNotFoundError,
     ForkBoundaryError,
+    Image,
     InvalidSessionIdError,
     SessionExistsError,
     SessionLockedError,
@@ -46,7 +48,7 @@ from trio_harness.session import (
     SessionStore,
 )
 from trio_harness.session import _events as ev
-from trio_harness.session._events import Event, InboxMessage
+from trio_harness.session._events import Event, ImagePart, InboxMessage
 
 __all__ = ["postgres_cluster"]  # the fixture, imported for pytest
 
@@ -533,3 +535,32 @@ async def test_a_message_posted_to_a_session_nobody_holds(kit: Kit) -> None:
             await appended(agent.session, lambda e: isinstance(e, ev.TurnEnd) and e.turn == 2)
             texts = [e.text for e in agent.session.events if isinstance(e, ev.UserMessage)]
             assert texts == ["do it", "while nobody holds it"]
+
+
+# ------------------------------------------------------------------ large images (session/_blobs.py)
+
+
+async def test_a_large_image_resumes_and_forks_as_it_was_appended(kit: Kit) -> None:
+    big = ImagePart.of(Image(png(300, 300, seed=4), "image/png"))  # above MAX_INLINE_IMAGE_BYTES
+    store = kit.store()
+    session = await store.prepare_new("img", cwd="/work")
+    entry = store.enter(session)
+    append(session, turn(1))
+    session.append(ev.InboxSpliced, queue="next-turn", start=0, inserted=(InboxMessage("m2", "look", images=(big,)),))
+    append(session, turn(2)[1:4])
+    session.append(ev.UserMessage, turn=2, step=1, message_id="m2", text="look", images=(big,))
+    append(session, turn(2)[5:])
+    expected = tuple(session.events)
+    await store.detach(entry)
+    stored = (await kit.persistence.load("img")).events
+    assert len(stored) == len(expected)
+    assert isinstance(stored[-5], ev.UserMessage)
+    assert stored[-5].images[0].by_reference is (kit.kind != "memory")  # the memory store keeps it inline
+    other = kit.store()
+    resumed = await other.prepare_resume("img")
+    assert tuple(resumed.events) == expected
+    await other.discard(resumed)
+    await other.fork("img", len(expected), "img-child")
+    child = await other.prepare_resume("img-child")
+    assert tuple(child.events) == expected
+    await other.discard(child)
