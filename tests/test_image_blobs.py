@@ -24,7 +24,15 @@ from trio_harness.events import MAX_INLINE_IMAGE_BYTES, ImagePart, InboxMessage
 from trio_harness.model import ModelRequest, UserMessage
 from trio_harness.model._replay import ReplayModel
 from trio_harness.model._scripted import ScriptedModel
-from trio_harness.session import JsonlStore, MemoryStore, PostgresStore, SessionRegistry, encode_event, encode_header
+from trio_harness.session import (
+    JsonlStore,
+    MemoryStore,
+    PostgresStore,
+    SessionHeader,
+    SessionRegistry,
+    encode_event,
+    encode_header,
+)
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
 
@@ -529,3 +537,14 @@ async def test_postgres_a_connection_lost_while_storing_a_blob_stores_it_on_the_
     stored = (await store.load("s1")).events
     assert len(stored) == len(entry.session)
     assert await store.read_blob("s1", BIG_SHA) == BIG.data
+
+
+async def test_saving_events_that_hold_references_is_refused(tmp_path: Path) -> None:
+    """A read-only load's references name blobs of its own session: storing them elsewhere would dangle."""
+    await write_then_resume(tmp_path)
+    store = JsonlStore(tmp_path)
+    loaded = await store.load("s")
+    header = SessionHeader(id="copy", created_at=0.0, cwd="/work")
+    with pytest.raises(ValueError, match="cannot store events that hold images by reference"):
+        await store.save(header, loaded.events)
+    assert not (tmp_path / "copy").exists()

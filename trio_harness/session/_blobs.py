@@ -105,7 +105,17 @@ def externalize(event: Event, blobs: dict[str, bytes]) -> Event:
 
 
 def encode_stored(events: Sequence[Event]) -> tuple[list[str], dict[str, bytes]]:
-    """The lines of ``events`` as a store writes them (:func:`externalize`), and the blobs they reference."""
+    """The lines of ``events`` as a store writes them (:func:`externalize`), and the blobs they reference.
+
+    Raises:
+        ValueError: an event holds an image by reference (a read-only load's):
+            its blob is in the session it was loaded from, not here.
+    """
+    if references(events):
+        raise ValueError(
+            "cannot store events that hold images by reference (from a read-only load); "
+            "read them back first (the session's resume, or SessionRegistry.fork, does)"
+        )
     blobs: dict[str, bytes] = {}
     return [encode_event(externalize(e, blobs) if type(e) in IMAGE_EVENTS else e) for e in events], blobs
 
