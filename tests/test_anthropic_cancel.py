@@ -68,10 +68,21 @@ async def test_cancel_while_draining_after_message_stop_closes_the_connection(nu
     async with AnthropicProvider(model="m", base_url=base, api_key="k", max_retries=0) as provider:
         with trio.fail_after(10):
             with trio.CancelScope() as scope:
-                scope.deadline = trio.current_time() + 0.1  # inside the 0.5 s drain
+                cancelled_at = math.inf
+
+                async def cancel() -> None:
+                    # Once the server sent message_stop and everything waits (the provider in its
+                    # 0.5 s drain), not at a fixed time: a loaded machine may not have connected yet.
+                    nonlocal cancelled_at
+                    while not server.requests:
+                        await trio.sleep(0.005)
+                    await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+                    cancelled_at = trio.current_time()
+                    scope.cancel()
+
+                nursery.start_soon(cancel)
                 await provider.stream(REQUEST, chunks.append)
             assert scope.cancelled_caught
-            cancelled_at = scope.deadline
             await server.client_disconnected.wait()
             assert trio.current_time() - cancelled_at < 1.0
     assert chunks == []  # cancelled before the usage and finish were reported
