@@ -27,6 +27,7 @@ proxy; the liveness and LISTEN connections need session state.
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import uuid
@@ -105,6 +106,8 @@ class PooledPostgresStore(PostgresStore):
     _live: psycopg.Connection[Any] | None = attrs.field(default=None, init=False)
     _pending: list[_Request] = attrs.field(factory=list, init=False)
     _wake: trio.Event = attrs.field(factory=trio.Event, init=False)
+    # The sizes of the group commits sent (their number of sessions), the last 1,000 (tests and benches).
+    _groups: collections.deque[int] = attrs.field(factory=lambda: collections.deque(maxlen=1000), init=False)
 
     @property
     def worker_key(self) -> int:
@@ -299,6 +302,7 @@ class PooledPostgresStore(PostgresStore):
             self._wake = trio.Event()
             while self._pending:
                 group, self._pending = self._pending[:_GROUP_MAX], self._pending[_GROUP_MAX:]
+                self._groups.append(len(group))
                 await self._commit_group(group)
 
     def _group_statement(self) -> str:
