@@ -10,6 +10,7 @@ and none of the fenced one, a worker's connections stay within
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -18,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 import trio
-from _postgres import Cluster, admin, postgres_cluster, schema, store
+from _postgres import Cluster, admin, postgres_cluster, proxy_for, schema, store
 from test_postgres_store import Worker, one_turn, start_worker, stored_session
 
 from trio_harness import SessionLockedError, SessionStoreError
@@ -247,3 +248,33 @@ async def test_many_sessions_flushing_at_once_share_few_transactions_and_few_con
             await sessions.detach(entry)
     for number in (0, count - 1):
         assert len((await store.load(f"s{number}")).events) == 16
+
+
+async def test_a_group_commit_whose_answer_is_lost_counts_as_stored_once(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The connection dies right after COMMIT is sent: each session's batch is read back, none stored twice."""
+    names = ("a", "b", "c")
+    for name in names:
+        await stored_session(store, name)
+    with proxy_for(postgres_cluster) as proxy:
+        proxied = PooledPostgresStore(proxy.dsn(), schema=schema)
+        async with proxied:
+            sessions = SessionRegistry(proxied)
+            entries = [sessions.enter(await sessions.prepare_resume(name)) for name in names]
+            for entry in entries:
+                one_turn(entry.session, 2)
+            dropped = proxy.drop_after(b"COMMIT")
+            with caplog.at_level(logging.WARNING, logger="trio_harness.session.postgres"):
+                async with trio.open_nursery() as nursery:
+                    for entry in entries:
+                        nursery.start_soon(entry.session.flush)
+            assert dropped.is_set()
+            assert "group commit: the connection was lost" in caplog.text
+            for entry in entries:
+                assert (await store.load(entry.session.header.id)).events == tuple(entry.session.events)
+                one_turn(entry.session, 3)
+                await entry.session.flush()
+                await sessions.detach(entry)
+    for entry in entries:
+        assert (await store.load(entry.session.header.id)).events == tuple(entry.session.events)

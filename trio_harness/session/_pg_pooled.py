@@ -342,9 +342,9 @@ class PooledPostgresStore(PostgresStore):
                 return {sid for (sid,) in conn.execute(query, params)}
 
         try:
-            written = await self._run_group(work)
+            written, pid = await self._run_group(work)
             if written is None:  # the connection was lost, maybe during COMMIT: read back what is stored
-                written = await self._resolve(group)
+                written = await self._resolve(group, pid)
         except BaseException as exc:
             if isinstance(exc, pg.Error) and len(group) > 1 and not isinstance(exc, pg.OperationalError):
                 for request in group:  # one session's bad batch must not fail the others
@@ -361,9 +361,27 @@ class PooledPostgresStore(PostgresStore):
                 request.outcome = request.writer.header.id in written
                 request.done.set()
 
-    async def _resolve(self, group: list[_Request]) -> set[str]:
-        """After a lost group commit: the sessions whose batch is stored; the others are committed again."""
+    async def _resolve(self, group: list[_Request], pid: int) -> set[str]:
+        """After a lost group commit: the sessions whose batch is stored; the others are committed again.
+
+        The lost connection's server process ``pid`` may still be finishing
+        the transaction: the outcome is read only once that process is gone
+        (waited for up to ``write_timeout``, else the group fails: unknown).
+        """
         s = self._sql.s
+        deadline = trio.current_time() + self.write_timeout
+        while await self._run(
+            "look for a lost connection's server process",
+            lambda conn: conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() is not None,
+            retry=True,
+        ):
+            if trio.current_time() >= deadline:
+                raise SessionStoreError(
+                    f"a group commit lost its connection and its server process {pid} has not ended within "
+                    f"{self.write_timeout:g} s in {self.location}: whether it committed is unknown",
+                    path=self.location,
+                )
+            await trio.sleep(0.01)
         firsts = [(r.writer.header.id, r.writer._stored) for r in group if r.lines]
 
         def counts(conn: psycopg.Connection[Any]) -> dict[str, int]:
@@ -390,20 +408,21 @@ class PooledPostgresStore(PostgresStore):
             await self._commit_group(retry)
         return written
 
-    async def _run_group(self, work: Callable[[psycopg.Connection[Any]], set[str]]) -> set[str] | None:
-        """One group transaction; when its connection was lost (maybe during COMMIT) the outcome is read back."""
+    async def _run_group(self, work: Callable[[psycopg.Connection[Any]], set[str]]) -> tuple[set[str] | None, int]:
+        """One group transaction: the sessions written, or None when the connection was lost; its server process."""
         pg = _psycopg()
         pool = self._require_pool()
         async with pool.connection() as conn:
+            pid = conn.info.backend_pid
             try:
                 with trio.fail_after(self.write_timeout):
-                    return await _call(conn, functools.partial(work, conn))
+                    return await _call(conn, functools.partial(work, conn)), pid
             except (pg.Error, trio.TooSlowError) as exc:
                 if isinstance(exc, pg.Error) and not (conn.broken or conn.closed):
                     raise
                 log.warning("group commit: the connection was lost (%s)", exc)
                 conn.close()
-        return None
+        return None, pid
 
 
 @attrs.define(eq=False)
