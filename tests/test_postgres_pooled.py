@@ -253,7 +253,7 @@ async def test_many_sessions_flushing_at_once_share_few_transactions_and_few_con
 async def test_a_group_commit_whose_answer_is_lost_counts_as_stored_once(
     postgres_cluster: Cluster, schema: str, store: PostgresStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The connection dies right after COMMIT is sent: each session's batch is read back, none stored twice."""
+    """The connection dies right after the group's statement is sent: each session's batch is read back, none stored twice."""
     names = ("a", "b", "c")
     for name in names:
         await stored_session(store, name)
@@ -264,7 +264,8 @@ async def test_a_group_commit_whose_answer_is_lost_counts_as_stored_once(
             entries = [sessions.enter(await sessions.prepare_resume(name)) for name in names]
             for entry in entries:
                 one_turn(entry.session, 2)
-            dropped = proxy.drop_after(b"COMMIT")
+            # The group commit is one statement (its own transaction): the connection closes once it is sent.
+            dropped = proxy.drop_after(b"FOR SHARE OF le")
             with caplog.at_level(logging.WARNING, logger="trio_harness.session.postgres"):
                 async with trio.open_nursery() as nursery:
                     for entry in entries:

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import logging
+import struct
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -50,6 +52,7 @@ from ._events import Event, InboxMessage, SessionHeader
 from ._persistence import LoadedSession
 from ._pg_schema import _lock_key, _psycopg
 from ._pg_threads import _call
+from ._pg_wire import BINARY_FORMAT, INT8_OID, TEXT_ARRAY_OID, TEXT_FORMAT, TEXT_OID, text_array
 from ._postgres import PostgresStore
 from ._session import SessionWriter, validate_session_id
 
@@ -60,6 +63,42 @@ log = logging.getLogger("trio_harness.session.postgres")
 
 # Most sessions one group commit carries.
 _GROUP_MAX = 2000
+
+_INT8_ARRAY_OID = 1016
+_GROUP_TYPES = (
+    TEXT_ARRAY_OID,
+    _INT8_ARRAY_OID,
+    TEXT_OID,
+    TEXT_ARRAY_OID,
+    _INT8_ARRAY_OID,
+    TEXT_ARRAY_OID,
+    TEXT_ARRAY_OID,
+    _INT8_ARRAY_OID,
+)
+_GROUP_FORMATS = (
+    BINARY_FORMAT,
+    BINARY_FORMAT,
+    TEXT_FORMAT,
+    BINARY_FORMAT,
+    BINARY_FORMAT,
+    BINARY_FORMAT,
+    BINARY_FORMAT,
+    BINARY_FORMAT,
+)
+_EMPTY_ARRAY = struct.Struct("!iiI")  # no dimensions, no nulls, element type
+
+
+def _texts(items: Sequence[str], encoding: str) -> bytes:
+    """A ``text[]`` in the binary format (an empty one has no dimensions)."""
+    return text_array(items, encoding) if items else _EMPTY_ARRAY.pack(0, 0, TEXT_OID)
+
+
+def _int8s(values: Sequence[int]) -> bytes:
+    """An ``int8[]`` in the binary format."""
+    if not values:
+        return _EMPTY_ARRAY.pack(0, 0, INT8_OID)
+    head = struct.pack("!iiIii", 1, 0, INT8_OID, len(values), 1)
+    return head + struct.pack("!" + "iq" * len(values), *itertools.chain.from_iterable((8, v) for v in values))
 
 
 def _lease_tables(s: str) -> list[str]:
@@ -305,41 +344,57 @@ class PooledPostgresStore(PostgresStore):
                 self._groups.append(len(group))
                 await self._commit_group(group)
 
-    def _group_statement(self) -> str:
+    def _group_statement(self) -> bytes:
+        """The group commit: one statement (its own transaction); the sessions whose lease held, written whole."""
         s = self._sql.s
         return (
-            f"WITH l AS (SELECT session_id FROM {s}.leases WHERE worker_id = %s AND (session_id, epoch) IN "
-            "(SELECT * FROM unnest(%s::text[], %s::bigint[])) FOR SHARE), "
+            f"WITH l AS (SELECT le.session_id FROM {s}.leases le JOIN unnest($1::text[], $2::int8[]) AS w(sid, epoch) "
+            "ON le.session_id = w.sid AND le.epoch = w.epoch WHERE le.worker_id = $3 FOR SHARE OF le), "
             f"e AS (INSERT INTO {s}.events (session_id, seq, body) SELECT t.sid, t.seq, t.body "
-            "FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS t(sid, seq, body) "
-            "WHERE t.sid IN (SELECT session_id FROM l) RETURNING 1), "
-            f"m AS (DELETE FROM {s}.mailbox WHERE (session_id, id) IN (SELECT * FROM unnest(%s::text[], %s::bigint[])) "
-            "AND session_id IN (SELECT session_id FROM l) RETURNING 1) "
+            "FROM unnest($4::text[], $5::int8[], $6::text[]) AS t(sid, seq, body) JOIN l ON l.session_id = t.sid "
+            "RETURNING 1), "
+            f"m AS (DELETE FROM {s}.mailbox mb USING unnest($7::text[], $8::int8[]) AS a(sid, id), l "
+            "WHERE mb.session_id = a.sid AND mb.id = a.id AND l.session_id = a.sid RETURNING 1) "
             "SELECT session_id FROM l"
-        )
+        ).encode()
 
-    def _params(self, group: Sequence[_Request]) -> tuple[Any, ...]:
-        sids, seqs, bodies, ack_sids, ack_ids = [], [], [], [], []
+    def _params(self, group: Sequence[_Request], encoding: str) -> list[bytes]:
+        sids: list[str] = []
+        seqs: list[int] = []
+        bodies: list[str] = []
+        ack_sids: list[str] = []
+        ack_ids: list[int] = []
         for request in group:
             sid, first = request.writer.header.id, request.writer._stored
-            for offset, line in enumerate(request.lines):
-                sids.append(sid)
-                seqs.append(first + offset)
-                bodies.append(line)
+            sids += [sid] * len(request.lines)
+            seqs += range(first, first + len(request.lines))
+            bodies += request.lines
             ack_sids += [sid] * len(request.acks)
             ack_ids += request.acks
-        lease_sids = [r.writer.header.id for r in group]
-        epochs = [r.writer._epoch for r in group]
-        return (self.worker_id, lease_sids, epochs, sids, seqs, bodies, ack_sids, ack_ids)
+        return [
+            _texts([r.writer.header.id for r in group], encoding),
+            _int8s([r.writer._epoch for r in group]),
+            self.worker_id.encode(encoding),
+            _texts(sids, encoding),
+            _int8s(seqs),
+            _texts(bodies, encoding),
+            _texts(ack_sids, encoding),
+            _int8s(ack_ids),
+        ]
 
     async def _commit_group(self, group: list[_Request]) -> None:
         pg = _psycopg()
         query = self._group_statement()
-        params = self._params(group)
 
         def work(conn: psycopg.Connection[Any]) -> set[str]:
-            with conn.transaction():
-                return {sid for (sid,) in conn.execute(query, params)}
+            # libpq's unnamed statement (no session state: a transaction-pooling proxy may sit between),
+            # its arrays in the binary format: psycopg's adaptation of thousands of strings costs more
+            # than the server's work.
+            encoding = conn.info.encoding
+            result = conn.pgconn.exec_params(query, self._params(group, encoding), _GROUP_TYPES, _GROUP_FORMATS)
+            if result.status != pg.pq.ExecStatus.TUPLES_OK:
+                raise pg.errors.error_from_result(result, encoding=encoding)
+            return {bytes(result.get_value(row, 0) or b"").decode(encoding) for row in range(result.ntuples)}
 
         try:
             written, pid = await self._run_group(work)
