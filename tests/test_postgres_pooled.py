@@ -253,7 +253,7 @@ async def test_many_sessions_flushing_at_once_share_few_transactions_and_few_con
 async def test_a_group_commit_whose_answer_is_lost_counts_as_stored_once(
     postgres_cluster: Cluster, schema: str, store: PostgresStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The connection dies right after the group's statement is sent: each session's batch is read back, none stored twice."""
+    """The connection dies once the group's statement is sent: each batch is read back, none stored twice."""
     names = ("a", "b", "c")
     for name in names:
         await stored_session(store, name)
