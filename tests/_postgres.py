@@ -469,13 +469,14 @@ async def _worker(command: str, dsn: str, schema: str, session_id: str, options:
             ``{"message": TEXT, "mode": ..., "message_id": ...}``.  Exits
             when stdin closes.
 
-    Options: ``--lock-timeout=S``, ``--heartbeat=S``, ``--idle-session-timeout=S``.
+    Options: ``--lock-timeout=S``, ``--heartbeat=S``, ``--idle-session-timeout=S``, ``--pooled`` (a
+    :class:`~trio_harness.session.PooledPostgresStore`).
     """
     import trio
 
     from trio_harness import SessionLockedError, SessionStoreError, open_harness
     from trio_harness.model import ScriptedModel
-    from trio_harness.session import PostgresStore
+    from trio_harness.session import PooledPostgresStore, PostgresStore
     from trio_harness.session import _events as ev
 
     settings: dict[str, float] = {}
@@ -483,7 +484,8 @@ async def _worker(command: str, dsn: str, schema: str, session_id: str, options:
         if option.startswith("--") and "=" in option:
             name, value = option[2:].split("=", 1)
             settings[name] = float(value)
-    persistence = PostgresStore(
+    make = PooledPostgresStore if "--pooled" in options else PostgresStore
+    persistence = make(
         dsn,
         schema=schema,
         lock_timeout=settings.get("lock-timeout", 0.0),

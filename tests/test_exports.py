@@ -422,6 +422,7 @@ PUBLIC_API: dict[str, frozenset[str]] = {
             "LoadedSession",
             "MailboxWriter",
             "MemoryStore",
+            "PooledPostgresStore",
             "PostgresStore",
             "RemoteInbox",
             "BlobReader",

@@ -29,7 +29,7 @@ from _postgres import Cluster, Proxy, admin, fresh_schema, postgres_cluster, pro
 from _util import WAIT
 
 from trio_harness import SessionStoreError
-from trio_harness.session import PostgresStore, Session, SessionEntry, SessionRegistry
+from trio_harness.session import PooledPostgresStore, PostgresStore, Session, SessionEntry, SessionRegistry
 from trio_harness.session import _events as ev
 from trio_harness.session._events import InboxMessage
 
@@ -246,8 +246,10 @@ async def test_pooled_connections_killed_by_the_server_are_not_handed_out_again(
     assert await store.exists("s1")
 
 
-async def test_after_a_server_restart_posts_and_turns_go_on(own_cluster: Cluster) -> None:
-    persistence = PostgresStore(own_cluster.dsn(), schema=fresh_schema())
+@pytest.mark.parametrize("mode", ["per-session", "pooled"])
+async def test_after_a_server_restart_posts_and_turns_go_on(own_cluster: Cluster, mode: str) -> None:
+    cls = PooledPostgresStore if mode == "pooled" else PostgresStore
+    persistence = cls(own_cluster.dsn(), schema=fresh_schema())
     await persistence.check()
     async with persistence:
         await stored_session(persistence, "s1")

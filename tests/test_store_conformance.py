@@ -41,6 +41,7 @@ from trio_harness.model._protocol import ToolCall
 from trio_harness.session import (
     JsonlStore,
     MemoryStore,
+    PooledPostgresStore,
     PostgresStore,
     Session,
     SessionHeader,
@@ -52,7 +53,7 @@ from trio_harness.session._events import Event, ImagePart, InboxMessage
 
 __all__ = ["postgres_cluster"]  # the fixture, imported for pytest
 
-STORES = ["memory", "jsonl", "postgres"]
+STORES = ["memory", "jsonl", "postgres", "postgres-pooled"]
 
 
 @attrs.define
@@ -108,14 +109,15 @@ async def kit(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[K
     cluster: Cluster = request.getfixturevalue("postgres_cluster")
     schema = fresh_schema()
     async with AsyncExitStack() as stack:
-        first = PostgresStore(cluster.dsn(), schema=schema)
+        make = PooledPostgresStore if request.param == "postgres-pooled" else PostgresStore
+        first = make(cluster.dsn(), schema=schema)
         await first.check()
         await stack.enter_async_context(first)
 
         yield Kit(
             "postgres",
             first,
-            twin=lambda: PostgresStore(cluster.dsn(), schema=schema),
+            twin=lambda: make(cluster.dsn(), schema=schema),
             breaks=lambda: _psql(cluster, f"ALTER TABLE {schema}.events RENAME TO events_away"),
             mends=lambda: _psql(cluster, f"ALTER TABLE {schema}.events_away RENAME TO events"),
         )

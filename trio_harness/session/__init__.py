@@ -19,6 +19,7 @@ from ._persistence import MemoryStore as MemoryStore
 from ._persistence import RemoteInbox as RemoteInbox
 from ._persistence import ServerSideFork as ServerSideFork
 from ._persistence import SessionStore as SessionStore
+from ._pg_pooled import PooledPostgresStore as PooledPostgresStore
 from ._pg_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from ._postgres import PostgresStore as PostgresStore
 from ._registry import SessionEntry as SessionEntry

@@ -1,0 +1,122 @@
+"""Benchmark of the PostgreSQL store's pooled mode (PooledPostgresStore): group commit and connections.
+
+Figures, on ``$TRIO_HARNESS_POSTGRES_URL`` or a throwaway durable local
+cluster (``max_connections = 50``, see bench_store.py):
+
+* appends per second with 1,000 live sessions on one worker flushing a turn
+  (8 events) each at once, pooled mode (group commit);
+* the same with the per-session mode, which holds a connection per live
+  session, so only as many sessions as the server's connections allow (40
+  here) flush at once: each flush is its own transaction;
+* their ratio (goal >= 5x);
+* the connections the pooled worker used for its 1,000 sessions
+  (``pg_stat_activity``; at most ``pool_size + 2``).
+
+Run with ``python bench/bench_pooled.py``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import trio
+from bench_store import NoServer, postgres_server
+
+from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry
+from trio_harness.session import _events as ev
+from trio_harness.session._events import InboxMessage
+
+POOLED_SESSIONS = 1000
+PER_SESSION_SESSIONS = 40
+ROUNDS = 5
+POOL_SIZE = 4
+
+
+def one_turn(session: Any, number: int) -> None:
+    message_id = f"m{number}"
+    session.append(ev.InboxSpliced, queue="next-turn", start=0, inserted=(InboxMessage(message_id, "go"),))
+    session.append(ev.TurnStart, turn=number)
+    session.append(ev.StepStart, turn=number, step=1)
+    session.append(ev.InboxSpliced, queue="next-turn", start=0, removed=(message_id,), outcome="claimed", turn=number)
+    session.append(ev.UserMessage, turn=number, step=1, message_id=message_id, text="go")
+    session.append(ev.AssistantMessage, turn=number, step=1, text="done " * 20)
+    session.append(ev.StepEnd, turn=number, step=1)
+    session.append(ev.TurnEnd, turn=number, reason="completed")
+
+
+async def appends(store: PostgresStore, count: int) -> tuple[float, int]:
+    """Events/s of ``count`` live sessions flushing a turn each at once, ``ROUNDS`` times; connections used."""
+    sessions = SessionRegistry(store)
+    entries = []
+    for number in range(count):
+        session = await sessions.prepare_new(f"s{number}", cwd="/w")
+        entries.append(sessions.enter(session))
+        one_turn(session, 1)
+        await session.flush()
+    elapsed = 0.0
+    for round_number in range(2, ROUNDS + 2):
+        for entry in entries:
+            one_turn(entry.session, round_number)
+        started = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for entry in entries:
+                nursery.start_soon(entry.session.flush)
+        elapsed += time.perf_counter() - started
+    used = await store._run(
+        "count connections",
+        lambda conn: conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'bench-pooled'"
+        ).fetchone()[0],
+    )
+    for entry in entries:
+        await sessions.detach(entry)
+    return count * 8 * ROUNDS / elapsed, int(used)
+
+
+async def figures(dsn: str) -> dict[str, float]:
+    dsn += ("&" if "?" in dsn else "?") + "application_name=bench-pooled"
+    out: dict[str, float] = {}
+    for name, cls, count in (
+        ("pooled", PooledPostgresStore, POOLED_SESSIONS),
+        ("per-session", PostgresStore, PER_SESSION_SESSIONS),
+    ):
+        store = cls(dsn, schema="bench_" + uuid.uuid4().hex[:12], pool_size=POOL_SIZE)
+        await store.check()
+        async with store:
+            rate, used = await appends(store, count)
+        out[name], out[f"{name} connections"] = rate, used
+    return out
+
+
+async def bench() -> list[dict[str, object]]:
+    names = (
+        f"PostgreSQL pooled mode: appends/s, {POOLED_SESSIONS:,} live sessions on one worker flushing a turn at once",
+        f"  per-session mode: {PER_SESSION_SESSIONS} live sessions (a connection each) flushing at once",
+        "  pooled / per-session appends/s",
+        f"  connections the pooled worker used for {POOLED_SESSIONS:,} live sessions (pool_size {POOL_SIZE})",
+    )
+    try:
+        import psycopg  # noqa: F401
+
+        with postgres_server() as dsn:
+            found = await figures(dsn)
+    except (ImportError, NoServer) as exc:
+        return [{"figure": name, "value": f"skipped: {exc}", "unit": "", "target": "report"} for name in names]
+    return [
+        {"figure": names[0], "value": round(found["pooled"]), "unit": "events/s", "target": "report"},
+        {"figure": names[1], "value": round(found["per-session"]), "unit": "events/s", "target": "report"},
+        {"figure": names[2], "value": round(found["pooled"] / found["per-session"], 1), "unit": "x", "target": ">= 5x"},
+        {
+            "figure": names[3],
+            "value": found["pooled connections"],
+            "unit": "connections",
+            "target": f"<= {POOL_SIZE + 2}",
+        },
+    ]
+
+
+if __name__ == "__main__":
+    for row in trio.run(bench):
+        print(row)

@@ -1,0 +1,660 @@
+"""Pooled mode of the PostgreSQL store: connections per worker, leases with an epoch fence, group commit.
+
+:class:`PooledPostgresStore` holds its sessions without a connection each:
+
+* the worker holds one **liveness lock** (a session-level advisory lock keyed
+  by its random worker id) on a direct connection of its own, kept alive by
+  the heartbeat and dropped by the server after ``idle_session_timeout``;
+* a live session is a **lease** row ``(session_id, worker_id, worker_key,
+  epoch)``: taking a session (``resume``, or the claim of a new one) is one
+  statement that bumps the epoch, allowed only when the row names no worker or
+  a worker whose liveness lock is free (``pg_locks``); releasing it clears the
+  worker and keeps the epoch (epochs never repeat);
+* every append and mailbox delete joins the writer's lease ``(worker, epoch)``
+  ``FOR SHARE`` in the same statement: a writer whose lease was taken (even
+  one that was frozen and resumed) writes nothing, and a takeover waits for an
+  append that locked the lease to finish before it reads the log;
+* flushes of different sessions ready at once share one transaction and one
+  statement (**group commit**): the statement returns the sessions whose lease
+  held; each of those had its whole batch stored, the others nothing.
+
+A worker uses its ``pool_size`` shared connections, the liveness connection
+and the mailbox listener: at most ``pool_size + 2`` whatever the number of its
+sessions.  The shared ones use no named prepared statements
+(``prepare_threshold=None``), so they may go through a transaction-pooling
+proxy; the liveness and LISTEN connections need session state.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+import logging
+import struct
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from .._errors import (
+    EventDecodeError,
+    SessionError,
+    SessionExistsError,
+    SessionLockedError,
+    SessionStoreError,
+)
+from ._codec import decode_inbox_message, encode_event, encode_header
+from ._events import Event, InboxMessage, SessionHeader
+from ._persistence import LoadedSession
+from ._pg_schema import _lock_key, _psycopg
+from ._pg_threads import _call
+from ._pg_wire import BINARY_FORMAT, INT8_OID, TEXT_ARRAY_OID, TEXT_FORMAT, TEXT_OID, text_array
+from ._postgres import PostgresStore
+from ._session import SessionWriter, validate_session_id
+
+if TYPE_CHECKING:
+    import psycopg
+
+log = logging.getLogger("trio_harness.session.postgres")
+
+# Most sessions one group commit carries.
+_GROUP_MAX = 2000
+
+_INT8_ARRAY_OID = 1016
+_GROUP_TYPES = (
+    TEXT_ARRAY_OID,
+    _INT8_ARRAY_OID,
+    TEXT_OID,
+    TEXT_ARRAY_OID,
+    _INT8_ARRAY_OID,
+    TEXT_ARRAY_OID,
+    TEXT_ARRAY_OID,
+    _INT8_ARRAY_OID,
+)
+_GROUP_FORMATS = (
+    BINARY_FORMAT,
+    BINARY_FORMAT,
+    TEXT_FORMAT,
+    BINARY_FORMAT,
+    BINARY_FORMAT,
+    BINARY_FORMAT,
+    BINARY_FORMAT,
+    BINARY_FORMAT,
+)
+_EMPTY_ARRAY = struct.Struct("!iiI")  # no dimensions, no nulls, element type
+
+
+def _texts(items: Sequence[str], encoding: str) -> bytes:
+    """A ``text[]`` in the binary format (an empty one has no dimensions)."""
+    return text_array(items, encoding) if items else _EMPTY_ARRAY.pack(0, 0, TEXT_OID)
+
+
+def _int8s(values: Sequence[int]) -> bytes:
+    """An ``int8[]`` in the binary format."""
+    if not values:
+        return _EMPTY_ARRAY.pack(0, 0, INT8_OID)
+    head = struct.pack("!iiIii", 1, 0, INT8_OID, len(values), 1)
+    return head + struct.pack("!" + "iq" * len(values), *itertools.chain.from_iterable((8, v) for v in values))
+
+
+def _lease_tables(s: str) -> list[str]:
+    return [
+        f"CREATE TABLE IF NOT EXISTS {s}.leases (session_id text PRIMARY KEY, worker_id text, "
+        "worker_key bigint, epoch bigint NOT NULL)",
+    ]
+
+
+def _free_clause(alias: str) -> str:
+    """True when the lease row ``alias`` names no worker, or one whose liveness lock nobody holds."""
+    return (
+        f"({alias}.worker_id IS NULL OR NOT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
+        "AND granted AND objsubid = 1 AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+        f"AND classid::bigint = (({alias}.worker_key >> 32) & 4294967295) "
+        f"AND objid::bigint = ({alias}.worker_key & 4294967295)))"
+    )
+
+
+@attrs.define(eq=False)
+class _Request:
+    writer: _PooledWriter
+    lines: list[str]
+    acks: list[int]
+    sync: bool
+    done: trio.Event = attrs.field(factory=trio.Event)
+    # True: stored; False: fenced (the lease was taken); an exception: failed.
+    outcome: bool | BaseException | None = None
+
+
+@attrs.define(eq=False, repr=False)
+class PooledPostgresStore(PostgresStore):
+    """:class:`PostgresStore` in pooled mode: O(1) connections per worker, leases, group commit.
+
+    The same tables (plus ``leases``, created by the service when missing),
+    the same protocol; a live session holds a lease row instead of a
+    connection, so a worker uses at most ``pool_size + 2`` connections.  Every
+    flush commits synchronously (``sync=False`` is not distinguished: group
+    commit pays for it).  Opt-in while the per-session mode stays the default.
+    """
+
+    worker_id: str = attrs.field(factory=lambda: uuid.uuid4().hex, init=False)
+    """This worker's random id, named by the leases of the sessions it holds."""
+    _live: psycopg.Connection[Any] | None = attrs.field(default=None, init=False)
+    _pending: list[_Request] = attrs.field(factory=list, init=False)
+    _wake: trio.Event = attrs.field(factory=trio.Event, init=False)
+    # The sizes of the group commits sent (their number of sessions), the last 1,000 (tests and benches).
+    _groups: collections.deque[int] = attrs.field(factory=lambda: collections.deque(maxlen=1000), init=False)
+
+    @property
+    def worker_key(self) -> int:
+        """The advisory lock key of this worker's liveness lock (a hash of schema and :attr:`worker_id`)."""
+        return _lock_key(self.schema, "\x00worker\x00" + self.worker_id)
+
+    async def _connect(self) -> psycopg.Connection[Any]:
+        conn = await super()._connect()
+        conn.prepare_threshold = None  # unnamed statements only: a transaction-pooling proxy may sit between
+        return conn
+
+    @asynccontextmanager
+    async def open_service(self) -> AsyncIterator[PostgresStore]:
+        async with super().open_service() as store:
+            if self._depth == 0 and self._live is None:
+                await self._start_liveness()
+            try:
+                yield store
+            finally:
+                if self._depth == 0 and self._live is not None:
+                    self._live.close()
+                    self._live = None
+
+    async def _start_liveness(self) -> None:
+        sql = self._sql
+        await self._run("create the lease table", lambda conn: [conn.execute(q) for q in _lease_tables(sql.s)])
+        self._live = await self._lock_liveness()
+        assert self._nursery is not None
+        self._nursery.start_soon(self._beat, name="postgres worker liveness")
+        self._nursery.start_soon(self._committer, name="postgres group commit")
+
+    async def _lock_liveness(self) -> psycopg.Connection[Any]:
+        """A new direct connection holding this worker's liveness lock (dropped by the server once silent)."""
+        conn = await self._connect()
+        key = self.worker_key
+
+        def lock() -> None:
+            self._configure_writer(conn)
+            conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+
+        try:
+            await _call(conn, lock)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    async def _beat(self) -> None:
+        """Keep the liveness connection active; retake the lock on a new one when it was lost.
+
+        While the lock is free another worker may take this worker's sessions;
+        their writers are then fenced (their epochs are stale), the others
+        carry on once the lock is held again.
+        """
+        period = self.heartbeat or 1.0
+        pg = _psycopg()
+        while True:
+            await trio.sleep(period)
+            conn = self._live
+            try:
+                if conn is None or conn.broken or conn.closed:
+                    self._live = await self._lock_liveness()
+                    log.warning("worker %s: liveness lock taken again on a new connection", self.worker_id)
+                else:
+                    with trio.fail_after(self.write_timeout):
+                        await _call(conn, functools.partial(conn.execute, "SELECT 1"))
+            except (pg.Error, SessionStoreError, trio.TooSlowError) as exc:
+                log.warning("worker %s: liveness heartbeat failed (%s)", self.worker_id, exc)
+                if conn is not None and self._live is conn:
+                    conn.close()
+
+    # ------------------------------------------------------------ leases
+
+    async def _take_lease(self, session_id: str) -> int | None:
+        """Take the session's lease (bump its epoch) if it is free; its epoch, or None when held."""
+        s = self._sql.s
+        query = (
+            f"INSERT INTO {s}.leases AS leases (session_id, worker_id, worker_key, epoch) VALUES (%s, %s, %s, 1) "
+            "ON CONFLICT (session_id) DO UPDATE SET worker_id = EXCLUDED.worker_id, "
+            "worker_key = EXCLUDED.worker_key, epoch = leases.epoch + 1 "
+            f"WHERE {_free_clause('leases')} RETURNING epoch"
+        )
+        params = (session_id, self.worker_id, self.worker_key)
+
+        def work(conn: psycopg.Connection[Any]) -> int | None:
+            row = conn.execute(query, params).fetchone()
+            return None if row is None else int(row[0])
+
+        return await self._run(f"take session {session_id!r}", work)
+
+    async def _release_lease(self, session_id: str, epoch: int) -> None:
+        s = self._sql.s
+        await self._run(
+            f"release session {session_id!r}",
+            lambda conn: conn.execute(
+                f"UPDATE {s}.leases SET worker_id = NULL WHERE session_id = %s AND worker_id = %s AND epoch = %s",
+                (session_id, self.worker_id, epoch),
+            ),
+        )
+
+    async def open_writer(self, header: SessionHeader) -> SessionWriter:
+        session_id = validate_session_id(header.id)
+        self._require_pool()
+        try:
+            line = encode_header(header)
+        except (TypeError, ValueError) as exc:
+            raise SessionError(f"the header of session {session_id!r} cannot be stored: {exc}") from exc
+        if session_id in self._writers:
+            raise SessionExistsError(
+                f"session {session_id!r} already exists: it is being created or is live in this process"
+            )
+        epoch = await self._take_lease(session_id)
+        if epoch is None:
+            raise SessionExistsError(
+                f"session {session_id!r} already exists: it is being created, or is live, on another worker "
+                f"(its lease in {self.location} is held); use another id, or resume it once it is stored"
+            )
+        try:
+            if session_id in self._writers:
+                raise SessionExistsError(
+                    f"session {session_id!r} already exists: it is being created or is live in this process"
+                )
+            if await self.exists(session_id):
+                raise SessionExistsError(
+                    f"session {session_id!r} is already stored in {self.location}; resume it instead"
+                )
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self._release_lease(session_id, epoch)
+            raise
+        writer = _PooledWriter(self, header, header_line=line, stored=0, epoch=epoch)
+        self._writers[session_id] = writer  # type: ignore[assignment]
+        return writer
+
+    async def resume(self, session_id: str) -> tuple[LoadedSession, SessionWriter]:
+        validate_session_id(session_id)
+        if session_id in self._writers:
+            raise SessionLockedError(
+                f"session {session_id!r} is already live or being resumed in this process; dispose its agent first",
+                path=self.location,
+            )
+        deadline = trio.current_time() + self.lock_timeout
+        delay = 0.005
+        while (epoch := await self._take_lease(session_id)) is None:
+            remaining = deadline - trio.current_time()
+            if remaining <= 0:
+                raise SessionLockedError(
+                    f"session {session_id!r} is live on another worker (its lease in {self.location} is held); "
+                    "stop it there, or wait until that worker is gone (a dead worker releases it at once, "
+                    f"a frozen one within {self.idle_session_timeout} s)",
+                    path=self.location,
+                )
+            await trio.sleep(min(delay, remaining))
+            delay = min(delay * 2, 0.05)
+        try:
+            if session_id in self._writers:
+                raise SessionLockedError(
+                    f"session {session_id!r} is already live or being resumed in this process; dispose its agent first",
+                    path=self.location,
+                )
+            loaded = await self.load(session_id)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self._release_lease(session_id, epoch)
+            raise
+        writer = _PooledWriter(self, loaded.header, header_line=None, stored=len(loaded.events), epoch=epoch)
+        self._writers[session_id] = writer  # type: ignore[assignment]
+        return loaded, writer
+
+    # ------------------------------------------------------------ group commit
+
+    async def _submit(self, request: _Request) -> None:
+        """Queue ``request`` for the next group commit and wait (shielded, bounded) for its outcome."""
+        if self._nursery is None:
+            self._require_pool()
+        self._pending.append(request)
+        self._wake.set()
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(self.write_timeout * 2 + 1):
+                await request.done.wait()
+        if not request.done.is_set():
+            request.outcome = SessionStoreError(
+                f"the group commit of session {request.writer.header.id!r} did not finish within "
+                f"{self.write_timeout * 2 + 1:g} s in {self.location}",
+                path=self.location,
+                session_id=request.writer.header.id,
+            )
+
+    async def _committer(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            while self._pending:
+                group, self._pending = self._pending[:_GROUP_MAX], self._pending[_GROUP_MAX:]
+                self._groups.append(len(group))
+                await self._commit_group(group)
+
+    def _group_statement(self) -> bytes:
+        """The group commit: one statement (its own transaction); the sessions whose lease held, written whole."""
+        s = self._sql.s
+        return (
+            f"WITH l AS (SELECT le.session_id FROM {s}.leases le JOIN unnest($1::text[], $2::int8[]) AS w(sid, epoch) "
+            "ON le.session_id = w.sid AND le.epoch = w.epoch WHERE le.worker_id = $3 FOR SHARE OF le), "
+            f"e AS (INSERT INTO {s}.events (session_id, seq, body) SELECT t.sid, t.seq, t.body "
+            "FROM unnest($4::text[], $5::int8[], $6::text[]) AS t(sid, seq, body) JOIN l ON l.session_id = t.sid "
+            "RETURNING 1), "
+            f"m AS (DELETE FROM {s}.mailbox mb USING unnest($7::text[], $8::int8[]) AS a(sid, id), l "
+            "WHERE mb.session_id = a.sid AND mb.id = a.id AND l.session_id = a.sid RETURNING 1) "
+            "SELECT session_id FROM l"
+        ).encode()
+
+    def _params(self, group: Sequence[_Request], encoding: str) -> list[bytes]:
+        sids: list[str] = []
+        seqs: list[int] = []
+        bodies: list[str] = []
+        ack_sids: list[str] = []
+        ack_ids: list[int] = []
+        for request in group:
+            sid, first = request.writer.header.id, request.writer._stored
+            sids += [sid] * len(request.lines)
+            seqs += range(first, first + len(request.lines))
+            bodies += request.lines
+            ack_sids += [sid] * len(request.acks)
+            ack_ids += request.acks
+        return [
+            _texts([r.writer.header.id for r in group], encoding),
+            _int8s([r.writer._epoch for r in group]),
+            self.worker_id.encode(encoding),
+            _texts(sids, encoding),
+            _int8s(seqs),
+            _texts(bodies, encoding),
+            _texts(ack_sids, encoding),
+            _int8s(ack_ids),
+        ]
+
+    async def _commit_group(self, group: list[_Request]) -> None:
+        pg = _psycopg()
+        query = self._group_statement()
+
+        def work(conn: psycopg.Connection[Any]) -> set[str]:
+            # libpq's unnamed statement (no session state: a transaction-pooling proxy may sit between),
+            # its arrays in the binary format: psycopg's adaptation of thousands of strings costs more
+            # than the server's work.
+            encoding = conn.info.encoding
+            result = conn.pgconn.exec_params(query, self._params(group, encoding), _GROUP_TYPES, _GROUP_FORMATS)
+            if result.status != pg.pq.ExecStatus.TUPLES_OK:
+                raise pg.errors.error_from_result(result, encoding=encoding)
+            return {bytes(result.get_value(row, 0) or b"").decode(encoding) for row in range(result.ntuples)}
+
+        try:
+            written, pid = await self._run_group(work)
+            if written is None:  # the connection was lost, maybe during COMMIT: read back what is stored
+                written = await self._resolve(group, pid)
+        except BaseException as exc:
+            if isinstance(exc, pg.Error) and len(group) > 1 and not isinstance(exc, pg.OperationalError):
+                for request in group:  # one session's bad batch must not fail the others
+                    await self._commit_group([request])
+                return
+            for request in group:
+                request.outcome = exc if isinstance(exc, Exception) else SessionStoreError(str(exc))
+                request.done.set()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for request in group:
+            if not request.done.is_set():
+                request.outcome = request.writer.header.id in written
+                request.done.set()
+
+    async def _resolve(self, group: list[_Request], pid: int) -> set[str]:
+        """After a lost group commit: the sessions whose batch is stored; the others are committed again.
+
+        The lost connection's server process ``pid`` may still be finishing
+        the transaction: the outcome is read only once that process is gone
+        (waited for up to ``write_timeout``, else the group fails: unknown).
+        """
+        s = self._sql.s
+        deadline = trio.current_time() + self.write_timeout
+        while await self._run(
+            "look for a lost connection's server process",
+            lambda conn: conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() is not None,
+            retry=True,
+        ):
+            if trio.current_time() >= deadline:
+                raise SessionStoreError(
+                    f"a group commit lost its connection and its server process {pid} has not ended within "
+                    f"{self.write_timeout:g} s in {self.location}: whether it committed is unknown",
+                    path=self.location,
+                )
+            await trio.sleep(0.01)
+        firsts = [(r.writer.header.id, r.writer._stored) for r in group if r.lines]
+
+        def counts(conn: psycopg.Connection[Any]) -> dict[str, int]:
+            found: dict[str, int] = {}
+            for sid, first in firsts:
+                row = conn.execute(
+                    f"SELECT count(*) FROM {s}.events WHERE session_id = %s AND seq >= %s", (sid, first)
+                ).fetchone()
+                found[sid] = int(row[0]) if row else 0
+            return found
+
+        found = await self._run("read back a lost group commit", counts, retry=True)
+        written = {r.writer.header.id for r in group if r.lines and found.get(r.writer.header.id) == len(r.lines)}
+        again = [r for r in group if r.writer.header.id not in written]
+        for request in again:
+            if request.lines and found.get(request.writer.header.id):
+                request.outcome = False  # another writer appended: the lease was taken
+                request.done.set()
+        retry = [r for r in again if not r.done.is_set()]
+        if retry:
+            log.warning(
+                "a group commit of %d sessions lost its connection; committing %d again", len(group), len(retry)
+            )
+            await self._commit_group(retry)
+        return written
+
+    async def _run_group(self, work: Callable[[psycopg.Connection[Any]], set[str]]) -> tuple[set[str] | None, int]:
+        """One group transaction: the sessions written, or None when the connection was lost; its server process."""
+        pg = _psycopg()
+        pool = self._require_pool()
+        async with pool.connection() as conn:
+            pid = conn.info.backend_pid
+            try:
+                with trio.fail_after(self.write_timeout):
+                    return await _call(conn, functools.partial(work, conn)), pid
+            except (pg.Error, trio.TooSlowError) as exc:
+                if isinstance(exc, pg.Error) and not (conn.broken or conn.closed):
+                    raise
+                log.warning("group commit: the connection was lost (%s)", exc)
+                conn.close()
+        return None, pid
+
+
+@attrs.define(eq=False)
+class _PooledWriter:
+    store: PooledPostgresStore
+    header: SessionHeader
+    _header_line: str | None = attrs.field(alias="header_line")
+    _stored: int = attrs.field(alias="stored")
+    _epoch: int = attrs.field(alias="epoch")
+    _buffer: list[str] = attrs.field(factory=list, init=False)
+    _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    _closed: bool = attrs.field(default=False, init=False)
+    _broken: str | None = attrs.field(default=None, init=False)
+    _mail_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    _on_mail: Callable[[], Awaitable[None]] | None = attrs.field(default=None, init=False)
+    _mail_wake: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _taken: set[int] = attrs.field(factory=set, init=False)
+    _acks: list[int] = attrs.field(factory=list, init=False)
+
+    def write(self, event: Event) -> None:
+        self._buffer.append(encode_event(event))
+
+    def _error(self, reason: str) -> SessionStoreError:
+        return SessionStoreError(
+            f"cannot store the events of session {self.header.id!r} in {self.store.location}: {reason}",
+            path=self.store.location,
+            session_id=self.header.id,
+        )
+
+    async def flush(self, *, sync: bool = True) -> None:
+        async with self._lock:
+            if not self._buffer and not self._acks:
+                return
+            if self._closed or self._broken is not None:
+                raise self._error("its writer is closed" if self._closed else self._broken or "")
+            lines, acks = self._buffer, list(self._acks)
+            self._buffer = []
+            try:
+                if self._header_line is not None:
+                    outcome: bool | BaseException | None = await self._create(lines)
+                else:
+                    request = _Request(self, lines, acks, sync)
+                    await self.store._submit(request)
+                    outcome = request.outcome
+            except BaseException:
+                self._buffer[:0] = lines
+                raise
+            if outcome is True:
+                self._stored += len(lines)
+                for mail_id in acks:
+                    self._acks.remove(mail_id)
+                    self._taken.discard(mail_id)
+                return
+            self._buffer[:0] = lines
+            if outcome is False:
+                self._broken = (
+                    "this writer lost the session (its lease was taken by another worker); "
+                    "resume the session to continue from what is stored"
+                )
+                raise self._error(self._broken)
+            if isinstance(outcome, SessionStoreError):
+                raise outcome
+            if isinstance(outcome, _psycopg().Error):
+                raise self.store._error(outcome, f"store the events of session {self.header.id!r}") from outcome
+            raise self._error(f"{type(outcome).__name__}: {outcome}") from outcome
+
+    async def _create(self, lines: list[str]) -> bool:
+        """The first flush of a new session: its row and batch in one transaction, fenced by the lease."""
+        store, sql, header, line = self.store, self.store._sql, self.header, self._header_line
+        s = sql.s
+
+        def work(conn: psycopg.Connection[Any]) -> bool:
+            with conn.transaction():
+                held = conn.execute(
+                    f"SELECT 1 FROM {s}.leases WHERE session_id = %s AND worker_id = %s AND epoch = %s FOR SHARE",
+                    (header.id, store.worker_id, self._epoch),
+                ).fetchone()
+                if held is None:
+                    return False
+                if (
+                    conn.execute(
+                        sql.insert_session, (header.id, line, header.created_at, header.parent_session)
+                    ).fetchone()
+                    is None
+                ):
+                    raise SessionExistsError(f"session {header.id!r} is already stored in {store.location}")
+                if lines:
+                    conn.execute(sql.insert_events, (header.id, 0, lines), binary=True)
+            return True
+
+        try:
+            stored = await store._run(f"store session {header.id!r}", work)
+        except SessionExistsError as exc:
+            self._broken = str(exc)
+            raise self._error(str(exc)) from exc
+        if stored:
+            self._header_line = None
+        return stored
+
+    # ------------------------------------------------------------ mail
+
+    def receive(self, on_mail: Callable[[], Awaitable[None]]) -> None:
+        self._on_mail = on_mail
+        self.store._start_mail(self)  # type: ignore[arg-type]
+        self._mail_wake.set()
+
+    def wake_mail(self) -> None:
+        if self._on_mail is not None:
+            self._mail_wake.set()
+
+    async def _mail_loop(self) -> None:
+        while True:
+            await self._mail_wake.wait()
+            self._mail_wake = trio.Event()
+            on_mail = self._on_mail
+            if on_mail is None or self._closed:
+                return
+            try:
+                await on_mail()
+            except Exception:
+                log.exception("session %r: delivering posted messages failed", self.header.id)
+
+    async def take_mail(self) -> list[tuple[int, InboxMessage]]:
+        if self._closed or self._broken is not None:
+            return []
+        s, sid = self.store._sql.s, self.header.id
+        rows = await self.store._run(
+            f"read the mailbox of session {sid!r}",
+            lambda conn: conn.execute(
+                f"SELECT id, body FROM {s}.mailbox WHERE session_id = %s ORDER BY id", (sid,)
+            ).fetchall(),
+            retry=True,
+        )
+        mail: list[tuple[int, InboxMessage]] = []
+        for mail_id, body in rows:
+            if mail_id in self._taken:
+                continue
+            self._taken.add(mail_id)
+            try:
+                message = decode_inbox_message(body)
+            except EventDecodeError as exc:
+                log.error("session %r: mailbox row %d is not a message (%s); removing it", sid, mail_id, exc)
+                self._acks.append(mail_id)
+                continue
+            mail.append((mail_id, message))
+        return mail
+
+    def ack_mail(self, mail_ids: Sequence[int]) -> None:
+        self._acks.extend(mail_ids)
+
+    def release_mail(self, mail_ids: Sequence[int]) -> None:
+        for mail_id in mail_ids:
+            self._taken.discard(mail_id)
+
+    # ------------------------------------------------------------ close
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._buffer = []
+        self._on_mail = None
+        if self._mail_scope is not None:
+            self._mail_scope.cancel()
+        with trio.CancelScope(shield=True):
+            try:
+                async with self._lock:
+                    if self._broken is None and self.store._pool is not None:
+                        with trio.move_on_after(self.store.release_timeout):
+                            await self.store._release_lease(self.header.id, self._epoch)
+            except SessionStoreError as exc:
+                log.warning(
+                    "session %r: releasing its lease failed (%s); a takeover finds it free once this worker is gone",
+                    self.header.id,
+                    exc,
+                )
+            finally:
+                writers: dict[str, object] = self.store._writers  # type: ignore[assignment]
+                if writers.get(self.header.id) is self:
+                    del writers[self.header.id]
