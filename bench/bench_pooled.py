@@ -66,9 +66,9 @@ async def appends(store: PostgresStore, count: int) -> tuple[float, int]:
         elapsed += time.perf_counter() - started
     used = await store._run(
         "count connections",
-        lambda conn: conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'bench-pooled'"
-        ).fetchone()[0],
+        lambda conn: _count(
+            conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'bench-pooled'").fetchone()
+        ),
     )
     for entry in entries:
         await sessions.detach(entry)
@@ -120,3 +120,9 @@ async def bench() -> list[dict[str, object]]:
 if __name__ == "__main__":
     for row in trio.run(bench):
         print(row)
+
+
+def _count(row: Any) -> int:
+    """The count of a ``SELECT count(*)`` row."""
+    assert row is not None
+    return int(row[0])
