@@ -360,3 +360,11 @@ async def test_estimates_and_summaries_account_for_images() -> None:
     assert isinstance(last, UserMessage)
     assert "User: look\n\nUser attached an image (image/png)\n\nAssistant: seen" in last.text
     assert not any(isinstance(m, AssistantMessage) for m in summary_request.messages)
+
+
+def test_inbox_message_images_must_be_a_tuple_of_image_parts() -> None:
+    # The validator's fast path for () (every message without images) still refuses the rest.
+    assert InboxMessage("m1", "hi", images=()).images == ()
+    for bad in ([], [ImagePart.of(PNG)], (PNG,), ("x",), None):
+        with pytest.raises(TypeError, match="must be a tuple of ImagePart"):
+            InboxMessage("m1", "hi", images=bad)  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ asking the approver again.  A cancel acts as ``agent.cancel("user")``.
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,22 @@ async def test_a_cancel_posted_while_nobody_holds_the_session_drops_the_paused_q
             assert decisions(agent.session.events) == [("c1", "cancelled", "cancelled")]
             assert [(e.reason, e.cause) for e in of(agent, ev.TurnEnd)] == [("paused", "disposed"), ("aborted", "user")]
     assert_balanced(await _load(dsn, schema, "s"))
+
+
+async def test_an_idle_agent_pays_no_memory_for_remote_control() -> None:
+    # The memory per idle agent (bench/bench_agents.py): the routes for posted messages and
+    # controls are bound methods of the registry's entry (64 B each, where a functools.partial
+    # costs ~190 B), and the gate's store of posted decisions is made only when one arrives.
+    asking = Asking()
+    model = ScriptedModel([{"tool_calls": [call("danger", "1", "c1")]}, {"text": "done"}])
+    async with open_test_harness(model, approver=asking) as h:
+        h.tools.add(Ran().tool())
+        async with h.agents.open(session_id="s") as agent:
+            entry = h.sessions._live["s"]
+            assert type(entry.receiver) is types.MethodType and type(entry.control) is types.MethodType
+            assert agent._approvals._remote is None  # type: ignore[attr-defined]
+            agent.followup("go")
+            await asking.asked.wait()
+            await h.sessions.post("s", call_id="c1", decision=ApprovalDecision.deny("no"))
+            await agent.when_idle()
+            assert decisions(agent.session.events) == [("c1", "deny", "approver")]

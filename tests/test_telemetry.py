@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -538,3 +539,27 @@ trio.run(main)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=root)
     assert run.returncode == 0, run.stderr
     assert "need the OpenTelemetry API: pip install 'trio-harness[otel]'" in run.stdout
+
+
+def test_tool_scope_is_the_shared_no_op_unless_registered_for_the_bus() -> None:
+    from trio_harness import _trace_hooks as hooks
+
+    class Bus:
+        pass
+
+    bus, other = Bus(), Bus()
+    made: list[tuple[str, str]] = []
+
+    def scope(session_id: str, call_id: str) -> contextlib.AbstractContextManager[object]:
+        made.append((session_id, call_id))
+        return contextlib.nullcontext()
+
+    before = hooks._registered
+    remove = hooks.register_tool_scope(bus, scope)
+    assert hooks.tool_scope(other, "s", "c0") is hooks._NULL
+    hooks.tool_scope(bus, "s", "c1")
+    assert made == [("s", "c1")]
+    remove()
+    remove()  # a second removal changes nothing
+    assert hooks._registered == before
+    assert hooks.tool_scope(bus, "s", "c2") is hooks._NULL and made == [("s", "c1")]

@@ -23,13 +23,24 @@ ToolScope = Callable[[str, str], AbstractContextManager[object]]
 _NULL: AbstractContextManager[object] = contextlib.nullcontext()
 # Per bus (one per harness): the telemetry's scope factory.
 _scopes: weakref.WeakKeyDictionary[object, ToolScope] = weakref.WeakKeyDictionary()
+# Registrations not yet removed (never low; high only if a bus died unremoved): with none, a tool call
+# pays one global read, not len() of the WeakKeyDictionary, a Python-level call (bench/bench_agents.py).
+_registered = 0
 
 
 def register_tool_scope(bus: object, scope: ToolScope) -> Callable[[], None]:
     """Run the tool handlers of the agents on ``bus`` in ``scope(session_id, call_id)``; returns a remover."""
+    global _registered
     _scopes[bus] = scope
+    _registered += 1
+    removed = False
 
     def remove() -> None:
+        global _registered
+        nonlocal removed
+        if not removed:
+            removed = True
+            _registered -= 1
         if _scopes.get(bus) is scope:
             del _scopes[bus]
 
@@ -38,7 +49,7 @@ def register_tool_scope(bus: object, scope: ToolScope) -> Callable[[], None]:
 
 def tool_scope(bus: object, session_id: str, call_id: str) -> AbstractContextManager[object]:
     """The context a tool handler runs in: its span's, when telemetry is on for ``bus``."""
-    if not _scopes:
+    if not _registered:
         return _NULL
     scope = _scopes.get(bus)
     return _NULL if scope is None else scope(session_id, call_id)

@@ -256,8 +256,16 @@ class ApprovalGate:
     _cut: frozenset[str] | set[str] = attrs.field(default=frozenset(), init=False)
     # The calls a paused turn left waiting, for the continuation turn (docs/approval.rst).
     paused: tuple[ToolCall, ...] = attrs.field(default=(), init=False)
-    # Decisions posted from anywhere (agents/_remote_control.py).
-    remote: RemoteDecisions = attrs.field(factory=RemoteDecisions, init=False)
+    # Decisions posted from anywhere (agents/_remote_control.py); made at first use (the ``remote``
+    # property): most agents never get one, and it costs ~180 bytes per idle agent.
+    _remote: RemoteDecisions | None = attrs.field(default=None, init=False)
+
+    @property
+    def remote(self) -> RemoteDecisions:
+        """The decisions posted for this agent's calls (agents/_remote_control.py)."""
+        if self._remote is None:
+            self._remote = RemoteDecisions()
+        return self._remote
 
     def __attrs_post_init__(self) -> None:
         events = self._session.events

@@ -177,8 +177,9 @@ class ImagePart:
 
 
 def _images(instance: object, attribute: attrs.Attribute[tuple[ImagePart, ...]], value: object) -> None:
-    if type(value) is not tuple or not all(type(part) is ImagePart for part in value):
-        raise TypeError(f"{type(instance).__name__}.{attribute.name} must be a tuple of ImagePart, got {value!r:.80}")
+    if type(value) is tuple and (not value or all(type(part) is ImagePart for part in value)):
+        return  # an empty tuple (every message without images, one a run) skips the generator
+    raise TypeError(f"{type(instance).__name__}.{attribute.name} must be a tuple of ImagePart, got {value!r:.80}")
 
 
 @attrs.frozen
