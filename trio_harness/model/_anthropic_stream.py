@@ -329,6 +329,8 @@ class AnthropicStreamParser:
         events.append(SSEEvent(json.dumps({"type": "message_stop"})))
         return self.feed_all(events)
 
+    feed_body = feed_message
+
     def feed_end(self, end: SSEEnd) -> list[Chunk]:
         """Take what :meth:`SSEDecoder.close <trio_harness.model._sse.SSEDecoder.close>` found at the end.
 
