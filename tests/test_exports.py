@@ -499,6 +499,7 @@ PUBLIC_API: dict[str, frozenset[str]] = {
             "ReplayModel",
             "resolve_model",
             "ResponsesProvider",
+            "ResponseInfo",
             "catalog_entry",
             "known_models",
             "Retry",

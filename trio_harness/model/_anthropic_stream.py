@@ -245,6 +245,8 @@ class AnthropicStreamParser(StreamParserBase):
                     message = obj.get("message")
                     if type(message) is not dict:
                         raise self._malformed(f"message_start has no message: {data[:200]!r}")
+                    if self._info is None:
+                        self._take_info(message)
                     usage = message.get("usage")
                     if type(usage) is dict:
                         self._usage.update(usage)

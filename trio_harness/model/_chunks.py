@@ -137,6 +137,7 @@ class ChunkParser(StreamParserBase):
         new = _new
         set_text = _set_text
         emitted = False
+        info = self._info
         try:
             for data, kind in pairs:
                 if data[:1] == "{":
@@ -148,6 +149,8 @@ class ChunkParser(StreamParserBase):
                         raise self._bad_json(data) from None
                     if end != len(data) and not data[end:].isspace():
                         raise self._bad_json(data)
+                    if info is None and type(obj) is dict:
+                        info = self._take_info(obj)
                     choices = obj.get("choices")
                     if (
                         type(choices) is list
@@ -204,6 +207,7 @@ class ChunkParser(StreamParserBase):
         ):
             self._failure = self._malformed("expected an event stream, got a JSON body: " + excerpt).failure
             return chunks
+        self._take_info(obj)
         choice = choices[0]
         # A complete message has the same fields as a delta.
         delta = {"delta": choice["message"], "finish_reason": choice.get("finish_reason")}

@@ -33,7 +33,7 @@ import trio
 from .._errors import ModelError
 from .._redact import redact_urls
 from ._chunks import message_of
-from ._protocol import Chunk, Emit, Failure, Finish, Retry, Usage
+from ._protocol import Chunk, Emit, Failure, Finish, ResponseInfo, Retry, Usage
 from ._sse import SSEDecoder, SSEEnd, SSEError, SSEEvent
 
 ERROR_BODY_LIMIT: Final = 64 * 1024
@@ -61,6 +61,8 @@ class StreamParser(Protocol):
     def emitted(self) -> bool: ...
     @property
     def usage(self) -> Usage | None: ...
+    @property
+    def response_info(self) -> ResponseInfo | None: ...
     def feed_into(self, events: Iterable[SSEEvent], emit: Callable[[Chunk], None]) -> None: ...
     def feed_body(self, body: bytes) -> list[Chunk]: ...
     def feed_end(self, end: SSEEnd) -> list[Chunk]: ...
@@ -264,7 +266,7 @@ class HTTPStreamer:
                 if isinstance(follow, bytes):
                     content, attempt = follow, 0
                     continue
-                _emit_usage(exchange.usage(parser), emit)
+                _emit_end(parser, exchange.usage(parser), emit)
                 emit(follow)
                 return
             failure = outcome
@@ -281,7 +283,7 @@ class HTTPStreamer:
                 failure = attrs.evolve(failure, message=failure.message + " (not retried: output was already emitted)")
             elif failure.retryable and attempt:
                 failure = attrs.evolve(failure, message=f"{failure.message} (gave up after {attempt} retries)")
-            _emit_usage(exchange.usage(parser), emit)
+            _emit_end(parser, exchange.usage(parser), emit)
             emit(Finish(reason="error", failure=failure))
             return
 
@@ -406,7 +408,11 @@ class HTTPStreamer:
 # ---------------------------------------------------------------- helpers
 
 
-def _emit_usage(usage: Usage | None, emit: Emit) -> None:
+def _emit_end(parser: StreamParser, usage: Usage | None, emit: Emit) -> None:
+    """Emit what comes before the finish: the response's model and id (when named), then the usage."""
+    info = parser.response_info
+    if info is not None and (info.model or info.id):
+        emit(info)
     if usage is not None:
         emit(usage)
 

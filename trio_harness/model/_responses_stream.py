@@ -287,6 +287,10 @@ class ResponsesParser(StreamParserBase):
             delta = obj.get("delta")
             if type(delta) is str:
                 self._refusal = (self._refusal or "") + delta
+        elif kind in ("response.created", "response.in_progress"):
+            response = obj.get("response")
+            if self._info is None and type(response) is dict:
+                self._take_info(response)
         elif kind in ("response.completed", "response.incomplete", "response.failed"):
             response = obj.get("response")
             if type(response) is not dict:
@@ -298,6 +302,8 @@ class ResponsesParser(StreamParserBase):
         return False
 
     def _terminal(self, response: dict[str, Any], data: str) -> None:
+        if self._info is None:
+            self._take_info(response)
         usage = response.get("usage")
         if usage is not None:
             if type(usage) is not dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ._protocol import Chunk, Failure
+from ._protocol import Chunk, Failure, ResponseInfo
 from ._sse import SSEEvent
 
 
@@ -36,13 +36,14 @@ class StreamParserBase:
         name: the provider's name, which starts every failure message.
     """
 
-    __slots__ = ("_done", "_emitted", "_failure", "name")
+    __slots__ = ("_done", "_emitted", "_failure", "_info", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._done = False
         self._emitted = False
         self._failure: Failure | None = None
+        self._info: ResponseInfo | None = None
 
     @property
     def done(self) -> bool:
@@ -58,6 +59,18 @@ class StreamParserBase:
     def emitted(self) -> bool:
         """True once any chunk of output was returned (a retry would repeat output)."""
         return self._emitted
+
+    @property
+    def response_info(self) -> ResponseInfo | None:
+        """The model and response id the server named (the first it named), or None."""
+        return self._info
+
+    def _take_info(self, obj: dict[str, object]) -> ResponseInfo:
+        """Keep the ``model`` and ``id`` strings of a response object (``""`` where absent) and return them."""
+        model, rid = obj.get("model"), obj.get("id")
+        info = ResponseInfo(model if type(model) is str else "", rid if type(rid) is str else "")
+        self._info = info
+        return info
 
     def feed_into(self, events: Iterable[SSEEvent], emit: Callable[[Chunk], None]) -> None:
         """Take events in order, passing each chunk to ``emit`` at once (each parser's own)."""
