@@ -27,7 +27,7 @@ import time
 import trio
 
 from trio_harness.model._anthropic import AnthropicProvider
-from trio_harness.model._protocol import Chunk, Finish, ModelRequest, TextDelta, Usage, UserMessage
+from trio_harness.model._protocol import Chunk, Finish, ModelRequest, ResponseInfo, TextDelta, Usage, UserMessage
 
 DELTAS = 50_000
 BATCH = 1_000
@@ -126,7 +126,7 @@ async def _ours(base_url: str) -> float:
             await provider.stream(request, sink.emit)
             elapsed = time.perf_counter() - start
             count, others = sink.count, sink.others
-            if count != DELTAS or others != [Usage(25, DELTAS), Finish("stop")]:
+            if count != DELTAS or others != [ResponseInfo("bench", "msg_1"), Usage(25, DELTAS), Finish("stop")]:
                 raise RuntimeError(f"bad benchmark stream: {count} deltas, then {others}")
             rates.append(count / elapsed)
     return max(rates)

@@ -140,7 +140,7 @@ async def _ours(base_url: str) -> float:
             start = time.perf_counter()
             await provider.stream(request, sink.emit)
             elapsed = time.perf_counter() - start
-            if sink.count != DELTAS or sink.others[-1] != Finish("stop") or not isinstance(sink.others[0], Usage):
+            if sink.count != DELTAS or sink.others[-1] != Finish("stop") or not isinstance(sink.others[-2], Usage):
                 raise RuntimeError(f"bad benchmark stream: {sink.count} deltas, then {sink.others}")
             best = max(best, sink.count / elapsed)
     return best

@@ -50,6 +50,7 @@ from trio_harness.model._protocol import (
     ModelSettings,
     ReasoningBlock,
     ReasoningDelta,
+    ResponseInfo,
     Retry,
     TextDelta,
     ToolCall,
@@ -450,7 +451,7 @@ async def make_provider() -> AsyncIterator[MakeProvider]:
 
 
 async def collect(
-    provider: AnthropicProvider, request: ModelRequest = REQUEST, *, guard: float | None = 10.0
+    provider: AnthropicProvider, request: ModelRequest = REQUEST, *, guard: float | None = 10.0, info: bool = False
 ) -> list[Chunk]:
     chunks: list[Chunk] = []
     if guard is None:
@@ -459,6 +460,10 @@ async def collect(
         with trio.fail_after(guard):
             await provider.stream(request, chunks.append)
     assert isinstance(chunks[-1], Finish) and sum(isinstance(c, Finish) for c in chunks) == 1
+    # At most one ResponseInfo, after the output; left out unless asked for (``info=True``).
+    assert sum(isinstance(chunk, ResponseInfo) for chunk in chunks) <= 1
+    if not info:
+        chunks = [chunk for chunk in chunks if not isinstance(chunk, ResponseInfo)]
     gc.collect()
     return chunks
 

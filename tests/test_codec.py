@@ -140,6 +140,8 @@ EVENT_FIELDS: dict[type[Event], dict[str, st.SearchStrategy[Any]]] = {
         "usage": st.none() | usages,
         "finish": texts,
         "reasoning_blocks": st.lists(reasoning_blocks, max_size=3).map(tuple),
+        "response_model": texts,
+        "response_id": texts,
     },
     ToolCallRequested: {**_STEP, "call_id": texts, "name": texts, "arguments": texts},
     ToolResult: {

@@ -501,6 +501,7 @@ PUBLIC_API: dict[str, frozenset[str]] = {
             "ReplayModel",
             "resolve_model",
             "ResponsesProvider",
+            "ResponseInfo",
             "catalog_entry",
             "known_models",
             "Retry",

@@ -56,6 +56,7 @@ from trio_harness.model._protocol import (
     ModelProvider,
     ModelRequest,
     ReasoningDelta,
+    ResponseInfo,
     Retry,
     TextDelta,
     ToolCall,
@@ -103,7 +104,7 @@ async def make_provider() -> AsyncIterator[MakeProvider]:
 
 
 async def collect(
-    provider: OpenAIProvider, request: ModelRequest = REQUEST, *, guard: float | None = 10.0
+    provider: OpenAIProvider, request: ModelRequest = REQUEST, *, guard: float | None = 10.0, info: bool = False
 ) -> list[Chunk]:
     """Run one stream and return its chunks; checks exactly one Finish, last."""
     chunks: list[Chunk] = []
@@ -116,6 +117,10 @@ async def collect(
     assert isinstance(chunks[-1], Finish)
     assert sum(isinstance(chunk, Finish) for chunk in chunks) == 1
     # Surface "async generator garbage collected" warnings here, as errors.
+    # At most one ResponseInfo, after the output; left out unless asked for (``info=True``).
+    assert sum(isinstance(chunk, ResponseInfo) for chunk in chunks) <= 1
+    if not info:
+        chunks = [chunk for chunk in chunks if not isinstance(chunk, ResponseInfo)]
     gc.collect()
     return chunks
 

@@ -35,6 +35,7 @@ from trio_harness.model import (
     ModelSettings,
     OutputFormat,
     ReasoningBlock,
+    ResponseInfo,
     ResponsesProvider,
     Retry,
     TextDelta,
@@ -80,7 +81,7 @@ async def make_provider() -> AsyncIterator[MakeProvider]:
 
 
 async def collect(
-    provider: ResponsesProvider, request: ModelRequest = REQUEST, *, guard: float | None = 10.0
+    provider: ResponsesProvider, request: ModelRequest = REQUEST, *, guard: float | None = 10.0, info: bool = False
 ) -> list[Chunk]:
     chunks: list[Chunk] = []
     if guard is None:
@@ -90,6 +91,10 @@ async def collect(
             await provider.stream(request, chunks.append)
     assert isinstance(chunks[-1], Finish)
     assert sum(isinstance(chunk, Finish) for chunk in chunks) == 1
+    # At most one ResponseInfo, after the output; left out unless asked for (``info=True``).
+    assert sum(isinstance(chunk, ResponseInfo) for chunk in chunks) <= 1
+    if not info:
+        chunks = [chunk for chunk in chunks if not isinstance(chunk, ResponseInfo)]
     gc.collect()
     return chunks
 

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 from _acp_clients import connected
@@ -34,8 +35,9 @@ from trio_harness import (
 )
 from trio_harness._harness import Harness
 from trio_harness._telemetry import continue_trace, open_telemetry
-from trio_harness.model import Failure, Finish, ModelRequest, Retry, TextDelta, Usage
+from trio_harness.model import Failure, Finish, ModelRequest, ResponseInfo, Retry, TextDelta, Usage
 from trio_harness.model._protocol import Emit
+from trio_harness.session._events import AssistantMessage as AssistantMessageEvent
 from trio_harness.testing import open_test_harness
 
 SERVERS = Path(__file__).resolve().parent / "mcp_servers"
@@ -563,3 +565,37 @@ def test_tool_scope_is_the_shared_no_op_unless_registered_for_the_bus() -> None:
     remove()  # a second removal changes nothing
     assert hooks._registered == before
     assert hooks.tool_scope(bus, "s", "c2") is hooks._NULL and made == [("s", "c1")]
+
+
+@attrs.define
+class _NamedModel:
+    """A provider whose first answer names its model and id (ResponseInfo), the second none."""
+
+    name: str = "named"
+    calls: int = 0
+
+    async def stream(self, request: ModelRequest, emit: Emit) -> None:
+        await trio.lowlevel.checkpoint()
+        self.calls += 1
+        emit(TextDelta("hi"))
+        if self.calls == 1:
+            emit(ResponseInfo(model="claude-opus-4-6", id="msg_1"))
+        emit(Finish("stop"))
+
+
+async def test_the_chat_span_names_the_response_model_and_id_when_the_provider_reported_them(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    async with traced(_NamedModel(), provider) as h:
+        async with h.agents.open(session_id="s1") as agent:
+            agent.followup("one")
+            await agent.when_idle()
+            agent.followup("two")
+            await agent.when_idle()
+            messages = [e for e in agent.session.events if isinstance(e, AssistantMessageEvent)]
+    assert [(m.response_model, m.response_id) for m in messages] == [("claude-opus-4-6", "msg_1"), ("", "")]
+    first, second = named(exporter.get_finished_spans(), "chat")
+    assert first.attributes is not None and second.attributes is not None
+    assert first.attributes["gen_ai.response.model"] == "claude-opus-4-6"
+    assert first.attributes["gen_ai.response.id"] == "msg_1"
+    assert "gen_ai.response.model" not in second.attributes and "gen_ai.response.id" not in second.attributes

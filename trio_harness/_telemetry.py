@@ -398,6 +398,10 @@ class _AgentTrace:
             return
         attributes = chat.attributes
         attributes["gen_ai.response.finish_reasons"] = (event.finish,)
+        if event.response_model:
+            attributes["gen_ai.response.model"] = event.response_model
+        if event.response_id:
+            attributes["gen_ai.response.id"] = event.response_id
         usage = event.usage
         if usage is not None:
             _add_usage(attributes, usage)

@@ -22,6 +22,7 @@ from ..model._protocol import (
     Finish,
     ReasoningBlock,
     ReasoningDelta,
+    ResponseInfo,
     Retry,
     TextDelta,
     ToolCall,
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger("trio_harness.agent")
+
+_NO_INFO = ResponseInfo()
 
 # Built from values checked here: a plain constructor (the same objects, cheaper).
 _tool_call = plain_constructor(ToolCall) or ToolCall
@@ -57,9 +60,10 @@ async def stream_response(
     blocks: list[ReasoningBlock] = []
     usage: Usage | None = None
     finish: Finish | None = None
+    info = _NO_INFO
 
     def emit(chunk: Chunk) -> None:
-        nonlocal usage, finish
+        nonlocal usage, finish, info
         if finish is not None:
             return  # nothing counts after the finish
         # ``type(chunk) is`` narrows like isinstance and is cheaper on this hot path.
@@ -93,6 +97,9 @@ async def stream_response(
                         f"name and a JSON object of plain JSON values: {chunk!r:.200}",
                     ),
                 )
+        elif type(chunk) is ResponseInfo:
+            if type(chunk.model) is str and type(chunk.id) is str:
+                info = chunk
         elif type(chunk) is Retry:
             session.append(
                 ev.RequestRetry,
@@ -115,7 +122,7 @@ async def stream_response(
         else:
             if failed is not None:
                 log.error("agent %s: model provider %s raised while cancelled: %r", session.id, provider.name, failed)
-            _log_partial(session, turn, step, text, reasoning, blocks, usage)
+            _log_partial(session, turn, step, text, reasoning, blocks, usage, info)
             if cancelled is exc:
                 raise
             raise cancelled from None
@@ -140,6 +147,8 @@ async def stream_response(
         usage=usage,
         finish=finish.reason,
         reasoning_blocks=tuple(blocks),
+        response_model=info.model,
+        response_id=info.id,
     )
     return finish, calls
 
@@ -152,6 +161,7 @@ def _log_partial(
     reasoning: list[str],
     blocks: list[ReasoningBlock],
     usage: Usage | None,
+    info: ResponseInfo,
 ) -> None:
     """Log what a cancelled stream had produced, as an aborted assistant message.
 
@@ -168,4 +178,6 @@ def _log_partial(
             usage=usage,
             finish="aborted",
             reasoning_blocks=tuple(blocks),
+            response_model=info.model,
+            response_id=info.id,
         )

@@ -21,6 +21,7 @@ from ._protocol import OutputFormat as OutputFormat
 from ._protocol import OutputMode as OutputMode
 from ._protocol import ReasoningBlock as ReasoningBlock
 from ._protocol import ReasoningDelta as ReasoningDelta
+from ._protocol import ResponseInfo as ResponseInfo
 from ._protocol import Retry as Retry
 from ._protocol import TextDelta as TextDelta
 from ._protocol import ToolCall as ToolCall

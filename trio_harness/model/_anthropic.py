@@ -29,24 +29,21 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, ClassVar, Final
 
 import attrs
 import httpx
-import trio
 
 from .._errors import ModelError
 from .._redact import redact_urls
 from .._util import is_positive_int
 from ._anthropic_stream import PROVIDER, AnthropicStreamParser
 from ._context import context_window_for
+from ._http import Exchange, HTTPStreamer, StreamParser, json_default, make_rng
 from ._images import has_images, images_unsupported
-from ._openai import _abandon, _error_message, _json_default, _read_limited, _retry_after, _seconds
 from ._protocol import (
     AssistantMessage,
     Emit,
@@ -56,12 +53,10 @@ from ._protocol import (
     ModelRequest,
     ModelSettings,
     ReasoningBlock,
-    Retry,
     ToolMessage,
     Usage,
     UserMessage,
 )
-from ._sse import SSEDecoder, SSEError
 
 ANTHROPIC_BASE_URL: Final = "https://api.anthropic.com"
 """The base URL of ``anthropic:MODEL`` specs; ``/v1/messages`` is appended to it."""
@@ -79,12 +74,6 @@ MAX_BREAKPOINTS: Final = 4
 """The most ``cache_control`` breakpoints the API takes in one request."""
 
 _EPHEMERAL: Final[Mapping[str, str]] = {"type": "ephemeral"}
-_ERROR_BODY_LIMIT: Final = 64 * 1024
-_DRAIN_GRACE: Final = 0.5
-
-
-def _make_rng(rng: random.Random | None) -> random.Random:
-    return rng if rng is not None else random.Random()
 
 
 def _copy_body(extra: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -242,7 +231,7 @@ def place_breakpoints(body: dict[str, Any]) -> None:
 
 
 @attrs.define(eq=False, kw_only=True)
-class AnthropicProvider:
+class AnthropicProvider(HTTPStreamer):
     """A :class:`~trio_harness.model.ModelProvider` for Anthropic's Messages API.
 
     Attributes:
@@ -288,7 +277,7 @@ class AnthropicProvider:
     backoff_base: float = 0.5
     backoff_max: float = 30.0
     jitter: float = 0.2
-    _rng: random.Random = attrs.field(default=None, converter=_make_rng, alias="rng", repr=False)
+    _rng: random.Random = attrs.field(default=None, converter=make_rng, alias="rng", repr=False)
     _wall_clock: Callable[[], float] = attrs.field(default=time.time, alias="wall_clock", repr=False)
     _http_client: httpx.AsyncClient | None = attrs.field(default=None, alias="http_client", repr=False)
     extra_body: dict[str, Any] = attrs.field(default=None, converter=_copy_body, repr=False)
@@ -302,6 +291,9 @@ class AnthropicProvider:
     json_schema_output: Final = False
     """Typed answers go through the final-answer tool."""
 
+    _retry_statuses: ClassVar[frozenset[int]] = frozenset({408, 409, 429})
+    _redirect_note: ClassVar[bool] = False
+
     def __attrs_post_init__(self) -> None:
         if not self.model:
             raise ModelError("AnthropicProvider needs a non-empty model name")
@@ -309,20 +301,11 @@ class AnthropicProvider:
             raise ModelError(
                 f"AnthropicProvider base_url {redact_urls(self.base_url)!r} must start with http:// or https://"
             )
-        for field in ("request_timeout", "connect_timeout", "read_timeout"):
-            value = getattr(self, field)
-            if not value > 0:
-                raise ModelError(f"AnthropicProvider {field} must be positive, got {value!r}")
-        if self.max_retries < 0:
-            raise ModelError(f"AnthropicProvider max_retries must be >= 0, got {self.max_retries}")
+        self._check_transport("AnthropicProvider")
         if self.max_pause_continuations < 0:
             raise ModelError(
                 f"AnthropicProvider max_pause_continuations must be >= 0, got {self.max_pause_continuations}"
             )
-        if not (self.backoff_base >= 0 and self.backoff_max >= 0):
-            raise ModelError("AnthropicProvider backoff_base and backoff_max must be >= 0")
-        if not 0 <= self.jitter <= 1:
-            raise ModelError(f"AnthropicProvider jitter must be within [0, 1], got {self.jitter!r}")
         if not is_positive_int(self.default_max_tokens):
             raise ModelError(
                 f"AnthropicProvider default_max_tokens must be a positive int, got {self.default_max_tokens!r}"
@@ -332,16 +315,6 @@ class AnthropicProvider:
             self.context_window = context_window_for(self.model)
         elif not is_positive_int(self.context_window):
             raise ModelError(f"AnthropicProvider context_window must be a positive int, got {self.context_window!r}")
-
-        def finite(value: float) -> float | None:
-            return None if math.isinf(value) else value
-
-        self._timeout = httpx.Timeout(
-            connect=finite(self.connect_timeout),
-            read=finite(self.read_timeout),
-            write=finite(self.read_timeout),
-            pool=None,
-        )
 
     # ------------------------------------------------------------ lifecycle
 
@@ -354,29 +327,6 @@ class AnthropicProvider:
     def url(self) -> str:
         """The Messages endpoint requests are sent to."""
         return self._url
-
-    async def aclose(self) -> None:
-        """Close the HTTP client this provider created, if any (a given ``http_client`` stays open)."""
-        client, self._owned_client = self._owned_client, None
-        if client is not None:
-            await client.aclose()
-
-    async def __aenter__(self) -> Self:
-        """Return the provider; :meth:`aclose` runs on exit."""
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        """Close the provider's own HTTP client."""
-        await self.aclose()
-
-    def _client(self) -> httpx.AsyncClient:
-        if self._http_client is not None:
-            return self._http_client
-        if self._owned_client is None:
-            self._owned_client = httpx.AsyncClient(timeout=self._timeout)
-        return self._owned_client
 
     # ------------------------------------------------------------ requests
 
@@ -437,31 +387,6 @@ class AnthropicProvider:
             headers["x-api-key"] = self.api_key
         return headers
 
-    def backoff_delay(self, attempt: int) -> float:
-        """The jittered backoff delay before retry number ``attempt`` (as for the chat-completions provider)."""
-        base = min(self.backoff_max, self.backoff_base * 2.0 ** min(attempt - 1, 64))
-        spread = 1.0 + self.jitter * (2.0 * self._rng.random() - 1.0)
-        return max(0.0, min(self.backoff_max, base * spread))
-
-    def _retry_delay(self, failure: Failure, attempt: int) -> tuple[float, str | None]:
-        """The delay before retry ``attempt``, or why it must not be made (capped by backoff_max and the deadline)."""
-        remaining = trio.current_effective_deadline() - trio.current_time()
-        asked = failure.retry_after
-        if asked is not None:
-            allowed = max(0.0, min(self.backoff_max, remaining))
-            if asked > allowed:
-                cap = f"backoff_max={_seconds(self.backoff_max)}" if allowed == self.backoff_max else "the deadline"
-                return asked, (
-                    f"the server asked to wait {_seconds(asked)}, more than the allowed {_seconds(allowed)} ({cap})"
-                )
-            return asked, None
-        delay = self.backoff_delay(attempt)
-        if delay > remaining:
-            return delay, (
-                f"the backoff of {_seconds(delay)} would outlast the deadline, {_seconds(max(remaining, 0.0))} away"
-            )
-        return delay, None
-
     async def stream(self, request: ModelRequest, emit: Emit) -> None:
         """Run one Messages request, reporting its chunks through ``emit``.
 
@@ -478,183 +403,57 @@ class AnthropicProvider:
         except ModelError as exc:
             emit(Finish(reason="error", failure=Failure("bad-request", str(exc))))
             return
-        content = json.dumps(body, ensure_ascii=False, default=_json_default).encode()
-        headers = self._headers()
-        client = self._client()
-        attempt = 0
-        paused: list[dict[str, Any]] = []  # the content of the parts of a paused turn so far
-        earlier: list[Usage] = []
-        tools = 0
-        while True:
-            parser = AnthropicStreamParser(self.name, tools=tools, offset=len(paused))
-            outcome: Finish | Failure | None = None
-            with trio.move_on_after(self.request_timeout):
-                outcome = await self._attempt(client, content, headers, parser, emit)
-            if outcome is None:
-                outcome = parser.conclude(
-                    Failure(
-                        "timeout",
-                        f"{self.name}: no complete response within request_timeout={self.request_timeout:g}s",
-                        retryable=True,
-                    )
-                )
-            if isinstance(outcome, Finish):
-                if parser.stop_reason == "pause_turn" and outcome.reason == "error":
-                    pauses = len(earlier) + 1
-                    if pauses <= self.max_pause_continuations:
-                        # Continue the paused turn: its content so far goes back as the assistant's message.
-                        paused.extend(parser.content)
-                        tools = parser.tools
-                        if parser.usage is not None:
-                            earlier.append(parser.usage)
-                        else:
-                            earlier.append(Usage())
-                        continued = {**body, "messages": [*body["messages"], {"role": "assistant", "content": paused}]}
-                        content = json.dumps(continued, ensure_ascii=False, default=_json_default).encode()
-                        attempt = 0
-                        continue
-                    assert outcome.failure is not None
-                    outcome = attrs.evolve(
-                        outcome,
-                        failure=attrs.evolve(
-                            outcome.failure,
-                            message=f"{outcome.failure.message}, again after "
-                            f"max_pause_continuations={self.max_pause_continuations} continuations",
-                        ),
-                    )
-                self._emit_usage(parser, emit, earlier)
-                emit(outcome)
-                return
-            failure = outcome
-            if failure.retryable and not parser.emitted and attempt < self.max_retries:
-                delay, refusal = self._retry_delay(failure, attempt + 1)
-                if refusal is None:
-                    attempt += 1
-                    emit(Retry(attempt=attempt, delay=delay, failure=failure))
-                    await trio.sleep(delay)
-                    continue
-                verdict = f"gave up after {attempt} retries" if attempt else "not retried"
-                failure = attrs.evolve(failure, message=f"{failure.message} ({verdict}: {refusal})")
-            elif failure.retryable and parser.emitted:
-                failure = attrs.evolve(failure, message=failure.message + " (not retried: output was already emitted)")
-            elif failure.retryable and attempt:
-                failure = attrs.evolve(failure, message=f"{failure.message} (gave up after {attempt} retries)")
-            self._emit_usage(parser, emit, earlier)
-            emit(Finish(reason="error", failure=failure))
-            return
+        content = json.dumps(body, ensure_ascii=False, default=json_default).encode()
+        await self._run(content, self._headers(), emit, _Turn(self, body))
 
-    async def _attempt(
-        self,
-        client: httpx.AsyncClient,
-        content: bytes,
-        headers: dict[str, str],
-        parser: AnthropicStreamParser,
-        emit: Emit,
-    ) -> Finish | Failure:
-        try:
-            async with client.stream(
-                "POST", self._url, content=content, headers=headers, timeout=self._timeout
-            ) as response:
-                status = response.status_code
-                if not 200 <= status < 300:
-                    body = await _read_limited(response, _ERROR_BODY_LIMIT)
-                    return parser.fail(self._http_failure(response, body))
-                ctype = response.headers.get("content-type", "")
-                if "json" in ctype and "event-stream" not in ctype:
-                    # A server that does not stream (LiteLLM's mock responses): the whole Message.
-                    body = await _read_limited(response, 16 * 1024 * 1024)
-                    for chunk in parser.feed_message(body):
-                        emit(chunk)
-                    return parser.conclude()
-                return await self._read_stream(response, parser, emit)
-        except httpx.HTTPError as exc:
-            return parser.conclude(self._transport_failure(exc))
+    def _no_finish(self, ctype: str) -> str:
+        return "stream ended without a stop_reason or message_stop"
 
-    async def _read_stream(
-        self, response: httpx.Response, parser: AnthropicStreamParser, emit: Emit
-    ) -> Finish | Failure:
-        decoder = SSEDecoder()
-        feed_bytes = decoder.feed_bytes
-        feed_into = parser.feed_into
-        body = response.aiter_bytes()
-        finished = False
-        try:
-            while True:
-                try:
-                    raw = await body.__anext__()
-                except StopAsyncIteration:
-                    finished = True
-                    break
-                except BaseException:
-                    finished = True
-                    raise
-                try:
-                    events = feed_bytes(raw)
-                except SSEError as exc:
-                    return parser.fail(Failure("malformed-stream", f"{self.name}: {exc}"))
-                if events:
-                    feed_into(events, emit)
-                    if parser.done:
-                        if parser.failure is not None:
-                            return parser.failure  # the connection is closed, not reused
-                        outcome = parser.conclude()
-                        with trio.move_on_after(_DRAIN_GRACE):
-                            while True:
-                                try:
-                                    await body.__anext__()
-                                except StopAsyncIteration:
-                                    break
-                        finished = True
-                        return outcome
-            for chunk in parser.feed_end(decoder.close()):
-                emit(chunk)
-            return parser.conclude(
-                Failure("no-finish", f"{self.name}: stream ended without a stop_reason or message_stop")
-            )
-        finally:
-            if not finished:
-                await _abandon(body)
 
-    def _emit_usage(self, parser: AnthropicStreamParser, emit: Emit, earlier: Sequence[Usage] = ()) -> None:
-        """Emit the usage of the request, the parts of a paused turn summed."""
-        usage = parser.usage
-        for part in earlier:
-            usage = part if usage is None else _add(usage, part)
-        if usage is not None:
-            emit(usage)
+class _Turn(Exchange):
+    """One Messages call: a turn the server paused (``pause_turn``) is continued while it may."""
 
-    def _http_failure(self, response: httpx.Response, body: bytes) -> Failure:
-        status = response.status_code
-        detail = _error_message(body)
-        message = f"{self.name}: HTTP {status} {response.reason_phrase}".rstrip()
-        if detail:
-            message += f": {detail}"
-        retryable = status in (408, 409, 429) or status >= 500
-        return Failure(
-            f"http-{status}",
-            message,
-            retryable=retryable,
-            retry_after=_retry_after(response.headers, self._wall_clock) if retryable else None,
+    __slots__ = ("body", "earlier", "paused", "provider", "tools")
+
+    def __init__(self, provider: AnthropicProvider, body: dict[str, Any]) -> None:
+        super().__init__(self._parser)
+        self.provider = provider
+        self.body = body
+        self.paused: list[dict[str, Any]] = []  # the content of the parts of a paused turn so far
+        self.earlier: list[Usage] = []
+        self.tools = 0
+
+    def _parser(self) -> StreamParser:
+        return AnthropicStreamParser(self.provider.name, tools=self.tools, offset=len(self.paused))
+
+    def after(self, parser: StreamParser, outcome: Finish) -> bytes | Finish:
+        assert isinstance(parser, AnthropicStreamParser)
+        if parser.stop_reason != "pause_turn" or outcome.reason != "error":
+            return outcome
+        limit = self.provider.max_pause_continuations
+        if len(self.earlier) + 1 <= limit:
+            # Continue the paused turn: its content so far goes back as the assistant's message.
+            self.paused.extend(parser.content)
+            self.tools = parser.tools
+            self.earlier.append(parser.usage if parser.usage is not None else Usage())
+            body = self.body
+            continued = {**body, "messages": [*body["messages"], {"role": "assistant", "content": self.paused}]}
+            return json.dumps(continued, ensure_ascii=False, default=json_default).encode()
+        assert outcome.failure is not None
+        return attrs.evolve(
+            outcome,
+            failure=attrs.evolve(
+                outcome.failure,
+                message=f"{outcome.failure.message}, again after max_pause_continuations={limit} continuations",
+            ),
         )
 
-    def _transport_failure(self, exc: httpx.HTTPError) -> Failure:
-        detail = redact_urls(str(exc) or type(exc).__name__)
-        if isinstance(exc, httpx.TimeoutException):
-            what = {
-                httpx.ConnectTimeout: f"connecting took longer than {self.connect_timeout:g}s",
-                httpx.ReadTimeout: f"no data for {self.read_timeout:g}s",
-                httpx.WriteTimeout: f"sending took longer than {self.read_timeout:g}s",
-            }.get(type(exc), detail)
-            return Failure("timeout", f"{self.name}: timed out: {what}", retryable=True)
-        if isinstance(exc, httpx.ConnectError):
-            return Failure(
-                "connect", f"{self.name}: cannot connect to {redact_urls(self._url)}: {detail}", retryable=True
-            )
-        if isinstance(exc, httpx.ReadError | httpx.RemoteProtocolError | httpx.WriteError):
-            return Failure("truncated-stream", f"{self.name}: the connection was dropped: {detail}", retryable=True)
-        if isinstance(exc, httpx.DecodingError):
-            return Failure("malformed-stream", f"{self.name}: cannot decode the body: {detail}")
-        return Failure("connect", f"{self.name}: request failed: {type(exc).__name__}: {detail}")
+    def usage(self, parser: StreamParser) -> Usage | None:
+        """The usage of the request, the parts of a paused turn summed."""
+        usage = parser.usage
+        for part in self.earlier:
+            usage = part if usage is None else _add(usage, part)
+        return usage
 
 
 def _add(a: Usage, b: Usage) -> Usage:

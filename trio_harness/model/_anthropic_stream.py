@@ -59,6 +59,7 @@ from ._protocol import (
     Usage,
 )
 from ._sse import SSEEnd, SSEEvent
+from ._stream_base import StreamFailure, StreamParserBase, count
 
 PROVIDER: Final = "anthropic"
 """The ``provider`` of the reasoning blocks this parser reports."""
@@ -97,12 +98,6 @@ _RETRYABLE_ERRORS: Final[Mapping[str, int]] = {
 """Error event types a retry may cure, with the HTTP status they stand for."""
 
 
-class _StreamFailure(Exception):
-    def __init__(self, failure: Failure) -> None:
-        super().__init__(failure.message)
-        self.failure = failure
-
-
 class _Block:
     """What the parser keeps of one open content block."""
 
@@ -117,7 +112,7 @@ class _Block:
         self.streamed = False  # a tool_use block got arguments
 
 
-class AnthropicStreamParser:
+class AnthropicStreamParser(StreamParserBase):
     """Parser of one Messages stream (see the module docstring).
 
     Args:
@@ -127,26 +122,19 @@ class AnthropicStreamParser:
     __slots__ = (
         "_blocks",
         "_content",
-        "_done",
-        "_emitted",
-        "_failure",
         "_offset",
         "_stop_reason",
         "_stopped",
         "_tools",
         "_usage",
-        "name",
     )
 
     def __init__(self, name: str, *, tools: int = 0, offset: int = 0) -> None:
-        self.name = name
+        super().__init__(name)
         # A continuation of a paused turn (see content): its tool calls and
         # blocks are numbered after the earlier parts'.
         self._offset = offset
         self._content: dict[int, dict[str, Any]] = {}
-        self._done = False
-        self._emitted = False
-        self._failure: Failure | None = None
         self._stop_reason: str | None = None
         self._stopped = False  # message_stop seen
         self._usage: dict[str, Any] = {}
@@ -154,21 +142,6 @@ class AnthropicStreamParser:
         self._tools = tools
 
     # ------------------------------------------------------------ state
-
-    @property
-    def done(self) -> bool:
-        """True once ``message_stop`` or a failure was seen: later events are ignored."""
-        return self._done
-
-    @property
-    def failure(self) -> Failure | None:
-        """The failure the stream carried (malformed, an error event), if any."""
-        return self._failure
-
-    @property
-    def emitted(self) -> bool:
-        """True once any chunk of output was emitted (a retry would repeat output)."""
-        return self._emitted
 
     @property
     def stop_reason(self) -> str | None:
@@ -203,23 +176,17 @@ class AnthropicStreamParser:
         usage = self._usage
         if not usage:
             return None
-        uncached = _count(usage.get("input_tokens"))
-        reads = _count(usage.get("cache_read_input_tokens"))
-        writes = _count(usage.get("cache_creation_input_tokens"))
+        uncached = count(usage.get("input_tokens"))
+        reads = count(usage.get("cache_read_input_tokens"))
+        writes = count(usage.get("cache_creation_input_tokens"))
         return Usage(
             input_tokens=uncached + reads + writes,
-            output_tokens=_count(usage.get("output_tokens")),
+            output_tokens=count(usage.get("output_tokens")),
             cache_hit_tokens=reads,
             cache_write_tokens=writes,
         )
 
     # ------------------------------------------------------------ input
-
-    def feed_all(self, events: Iterable[SSEEvent]) -> list[Chunk]:
-        """Take events in order; return their chunks (see :meth:`feed_into`)."""
-        chunks: list[Chunk] = []
-        self.feed_into(events, chunks.append)
-        return chunks
 
     def feed_into(self, events: Iterable[SSEEvent], emit: Callable[[Chunk], None]) -> None:
         """Take events in order, passing each chunk to ``emit`` at once (the hot path).
@@ -278,6 +245,8 @@ class AnthropicStreamParser:
                     message = obj.get("message")
                     if type(message) is not dict:
                         raise self._malformed(f"message_start has no message: {data[:200]!r}")
+                    if self._info is None:
+                        self._take_info(message)
                     usage = message.get("usage")
                     if type(usage) is dict:
                         self._usage.update(usage)
@@ -288,9 +257,9 @@ class AnthropicStreamParser:
                         emitted = True
                     break
                 elif kind == "error" or event.type == "error":
-                    raise _StreamFailure(self._error_event(obj.get("error", obj), data))
+                    raise StreamFailure(self._error_event(obj.get("error", obj), data))
                 # "ping" and event types added later are ignored.
-        except _StreamFailure as exc:
+        except StreamFailure as exc:
             self._failure = exc.failure
             self._done = True
         finally:
@@ -329,6 +298,8 @@ class AnthropicStreamParser:
         events.append(SSEEvent(json.dumps({"type": "message_stop"})))
         return self.feed_all(events)
 
+    feed_body = feed_message
+
     def feed_end(self, end: SSEEnd) -> list[Chunk]:
         """Take what :meth:`SSEDecoder.close <trio_harness.model._sse.SSEDecoder.close>` found at the end.
 
@@ -349,13 +320,6 @@ class AnthropicStreamParser:
         if self._failure is None and self._stop_reason is not None and self._blocks and self._close_open(chunks.append):
             self._emitted = True
         return chunks
-
-    def fail(self, failure: Failure) -> Failure:
-        """Record a failure found outside the events (an HTTP status, bytes that are not UTF-8); returns it."""
-        if self._failure is None:
-            self._failure = failure
-        self._done = True
-        return self._failure
 
     # ------------------------------------------------------------ outcome
 
@@ -536,9 +500,6 @@ class AnthropicStreamParser:
 
     # ------------------------------------------------------------ failures
 
-    def _malformed(self, message: str) -> _StreamFailure:
-        return _StreamFailure(Failure("malformed-stream", f"{self.name}: {message}"))
-
     def _error_event(self, error: object, data: str) -> Failure:
         kind = error.get("type") if isinstance(error, dict) else None
         message = error.get("message") if isinstance(error, dict) else None
@@ -548,7 +509,3 @@ class AnthropicStreamParser:
         if status is not None:
             return Failure(f"http-{status}", f"{self.name}: error in the stream: {label}", retryable=True)
         return Failure("stream-error", f"{self.name}: error in the stream: {label}")
-
-
-def _count(value: object) -> int:
-    return value if type(value) is int and value >= 0 else 0

@@ -38,6 +38,7 @@ from ._protocol import (
     Usage,
 )
 from ._sse import SSEEnd, SSEEvent, SSEMessages
+from ._stream_base import StreamFailure, StreamParserBase, count
 
 _DECODER: Final = json.JSONDecoder()
 
@@ -75,15 +76,7 @@ if (
     raise ImportError("TextDelta changed: update the fast path of ChunkParser.feed_into in model/_chunks.py")
 
 
-class _StreamFailure(Exception):
-    """Internal: the stream is unusable; carries the failure to report."""
-
-    def __init__(self, failure: Failure) -> None:
-        super().__init__(failure.message)
-        self.failure = failure
-
-
-class ChunkParser:
+class ChunkParser(StreamParserBase):
     """Parser of one chat-completion stream (see the module docstring).
 
     A plain slotted class: its state is read and written for every event.
@@ -92,13 +85,10 @@ class ChunkParser:
         name: the provider's name, which starts every failure message.
     """
 
-    __slots__ = ("_done", "_emitted", "_failure", "_finish_reason", "_ids", "_last_index", "_usage", "name")
+    __slots__ = ("_finish_reason", "_ids", "_last_index", "_usage")
 
     def __init__(self, name: str) -> None:
-        self.name = name
-        self._done = False
-        self._emitted = False
-        self._failure: Failure | None = None
+        super().__init__(name)
         self._finish_reason: str | None = None
         self._usage: Mapping[str, Any] | None = None
         # Tool-call ids seen, by the index they were given (servers that omit "index").
@@ -106,21 +96,6 @@ class ChunkParser:
         self._last_index: int | None = None
 
     # ------------------------------------------------------------ state
-
-    @property
-    def done(self) -> bool:
-        """True once ``[DONE]`` or a failure was seen: later events are ignored."""
-        return self._done
-
-    @property
-    def failure(self) -> Failure | None:
-        """The failure the stream carried (malformed, an error event), if any."""
-        return self._failure
-
-    @property
-    def emitted(self) -> bool:
-        """True once any delta was returned (a retry would repeat output)."""
-        return self._emitted
 
     @property
     def usage(self) -> Usage | None:
@@ -135,29 +110,13 @@ class ChunkParser:
         completion = usage.get("completion_tokens_details")
         reasoning = completion.get("reasoning_tokens") if type(completion) is dict else 0
         return Usage(
-            input_tokens=_count(usage.get("prompt_tokens")),
-            output_tokens=_count(usage.get("completion_tokens")),
-            cache_hit_tokens=_count(cached),
-            reasoning_tokens=_count(reasoning),
+            input_tokens=count(usage.get("prompt_tokens")),
+            output_tokens=count(usage.get("completion_tokens")),
+            cache_hit_tokens=count(cached),
+            reasoning_tokens=count(reasoning),
         )
 
     # ------------------------------------------------------------ input
-
-    def feed(self, event: SSEEvent) -> list[Chunk]:
-        """Take one event; return its chunks (none once :attr:`done`)."""
-        chunks: list[Chunk] = []
-        self.feed_into((event,), chunks.append)
-        return chunks
-
-    def feed_all(self, events: Iterable[SSEEvent]) -> list[Chunk]:
-        """Take events in order; return their chunks.
-
-        Stops at ``[DONE]`` or at the first failure (the chunks of the events
-        before it are returned); events after that are ignored.
-        """
-        chunks: list[Chunk] = []
-        self.feed_into(events, chunks.append)
-        return chunks
 
     def feed_into(self, events: Iterable[SSEEvent], emit: Callable[[Chunk], None]) -> None:
         """Take events in order, passing each chunk to ``emit`` at once (the hot path).
@@ -178,6 +137,7 @@ class ChunkParser:
         new = _new
         set_text = _set_text
         emitted = False
+        info = self._info
         try:
             for data, kind in pairs:
                 if data[:1] == "{":
@@ -189,6 +149,8 @@ class ChunkParser:
                         raise self._bad_json(data) from None
                     if end != len(data) and not data[end:].isspace():
                         raise self._bad_json(data)
+                    if info is None and type(obj) is dict:
+                        info = self._take_info(obj)
                     choices = obj.get("choices")
                     if (
                         type(choices) is list
@@ -211,7 +173,7 @@ class ChunkParser:
                 elif self._on_data(data, kind, emit):
                     self._done = True
                     break
-        except _StreamFailure as exc:
+        except StreamFailure as exc:
             self._failure = exc.failure
             self._done = True
         finally:
@@ -245,6 +207,7 @@ class ChunkParser:
         ):
             self._failure = self._malformed("expected an event stream, got a JSON body: " + excerpt).failure
             return chunks
+        self._take_info(obj)
         choice = choices[0]
         # A complete message has the same fields as a delta.
         delta = {"delta": choice["message"], "finish_reason": choice.get("finish_reason")}
@@ -253,7 +216,7 @@ class ChunkParser:
             chunk["usage"] = obj["usage"]
         try:
             self._on_object(chunk, excerpt, "message", chunks.append)
-        except _StreamFailure as exc:
+        except StreamFailure as exc:
             self._failure = exc.failure
         return chunks
 
@@ -274,17 +237,6 @@ class ChunkParser:
             self._done = True
             return []
         return self.feed(end.event) if end.event is not None else []
-
-    def fail(self, failure: Failure) -> Failure:
-        """Record a failure found outside the events (an HTTP status, bytes that are not UTF-8).
-
-        It becomes the outcome, as a failure the stream carried would: the
-        parser is :attr:`done`.  Returns ``failure``.
-        """
-        if self._failure is None:
-            self._failure = failure
-        self._done = True
-        return self._failure
 
     # ------------------------------------------------------------ outcome
 
@@ -352,10 +304,10 @@ class ChunkParser:
                 if type(reason) is not str:
                     raise self._malformed(f"'finish_reason' is not a string: {payload[:200]!r}")
                 if reason == "error":
-                    raise _StreamFailure(self._error_object(obj.get("error"), payload))
+                    raise StreamFailure(self._error_object(obj.get("error"), payload))
                 self._finish_reason = reason
         elif event == "error" or "error" in obj:
-            raise _StreamFailure(self._error_object(obj.get("error", obj), payload))
+            raise StreamFailure(self._error_object(obj.get("error", obj), payload))
         usage = obj.get("usage")
         if usage:
             if type(usage) is not dict:
@@ -421,11 +373,8 @@ class ChunkParser:
 
     # ------------------------------------------------------------ failures
 
-    def _bad_json(self, payload: str) -> _StreamFailure:
+    def _bad_json(self, payload: str) -> StreamFailure:
         return self._malformed(f"bad JSON in a data line: {payload[:200]!r}")
-
-    def _malformed(self, message: str) -> _StreamFailure:
-        return _StreamFailure(Failure("malformed-stream", f"{self.name}: {message}"))
 
     def _error_object(self, error: object, payload: str) -> Failure:
         """A failure for an error object the server sent inside the stream."""
@@ -452,7 +401,3 @@ def message_of(error: object) -> str:
             if found:
                 return message_of(found) if isinstance(found, dict) else str(found)
     return ""
-
-
-def _count(value: object) -> int:
-    return value if type(value) is int and value >= 0 else 0

@@ -22,14 +22,11 @@ those when they are garbage collected).
 from __future__ import annotations
 
 import base64
-import email.utils
 import json
-import math
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from types import TracebackType
-from typing import Any, Final, Literal, Protocol, Self
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 import attrs
 import httpx
@@ -39,69 +36,28 @@ from .._errors import ModelError
 from .._redact import redact_urls
 from .._util import is_positive_int
 from ._catalog import model_info
-from ._chunks import ChunkParser, message_of
+from ._chunks import ChunkParser
 from ._context import context_window_for
+from ._http import Exchange, HTTPStreamer, StreamParser, json_default, make_rng
+from ._http import _retry_after as _retry_after
 from ._images import has_images, images_unsupported
 from ._protocol import (
     AssistantMessage,
-    Chunk,
     Emit,
-    Failure,
     Finish,
     ModelRequest,
     ModelSettings,
-    Retry,
     ToolMessage,
-    Usage,
     UserMessage,
 )
-from ._sse import SSEDecoder, SSEEnd, SSEError, SSEEvent
-
-_ERROR_BODY_LIMIT: Final = 64 * 1024
-"""How much of an error response body is read to find the server's message."""
-
-_DRAIN_GRACE: Final = 0.5
-"""Seconds to wait, after ``[DONE]``, for the server to end the response body.
-
-Reading the body to its end lets httpx return the connection to its pool; a
-server that keeps the body open after ``[DONE]`` only costs this much.
-"""
-
-
-class StreamParser(Protocol):
-    """What the HTTP loop needs of a sans-io stream parser (:class:`ChunkParser`, the Responses parser)."""
-
-    @property
-    def done(self) -> bool: ...
-    @property
-    def failure(self) -> Failure | None: ...
-    @property
-    def emitted(self) -> bool: ...
-    @property
-    def usage(self) -> Usage | None: ...
-    def feed_into(self, events: Iterable[SSEEvent], emit: Callable[[Chunk], None]) -> None: ...
-    def feed_body(self, body: bytes) -> list[Chunk]: ...
-    def feed_end(self, end: SSEEnd) -> list[Chunk]: ...
-    def fail(self, failure: Failure) -> Failure: ...
-    def conclude(self, failure: Failure | None = None) -> Finish | Failure: ...
-
-
-def _make_rng(rng: random.Random | None) -> random.Random:
-    return rng if rng is not None else random.Random()
 
 
 def _copy_body(extra: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(extra) if extra is not None else {}
 
 
-def _json_default(value: object) -> object:
-    if isinstance(value, Mapping):
-        return dict(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
 @attrs.define(eq=False, kw_only=True)
-class OpenAIProvider:
+class OpenAIProvider(HTTPStreamer):
     """A :class:`~trio_harness.model.ModelProvider` for OpenAI-compatible servers.
 
     Each :meth:`stream` call POSTs one streaming chat completion request and
@@ -173,7 +129,7 @@ class OpenAIProvider:
     backoff_base: float = 0.5
     backoff_max: float = 30.0
     jitter: float = 0.2
-    _rng: random.Random = attrs.field(default=None, converter=_make_rng, alias="rng", repr=False)
+    _rng: random.Random = attrs.field(default=None, converter=make_rng, alias="rng", repr=False)
     _wall_clock: Callable[[], float] = attrs.field(default=time.time, alias="wall_clock", repr=False)
     _http_client: httpx.AsyncClient | None = attrs.field(default=None, alias="http_client", repr=False)
     extra_body: dict[str, Any] = attrs.field(default=None, converter=_copy_body, repr=False)
@@ -192,16 +148,7 @@ class OpenAIProvider:
             raise ModelError(
                 f"OpenAIProvider base_url {redact_urls(self.base_url)!r} must start with http:// or https://"
             )
-        for field in ("request_timeout", "connect_timeout", "read_timeout"):
-            value = getattr(self, field)
-            if not value > 0:  # also rejects NaN
-                raise ModelError(f"OpenAIProvider {field} must be positive, got {value!r}")
-        if self.max_retries < 0:
-            raise ModelError(f"OpenAIProvider max_retries must be >= 0, got {self.max_retries}")
-        if not (self.backoff_base >= 0 and self.backoff_max >= 0):
-            raise ModelError("OpenAIProvider backoff_base and backoff_max must be >= 0")
-        if not 0 <= self.jitter <= 1:
-            raise ModelError(f"OpenAIProvider jitter must be within [0, 1], got {self.jitter!r}")
+        self._check_transport("OpenAIProvider")
         self._url = self.base_url.rstrip("/") + "/chat/completions"
         if self.output_format not in ("json_schema", "json_object", "none"):
             raise ModelError(
@@ -214,16 +161,6 @@ class OpenAIProvider:
             self.context_window = context_window_for(self.model)
         elif not is_positive_int(self.context_window):
             raise ModelError(f"OpenAIProvider context_window must be a positive int, got {self.context_window!r}")
-
-        def finite(value: float) -> float | None:
-            return None if math.isinf(value) else value
-
-        self._timeout = httpx.Timeout(
-            connect=finite(self.connect_timeout),
-            read=finite(self.read_timeout),
-            write=finite(self.read_timeout),
-            pool=None,  # waiting for a pooled connection is bounded by request_timeout
-        )
 
     # ------------------------------------------------------------ lifecycle
 
@@ -246,37 +183,6 @@ class OpenAIProvider:
     def url(self) -> str:
         """The chat completions endpoint requests are sent to."""
         return self._url
-
-    async def aclose(self) -> None:
-        """Close the HTTP client this provider created, if any.
-
-        A client passed as ``http_client`` belongs to the caller and is left
-        open.  The provider stays usable: a later :meth:`stream` creates a new
-        client.
-        """
-        client, self._owned_client = self._owned_client, None
-        if client is not None:
-            await client.aclose()
-
-    async def __aenter__(self) -> Self:
-        """Return the provider; :meth:`aclose` runs on exit."""
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Close the provider's own HTTP client."""
-        await self.aclose()
-
-    def _client(self) -> httpx.AsyncClient:
-        if self._http_client is not None:
-            return self._http_client
-        if self._owned_client is None:
-            self._owned_client = httpx.AsyncClient(timeout=self._timeout)
-        return self._owned_client
 
     # ------------------------------------------------------------ requests
 
@@ -360,50 +266,6 @@ class OpenAIProvider:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers
 
-    def backoff_delay(self, attempt: int) -> float:
-        """Return the jittered backoff delay before retry number ``attempt`` (1-based).
-
-        Args:
-            attempt: the retry about to be made, starting at 1.
-
-        Returns:
-            ``min(backoff_max, backoff_base * 2**(attempt-1))`` spread by
-            ``±jitter`` of itself, never above ``backoff_max`` nor below 0.
-        """
-        base = min(self.backoff_max, self.backoff_base * 2.0 ** min(attempt - 1, 64))
-        spread = 1.0 + self.jitter * (2.0 * self._rng.random() - 1.0)
-        return max(0.0, min(self.backoff_max, base * spread))
-
-    def _retry_delay(self, failure: Failure, attempt: int) -> tuple[float, str | None]:
-        """The delay before retry ``attempt``, or why that retry must not be made.
-
-        Every delay is capped by ``backoff_max`` and by what is left of the
-        caller's deadline (the effective deadline of the enclosing cancel
-        scopes): a ``Retry-After`` asking for longer, or a backoff that would
-        outlast the deadline, is not waited for (see docs/guarantees.rst,
-        "Models: bounded retries").
-
-        Returns:
-            ``(delay, None)`` to wait ``delay`` seconds and retry, or
-            ``(delay, reason)`` when the retry is refused, ``reason`` saying why.
-        """
-        remaining = trio.current_effective_deadline() - trio.current_time()
-        asked = failure.retry_after
-        if asked is not None:
-            allowed = max(0.0, min(self.backoff_max, remaining))
-            if asked > allowed:
-                cap = f"backoff_max={_seconds(self.backoff_max)}" if allowed == self.backoff_max else "the deadline"
-                return asked, (
-                    f"the server asked to wait {_seconds(asked)}, more than the allowed {_seconds(allowed)} ({cap})"
-                )
-            return asked, None
-        delay = self.backoff_delay(attempt)
-        if delay > remaining:
-            return delay, (
-                f"the backoff of {_seconds(delay)} would outlast the deadline, {_seconds(max(remaining, 0.0))} away"
-            )
-        return delay, None
-
     async def stream(self, request: ModelRequest, emit: Emit) -> None:
         """Run one chat completion, reporting its chunks through ``emit``.
 
@@ -421,176 +283,12 @@ class OpenAIProvider:
             await trio.lowlevel.checkpoint()
             emit(Finish("error", images_unsupported(self.name, request.model or self.model)))
             return
-        content = json.dumps(self.build_body(request), ensure_ascii=False, default=_json_default).encode()
-        headers = self._headers()
-        client = self._client()
-        attempt = 0
-        while True:
-            parser = self._new_parser()
-            outcome: Finish | Failure | None = None
-            with trio.move_on_after(self.request_timeout):
-                outcome = await self._attempt(client, content, headers, parser, emit)
-            if outcome is None:
-                # The overall deadline expired before the outcome was known.
-                outcome = parser.conclude(
-                    Failure(
-                        "timeout",
-                        f"{self.name}: no complete response within request_timeout={self.request_timeout:g}s",
-                        retryable=True,
-                    )
-                )
-            if isinstance(outcome, Finish):
-                self._emit_usage(parser, emit)
-                emit(outcome)
-                return
-            failure = outcome
-            if failure.retryable and not parser.emitted and attempt < self.max_retries:
-                delay, refusal = self._retry_delay(failure, attempt + 1)
-                if refusal is None:
-                    attempt += 1
-                    emit(Retry(attempt=attempt, delay=delay, failure=failure))
-                    await trio.sleep(delay)
-                    continue
-                verdict = f"gave up after {attempt} retries" if attempt else "not retried"
-                failure = attrs.evolve(failure, message=f"{failure.message} ({verdict}: {refusal})")
-            elif failure.retryable and parser.emitted:
-                failure = attrs.evolve(failure, message=failure.message + " (not retried: output was already emitted)")
-            elif failure.retryable and attempt:
-                failure = attrs.evolve(failure, message=f"{failure.message} (gave up after {attempt} retries)")
-            self._emit_usage(parser, emit)
-            emit(Finish(reason="error", failure=failure))
-            return
+        content = json.dumps(self.build_body(request), ensure_ascii=False, default=json_default).encode()
+        await self._run(content, self._headers(), emit, Exchange(self._new_parser))
 
     def _new_parser(self) -> StreamParser:
         """The sans-io parser of one attempt's stream (a subclass speaking another format returns its own)."""
         return ChunkParser(self.name)
-
-    # ------------------------------------------------------------ one attempt
-
-    async def _attempt(
-        self,
-        client: httpx.AsyncClient,
-        content: bytes,
-        headers: dict[str, str],
-        parser: StreamParser,
-        emit: Emit,
-    ) -> Finish | Failure:
-        """Make one HTTP request and return its outcome (the parser keeps what it saw)."""
-        try:
-            async with client.stream(
-                "POST", self._url, content=content, headers=headers, timeout=self._timeout
-            ) as response:
-                status = response.status_code
-                if not 200 <= status < 300:
-                    body = await _read_limited(response, _ERROR_BODY_LIMIT)
-                    # Kept by the parser too: a deadline while the response closes keeps it.
-                    return parser.fail(self._http_failure(response, body))
-                ctype = response.headers.get("content-type", "")
-                if "json" in ctype and "event-stream" not in ctype:
-                    body = await _read_limited(response, 16 * 1024 * 1024)
-                    for chunk in parser.feed_body(body):
-                        emit(chunk)
-                    return parser.conclude()
-                return await self._read_stream(response, ctype, parser, emit)
-        except httpx.HTTPError as exc:
-            return parser.conclude(self._transport_failure(exc))
-
-    async def _read_stream(
-        self, response: httpx.Response, ctype: str, parser: StreamParser, emit: Emit
-    ) -> Finish | Failure:
-        """Read the event stream of a successful response and feed it to the parsers (the hot path)."""
-        decoder = SSEDecoder()
-        feed_bytes = decoder.feed_bytes
-        feed_into = parser.feed_into
-        body = response.aiter_bytes()
-        finished = False  # the body iterator ran to its end (or raised)
-        try:
-            while True:
-                try:
-                    raw = await body.__anext__()
-                except StopAsyncIteration:
-                    finished = True
-                    break
-                except BaseException:
-                    finished = True
-                    raise
-                try:
-                    events = feed_bytes(raw)
-                except SSEError as exc:
-                    return parser.fail(Failure("malformed-stream", f"{self.name}: {exc}"))
-                if events:
-                    feed_into(events, emit)
-                    if parser.done:
-                        if parser.failure is not None:
-                            return parser.failure  # the connection is closed, not reused
-                        # [DONE]: let the body end so the connection can be reused.
-                        outcome = parser.conclude()
-                        with trio.move_on_after(_DRAIN_GRACE):
-                            while True:
-                                try:
-                                    await body.__anext__()
-                                except StopAsyncIteration:
-                                    break
-                        finished = True
-                        return outcome
-            for chunk in parser.feed_end(decoder.close()):
-                emit(chunk)
-            return parser.conclude(
-                Failure(
-                    "no-finish",
-                    f"{self.name}: stream ended without a finish_reason or [DONE]"
-                    + ("" if "event-stream" in ctype else f" (content-type {ctype!r})"),
-                )
-            )
-        finally:
-            if not finished:
-                await _abandon(body)
-
-    # ------------------------------------------------------------ outcomes
-
-    def _emit_usage(self, parser: StreamParser, emit: Emit) -> None:
-        usage = parser.usage
-        if usage is not None:
-            emit(usage)
-
-    def _http_failure(self, response: httpx.Response, body: bytes) -> Failure:
-        status = response.status_code
-        detail = _error_message(body)
-        message = f"{self.name}: HTTP {status} {response.reason_phrase}".rstrip()
-        if detail:
-            message += f": {detail}"
-        if 300 <= status < 400 and "location" in response.headers:
-            message += f" (redirected to {response.headers['location']})"
-        retryable = status == 429 or status >= 500
-        return Failure(
-            f"http-{status}",
-            message,
-            retryable=retryable,
-            retry_after=_retry_after(response.headers, self._wall_clock) if retryable else None,
-        )
-
-    def _transport_failure(self, exc: httpx.HTTPError) -> Failure:
-        detail = redact_urls(str(exc) or type(exc).__name__)
-        if isinstance(exc, httpx.TimeoutException):
-            what = {
-                httpx.ConnectTimeout: f"connecting took longer than {self.connect_timeout:g}s",
-                httpx.ReadTimeout: f"no data for {self.read_timeout:g}s",
-                httpx.WriteTimeout: f"sending took longer than {self.read_timeout:g}s",
-            }.get(type(exc), detail)
-            return Failure("timeout", f"{self.name}: timed out: {what}", retryable=True)
-        if isinstance(exc, httpx.ConnectError):
-            return Failure(
-                "connect", f"{self.name}: cannot connect to {redact_urls(self._url)}: {detail}", retryable=True
-            )
-        if isinstance(exc, httpx.ReadError | httpx.RemoteProtocolError | httpx.WriteError):
-            return Failure(
-                "truncated-stream",
-                f"{self.name}: the connection was dropped: {detail}",
-                retryable=True,
-            )
-        if isinstance(exc, httpx.DecodingError):
-            return Failure("malformed-stream", f"{self.name}: cannot decode the body: {detail}")
-        return Failure("connect", f"{self.name}: request failed: {type(exc).__name__}: {detail}")
 
 
 # ---------------------------------------------------------------- helpers
@@ -611,92 +309,6 @@ def _apply_settings(body: dict[str, Any], settings: ModelSettings, *, tools: boo
     if settings.parallel_tool_calls is not None and tools:
         # Servers refuse parallel_tool_calls on a request without tools.
         body["parallel_tool_calls"] = settings.parallel_tool_calls
-
-
-async def _abandon(body: AsyncIterator[bytes]) -> None:
-    """Stop a partly read httpx body iterator without leaving generators suspended.
-
-    Resuming it inside a cancelled scope makes the innermost read raise
-    :class:`trio.Cancelled`, which unwinds (and so finishes) every generator of
-    the httpx/httpcore chain and makes httpcore close the connection.
-    """
-    with trio.CancelScope() as scope:
-        scope.cancel()
-        try:
-            while True:
-                await body.__anext__()
-        except StopAsyncIteration:
-            pass
-        except httpx.HTTPError:
-            pass
-
-
-async def _read_limited(response: httpx.Response, limit: int) -> bytes:
-    parts: list[bytes] = []
-    size = 0
-    body = response.aiter_bytes()
-    try:
-        async for part in body:
-            parts.append(part)
-            size += len(part)
-            if size >= limit:
-                await _abandon(body)
-                break
-    except httpx.HTTPError:
-        pass  # report the status with whatever body arrived
-    return b"".join(parts)[:limit]
-
-
-def _seconds(value: float) -> str:
-    """A delay for a message: ``"7.5s"``, ``"30s"``, ``"100000s"``."""
-    return f"{value:.0f}s" if value >= 100 else f"{value:.3g}s"
-
-
-def _error_message(body: bytes) -> str:
-    """The server's explanation in an error body: ``error.message`` or a text excerpt."""
-    text = body.decode(errors="replace").strip()
-    if not text:
-        return ""
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        obj = None
-    if isinstance(obj, dict):
-        found = message_of(obj.get("error", obj))
-        if found:
-            return found
-    return text[:500]
-
-
-def _retry_after(headers: httpx.Headers, wall_clock: Callable[[], float] = time.time) -> float | None:
-    """Seconds to wait from ``Retry-After`` (seconds or HTTP date) or ``retry-after-ms``."""
-    millis = headers.get("retry-after-ms")
-    if millis is not None:
-        try:
-            value = float(millis) / 1000.0
-        except ValueError:
-            pass
-        else:
-            if math.isfinite(value) and value >= 0:
-                return value
-    raw = headers.get("retry-after")
-    if raw is None:
-        return None
-    raw = raw.strip()
-    try:
-        value = float(raw)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(raw)
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None
-        if when.tzinfo is None:
-            return None
-        # An HTTP date is wall-clock time; the delay it gives is slept on Trio's clock.
-        return max(0.0, when.timestamp() - wall_clock())
-    if math.isfinite(value) and value >= 0:
-        return value
-    return None
 
 
 def _user_content(message: UserMessage) -> list[dict[str, Any]]:

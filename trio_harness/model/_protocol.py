@@ -212,7 +212,22 @@ class Retry:
     failure: Failure
 
 
-Chunk: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta | ReasoningBlock | Usage | Finish | Retry
+@attrs.frozen
+class ResponseInfo:
+    """Informational: which model answered, and the server's id of the response.
+
+    A provider emits it at most once per request, before the usage and the
+    finish, when the server named either (chat completions chunks' ``model``
+    and ``id``, Anthropic's ``message_start.message``, the Responses API's
+    ``response``); the driver logs both on the ``assistant/message`` event
+    (``response_model``, ``response_id``).  Empty strings when not known.
+    """
+
+    model: str = ""
+    id: str = ""
+
+
+Chunk: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta | ReasoningBlock | Usage | Finish | Retry | ResponseInfo
 """Anything a provider reports through ``emit``; a stream ends with one :class:`Finish`."""
 
 Emit: TypeAlias = Callable[[Chunk], None]

@@ -38,8 +38,9 @@ import attrs
 from .._errors import ModelError
 from .._redact import redact_urls
 from ._catalog import ModelInfo, catalog_entry
+from ._http import StreamParser
 from ._images import has_images, images_unsupported
-from ._openai import OpenAIProvider, StreamParser
+from ._openai import OpenAIProvider
 from ._protocol import (
     AssistantMessage,
     Emit,

@@ -57,6 +57,7 @@ from ._protocol import (
     Usage,
 )
 from ._sse import SSEEnd, SSEEvent, SSEMessages
+from ._stream_base import StreamFailure, StreamParserBase, count
 
 PROVIDER: Final = "openai-responses"
 """The ``provider`` of the :class:`ReasoningBlock` s this parser makes (and the provider sends back)."""
@@ -70,13 +71,7 @@ _RETRYABLE_CODES: Final = frozenset({"server_error", "internal_error", "rate_lim
 _TEXT_DELTA: Final = "response.output_text.delta"
 
 
-class _StreamFailure(Exception):
-    def __init__(self, failure: Failure) -> None:
-        super().__init__(failure.message)
-        self.failure = failure
-
-
-class ResponsesParser:
+class ResponsesParser(StreamParserBase):
     """Parser of one Responses event stream (see the module docstring).
 
     Args:
@@ -86,23 +81,16 @@ class ResponsesParser:
     __slots__ = (
         "_args",
         "_calls",
-        "_done",
-        "_emitted",
-        "_failure",
         "_finished",
         "_reasoned",
         "_refusal",
         "_status",
         "_texted",
         "_usage",
-        "name",
     )
 
     def __init__(self, name: str) -> None:
-        self.name = name
-        self._done = False
-        self._emitted = False
-        self._failure: Failure | None = None
+        super().__init__(name)
         self._usage: Mapping[str, Any] | None = None
         # The terminal event seen: "completed", "incomplete" (with its reason) or None.
         self._status: str | None = None
@@ -119,21 +107,6 @@ class ResponsesParser:
     # ------------------------------------------------------------ state
 
     @property
-    def done(self) -> bool:
-        """True once the response ended (completed, incomplete, failed) or a failure was seen."""
-        return self._done
-
-    @property
-    def failure(self) -> Failure | None:
-        """The failure the stream carried (malformed, ``error``, ``response.failed``), if any."""
-        return self._failure
-
-    @property
-    def emitted(self) -> bool:
-        """True once any delta or block was returned (a retry would repeat output)."""
-        return self._emitted
-
-    @property
     def usage(self) -> Usage | None:
         """The usage of the final response object, if the server reported one."""
         usage = self._usage
@@ -142,25 +115,13 @@ class ResponsesParser:
         inputs = usage.get("input_tokens_details")
         outputs = usage.get("output_tokens_details")
         return Usage(
-            input_tokens=_count(usage.get("input_tokens")),
-            output_tokens=_count(usage.get("output_tokens")),
-            cache_hit_tokens=_count(inputs.get("cached_tokens")) if type(inputs) is dict else 0,
-            reasoning_tokens=_count(outputs.get("reasoning_tokens")) if type(outputs) is dict else 0,
+            input_tokens=count(usage.get("input_tokens")),
+            output_tokens=count(usage.get("output_tokens")),
+            cache_hit_tokens=count(inputs.get("cached_tokens")) if type(inputs) is dict else 0,
+            reasoning_tokens=count(outputs.get("reasoning_tokens")) if type(outputs) is dict else 0,
         )
 
     # ------------------------------------------------------------ input
-
-    def feed(self, event: SSEEvent) -> list[Chunk]:
-        """Take one event; return its chunks (none once :attr:`done`)."""
-        chunks: list[Chunk] = []
-        self.feed_into((event,), chunks.append)
-        return chunks
-
-    def feed_all(self, events: Iterable[SSEEvent]) -> list[Chunk]:
-        """Take events in order; return their chunks (stopping at the end of the response or a failure)."""
-        chunks: list[Chunk] = []
-        self.feed_into(events, chunks.append)
-        return chunks
 
     def feed_into(self, events: Iterable[SSEEvent], emit: Callable[[Chunk], None]) -> None:
         """Take events in order, passing each chunk to ``emit`` at once (the hot path)."""
@@ -202,7 +163,7 @@ class ResponsesParser:
                 if self._on_event(kind, obj, data, emit):
                     self._done = True
                     break
-        except _StreamFailure as exc:
+        except StreamFailure as exc:
             self._failure = exc.failure
             self._done = True
 
@@ -219,13 +180,13 @@ class ResponsesParser:
         text = body.decode(errors="replace")
         try:
             if type(obj) is dict and obj.get("error") and obj.get("object") != "response":
-                raise _StreamFailure(self._error(obj["error"], text))
+                raise StreamFailure(self._error(obj["error"], text))
             if type(obj) is not dict or type(obj.get("output")) is not list:
                 raise self._malformed(f"expected an event stream, got a JSON body: {text[:200]!r}")
             for position, item in enumerate(obj["output"]):
                 self._item_done({"item": item, "output_index": position}, text, chunks.append)
             self._terminal(obj, text)
-        except _StreamFailure as exc:
+        except StreamFailure as exc:
             self._failure = exc.failure
         return chunks
 
@@ -245,13 +206,6 @@ class ResponsesParser:
             self._done = True
             return []
         return self.feed(end.event) if end.event is not None else []
-
-    def fail(self, failure: Failure) -> Failure:
-        """Record a failure found outside the events (an HTTP status, bytes that are not UTF-8); returns it."""
-        if self._failure is None:
-            self._failure = failure
-        self._done = True
-        return self._failure
 
     # ------------------------------------------------------------ outcome
 
@@ -333,6 +287,10 @@ class ResponsesParser:
             delta = obj.get("delta")
             if type(delta) is str:
                 self._refusal = (self._refusal or "") + delta
+        elif kind in ("response.created", "response.in_progress"):
+            response = obj.get("response")
+            if self._info is None and type(response) is dict:
+                self._take_info(response)
         elif kind in ("response.completed", "response.incomplete", "response.failed"):
             response = obj.get("response")
             if type(response) is not dict:
@@ -340,10 +298,12 @@ class ResponsesParser:
             self._terminal(response, data)
             return True
         elif kind == "error":
-            raise _StreamFailure(self._error(obj.get("error", obj), data))
+            raise StreamFailure(self._error(obj.get("error", obj), data))
         return False
 
     def _terminal(self, response: dict[str, Any], data: str) -> None:
+        if self._info is None:
+            self._take_info(response)
         usage = response.get("usage")
         if usage is not None:
             if type(usage) is not dict:
@@ -351,7 +311,7 @@ class ResponsesParser:
             self._usage = usage
         status = response.get("status")
         if status == "failed" or (status != "incomplete" and response.get("error")):
-            raise _StreamFailure(self._error(response.get("error") or {}, data))
+            raise StreamFailure(self._error(response.get("error") or {}, data))
         if status == "incomplete":
             details = response.get("incomplete_details")
             reason = details.get("reason") if type(details) is dict else None
@@ -393,7 +353,7 @@ class ResponsesParser:
         if arguments == sent:
             return
         if not arguments.startswith(sent):
-            raise _StreamFailure(
+            raise StreamFailure(
                 Failure(
                     "malformed-stream",
                     f"{self.name}: the final arguments of call {index} differ from the streamed ones",
@@ -449,9 +409,6 @@ class ResponsesParser:
 
     # ------------------------------------------------------------ failures
 
-    def _malformed(self, message: str) -> _StreamFailure:
-        return _StreamFailure(Failure("malformed-stream", f"{self.name}: {message}"))
-
     def _error(self, error: object, data: str) -> Failure:
         """A failure for an error object of the stream (an ``error`` event, a failed response)."""
         message = ""
@@ -474,7 +431,3 @@ class ResponsesParser:
             f"{self.name}: the response failed: {message}{suffix}",
             retryable=code in _RETRYABLE_CODES,
         )
-
-
-def _count(value: object) -> int:
-    return value if type(value) is int and value >= 0 else 0

@@ -317,6 +317,10 @@ class AssistantMessage(Event):
             (logged, never sent back: such a step may lack what the block
             belongs to).  Written only when there are some, so older logs
             read unchanged.
+        response_model: the model the server said answered
+            (:class:`~trio_harness.model.ResponseInfo`), ``""`` when it named
+            none; written only when known, as is
+        response_id: the server's id of the response.
     """
 
     type: ClassVar[str] = "assistant/message"
@@ -328,6 +332,8 @@ class AssistantMessage(Event):
     usage: Usage | None = None
     finish: str = "stop"
     reasoning_blocks: tuple[ReasoningBlock, ...] = attrs.field(default=(), metadata=OMIT_IF_DEFAULT)
+    response_model: str = attrs.field(default="", metadata=OMIT_IF_DEFAULT)
+    response_id: str = attrs.field(default="", metadata=OMIT_IF_DEFAULT)
 
 
 @attrs.frozen
