@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
+import pytest
 from test_file_tools import call, run_calls
 
 from trio_harness.tools import FileToolOptions
+from trio_harness.tools._files_fs import FileToolError, _read_local, _write_local
 
 
 async def test_an_edit_or_write_past_the_file_limit_is_refused_before_it_is_built(tmp_path: Path) -> None:
@@ -25,3 +29,41 @@ async def test_an_edit_or_write_past_the_file_limit_is_refused_before_it_is_buil
     assert (tmp_path / "a.txt").read_text() == "c" * 100_000  # the last edit, just at the limit
     assert big.is_error and "100001 bytes" in big.content and not (tmp_path / "new.txt").exists()
     assert not fits.is_error
+
+
+def test_a_directory_swapped_for_a_symlink_after_the_check_is_not_followed(tmp_path: Path) -> None:
+    """The path was resolved and checked with ``d`` a directory; then ``d`` became a link to a secret place."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key").write_text("s3cret\n")
+    (secret / "bashrc").write_text("keep\n")
+    (tmp_path / "d").symlink_to(secret)  # what _read_local / _write_local get is the path resolved before
+    with pytest.raises(FileToolError, match="changed while it was opened"):
+        _read_local(str(tmp_path / "d" / "key"), 1000)
+    with pytest.raises(FileToolError, match="changed while it was opened"):
+        _write_local(str(tmp_path / "d" / "bashrc"), "evil\n")
+    assert (secret / "bashrc").read_text() == "keep\n"
+    assert sorted(p.name for p in secret.iterdir()) == ["bashrc", "key"]  # no temporary file either
+
+
+def test_a_new_file_gets_the_umask_mode_and_the_umask_is_never_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading the umask sets it for every thread (a store making a directory then would get 0o777)."""
+    old = os.umask(0o027)
+    try:
+
+        def no_umask(mask: int) -> int:
+            raise AssertionError("os.umask called while other threads run")
+
+        monkeypatch.setattr(os, "umask", no_umask)
+        _write_local(str(tmp_path / "new.txt"), "x\n")
+        (tmp_path / "kept.txt").write_text("y\n")
+        (tmp_path / "kept.txt").chmod(0o604)
+        _write_local(str(tmp_path / "kept.txt"), "z\n")
+    finally:
+        monkeypatch.undo()
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "new.txt").stat().st_mode) == 0o640
+    assert stat.S_IMODE((tmp_path / "kept.txt").stat().st_mode) == 0o604
+    assert (tmp_path / "kept.txt").read_text() == "z\n"
