@@ -67,3 +67,35 @@ def test_a_new_file_gets_the_umask_mode_and_the_umask_is_never_changed(
     assert stat.S_IMODE((tmp_path / "new.txt").stat().st_mode) == 0o640
     assert stat.S_IMODE((tmp_path / "kept.txt").stat().st_mode) == 0o604
     assert (tmp_path / "kept.txt").read_text() == "z\n"
+
+
+async def test_proc_and_credential_paths_are_never_read_even_without_a_sandbox(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads never ask: without this, read_file took ~/.ssh/id_rsa where ``cat`` in bash is asked about."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_rsa").write_text("PRIVATE KEY\n")
+    (home / ".aws").mkdir()
+    (home / ".aws" / "credentials").write_text("aws_secret_access_key = AKIA\n")
+    monkeypatch.setenv("HOME", str(home))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keys").symlink_to(home / ".ssh")  # a link in the project does not open the way
+    (work / "status").symlink_to(f"/proc/{os.getpid()}/status")
+    found = await run_calls(
+        work,
+        [
+            call("read_file", path="~/.ssh/id_rsa"),
+            call("read_file", path="keys/id_rsa"),
+            call("read_file", path=str(home / ".aws" / "credentials")),
+            call("read_file", path="/proc/self/status"),
+            call("read_file", path="status"),
+            call("read_file", path="/proc/1/status"),
+        ],
+        [call("write_file", path="~/.ssh/authorized_keys", content="ssh-ed25519 AAAA attacker\n")],
+    )
+    for result in found:
+        assert result.is_error and "hidden by the file tools" in result.content, result.content
+        assert "PRIVATE" not in result.content and "AKIA" not in result.content and "VmRSS" not in result.content
+    assert sorted(p.name for p in (home / ".ssh").iterdir()) == ["id_rsa"]

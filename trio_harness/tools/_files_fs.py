@@ -20,6 +20,8 @@ from typing import Protocol, runtime_checkable
 import attrs
 import trio
 
+from ..bash._sandbox import DEFAULT_HIDDEN
+
 BINARY_PROBE = 8192
 """How many leading bytes are searched for a NUL byte (a binary file)."""
 
@@ -225,6 +227,14 @@ class LocalFileSystem:
 # ---------------------------------------------------------------- path rules
 
 
+ALWAYS_HIDDEN = ("/proc", *DEFAULT_HIDDEN)
+"""Paths the file tools never read or write, with or without a sandbox: ``/proc`` (the environments
+of this process and of the shell that started it hold the model's API key, which commands never
+inherit; a sandboxed command sees a ``/proc`` of its own) and the sandbox's default credential paths (``~/.ssh``, ``~/.aws``...):
+reads never ask, so without a sandbox nothing else would stand between the model and them (``cat``
+in ``bash`` is asked about)."""
+
+
 def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -243,21 +253,26 @@ class PathRules:
     hidden: tuple[str, ...] = ()
     protect_git: bool = False
 
-    def _hidden(self, real: str) -> str | None:
+    def _hidden(self, real: str) -> tuple[str, str] | None:
+        """The hidden path ``real`` is under and what hides it, or None."""
         for path in self.hidden:
             if _under(real, path) or _under(real, os.path.realpath(path)):
-                return path
+                return path, "the sandbox"
+        for path in ALWAYS_HIDDEN:
+            full = os.path.expanduser(path)
+            if _under(real, full) or _under(real, os.path.realpath(full)):
+                return full, "the file tools"
         return None
 
     def check_read(self, shown: str, real: str) -> None:
         """Refuse a read of a hidden path."""
         if (hidden := self._hidden(real)) is not None:
-            raise FileToolError(f"{shown} is hidden by the sandbox ({hidden}); it cannot be read")
+            raise FileToolError(f"{shown} is hidden by {hidden[1]} ({hidden[0]}); it cannot be read")
 
     def check_write(self, shown: str, real: str, cwd: str) -> None:
         """Refuse a write outside the writable roots (the session's directory and the policy's), or of a hidden path."""
         if (hidden := self._hidden(real)) is not None:
-            raise FileToolError(f"{shown} is hidden by the sandbox ({hidden}); it cannot be written")
+            raise FileToolError(f"{shown} is hidden by {hidden[1]} ({hidden[0]}); it cannot be written")
         if self.writable is None:
             return
         roots: Sequence[str] = (os.path.realpath(cwd), *self.writable)
