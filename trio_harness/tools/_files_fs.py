@@ -231,8 +231,8 @@ ALWAYS_HIDDEN = ("/proc", *DEFAULT_HIDDEN)
 """Paths the file tools never read or write, with or without a sandbox: ``/proc`` (the environments
 of this process and of the shell that started it hold the model's API key, which commands never
 inherit; a sandboxed command sees a ``/proc`` of its own) and the sandbox's default credential
-paths (``~/.ssh``, ``~/.aws``...): reads never ask, so without a sandbox nothing else would stand between the model and them (``cat``
-in ``bash`` is asked about)."""
+paths (``~/.ssh``, ``~/.aws``...): reads never ask, so without a sandbox nothing else would stand
+between the model and them (``cat`` in ``bash`` is asked about)."""
 
 
 def _under(path: str, root: str) -> bool:
