@@ -10,7 +10,7 @@ import pytest
 from test_file_tools import call, run_calls
 
 from trio_harness.tools import FileToolOptions
-from trio_harness.tools._files_fs import FileToolError, _read_local, _write_local
+from trio_harness.tools._files_fs import FileToolError, PathRules, _read_local, _write_local, resolve_path
 
 
 async def test_an_edit_or_write_past_the_file_limit_is_refused_before_it_is_built(tmp_path: Path) -> None:
@@ -99,3 +99,14 @@ async def test_proc_and_credential_paths_are_never_read_even_without_a_sandbox(
         assert result.is_error and "hidden by the file tools" in result.content, result.content
         assert "PRIVATE" not in result.content and "AKIA" not in result.content and "VmRSS" not in result.content
     assert sorted(p.name for p in (home / ".ssh").iterdir()) == ["id_rsa"]
+
+
+def test_under_a_sandbox_a_session_in_the_root_directory_writes_nothing() -> None:
+    """bash refuses to run with '/' writable; the file tools made '/' the writable root (~/.bashrc, /etc...)."""
+    rules = PathRules(writable=(), hidden=(), protect_git=True)
+    for path in ("/etc/cron.d/x", os.path.expanduser("~/.bashrc"), "/tmp/x"):
+        full, real = resolve_path("/", path)
+        with pytest.raises(FileToolError, match="working directory is '/'"):
+            rules.check_write(full, real, "/")
+    full, real = resolve_path("/", "/etc/passwd")
+    PathRules().check_write(full, real, "/")  # without a sandbox, as the harness's user may

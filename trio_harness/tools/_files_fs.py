@@ -275,7 +275,14 @@ class PathRules:
             raise FileToolError(f"{shown} is hidden by {hidden[1]} ({hidden[0]}); it cannot be written")
         if self.writable is None:
             return
-        roots: Sequence[str] = (os.path.realpath(cwd), *self.writable)
+        home = os.path.realpath(cwd)
+        if home == "/" and _under(real, "/"):
+            # As the bash sandbox refuses to run there: '/' writable is the whole file system.
+            raise FileToolError(
+                f"{shown} cannot be written: the session's working directory is '/', and the sandbox "
+                "cannot make '/' writable (that is the whole file system); work from a project directory"
+            )
+        roots: Sequence[str] = (home, *self.writable)
         for root in roots:
             if _under(real, root):
                 git = os.path.join(root, ".git")
