@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._bus import EventBus, Notice
-from ._records import Usage, UsageTotals
+from ._records import Failure, Usage, UsageTotals
 from ._trace_hooks import register_tool_scope
 from .session import _events as ev
 
@@ -356,7 +356,7 @@ class _AgentTrace:
             attributes["error.type"] = error_type
         span.set_attributes(attributes)
         if error_type is not None:
-            span.set_status(otel_trace.StatusCode.ERROR, failure.message if failure is not None else event.reason)
+            span.set_status(otel_trace.StatusCode.ERROR, self.telemetry.failure_text(failure, error_type))
         span.end()
         self.turn = self.turn_context = None
         for entry in reversed(self.recent):
@@ -388,8 +388,9 @@ class _AgentTrace:
                 "trio_harness.retry.attempt": event.attempt,
                 "trio_harness.retry.delay": event.delay,
                 "error.type": event.failure.code,
-                "trio_harness.retry.message": event.failure.message,
             }
+            if self.telemetry.capture_content:  # a provider's error body may echo the request
+                attributes["trio_harness.retry.message"] = event.failure.message
             self.chat.events.append(("gen_ai.request.retry", attributes, time.time_ns()))
 
     def _on_assistant(self, event: ev.AssistantMessage) -> None:
@@ -549,7 +550,7 @@ class _AgentTrace:
         )
         if isinstance(event, ev.CompactionFailed):
             span.set_attribute("error.type", event.failure.code)
-            span.set_status(otel_trace.StatusCode.ERROR, event.failure.message)
+            span.set_status(otel_trace.StatusCode.ERROR, self.telemetry.failure_text(event.failure, event.failure.code))
         span.end()
 
     def link_to_turn(self, turn: int | None, at_ns: int | None = None) -> Link | None:
@@ -708,6 +709,13 @@ class Telemetry:
                 return connection.name, server_tool, connection.config.transport
         return None
 
+    def failure_text(self, failure: Failure | None, error_type: str) -> str:
+        """A failed span's status description: the failure's message only with content opted in.
+
+        A message may quote content: a refusal the model's text, a gateway's error body the prompt.
+        """
+        return failure.message if failure is not None and self.capture_content else error_type
+
     # ------------------------------------------------------------ tasks
 
     def _on_task_done(self, notice: Notice) -> None:
@@ -739,7 +747,8 @@ class Telemetry:
         )
         if snapshot.status != "completed":
             span.set_attribute("error.type", snapshot.status)
-            span.set_status(otel_trace.StatusCode.ERROR, snapshot.error or snapshot.kill_reason or snapshot.status)
+            text = snapshot.error or snapshot.kill_reason or snapshot.status
+            span.set_status(otel_trace.StatusCode.ERROR, text if self.capture_content else snapshot.status)
         span.end(now)
 
     # ------------------------------------------------------------ metrics

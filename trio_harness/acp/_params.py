@@ -47,7 +47,7 @@ from cattrs.preconf.json import make_converter
 
 from .._errors import McpConfigError
 from .._records import IMAGE_MEDIA_TYPES, Image
-from ..model._images import supports_images
+from ..model._images import sniff_media_type, supports_images
 from ..session._events import MAX_IMAGE_BYTES
 from ..tools._mcp_config import McpHttpServer, McpServerConfig, McpStdioServer
 from . import _jsonrpc as rpc
@@ -491,6 +491,12 @@ def _check_image(block: ImageBlock) -> None:
         raise _Invalid("has data that is not valid base64") from None
     if not data:
         raise _Invalid("has empty image data")
+    # A lying mimeType (a JPEG sent as image/png, or no image at all) would be logged and sent in every
+    # later request of the session, which providers refuse (Anthropic: 400): the session would be stuck.
+    found = sniff_media_type(data)
+    if found != block.mime_type:
+        what = f"is an {found} image" if found is not None else "is not a PNG, JPEG, GIF or WebP image"
+        raise _Invalid(f"has mimeType {_shown(block.mime_type, 60)} but its data {what}")
 
 
 def _record_hook(cls: type) -> Callable[[object, object], Any]:

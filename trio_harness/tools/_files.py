@@ -406,7 +406,9 @@ class FileToolsPlugin:
             raise FileToolError(refusal)
         old = current.text if current is not None else None
         if name == "write_file":
-            return FileChange(real, old, str(args["content"])), None, full
+            content = str(args["content"])
+            self._check_size(full, utf8_len(content))
+            return FileChange(real, old, content), None, full
         old_text, new_text = str(args["old_text"]), str(args["new_text"])
         if old is None:
             raise FileToolError(f"{full} does not exist; create it with write_file")
@@ -431,7 +433,19 @@ class FileToolsPlugin:
                 f"old_text matches {count} times in {full}; add surrounding lines to make it unique, "
                 "or pass replace_all=true to replace every match"
             )
+        # The result's size before it is built: replace_all of a short, common old_text by a long
+        # new_text would otherwise build a text many times the file limit (gigabytes) in memory.
+        self._check_size(full, utf8_len(old) + count * (utf8_len(new_text) - utf8_len(old_text)))
         return FileChange(real, old, old.replace(old_text, new_text)), (old_text, new_text), full
+
+    def _check_size(self, full: str, size: int) -> None:
+        """Refuse a write whose text would be larger than the file tools read back (``max_file_bytes``)."""
+        limit = self.options.max_file_bytes
+        if size > limit:
+            raise FileToolError(
+                f"the new text of {full} would be {size} bytes, more than the {limit}-byte limit of the "
+                "file tools; nothing was written (write smaller files, or use bash)"
+            )
 
     async def _write(self, ctx: ToolContext, args: dict[str, Any]) -> str | ToolOutput:
         try:

@@ -12,13 +12,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import stat
-import tempfile
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import attrs
 import trio
+
+from ..bash._sandbox import DEFAULT_HIDDEN
 
 BINARY_PROBE = 8192
 """How many leading bytes are searched for a NUL byte (a binary file)."""
@@ -93,6 +95,23 @@ def _os_error(action: str, path: str, exc: OSError) -> FileToolError:
     return FileToolError(f"cannot {action} {path}: {reason}")
 
 
+def _check_opened(fd: int, path: str) -> None:
+    """Refuse a descriptor that is not ``path``: a directory on the way was swapped for a symbolic link
+    after the path was resolved and checked (``O_NOFOLLOW`` guards only the last component).
+
+    Linux names what a descriptor opened in ``/proc/self/fd``; without it there is nothing to compare.
+    """
+    try:
+        opened = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return
+    if opened != path:
+        raise FileToolError(
+            f"{path} changed while it was opened (a directory on its path was replaced by a symbolic link "
+            "or moved); nothing was read or written"
+        )
+
+
 def _read_local(path: str, max_bytes: int) -> FileContent | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -104,6 +123,11 @@ def _read_local(path: str, max_bytes: int) -> FileContent | None:
         if exc.errno == errno.ELOOP:  # a symlink planted after the path was resolved
             raise FileToolError(f"{path} changed into a symbolic link while it was opened; try again") from None
         raise _os_error("read", path, exc) from None
+    try:
+        _check_opened(fd, path)
+    except FileToolError:
+        os.close(fd)
+        raise
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
@@ -135,11 +159,30 @@ def _write_local(path: str, text: str) -> int:
     directory, name = os.path.split(path)
     try:
         os.makedirs(directory, exist_ok=True)
+        # Everything below goes through the directory's descriptor, checked to be the directory
+        # resolved and checked against the rules: a directory on the way swapped for a symbolic
+        # link since cannot send the write elsewhere.
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _os_error("write", path, exc) from None
+    try:
+        _check_opened(dir_fd, directory)
+        return _write_in(dir_fd, path, name, data)
+    finally:
+        os.close(dir_fd)
+
+
+def _write_in(dir_fd: int, path: str, name: str, data: bytes) -> int:
+    try:
         try:
-            mode: int | None = stat.S_IMODE(os.stat(path, follow_symlinks=False).st_mode)
+            mode: int | None = stat.S_IMODE(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
         except FileNotFoundError:
             mode = None
-        fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+        temp = f".{name}.{secrets.token_hex(6)}.tmp"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        # A new file gets the mode a plain open gives it (0o666 less the umask, which the kernel
+        # applies: reading the umask means setting it, for every thread of the process).
+        fd = os.open(temp, flags, 0o600 if mode is not None else 0o666, dir_fd=dir_fd)
     except OSError as exc:
         raise _os_error("write", path, exc) from None
     try:
@@ -147,21 +190,19 @@ def _write_local(path: str, text: str) -> int:
             file.write(data)
             file.flush()
             os.fsync(file.fileno())
-            if mode is None:  # a new file: the mode a plain open would give it
-                umask = os.umask(0)
-                os.umask(umask)
-                mode = 0o666 & ~umask
-            os.fchmod(file.fileno(), mode)
-        os.replace(temp, path)  # atomic: a reader sees the old text or the new, never half
+            if mode is not None:
+                os.fchmod(file.fileno(), mode)
+        # atomic: a reader sees the old text or the new, never half
+        os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except OSError as exc:
         with contextlib.suppress(OSError):
-            os.unlink(temp)
+            os.unlink(temp, dir_fd=dir_fd)
         raise _os_error("write", path, exc) from None
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(temp)
+            os.unlink(temp, dir_fd=dir_fd)
         raise
-    return os.stat(path).st_mtime_ns
+    return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime_ns
 
 
 @attrs.frozen
@@ -186,6 +227,14 @@ class LocalFileSystem:
 # ---------------------------------------------------------------- path rules
 
 
+ALWAYS_HIDDEN = ("/proc", *DEFAULT_HIDDEN)
+"""Paths the file tools never read or write, with or without a sandbox: ``/proc`` (the environments
+of this process and of the shell that started it hold the model's API key, which commands never
+inherit; a sandboxed command sees a ``/proc`` of its own) and the sandbox's default credential
+paths (``~/.ssh``, ``~/.aws``...): reads never ask, so without a sandbox nothing else would stand
+between the model and them (``cat`` in ``bash`` is asked about)."""
+
+
 def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -204,24 +253,36 @@ class PathRules:
     hidden: tuple[str, ...] = ()
     protect_git: bool = False
 
-    def _hidden(self, real: str) -> str | None:
+    def _hidden(self, real: str) -> tuple[str, str] | None:
+        """The hidden path ``real`` is under and what hides it, or None."""
         for path in self.hidden:
             if _under(real, path) or _under(real, os.path.realpath(path)):
-                return path
+                return path, "the sandbox"
+        for path in ALWAYS_HIDDEN:
+            full = os.path.expanduser(path)
+            if _under(real, full) or _under(real, os.path.realpath(full)):
+                return full, "the file tools"
         return None
 
     def check_read(self, shown: str, real: str) -> None:
         """Refuse a read of a hidden path."""
         if (hidden := self._hidden(real)) is not None:
-            raise FileToolError(f"{shown} is hidden by the sandbox ({hidden}); it cannot be read")
+            raise FileToolError(f"{shown} is hidden by {hidden[1]} ({hidden[0]}); it cannot be read")
 
     def check_write(self, shown: str, real: str, cwd: str) -> None:
         """Refuse a write outside the writable roots (the session's directory and the policy's), or of a hidden path."""
         if (hidden := self._hidden(real)) is not None:
-            raise FileToolError(f"{shown} is hidden by the sandbox ({hidden}); it cannot be written")
+            raise FileToolError(f"{shown} is hidden by {hidden[1]} ({hidden[0]}); it cannot be written")
         if self.writable is None:
             return
-        roots: Sequence[str] = (os.path.realpath(cwd), *self.writable)
+        home = os.path.realpath(cwd)
+        if home == "/" and _under(real, "/"):
+            # As the bash sandbox refuses to run there: '/' writable is the whole file system.
+            raise FileToolError(
+                f"{shown} cannot be written: the session's working directory is '/', and the sandbox "
+                "cannot make '/' writable (that is the whole file system); work from a project directory"
+            )
+        roots: Sequence[str] = (home, *self.writable)
         for root in roots:
             if _under(real, root):
                 git = os.path.join(root, ".git")

@@ -1,0 +1,112 @@
+"""Attacks on the file tools by a model that injects its own calls: memory bombs, races, paths (docs/tools.rst)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from test_file_tools import call, run_calls
+
+from trio_harness.tools import FileToolOptions
+from trio_harness.tools._files_fs import FileToolError, PathRules, _read_local, _write_local, resolve_path
+
+
+async def test_an_edit_or_write_past_the_file_limit_is_refused_before_it_is_built(tmp_path: Path) -> None:
+    """replace_all of one common character by a long text would build gigabytes in memory; refused at once."""
+    (tmp_path / "a.txt").write_text("a" * 50_000)
+    options = FileToolOptions(max_file_bytes=100_000)
+    _, bomb, big, fits = await run_calls(
+        tmp_path,
+        [call("read_file", path="a.txt")],
+        [call("edit_file", path="a.txt", old_text="a", new_text="b" * 1000, replace_all=True)],
+        [call("write_file", path="new.txt", content="x" * 100_001)],
+        [call("edit_file", path="a.txt", old_text="a" * 50_000, new_text="c" * 100_000)],
+        file_tool_options=options,
+    )
+    assert bomb.is_error and "would be 50000000 bytes, more than the 100000-byte limit" in bomb.content
+    assert (tmp_path / "a.txt").read_text() == "c" * 100_000  # the last edit, just at the limit
+    assert big.is_error and "100001 bytes" in big.content and not (tmp_path / "new.txt").exists()
+    assert not fits.is_error
+
+
+def test_a_directory_swapped_for_a_symlink_after_the_check_is_not_followed(tmp_path: Path) -> None:
+    """The path was resolved and checked with ``d`` a directory; then ``d`` became a link to a secret place."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key").write_text("s3cret\n")
+    (secret / "bashrc").write_text("keep\n")
+    (tmp_path / "d").symlink_to(secret)  # what _read_local / _write_local get is the path resolved before
+    with pytest.raises(FileToolError, match="changed while it was opened"):
+        _read_local(str(tmp_path / "d" / "key"), 1000)
+    with pytest.raises(FileToolError, match="changed while it was opened"):
+        _write_local(str(tmp_path / "d" / "bashrc"), "evil\n")
+    assert (secret / "bashrc").read_text() == "keep\n"
+    assert sorted(p.name for p in secret.iterdir()) == ["bashrc", "key"]  # no temporary file either
+
+
+def test_a_new_file_gets_the_umask_mode_and_the_umask_is_never_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading the umask sets it for every thread (a store making a directory then would get 0o777)."""
+    old = os.umask(0o027)
+    try:
+
+        def no_umask(mask: int) -> int:
+            raise AssertionError("os.umask called while other threads run")
+
+        monkeypatch.setattr(os, "umask", no_umask)
+        _write_local(str(tmp_path / "new.txt"), "x\n")
+        (tmp_path / "kept.txt").write_text("y\n")
+        (tmp_path / "kept.txt").chmod(0o604)
+        _write_local(str(tmp_path / "kept.txt"), "z\n")
+    finally:
+        monkeypatch.undo()
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "new.txt").stat().st_mode) == 0o640
+    assert stat.S_IMODE((tmp_path / "kept.txt").stat().st_mode) == 0o604
+    assert (tmp_path / "kept.txt").read_text() == "z\n"
+
+
+async def test_proc_and_credential_paths_are_never_read_even_without_a_sandbox(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads never ask: without this, read_file took ~/.ssh/id_rsa where ``cat`` in bash is asked about."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_rsa").write_text("PRIVATE KEY\n")
+    (home / ".aws").mkdir()
+    (home / ".aws" / "credentials").write_text("aws_secret_access_key = AKIA\n")
+    monkeypatch.setenv("HOME", str(home))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keys").symlink_to(home / ".ssh")  # a link in the project does not open the way
+    (work / "status").symlink_to(f"/proc/{os.getpid()}/status")
+    found = await run_calls(
+        work,
+        [
+            call("read_file", path="~/.ssh/id_rsa"),
+            call("read_file", path="keys/id_rsa"),
+            call("read_file", path=str(home / ".aws" / "credentials")),
+            call("read_file", path="/proc/self/status"),
+            call("read_file", path="status"),
+            call("read_file", path="/proc/1/status"),
+        ],
+        [call("write_file", path="~/.ssh/authorized_keys", content="ssh-ed25519 AAAA attacker\n")],
+    )
+    for result in found:
+        assert result.is_error and "hidden by the file tools" in result.content, result.content
+        assert "PRIVATE" not in result.content and "AKIA" not in result.content and "VmRSS" not in result.content
+    assert sorted(p.name for p in (home / ".ssh").iterdir()) == ["id_rsa"]
+
+
+def test_under_a_sandbox_a_session_in_the_root_directory_writes_nothing() -> None:
+    """bash refuses to run with '/' writable; the file tools made '/' the writable root (~/.bashrc, /etc...)."""
+    rules = PathRules(writable=(), hidden=(), protect_git=True)
+    for path in ("/etc/cron.d/x", os.path.expanduser("~/.bashrc"), "/tmp/x"):
+        full, real = resolve_path("/", path)
+        with pytest.raises(FileToolError, match="working directory is '/'"):
+            rules.check_write(full, real, "/")
+    full, real = resolve_path("/", "/etc/passwd")
+    PathRules().check_write(full, real, "/")  # without a sandbox, as the harness's user may
