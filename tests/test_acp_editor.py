@@ -221,10 +221,13 @@ def test_what_counts_as_a_command() -> None:
     assert parse_command("/usr/bin/env is broken") is None
     assert parse_command("look at /status") is None
     assert parse_command("/") is None
+    assert parse_command("/tmp is full") is None  # no such command: a prompt for the model
 
 
 async def test_commands_are_announced_and_answered_without_a_model_turn(tmp_path: Path) -> None:
-    model = ScriptedModel([{"text": "first answer"}, {"text": "second answer"}], summary="the summary")
+    model = ScriptedModel(
+        [{"text": "first answer"}, {"text": "second answer"}, {"text": "clear some space"}], summary="the summary"
+    )
     async with open_test_harness(model) as harness:
         async with editor(harness) as (peer, _):
             session_id, _ = await new_session(peer, tmp_path)
@@ -262,12 +265,18 @@ async def test_commands_are_announced_and_answered_without_a_model_turn(tmp_path
             assert [e.reason for e in agent.session.events if isinstance(e, ev.ContextCompacted)] == ["manual"]
 
             start = len(peer.updates(session_id))
-            assert await prompt(peer, session_id, "/frobnicate now") == {"stopReason": "end_turn"}
-            unknown = answer_of(start)
-            assert "Unknown command /frobnicate" in unknown and "/compact" in unknown and "/status" in unknown
+            assert await prompt(peer, session_id, "/help") == {"stopReason": "end_turn"}
+            listed = answer_of(start)
+            assert "/compact" in listed and "/cost" in listed and "/status" in listed
             # Commands are no user messages: the model never saw them.
             texts = [e.text for e in agent.session.events if isinstance(e, ev.UserMessage)]
             assert texts == ["hello", "again"]
+            # A /word that names no command is a prompt like any other: "/tmp is full" is a sentence.
+            start = len(peer.updates(session_id))
+            assert await prompt(peer, session_id, "/tmp is full") == {"stopReason": "end_turn"}
+            assert answer_of(start) == "clear some space"
+            texts = [e.text for e in agent.session.events if isinstance(e, ev.UserMessage)]
+            assert texts == ["hello", "again", "/tmp is full"]
             await peer.call("session/close", {"sessionId": session_id})
         async with editor(harness) as (peer, _):
             await peer.call("session/load", {"sessionId": session_id, "cwd": str(tmp_path), "mcpServers": []})

@@ -3,11 +3,11 @@
 The ACP bridge advertises them with ``available_commands_update`` after
 ``session/new`` and ``session/load``.  A prompt whose text starts with
 ``/NAME`` (a word of letters, digits, ``-`` and ``_``: ``/usr/bin/env ...``
-is no command) runs the command instead of a model turn: its answer is sent
-as ``agent_message_chunk`` and the prompt ends ``end_turn``.  An unknown
-``/NAME`` is answered the same way with a message listing the commands, and
-the model is not asked: a mistyped command costs nothing and does not end up
-in the conversation (docs/acp.rst, "Slash commands").  Commands are not
+is no command) naming one of :data:`COMMANDS` runs the command instead of a
+model turn: its answer is sent as ``agent_message_chunk`` and the prompt ends
+``end_turn``.  Any other ``/NAME`` is an ordinary prompt for the model: ``/tmp
+is full`` is a sentence, not a mistyped command (docs/acp.rst, "Slash
+commands"); ``/help`` lists the commands.  Commands are not
 logged: they read the session, and ``/compact`` logs what it did itself.
 
 The answers are plain functions of an agent (:func:`run_command`), so any
@@ -48,9 +48,9 @@ def available_commands() -> list[dict[str, Any]]:
 
 
 def parse_command(text: str) -> tuple[str, str] | None:
-    """``(name, rest)`` when a prompt is a slash command (known or not), else None."""
+    """``(name, rest)`` when a prompt is one of the slash commands, else None (a prompt for the model)."""
     match = _COMMAND.match(text.strip())
-    if match is None:
+    if match is None or match.group(1) not in COMMAND_NAMES:
         return None
     return match.group(1), (match.group(2) or "").strip()
 
