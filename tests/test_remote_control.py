@@ -227,3 +227,32 @@ async def test_an_idle_agent_pays_no_memory_for_remote_control() -> None:
             await h.sessions.post("s", call_id="c1", decision=ApprovalDecision.deny("no"))
             await agent.when_idle()
             assert decisions(agent.session.events) == [("c1", "deny", "approver")]
+
+
+async def test_a_decision_posted_while_the_question_is_being_stored_answers_it_without_the_approver() -> None:
+    # The gate logs the question and flushes it before it waits; a dashboard that answers as soon
+    # as it sees the question in the store posts in that window, before anyone waits.  The
+    # decision kept for the call must answer it, not be left unused while the approver is asked.
+    from trio_harness.agents._approval import ApprovalDecision, ApprovalRequest, RemoteDecisions
+
+    remote = RemoteDecisions()
+    acknowledged: list[str] = []
+    remote.post("c1", ApprovalDecision.allow_once(), lambda: acknowledged.append("c1"))
+
+    async def approver(request: ApprovalRequest) -> ApprovalDecision:
+        raise AssertionError("the approver was asked although a decision was posted")
+
+    request = ApprovalRequest(
+        tool="bash",
+        arguments={},
+        raw_arguments="{}",
+        call_id="c1",
+        agent_id="s",
+        turn=1,
+        step=1,
+        agent=None,  # type: ignore[arg-type]
+    )
+    decision, applied = await remote.ask(approver, request)
+    assert decision == ApprovalDecision.allow_once() and applied is not None
+    applied()
+    assert acknowledged == ["c1"] and remote.take("c1") is None  # used once

@@ -110,3 +110,21 @@ async def test_a_subagent_task_resumed_in_a_new_process_after_a_kill_completes_u
     assert [e.text for e in child if isinstance(e, ev.AssistantMessage)][-1] == CHILD_ANSWER
     assert_balanced(child)
     assert_balanced(owner)
+
+
+async def test_a_child_whose_last_turn_failed_by_itself_is_not_run_again_only_a_cut_off_one_is() -> None:
+    # A resumed background subagent continues only when its turn was cut off (interrupted by its
+    # process's death, aborted by a disposal); a turn that ended by itself, failed or not, stands.
+    from trio_harness import ScriptedModel
+    from trio_harness.testing import open_test_harness
+    from trio_harness.tools._resume_tasks import _answered
+
+    model = ScriptedModel([{"error": {"message": "bad request", "code": "http-400"}}, {"text": "done"}])
+    async with open_test_harness(model) as h, h.agents.open() as agent:
+        agent.followup("fail")
+        await agent.when_idle()
+        assert [e.reason for e in agent.session.events if isinstance(e, ev.TurnEnd)] == ["error"]
+        assert _answered(agent)  # its failure is its outcome: reported, not run again
+        agent.followup("answer")
+        await agent.when_idle()
+        assert _answered(agent)

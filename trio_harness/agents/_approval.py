@@ -209,6 +209,9 @@ class RemoteDecisions:
 
     async def ask(self, approver: Approver, request: ApprovalRequest) -> tuple[object, Callable[[], None] | None]:
         """The approver's answer, or a posted one that arrived first (with its ``applied``)."""
+        early = self._early.pop(request.call_id, None)
+        if early is not None:  # posted while the question was being stored: the approver is not asked
+            return early
         posted: list[tuple[ApprovalDecision, Callable[[], None]]] = []
         scope = trio.CancelScope()
 

@@ -27,7 +27,7 @@ import json
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 import attrs
 import trio
@@ -142,10 +142,19 @@ def child_outcome(child: Agent, killed: bool) -> TaskOutcome:
     return TaskOutcome("failed", output=describe_end(end), detail=detail)
 
 
+_CUT_OFF: Final = frozenset({"interrupted", "aborted"})
+"""How a child's last turn ended when its process or its disposal cut it off: it continues."""
+
+
 def _answered(child: Agent) -> bool:
-    """Whether the child's last turn completed and nothing waits for another one (its answer stands)."""
+    """Whether the child's last turn ended by itself and nothing waits for another one.
+
+    Its outcome stands then (an answer, or a failure such as ``error`` or
+    ``budget``, reported as such): only a turn cut off (``interrupted`` by its
+    process's death, ``aborted`` by its disposal) is continued.
+    """
     _, end = final_text(child)
-    return end is not None and end.reason == "completed" and not child.inbox.has_turn_work()
+    return end is not None and end.reason not in _CUT_OFF and not child.inbox.has_turn_work()
 
 
 # ---------------------------------------------------------------- the subagent resumer
