@@ -60,6 +60,8 @@ class EditorPeer:
         self._sending = trio.Lock()
         # When set, terminal/create waits for it (a test cancels meanwhile).
         self.hold_create: trio.Event | None = None
+        # When set, terminal/kill is never answered (a client gone quiet).
+        self.mute_kill = False
 
     async def pump(self) -> None:
         buffer = b""
@@ -99,6 +101,8 @@ class EditorPeer:
                 if terminal.done.is_set():
                     result["exitStatus"] = terminal.exit_status()
             elif method == "terminal/kill":
+                if self.mute_kill:
+                    await trio.sleep_forever()
                 terminal.killed = True
                 if terminal.process.returncode is None:
                     terminal.process.kill()

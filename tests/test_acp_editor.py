@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 from _acp_editor import EditorPeer, editor
-from _util import NEEDS_BUBBLEWRAP
+from _util import NEEDS_BUBBLEWRAP, WAIT
 
 from trio_harness import ScriptedModel, allow_all
 from trio_harness.acp._commands import parse_command
@@ -148,6 +148,27 @@ async def test_a_terminal_command_times_out_like_a_local_one(tmp_path: Path) -> 
             (terminal,) = peer.terminals.values()
             assert terminal.killed and terminal.released
     assert result.is_error and result.content == "(no output)\n[killed by signal SIGKILL]\n[timed out after 0.3s]"
+
+
+async def test_a_client_that_never_answers_the_kill_does_not_hold_the_call_past_its_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trio_harness.acp import _terminal
+
+    monkeypatch.setattr(_terminal, "CLEANUP_TIMEOUT", 0.2)
+    model = ScriptedModel([bash("sleep 60", timeout_ms=300), {"text": "ok"}])
+    async with open_test_harness(model, builtin_tools=["bash"], approver=allow_all) as harness:
+        async with editor(harness, ask_permission=False) as (peer, _):
+            peer.mute_kill = True
+            session_id, _ = await new_session(peer, tmp_path)
+            with trio.fail_after(WAIT):
+                assert await prompt(peer, session_id, "go") == {"stopReason": "end_turn"}
+            agent = harness.agents.get(session_id)
+            assert agent is not None
+            (result,) = results(agent.session.events)
+            (terminal,) = peer.terminals.values()
+            assert terminal.released  # released (and killed by the release) all the same
+    assert result.is_error and "did not answer terminal/kill" in result.content
 
 
 async def test_background_bash_stays_local_and_approval_still_asks_first(tmp_path: Path) -> None:

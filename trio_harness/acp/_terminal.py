@@ -142,10 +142,21 @@ class TerminalRunner:
                 status = await self._request("terminal/wait_for_exit", ids)
             if status is None:
                 timed_out = True
-                await self._request("terminal/kill", ids)
-                status = await self._request("terminal/wait_for_exit", ids)
+                # Bounded: a client that never answers after the kill must not hold the call past its timeout.
+                with trio.move_on_after(CLEANUP_TIMEOUT):
+                    await self._request("terminal/kill", ids)
+                    status = await self._request("terminal/wait_for_exit", ids)
+                if status is None:
+                    raise BashError(
+                        f"the command timed out and the client did not answer terminal/kill and "
+                        f"terminal/wait_for_exit within {CLEANUP_TIMEOUT:g}s"
+                    )
             exited = True
-            output = await self._request("terminal/output", ids)
+            output = None
+            with trio.move_on_after(CLEANUP_TIMEOUT):
+                output = await self._request("terminal/output", ids)
+            if output is None:
+                raise BashError(f"the client did not answer terminal/output within {CLEANUP_TIMEOUT:g}s")
         except BaseException:
             with trio.CancelScope(shield=True):
                 await self._release(ids, kill=not exited)
@@ -184,8 +195,9 @@ class TerminalRunner:
         self.live.discard(terminal_id)
         if not self.connected():
             return
-        with trio.move_on_after(CLEANUP_TIMEOUT):
-            for method in ("terminal/kill", "terminal/release") if kill else ("terminal/release",):
+        for method in ("terminal/kill", "terminal/release") if kill else ("terminal/release",):
+            # Each bounded on its own: a kill the client never answers must not cost the release.
+            with trio.move_on_after(CLEANUP_TIMEOUT):
                 try:
                     await self._request(method, ids)
                 except (BashError, rpc.PeerGoneError) as exc:
