@@ -388,6 +388,28 @@ def test_settings_map_to_messages_fields() -> None:
     assert body["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True}
 
 
+async def test_reasoning_effort_with_max_tokens_no_thinking_budget_fits_is_refused_before_sending() -> None:
+    # Anthropic needs 1024 <= budget_tokens < max_tokens: with max_tokens <= 1024 no budget fits,
+    # and sending budget_tokens=1024 would be a 400 on every request.
+    chunks: list[Chunk] = []
+    request = ModelRequest(
+        model="",
+        system="",
+        messages=(UserMessage("x"),),
+        settings=ModelSettings(reasoning_effort="low", max_tokens=1024),
+    )
+    await make().stream(request, chunks.append)
+    assert len(chunks) == 1 and isinstance(chunks[0], Finish) and chunks[0].failure is not None
+    assert "max_tokens above 1024" in chunks[0].failure.message
+    fits = ModelRequest(
+        model="",
+        system="",
+        messages=(UserMessage("x"),),
+        settings=ModelSettings(reasoning_effort="high", max_tokens=2000),
+    )
+    assert make().build_body(fits)["thinking"] == {"type": "enabled", "budget_tokens": 1999}
+
+
 async def test_bad_reasoning_effort_is_a_clear_failure() -> None:
     chunks: list[Chunk] = []
     request = ModelRequest(

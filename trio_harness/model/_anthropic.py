@@ -367,7 +367,13 @@ class AnthropicProvider(HTTPStreamer):
             body["stop_sequences"] = list(settings.stop)
         if settings.reasoning_effort is not None:
             budget = _thinking_budget(settings.reasoning_effort, self.name)
-            body["thinking"] = {"type": "enabled", "budget_tokens": min(budget, max(body["max_tokens"] - 1, 1024))}
+            if body["max_tokens"] <= _MIN_THINKING_BUDGET:
+                # The API needs 1024 <= budget_tokens < max_tokens: no budget fits; refuse before sending.
+                raise ModelError(
+                    f"{self.name}: reasoning_effort needs max_tokens above {_MIN_THINKING_BUDGET} "
+                    f"(Anthropic's smallest thinking budget), got max_tokens={body['max_tokens']}"
+                )
+            body["thinking"] = {"type": "enabled", "budget_tokens": min(budget, body["max_tokens"] - 1)}
         if settings.parallel_tool_calls is False and request.tools:
             body["tool_choice"] = {"type": "auto", "disable_parallel_tool_use": True}
         if self.prompt_caching:
@@ -408,6 +414,10 @@ class AnthropicProvider(HTTPStreamer):
 
     def _no_finish(self, ctype: str) -> str:
         return "stream ended without a stop_reason or message_stop"
+
+
+_MIN_THINKING_BUDGET = 1024
+"""Anthropic's smallest ``thinking.budget_tokens``."""
 
 
 class _Turn(Exchange):
