@@ -41,18 +41,18 @@ import attrs
 import trio
 
 from .._errors import (
-    EventDecodeError,
     SessionError,
     SessionExistsError,
     SessionLockedError,
     SessionStoreError,
 )
-from ._codec import decode_inbox_message, encode_event, encode_header
+from ._codec import encode_event, encode_header
 from ._events import Event, InboxMessage, SessionHeader
 from ._persistence import LoadedSession
 from ._pg_schema import _lock_key, _psycopg
 from ._pg_threads import _call
 from ._pg_wire import BINARY_FORMAT, INT8_OID, TEXT_ARRAY_OID, TEXT_FORMAT, TEXT_OID, text_array
+from ._pg_writer import claim_mail
 from ._postgres import PostgresStore
 from ._session import SessionWriter, validate_session_id
 
@@ -611,19 +611,7 @@ class _PooledWriter:
             ).fetchall(),
             retry=True,
         )
-        mail: list[tuple[int, InboxMessage]] = []
-        for mail_id, body in rows:
-            if mail_id in self._taken:
-                continue
-            self._taken.add(mail_id)
-            try:
-                message = decode_inbox_message(body)
-            except EventDecodeError as exc:
-                log.error("session %r: mailbox row %d is not a message (%s); removing it", sid, mail_id, exc)
-                self._acks.append(mail_id)
-                continue
-            mail.append((mail_id, message))
-        return mail
+        return claim_mail(sid, rows, self._taken, self._acks)
 
     def ack_mail(self, mail_ids: Sequence[int]) -> None:
         self._acks.extend(mail_ids)

@@ -712,19 +712,7 @@ class _PgWriter:
                 return []
             finally:
                 self._last_used = trio.current_time()
-        mail: list[tuple[int, InboxMessage]] = []
-        for mail_id, body in rows:
-            if mail_id in self._taken:
-                continue
-            self._taken.add(mail_id)
-            try:
-                message = decode_inbox_message(body)
-            except EventDecodeError as exc:
-                log.error("session %r: mailbox row %d is not a message (%s); removing it", sid, mail_id, exc)
-                self._acks.append(mail_id)
-                continue
-            mail.append((mail_id, message))
-        return mail
+        return claim_mail(sid, rows, self._taken, self._acks)
 
     def ack_mail(self, mail_ids: Sequence[int]) -> None:
         """These messages were spliced into the inbox: delete them with the next flush's batch."""
@@ -767,3 +755,22 @@ class _PgWriter:
                     self._lock.release()
                 if self.store._writers.get(self.header.id) is self:
                     del self.store._writers[self.header.id]
+
+
+def claim_mail(
+    sid: str, rows: Sequence[tuple[int, str]], taken: set[int], acks: list[int]
+) -> list[tuple[int, InboxMessage]]:
+    """The mailbox ``rows`` not ``taken`` yet, decoded and marked taken; a row that is no message is acked (removed)."""
+    mail: list[tuple[int, InboxMessage]] = []
+    for mail_id, body in rows:
+        if mail_id in taken:
+            continue
+        taken.add(mail_id)
+        try:
+            message = decode_inbox_message(body)
+        except EventDecodeError as exc:
+            log.error("session %r: mailbox row %d is not a message (%s); removing it", sid, mail_id, exc)
+            acks.append(mail_id)
+            continue
+        mail.append((mail_id, message))
+    return mail
