@@ -187,7 +187,7 @@ async def test_a_writer_whose_lease_was_taken_is_fenced_and_the_rest_of_its_grou
             other = taken.enter(await taken.prepare_resume("b"))
             one_turn(other.session, 2, "second worker")
             await other.session.flush()
-            first._groups.clear()
+            first._group._groups.clear()
             for entry in entries.values():
                 one_turn(entry.session, 2, "first worker")
             outcomes: dict[str, BaseException | None] = {}
@@ -202,7 +202,7 @@ async def test_a_writer_whose_lease_was_taken_is_fenced_and_the_rest_of_its_grou
             async with trio.open_nursery() as nursery:
                 for name in entries:
                     nursery.start_soon(flush, name)
-            assert first._groups[0] >= 2  # flushes ready together share a transaction
+            assert first._group._groups[0] >= 2  # flushes ready together share a transaction
             assert outcomes["a"] is None and outcomes["c"] is None
             assert isinstance(outcomes["b"], SessionStoreError)
             assert "lease was taken" in str(outcomes["b"])
@@ -230,13 +230,13 @@ async def test_many_sessions_flushing_at_once_share_few_transactions_and_few_con
             entries.append(sessions.enter(session))
             one_turn(session, 1)
             await session.flush()
-        pooled._groups.clear()
+        pooled._group._groups.clear()
         for entry in entries:
             one_turn(entry.session, 2)
         async with trio.open_nursery() as nursery:
             for entry in entries:
                 nursery.start_soon(entry.session.flush)
-        groups = list(pooled._groups)
+        groups = list(pooled._group._groups)
         assert sum(groups) == count
         assert len(groups) <= 3, groups  # one group, or two when the first left before the others queued
         used = superuser.execute(
