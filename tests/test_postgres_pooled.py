@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 import trio
+from _pg_modes import MODES, make, options
 from _postgres import Cluster, admin, postgres_cluster, proxy_for, schema, store
 from test_postgres_store import Worker, one_turn, start_worker, stored_session
 
@@ -27,18 +28,6 @@ from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegi
 from trio_harness.session import _events as ev
 
 __all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
-
-MODES = ["per-session", "pooled"]
-
-
-def make(mode: str, dsn: str, schema: str, **settings: Any) -> PostgresStore:
-    cls = PooledPostgresStore if mode == "pooled" else PostgresStore
-    return cls(dsn, schema=schema, **settings)
-
-
-def options(mode: str) -> tuple[str, ...]:
-    return ("--pooled",) if mode == "pooled" else ()
-
 
 @pytest.fixture
 async def workers() -> AsyncIterator[list[Worker]]:

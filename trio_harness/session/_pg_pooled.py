@@ -183,7 +183,30 @@ class PooledPostgresStore(PostgresStore):
             row = conn.execute(query, params).fetchone()
             return None if row is None else int(row[0])
 
-        return await self._run(f"take session {session_id!r}", work)
+        # A take cancelled after its statement ran (autocommit: the lease is ours) is let go again:
+        # otherwise this live worker would hold the session with nobody to release it.
+        taken: list[int] = []
+        pg = _psycopg()
+
+        def settle(epoch: int | None) -> None:
+            if epoch is not None:
+                taken.append(epoch)
+
+        try:
+            for attempt in (1, 2):
+                async with self._require_pool().connection() as conn:
+                    try:
+                        return await _call(conn, functools.partial(work, conn), settle=settle)
+                    except pg.Error as exc:
+                        if attempt == 1 and (conn.broken or conn.closed) and str(exc).startswith("sending"):
+                            continue
+                        raise self._error(exc, f"take session {session_id!r}") from exc
+        except BaseException:
+            if taken:
+                with trio.CancelScope(shield=True):
+                    await self._release_lease(session_id, taken[0])
+            raise
+        raise AssertionError("unreachable")
 
     async def _release_lease(self, session_id: str, epoch: int) -> None:
         s = self._sql.s
