@@ -12,6 +12,7 @@ cluster (tests/_postgres.py), real clock.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,7 +24,6 @@ from _pg_modes import MODES, leases_of, make
 from _postgres import Cluster, admin, postgres_cluster, schema, store
 from test_postgres_store import one_turn, stored_session
 
-from trio_harness import SessionExistsError
 from trio_harness.session import PooledPostgresStore, PostgresStore, SessionHeader, SessionRegistry
 from trio_harness.session._events import InboxMessage
 
@@ -70,14 +70,16 @@ async def every_cancel_point(
     after: Callable[[int, bool, Any], Awaitable[None]],
     before: Callable[[int], Awaitable[None]] | None = None,
 ) -> int:
-    """``call(n)`` cancelled at its step n = 0 (before it began), 1, 2, ... until it completes; ``after(n, completed, result)`` checks each.
+    """``call(n)`` cancelled at its step n = 0 (before it began), 1, 2, ... until it completes.
+
+    ``after(n, completed, result)`` checks each run.
 
     ``before(n)``, when given, runs first, uncancelled.
     """
     for step in range(MOST_STEPS):
         if before is not None:
             await before(step)
-        completed, result = await run_cancelled_at(step, lambda: call(step))
+        completed, result = await run_cancelled_at(step, functools.partial(call, step))
         await after(step, completed, result)
         if completed:
             return step
@@ -119,7 +121,7 @@ async def held_by(mine: PostgresStore, watcher: psycopg.Connection[Any], schema:
 
 async def free_for_another_worker(other: PostgresStore, session_id: str) -> None:
     """Another worker takes ``session_id`` (waiting up to its lock_timeout) and lets it go."""
-    loaded, writer = await other.resume(session_id)
+    _, writer = await other.resume(session_id)
     await writer.aclose()
 
 
@@ -250,3 +252,33 @@ async def test_a_post_cancelled_at_every_checkpoint_is_stored_at_most_once(
 
         await every_cancel_point(call, after)
     assert posted
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_first_flush_cancelled_at_every_checkpoint_stores_the_session_once(
+    mode: str, postgres_cluster: Cluster, schema: str, store: PostgresStore
+) -> None:
+    mine = make(mode, postgres_cluster.dsn(), schema)
+    async with mine:
+        sessions = SessionRegistry(mine)
+        entries: list[Any] = []
+
+        async def before(step: int) -> None:
+            entries.append(sessions.enter(await sessions.prepare_new(f"new-{step}", cwd="/w")))
+            one_turn(entries[-1].session, 1)
+
+        async def call(step: int) -> None:
+            await entries[-1].session.flush()
+
+        async def after(step: int, completed: bool, result: Any) -> None:
+            session = entries[-1].session
+            if await store.exists(f"new-{step}"):
+                stored = (await store.load(f"new-{step}")).events
+                assert stored == tuple(session.events)[: len(stored)], f"cancelled at step {step}"
+            one_turn(session, 2)  # more events before the next flush: it stores the rest, once
+            await session.flush()
+            assert (await store.load(f"new-{step}")).events == tuple(session.events), f"cancelled at step {step}"
+            await sessions.detach(entries[-1])
+
+        steps = await every_cancel_point(call, after, before)
+    print(f"{mode}: a first flush cancelled at each of its {steps} steps")

@@ -25,11 +25,12 @@ from pathlib import Path
 import psycopg
 import pytest
 import trio
+from _pg_modes import MODES, make
 from _postgres import Cluster, Proxy, admin, fresh_schema, postgres_cluster, proxy_for, running_cluster, schema, store
 from _util import WAIT
 
 from trio_harness import SessionStoreError
-from trio_harness.session import PooledPostgresStore, PostgresStore, Session, SessionEntry, SessionRegistry
+from trio_harness.session import PostgresStore, Session, SessionEntry, SessionRegistry
 from trio_harness.session import _events as ev
 from trio_harness.session._events import InboxMessage
 
@@ -86,11 +87,11 @@ def advisory_locks(cluster: Cluster) -> int:
 
 CANCELLED_CALLS = """
 import sys, trio
-from trio_harness.session import PostgresStore, SessionRegistry
+from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry
 from trio_harness.session._events import InboxMessage, TurnStart
 
-async def main(dsn, schema):
-    store = PostgresStore(dsn, schema=schema)
+async def main(dsn, schema, mode):
+    store = (PooledPostgresStore if mode == "pooled" else PostgresStore)(dsn, schema=schema)
     await store.check()
     async with store:
         sessions = SessionRegistry(store)
@@ -122,15 +123,18 @@ async def main(dsn, schema):
         await sessions.detach(entry)
     print("done", flush=True)
 
-trio.run(main, sys.argv[1], sys.argv[2])
+trio.run(main, sys.argv[1], sys.argv[2], sys.argv[3])
 """
 
 
-def test_a_store_call_cancelled_before_its_thread_began_returns_at_once(postgres_cluster: Cluster, schema: str) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_a_store_call_cancelled_before_its_thread_began_returns_at_once(
+    mode: str, postgres_cluster: Cluster, schema: str
+) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     try:
         result = subprocess.run(
-            [sys.executable, "-c", CANCELLED_CALLS, postgres_cluster.dsn(), schema],
+            [sys.executable, "-c", CANCELLED_CALLS, postgres_cluster.dsn(), schema, mode],
             capture_output=True,
             text=True,
             env=env,
@@ -228,9 +232,17 @@ async def test_a_connection_that_holds_an_advisory_lock_is_never_used_to_take_a_
 # ------------------------------------------------------------------ 11: dead pooled connections
 
 
+@pytest.mark.parametrize("mode", MODES)
 async def test_pooled_connections_killed_by_the_server_are_not_handed_out_again(
-    postgres_cluster: Cluster, store: PostgresStore
+    mode: str, postgres_cluster: Cluster, schema: str
 ) -> None:
+    store = make(mode, postgres_cluster.dsn(), schema)
+    await store.check()
+    async with store:
+        await _killed_pooled_connections(postgres_cluster, store)
+
+
+async def _killed_pooled_connections(postgres_cluster: Cluster, store: PostgresStore) -> None:
     await stored_session(store, "s1")
     async with trio.open_nursery() as nursery:  # several pooled connections
         for _ in range(3):
@@ -246,10 +258,9 @@ async def test_pooled_connections_killed_by_the_server_are_not_handed_out_again(
     assert await store.exists("s1")
 
 
-@pytest.mark.parametrize("mode", ["per-session", "pooled"])
+@pytest.mark.parametrize("mode", MODES)
 async def test_after_a_server_restart_posts_and_turns_go_on(own_cluster: Cluster, mode: str) -> None:
-    cls = PooledPostgresStore if mode == "pooled" else PostgresStore
-    persistence = cls(own_cluster.dsn(), schema=fresh_schema())
+    persistence = make(mode, own_cluster.dsn(), fresh_schema())
     await persistence.check()
     async with persistence:
         await stored_session(persistence, "s1")
@@ -300,11 +311,12 @@ async def test_events_a_crash_lost_after_an_unsynced_flush_are_put_back_on_retak
 # ------------------------------------------------------------------ 12, 13: lost COMMIT acknowledgements
 
 
+@pytest.mark.parametrize("mode", MODES)
 async def test_a_first_flush_whose_commit_answer_is_lost_counts_as_stored(
-    postgres_cluster: Cluster, schema: str, store: PostgresStore
+    mode: str, postgres_cluster: Cluster, schema: str, store: PostgresStore
 ) -> None:
     with proxy_for(postgres_cluster) as proxy:
-        proxied = PostgresStore(proxy.dsn(), schema=schema)
+        proxied = make(mode, proxy.dsn(), schema)
         async with proxied:
             sessions = SessionRegistry(proxied)
             entry = sessions.enter(await sessions.prepare_new("s1"))
@@ -319,12 +331,13 @@ async def test_a_first_flush_whose_commit_answer_is_lost_counts_as_stored(
     assert (await store.load("s1")).events == tuple(entry.session.events)
 
 
+@pytest.mark.parametrize("mode", MODES)
 async def test_a_post_whose_commit_answer_is_lost_returns_and_is_delivered_once(
-    postgres_cluster: Cluster, schema: str, store: PostgresStore
+    mode: str, postgres_cluster: Cluster, schema: str, store: PostgresStore
 ) -> None:
     await stored_session(store, "s1")
     with proxy_for(postgres_cluster) as proxy:
-        proxied = PostgresStore(proxy.dsn(), schema=schema)
+        proxied = make(mode, proxy.dsn(), schema)
         async with proxied:
             dropped = proxy.drop_after(b"COMMIT")
             message_id = await SessionRegistry(proxied).post("s1", "once")
@@ -332,11 +345,20 @@ async def test_a_post_whose_commit_answer_is_lost_returns_and_is_delivered_once(
     assert [message.id for message in await store.pending_mail("s1")] == [message_id]
 
 
+@pytest.mark.parametrize("mode", MODES)
 async def test_a_retried_post_of_a_delivered_message_is_not_delivered_again(
-    postgres_cluster: Cluster, schema: str, store: PostgresStore
+    mode: str, postgres_cluster: Cluster, schema: str, store: PostgresStore
+) -> None:
+    holder = make(mode, postgres_cluster.dsn(), schema)
+    async with holder:
+        await _retried_post(mode, postgres_cluster, schema, store, holder)
+
+
+async def _retried_post(
+    mode: str, postgres_cluster: Cluster, schema: str, store: PostgresStore, holder: PostgresStore
 ) -> None:
     await stored_session(store, "s1")
-    sessions = SessionRegistry(store)
+    sessions = SessionRegistry(holder)
     entry = sessions.enter(await sessions.prepare_resume("s1"))
     delivered: list[str] = []
 
@@ -346,7 +368,7 @@ async def test_a_retried_post_of_a_delivered_message_is_not_delivered_again(
 
     sessions.receive(entry, deliver)
     with proxy_for(postgres_cluster) as proxy:
-        proxied = PostgresStore(proxy.dsn(), schema=schema)
+        proxied = make(mode, proxy.dsn(), schema)
         async with proxied:
             message = InboxMessage(f"msg-{uuid.uuid4().hex}", "once")
             await proxied.post("s1", message)
@@ -374,10 +396,11 @@ async def test_a_database_that_is_not_utf8_is_refused_by_check(postgres_cluster:
         await persistence.check()
 
 
-async def test_any_exception_of_a_writer_is_a_store_error(postgres_cluster: Cluster) -> None:
+@pytest.mark.parametrize("mode", MODES)
+async def test_any_exception_of_a_writer_is_a_store_error(mode: str, postgres_cluster: Cluster) -> None:
     database = f"latin_{uuid.uuid4().hex[:8]}"
     postgres_cluster.psql(f"CREATE DATABASE {database} TEMPLATE template0 ENCODING 'LATIN1' LOCALE 'C'")
-    persistence = PostgresStore(postgres_cluster.dsn(database), schema=fresh_schema())
+    persistence = make(mode, postgres_cluster.dsn(database), fresh_schema())
     with psycopg.connect(postgres_cluster.dsn(database), autocommit=True) as conn:
         persistence._tables.migrate_from(conn, 0)  # the tables, made past check()'s refusal
     async with persistence:

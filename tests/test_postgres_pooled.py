@@ -29,6 +29,7 @@ from trio_harness.session import _events as ev
 
 __all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
 
+
 @pytest.fixture
 async def workers() -> AsyncIterator[list[Worker]]:
     started: list[Worker] = []

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -299,6 +300,8 @@ class _PooledWriter:
     _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _closed: bool = attrs.field(default=False, init=False)
     _broken: str | None = attrs.field(default=None, init=False)
+    # True once a first flush was attempted: a later one may find the session stored by it.
+    _tried: bool = attrs.field(default=False, init=False)
     _mail_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     _on_mail: Callable[[], Awaitable[None]] | None = attrs.field(default=None, init=False)
     _mail_wake: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -353,37 +356,82 @@ class _PooledWriter:
             raise self._error(f"{type(outcome).__name__}: {outcome}") from outcome
 
     async def _create(self, lines: list[str]) -> bool:
-        """The first flush of a new session: its row and batch in one transaction, fenced by the lease."""
+        """The first flush of a new session: its row and batch in one transaction, fenced by the lease.
+
+        An attempt whose outcome is unknown (its connection lost during COMMIT,
+        or its caller cancelled once it ran) may have stored the session: the
+        next attempt then finds this header and a prefix of ``lines`` stored
+        (under this writer's lease nobody else can have) and stores the rest.
+        """
         store, sql, header, line = self.store, self.store._sql, self.header, self._header_line
         s = sql.s
+        pg = _psycopg()
 
-        def work(conn: psycopg.Connection[Any]) -> bool:
+        def work(conn: psycopg.Connection[Any], retried: bool) -> bool:
             with conn.transaction():
+                if retried:  # the lost transaction may still run on the server: wait for it, bounded
+                    conn.execute(
+                        "SELECT set_config('lock_timeout', %s, true)", (f"{math.ceil(store.write_timeout * 1000)}ms",)
+                    )
                 held = conn.execute(
                     f"SELECT 1 FROM {s}.leases WHERE session_id = %s AND worker_id = %s AND epoch = %s FOR SHARE",
                     (header.id, store.worker_id, self._epoch),
                 ).fetchone()
                 if held is None:
                     return False
+                first = 0
                 if (
                     conn.execute(
                         sql.insert_session, (header.id, line, header.created_at, header.parent_session)
                     ).fetchone()
                     is None
                 ):
-                    raise SessionExistsError(f"session {header.id!r} is already stored in {store.location}")
-                if lines:
-                    conn.execute(sql.insert_events, (header.id, 0, lines), binary=True)
+                    found = self._stored_prefix(conn, lines) if self._tried else None
+                    if found is None:
+                        raise SessionExistsError(f"session {header.id!r} is already stored in {store.location}")
+                    first = found
+                if lines[first:]:
+                    conn.execute(sql.insert_events, (header.id, first, lines[first:]), binary=True)
             return True
 
+        what = f"store session {header.id!r}"
         try:
-            stored = await store._run(f"store session {header.id!r}", work)
+            for attempt in (1, 2):
+                async with store._require_pool().connection() as conn:
+                    self._tried = True
+                    try:
+                        stored = await _call(conn, functools.partial(work, conn, attempt > 1))
+                        break
+                    except pg.Error as exc:
+                        if attempt == 1 and (conn.broken or conn.closed):
+                            log.warning(
+                                "session %r: the connection was lost while storing it (%s); retrying", header.id, exc
+                            )
+                            continue
+                        raise store._error(exc, what) from exc
+                    except (SessionExistsError, SessionStoreError):
+                        raise
+                    except Exception as exc:  # e.g. an event the database's encoding cannot hold
+                        raise self._error(f"{type(exc).__name__}: {exc}") from exc
+            else:
+                raise AssertionError("unreachable")
         except SessionExistsError as exc:
             self._broken = str(exc)
             raise self._error(str(exc)) from exc
         if stored:
             self._header_line = None
         return stored
+
+    def _stored_prefix(self, conn: psycopg.Connection[Any], lines: list[str]) -> int | None:
+        """(worker thread) How many of ``lines`` are stored after this writer's header; None if it is not stored so."""
+        s, sid = self.store._sql.s, self.header.id
+        row = conn.execute(f"SELECT header FROM {s}.sessions WHERE id = %s", (sid,)).fetchone()
+        if row is None or row[0] != self._header_line:
+            return None
+        bodies = [
+            body for (body,) in conn.execute(f"SELECT body FROM {s}.events WHERE session_id = %s ORDER BY seq", (sid,))
+        ]
+        return len(bodies) if bodies == lines[: len(bodies)] else None
 
     # ------------------------------------------------------------ mail
 
