@@ -29,10 +29,11 @@ from _pg_modes import MODES, make
 from _postgres import Cluster, Proxy, admin, fresh_schema, postgres_cluster, proxy_for, running_cluster, schema, store
 from _util import WAIT
 
-from trio_harness import SessionStoreError
-from trio_harness.session import PostgresStore, Session, SessionEntry, SessionRegistry
+from trio_harness import SessionLockedError, SessionStoreError
+from trio_harness.session import PooledPostgresStore, PostgresStore, Session, SessionEntry, SessionRegistry
 from trio_harness.session import _events as ev
 from trio_harness.session._events import InboxMessage
+from trio_harness.session._pg_schema import _quote as quote
 
 __all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
 
@@ -475,3 +476,95 @@ async def test_a_role_without_create_on_a_fresh_database_is_told_to_grant_create
         await persistence.check()
     postgres_cluster.psql(f'GRANT CREATE ON DATABASE "{database}" TO "{role}"')
     await persistence.check()
+
+
+# ------------------------------------------------------------------ a terminated listener
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_terminated_listener_reconnects_and_posts_are_delivered_once(
+    mode: str, postgres_cluster: Cluster, schema: str, store: PostgresStore
+) -> None:
+    await stored_session(store, "s1")
+    holder = make(mode, postgres_cluster.dsn(), schema)
+    async with holder:
+        sessions = SessionRegistry(holder)
+        entry = sessions.enter(await sessions.prepare_resume("s1"))
+        delivered: list[str] = []
+
+        def deliver(message: InboxMessage) -> None:
+            delivered.append(message.id)
+            entry.session.append(ev.InboxSpliced, queue="next-turn", start=0, inserted=(message,))
+
+        sessions.receive(entry, deliver)
+        listen = f"LISTEN {quote(holder._sql.channel)}"
+
+        def listener() -> int | None:
+            with admin(postgres_cluster) as conn:
+                row = conn.execute("SELECT pid FROM pg_stat_activity WHERE query = %s", (listen,)).fetchone()
+            return None if row is None else int(row[0])
+
+        first = await SessionRegistry(store).post("s1", "before")
+        with trio.fail_after(WAIT):
+            while (pid := listener()) is None or delivered != [first]:
+                await trio.sleep(0.01)
+        with admin(postgres_cluster) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+        # Posted while nobody listens (NOTIFY is not durable): the reconnected listener's rescan finds it.
+        during = await SessionRegistry(store).post("s1", "while the listener is down")
+        with trio.fail_after(WAIT):
+            while (new := listener()) is None or new == pid:
+                await trio.sleep(0.01)
+        after = await SessionRegistry(store).post("s1", "after")
+        with trio.fail_after(WAIT):
+            while len(delivered) < 3 or await store.pending_mail("s1"):
+                await entry.session.flush()
+                await trio.sleep(0.01)
+        assert delivered == [first, during, after]
+        await sessions.detach(entry)
+    inserted = [m.id for e in (await store.load("s1")).events if isinstance(e, ev.InboxSpliced) for m in e.inserted]
+    assert inserted[-3:] == [first, during, after]
+
+
+# ------------------------------------------------------------------ the pooled mode across restarts and crashes
+
+
+async def test_after_a_server_restart_a_pooled_worker_holds_its_sessions_again(own_cluster: Cluster) -> None:
+    """The restart drops the liveness connection: the heartbeat takes the lock again, and others are refused."""
+    schema_name = fresh_schema()
+    persistence = PooledPostgresStore(own_cluster.dsn(), schema=schema_name, heartbeat=0.1, idle_session_timeout=1.0)
+    await persistence.check()
+    async with persistence:
+        await stored_session(persistence, "s1")
+        sessions = SessionRegistry(persistence)
+        entry = sessions.enter(await sessions.prepare_resume("s1"))
+        old = persistence._live
+        await trio.to_thread.run_sync(own_cluster.restart)
+        with trio.fail_after(WAIT):
+            while persistence._live is old or persistence._live is None:
+                await trio.sleep(0.01)
+        async with PooledPostgresStore(own_cluster.dsn(), schema=schema_name) as other:
+            with pytest.raises(SessionLockedError):
+                await other.resume("s1")
+        one_turn(entry.session, 2)
+        await entry.session.flush()
+        await sessions.detach(entry)
+        assert (await persistence.load("s1")).events == tuple(entry.session.events)
+
+
+async def test_a_pooled_flush_without_sync_survives_a_crash(own_cluster: Cluster) -> None:
+    """The pooled mode commits every flush synchronously (group commit pays for it): a crash loses none."""
+    persistence = PooledPostgresStore(own_cluster.dsn(), schema=fresh_schema())
+    await persistence.check()
+    async with persistence:
+        await stored_session(persistence, "s1")
+        sessions = SessionRegistry(persistence)
+        entry = sessions.enter(await sessions.prepare_resume("s1"))
+        one_turn(entry.session, 2, "unsynced")
+        await entry.session.flush(sync=False)
+        await trio.to_thread.run_sync(own_cluster.restart, "immediate")  # a crash
+        assert (await persistence.load("s1")).events == tuple(entry.session.events)
+        one_turn(entry.session, 3, "after the crash")
+        await entry.session.flush()
+        await sessions.detach(entry)
+        assert (await persistence.load("s1")).events == tuple(entry.session.events)

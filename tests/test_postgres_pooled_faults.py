@@ -304,7 +304,7 @@ async def _freeze_a_group_commit(
     try:
         one_turn(entry.session, 2)
         started = trio.current_time()
-        with pytest.raises(SessionStoreError, match="session .s1. did not finish|whether it committed is unknown"):
+        with pytest.raises(SessionStoreError, match=r"session .s1. did not finish|whether it committed is unknown"):
             await entry.session.flush()
         took = trio.current_time() - started
         print(f"a group commit to a frozen backend failed after {took:.2f} s (write_timeout 0.5 s)")
