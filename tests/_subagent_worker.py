@@ -4,7 +4,9 @@ Usage::
 
     python _subagent_worker.py STORE SESSION_ID start|resume
 
-``STORE`` is a JSONL directory or ``postgresql://...#SCHEMA``.  ``start``
+``STORE`` is a JSONL directory, ``postgresql://...#SCHEMA`` (a
+:class:`~trio_harness.session.PostgresStore`) or ``postgresql://...#SCHEMA#pooled``
+(a :class:`~trio_harness.session.PooledPostgresStore`).  ``start``
 creates the owner ``SESSION_ID`` and runs one turn in which the owner starts a
 background subagent (``subagent-1``, whose child's model hangs) and a
 background ``bash`` (``bash-1``); once the owner's turn ended and the child's
@@ -26,7 +28,7 @@ import trio
 
 from trio_harness import AgentOptions, BashToolOptions, ScriptedModel, SubagentOptions, open_harness
 from trio_harness.model._protocol import Emit, ModelRequest
-from trio_harness.session import JsonlStore, PostgresStore, SessionStore
+from trio_harness.session import JsonlStore, PooledPostgresStore, PostgresStore, SessionStore
 from trio_harness.session import _events as ev
 
 CHILD_ANSWER = "the child's answer: 3 bugs found"
@@ -46,8 +48,10 @@ class MarkedChild(ScriptedModel):
 
 def open_store(where: str) -> SessionStore:
     if where.startswith("postgresql://"):
-        dsn, _, schema = where.partition("#")
-        return PostgresStore(dsn, schema=schema, lock_timeout=30.0)
+        dsn, _, rest = where.partition("#")
+        schema, _, mode = rest.partition("#")
+        cls = PooledPostgresStore if mode == "pooled" else PostgresStore
+        return cls(dsn, schema=schema, lock_timeout=30.0)
     return JsonlStore(where)
 
 

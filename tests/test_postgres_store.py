@@ -21,6 +21,7 @@ import psycopg
 import pytest
 import trio
 import trio.testing
+from _pg_modes import MODES, make, options
 from _postgres import Cluster, admin, postgres_cluster, schema, store, worker_argv
 from _util import WAIT, LineProcess
 
@@ -742,3 +743,50 @@ def test_the_command_line_lists_and_shows_sessions_of_a_postgresql_store(
     shown = capsys.readouterr().out
     assert "hello there" in shown
     assert cli_main(["sessions", "show", "missing-one", "--store", dsn]) == 2
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_posts_from_several_workers_across_killed_holders_are_delivered_exactly_once(
+    mode: str, postgres_cluster: Cluster, schema: str, store: PostgresStore, workers: list[Worker]
+) -> None:
+    """Three workers post while the session's holder is killed (``kill -9``) twice and taken over each time."""
+    await stored_session(store, "hub")
+    posters = [make(mode, postgres_cluster.dsn(), schema) for _ in range(3)]
+    posted: list[str] = []
+    stop = trio.Event()
+
+    async def post_from(number: int, poster: PostgresStore) -> None:
+        # Posting all along: while a holder lives, while it is dead, while the next one takes over.
+        sessions = SessionRegistry(poster)
+        n = 0
+        while not stop.is_set() or n < 3:
+            posted.append(await sessions.post("hub", f"worker {number} message {n}"))
+            n += 1
+            await trio.sleep(0.2)
+
+    holder_options = ("--lock-timeout=20", *options(mode))
+    async with posters[0], posters[1], posters[2]:
+        holder = await start_worker(workers, postgres_cluster, schema, "hold", "hub", *holder_options)
+        await holder.until("held")
+        async with trio.open_nursery() as nursery:
+            for number, poster in enumerate(posters):
+                nursery.start_soon(post_from, number, poster)
+            for _ in range(2):  # kill the holder once it took a message; the next one takes over
+                await holder.until("message")
+                holder.signal(signal.SIGKILL)
+                await holder.kill()
+                holder = await start_worker(workers, postgres_cluster, schema, "hold", "hub", *holder_options)
+                await holder.until("held")
+            stop.set()
+        print(f"{mode}: {len(posted)} messages posted from 3 workers across 2 killed holders")
+
+        def inserted(events: tuple[Event, ...]) -> list[str]:
+            return [m.id for e in events if isinstance(e, ev.InboxSpliced) for m in e.inserted if m.id in posted]
+
+        with trio.fail_after(WAIT):  # the last holder takes every message and stores its splice
+            while len(inserted((await store.load("hub")).events)) < len(posted) or await store.pending_mail("hub"):
+                await trio.sleep(0.05)
+        assert await holder.close() == 0
+    stored = inserted((await store.load("hub")).events)
+    assert sorted(stored) == sorted(posted)  # each once: none lost with a killed holder, none spliced twice
+    assert await store.pending_mail("hub") == []

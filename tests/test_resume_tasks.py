@@ -5,7 +5,8 @@ and a background bash, then is killed with SIGKILL while the child's model
 request is in flight; a new process resumes the owner: the subagent task
 completes there with the same task id and the child's answer (the child is
 told its run was interrupted), and the bash task is reported lost.  On JSONL
-and on PostgreSQL.
+and on PostgreSQL, in both its modes (the pooled one: the killed worker's
+leases are taken over once its liveness lock is gone).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import trio
 from _postgres import Cluster, postgres_cluster
@@ -33,21 +35,21 @@ __all__ = ["postgres_cluster"]  # the fixture, imported for pytest
 WORKER = Path(__file__).resolve().with_name("_subagent_worker.py")
 
 
-@pytest.fixture(params=["jsonl", "postgres"])
+@pytest.fixture(params=["jsonl", "postgres", "postgres-pooled"])
 def where(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "jsonl":
         return str(tmp_path / "store")
     cluster: Cluster = request.getfixturevalue("postgres_cluster")
     database = f"resume_{uuid.uuid4().hex[:12]}"
     cluster.psql(f"CREATE DATABASE {database}")
-    return f"{cluster.dsn(database)}#trio_harness"
+    return f"{cluster.dsn(database)}#trio_harness" + ("#pooled" if request.param == "postgres-pooled" else "")
 
 
 async def load(where: str, session_id: str) -> tuple[ev.Event, ...]:
     """A session's stored events, read by a fresh store (as another process would)."""
     if where.startswith("postgresql://"):
-        dsn, _, schema = where.partition("#")
-        async with PostgresStore(dsn, schema=schema) as store:
+        dsn, _, rest = where.partition("#")
+        async with PostgresStore(dsn, schema=rest.partition("#")[0]) as store:
             return (await store.load(session_id)).events
     return (await JsonlStore(where).load(session_id)).events
 
@@ -110,6 +112,11 @@ async def test_a_subagent_task_resumed_in_a_new_process_after_a_kill_completes_u
     assert [e.text for e in child if isinstance(e, ev.AssistantMessage)][-1] == CHILD_ANSWER
     assert_balanced(child)
     assert_balanced(owner)
+    if where.endswith("#pooled"):  # the second worker took over the killed one's leases (a new epoch), then let go
+        dsn = where.partition("#")[0]
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            leases = conn.execute("SELECT session_id, worker_id, epoch FROM trio_harness.leases").fetchall()
+        assert {row[0]: (row[1], row[2]) for row in leases} == {"owner": (None, 2), child_id: (None, 2)}
 
 
 async def test_a_child_whose_last_turn_failed_by_itself_is_not_run_again_only_a_cut_off_one_is() -> None:
