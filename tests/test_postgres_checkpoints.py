@@ -7,6 +7,12 @@ tests hold it to the writer's contract: no worker thread, one commit per
 flush, a synced flush survives a crash, a lost or held answer (the TCP proxy
 of ``tests/_postgres.py``) and a cancellation leave the writer knowing what is
 stored, and a statement deallocated behind its back is prepared again.
+
+The pooled mode (:class:`~trio_harness.session.PooledPostgresStore`) appends
+by group commit on shared connections: its tests here hold it to the same
+contract where it applies (a synced flush survives a crash; a flush whose
+answer is held knows it committed) and to its own (no prepared statement is
+left on a shared connection).
 """
 
 from __future__ import annotations
@@ -17,10 +23,11 @@ from typing import Any
 
 import pytest
 import trio
+from _pg_modes import MODES, make
 from _postgres import Cluster, admin, fresh_schema, postgres_cluster, proxy_for, running_cluster, schema, store
 from _util import WAIT
 
-from trio_harness.session import PostgresStore, Session, SessionEntry, SessionRegistry
+from trio_harness.session import PooledPostgresStore, PostgresStore, Session, SessionEntry, SessionRegistry
 from trio_harness.session import _events as ev
 from trio_harness.session._pg_threads import _call
 
@@ -87,10 +94,11 @@ async def test_each_flush_is_one_commit_of_one_prepared_statement_sent_without_a
     await sessions.detach(entry)
 
 
+@pytest.mark.parametrize("mode", MODES)
 async def test_a_synced_flush_survives_a_crash_and_makes_the_unsynced_one_before_it_durable(
-    crashing_cluster: Cluster,
+    mode: str, crashing_cluster: Cluster
 ) -> None:
-    persistence = PostgresStore(crashing_cluster.dsn(), schema=fresh_schema())
+    persistence = make(mode, crashing_cluster.dsn(), fresh_schema())
     await persistence.check()
     async with persistence:
         sessions, entry = await live(persistence)
@@ -173,3 +181,68 @@ async def test_a_prepared_statement_deallocated_behind_the_writer_is_prepared_ag
     await entry.session.flush()
     assert (await store.load("s1")).events == tuple(entry.session.events)
     await sessions.detach(entry)
+
+
+# ------------------------------------------------------------------ the pooled mode's appends: group commits
+
+
+async def test_pooled_flushes_leave_no_prepared_statement_on_the_shared_connections(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
+) -> None:
+    """Unnamed statements only (a transaction-pooling proxy may sit between): nothing to deallocate behind them."""
+    pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema, pool_size=1)
+    async with pooled:
+        sessions, entry = await live(pooled)
+        for number in range(3):
+            some_events(entry.session, f"step {number}")
+            await entry.session.flush(sync=number % 2 == 0)
+        ((conn, _),) = pooled._require_pool()._idle
+        assert await _call(conn, lambda: conn.execute("SELECT name FROM pg_prepared_statements").fetchall()) == []
+        await _call(conn, lambda: conn.execute("DEALLOCATE ALL"))  # as a proxy's other client might
+        some_events(entry.session, "after DEALLOCATE ALL")
+        await entry.session.flush()
+        assert (await store.load("s1")).events == tuple(entry.session.events)
+        await sessions.detach(entry)
+
+
+@pytest.mark.parametrize("released", ["before the writer sees the cancel", "after a while"])
+async def test_a_pooled_flush_cancelled_while_its_group_commit_answer_is_held_knows_it_committed(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, released: str
+) -> None:
+    with proxy_for(postgres_cluster) as proxy, admin(postgres_cluster) as watcher:
+        proxied = PooledPostgresStore(proxy.dsn(), schema=schema)
+        async with proxied:
+            sessions, entry = await live(proxied)
+            fired, release = proxy.hold_replies_after(b"FOR SHARE OF le")
+            some_events(entry.session, "committed, its answer held")
+            length = len(entry.session)
+            timer = threading.Timer(0.3, release.set)
+            flushed: list[bool] = []
+
+            async def flush() -> None:
+                await entry.session.flush()
+                flushed.append(True)
+
+            with trio.CancelScope() as scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(flush)
+                    with trio.fail_after(WAIT):  # until the server committed the batch
+                        while watcher.execute(
+                            f"SELECT count(*) FROM {schema}.events WHERE session_id = 's1'"
+                        ).fetchone() != (length,):
+                            await trio.sleep(0.005)
+                    assert fired.is_set()
+                    scope.cancel()
+                    if released == "before the writer sees the cancel":
+                        release.set()
+                    else:
+                        timer.start()
+            timer.cancel()
+            # The group commit is shielded (bounded by write_timeout): the cancelled flush waited for its outcome.
+            assert flushed == [True]
+            writer: Any = entry.writer
+            assert writer._stored == length and writer._buffer == []  # the writer knows: nothing to retry
+            some_events(entry.session, "after")
+            await entry.session.flush()
+            assert (await store.load("s1")).events == tuple(entry.session.events)
+            await sessions.detach(entry)
