@@ -84,7 +84,7 @@ async def test_a_worker_frozen_mid_group_commit_and_taken_over_never_commits_aga
     ``idle_session_timeout``); another worker takes the session and appends; the first one thaws."""
     await stored_session(store, "s1")
     gate, reached = trio.Event(), trio.Event()
-    real_call = _pg_group._call
+    real_call = _pg_group._call  # type: ignore[attr-defined]
 
     async def stopped_call(conn: Any, fn: Any, **kwargs: Any) -> Any:
         if not reached.is_set():  # the first group commit (the first worker's) stops here, unsent
@@ -281,7 +281,8 @@ async def frozen_group_commit(
 
     Yields the open store, its registry and the entry.
     """
-    async with PooledPostgresStore(postgres_cluster.dsn(), schema=schema, pool_size=1, write_timeout=0.5) as pooled:
+    pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema, pool_size=1, write_timeout=0.5)
+    async with pooled:
         yield await _freeze_a_group_commit(pooled, superuser)
 
 
