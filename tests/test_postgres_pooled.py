@@ -20,7 +20,8 @@ import psycopg
 import pytest
 import trio
 from _pg_modes import MODES, make, options
-from _postgres import Cluster, admin, postgres_cluster, proxy_for, schema, store
+from _postgres import Cluster, admin, postgres_cluster, proxy_for, schema, store, worker_argv
+from _util import WAIT
 from test_postgres_store import Worker, one_turn, start_worker, stored_session
 
 from trio_harness import SessionLockedError, SessionStoreError
@@ -269,3 +270,49 @@ async def test_a_group_commit_whose_answer_is_lost_counts_as_stored_once(
                 await sessions.detach(entry)
     for entry in entries:
         assert (await store.load(entry.session.header.id)).events == tuple(entry.session.events)
+
+
+async def test_a_worker_process_frozen_mid_group_commit_and_taken_over_never_appends_again(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, workers: list[Worker]
+) -> None:
+    """Split brain after SIGSTOP inside a group commit: the worker's group statement has committed, its answer
+    not read yet, when the worker is frozen; it loses its liveness lock, another worker takes the session and
+    appends; thawed, the worker reads its answer and goes on: none of what it writes after reaches the log."""
+    await stored_session(store, "s1")
+    with proxy_for(postgres_cluster) as proxy:
+        argv = worker_argv(
+            "hold", proxy.dsn(), schema, "s1", "--heartbeat=0.2", "--idle-session-timeout=1.0", "--pooled"
+        )
+        holder = await Worker.start(argv)
+        workers.append(holder)
+        await holder.until("ready")
+        await holder.until("held")
+        fired, release = proxy.hold_replies_after(b"FOR SHARE OF le")
+        await holder.send({"followup": "from the worker about to freeze"})
+        with trio.fail_after(WAIT):
+            while not fired.is_set():
+                await trio.sleep(0.005)
+        holder.signal(signal.SIGSTOP)  # mid-group-commit: its statement sent (and committed), its answer held
+        release.set()
+        taker = PooledPostgresStore(postgres_cluster.dsn(), schema=schema, lock_timeout=10.0)
+        async with taker:
+            sessions = SessionRegistry(taker)
+            frozen = time.perf_counter()
+            resumed = await sessions.prepare_resume("s1")
+            print(f"a worker frozen mid-group-commit lost its session after {time.perf_counter() - frozen:.2f} s")
+            entry = sessions.enter(resumed)
+            one_turn(resumed, 9, "taken over")
+            await resumed.flush()
+            holder.signal(signal.SIGCONT)
+            failed = await holder.until("store_error")
+            assert "s1" in failed["store_error"]
+            await holder.send({"followup": "again from the evicted worker"})
+            failed = await holder.until("store_error")
+            stored = (await store.load("s1")).events
+            assert stored == tuple(resumed.events)
+            await sessions.detach(entry)
+        await holder.close()
+    stored = (await store.load("s1")).events
+    assert stored == tuple(resumed.events)
+    texts = [e.text for e in stored if isinstance(e, ev.UserMessage)]
+    assert "again from the evicted worker" not in texts and texts[-1] == "taken over"
