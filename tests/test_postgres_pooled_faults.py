@@ -349,3 +349,30 @@ async def test_after_a_group_commit_to_a_frozen_backend_the_next_flush_stores_th
         await entry.session.flush()
         assert (await store.load("s1")).events == tuple(entry.session.events)
         await sessions.detach(entry)
+
+
+async def test_a_resume_whose_lease_answer_is_lost_leaves_the_session_free_or_held_by_its_writer(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, superuser: psycopg.Connection[Any]
+) -> None:
+    """The lease statement commits, its answer is lost with the connection: no stray lease is left behind."""
+    events = await stored_session(store, "s1")
+    with proxy_for(postgres_cluster) as proxy:
+        proxied = PooledPostgresStore(proxy.dsn(), schema=schema)
+        async with proxied:
+            await proxied.load("s1")
+            dropped = proxy.drop_after(b"leases AS leases")
+            try:
+                loaded, writer = await proxied.resume("s1")
+            except SessionStoreError:
+                assert dropped.is_set()
+                assert leases_of(superuser, schema, proxied.worker_id) == []  # free
+            else:
+                assert dropped.is_set() and loaded.events == events
+                assert leases_of(superuser, schema, proxied.worker_id) == ["s1"]  # held by its writer
+                await writer.aclose()
+            # Either way this worker can take it again, and so can another once it is let go.
+            loaded, writer = await proxied.resume("s1")
+            await writer.aclose()
+            async with PooledPostgresStore(postgres_cluster.dsn(), schema=schema) as other:
+                loaded, writer = await other.resume("s1")
+                await writer.aclose()

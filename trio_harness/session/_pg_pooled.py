@@ -27,6 +27,7 @@ proxy; the liveness and LISTEN connections need session state.
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import math
@@ -91,6 +92,8 @@ class PooledPostgresStore(PostgresStore):
     worker_id: str = attrs.field(factory=lambda: uuid.uuid4().hex, init=False)
     """This worker's random id, named by the leases of the sessions it holds."""
     _live: psycopg.Connection[Any] | None = attrs.field(default=None, init=False)
+    # The sessions this process is taking the lease of, and how many takes of each are under way.
+    _taking: collections.Counter[str] = attrs.field(factory=collections.Counter, init=False)
     _group: GroupCommitter = attrs.field(init=False)
 
     @_group.default
@@ -170,18 +173,23 @@ class PooledPostgresStore(PostgresStore):
     # ------------------------------------------------------------ leases
 
     async def _take_lease(self, session_id: str) -> int | None:
-        """Take the session's lease (bump its epoch) if it is free; its epoch, or None when held."""
+        """Take the session's lease (bump its epoch) if it is free; its epoch, or None when held.
+
+        A lease that names this worker while nothing of this process holds or
+        takes the session is taken again too: it is one this worker failed to
+        let go (a take whose answer was lost with its connection, a release
+        that failed), which otherwise would stay held while the worker lives.
+        """
         s = self._sql.s
         query = (
             f"INSERT INTO {s}.leases AS leases (session_id, worker_id, worker_key, epoch) VALUES (%s, %s, %s, 1) "
             "ON CONFLICT (session_id) DO UPDATE SET worker_id = EXCLUDED.worker_id, "
             "worker_key = EXCLUDED.worker_key, epoch = leases.epoch + 1 "
-            f"WHERE {_free_clause('leases')} RETURNING epoch"
+            f"WHERE {_free_clause('leases')} OR (leases.worker_id = EXCLUDED.worker_id AND %s) RETURNING epoch"
         )
-        params = (session_id, self.worker_id, self.worker_key)
 
-        def work(conn: psycopg.Connection[Any]) -> int | None:
-            row = conn.execute(query, params).fetchone()
+        def work(conn: psycopg.Connection[Any], own: bool) -> int | None:
+            row = conn.execute(query, (session_id, self.worker_id, self.worker_key, own)).fetchone()
             return None if row is None else int(row[0])
 
         # A take cancelled after its statement ran (autocommit: the lease is ours) is let go again:
@@ -193,13 +201,16 @@ class PooledPostgresStore(PostgresStore):
             if epoch is not None:
                 taken.append(epoch)
 
+        self._taking[session_id] += 1
         try:
             for attempt in (1, 2):
+                own = session_id not in self._writers and self._taking[session_id] == 1
                 async with self._require_pool().connection() as conn:
                     try:
-                        return await _call(conn, functools.partial(work, conn), settle=settle)
+                        return await _call(conn, functools.partial(work, conn, own), settle=settle)
                     except pg.Error as exc:
-                        if attempt == 1 and (conn.broken or conn.closed) and str(exc).startswith("sending"):
+                        if attempt == 1 and (conn.broken or conn.closed):  # maybe taken: the retry takes it again
+                            log.warning("taking session %r: the connection was lost (%s); retrying", session_id, exc)
                             continue
                         raise self._error(exc, f"take session {session_id!r}") from exc
         except BaseException:
@@ -207,6 +218,10 @@ class PooledPostgresStore(PostgresStore):
                 with trio.CancelScope(shield=True):
                     await self._release_lease(session_id, taken[0])
             raise
+        finally:
+            self._taking[session_id] -= 1
+            if not self._taking[session_id]:
+                del self._taking[session_id]
         raise AssertionError("unreachable")
 
     async def _release_lease(self, session_id: str, epoch: int) -> None:
