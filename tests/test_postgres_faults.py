@@ -6,6 +6,10 @@ this module's own, so the shared one is never restarted), and a TCP proxy on
 127.0.0.1 (``tests/_postgres.py``'s :class:`Proxy`) that drops a connection
 right after forwarding a ``COMMIT`` (the server commits, the answer is lost)
 or holds a connection's answers back.  See docs/postgres.rst.
+
+A test whose guarantee holds in both modes of the store runs in both
+(``mode``: tests/_pg_modes.py); the pooled mode's own faults (its liveness
+connection, its group commit) are in tests/test_postgres_pooled_faults.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ The process tests of one live writer (a race, ``kill -9``, a frozen holder)
 run in both modes; the rest is the pooled mode's own: a writer whose lease was
 taken never commits again, a group commit stores the sessions whose lease held
 and none of the fenced one, a worker's connections stay within
-``pool_size + 2`` whatever the number of its sessions.  Real cluster
+``pool_size + 2`` whatever the number of its sessions, a worker process frozen
+in the middle of a group commit and taken over never appends again.  Real cluster
 (tests/_postgres.py), real clock.
 """
 
