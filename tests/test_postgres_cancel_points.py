@@ -178,7 +178,7 @@ async def test_resume_cancelled_at_every_checkpoint_leaves_the_session_free(
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_flush_cancelled_at_every_checkpoint_stores_whole_batches_once(
-    mode: str, postgres_cluster: Cluster, schema: str, store: PostgresStore
+    mode: str, postgres_cluster: Cluster, schema: str, store: PostgresStore, watcher: psycopg.Connection[Any]
 ) -> None:
     await stored_session(store, "s1")
     mine = make(mode, postgres_cluster.dsn(), schema)
@@ -201,6 +201,7 @@ async def test_a_flush_cancelled_at_every_checkpoint_stores_whole_batches_once(
 
         steps = await every_cancel_point(call, after)
         await sessions.detach(entry)
+        assert await held_by(mine, watcher, schema) == []
     print(f"{mode}: flush cancelled at each of its {steps} steps")
 
 
@@ -256,7 +257,7 @@ async def test_a_post_cancelled_at_every_checkpoint_is_stored_at_most_once(
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_first_flush_cancelled_at_every_checkpoint_stores_the_session_once(
-    mode: str, postgres_cluster: Cluster, schema: str, store: PostgresStore
+    mode: str, postgres_cluster: Cluster, schema: str, store: PostgresStore, watcher: psycopg.Connection[Any]
 ) -> None:
     mine = make(mode, postgres_cluster.dsn(), schema)
     async with mine:
@@ -281,4 +282,5 @@ async def test_a_first_flush_cancelled_at_every_checkpoint_stores_the_session_on
             await sessions.detach(entries[-1])
 
         steps = await every_cancel_point(call, after, before)
+        assert await held_by(mine, watcher, schema) == []
     print(f"{mode}: a first flush cancelled at each of its {steps} steps")
