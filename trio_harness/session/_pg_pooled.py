@@ -16,7 +16,15 @@
   append that locked the lease to finish before it reads the log;
 * flushes of different sessions ready at once share one transaction and one
   statement (**group commit**): the statement returns the sessions whose lease
-  held; each of those had its whole batch stored, the others nothing.
+  held; each of those had its whole batch stored, the others nothing;
+* a flush carrying large images (their blobs, session/_blobs.py), the first
+  flush of a new session and the flush after one whose outcome is unknown
+  commit in a transaction of their own instead (:func:`_store_own`): fenced
+  by the lease the same way, idempotent, so a lost or cancelled commit is
+  found stored, never repeated.
+
+Takes, ``save`` and forks share the session's advisory lock key with the
+per-session mode (:mod:`._pg_leases`), so both modes may use one schema.
 
 A worker uses its ``pool_size`` shared connections, the liveness connection
 and the mailbox listener: at most ``pool_size + 2`` whatever the number of its
@@ -70,7 +78,9 @@ class PooledPostgresStore(PostgresStore):
 
     The same tables (plus ``leases``, created by the service when missing),
     the same protocol; a live session holds a lease row instead of a
-    connection, so a worker uses at most ``pool_size + 2`` connections.  Every
+    connection, so a worker uses at most ``pool_size + 2`` connections.  It
+    may share a schema with per-session workers: each refuses the sessions
+    the other holds (session/_pg_leases.py).  Every
     flush commits synchronously (``sync=False`` is not distinguished: group
     commit pays for it).  Opt-in while the per-session mode stays the default.
     """
