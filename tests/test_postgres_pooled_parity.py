@@ -499,3 +499,35 @@ async def test_a_group_commit_that_never_answers_breaks_the_writer_instead_of_co
         with pytest.raises(SessionStoreError):
             await sessions.detach(entry)
     assert len((await store.load("s1")).events) == 8
+
+
+async def test_a_closing_store_leaves_no_liveness_connection_behind_and_opens_again(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
+) -> None:
+    """The heartbeat stops before the liveness lock goes: it used to take the lock again while writers closed."""
+    await stored_session(store, "s1")
+    pooled = PooledPostgresStore(
+        postgres_cluster.dsn(), schema=schema, heartbeat=0.05, idle_session_timeout=None, release_timeout=0.5
+    )
+    async with pooled:
+        _, writer = await pooled.resume("s1")
+        locker = admin(postgres_cluster)
+        try:
+            locker.execute("BEGIN")
+            locker.execute(f"LOCK TABLE {schema}.leases IN EXCLUSIVE MODE")  # the closing writer's release waits
+        except BaseException:
+            locker.close()
+            raise
+    try:
+        assert pooled._live is None  # no connection taken again during the close
+    finally:
+        locker.execute("COMMIT")
+        locker.close()
+    assert writer._closed  # type: ignore[attr-defined]
+    async with pooled:  # open again: its liveness lock and group commit run anew
+        sessions = SessionRegistry(pooled)
+        entry = sessions.enter(await sessions.prepare_resume("s1"))
+        one_turn(entry.session, 2)
+        await entry.session.flush()
+        await sessions.detach(entry)
+    assert len((await store.load("s1")).events) == 16

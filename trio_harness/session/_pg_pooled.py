@@ -94,6 +94,7 @@ class PooledPostgresStore(PostgresStore):
     # Leases of this worker whose release failed (by session id: their epoch, None when unknown), retried by the
     # heartbeat: until then the session looks live here to other workers.
     _unreleased: dict[str, int | None] = attrs.field(factory=dict, init=False)
+    _beat_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
 
     @_group.default
     def _new_group(self) -> GroupCommitter:
@@ -117,16 +118,31 @@ class PooledPostgresStore(PostgresStore):
             try:
                 yield store
             finally:
-                if self._depth == 0 and self._live is not None:
-                    self._live.close()
-                    self._live = None
+                if self._depth == 0:
+                    # The heartbeat stops first (it would take the liveness lock again on a new connection,
+                    # left open), then the writers release their leases while the lock still holds them.
+                    if self._beat_scope is not None:
+                        self._beat_scope.cancel()
+                        self._beat_scope = None
+                    with trio.CancelScope(shield=True):
+                        for writer in list(self._writers.values()):
+                            await writer.aclose()
+                    if self._live is not None:
+                        self._live.close()
+                        self._live = None
 
     async def _start_liveness(self) -> None:
         s = self._sql.s
         await self._run("create the lease table", lambda conn: conn.execute(lease_table(s)))
         self._live = await self._lock_liveness()
         assert self._nursery is not None
-        self._nursery.start_soon(self._beat, name="postgres worker liveness")
+        scope = self._beat_scope = trio.CancelScope()
+
+        async def beat() -> None:
+            with scope:
+                await self._beat()
+
+        self._nursery.start_soon(beat, name="postgres worker liveness")
         self._nursery.start_soon(self._group.run, name="postgres group commit")
 
     async def _lock_liveness(self) -> psycopg.Connection[Any]:
