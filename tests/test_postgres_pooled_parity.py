@@ -531,3 +531,23 @@ async def test_a_closing_store_leaves_no_liveness_connection_behind_and_opens_ag
         await entry.session.flush()
         await sessions.detach(entry)
     assert len((await store.load("s1")).events) == 16
+
+
+async def test_a_mailbox_read_is_bounded_by_the_write_timeout(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
+) -> None:
+    await stored_session(store, "s1")
+    async with PooledPostgresStore(postgres_cluster.dsn(), schema=schema, write_timeout=0.5) as pooled:
+        _, writer = await pooled.resume("s1")
+        locker = admin(postgres_cluster)
+        try:
+            locker.execute("BEGIN")
+            locker.execute(f"LOCK TABLE {schema}.mailbox IN ACCESS EXCLUSIVE MODE")  # the read waits
+            with trio.fail_after(5):
+                with pytest.raises(SessionStoreError, match=r"did not answer within 0.5 s \(write_timeout\)"):
+                    await writer.take_mail()  # type: ignore[attr-defined]
+        finally:
+            locker.execute("COMMIT")
+            locker.close()
+        assert await writer.take_mail() == []  # type: ignore[attr-defined]
+        await writer.aclose()

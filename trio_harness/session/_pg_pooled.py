@@ -572,15 +572,22 @@ class _PooledWriter:
     async def take_mail(self) -> list[tuple[int, InboxMessage]]:
         if self._closed or self._broken is not None:
             return []
-        s, sid = self.store._sql.s, self.header.id
-        rows = await self.store._run(
-            f"read the mailbox of session {sid!r}",
-            lambda conn: conn.execute(
-                f"SELECT id, body FROM {s}.mailbox WHERE session_id = %s ORDER BY id", (sid,)
-            ).fetchall(),
-            retry=True,
+        s, sid, timeout = self.store._sql.s, self.header.id, self.store.write_timeout
+        with trio.move_on_after(timeout):  # bounded, as a live session's statements are (the mail loop tries again)
+            rows = await self.store._run(
+                f"read the mailbox of session {sid!r}",
+                lambda conn: conn.execute(
+                    f"SELECT id, body FROM {s}.mailbox WHERE session_id = %s ORDER BY id", (sid,)
+                ).fetchall(),
+                retry=True,
+            )
+            return claim_mail(sid, rows, self._taken, self._acks)
+        raise SessionStoreError(
+            f"cannot read the mailbox of session {sid!r} in {self.store.location}: PostgreSQL did not answer "
+            f"within {timeout:g} s (write_timeout); the statement was cancelled",
+            path=self.store.location,
+            session_id=sid,
         )
-        return claim_mail(sid, rows, self._taken, self._acks)
 
     def ack_mail(self, mail_ids: Sequence[int]) -> None:
         self._acks.extend(mail_ids)
