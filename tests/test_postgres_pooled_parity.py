@@ -551,3 +551,30 @@ async def test_a_mailbox_read_is_bounded_by_the_write_timeout(
             locker.close()
         assert await writer.take_mail() == []  # type: ignore[attr-defined]
         await writer.aclose()
+
+
+async def test_the_flush_after_one_of_unknown_outcome_finds_what_it_stored_instead_of_failing_on_it(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await stored_session(store, "s1")
+    real = GroupCommitter._commit_group
+
+    async def answer_lost(self: GroupCommitter, group: Any) -> None:
+        await real(self, group)  # committed...
+        for request in group:  # ...but reported failed, as a commit whose answer was lost may be
+            request.outcome = SessionStoreError("the group commit's answer was lost (a test fault)")
+
+    monkeypatch.setattr(GroupCommitter, "_commit_group", answer_lost)
+    async with PooledPostgresStore(postgres_cluster.dsn(), schema=schema) as pooled:
+        sessions = SessionRegistry(pooled)
+        entry = sessions.enter(await sessions.prepare_resume("s1"))
+        one_turn(entry.session, 2)
+        with pytest.raises(SessionStoreError, match="answer was lost"):
+            await entry.session.flush()
+        monkeypatch.undo()
+        one_turn(entry.session, 3)
+        await entry.session.flush()  # its own transaction: the batch found stored, the rest added
+        await sessions.detach(entry)
+    stored = (await store.load("s1")).events
+    assert stored == tuple(entry.session.events)
+    assert texts(stored) == ["do it"] * 3
