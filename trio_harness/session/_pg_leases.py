@@ -95,26 +95,26 @@ def fence_lease(conn: psycopg.Connection[Any], sql: _Sql, session_id: str) -> bo
 
     When it does not, a lease row left by a pooled worker has its epoch bumped
     (and names no worker), so that worker's writer, were it only frozen,
-    never writes the session again.  Run after the lock is taken, in
-    statements of its own (their snapshot sees every pooled take that
-    committed before the lock).
+    never writes the session again.  Run after the lock is taken, in a
+    statement of its own (its snapshot sees every pooled take that committed
+    before the lock).  One statement: the row is locked ``FOR UPDATE`` (after
+    any append holding it ``FOR SHARE``) and updated when free.  While the
+    lock is held no take can make a free lease held (a take needs the lock),
+    so the only change the row may see meanwhile is a release: at worst a
+    lease released during the statement is reported held, a refusal.
     """
     if not _has_leases(conn, sql):
         return False
     s = sql.s
-    with conn.transaction():
-        row = conn.execute(
-            f"SELECT {free_clause('le')} FROM {s}.leases le WHERE le.session_id = %s FOR UPDATE", (session_id,)
-        ).fetchone()
-        if row is None:
-            return False
-        if not row[0]:
-            return True
-        conn.execute(
-            f"UPDATE {s}.leases SET worker_id = NULL, worker_key = NULL, epoch = epoch + 1 WHERE session_id = %s",
-            (session_id,),
-        )
-    return False
+    row = conn.execute(
+        f"WITH cur AS (SELECT le.session_id, {free_clause('le')} AS free FROM {s}.leases le "
+        "WHERE le.session_id = %s FOR UPDATE), "
+        f"fenced AS (UPDATE {s}.leases l SET worker_id = NULL, worker_key = NULL, epoch = l.epoch + 1 FROM cur "
+        "WHERE l.session_id = cur.session_id AND cur.free RETURNING 1) "
+        "SELECT coalesce(bool_or(NOT cur.free), false) FROM cur",
+        (session_id,),
+    ).fetchone()
+    return row is not None and bool(row[0])
 
 
 def lease_held(conn: psycopg.Connection[Any], sql: _Sql, session_id: str) -> bool:
