@@ -578,3 +578,20 @@ async def test_the_flush_after_one_of_unknown_outcome_finds_what_it_stored_inste
     stored = (await store.load("s1")).events
     assert stored == tuple(entry.session.events)
     assert texts(stored) == ["do it"] * 3
+
+
+async def test_a_take_whose_commit_answer_is_lost_is_taken_again_not_refused_as_held_by_another_worker(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    with proxy_for(postgres_cluster) as proxy:
+        async with PooledPostgresStore(proxy.dsn(), schema=schema) as pooled:
+            sessions = SessionRegistry(pooled)
+            dropped = proxy.drop_after(b"COMMIT")  # the take's transaction commits; its answer never comes
+            with caplog.at_level(logging.WARNING, logger="trio_harness.session.postgres"):
+                session = await sessions.prepare_new("x", cwd="/w")  # the lease names this worker: taken again
+            assert dropped.is_set()
+            assert "cannot take session 'x' yet: the connection was lost" in caplog.text
+            entry = sessions.enter(session)
+            one_turn(session, 1)
+            await sessions.detach(entry)
+    assert (await store.load("x")).events == tuple(session.events)
