@@ -13,6 +13,7 @@ cluster (tests/_postgres.py), real clock, bounded waits.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
@@ -595,3 +596,43 @@ async def test_a_take_whose_commit_answer_is_lost_is_taken_again_not_refused_as_
             one_turn(session, 1)
             await sessions.detach(entry)
     assert (await store.load("x")).events == tuple(session.events)
+
+
+@pytest.mark.parametrize("saver_mode", MODES)
+async def test_a_save_racing_a_pooled_create_of_the_same_id_leaves_exactly_one_of_them(
+    saver_mode: str, postgres_cluster: Cluster, schema: str, store: PostgresStore
+) -> None:
+    source = await stored_session(store, "source")
+    header = (await store.load("source")).header
+    async with (
+        PooledPostgresStore(postgres_cluster.dsn(), schema=schema) as creator,
+        make(saver_mode, postgres_cluster, schema) as saver,
+    ):
+        sessions = SessionRegistry(creator)
+        outcomes = {"created": 0, "saved": 0}
+        for number in range(12):
+            session_id = f"contested-{number}"
+            won: dict[str, Any] = {}
+
+            async def create(session_id: str = session_id, won: dict[str, Any] = won) -> None:
+                with contextlib.suppress(SessionExistsError):
+                    won["created"] = await sessions.prepare_new(session_id, cwd="/w")
+
+            async def save(session_id: str = session_id, won: dict[str, Any] = won) -> None:
+                with contextlib.suppress(SessionExistsError):
+                    await saver.save(attrs.evolve(header, id=session_id), source)
+                    won["saved"] = True
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(create)
+                nursery.start_soon(save)
+            assert len(won) == 1, (session_id, sorted(won))
+            if "created" in won:
+                entry = sessions.enter(won["created"])
+                one_turn(entry.session, 1, "created")
+                await sessions.detach(entry)  # its first flush stores the id: nobody stored it meanwhile
+                assert texts((await store.load(session_id)).events) == ["created"]
+            else:
+                assert (await store.load(session_id)).events == source
+            outcomes[next(iter(won))] += 1
+        print(f"save ({saver_mode}) racing a pooled create, 12 rounds: {outcomes}")
