@@ -557,8 +557,8 @@ async def test_a_large_image_resumes_and_forks_as_it_was_appended(kit: Kit) -> N
     stored = (await kit.persistence.load("img")).events
     assert len(stored) == len(expected)
     assert isinstance(stored[-5], ev.UserMessage)
-    # The memory store keeps it inline, and so does the pooled PostgreSQL mode (docs/postgres.rst).
-    inline = kit.kind == "memory" or isinstance(kit.persistence, PooledPostgresStore)
+    # The memory store keeps it inline.
+    inline = kit.kind == "memory"
     assert stored[-5].images[0].by_reference is not inline
     other = kit.store()
     resumed = await other.prepare_resume("img")

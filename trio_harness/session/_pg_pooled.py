@@ -16,7 +16,15 @@
   append that locked the lease to finish before it reads the log;
 * flushes of different sessions ready at once share one transaction and one
   statement (**group commit**): the statement returns the sessions whose lease
-  held; each of those had its whole batch stored, the others nothing.
+  held; each of those had its whole batch stored, the others nothing;
+* a flush carrying large images (their blobs, session/_blobs.py), the first
+  flush of a new session and the flush after one whose outcome is unknown
+  commit in a transaction of their own instead (:func:`_store_own`): fenced
+  by the lease the same way, idempotent, so a lost or cancelled commit is
+  found stored, never repeated.
+
+Takes, ``save`` and forks share the session's advisory lock key with the
+per-session mode (:mod:`._pg_leases`), so both modes may use one schema.
 
 A worker uses its ``pool_size`` shared connections, the liveness connection
 and the mailbox listener: at most ``pool_size + 2`` whatever the number of its
@@ -27,14 +35,13 @@ proxy; the liveness and LISTEN connections need session state.
 
 from __future__ import annotations
 
-import collections
 import functools
 import logging
 import math
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import trio
@@ -45,10 +52,12 @@ from .._errors import (
     SessionLockedError,
     SessionStoreError,
 )
+from ._blobs import IMAGE_EVENTS, externalize, insert_blobs
 from ._codec import encode_event, encode_header
 from ._events import Event, InboxMessage, SessionHeader
 from ._persistence import LoadedSession
 from ._pg_group import GroupCommitter, _Request
+from ._pg_leases import lease_table, take_lease
 from ._pg_schema import _lock_key, _psycopg
 from ._pg_threads import _call
 from ._pg_writer import claim_mail
@@ -60,22 +69,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trio_harness.session.postgres")
 
-
-def _lease_tables(s: str) -> list[str]:
-    return [
-        f"CREATE TABLE IF NOT EXISTS {s}.leases (session_id text PRIMARY KEY, worker_id text, "
-        "worker_key bigint, epoch bigint NOT NULL)",
-    ]
-
-
-def _free_clause(alias: str) -> str:
-    """True when the lease row ``alias`` names no worker, or one whose liveness lock nobody holds."""
-    return (
-        f"({alias}.worker_id IS NULL OR NOT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
-        "AND granted AND objsubid = 1 AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-        f"AND classid::bigint = (({alias}.worker_key >> 32) & 4294967295) "
-        f"AND objid::bigint = ({alias}.worker_key & 4294967295)))"
-    )
+T = TypeVar("T")
 
 
 @attrs.define(eq=False, repr=False)
@@ -84,7 +78,9 @@ class PooledPostgresStore(PostgresStore):
 
     The same tables (plus ``leases``, created by the service when missing),
     the same protocol; a live session holds a lease row instead of a
-    connection, so a worker uses at most ``pool_size + 2`` connections.  Every
+    connection, so a worker uses at most ``pool_size + 2`` connections.  It
+    may share a schema with per-session workers: each refuses the sessions
+    the other holds (session/_pg_leases.py).  Every
     flush commits synchronously (``sync=False`` is not distinguished: group
     commit pays for it).  Opt-in while the per-session mode stays the default.
     """
@@ -92,9 +88,13 @@ class PooledPostgresStore(PostgresStore):
     worker_id: str = attrs.field(factory=lambda: uuid.uuid4().hex, init=False)
     """This worker's random id, named by the leases of the sessions it holds."""
     _live: psycopg.Connection[Any] | None = attrs.field(default=None, init=False)
-    # The sessions this process is taking the lease of, and how many takes of each are under way.
-    _taking: collections.Counter[str] = attrs.field(factory=collections.Counter, init=False)
     _group: GroupCommitter = attrs.field(init=False)
+    # The ids a resume or a create of this process is taking (or a retried release is releasing): one at a time.
+    _taking: set[str] = attrs.field(factory=set, init=False)
+    # Leases of this worker whose release failed (by session id: their epoch, None when unknown), retried by the
+    # heartbeat: until then the session looks live here to other workers.
+    _unreleased: dict[str, int | None] = attrs.field(factory=dict, init=False)
+    _beat_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
 
     @_group.default
     def _new_group(self) -> GroupCommitter:
@@ -118,16 +118,31 @@ class PooledPostgresStore(PostgresStore):
             try:
                 yield store
             finally:
-                if self._depth == 0 and self._live is not None:
-                    self._live.close()
-                    self._live = None
+                if self._depth == 0:
+                    # The heartbeat stops first (it would take the liveness lock again on a new connection,
+                    # left open), then the writers release their leases while the lock still holds them.
+                    if self._beat_scope is not None:
+                        self._beat_scope.cancel()
+                        self._beat_scope = None
+                    with trio.CancelScope(shield=True):
+                        for writer in list(self._writers.values()):
+                            await writer.aclose()
+                    if self._live is not None:
+                        self._live.close()
+                        self._live = None
 
     async def _start_liveness(self) -> None:
-        sql = self._sql
-        await self._run("create the lease table", lambda conn: [conn.execute(q) for q in _lease_tables(sql.s)])
+        s = self._sql.s
+        await self._run("create the lease table", lambda conn: conn.execute(lease_table(s)))
         self._live = await self._lock_liveness()
         assert self._nursery is not None
-        self._nursery.start_soon(self._beat, name="postgres worker liveness")
+        scope = self._beat_scope = trio.CancelScope()
+
+        async def beat() -> None:
+            with scope:
+                await self._beat()
+
+        self._nursery.start_soon(beat, name="postgres worker liveness")
         self._nursery.start_soon(self._group.run, name="postgres group commit")
 
     async def _lock_liveness(self) -> psycopg.Connection[Any]:
@@ -147,7 +162,7 @@ class PooledPostgresStore(PostgresStore):
         return conn
 
     async def _beat(self) -> None:
-        """Keep the liveness connection active; retake the lock on a new one when it was lost.
+        """Keep the liveness connection active; retake the lock on a new one when it was lost; retry releases.
 
         While the lock is free another worker may take this worker's sessions;
         their writers are then fenced (their epochs are stale), the others
@@ -169,70 +184,127 @@ class PooledPostgresStore(PostgresStore):
                 log.warning("worker %s: liveness heartbeat failed (%s)", self.worker_id, exc)
                 if conn is not None and self._live is conn:
                     conn.close()
+            await self._retry_releases()
 
     # ------------------------------------------------------------ leases
+
+    async def _run_settled(
+        self, what: str, fn: Callable[[psycopg.Connection[Any]], T], settle: Callable[[T], None]
+    ) -> T:
+        """``fn(conn)`` (an idempotent transaction) on a pooled connection, bounded by ``write_timeout``.
+
+        Run once more on a new connection when the connection was lost (it
+        may have committed: ``fn`` finds its own work done).  A caller
+        cancelled after ``fn`` completed gets ``settle(result)`` before the
+        cancellation, so a commit is never mistaken for a failure.
+
+        Raises:
+            SessionStoreError: the statement failed, or was not answered in time
+                (cancelled; whether it committed is then unknown).
+        """
+        pg = _psycopg()
+        pool = self._require_pool()
+        for attempt in (1, 2):
+            finished: list[T] = []
+
+            def on_settle(value: T, finished: list[T] = finished) -> None:
+                finished.append(value)
+                settle(value)
+
+            async with pool.connection() as conn:
+                try:
+                    with trio.move_on_after(self.write_timeout):
+                        return await _call(conn, functools.partial(fn, conn), settle=on_settle)
+                except pg.Error as exc:
+                    if attempt == 1 and (conn.broken or conn.closed):
+                        log.warning("cannot %s yet: the connection was lost (%s); trying again", what, exc)
+                        continue
+                    raise self._error(exc, what) from exc
+                if finished:
+                    return finished[0]
+                conn.close()
+            raise SessionStoreError(
+                f"cannot {what} in {self.location}: PostgreSQL did not answer within {self.write_timeout:g} s "
+                "(write_timeout); the statement was cancelled",
+                path=self.location,
+            )
+        raise AssertionError("unreachable")
 
     async def _take_lease(self, session_id: str) -> int | None:
         """Take the session's lease (bump its epoch) if it is free; its epoch, or None when held.
 
-        A lease that names this worker while nothing of this process holds or
-        takes the session is taken again too: it is one this worker failed to
-        let go (a take whose answer was lost with its connection, a release
-        that failed), which otherwise would stay held while the worker lives.
+        A take cancelled after it committed (or whose outcome is unknown)
+        gives the lease back: a lease of this worker that no writer holds
+        would keep the session from every other worker while this one lives.
         """
-        s = self._sql.s
-        query = (
-            f"INSERT INTO {s}.leases AS leases (session_id, worker_id, worker_key, epoch) VALUES (%s, %s, %s, 1) "
-            "ON CONFLICT (session_id) DO UPDATE SET worker_id = EXCLUDED.worker_id, "
-            "worker_key = EXCLUDED.worker_key, epoch = leases.epoch + 1 "
-            f"WHERE {_free_clause('leases')} OR (leases.worker_id = EXCLUDED.worker_id AND %s) RETURNING epoch"
-        )
-
-        def work(conn: psycopg.Connection[Any], own: bool) -> int | None:
-            row = conn.execute(query, (session_id, self.worker_id, self.worker_key, own)).fetchone()
-            return None if row is None else int(row[0])
-
-        # A take cancelled after its statement ran (autocommit: the lease is ours) is let go again:
-        # otherwise this live worker would hold the session with nobody to release it.
         taken: list[int] = []
-        pg = _psycopg()
 
         def settle(epoch: int | None) -> None:
             if epoch is not None:
                 taken.append(epoch)
 
-        self._taking[session_id] += 1
         try:
-            for attempt in (1, 2):
-                own = session_id not in self._writers and self._taking[session_id] == 1
-                async with self._require_pool().connection() as conn:
-                    try:
-                        return await _call(conn, functools.partial(work, conn, own), settle=settle)
-                    except pg.Error as exc:
-                        if attempt == 1 and (conn.broken or conn.closed):  # maybe taken: the retry takes it again
-                            log.warning("taking session %r: the connection was lost (%s); retrying", session_id, exc)
-                            continue
-                        raise self._error(exc, f"take session {session_id!r}") from exc
+            epoch = await self._run_settled(
+                f"take session {session_id!r}",
+                lambda conn: take_lease(conn, self._sql, session_id, self.worker_id, self.worker_key),
+                settle,
+            )
         except BaseException:
-            if taken:
-                with trio.CancelScope(shield=True):
-                    await self._release_lease(session_id, taken[0])
+            with trio.CancelScope(shield=True):
+                await self._release_lease(session_id, taken[0] if taken else None)
             raise
-        finally:
-            self._taking[session_id] -= 1
-            if not self._taking[session_id]:
-                del self._taking[session_id]
-        raise AssertionError("unreachable")
+        if epoch is not None:
+            self._unreleased.pop(session_id, None)  # a lease of ours left unreleased: taken again
+        return epoch
 
-    async def _release_lease(self, session_id: str, epoch: int) -> None:
+    async def _release_lease(self, session_id: str, epoch: int | None) -> None:
+        """Release this worker's lease of the session (``epoch`` None: whatever its epoch); never raises.
+
+        A release that fails or is not answered within ``release_timeout``
+        is kept and retried by the heartbeat (:meth:`_retry_releases`) until
+        it succeeds, with a warning; the lease goes anyway when this worker
+        stops (its liveness lock with it).
+        """
+        if self._pool is None:
+            return  # the service is closed: the liveness lock is gone, and every lease of this worker is free
         s = self._sql.s
-        await self._run(
-            f"release session {session_id!r}",
-            lambda conn: conn.execute(
-                f"UPDATE {s}.leases SET worker_id = NULL WHERE session_id = %s AND worker_id = %s AND epoch = %s",
-                (session_id, self.worker_id, epoch),
-            ),
+        query = f"UPDATE {s}.leases SET worker_id = NULL WHERE session_id = %s AND worker_id = %s"
+        params: tuple[object, ...] = (session_id, self.worker_id)
+        if epoch is not None:
+            query, params = query + " AND epoch = %s", (*params, epoch)
+        reason = f"PostgreSQL did not answer within {self.release_timeout:g} s (release_timeout)"
+        try:
+            with trio.move_on_after(self.release_timeout):
+                await self._run(f"release session {session_id!r}", lambda conn: conn.execute(query, params))
+                if self._unreleased.get(session_id, epoch) == epoch:
+                    self._unreleased.pop(session_id, None)
+                return
+        except SessionStoreError as exc:
+            reason = str(exc)
+        self._unreleased[session_id] = epoch
+        log.warning(
+            "session %r: releasing its lease failed (%s); trying again every %g s (other workers find the "
+            "session live until then, or until this worker stops)",
+            session_id,
+            reason,
+            self.heartbeat or 1.0,
         )
+
+    async def _retry_releases(self) -> None:
+        for session_id, epoch in list(self._unreleased.items()):
+            if session_id in self._writers or session_id in self._taking:
+                self._unreleased.pop(session_id, None)  # taken again by this worker meanwhile
+                continue
+            self._taking.add(session_id)
+            try:
+                await self._release_lease(session_id, epoch)
+            finally:
+                self._taking.discard(session_id)
+
+    def _claim_in_process(self, session_id: str, error: Callable[[str], SessionError]) -> None:
+        if session_id in self._writers or session_id in self._taking:
+            raise error(f"session {session_id!r} is already live, or being created or resumed, in this process")
+        self._taking.add(session_id)
 
     async def open_writer(self, header: SessionHeader) -> SessionWriter:
         session_id = validate_session_id(header.id)
@@ -241,82 +313,139 @@ class PooledPostgresStore(PostgresStore):
             line = encode_header(header)
         except (TypeError, ValueError) as exc:
             raise SessionError(f"the header of session {session_id!r} cannot be stored: {exc}") from exc
-        if session_id in self._writers:
-            raise SessionExistsError(
-                f"session {session_id!r} already exists: it is being created or is live in this process"
-            )
-        epoch = await self._take_lease(session_id)
-        if epoch is None:
-            raise SessionExistsError(
-                f"session {session_id!r} already exists: it is being created, or is live, on another worker "
-                f"(its lease in {self.location} is held); use another id, or resume it once it is stored"
-            )
+        self._claim_in_process(session_id, SessionExistsError)
         try:
-            if session_id in self._writers:
+            epoch = await self._take_lease(session_id)
+            if epoch is None:
                 raise SessionExistsError(
-                    f"session {session_id!r} already exists: it is being created or is live in this process"
+                    f"session {session_id!r} already exists: it is being created, or is live, on another worker "
+                    f"(its lease or lock in {self.location} is held); use another id, or resume it once it is stored"
                 )
-            if await self.exists(session_id):
-                raise SessionExistsError(
-                    f"session {session_id!r} is already stored in {self.location}; resume it instead"
-                )
-        except BaseException:
-            with trio.CancelScope(shield=True):
-                await self._release_lease(session_id, epoch)
-            raise
-        writer = _PooledWriter(self, header, header_line=line, stored=0, epoch=epoch)
-        self._writers[session_id] = writer  # type: ignore[assignment]
+            try:
+                if await self.exists(session_id):
+                    raise SessionExistsError(
+                        f"session {session_id!r} is already stored in {self.location}; resume it instead"
+                    )
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await self._release_lease(session_id, epoch)
+                raise
+            writer = _PooledWriter(self, header, header_line=line, stored=0, epoch=epoch)
+            self._writers[session_id] = writer  # type: ignore[assignment]
+        finally:
+            self._taking.discard(session_id)
         return writer
 
     async def resume(self, session_id: str) -> tuple[LoadedSession, SessionWriter]:
         validate_session_id(session_id)
-        if session_id in self._writers:
-            raise SessionLockedError(
-                f"session {session_id!r} is already live or being resumed in this process; dispose its agent first",
-                path=self.location,
-            )
-        deadline = trio.current_time() + self.lock_timeout
-        delay = 0.005
-        while (epoch := await self._take_lease(session_id)) is None:
-            remaining = deadline - trio.current_time()
-            if remaining <= 0:
-                raise SessionLockedError(
-                    f"session {session_id!r} is live on another worker (its lease in {self.location} is held); "
-                    "stop it there, or wait until that worker is gone (a dead worker releases it at once, "
-                    f"a frozen one within {self.idle_session_timeout} s)",
-                    path=self.location,
-                )
-            await trio.sleep(min(delay, remaining))
-            delay = min(delay * 2, 0.05)
+        self._claim_in_process(session_id, functools.partial(SessionLockedError, path=self.location))
         try:
-            if session_id in self._writers:
-                raise SessionLockedError(
-                    f"session {session_id!r} is already live or being resumed in this process; dispose its agent first",
-                    path=self.location,
-                )
-            loaded = await self.load(session_id)
-        except BaseException:
-            with trio.CancelScope(shield=True):
-                await self._release_lease(session_id, epoch)
-            raise
-        writer = _PooledWriter(self, loaded.header, header_line=None, stored=len(loaded.events), epoch=epoch)
-        self._writers[session_id] = writer  # type: ignore[assignment]
+            deadline = trio.current_time() + self.lock_timeout
+            delay = 0.005
+            while (epoch := await self._take_lease(session_id)) is None:
+                remaining = deadline - trio.current_time()
+                if remaining <= 0:
+                    raise SessionLockedError(
+                        f"session {session_id!r} is live on another worker (its lease or lock in {self.location} "
+                        "is held); stop it there, or wait until that worker is gone (a dead worker releases it at "
+                        f"once, a frozen one within {self.idle_session_timeout} s)",
+                        path=self.location,
+                    )
+                await trio.sleep(min(delay, remaining))
+                delay = min(delay * 2, 0.05)
+            try:
+                loaded = await self.load(session_id)
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await self._release_lease(session_id, epoch)
+                raise
+            writer = _PooledWriter(self, loaded.header, header_line=None, stored=len(loaded.events), epoch=epoch)
+            self._writers[session_id] = writer  # type: ignore[assignment]
+        finally:
+            self._taking.discard(session_id)
         return loaded, writer
+
+
+class _Diverged(Exception):
+    """Events stored from the batch's first seq on are not the batch (the transaction rolls back)."""
+
+
+def _store_own(
+    conn: psycopg.Connection[Any], writer: _PooledWriter, lines: list[str], blobs: dict[str, bytes], acks: list[int]
+) -> str:
+    """(worker thread) One writer's flush in a transaction of its own, fenced by its lease; idempotent.
+
+    The first flush of a new session (its row), a flush carrying image blobs
+    (inserted before the events that reference them), and the flush after
+    one whose outcome is unknown.  Run again after a lost connection it finds
+    its own earlier commit: the same header, the same bodies from the first
+    seq on (inserted ``ON CONFLICT DO NOTHING``, which waits for a lost
+    connection's transaction still running).  Nobody else writes the session
+    while the lease is held.  Returns ``stored``, ``fenced`` (the lease was
+    taken: nothing written), ``exists`` (another session is stored under
+    the id) or ``diverged``.
+    """
+    store, header = writer.store, writer.header
+    sql, sid, first = store._sql, header.id, writer._stored
+    s = sql.s
+    try:
+        with conn.transaction():
+            # A worker frozen inside this transaction must not hold the lease row (a takeover waits for it) for long.
+            conn.execute(
+                "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
+                (f"{math.ceil(store.write_timeout * 1000)}ms",),
+            )
+            held = conn.execute(
+                f"SELECT 1 FROM {s}.leases WHERE session_id = %s AND worker_id = %s AND epoch = %s FOR SHARE",
+                (sid, store.worker_id, writer._epoch),
+            ).fetchone()
+            if held is None:
+                return "fenced"
+            line = writer._header_line
+            if line is not None:
+                params = (sid, line, header.created_at, header.parent_session)
+                if conn.execute(sql.insert_session, params).fetchone() is None:
+                    row = conn.execute(f"SELECT header FROM {s}.sessions WHERE id = %s", (sid,)).fetchone()
+                    if row is None or row[0] != line:
+                        return "exists"
+            insert_blobs(conn, s, sid, blobs)  # before the events that reference them
+            if lines:
+                added = conn.execute(
+                    f"{sql.insert_events} ON CONFLICT (session_id, seq) DO NOTHING", (sid, first, lines), binary=True
+                ).rowcount
+                if added != len(lines):
+                    stored = conn.execute(
+                        f"SELECT body FROM {s}.events WHERE session_id = %s AND seq >= %s AND seq < %s ORDER BY seq",
+                        (sid, first, first + len(lines)),
+                    ).fetchall()
+                    if [body for (body,) in stored] != lines:
+                        raise _Diverged
+            if acks:
+                conn.execute(f"DELETE FROM {s}.mailbox WHERE session_id = %s AND id = ANY(%s)", (sid, acks))
+    except _Diverged:
+        return "diverged"
+    return "stored"
 
 
 @attrs.define(eq=False)
 class _PooledWriter:
     store: PooledPostgresStore
     header: SessionHeader
+    # The encoded header of a new session, stored by its first flush; None once stored.
     _header_line: str | None = attrs.field(alias="header_line")
+    # How many events are stored (the seq of the next one to store).
     _stored: int = attrs.field(alias="stored")
     _epoch: int = attrs.field(alias="epoch")
     _buffer: list[str] = attrs.field(factory=list, init=False)
+    # The image blobs the buffered lines reference (session/_blobs.py).
+    _blobs: dict[str, bytes] = attrs.field(factory=dict, init=False)
     _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _closed: bool = attrs.field(default=False, init=False)
+    # Why this writer may not append any more, once it may not; _fenced: its lease was taken (it is not ours).
     _broken: str | None = attrs.field(default=None, init=False)
-    # True once a first flush was attempted: a later one may find the session stored by it.
-    _tried: bool = attrs.field(default=False, init=False)
+    _fenced: bool = attrs.field(default=False, init=False)
+    # A flush failed (maybe committed): the next one runs in its own, idempotent, transaction.
+    _uncertain: bool = attrs.field(default=False, init=False)
     _mail_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     _on_mail: Callable[[], Awaitable[None]] | None = attrs.field(default=None, init=False)
     _mail_wake: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -324,6 +453,8 @@ class _PooledWriter:
     _acks: list[int] = attrs.field(factory=list, init=False)
 
     def write(self, event: Event) -> None:
+        if type(event) in IMAGE_EVENTS:
+            event = externalize(event, self._blobs)
         self._buffer.append(encode_event(event))
 
     def _error(self, reason: str) -> SessionStoreError:
@@ -333,120 +464,77 @@ class _PooledWriter:
             session_id=self.header.id,
         )
 
+    def _lose(self, reason: str, *, fenced: bool = False) -> SessionStoreError:
+        self._broken, self._fenced = f"{reason}; resume the session to continue from what is stored", fenced
+        return self._error(self._broken)
+
     async def flush(self, *, sync: bool = True) -> None:
         async with self._lock:
             if not self._buffer and not self._acks:
                 return
             if self._closed or self._broken is not None:
                 raise self._error("its writer is closed" if self._closed else self._broken or "")
-            lines, acks = self._buffer, list(self._acks)
-            self._buffer = []
+            lines, acks, blobs = self._buffer, list(self._acks), self._blobs
+            self._buffer, self._blobs = [], {}
+            committed = False
+
+            def settle(outcome: object) -> None:
+                nonlocal committed
+                if outcome == "stored" and not committed:
+                    committed = True
+                    self._committed(lines, acks)
+
             try:
-                if self._header_line is not None:
-                    outcome: bool | BaseException | None = await self._create(lines)
+                if self._header_line is not None or blobs or self._uncertain:
+                    outcome = await self.store._run_settled(
+                        f"store the events of session {self.header.id!r}",
+                        lambda conn: _store_own(conn, self, lines, blobs, acks),
+                        settle,
+                    )
                 else:
-                    request = _Request(self, lines, acks, sync)
-                    await self.store._group.submit(request)
-                    outcome = request.outcome
+                    outcome = await self._group_commit(lines, acks, sync)
+                settle(outcome)
             except BaseException:
-                self._buffer[:0] = lines
+                if not committed:
+                    self._buffer[:0] = lines
+                    self._blobs = {**blobs, **self._blobs}
+                    self._uncertain = True
                 raise
-            if outcome is True:
-                self._stored += len(lines)
-                for mail_id in acks:
-                    self._acks.remove(mail_id)
-                    self._taken.discard(mail_id)
+            if outcome == "stored":
                 return
             self._buffer[:0] = lines
-            if outcome is False:
-                self._broken = (
-                    "this writer lost the session (its lease was taken by another worker); "
-                    "resume the session to continue from what is stored"
-                )
-                raise self._error(self._broken)
-            if isinstance(outcome, SessionStoreError):
-                raise outcome
-            if isinstance(outcome, _psycopg().Error):
-                raise self.store._error(outcome, f"store the events of session {self.header.id!r}") from outcome
-            raise self._error(f"{type(outcome).__name__}: {outcome}") from outcome
+            self._blobs = {**blobs, **self._blobs}
+            if outcome == "fenced":
+                raise self._lose("this writer lost the session (its lease was taken by another worker)", fenced=True)
+            if outcome == "exists":
+                raise self._lose(f"another session {self.header.id!r} is already stored in {self.store.location}")
+            raise self._lose(
+                f"the events stored from seq {self._stored} on are not this writer's (another writer stored them)"
+            )
 
-    async def _create(self, lines: list[str]) -> bool:
-        """The first flush of a new session: its row and batch in one transaction, fenced by the lease.
+    async def _group_commit(self, lines: list[str], acks: list[int], sync: bool) -> str:
+        """The flush as part of the next group commit (session/_pg_group.py): ``stored`` or ``fenced``."""
+        request = _Request(self, lines, acks, sync)
+        await self.store._group.submit(request)
+        outcome = request.outcome
+        if outcome is True or outcome is False:
+            return "stored" if outcome else "fenced"
+        if not request.done.is_set():
+            # Still queued or being committed: it may store the batch later, at the seq this writer has now.
+            raise self._lose(f"{outcome}; whether it committed is unknown")
+        if isinstance(outcome, SessionStoreError):
+            raise outcome
+        if isinstance(outcome, _psycopg().Error):
+            raise self.store._error(outcome, f"store the events of session {self.header.id!r}") from outcome
+        raise self._error(f"{type(outcome).__name__}: {outcome}") from outcome
 
-        An attempt whose outcome is unknown (its connection lost during COMMIT,
-        or its caller cancelled once it ran) may have stored the session: the
-        next attempt then finds this header and a prefix of ``lines`` stored
-        (under this writer's lease nobody else can have) and stores the rest.
-        """
-        store, sql, header, line = self.store, self.store._sql, self.header, self._header_line
-        s = sql.s
-        pg = _psycopg()
-
-        def work(conn: psycopg.Connection[Any], retried: bool) -> bool:
-            with conn.transaction():
-                if retried:  # the lost transaction may still run on the server: wait for it, bounded
-                    conn.execute(
-                        "SELECT set_config('lock_timeout', %s, true)", (f"{math.ceil(store.write_timeout * 1000)}ms",)
-                    )
-                held = conn.execute(
-                    f"SELECT 1 FROM {s}.leases WHERE session_id = %s AND worker_id = %s AND epoch = %s FOR SHARE",
-                    (header.id, store.worker_id, self._epoch),
-                ).fetchone()
-                if held is None:
-                    return False
-                first = 0
-                if (
-                    conn.execute(
-                        sql.insert_session, (header.id, line, header.created_at, header.parent_session)
-                    ).fetchone()
-                    is None
-                ):
-                    found = self._stored_prefix(conn, lines) if self._tried else None
-                    if found is None:
-                        raise SessionExistsError(f"session {header.id!r} is already stored in {store.location}")
-                    first = found
-                if lines[first:]:
-                    conn.execute(sql.insert_events, (header.id, first, lines[first:]), binary=True)
-            return True
-
-        what = f"store session {header.id!r}"
-        try:
-            for attempt in (1, 2):
-                async with store._require_pool().connection() as conn:
-                    self._tried = True
-                    try:
-                        stored = await _call(conn, functools.partial(work, conn, attempt > 1))
-                        break
-                    except pg.Error as exc:
-                        if attempt == 1 and (conn.broken or conn.closed):
-                            log.warning(
-                                "session %r: the connection was lost while storing it (%s); retrying", header.id, exc
-                            )
-                            continue
-                        raise store._error(exc, what) from exc
-                    except (SessionExistsError, SessionStoreError):
-                        raise
-                    except Exception as exc:  # e.g. an event the database's encoding cannot hold
-                        raise self._error(f"{type(exc).__name__}: {exc}") from exc
-            else:
-                raise AssertionError("unreachable")
-        except SessionExistsError as exc:
-            self._broken = str(exc)
-            raise self._error(str(exc)) from exc
-        if stored:
-            self._header_line = None
-        return stored
-
-    def _stored_prefix(self, conn: psycopg.Connection[Any], lines: list[str]) -> int | None:
-        """(worker thread) How many of ``lines`` are stored after this writer's header; None if it is not stored so."""
-        s, sid = self.store._sql.s, self.header.id
-        row = conn.execute(f"SELECT header FROM {s}.sessions WHERE id = %s", (sid,)).fetchone()
-        if row is None or row[0] != self._header_line:
-            return None
-        bodies = [
-            body for (body,) in conn.execute(f"SELECT body FROM {s}.events WHERE session_id = %s ORDER BY seq", (sid,))
-        ]
-        return len(bodies) if bodies == lines[: len(bodies)] else None
+    def _committed(self, lines: list[str], acks: list[int]) -> None:
+        self._stored += len(lines)
+        self._header_line = None
+        self._uncertain = False
+        for mail_id in acks:
+            self._acks.remove(mail_id)
+            self._taken.discard(mail_id)
 
     # ------------------------------------------------------------ mail
 
@@ -460,6 +548,8 @@ class _PooledWriter:
             self._mail_wake.set()
 
     async def _mail_loop(self) -> None:
+        """Deliver on every wake; a delivery that failed (the mailbox could not be read) is tried again."""
+        delay = 0.05
         while True:
             await self._mail_wake.wait()
             self._mail_wake = trio.Event()
@@ -469,20 +559,35 @@ class _PooledWriter:
             try:
                 await on_mail()
             except Exception:
-                log.exception("session %r: delivering posted messages failed", self.header.id)
+                # The messages stay in the mailbox: tried again (backing off) until delivered or the writer closes.
+                log.exception(
+                    "session %r: delivering posted messages failed; trying again in %g s", self.header.id, delay
+                )
+                await trio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                self._mail_wake.set()
+                continue
+            delay = 0.05
 
     async def take_mail(self) -> list[tuple[int, InboxMessage]]:
         if self._closed or self._broken is not None:
             return []
-        s, sid = self.store._sql.s, self.header.id
-        rows = await self.store._run(
-            f"read the mailbox of session {sid!r}",
-            lambda conn: conn.execute(
-                f"SELECT id, body FROM {s}.mailbox WHERE session_id = %s ORDER BY id", (sid,)
-            ).fetchall(),
-            retry=True,
+        s, sid, timeout = self.store._sql.s, self.header.id, self.store.write_timeout
+        with trio.move_on_after(timeout):  # bounded, as a live session's statements are (the mail loop tries again)
+            rows = await self.store._run(
+                f"read the mailbox of session {sid!r}",
+                lambda conn: conn.execute(
+                    f"SELECT id, body FROM {s}.mailbox WHERE session_id = %s ORDER BY id", (sid,)
+                ).fetchall(),
+                retry=True,
+            )
+            return claim_mail(sid, rows, self._taken, self._acks)
+        raise SessionStoreError(
+            f"cannot read the mailbox of session {sid!r} in {self.store.location}: PostgreSQL did not answer "
+            f"within {timeout:g} s (write_timeout); the statement was cancelled",
+            path=self.store.location,
+            session_id=sid,
         )
-        return claim_mail(sid, rows, self._taken, self._acks)
 
     def ack_mail(self, mail_ids: Sequence[int]) -> None:
         self._acks.extend(mail_ids)
@@ -497,23 +602,23 @@ class _PooledWriter:
         if self._closed:
             return
         self._closed = True
-        self._buffer = []
+        self._buffer, self._blobs = [], {}
         self._on_mail = None
         if self._mail_scope is not None:
             self._mail_scope.cancel()
         with trio.CancelScope(shield=True):
+            acquired = False
+            with trio.move_on_after(self.store.release_timeout):
+                await self._lock.acquire()  # a flush under way ends first (bounded: write_timeout)
+                acquired = True
             try:
-                async with self._lock:
-                    if self._broken is None and self.store._pool is not None:
-                        with trio.move_on_after(self.store.release_timeout):
-                            await self.store._release_lease(self.header.id, self._epoch)
-            except SessionStoreError as exc:
-                log.warning(
-                    "session %r: releasing its lease failed (%s); a takeover finds it free once this worker is gone",
-                    self.header.id,
-                    exc,
-                )
+                # A lease taken by another worker is not ours to release; any other (a broken writer's too) is.
+                # A flush still running when the wait ended is fenced by the release, or the release waits for it.
+                if not self._fenced:
+                    await self.store._release_lease(self.header.id, self._epoch)
             finally:
+                if acquired:
+                    self._lock.release()
                 writers: dict[str, object] = self.store._writers  # type: ignore[assignment]
                 if writers.get(self.header.id) is self:
                     del writers[self.header.id]

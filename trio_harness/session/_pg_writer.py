@@ -34,6 +34,7 @@ from .._errors import EventDecodeError, SessionError, SessionExistsError, Sessio
 from ._blobs import IMAGE_EVENTS, externalize, insert_blobs
 from ._codec import decode_inbox_message, encode_event
 from ._events import Event, InboxMessage, SessionHeader
+from ._pg_leases import fence_lease, lease_held
 from ._pg_schema import _lock_key, _psycopg, _scalar, _Sql
 from ._pg_threads import _call, _execute
 from ._pg_wire import BINARY_FORMAT, INT8_OID, TEXT_ARRAY_OID, TEXT_FORMAT, TEXT_OID, text_array
@@ -51,12 +52,14 @@ class _Tainted(Exception):
     """A connection about to take a session's lock already holds an advisory lock (it must not lock re-entrantly)."""
 
 
-def _try_lock(conn: psycopg.Connection[Any], key: int) -> bool:
-    """(worker thread) Take the session-level advisory lock ``key`` if it is free.
+def _try_lock(conn: psycopg.Connection[Any], key: int, sql: _Sql, session_id: str) -> bool:
+    """(worker thread) Take the session-level advisory lock ``key`` of ``session_id`` if it is free.
 
     Advisory locks are re-entrant within a connection, so a connection that
     holds any already would "take" a session it holds and keep it after one
-    unlock: it is refused with :exc:`_Tainted` (the caller closes it).
+    unlock: it is refused with :exc:`_Tainted` (the caller closes it).  A
+    session whose lease a live pooled worker holds is refused too (the lock
+    given back), and a free lease fenced (:func:`._pg_leases.fence_lease`).
     """
     row = conn.execute(
         "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) "
@@ -65,6 +68,9 @@ def _try_lock(conn: psycopg.Connection[Any], key: int) -> bool:
     ).fetchone()
     if row is None or row[0] is None:
         raise _Tainted
+    if row[0] and fence_lease(conn, sql, session_id):
+        conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        return False
     return bool(row[0])
 
 
@@ -122,7 +128,7 @@ async def claim_new(store: _WriterStore, session_id: str) -> psycopg.Connection[
     try:
         while True:
             try:
-                locked = await _call(conn, functools.partial(_try_lock, conn, key))
+                locked = await _call(conn, functools.partial(_try_lock, conn, key, sql, session_id))
             except _Tainted:
                 conn.close()
                 conn = await store._connect()
@@ -363,7 +369,7 @@ class _PgWriter:
 
             def work(conn: psycopg.Connection[Any] = conn, ours: bool = maybe_committed) -> str:
                 if not self._held:
-                    if not _try_lock(conn, key):
+                    if not _try_lock(conn, key, sql, header.id):
                         return "locked"
                     self._held = True
                     store._configure_writer(conn)
@@ -517,12 +523,14 @@ class _PgWriter:
             conn = await store._take_writer_connection()
 
             def work(conn: psycopg.Connection[Any] = conn) -> tuple[str, int]:
-                if not _try_lock(conn, key):
+                if not _try_lock(conn, key, sql, sid):
                     holder = conn.execute(
                         "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
                         "AND classid::bigint = %s AND objid::bigint = %s",
                         ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
                     ).fetchone()
+                    if holder is None and lease_held(conn, sql, sid):
+                        return "locked", 0  # a pooled worker took it (session/_pg_leases.py)
                     # No holder: the lock went free since the try (the previous connection just ended): retry.
                     return ("previous" if holder is None or holder[0] == previous else "locked"), 0
                 store._configure_writer(conn)

@@ -63,6 +63,7 @@ from ._blobs import copy_blobs, encode_stored, insert_blobs, select_blob
 from ._codec import decode_event, decode_header, decode_inbox_message, encode_header, encode_inbox_message
 from ._events import Event, InboxMessage, SessionHeader
 from ._persistence import LoadedSession
+from ._pg_leases import claim_new_id
 from ._pg_schema import _lock_key, _psycopg, _quote, _scalar, _Sql, _Tables
 from ._pg_threads import _call, _execute, _open_connection, _Pool
 from ._pg_writer import _PgWriter, _Tainted, _try_lock, claim_new
@@ -640,7 +641,7 @@ class PostgresStore:
             while True:
                 try:
                     with self._translated(f"take session {session_id!r}"):
-                        locked = await _call(conn, functools.partial(_try_lock, conn, key))
+                        locked = await _call(conn, functools.partial(_try_lock, conn, key, self._sql, session_id))
                 except _Tainted:
                     conn.close()
                     conn = await self._connect()
@@ -720,12 +721,10 @@ class PostgresStore:
         header_line = encode_header(header)
         lines, blobs = encode_stored(events)
 
-        key = _lock_key(self.schema, header.id)
-
         def work(conn: psycopg.Connection[Any]) -> str:
             with conn.transaction():
-                if not _scalar(conn, "SELECT pg_try_advisory_xact_lock(%s)", (key,)):
-                    return "claimed"  # another writer is creating (or holds) it
+                if not claim_new_id(conn, sql, header.id):
+                    return "claimed"  # another writer is creating (or holds) it: its lock or lease
                 row = conn.execute(
                     sql.insert_session,
                     (header.id, header_line, header.created_at, header.parent_session),
@@ -760,13 +759,11 @@ class PostgresStore:
         sql = self._sql
         header_line = encode_header(child)
 
-        key = _lock_key(self.schema, child.id)
-
         def work(conn: psycopg.Connection[Any]) -> str:
             try:
                 with conn.transaction():
-                    if not _scalar(conn, "SELECT pg_try_advisory_xact_lock(%s)", (key,)):
-                        return "exists"  # another writer is creating (or holds) it
+                    if not claim_new_id(conn, sql, child.id):
+                        return "claimed"  # another writer is creating (or holds) it: its lock or lease
                     row = conn.execute(
                         sql.insert_session,
                         (child.id, header_line, child.created_at, child.parent_session),
@@ -786,10 +783,9 @@ class PostgresStore:
             return "copied"
 
         outcome = await self._run(f"fork session {source!r} into {child.id!r}", work)
-        if outcome == "exists":
-            raise SessionExistsError(
-                f"cannot fork into {child.id!r}: that session is already stored in {self.location}"
-            )
+        if outcome in ("exists", "claimed"):
+            why = "is already stored" if outcome == "exists" else "is being created, or is live, on a worker"
+            raise SessionExistsError(f"cannot fork into {child.id!r}: that session {why} in {self.location}")
         return outcome == "copied"
 
     # ------------------------------------------------------------ mailbox
