@@ -248,7 +248,9 @@ async def test_a_resume_cancelled_while_its_lease_answer_is_held_leaves_the_sess
         proxied = PooledPostgresStore(proxy.dsn(), schema=schema)
         async with proxied:
             await proxied.load("s1")
-            fired, release = proxy.hold_replies_after(b"leases AS leases")
+            # The take is one transaction (the session's advisory lock, then the lease): its COMMIT
+            # is the first one sent from here on, and its answer is held.
+            fired, release = proxy.hold_replies_after(b"COMMIT")
             scope = trio.CancelScope()
 
             async def resume() -> None:
@@ -257,7 +259,7 @@ async def test_a_resume_cancelled_while_its_lease_answer_is_held_leaves_the_sess
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(resume)
-                await until(fired.is_set, "the lease statement was sent")
+                await until(fired.is_set, "the lease transaction's COMMIT was sent")
                 await until(lambda: leases_of(superuser, schema, proxied.worker_id) == ["s1"], "the lease taken")
                 scope.cancel()  # the lease is taken on the server, its answer still held
                 await trio.sleep(0.1)

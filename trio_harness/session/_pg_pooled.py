@@ -494,11 +494,14 @@ class _PooledWriter:
                 else:
                     outcome = await self._group_commit(lines, acks, sync)
                 settle(outcome)
-            except BaseException:
+            except BaseException as exc:
                 if not committed:
                     self._buffer[:0] = lines
                     self._blobs = {**blobs, **self._blobs}
                     self._uncertain = True
+                if isinstance(exc, Exception) and not isinstance(exc, SessionError):
+                    # e.g. an event the database's encoding cannot hold: the caller gets a store error
+                    raise self._error(f"{type(exc).__name__}: {exc}") from exc
                 raise
             if outcome == "stored":
                 return
