@@ -95,9 +95,14 @@ def test_server_tool_use_takes_input_json_deltas() -> None:
     ]
     decoder = SSEDecoder()
     parser = AnthropicStreamParser("test")
-    assert parser.feed_all(decoder.feed_bytes(b"".join(pieces))) == []  # not a call for the harness
+    # Not a call for the harness: a block to send back as it came.
+    done = {**server, "input": {"query": "trio"}}
+    before = {"text": 0, "tool_calls": 0}
+    assert parser.feed_all(decoder.feed_bytes(b"".join(pieces))) == [
+        ReasoningBlock("anthropic", {"index": 0, "block": done, "before": before})
+    ]
     assert parser.conclude() == Finish("stop")
-    assert parser.content == [{**server, "input": {"query": "trio"}}]
+    assert parser.content == [done]
 
 
 def test_blocks_still_open_at_message_stop_are_completed() -> None:
@@ -119,7 +124,14 @@ def test_blocks_still_open_at_message_stop_are_completed() -> None:
     assert chunks == [
         ReasoningDelta("hmm"),
         ToolCallDelta(index=0, id=TOOL_ID, name="get_weather"),
-        ReasoningBlock("anthropic", {"index": 0, "block": {**THINK, "thinking": "hmm", "signature": SIGNATURE}}),
+        ReasoningBlock(
+            "anthropic",
+            {
+                "index": 0,
+                "block": {**THINK, "thinking": "hmm", "signature": SIGNATURE},
+                "before": {"text": 0, "tool_calls": 0},  # the text and calls before it, counted at its start
+            },
+        ),
         ToolCallDelta(index=0, arguments="{}"),
     ]
 
