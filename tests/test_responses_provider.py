@@ -135,7 +135,8 @@ async def test_text_stream(nursery: trio.Nursery, make_provider: MakeProvider) -
 async def test_reasoning_and_function_call(nursery: trio.Nursery, make_provider: MakeProvider) -> None:
     server = await start_server(nursery, Stream(reasoning_call_stream()))
     chunks = await collect(make_provider(server))
-    assert ReasoningBlock("openai-responses", REASONING_ITEM) in chunks
+    before = {"text": 0, "tool_calls": 0}
+    assert ReasoningBlock("openai-responses", {"item": REASONING_ITEM, "before": before}) in chunks
     calls = [chunk for chunk in chunks if isinstance(chunk, ToolCallDelta)]
     assert calls[0] == ToolCallDelta(index=0, id="call_12345xyz", name="get_weather", arguments="")
     assert "".join(call.arguments for call in calls) == '{"location":"Paris, France"}'

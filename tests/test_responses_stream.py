@@ -49,6 +49,9 @@ def parse(pieces: list[bytes], *, cuts: list[int] | None = None) -> tuple[list[C
     return chunks, parser.conclude(), parser.usage
 
 
+NOTHING_BEFORE = {"text": 0, "tool_calls": 0}
+
+
 def test_text_stream() -> None:
     chunks, outcome, usage = parse(text_stream(cached=5))
     assert chunks == [TextDelta("Hi"), TextDelta(" there"), TextDelta("!")]  # .done does not repeat the text
@@ -62,7 +65,7 @@ def test_reasoning_then_function_call() -> None:
     assert chunks == [
         ReasoningDelta(summary[:24]),
         ReasoningDelta(summary[24:]),
-        ReasoningBlock("openai-responses", REASONING_ITEM),
+        ReasoningBlock("openai-responses", {"item": REASONING_ITEM, "before": NOTHING_BEFORE}),
         # The call id is call_..., not the item id fc_...
         ToolCallDelta(index=0, id="call_12345xyz", name="get_weather", arguments=""),
         ToolCallDelta(index=0, arguments='{"location":'),
@@ -70,7 +73,7 @@ def test_reasoning_then_function_call() -> None:
     ]
     block = chunks[2]
     assert isinstance(block, ReasoningBlock)
-    assert block.data == REASONING_ITEM  # as received, encrypted content included
+    assert block.data["item"] == REASONING_ITEM  # as received, encrypted content included
     assert outcome == Finish("tool-calls")
     assert usage == Usage(input_tokens=80, output_tokens=150, cache_hit_tokens=64, reasoning_tokens=128)
 
@@ -95,7 +98,7 @@ def test_whole_items_without_deltas() -> None:
     chunks, outcome, _ = parse(pieces)
     assert chunks == [
         ReasoningDelta(REASONING_ITEM["summary"][0]["text"]),  # type: ignore[index]
-        ReasoningBlock("openai-responses", REASONING_ITEM),
+        ReasoningBlock("openai-responses", {"item": REASONING_ITEM, "before": NOTHING_BEFORE}),
         TextDelta("Hi there!"),
         ToolCallDelta(index=0, id="call_12345xyz", name="get_weather", arguments='{"location":"Paris, France"}'),
     ]
@@ -222,7 +225,7 @@ def test_whole_json_body() -> None:
     body = {"object": "response", "status": "completed", "output": [REASONING_ITEM, TEXT_ITEM], "usage": None}
     chunks = parser.feed_body(json.dumps(body).encode())
     assert chunks[-1] == TextDelta("Hi there!")
-    assert ReasoningBlock("openai-responses", REASONING_ITEM) in chunks
+    assert ReasoningBlock("openai-responses", {"item": REASONING_ITEM, "before": NOTHING_BEFORE}) in chunks
     assert parser.conclude() == Finish("stop")
     error = ResponsesParser("test")
     assert error.feed_body(b'{"error": {"message": "bad key", "code": "invalid_api_key"}}') == []

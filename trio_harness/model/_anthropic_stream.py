@@ -13,18 +13,21 @@ turns them into the chunks of :mod:`trio_harness.model._protocol`:
   a ``thinking`` block's ``thinking_delta`` as
   :class:`~trio_harness.model.ReasoningDelta` (for display), and, when the
   block stops, the whole block (its text and ``signature``) as a
-  :class:`~trio_harness.model.ReasoningBlock`; a ``redacted_thinking`` block
-  as a ReasoningBlock alone;
+  :class:`~trio_harness.model.ReasoningBlock`; a ``redacted_thinking`` block,
+  a ``server_tool_use`` (its ``input_json_delta`` s parsed), a server tool's
+  result and a block of a kind added later as a ReasoningBlock alone;
 * ``message_delta`` - the ``stop_reason`` and the final usage;
 * ``message_stop`` - the end: the parser is :attr:`~AnthropicStreamParser.done`;
 * ``ping`` - nothing; ``error`` - a failure (``overloaded_error`` and
   ``rate_limit_error`` retryable, like HTTP 529 and 429).
 
 A :class:`~trio_harness.model.ReasoningBlock` of this parser has
-``provider="anthropic"`` and ``data={"index": I, "block": BLOCK}``: ``BLOCK``
-is the content block exactly as the server built it (the start event's object
-with the streamed ``thinking`` text and ``signature`` filled in), ``I`` its
-position in the message's content, which
+``provider="anthropic"`` and ``data={"index": I, "block": BLOCK, "before":
+{"text": CHARS, "tool_calls": N}}``: ``BLOCK`` is the content block exactly
+as the server built it (the start event's object with the streamed
+``thinking`` text and ``signature`` filled in), ``I`` its position in the
+message's content, ``before`` the characters of text and the tool calls of
+the message that came before it, which
 :func:`~trio_harness.model._anthropic.assistant_content` uses to put it back
 where it was.
 

@@ -22,9 +22,12 @@ is not needed):
 * ``response.reasoning_summary_text.delta`` and
   ``response.reasoning_text.delta`` - :class:`ReasoningDelta` s;
   ``response.output_item.done`` of a ``reasoning`` item - a
-  :class:`ReasoningBlock` (``provider="openai-responses"``, ``data`` the item
-  exactly as received, ``encrypted_content`` included), sent back in later
-  requests;
+  :class:`ReasoningBlock` (``provider="openai-responses"``, ``data``
+  ``{"item": ITEM, "before": ANCHOR}``: the item exactly as received,
+  ``encrypted_content`` included, and the characters of text and the function
+  calls that came before it when it was added), sent back in later requests
+  at that place; so is the finished item of any other type (hosted tools'
+  calls such as ``web_search_call``), which the harness does not rebuild;
 * ``response.refusal.delta`` / ``.done`` - the refusal text, reported as a
   ``refusal`` failure at the end;
 * ``response.completed`` / ``response.incomplete`` / ``response.failed`` -
@@ -46,6 +49,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
+from ._interleave import BEFORE, anchor
 from ._protocol import (
     Chunk,
     Failure,
@@ -79,8 +83,10 @@ class ResponsesParser(StreamParserBase):
     """
 
     __slots__ = (
+        "_anchors",
         "_args",
         "_calls",
+        "_chars",
         "_finished",
         "_reasoned",
         "_refusal",
@@ -103,6 +109,9 @@ class ResponsesParser(StreamParserBase):
         self._texted: set[object] = set()
         self._reasoned: set[object] = set()
         self._refusal: str | None = None
+        # The characters of text emitted so far, and where each kept item started (by id and output index).
+        self._chars = 0
+        self._anchors: dict[object, dict[str, int]] = {}
 
     # ------------------------------------------------------------ state
 
@@ -155,6 +164,7 @@ class ResponsesParser(StreamParserBase):
                         key = obj.get("item_id") or obj.get("output_index")
                         if key not in texted:
                             texted.add(key)
+                        self._chars += len(delta)
                         self._emitted = True
                         emit(TextDelta(delta))
                     continue
@@ -263,8 +273,17 @@ class ResponsesParser(StreamParserBase):
             item = obj.get("item")
             if type(item) is not dict:
                 raise self._malformed(f"'item' is not an object: {data[:200]!r}")
-            if item.get("type") == "function_call":
+            item_kind = item.get("type")
+            if item_kind == "function_call":
                 self._call_started(item, obj.get("output_index"), data, emit)
+            elif item_kind != "message":
+                # A kept item (reasoning, hosted tools' calls): it stands after what came so far.
+                before = anchor(self._chars, len(self._args))
+                item_id, position = item.get("id"), obj.get("output_index")
+                if type(item_id) is str and item_id:
+                    self._anchors[item_id] = before
+                if type(position) is int:
+                    self._anchors[position] = before
         elif kind == "response.output_item.done":
             self._item_done(obj, data, emit)
         elif kind == "response.function_call_arguments.done":
@@ -277,6 +296,7 @@ class ResponsesParser(StreamParserBase):
             text = obj.get("text")
             if key not in self._texted and type(text) is str and text:
                 self._texted.add(key)
+                self._chars += len(text)
                 self._emitted = True
                 emit(TextDelta(text))
         elif kind == "response.refusal.done":
@@ -382,7 +402,7 @@ class ResponsesParser(StreamParserBase):
                     self._emitted = True
                     emit(ReasoningDelta("\n\n".join(texts)))
             self._emitted = True
-            emit(ReasoningBlock(PROVIDER, item))
+            emit(ReasoningBlock(PROVIDER, {"item": item, BEFORE: self._anchor(item, position)}))
         elif kind == "function_call":
             item_id = item.get("id")
             index = self._calls.get(item_id) if type(item_id) is str else None
@@ -403,9 +423,22 @@ class ResponsesParser(StreamParserBase):
                 elif part.get("type") == "output_text" and key not in self._texted:
                     text = part.get("text")
                     if type(text) is str and text:
+                        self._chars += len(text)
                         self._emitted = True
                         emit(TextDelta(text))
             self._texted.add(key)
+        elif type(kind) is str:
+            # A hosted tool's call or another item added later: back as it came, where it came.
+            self._emitted = True
+            emit(ReasoningBlock(PROVIDER, {"item": item, BEFORE: self._anchor(item, position)}))
+
+    def _anchor(self, item: dict[str, Any], position: object) -> dict[str, int]:
+        """Where a kept item stands among the text and calls: as it was added, else as it is done."""
+        item_id = item.get("id")
+        found = self._anchors.get(item_id) if type(item_id) is str and item_id else None
+        if found is None and type(position) is int:
+            found = self._anchors.get(position)
+        return found if found is not None else anchor(self._chars, len(self._args))
 
     # ------------------------------------------------------------ failures
 
