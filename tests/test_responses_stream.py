@@ -232,3 +232,25 @@ def test_whole_json_body() -> None:
     outcome = error.conclude()
     assert isinstance(outcome, Failure)
     assert "bad key" in outcome.message
+
+
+def test_a_kept_item_is_anchored_where_it_was_added_or_else_where_it_is_done() -> None:
+    late = {**REASONING_ITEM, "id": "rs_late"}
+    pieces = [
+        event({"type": "response.output_item.done", "output_index": 0, "item": TEXT_ITEM}),
+        event({"type": "response.output_item.done", "output_index": 1, "item": CALL_ITEM}),
+        # Added before the next message streamed, done after it: it stands where it was added.
+        event({"type": "response.output_item.added", "output_index": 2, "item": {**late, "encrypted_content": None}}),
+        event({"type": "response.output_text.delta", "item_id": "msg_2", "output_index": 3, "delta": "More."}),
+        event({"type": "response.output_item.done", "output_index": 2, "item": late}),
+        # Only done (a server that sends whole items): it stands after everything so far.
+        event({"type": "response.output_item.done", "output_index": 4, "item": REASONING_ITEM}),
+        event({"type": "response.completed", "response": {"status": "completed"}}),
+    ]
+    chunks, outcome, _ = parse(pieces)
+    blocks = [chunk.data for chunk in chunks if isinstance(chunk, ReasoningBlock)]
+    assert blocks == [
+        {"item": late, "before": {"text": len("Hi there!"), "tool_calls": 1}},
+        {"item": REASONING_ITEM, "before": {"text": len("Hi there!More."), "tool_calls": 1}},
+    ]
+    assert outcome == Finish("tool-calls")
