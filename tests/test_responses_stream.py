@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 
 import pytest
 from _responses_fixtures import (
@@ -31,7 +32,7 @@ from trio_harness.model._protocol import (
     Usage,
 )
 from trio_harness.model._responses_stream import ResponsesParser
-from trio_harness.model._sse import SSEDecoder
+from trio_harness.model._sse import SSEDecoder, SSEEvent
 
 
 def parse(pieces: list[bytes], *, cuts: list[int] | None = None) -> tuple[list[Chunk], Finish | Failure, Usage | None]:
@@ -254,3 +255,26 @@ def test_a_kept_item_is_anchored_where_it_was_added_or_else_where_it_is_done() -
         {"item": REASONING_ITEM, "before": {"text": len("Hi there!More."), "tool_calls": 1}},
     ]
     assert outcome == Finish("tool-calls")
+
+
+def test_long_arguments_in_many_deltas_take_linear_time() -> None:
+    # Review finding: each arguments delta was added to the whole text so far (a copy), so a 1.2 MB
+    # argument (a file to write) in 10-character deltas stalled the event loop for about a minute.
+    parser = ResponsesParser("test")
+    added = {**CALL_ITEM, "arguments": ""}
+    chunks: list[Chunk] = []
+    parser.feed_into(
+        [SSEEvent(json.dumps({"type": "response.output_item.added", "output_index": 0, "item": added}))], chunks.append
+    )
+    delta = SSEEvent(
+        json.dumps({"type": "response.function_call_arguments.delta", "item_id": CALL_ITEM["id"], "delta": "x" * 10})
+    )
+    start = time.perf_counter()
+    for batch in range(120):
+        parser.feed_into([delta] * 1000, chunks.append)
+        assert time.perf_counter() - start < 10, f"{batch * 1000} deltas in 10 s: quadratic"
+    whole = "x" * 1_200_000
+    done = {"type": "response.function_call_arguments.done", "item_id": CALL_ITEM["id"], "arguments": whole + "}"}
+    parser.feed_into([SSEEvent(json.dumps(done))], chunks.append)
+    assert chunks[-1] == ToolCallDelta(index=0, arguments="}")  # what the deltas had not sent
+    assert "".join(chunk.arguments for chunk in chunks if isinstance(chunk, ToolCallDelta)) == whole + "}"

@@ -103,8 +103,9 @@ class ResponsesParser(StreamParserBase):
         self._finished: str | None = None
         # Function calls by item id and by output index: (tool-call index, call id).
         self._calls: dict[object, int] = {}
-        # The argument text streamed so far, by tool-call index.
-        self._args: list[str] = []
+        # The argument text streamed so far, by tool-call index, in its pieces (joined only to
+        # compare with a done event's: a long argument in many deltas costs linear time).
+        self._args: list[list[str]] = []
         # Output items (ids or indexes) that streamed text / reasoning deltas.
         self._texted: set[object] = set()
         self._reasoned: set[object] = set()
@@ -258,7 +259,7 @@ class ResponsesParser(StreamParserBase):
             if type(delta) is not str:
                 raise self._malformed(f"'delta' is not a string: {data[:200]!r}")
             if delta:
-                self._args[index] += delta
+                self._args[index].append(delta)
                 self._emitted = True
                 emit(ToolCallDelta(index=index, arguments=delta))
         elif kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
@@ -349,7 +350,7 @@ class ResponsesParser(StreamParserBase):
         if type(arguments) is not str:
             raise self._malformed(f"'arguments' is not a string: {data[:200]!r}")
         index = len(self._args)
-        self._args.append(arguments)
+        self._args.append([arguments] if arguments else [])
         item_id = item.get("id")
         if type(item_id) is str and item_id:
             self._calls[item_id] = index
@@ -369,7 +370,9 @@ class ResponsesParser(StreamParserBase):
         return index
 
     def _complete_arguments(self, index: int, arguments: str, emit: Callable[[Chunk], None]) -> None:
-        sent = self._args[index]
+        pieces = self._args[index]
+        sent = pieces[0] if len(pieces) == 1 else "".join(pieces)
+        pieces[:] = [sent] if sent else []
         if arguments == sent:
             return
         if not arguments.startswith(sent):
@@ -379,7 +382,7 @@ class ResponsesParser(StreamParserBase):
                     f"{self.name}: the final arguments of call {index} differ from the streamed ones",
                 )
             )
-        self._args[index] = arguments
+        self._args[index] = [arguments]
         self._emitted = True
         emit(ToolCallDelta(index=index, arguments=arguments[len(sent) :]))
 
