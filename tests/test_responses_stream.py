@@ -278,3 +278,25 @@ def test_long_arguments_in_many_deltas_take_linear_time() -> None:
     parser.feed_into([SSEEvent(json.dumps(done))], chunks.append)
     assert chunks[-1] == ToolCallDelta(index=0, arguments="}")  # what the deltas had not sent
     assert "".join(chunk.arguments for chunk in chunks if isinstance(chunk, ToolCallDelta)) == whole + "}"
+
+
+def test_deltas_keyed_by_output_index_are_not_repeated_by_the_finished_item() -> None:
+    # Review finding: deltas without an item_id (some compatible servers) were remembered by their
+    # output_index, the finished item looked up by its id: its whole text (and summary) came again.
+    summary = REASONING_ITEM["summary"][0]["text"]  # type: ignore[index]
+    pieces = [
+        event({"type": "response.reasoning_summary_text.delta", "output_index": 0, "delta": summary}),
+        event({"type": "response.output_item.done", "output_index": 0, "item": REASONING_ITEM}),
+        event({"type": "response.output_text.delta", "output_index": 1, "delta": "Hi there!"}),
+        event(
+            {"type": "response.output_text.done", "item_id": TEXT_ITEM["id"], "output_index": 1, "text": "Hi there!"}
+        ),
+        event({"type": "response.output_item.done", "output_index": 1, "item": TEXT_ITEM}),
+        event({"type": "response.completed", "response": {"status": "completed"}}),
+    ]
+    chunks, outcome, _ = parse(pieces)
+    assert [chunk for chunk in chunks if not isinstance(chunk, ReasoningBlock)] == [
+        ReasoningDelta(summary),
+        TextDelta("Hi there!"),
+    ]
+    assert outcome == Finish("stop")

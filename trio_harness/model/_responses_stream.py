@@ -75,6 +75,19 @@ _RETRYABLE_CODES: Final = frozenset({"server_error", "internal_error", "rate_lim
 _TEXT_DELTA: Final = "response.output_text.delta"
 
 
+def _mark(seen: set[object], item_id: object, position: object) -> None:
+    """Remember an output item by its id and by its output index (a server may give either)."""
+    if type(item_id) is str and item_id:
+        seen.add(item_id)
+    if type(position) is int:
+        seen.add(position)
+
+
+def _seen(seen: set[object], item_id: object, position: object) -> bool:
+    """Whether an output item was remembered (:func:`_mark`) by its id or its output index."""
+    return (type(item_id) is str and item_id in seen) or (type(position) is int and position in seen)
+
+
 class ResponsesParser(StreamParserBase):
     """Parser of one Responses event stream (see the module docstring).
 
@@ -106,7 +119,7 @@ class ResponsesParser(StreamParserBase):
         # The argument text streamed so far, by tool-call index, in its pieces (joined only to
         # compare with a done event's: a long argument in many deltas costs linear time).
         self._args: list[list[str]] = []
-        # Output items (ids or indexes) that streamed text / reasoning deltas.
+        # Output items (ids and indexes, see _mark) that streamed text / reasoning deltas.
         self._texted: set[object] = set()
         self._reasoned: set[object] = set()
         self._refusal: str | None = None
@@ -162,9 +175,9 @@ class ResponsesParser(StreamParserBase):
                     if type(delta) is not str:
                         raise self._malformed(f"'delta' is not a string: {data[:200]!r}")
                     if delta:
-                        key = obj.get("item_id") or obj.get("output_index")
+                        key = obj.get("item_id")
                         if key not in texted:
-                            texted.add(key)
+                            _mark(texted, key, obj.get("output_index"))
                         self._chars += len(delta)
                         self._emitted = True
                         emit(TextDelta(delta))
@@ -267,7 +280,7 @@ class ResponsesParser(StreamParserBase):
             if type(delta) is not str:
                 raise self._malformed(f"'delta' is not a string: {data[:200]!r}")
             if delta:
-                self._reasoned.add(obj.get("item_id") or obj.get("output_index"))
+                _mark(self._reasoned, obj.get("item_id"), obj.get("output_index"))
                 self._emitted = True
                 emit(ReasoningDelta(delta))
         elif kind == "response.output_item.added":
@@ -293,10 +306,10 @@ class ResponsesParser(StreamParserBase):
                 raise self._malformed(f"'arguments' is not a string: {data[:200]!r}")
             self._complete_arguments(self._call_index(obj, data), arguments, emit)
         elif kind == "response.output_text.done":
-            key = obj.get("item_id") or obj.get("output_index")
+            key, position = obj.get("item_id"), obj.get("output_index")
             text = obj.get("text")
-            if key not in self._texted and type(text) is str and text:
-                self._texted.add(key)
+            if not _seen(self._texted, key, position) and type(text) is str and text:
+                _mark(self._texted, key, position)
                 self._chars += len(text)
                 self._emitted = True
                 emit(TextDelta(text))
@@ -392,9 +405,9 @@ class ResponsesParser(StreamParserBase):
             raise self._malformed(f"'item' is not an object: {data[:200]!r}")
         kind = item.get("type")
         position = obj.get("output_index")
-        key = item.get("id") or position
+        key = item.get("id")
         if kind == "reasoning":
-            if key not in self._reasoned:
+            if not _seen(self._reasoned, key, position):
                 summary = item.get("summary")
                 texts = [
                     part["text"]
@@ -418,18 +431,19 @@ class ResponsesParser(StreamParserBase):
                 self._complete_arguments(index, arguments, emit)
         elif kind == "message":
             content = item.get("content")
+            texted = _seen(self._texted, key, position)
             for part in content if type(content) is list else ():
                 if type(part) is not dict:
                     continue
                 if part.get("type") == "refusal" and type(part.get("refusal")) is str:
                     self._refusal = part["refusal"]
-                elif part.get("type") == "output_text" and key not in self._texted:
+                elif part.get("type") == "output_text" and not texted:
                     text = part.get("text")
                     if type(text) is str and text:
                         self._chars += len(text)
                         self._emitted = True
                         emit(TextDelta(text))
-            self._texted.add(key)
+            _mark(self._texted, key, position)
         elif type(kind) is str:
             # A hosted tool's call or another item added later: back as it came, where it came.
             self._emitted = True
