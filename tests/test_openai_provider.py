@@ -47,6 +47,7 @@ from _sse_server import (
 )
 
 from trio_harness._errors import ModelError
+from trio_harness.model import _http
 from trio_harness.model._openai import OpenAIProvider, _retry_after
 from trio_harness.model._protocol import (
     AssistantMessage,
@@ -466,6 +467,20 @@ async def test_whole_json_body_instead_of_stream(nursery: trio.Nursery, make_pro
         Usage(1, 2, 0),
         Finish("tool-calls"),
     ]
+
+
+async def test_a_whole_json_body_over_the_limit_names_the_limit(
+    nursery: trio.Nursery, make_provider: MakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review finding: the body was cut at the limit and parsed, failing as "not JSON" (or as bad
+    # JSON), which hid why; the failure now says the answer was too large.
+    monkeypatch.setattr(_http, "JSON_BODY_LIMIT", 1000)
+    completion = {"choices": [{"index": 0, "message": {"content": "x" * 2000}, "finish_reason": "stop"}]}
+    server = await start_server(nursery, Respond(200, completion))
+    finish = (await collect(make_provider(server)))[-1]
+    assert isinstance(finish, Finish) and finish.failure is not None
+    assert finish.failure.code == "malformed-stream"
+    assert "the JSON answer is larger than 1000 bytes" in finish.failure.message
 
 
 # ---------------------------------------------------------------- request format

@@ -309,6 +309,13 @@ class HTTPStreamer:
                 if "json" in ctype and "event-stream" not in ctype:
                     # A server that does not stream (mock responses): the whole answer at once.
                     body = await _read_limited(response, JSON_BODY_LIMIT)
+                    if len(body) >= JSON_BODY_LIMIT:
+                        return parser.fail(
+                            Failure(
+                                "malformed-stream",
+                                f"{self.name}: the JSON answer is larger than {JSON_BODY_LIMIT} bytes (not read)",
+                            )
+                        )
                     for chunk in parser.feed_body(body):
                         emit(chunk)
                     return parser.conclude()
