@@ -799,3 +799,18 @@ async def test_pauses_beyond_max_pause_continuations_fail(nursery: trio.Nursery,
     assert "again after max_pause_continuations=1 continuations" in finish.failure.message
     assert chunks[-2] == Usage(input_tokens=20, output_tokens=10)
     assert len(server.requests) == 2
+
+
+async def test_a_200_page_that_is_no_event_stream_is_named_and_not_retried(
+    nursery: trio.Nursery, make_provider: MakeProvider
+) -> None:
+    page = b"<html>\n\n<body>Sign in" + b"." * 300  # blank lines but no data line; quoted in part
+    server = await start_server(nursery, Stream([page], content_type="text/html; charset=utf-8"))
+    chunks = await collect(make_provider(server, max_retries=3))
+    finish = chunks[-1]
+    assert isinstance(finish, Finish) and finish.failure is not None
+    assert (finish.failure.code, finish.failure.retryable) == ("malformed-stream", False)
+    assert "expected an event stream, got content-type 'text/html; charset=utf-8' and no event: " in (
+        finish.failure.message
+    )
+    assert repr(page[:200].decode()) in finish.failure.message and len(server.requests) == 1

@@ -413,3 +413,19 @@ def test_catalog_turns_images_off() -> None:
     assert ResponsesProvider(model="my-local-model", base_url="http://127.0.0.1:1/v1").supports_images is True
     chat = resolve_model("openai:o3-mini", env={"OPENAI_API_KEY": "k"})
     assert getattr(chat, "supports_images", None) is False
+
+
+async def test_a_200_page_that_is_no_event_stream_is_named_and_not_retried(
+    nursery: trio.Nursery, make_provider: MakeProvider
+) -> None:
+    # Review finding: a proxy's HTML page (200, text/html, no trailing newline) was read as a stream
+    # cut mid-line, "truncated-stream", and retried max_retries times with backoff.
+    server = await start_server(nursery, Stream([b"<html>Sign in</html>"], content_type="text/html"))
+    chunks = await collect(make_provider(server, max_retries=3))
+    assert not any(isinstance(chunk, Retry) for chunk in chunks)
+    failure = failure_of(chunks)
+    assert (failure.code, failure.retryable) == ("malformed-stream", False)
+    assert "expected an event stream, got content-type 'text/html' and no event: '<html>Sign in</html>'" in (
+        failure.message
+    )
+    assert len(server.requests) == 1

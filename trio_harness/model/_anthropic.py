@@ -312,6 +312,7 @@ class AnthropicProvider(HTTPStreamer):
 
     _retry_statuses: ClassVar[frozenset[int]] = frozenset({408, 409, 429})
     _redirect_note: ClassVar[bool] = False
+    _stream_end: ClassVar[str] = "a stop_reason or message_stop"
 
     def __attrs_post_init__(self) -> None:
         if not self.model:
@@ -430,9 +431,6 @@ class AnthropicProvider(HTTPStreamer):
             return
         content = json.dumps(body, ensure_ascii=False, default=json_default).encode()
         await self._run(content, self._headers(), emit, _Turn(self, body))
-
-    def _no_finish(self, ctype: str) -> str:
-        return "stream ended without a stop_reason or message_stop"
 
 
 _MIN_THINKING_BUDGET = 1024

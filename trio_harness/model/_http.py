@@ -42,6 +42,9 @@ ERROR_BODY_LIMIT: Final = 64 * 1024
 JSON_BODY_LIMIT: Final = 16 * 1024 * 1024
 """How much of a non-streamed JSON answer is read."""
 
+_EXCERPT: Final = 200
+"""How much of a body that is no event stream a failure quotes."""
+
 DRAIN_GRACE: Final = 0.5
 """Seconds to wait, after the end of the stream, for the server to end the response body.
 
@@ -323,9 +326,16 @@ class HTTPStreamer:
         except httpx.HTTPError as exc:
             return parser.conclude(self._transport_failure(exc))
 
+    _stream_end: ClassVar[str] = "a finish_reason or [DONE]"
+    """What ends a complete stream of the wire format, for :meth:`_no_finish`."""
+
     def _no_finish(self, ctype: str) -> str:
-        """The message of a stream that ended without its end (after the provider's name)."""
-        return "stream ended without a finish_reason or [DONE]" + (
+        """The message of a stream that ended without its end (after the provider's name).
+
+        It names the ``Content-Type`` when that was not an event stream (a
+        proxy's HTML page answered with 200, say).
+        """
+        return f"stream ended without {self._stream_end}" + (
             "" if "event-stream" in ctype else f" (content-type {ctype!r})"
         )
 
@@ -338,6 +348,8 @@ class HTTPStreamer:
         feed_into = parser.feed_into
         body = response.aiter_bytes()
         finished = False  # the body iterator ran to its end (or raised)
+        fed = False  # an event was read
+        head = b""  # the start of a body that gave no event yet
         try:
             while True:
                 try:
@@ -348,11 +360,14 @@ class HTTPStreamer:
                 except BaseException:
                     finished = True
                     raise
+                if not fed and len(head) < _EXCERPT:
+                    head += raw[: _EXCERPT - len(head)]
                 try:
                     events = feed_bytes(raw)
                 except SSEError as exc:
                     return parser.fail(Failure("malformed-stream", f"{self.name}: {exc}"))
                 if events:
+                    fed = True
                     feed_into(events, emit)
                     if parser.done:
                         if parser.failure is not None:
@@ -367,7 +382,17 @@ class HTTPStreamer:
                                     break
                         finished = True
                         return outcome
-            for chunk in parser.feed_end(decoder.close()):
+            end = decoder.close()
+            if not fed and end.event is None and "event-stream" not in ctype:
+                # Not a cut stream but no stream at all (a proxy's page, say): not worth a retry.
+                return parser.fail(
+                    Failure(
+                        "malformed-stream",
+                        f"{self.name}: expected an event stream, got content-type {ctype!r} "
+                        f"and no event: {head.decode(errors='replace')!r}",
+                    )
+                )
+            for chunk in parser.feed_end(end):
                 emit(chunk)
             return parser.conclude(Failure("no-finish", f"{self.name}: {self._no_finish(ctype)}"))
         finally:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from typing import Any, Final, Literal
+from typing import Any, ClassVar, Final, Literal
 
 import attrs
 
@@ -89,6 +89,8 @@ class ResponsesProvider(OpenAIProvider):
 
     store: bool = False
     reasoning_summary: Literal["auto", "concise", "detailed"] | None = None
+
+    _stream_end: ClassVar[str] = "response.completed, .incomplete or .failed"
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()

@@ -247,7 +247,7 @@ class ResponsesParser(StreamParserBase):
             return self._failure
         status = self._status
         if status is None:
-            if failure is not None and failure.code != "no-finish":
+            if failure is not None:
                 return failure
             return Failure("no-finish", f"{self.name}: stream ended without response.completed, .incomplete or .failed")
         if self._refusal is not None or (status == "incomplete" and self._finished == "content_filter"):
