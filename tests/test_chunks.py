@@ -370,6 +370,9 @@ def test_a_malformed_event_wins_over_a_finish_reason() -> None:
         (event({"error": {"message": "slow", "code": "429"}}), "http-429", True, "slow"),
         (event({"error": {"message": "no", "code": 400}}), "http-400", False, "no"),
         (event({"error": {"message": "weird", "type": "x"}}), "stream-error", False, "weird"),
+        # OpenAI's own in-stream errors: a retry may cure them (review finding: they were final).
+        (event({"error": {"message": "Sorry", "type": "server_error", "code": None}}), "stream-error", True, "Sorry"),
+        (event({"error": {"message": "slow down", "code": "rate_limit_exceeded"}}), "stream-error", True, "(rate_"),
         (event({"message": "typed"}, type="error"), "stream-error", False, "typed"),
         (event({"error": "plain"}), "stream-error", False, "plain"),
         (

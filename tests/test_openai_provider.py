@@ -647,6 +647,17 @@ async def test_error_inside_the_stream(nursery: trio.Nursery, make_provider: Mak
     assert "weird" in failure.message
 
 
+async def test_a_server_error_inside_the_stream_before_any_output_is_retried(
+    nursery: trio.Nursery, make_provider: MakeProvider
+) -> None:
+    error = {"error": {"message": "The server had an error while processing your request.", "type": "server_error"}}
+    server = await start_server(nursery, Stream([sse(error)]), OK_STREAM)
+    chunks = await collect(make_provider(server, max_retries=2, backoff_base=0.0))
+    retry = chunks[0]
+    assert isinstance(retry, Retry) and "server_error" in retry.failure.message
+    assert chunks[-1] == Finish("stop") and len(server.requests) == 2
+
+
 # ---------------------------------------------------------------- retries
 
 

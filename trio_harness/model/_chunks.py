@@ -38,7 +38,7 @@ from ._protocol import (
     Usage,
 )
 from ._sse import SSEEnd, SSEEvent, SSEMessages
-from ._stream_base import StreamFailure, StreamParserBase, count
+from ._stream_base import RETRYABLE_ERROR_CODES, StreamFailure, StreamParserBase, count
 
 _DECODER: Final = json.JSONDecoder()
 
@@ -388,6 +388,10 @@ class ChunkParser(StreamParserBase):
                 f"{self.name}: error {code} in the stream: {message}",
                 retryable=code == 429 or code >= 500,
             )
+        kind = (code or error.get("type")) if isinstance(error, dict) else None
+        if type(kind) is str and kind in RETRYABLE_ERROR_CODES:
+            # OpenAI's {"error": {"type": "server_error", ...}} after a 200: as a 5xx would be.
+            return Failure("stream-error", f"{self.name}: error in the stream: {message} ({kind})", retryable=True)
         return Failure("stream-error", f"{self.name}: error in the stream: {message}")
 
 

@@ -61,7 +61,7 @@ from ._protocol import (
     Usage,
 )
 from ._sse import SSEEnd, SSEEvent, SSEMessages
-from ._stream_base import StreamFailure, StreamParserBase, count
+from ._stream_base import RETRYABLE_ERROR_CODES, StreamFailure, StreamParserBase, count
 
 PROVIDER: Final = "openai-responses"
 """The ``provider`` of the :class:`ReasoningBlock` s this parser makes (and the provider sends back)."""
@@ -69,8 +69,6 @@ PROVIDER: Final = "openai-responses"
 _DECODER: Final = json.JSONDecoder()
 _SCAN: Final[Callable[[str, int], tuple[Any, int]]] = getattr(_DECODER, "scan_once", _DECODER.raw_decode)
 
-_RETRYABLE_CODES: Final = frozenset({"server_error", "internal_error", "rate_limit_exceeded", "overloaded", "timeout"})
-"""Error codes of a failed response worth retrying (while nothing was emitted)."""
 
 _TEXT_DELTA: Final = "response.output_text.delta"
 
@@ -479,5 +477,5 @@ class ResponsesParser(StreamParserBase):
         return Failure(
             "stream-error",
             f"{self.name}: the response failed: {message}{suffix}",
-            retryable=code in _RETRYABLE_CODES,
+            retryable=code in RETRYABLE_ERROR_CODES,
         )
