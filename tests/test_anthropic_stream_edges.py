@@ -11,6 +11,7 @@ text of one block glued onto another.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 from _anthropic_streams import (
@@ -26,18 +27,24 @@ from _anthropic_streams import (
     text,
 )
 
+from trio_harness.model._anthropic import assistant_content
 from trio_harness.model._anthropic_stream import AnthropicStreamParser
+from trio_harness.model._chunks import ChunkParser
+from trio_harness.model._http import StreamParser
 from trio_harness.model._protocol import (
+    AssistantMessage,
     Chunk,
     Failure,
     Finish,
     ReasoningBlock,
     ReasoningDelta,
     TextDelta,
+    ToolCall,
     ToolCallDelta,
     Usage,
 )
-from trio_harness.model._sse import SSEDecoder
+from trio_harness.model._responses_stream import ResponsesParser
+from trio_harness.model._sse import SSEDecoder, SSEEvent
 
 
 def parse(pieces: list[bytes]) -> tuple[list[Chunk], Finish | Failure]:
@@ -184,3 +191,39 @@ def test_message_delta_usage_is_cumulative_not_added() -> None:
     assert parser.feed_all(decoder.feed_bytes(b"".join(pieces))) == []
     assert parser.conclude() == Finish("stop")
     assert parser.usage == Usage(input_tokens=112, output_tokens=9, cache_hit_tokens=100)
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+"""JSON nested deeper than the parser's recursion limit (json raises RecursionError, not ValueError)."""
+
+
+@pytest.mark.parametrize("parser_class", [AnthropicStreamParser, ResponsesParser, ChunkParser])
+def test_json_nested_too_deep_is_a_malformed_stream_not_a_crash(parser_class: Callable[[str], StreamParser]) -> None:
+    # Review finding: a RecursionError escaped every parser (and so the provider's stream()).
+    parser = parser_class("test")
+    chunks: list[Chunk] = []
+    parser.feed_into([SSEEvent(DEEP)], chunks.append)
+    assert chunks == []
+    outcome = parser.conclude()
+    assert isinstance(outcome, Failure) and outcome.code == "malformed-stream", outcome
+    whole = parser_class("test")
+    assert whole.feed_body(DEEP.encode()) == []
+    outcome = whole.conclude()
+    assert isinstance(outcome, Failure) and outcome.code == "malformed-stream", outcome
+
+
+def test_tool_arguments_nested_too_deep_go_back_as_an_empty_input() -> None:
+    message = AssistantMessage("", tool_calls=(ToolCall("toolu_1", "ls", DEEP),))
+    assert assistant_content(message) == [{"type": "tool_use", "id": "toolu_1", "name": "ls", "input": {}}]
+    stream = [
+        message_start(),
+        block_start(0, TOOL),
+        delta(0, {"type": "input_json_delta", "partial_json": DEEP}),
+        block_stop(0),
+        message_delta("tool_use", 9),
+        MESSAGE_STOP,
+    ]
+    parser = AnthropicStreamParser("test")
+    parser.feed_all(SSEDecoder().feed_bytes(b"".join(stream)))
+    assert parser.conclude() == Finish("tool-calls")
+    assert parser.content == [{**TOOL, "input": {}}]

@@ -658,6 +658,16 @@ async def test_a_server_error_inside_the_stream_before_any_output_is_retried(
     assert chunks[-1] == Finish("stop") and len(server.requests) == 2
 
 
+async def test_an_error_body_nested_too_deep_is_still_the_http_failure(
+    nursery: trio.Nursery, make_provider: MakeProvider
+) -> None:
+    # Review finding: json raised RecursionError (not ValueError) reading the body's message: stream() raised.
+    deep = b"[" * 100_000 + b"]" * 100_000
+    server = await start_server(nursery, Respond(400, deep, headers={"content-type": "application/json"}))
+    failure = failure_of(await collect(make_provider(server)))
+    assert failure.code == "http-400" and "[[[[" in failure.message
+
+
 # ---------------------------------------------------------------- retries
 
 

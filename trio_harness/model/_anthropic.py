@@ -158,7 +158,7 @@ def _tool_input(arguments: str) -> Any:
         return {}
     try:
         value = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
 

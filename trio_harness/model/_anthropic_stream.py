@@ -216,7 +216,7 @@ class AnthropicStreamParser(StreamParserBase):
                 data = event.data
                 try:
                     obj, end = scan(data, 0)
-                except (StopIteration, ValueError):
+                except (StopIteration, ValueError, RecursionError):  # too deep a nesting too
                     raise self._malformed(f"bad JSON in an event: {data[:200]!r}") from None
                 if end != len(data) and not data[end:].isspace():
                     raise self._malformed(f"bad JSON in an event: {data[:200]!r}")
@@ -290,7 +290,7 @@ class AnthropicStreamParser(StreamParserBase):
             return []
         try:
             obj = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             obj = None
         excerpt = body[:200].decode(errors="replace")
         if type(obj) is dict and obj.get("type") == "error":
@@ -481,7 +481,7 @@ class AnthropicStreamParser(StreamParserBase):
             if block.parts:
                 try:
                     raw["input"] = json.loads("".join(block.parts))
-                except ValueError:
+                except (ValueError, RecursionError):
                     raw["input"] = {}  # the call's arguments are reported as they came; the tool refuses them
             if kind == "tool_use":
                 if not block.streamed:

@@ -145,7 +145,7 @@ class ChunkParser(StreamParserBase):
                     # bulk of every stream) on without further calls.
                     try:
                         obj, end = scan(data, 0)
-                    except (StopIteration, ValueError):
+                    except (StopIteration, ValueError, RecursionError):  # too deep a nesting too
                         raise self._bad_json(data) from None
                     if end != len(data) and not data[end:].isspace():
                         raise self._bad_json(data)
@@ -191,7 +191,7 @@ class ChunkParser(StreamParserBase):
         self._done = True
         try:
             obj = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             obj = None
         excerpt = body[:200].decode(errors="replace")
         if type(obj) is dict and "error" in obj:
@@ -281,7 +281,7 @@ class ChunkParser(StreamParserBase):
             return False
         try:
             obj = json.loads(payload)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise self._bad_json(payload) from None
         if type(obj) is not dict:
             raise self._malformed(f"a data line is not a JSON object: {payload[:200]!r}")

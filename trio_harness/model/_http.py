@@ -495,7 +495,7 @@ def _error_message(body: bytes) -> str:
         return ""
     try:
         obj = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         obj = None
     if isinstance(obj, dict):
         found = message_of(obj.get("error", obj))

@@ -155,7 +155,7 @@ class ResponsesParser(StreamParserBase):
             for data in datas:
                 try:
                     obj, end = scan(data, 0)
-                except (StopIteration, ValueError):
+                except (StopIteration, ValueError, RecursionError):  # too deep a nesting too
                     if data == "[DONE]":  # not OpenAI's, but some gateways add it
                         self._done = True
                         break
@@ -197,7 +197,7 @@ class ResponsesParser(StreamParserBase):
         self._done = True
         try:
             obj = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             obj = None
         text = body.decode(errors="replace")
         try:
