@@ -18,7 +18,7 @@ from _sse_server import DONE, sse, sse_delta, sse_finish, sse_text, sse_usage
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trio_harness.model._chunks import ChunkParser
+from trio_harness.model._chunks import ChunkParser, message_of
 from trio_harness.model._protocol import (
     Chunk,
     Failure,
@@ -593,3 +593,15 @@ def test_the_hot_path_leaves_the_garbage_collector_idle() -> None:
         gc.enable()
     assert len(counts) == 5000
     assert max(counts) - before < 100  # not one per event
+
+
+def test_message_of_error_objects_nested_deep() -> None:
+    # A loop, not recursion: nesting deeper than the recursion limit (a hostile error body) is no crash.
+    nested: object = {"code": 1}
+    for _ in range(5000):
+        nested = {"error": nested}
+    assert message_of(nested) == ""
+    assert message_of({"error": {"error": {"message": "deep"}}}) == "deep"
+    assert message_of({"detail": "plain"}) == "plain"
+    assert message_of("text") == "text"
+    assert message_of(7) == ""

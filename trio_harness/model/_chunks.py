@@ -397,11 +397,14 @@ class ChunkParser(StreamParserBase):
 
 def message_of(error: object) -> str:
     """The human-readable message of an error object (``message``, ``detail``, ...), or ``""``."""
-    if isinstance(error, str):
-        return error
-    if isinstance(error, dict):
+    while isinstance(error, dict):  # a loop, not recursion: a body may nest error objects deep
         for key in ("message", "detail", "error", "msg"):
             found = error.get(key)
             if found:
-                return message_of(found) if isinstance(found, dict) else str(found)
-    return ""
+                if not isinstance(found, dict):
+                    return str(found)
+                error = found
+                break
+        else:
+            return ""
+    return error if isinstance(error, str) else ""
