@@ -222,7 +222,7 @@ class ResponsesProvider(OpenAIProvider):
         ``function_call`` item per tool call (by ``call_id``) and its own
         kept items (the reasoning blocks whose ``provider`` is
         ``"openai-responses"``, as received), in the order the server sent
-        them (:func:`~trio_harness.model._interleave.interleave`; items
+        them (``trio_harness/model/_interleave.py``; items
         logged without their place, by older versions, come first); a tool
         result becomes a ``function_call_output``; a user message's images
         follow its text as ``input_image`` data URLs.
