@@ -429,3 +429,26 @@ async def test_a_200_page_that_is_no_event_stream_is_named_and_not_retried(
         failure.message
     )
     assert len(server.requests) == 1
+
+
+def test_a_reasoning_item_without_encrypted_content_is_not_sent_back_with_store_off() -> None:
+    # Review finding: with store: false the server keeps nothing, so such an item (no
+    # include asked for it: a model the catalog calls non-reasoning, a gateway) made every later
+    # request fail with "Item with id 'rs_...' not found"; with store on it goes back by id.
+    bare = {"id": "rs_bare", "type": "reasoning", "summary": []}
+    message = AssistantMessage(
+        "Checking.",
+        tool_calls=(ToolCall("call_1", "get_weather", "{}"),),
+        reasoning_blocks=(
+            ReasoningBlock("openai-responses", {"item": bare, "before": {"text": 0, "tool_calls": 0}}),
+            ReasoningBlock("openai-responses", {"item": REASONING_ITEM, "before": {"text": 9, "tool_calls": 0}}),
+            ReasoningBlock("openai-responses", bare),  # an older log's shape
+        ),
+    )
+    request = ModelRequest(model="", system="", messages=(UserMessage("hi"), message))
+    call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"}
+    text = {"role": "assistant", "content": "Checking."}
+    provider = ResponsesProvider(model="gpt-5", base_url="http://127.0.0.1:1/v1", api_key="k")
+    assert provider.input_items(request)[1:] == [text, REASONING_ITEM, call]
+    stored = ResponsesProvider(model="gpt-5", base_url="http://127.0.0.1:1/v1", api_key="k", store=True)
+    assert stored.input_items(request)[1:] == [bare, bare, text, REASONING_ITEM, call]

@@ -241,33 +241,44 @@ class ResponsesProvider(OpenAIProvider):
                 else:
                     items.append({"role": "user", "content": message.text})
             elif isinstance(message, AssistantMessage):
-                placed: list[tuple[tuple[int, int], dict[str, Any]]] = []
-                for block in message.reasoning_blocks:
-                    if block.provider != PROVIDER:
-                        continue
-                    found, item = anchor_of(block.data), block.data.get("item")
-                    if found is not None and isinstance(item, Mapping):
-                        placed.append((found, _plain(item)))
-                    else:
-                        items.append(_plain(block.data))  # logged as the item itself (older sessions): first
-                for piece in interleave(message.text, message.tool_calls, placed):
-                    if isinstance(piece, str):
-                        items.append({"role": "assistant", "content": piece})
-                    elif isinstance(piece, ToolCall):
-                        items.append(
-                            {
-                                "type": "function_call",
-                                "call_id": piece.id,
-                                "name": piece.name,
-                                "arguments": piece.arguments,
-                            }
-                        )
-                    else:
-                        items.append(piece)
+                items.extend(self._assistant_items(message))
             elif isinstance(message, ToolMessage):
                 items.append({"type": "function_call_output", "call_id": message.call_id, "output": message.content})
             else:  # pragma: no cover - exhaustive over Message
                 raise TypeError(f"unknown message type {type(message).__name__}")
+        return items
+
+    def _assistant_items(self, message: AssistantMessage) -> list[dict[str, Any]]:
+        """The items of an assistant message, in the order received (see :meth:`input_items`).
+
+        With ``store`` off, a reasoning item without ``encrypted_content``
+        (the server was not asked for it, or did not send it) is left out:
+        the server kept nothing it could refer to, and would refuse every
+        later request (``Item with id 'rs_...' not found``).
+        """
+        items: list[dict[str, Any]] = []
+        placed: list[tuple[tuple[int, int], dict[str, Any]]] = []
+        for block in message.reasoning_blocks:
+            if block.provider != PROVIDER:
+                continue
+            found, item = anchor_of(block.data), block.data.get("item")
+            if found is None or not isinstance(item, Mapping):
+                found, item = None, block.data  # logged as the item itself (older sessions): first
+            if not self.store and item.get("type") == "reasoning" and not item.get("encrypted_content"):
+                continue
+            if found is None:
+                items.append(_plain(item))
+            else:
+                placed.append((found, _plain(item)))
+        for piece in interleave(message.text, message.tool_calls, placed):
+            if isinstance(piece, str):
+                items.append({"role": "assistant", "content": piece})
+            elif isinstance(piece, ToolCall):
+                items.append(
+                    {"type": "function_call", "call_id": piece.id, "name": piece.name, "arguments": piece.arguments}
+                )
+            else:
+                items.append(piece)
         return items
 
 
