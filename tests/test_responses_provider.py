@@ -452,3 +452,20 @@ def test_a_reasoning_item_without_encrypted_content_is_not_sent_back_with_store_
     assert provider.input_items(request)[1:] == [text, REASONING_ITEM, call]
     stored = ResponsesProvider(model="gpt-5", base_url="http://127.0.0.1:1/v1", api_key="k", store=True)
     assert stored.input_items(request)[1:] == [bare, bare, text, REASONING_ITEM, call]
+
+
+def test_a_hosted_tools_item_goes_back_in_place_only_with_store_on() -> None:
+    search = {"id": "ws_1", "type": "web_search_call", "status": "completed", "action": {"type": "search"}}
+    message = AssistantMessage(
+        "Found it.",
+        reasoning_blocks=(
+            ReasoningBlock("openai-responses", {"item": REASONING_ITEM, "before": {"text": 0, "tool_calls": 0}}),
+            ReasoningBlock("openai-responses", {"item": search, "before": {"text": 0, "tool_calls": 0}}),
+        ),
+    )
+    request = ModelRequest(model="", system="", messages=(UserMessage("hi"), message))
+    text = {"role": "assistant", "content": "Found it."}
+    base = "http://127.0.0.1:1/v1"
+    assert ResponsesProvider(model="gpt-5", base_url=base).input_items(request)[1:] == [REASONING_ITEM, text]
+    stored = ResponsesProvider(model="gpt-5", base_url=base, store=True)
+    assert stored.input_items(request)[1:] == [REASONING_ITEM, search, text]

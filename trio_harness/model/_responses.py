@@ -25,10 +25,10 @@ a :class:`~trio_harness.model.ReasoningBlock` (``provider="openai-responses"``,
 item as received and how much of the message's text and how many of its calls
 came before it), logged with the assistant message, and sent back as an input
 item exactly where it stood among the message's text and function calls (each
-reasoning item before the call it led to, as ``store: false`` requires); so
-are the items of hosted tools (``web_search_call`` ...).  ``store=True`` lets
-the server keep responses (the items then go back without encrypted content,
-by id).
+reasoning item before the call it led to, as ``store: false`` requires).
+``store=True`` lets the server keep responses (the items then go back without
+encrypted content, by id, and so do the items of hosted tools such as
+``web_search_call``, which are logged but left out with ``store`` off).
 """
 
 from __future__ import annotations
@@ -251,10 +251,12 @@ class ResponsesProvider(OpenAIProvider):
     def _assistant_items(self, message: AssistantMessage) -> list[dict[str, Any]]:
         """The items of an assistant message, in the order received (see :meth:`input_items`).
 
-        With ``store`` off, a reasoning item without ``encrypted_content``
-        (the server was not asked for it, or did not send it) is left out:
-        the server kept nothing it could refer to, and would refuse every
-        later request (``Item with id 'rs_...' not found``).
+        With ``store`` off, only reasoning items with ``encrypted_content``
+        go back: one without it (the server was not asked for it, or did not
+        send it) refers to nothing the server kept, and would make every
+        later request fail (``Item with id 'rs_...' not found``); a hosted
+        tool's item (``web_search_call`` ...) is logged but goes back only
+        with ``store`` on, where its id refers to what the server kept.
         """
         items: list[dict[str, Any]] = []
         placed: list[tuple[tuple[int, int], dict[str, Any]]] = []
@@ -264,7 +266,7 @@ class ResponsesProvider(OpenAIProvider):
             found, item = anchor_of(block.data), block.data.get("item")
             if found is None or not isinstance(item, Mapping):
                 found, item = None, block.data  # logged as the item itself (older sessions): first
-            if not self.store and item.get("type") == "reasoning" and not item.get("encrypted_content"):
+            if not self.store and (item.get("type") != "reasoning" or not item.get("encrypted_content")):
                 continue
             if found is None:
                 items.append(_plain(item))

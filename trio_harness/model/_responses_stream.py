@@ -27,7 +27,8 @@ is not needed):
   ``encrypted_content`` included, and the characters of text and the function
   calls that came before it when it was added), sent back in later requests
   at that place; so is the finished item of any other type (hosted tools'
-  calls such as ``web_search_call``), which the harness does not rebuild;
+  calls such as ``web_search_call``), which the harness does not rebuild
+  (the provider sends those back only with ``store`` on);
 * ``response.refusal.delta`` / ``.done`` - the refusal text, reported as a
   ``refusal`` failure at the end;
 * ``response.completed`` / ``response.incomplete`` / ``response.failed`` -
