@@ -1243,3 +1243,19 @@ async def test_default_name_and_client_ownership(nursery: trio.Nursery) -> None:
     # Usable again after aclose (a new client is created).
     async with own:
         assert await collect(own) == [TextDelta("ok"), Finish("stop")]
+
+
+async def test_a_stream_longer_than_the_limit_ends_and_closes_the_connection(
+    nursery: trio.Nursery, make_provider: MakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review finding: a server streaming without end filled the memory until request_timeout.
+    monkeypatch.setattr(_http, "STREAM_BYTES_LIMIT", 10_000)
+    server = await start_server(nursery, Stream([sse_text("x" * 100)] * 200 + [Pause(1000.0)]))
+    with trio.fail_after(30):
+        chunks = await collect(make_provider(server))
+    failure = failure_of(chunks)
+    assert (failure.code, failure.retryable) == ("malformed-stream", False)
+    assert "the stream is longer than 10000 bytes" in failure.message
+    assert 0 < sum(isinstance(chunk, TextDelta) for chunk in chunks) < 200
+    with trio.fail_after(10):
+        await server.client_disconnected.wait()

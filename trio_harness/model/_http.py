@@ -42,6 +42,12 @@ ERROR_BODY_LIMIT: Final = 64 * 1024
 JSON_BODY_LIMIT: Final = 16 * 1024 * 1024
 """How much of a non-streamed JSON answer is read."""
 
+STREAM_BYTES_LIMIT: Final = 256 * 1024 * 1024
+"""The most bytes of one event stream read (a server that never stops would otherwise fill the memory).
+
+Generous: a 128k-token answer streamed as Responses events is about 30 MB.
+"""
+
 _EXCERPT: Final = 200
 """How much of a body that is no event stream a failure quotes."""
 
@@ -350,6 +356,8 @@ class HTTPStreamer:
         finished = False  # the body iterator ran to its end (or raised)
         fed = False  # an event was read
         head = b""  # the start of a body that gave no event yet
+        size = 0
+        limit = STREAM_BYTES_LIMIT
         try:
             while True:
                 try:
@@ -362,6 +370,11 @@ class HTTPStreamer:
                     raise
                 if not fed and len(head) < _EXCERPT:
                     head += raw[: _EXCERPT - len(head)]
+                size += len(raw)
+                if size > limit:
+                    return parser.fail(
+                        Failure("malformed-stream", f"{self.name}: the stream is longer than {limit} bytes (not read)")
+                    )
                 try:
                     events = feed_bytes(raw)
                 except SSEError as exc:
