@@ -789,6 +789,17 @@ async def test_a_paused_turn_is_continued_with_its_content_so_far(
     assert {key: value for key, value in second.items() if key != "messages"} == {
         key: value for key, value in first.items() if key != "messages"
     }
+    # The next request sends the whole turn back in the order received: the thinking block of the
+    # continuation before its tool_use (it landed after it: its index counted the server tool's block).
+    blocks = tuple(chunk for chunk in chunks if isinstance(chunk, ReasoningBlock))
+    message = AssistantMessage("Searching.", (ToolCall("toolu_r", "read", '{"path": "a"}'),), reasoning_blocks=blocks)
+    body = make().build_body(ModelRequest(model="", system="", messages=(UserMessage("look"), message)))
+    assert body["messages"][1]["content"] == [
+        {"type": "text", "text": "Searching."},
+        search,
+        thought,
+        {"type": "tool_use", "id": "toolu_r", "name": "read", "input": {"path": "a"}},
+    ]
 
 
 async def test_pauses_beyond_max_pause_continuations_fail(nursery: trio.Nursery, make_provider: MakeProvider) -> None:
