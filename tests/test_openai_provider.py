@@ -707,6 +707,26 @@ async def test_retry_after_http_date_is_honoured(
     assert chunks[1:] == [TextDelta("ok"), Finish("stop")]
 
 
+@pytest.mark.parametrize(
+    ("status", "should", "retried"),
+    [(429, "false", False), (503, "False ", False), (409, "true", True), (429, "maybe", True)],
+    ids=["quota", "down-for-good", "conflict", "unknown-word"],
+)
+async def test_x_should_retry_is_the_servers_word(
+    nursery: trio.Nursery, make_provider: MakeProvider, status: int, should: str, retried: bool
+) -> None:
+    # Review finding: the header the official SDKs obey was ignored (an exhausted quota's 429 was
+    # retried max_retries times).
+    server = await start_server(nursery, Respond(status, "no", headers={"x-should-retry": should}), OK_STREAM)
+    chunks = await collect(make_provider(server, max_retries=1, backoff_base=0.0))
+    if retried:
+        assert isinstance(chunks[0], Retry) and chunks[-1] == Finish("stop")
+    else:
+        failure = failure_of(chunks)
+        assert (failure.code, failure.retryable) == (f"http-{status}", False)
+        assert "(x-should-retry: false)" in failure.message and len(server.requests) == 1
+
+
 WALL = 1_800_000_000.0
 """A fixed wall-clock time for providers given ``wall_clock=lambda: WALL``."""
 

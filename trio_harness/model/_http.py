@@ -423,6 +423,11 @@ class HTTPStreamer:
         if self._redirect_note and 300 <= status < 400 and "location" in response.headers:
             message += f" (redirected to {response.headers['location']})"
         retryable = status in self._retry_statuses or status >= 500
+        # The server's own word, as the official SDKs take it (a 429 for an exhausted quota says false).
+        should = response.headers.get("x-should-retry", "").strip().lower()
+        if should in ("true", "false") and (should == "true") != retryable:
+            retryable = should == "true"
+            message += f" (x-should-retry: {should})"
         return Failure(
             f"http-{status}",
             message,
