@@ -308,3 +308,37 @@ ERROR_EVENT = event(
     {"type": "error", "code": "ERR_SOMETHING", "message": "Something went wrong", "param": None, "sequence_number": 1}
 )
 """The API reference's example ``error`` event."""
+
+
+def items_stream(items: list[dict[str, Any]]) -> list[bytes]:
+    """A response streaming ``items`` in order, as the API does: each added, its deltas, then done.
+
+    A reasoning item is added without its summary or encrypted content (both
+    come at its ``done``), a message streams its text in one delta, a function
+    call its arguments in one delta; ``response.completed`` lists them all.
+    """
+    seq = iter(range(1000))
+    out = [_created(next(seq))]
+    for index, item in enumerate(items):
+        kind = item["type"]
+        if kind == "reasoning":
+            added = {**item, "summary": [], "encrypted_content": None}
+        elif kind == "message":
+            added = {**item, "status": "in_progress", "content": []}
+        elif kind == "function_call":
+            added = {**item, "status": "in_progress", "arguments": ""}
+        else:
+            added = {**item, "status": "in_progress"}
+        out.append(event({"type": "response.output_item.added", "output_index": index, "item": added}))
+        if kind == "message":
+            text = item["content"][0]["text"]
+            base = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            out.append(event({"type": "response.output_text.delta", **base, "delta": text}))
+            out.append(event({"type": "response.output_text.done", **base, "text": text}))
+        elif kind == "function_call":
+            base = {"item_id": item["id"], "output_index": index}
+            out.append(event({"type": "response.function_call_arguments.delta", **base, "delta": item["arguments"]}))
+        out.append(_item_done(index, item, next(seq)))
+    done = _response("completed", items, usage(80, 150, reasoning=128))
+    out.append(event({"type": "response.completed", "response": done, "sequence_number": next(seq)}))
+    return out

@@ -109,3 +109,81 @@ async def test_thinking_goes_back_exactly_and_resume_sends_the_same_bytes(
     assert 0 < json.dumps(turn2).count('"cache_control"') <= 4
     # Resumed from the log, the request is byte for byte the one never restarted.
     assert second.requests[0].body == straight.requests[2].body
+
+
+SEARCH_CALL = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}
+SEARCH_RESULT = {
+    "type": "web_search_tool_result",
+    "tool_use_id": "srvtoolu_1",
+    "content": [
+        {
+            "type": "web_search_result",
+            "url": "https://trio.readthedocs.io/",
+            "title": "Trio",
+            "encrypted_content": "EqgfCioIARgBIiQ3YTAwMjY1Mi1mZjM5LTQ1NGUtODgxNC1kNjNjNTk1ZWI3Y2YSDMjeNYCc",
+            "page_age": None,
+        }
+    ],
+}
+MIXED_STEP = Stream(
+    [
+        message_start(100, 1),
+        block_start(0, {"type": "thinking", "thinking": ""}),
+        delta(0, {"type": "thinking_delta", "thinking": "Search first."}),
+        delta(0, {"type": "signature_delta", "signature": SIGNATURE}),
+        block_stop(0),
+        block_start(1, {"type": "text", "text": ""}),
+        text(1, "Let me search."),
+        block_stop(1),
+        block_start(2, SEARCH_CALL),
+        delta(2, {"type": "input_json_delta", "partial_json": '{"query": "trio"}'}),
+        block_stop(2),
+        block_start(3, SEARCH_RESULT),
+        block_stop(3),
+        block_start(4, {"type": "thinking", "thinking": ""}),
+        delta(4, {"type": "thinking_delta", "thinking": "Now echo."}),
+        delta(4, {"type": "signature_delta", "signature": SIGNATURE + "2"}),
+        block_stop(4),
+        block_start(5, {"type": "text", "text": ""}),
+        text(5, " Found it."),
+        block_stop(5),
+        block_start(6, {"type": "tool_use", "id": "toolu_1", "name": "echo", "input": {}}),
+        delta(6, {"type": "input_json_delta", "partial_json": '{"x": "1"}'}),
+        block_stop(6),
+        message_delta("tool_use", 20),
+        MESSAGE_STOP,
+    ]
+)
+MIXED_CONTENT = [
+    {"type": "thinking", "thinking": "Search first.", "signature": SIGNATURE},
+    {"type": "text", "text": "Let me search."},
+    {**SEARCH_CALL, "input": {"query": "trio"}},
+    SEARCH_RESULT,
+    {"type": "thinking", "thinking": "Now echo.", "signature": SIGNATURE + "2"},
+    {"type": "text", "text": " Found it."},
+    {"type": "tool_use", "id": "toolu_1", "name": "echo", "input": {"x": "1"}},
+]
+"""What MIXED_STEP's message is, block by block, as the server sent it."""
+
+
+async def test_every_block_goes_back_in_the_order_received_also_after_resume(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # Review finding: a thinking block's position counted the server-tool blocks, which were not sent
+    # back, so the second thinking block landed after the tool_use. Every block now goes back where
+    # it was: thinking, text, the server tool's call and result, thinking, text, the call.
+    with trio.fail_after(30):
+        straight = await start_server(nursery, MIXED_STEP, answer("done one"), answer("done two"))
+        await run(straight, tmp_path / "straight", ["one", "two"])
+        first = await start_server(nursery, MIXED_STEP, answer("done one"))
+        await run(first, tmp_path / "restarted", ["one"])
+        second = await start_server(nursery, answer("done two"))
+        await run(second, tmp_path / "restarted", ["two"], resume=True)
+
+    step2: dict[str, Any] = json.loads(straight.requests[1].body)
+    assert step2["messages"][1] == {"role": "assistant", "content": MIXED_CONTENT}
+    assert step2["messages"][2]["content"][0]["tool_use_id"] == "toolu_1"
+    turn2: dict[str, Any] = json.loads(straight.requests[2].body)
+    assert turn2["messages"][1] == {"role": "assistant", "content": MIXED_CONTENT}
+    assert [r.body for r in first.requests] == [r.body for r in straight.requests[:2]]
+    assert second.requests[0].body == straight.requests[2].body  # byte for byte after resume

@@ -64,6 +64,7 @@ from trio_harness.model._spec import missing_api_key
 from trio_harness.model._sse import SSEDecoder
 
 REQUEST = ModelRequest(model="", system="", messages=(UserMessage("hi"),))
+NOTHING_BEFORE = {"text": 0, "tool_calls": 0}
 NO_TIMEOUTS: dict[str, Any] = {"request_timeout": math.inf, "connect_timeout": math.inf, "read_timeout": math.inf}
 
 MakeProvider = Callable[..., AnthropicProvider]
@@ -140,7 +141,11 @@ def test_thinking_block_is_shown_and_kept_exactly(split: int | None) -> None:
     assert blocks == [
         ReasoningBlock(
             "anthropic",
-            {"index": 0, "block": {"type": "thinking", "thinking": "".join(THINKING_PIECES), "signature": SIGNATURE}},
+            {
+                "index": 0,
+                "block": {"type": "thinking", "thinking": "".join(THINKING_PIECES), "signature": SIGNATURE},
+                "before": {"text": 0, "tool_calls": 0},
+            },
         )
     ]
     assert blocks[0].data["block"] == blocks[0].data["block"]  # equality is by value
@@ -152,7 +157,7 @@ def test_thinking_block_is_shown_and_kept_exactly(split: int | None) -> None:
 def test_redacted_thinking_block_is_kept_as_received() -> None:
     stream = [message_start(), block_start(0, REDACTED), block_stop(0), message_delta("end_turn", 3), MESSAGE_STOP]
     chunks, outcome, _ = parse(stream)
-    assert chunks == [ReasoningBlock("anthropic", {"index": 0, "block": REDACTED})]
+    assert chunks == [ReasoningBlock("anthropic", {"index": 0, "block": REDACTED, "before": NOTHING_BEFORE})]
     assert outcome == Finish("stop")
 
 
@@ -299,6 +304,38 @@ def test_reasoning_block_position_is_kept_between_other_blocks() -> None:
     message = AssistantMessage("a", tool_calls=(ToolCall("t1", "ls", "{}"),), reasoning_blocks=(late,))
     body = make().build_body(ModelRequest(model="", system="", messages=(UserMessage("x"), message)))
     assert [block["type"] for block in body["messages"][1]["content"]] == ["text", "redacted_thinking", "tool_use"]
+
+
+def test_anchored_blocks_go_back_among_text_and_calls_and_bad_anchors_lose_nothing() -> None:
+    def anchored(block: dict[str, Any], text: int, calls: int) -> ReasoningBlock:
+        return ReasoningBlock("anthropic", {"index": 0, "block": block, "before": {"text": text, "tool_calls": calls}})
+
+    search = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}
+    calls = (ToolCall("t1", "ls", "{}"), ToolCall("t2", "ls", "{}"))
+    message = AssistantMessage(
+        "ab", tool_calls=calls, reasoning_blocks=(anchored(search, 1, 1), anchored(REDACTED, 1, 2))
+    )
+    body = make().build_body(ModelRequest(model="", system="", messages=(UserMessage("x"), message)))
+    assert body["messages"][1]["content"] == [
+        {"type": "text", "text": "a"},
+        {"type": "tool_use", "id": "t1", "name": "ls", "input": {}},
+        search,
+        {"type": "tool_use", "id": "t2", "name": "ls", "input": {}},
+        REDACTED,
+        {"type": "text", "text": "b"},
+    ]
+    # Anchors past the text and calls (or going back) are clamped: every piece goes back once, in order.
+    wild = AssistantMessage(
+        "ab", tool_calls=calls, reasoning_blocks=(anchored(search, 99, 99), anchored(REDACTED, 0, 0))
+    )
+    body = make().build_body(ModelRequest(model="", system="", messages=(UserMessage("x"), wild)))
+    assert [block["type"] for block in body["messages"][1]["content"]] == [
+        "text",
+        "tool_use",
+        "tool_use",
+        "server_tool_use",
+        "redacted_thinking",
+    ]
 
 
 def test_cache_breakpoints_on_tools_system_and_last_two_user_turns() -> None:
@@ -593,7 +630,7 @@ async def test_a_whole_message_body_is_read_as_its_blocks(nursery: trio.Nursery,
     provider = make_provider(server)
     assert await collect(provider) == [
         ReasoningDelta("hmm"),
-        ReasoningBlock("anthropic", {"index": 0, "block": message["content"][0]}),  # type: ignore[index]
+        ReasoningBlock("anthropic", {"index": 0, "block": message["content"][0], "before": NOTHING_BEFORE}),  # type: ignore[index]
         TextDelta("Reading."),
         ToolCallDelta(index=0, id="toolu_a", name="read"),
         ToolCallDelta(index=0, arguments='{"path": "a"}'),
@@ -726,10 +763,15 @@ async def test_a_paused_turn_is_continued_with_its_content_so_far(
     server = await start_server(nursery, PAUSED, CONTINUED)
     chunks = await collect(make_provider(server), LOOP)
     thought = {"type": "thinking", "thinking": "read it", "signature": SIGNATURE}
+    search = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "trio"}}
+    after_text = {"text": len("Searching."), "tool_calls": 0}
     assert chunks == [
-        TextDelta("Searching."),  # the server tool's call is no call for the harness to make
+        TextDelta("Searching."),
+        # The server tool's call is no call for the harness to make, but a block to send back.
+        ReasoningBlock("anthropic", {"index": 1, "block": search, "before": after_text}),
         ReasoningDelta("read it"),
-        ReasoningBlock("anthropic", {"index": 2, "block": thought}),  # numbered after the first part's blocks
+        # Numbered after the first part's blocks, its text counted.
+        ReasoningBlock("anthropic", {"index": 2, "block": thought, "before": after_text}),
         ToolCallDelta(index=0, id="toolu_r", name="read"),
         ToolCallDelta(index=0, arguments='{"path": "a"}'),
         Usage(input_tokens=33, output_tokens=12, cache_hit_tokens=3),  # both requests
@@ -747,6 +789,17 @@ async def test_a_paused_turn_is_continued_with_its_content_so_far(
     assert {key: value for key, value in second.items() if key != "messages"} == {
         key: value for key, value in first.items() if key != "messages"
     }
+    # The next request sends the whole turn back in the order received: the thinking block of the
+    # continuation before its tool_use (it landed after it: its index counted the server tool's block).
+    blocks = tuple(chunk for chunk in chunks if isinstance(chunk, ReasoningBlock))
+    message = AssistantMessage("Searching.", (ToolCall("toolu_r", "read", '{"path": "a"}'),), reasoning_blocks=blocks)
+    body = make().build_body(ModelRequest(model="", system="", messages=(UserMessage("look"), message)))
+    assert body["messages"][1]["content"] == [
+        {"type": "text", "text": "Searching."},
+        search,
+        thought,
+        {"type": "tool_use", "id": "toolu_r", "name": "read", "input": {"path": "a"}},
+    ]
 
 
 async def test_pauses_beyond_max_pause_continuations_fail(nursery: trio.Nursery, make_provider: MakeProvider) -> None:
@@ -757,3 +810,18 @@ async def test_pauses_beyond_max_pause_continuations_fail(nursery: trio.Nursery,
     assert "again after max_pause_continuations=1 continuations" in finish.failure.message
     assert chunks[-2] == Usage(input_tokens=20, output_tokens=10)
     assert len(server.requests) == 2
+
+
+async def test_a_200_page_that_is_no_event_stream_is_named_and_not_retried(
+    nursery: trio.Nursery, make_provider: MakeProvider
+) -> None:
+    page = b"<html>\n\n<body>Sign in" + b"." * 300  # blank lines but no data line; quoted in part
+    server = await start_server(nursery, Stream([page], content_type="text/html; charset=utf-8"))
+    chunks = await collect(make_provider(server, max_retries=3))
+    finish = chunks[-1]
+    assert isinstance(finish, Finish) and finish.failure is not None
+    assert (finish.failure.code, finish.failure.retryable) == ("malformed-stream", False)
+    assert "expected an event stream, got content-type 'text/html; charset=utf-8' and no event: " in (
+        finish.failure.message
+    )
+    assert repr(page[:200].decode()) in finish.failure.message and len(server.requests) == 1

@@ -11,6 +11,7 @@ text of one block glued onto another.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 from _anthropic_streams import (
@@ -26,18 +27,24 @@ from _anthropic_streams import (
     text,
 )
 
+from trio_harness.model._anthropic import assistant_content
 from trio_harness.model._anthropic_stream import AnthropicStreamParser
+from trio_harness.model._chunks import ChunkParser
+from trio_harness.model._http import StreamParser
 from trio_harness.model._protocol import (
+    AssistantMessage,
     Chunk,
     Failure,
     Finish,
     ReasoningBlock,
     ReasoningDelta,
     TextDelta,
+    ToolCall,
     ToolCallDelta,
     Usage,
 )
-from trio_harness.model._sse import SSEDecoder
+from trio_harness.model._responses_stream import ResponsesParser
+from trio_harness.model._sse import SSEDecoder, SSEEvent
 
 
 def parse(pieces: list[bytes]) -> tuple[list[Chunk], Finish | Failure]:
@@ -95,9 +102,14 @@ def test_server_tool_use_takes_input_json_deltas() -> None:
     ]
     decoder = SSEDecoder()
     parser = AnthropicStreamParser("test")
-    assert parser.feed_all(decoder.feed_bytes(b"".join(pieces))) == []  # not a call for the harness
+    # Not a call for the harness: a block to send back as it came.
+    done = {**server, "input": {"query": "trio"}}
+    before = {"text": 0, "tool_calls": 0}
+    assert parser.feed_all(decoder.feed_bytes(b"".join(pieces))) == [
+        ReasoningBlock("anthropic", {"index": 0, "block": done, "before": before})
+    ]
     assert parser.conclude() == Finish("stop")
-    assert parser.content == [{**server, "input": {"query": "trio"}}]
+    assert parser.content == [done]
 
 
 def test_blocks_still_open_at_message_stop_are_completed() -> None:
@@ -119,7 +131,14 @@ def test_blocks_still_open_at_message_stop_are_completed() -> None:
     assert chunks == [
         ReasoningDelta("hmm"),
         ToolCallDelta(index=0, id=TOOL_ID, name="get_weather"),
-        ReasoningBlock("anthropic", {"index": 0, "block": {**THINK, "thinking": "hmm", "signature": SIGNATURE}}),
+        ReasoningBlock(
+            "anthropic",
+            {
+                "index": 0,
+                "block": {**THINK, "thinking": "hmm", "signature": SIGNATURE},
+                "before": {"text": 0, "tool_calls": 0},  # the text and calls before it, counted at its start
+            },
+        ),
         ToolCallDelta(index=0, arguments="{}"),
     ]
 
@@ -172,3 +191,39 @@ def test_message_delta_usage_is_cumulative_not_added() -> None:
     assert parser.feed_all(decoder.feed_bytes(b"".join(pieces))) == []
     assert parser.conclude() == Finish("stop")
     assert parser.usage == Usage(input_tokens=112, output_tokens=9, cache_hit_tokens=100)
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+"""JSON nested deeper than the parser's recursion limit (json raises RecursionError, not ValueError)."""
+
+
+@pytest.mark.parametrize("parser_class", [AnthropicStreamParser, ResponsesParser, ChunkParser])
+def test_json_nested_too_deep_is_a_malformed_stream_not_a_crash(parser_class: Callable[[str], StreamParser]) -> None:
+    # Review finding: a RecursionError escaped every parser (and so the provider's stream()).
+    parser = parser_class("test")
+    chunks: list[Chunk] = []
+    parser.feed_into([SSEEvent(DEEP)], chunks.append)
+    assert chunks == []
+    outcome = parser.conclude()
+    assert isinstance(outcome, Failure) and outcome.code == "malformed-stream", outcome
+    whole = parser_class("test")
+    assert whole.feed_body(DEEP.encode()) == []
+    outcome = whole.conclude()
+    assert isinstance(outcome, Failure) and outcome.code == "malformed-stream", outcome
+
+
+def test_tool_arguments_nested_too_deep_go_back_as_an_empty_input() -> None:
+    message = AssistantMessage("", tool_calls=(ToolCall("toolu_1", "ls", DEEP),))
+    assert assistant_content(message) == [{"type": "tool_use", "id": "toolu_1", "name": "ls", "input": {}}]
+    stream = [
+        message_start(),
+        block_start(0, TOOL),
+        delta(0, {"type": "input_json_delta", "partial_json": DEEP}),
+        block_stop(0),
+        message_delta("tool_use", 9),
+        MESSAGE_STOP,
+    ]
+    parser = AnthropicStreamParser("test")
+    parser.feed_all(SSEDecoder().feed_bytes(b"".join(stream)))
+    assert parser.conclude() == Finish("tool-calls")
+    assert parser.content == [{**TOOL, "input": {}}]

@@ -18,7 +18,7 @@ from _sse_server import DONE, sse, sse_delta, sse_finish, sse_text, sse_usage
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trio_harness.model._chunks import ChunkParser
+from trio_harness.model._chunks import ChunkParser, message_of
 from trio_harness.model._protocol import (
     Chunk,
     Failure,
@@ -370,6 +370,9 @@ def test_a_malformed_event_wins_over_a_finish_reason() -> None:
         (event({"error": {"message": "slow", "code": "429"}}), "http-429", True, "slow"),
         (event({"error": {"message": "no", "code": 400}}), "http-400", False, "no"),
         (event({"error": {"message": "weird", "type": "x"}}), "stream-error", False, "weird"),
+        # OpenAI's own in-stream errors: a retry may cure them (review finding: they were final).
+        (event({"error": {"message": "Sorry", "type": "server_error", "code": None}}), "stream-error", True, "Sorry"),
+        (event({"error": {"message": "slow down", "code": "rate_limit_exceeded"}}), "stream-error", True, "(rate_"),
         (event({"message": "typed"}, type="error"), "stream-error", False, "typed"),
         (event({"error": "plain"}), "stream-error", False, "plain"),
         (
@@ -590,3 +593,15 @@ def test_the_hot_path_leaves_the_garbage_collector_idle() -> None:
         gc.enable()
     assert len(counts) == 5000
     assert max(counts) - before < 100  # not one per event
+
+
+def test_message_of_error_objects_nested_deep() -> None:
+    # A loop, not recursion: nesting deeper than the recursion limit (a hostile error body) is no crash.
+    nested: object = {"code": 1}
+    for _ in range(5000):
+        nested = {"error": nested}
+    assert message_of(nested) == ""
+    assert message_of({"error": {"error": {"message": "deep"}}}) == "deep"
+    assert message_of({"detail": "plain"}) == "plain"
+    assert message_of("text") == "text"
+    assert message_of(7) == ""

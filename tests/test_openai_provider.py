@@ -47,6 +47,7 @@ from _sse_server import (
 )
 
 from trio_harness._errors import ModelError
+from trio_harness.model import _http
 from trio_harness.model._openai import OpenAIProvider, _retry_after
 from trio_harness.model._protocol import (
     AssistantMessage,
@@ -468,6 +469,20 @@ async def test_whole_json_body_instead_of_stream(nursery: trio.Nursery, make_pro
     ]
 
 
+async def test_a_whole_json_body_over_the_limit_names_the_limit(
+    nursery: trio.Nursery, make_provider: MakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review finding: the body was cut at the limit and parsed, failing as "not JSON" (or as bad
+    # JSON), which hid why; the failure now says the answer was too large.
+    monkeypatch.setattr(_http, "JSON_BODY_LIMIT", 1000)
+    completion = {"choices": [{"index": 0, "message": {"content": "x" * 2000}, "finish_reason": "stop"}]}
+    server = await start_server(nursery, Respond(200, completion))
+    finish = (await collect(make_provider(server)))[-1]
+    assert isinstance(finish, Finish) and finish.failure is not None
+    assert finish.failure.code == "malformed-stream"
+    assert "the JSON answer is larger than 1000 bytes" in finish.failure.message
+
+
 # ---------------------------------------------------------------- request format
 
 
@@ -632,6 +647,27 @@ async def test_error_inside_the_stream(nursery: trio.Nursery, make_provider: Mak
     assert "weird" in failure.message
 
 
+async def test_a_server_error_inside_the_stream_before_any_output_is_retried(
+    nursery: trio.Nursery, make_provider: MakeProvider
+) -> None:
+    error = {"error": {"message": "The server had an error while processing your request.", "type": "server_error"}}
+    server = await start_server(nursery, Stream([sse(error)]), OK_STREAM)
+    chunks = await collect(make_provider(server, max_retries=2, backoff_base=0.0))
+    retry = chunks[0]
+    assert isinstance(retry, Retry) and "server_error" in retry.failure.message
+    assert chunks[-1] == Finish("stop") and len(server.requests) == 2
+
+
+async def test_an_error_body_nested_too_deep_is_still_the_http_failure(
+    nursery: trio.Nursery, make_provider: MakeProvider
+) -> None:
+    # Review finding: json raised RecursionError (not ValueError) reading the body's message: stream() raised.
+    deep = b"[" * 100_000 + b"]" * 100_000
+    server = await start_server(nursery, Respond(400, deep, headers={"content-type": "application/json"}))
+    failure = failure_of(await collect(make_provider(server)))
+    assert failure.code == "http-400" and "[[[[" in failure.message
+
+
 # ---------------------------------------------------------------- retries
 
 
@@ -669,6 +705,26 @@ async def test_retry_after_http_date_is_honoured(
     assert 28.0 <= retry.delay <= 30.0
     assert retry.delay == retry.failure.retry_after
     assert chunks[1:] == [TextDelta("ok"), Finish("stop")]
+
+
+@pytest.mark.parametrize(
+    ("status", "should", "retried"),
+    [(429, "false", False), (503, "False ", False), (409, "true", True), (429, "maybe", True)],
+    ids=["quota", "down-for-good", "conflict", "unknown-word"],
+)
+async def test_x_should_retry_is_the_servers_word(
+    nursery: trio.Nursery, make_provider: MakeProvider, status: int, should: str, retried: bool
+) -> None:
+    # Review finding: the header the official SDKs obey was ignored (an exhausted quota's 429 was
+    # retried max_retries times).
+    server = await start_server(nursery, Respond(status, "no", headers={"x-should-retry": should}), OK_STREAM)
+    chunks = await collect(make_provider(server, max_retries=1, backoff_base=0.0))
+    if retried:
+        assert isinstance(chunks[0], Retry) and chunks[-1] == Finish("stop")
+    else:
+        failure = failure_of(chunks)
+        assert (failure.code, failure.retryable) == (f"http-{status}", False)
+        assert "(x-should-retry: false)" in failure.message and len(server.requests) == 1
 
 
 WALL = 1_800_000_000.0
@@ -1207,3 +1263,19 @@ async def test_default_name_and_client_ownership(nursery: trio.Nursery) -> None:
     # Usable again after aclose (a new client is created).
     async with own:
         assert await collect(own) == [TextDelta("ok"), Finish("stop")]
+
+
+async def test_a_stream_longer_than_the_limit_ends_and_closes_the_connection(
+    nursery: trio.Nursery, make_provider: MakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review finding: a server streaming without end filled the memory until request_timeout.
+    monkeypatch.setattr(_http, "STREAM_BYTES_LIMIT", 10_000)
+    server = await start_server(nursery, Stream([sse_text("x" * 100)] * 200 + [Pause(1000.0)]))
+    with trio.fail_after(30):
+        chunks = await collect(make_provider(server))
+    failure = failure_of(chunks)
+    assert (failure.code, failure.retryable) == ("malformed-stream", False)
+    assert "the stream is longer than 10000 bytes" in failure.message
+    assert 0 < sum(isinstance(chunk, TextDelta) for chunk in chunks) < 200
+    with trio.fail_after(10):
+        await server.client_disconnected.wait()

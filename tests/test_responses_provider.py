@@ -135,7 +135,8 @@ async def test_text_stream(nursery: trio.Nursery, make_provider: MakeProvider) -
 async def test_reasoning_and_function_call(nursery: trio.Nursery, make_provider: MakeProvider) -> None:
     server = await start_server(nursery, Stream(reasoning_call_stream()))
     chunks = await collect(make_provider(server))
-    assert ReasoningBlock("openai-responses", REASONING_ITEM) in chunks
+    before = {"text": 0, "tool_calls": 0}
+    assert ReasoningBlock("openai-responses", {"item": REASONING_ITEM, "before": before}) in chunks
     calls = [chunk for chunk in chunks if isinstance(chunk, ToolCallDelta)]
     assert calls[0] == ToolCallDelta(index=0, id="call_12345xyz", name="get_weather", arguments="")
     assert "".join(call.arguments for call in calls) == '{"location":"Paris, France"}'
@@ -412,3 +413,59 @@ def test_catalog_turns_images_off() -> None:
     assert ResponsesProvider(model="my-local-model", base_url="http://127.0.0.1:1/v1").supports_images is True
     chat = resolve_model("openai:o3-mini", env={"OPENAI_API_KEY": "k"})
     assert getattr(chat, "supports_images", None) is False
+
+
+async def test_a_200_page_that_is_no_event_stream_is_named_and_not_retried(
+    nursery: trio.Nursery, make_provider: MakeProvider
+) -> None:
+    # Review finding: a proxy's HTML page (200, text/html, no trailing newline) was read as a stream
+    # cut mid-line, "truncated-stream", and retried max_retries times with backoff.
+    server = await start_server(nursery, Stream([b"<html>Sign in</html>"], content_type="text/html"))
+    chunks = await collect(make_provider(server, max_retries=3))
+    assert not any(isinstance(chunk, Retry) for chunk in chunks)
+    failure = failure_of(chunks)
+    assert (failure.code, failure.retryable) == ("malformed-stream", False)
+    assert "expected an event stream, got content-type 'text/html' and no event: '<html>Sign in</html>'" in (
+        failure.message
+    )
+    assert len(server.requests) == 1
+
+
+def test_a_reasoning_item_without_encrypted_content_is_not_sent_back_with_store_off() -> None:
+    # Review finding: with store: false the server keeps nothing, so such an item (no
+    # include asked for it: a model the catalog calls non-reasoning, a gateway) made every later
+    # request fail with "Item with id 'rs_...' not found"; with store on it goes back by id.
+    bare = {"id": "rs_bare", "type": "reasoning", "summary": []}
+    message = AssistantMessage(
+        "Checking.",
+        tool_calls=(ToolCall("call_1", "get_weather", "{}"),),
+        reasoning_blocks=(
+            ReasoningBlock("openai-responses", {"item": bare, "before": {"text": 0, "tool_calls": 0}}),
+            ReasoningBlock("openai-responses", {"item": REASONING_ITEM, "before": {"text": 9, "tool_calls": 0}}),
+            ReasoningBlock("openai-responses", bare),  # an older log's shape
+        ),
+    )
+    request = ModelRequest(model="", system="", messages=(UserMessage("hi"), message))
+    call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"}
+    text = {"role": "assistant", "content": "Checking."}
+    provider = ResponsesProvider(model="gpt-5", base_url="http://127.0.0.1:1/v1", api_key="k")
+    assert provider.input_items(request)[1:] == [text, REASONING_ITEM, call]
+    stored = ResponsesProvider(model="gpt-5", base_url="http://127.0.0.1:1/v1", api_key="k", store=True)
+    assert stored.input_items(request)[1:] == [bare, bare, text, REASONING_ITEM, call]
+
+
+def test_a_hosted_tools_item_goes_back_in_place_only_with_store_on() -> None:
+    search = {"id": "ws_1", "type": "web_search_call", "status": "completed", "action": {"type": "search"}}
+    message = AssistantMessage(
+        "Found it.",
+        reasoning_blocks=(
+            ReasoningBlock("openai-responses", {"item": REASONING_ITEM, "before": {"text": 0, "tool_calls": 0}}),
+            ReasoningBlock("openai-responses", {"item": search, "before": {"text": 0, "tool_calls": 0}}),
+        ),
+    )
+    request = ModelRequest(model="", system="", messages=(UserMessage("hi"), message))
+    text = {"role": "assistant", "content": "Found it."}
+    base = "http://127.0.0.1:1/v1"
+    assert ResponsesProvider(model="gpt-5", base_url=base).input_items(request)[1:] == [REASONING_ITEM, text]
+    stored = ResponsesProvider(model="gpt-5", base_url=base, store=True)
+    assert stored.input_items(request)[1:] == [REASONING_ITEM, search, text]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 
 import pytest
 from _responses_fixtures import (
@@ -31,7 +32,7 @@ from trio_harness.model._protocol import (
     Usage,
 )
 from trio_harness.model._responses_stream import ResponsesParser
-from trio_harness.model._sse import SSEDecoder
+from trio_harness.model._sse import SSEDecoder, SSEEvent
 
 
 def parse(pieces: list[bytes], *, cuts: list[int] | None = None) -> tuple[list[Chunk], Finish | Failure, Usage | None]:
@@ -49,6 +50,9 @@ def parse(pieces: list[bytes], *, cuts: list[int] | None = None) -> tuple[list[C
     return chunks, parser.conclude(), parser.usage
 
 
+NOTHING_BEFORE = {"text": 0, "tool_calls": 0}
+
+
 def test_text_stream() -> None:
     chunks, outcome, usage = parse(text_stream(cached=5))
     assert chunks == [TextDelta("Hi"), TextDelta(" there"), TextDelta("!")]  # .done does not repeat the text
@@ -62,7 +66,7 @@ def test_reasoning_then_function_call() -> None:
     assert chunks == [
         ReasoningDelta(summary[:24]),
         ReasoningDelta(summary[24:]),
-        ReasoningBlock("openai-responses", REASONING_ITEM),
+        ReasoningBlock("openai-responses", {"item": REASONING_ITEM, "before": NOTHING_BEFORE}),
         # The call id is call_..., not the item id fc_...
         ToolCallDelta(index=0, id="call_12345xyz", name="get_weather", arguments=""),
         ToolCallDelta(index=0, arguments='{"location":'),
@@ -70,7 +74,7 @@ def test_reasoning_then_function_call() -> None:
     ]
     block = chunks[2]
     assert isinstance(block, ReasoningBlock)
-    assert block.data == REASONING_ITEM  # as received, encrypted content included
+    assert block.data["item"] == REASONING_ITEM  # as received, encrypted content included
     assert outcome == Finish("tool-calls")
     assert usage == Usage(input_tokens=80, output_tokens=150, cache_hit_tokens=64, reasoning_tokens=128)
 
@@ -95,7 +99,7 @@ def test_whole_items_without_deltas() -> None:
     chunks, outcome, _ = parse(pieces)
     assert chunks == [
         ReasoningDelta(REASONING_ITEM["summary"][0]["text"]),  # type: ignore[index]
-        ReasoningBlock("openai-responses", REASONING_ITEM),
+        ReasoningBlock("openai-responses", {"item": REASONING_ITEM, "before": NOTHING_BEFORE}),
         TextDelta("Hi there!"),
         ToolCallDelta(index=0, id="call_12345xyz", name="get_weather", arguments='{"location":"Paris, France"}'),
     ]
@@ -222,10 +226,77 @@ def test_whole_json_body() -> None:
     body = {"object": "response", "status": "completed", "output": [REASONING_ITEM, TEXT_ITEM], "usage": None}
     chunks = parser.feed_body(json.dumps(body).encode())
     assert chunks[-1] == TextDelta("Hi there!")
-    assert ReasoningBlock("openai-responses", REASONING_ITEM) in chunks
+    assert ReasoningBlock("openai-responses", {"item": REASONING_ITEM, "before": NOTHING_BEFORE}) in chunks
     assert parser.conclude() == Finish("stop")
     error = ResponsesParser("test")
     assert error.feed_body(b'{"error": {"message": "bad key", "code": "invalid_api_key"}}') == []
     outcome = error.conclude()
     assert isinstance(outcome, Failure)
     assert "bad key" in outcome.message
+
+
+def test_a_kept_item_is_anchored_where_it_was_added_or_else_where_it_is_done() -> None:
+    late = {**REASONING_ITEM, "id": "rs_late"}
+    pieces = [
+        event({"type": "response.output_item.done", "output_index": 0, "item": TEXT_ITEM}),
+        event({"type": "response.output_item.done", "output_index": 1, "item": CALL_ITEM}),
+        # Added before the next message streamed, done after it: it stands where it was added.
+        event({"type": "response.output_item.added", "output_index": 2, "item": {**late, "encrypted_content": None}}),
+        event({"type": "response.output_text.delta", "item_id": "msg_2", "output_index": 3, "delta": "More."}),
+        event({"type": "response.output_item.done", "output_index": 2, "item": late}),
+        # Only done (a server that sends whole items): it stands after everything so far.
+        event({"type": "response.output_item.done", "output_index": 4, "item": REASONING_ITEM}),
+        event({"type": "response.completed", "response": {"status": "completed"}}),
+    ]
+    chunks, outcome, _ = parse(pieces)
+    blocks = [chunk.data for chunk in chunks if isinstance(chunk, ReasoningBlock)]
+    assert blocks == [
+        {"item": late, "before": {"text": len("Hi there!"), "tool_calls": 1}},
+        {"item": REASONING_ITEM, "before": {"text": len("Hi there!More."), "tool_calls": 1}},
+    ]
+    assert outcome == Finish("tool-calls")
+
+
+def test_long_arguments_in_many_deltas_take_linear_time() -> None:
+    # Review finding: each arguments delta was added to the whole text so far (a copy), so a 1.2 MB
+    # argument (a file to write) in 10-character deltas stalled the event loop for about a minute.
+    parser = ResponsesParser("test")
+    added = {**CALL_ITEM, "arguments": ""}
+    chunks: list[Chunk] = []
+    parser.feed_into(
+        [SSEEvent(json.dumps({"type": "response.output_item.added", "output_index": 0, "item": added}))], chunks.append
+    )
+    delta = SSEEvent(
+        json.dumps({"type": "response.function_call_arguments.delta", "item_id": CALL_ITEM["id"], "delta": "x" * 10})
+    )
+    start = time.perf_counter()
+    for batch in range(120):
+        parser.feed_into([delta] * 1000, chunks.append)
+        assert time.perf_counter() - start < 10, f"{batch * 1000} deltas in 10 s: quadratic"
+    whole = "x" * 1_200_000
+    done = {"type": "response.function_call_arguments.done", "item_id": CALL_ITEM["id"], "arguments": whole + "}"}
+    parser.feed_into([SSEEvent(json.dumps(done))], chunks.append)
+    assert chunks[-1] == ToolCallDelta(index=0, arguments="}")  # what the deltas had not sent
+    assert "".join(chunk.arguments for chunk in chunks if isinstance(chunk, ToolCallDelta)) == whole + "}"
+
+
+def test_deltas_keyed_by_output_index_are_not_repeated_by_the_finished_item() -> None:
+    # Review finding: deltas without an item_id (some compatible servers) were remembered by their
+    # output_index, the finished item looked up by its id: its whole text (and summary) came again.
+    summary = REASONING_ITEM["summary"][0]["text"]  # type: ignore[index]
+    pieces = [
+        event({"type": "response.reasoning_summary_text.delta", "output_index": 0, "delta": summary}),
+        event({"type": "response.output_item.done", "output_index": 0, "item": REASONING_ITEM}),
+        event({"type": "response.output_text.delta", "output_index": 1, "delta": "Hi there!"}),
+        event(
+            {"type": "response.output_text.done", "item_id": TEXT_ITEM["id"], "output_index": 1, "text": "Hi there!"}
+        ),
+        event({"type": "response.output_item.done", "output_index": 1, "item": TEXT_ITEM}),
+        event({"type": "response.completed", "response": {"status": "completed"}}),
+    ]
+    chunks, outcome, _ = parse(pieces)
+    assert [chunk for chunk in chunks if not isinstance(chunk, ReasoningBlock)] == [
+        ReasoningDelta(summary),
+        TextDelta("Hi there!"),
+    ]
+    assert outcome == Finish("stop")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from _responses_fixtures import CALL_ITEM, REASONING_ITEM, reasoning_call_stream, text_stream
+from _responses_fixtures import CALL_ITEM, REASONING_ITEM, TEXT_ITEM, items_stream, reasoning_call_stream, text_stream
 from _sse_server import ScriptedServer, Stream, start_server
 
 from trio_harness.agents import Tool, ToolContext
@@ -83,3 +83,84 @@ async def test_reasoning_items_go_back_verbatim_and_resume_sends_the_same_bytes(
     assert [r.body for r in first.requests] == [r.body for r in straight.requests[:2]]
     assert second.requests[0].body == straight.requests[2].body  # byte for byte
     assert json.loads(second.requests[0].body)["input"][1] == REASONING_ITEM
+
+
+def _reasoning(n: int) -> dict[str, Any]:
+    return {
+        "id": f"rs_{n}",
+        "type": "reasoning",
+        "summary": [{"type": "summary_text", "text": f"Thought {n}."}],
+        "encrypted_content": f"gAAAAB-encrypted-{n}",
+    }
+
+
+def _call(n: int, place: str) -> dict[str, Any]:
+    arguments = json.dumps({"location": place})
+    return {"id": f"fc_{n}", "call_id": f"call_{n}", "type": "function_call", "name": "get_weather"} | {
+        "arguments": arguments
+    }
+
+
+INTERLEAVED = [
+    _reasoning(1),
+    {**TEXT_ITEM, "content": [{"type": "output_text", "text": "Checking both.", "annotations": []}]},
+    _call(1, "Paris"),
+    _reasoning(2),
+    _call(2, "Rome"),
+    {"id": "ws_1", "type": "web_search_call", "status": "completed", "action": {"type": "search", "query": "x"}},
+]
+
+
+async def test_reasoning_items_go_back_in_output_order_and_resume_sends_the_same_bytes(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # Review finding: an output of [rs_1, message, fc_1, rs_2, fc_2] went back as [rs_1, rs_2, message,
+    # fc_1, fc_2]; with store: false each reasoning item must precede the call it belongs to. A hosted
+    # tool's item is logged but not sent back with store off (its id refers to nothing kept).
+    script = (Stream(items_stream(INTERLEAVED)), Stream(text_stream()), Stream(text_stream(("Again",))))
+    straight = await start_server(nursery, *script)
+    async with _provider(straight) as provider, open_test_harness(provider, store=tmp_path / "a") as h:
+        h.tools.add(WEATHER)
+        async with h.agents.open(session_id="s") as agent:
+            for prompt in ("Weather in Paris and Rome?", "And now?"):
+                agent.followup(prompt)
+                with trio.fail_after(30):
+                    await agent.when_idle()
+    assert len(straight.requests) == 3
+
+    def call(n: int, place: str) -> dict[str, Any]:
+        item = _call(n, place)
+        return {key: item[key] for key in ("type", "call_id", "name", "arguments")}
+
+    replayed = [
+        _reasoning(1),
+        {"role": "assistant", "content": "Checking both."},
+        call(1, "Paris"),
+        _reasoning(2),
+        call(2, "Rome"),
+    ]
+    step_two = straight.requests[1].json["input"]
+    assert step_two[1:6] == replayed
+    assert step_two[6:] == [
+        {"type": "function_call_output", "call_id": "call_1", "output": "18C in Paris"},
+        {"type": "function_call_output", "call_id": "call_2", "output": "18C in Rome"},
+    ]
+    assert straight.requests[2].json["input"][1:6] == replayed  # in every later request
+
+    first = await start_server(nursery, *script[:2])
+    async with _provider(first) as provider, open_test_harness(provider, store=tmp_path / "b") as h:
+        h.tools.add(WEATHER)
+        async with h.agents.open(session_id="s") as agent:
+            agent.followup("Weather in Paris and Rome?")
+            with trio.fail_after(30):
+                await agent.when_idle()
+    second = await start_server(nursery, script[2])
+    async with _provider(second) as provider, open_test_harness(provider, store=tmp_path / "b") as h:
+        h.tools.add(WEATHER)
+        handle = await h.agents.resume("s")
+        handle.agent.followup("And now?")
+        with trio.fail_after(30):
+            await handle.agent.when_idle()
+        await handle.dispose()
+    assert [r.body for r in first.requests] == [r.body for r in straight.requests[:2]]
+    assert second.requests[0].body == straight.requests[2].body  # byte for byte after resume

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import time
 from typing import AnyStr
 
 import pytest
@@ -214,6 +215,23 @@ def test_an_event_longer_than_the_limit(monkeypatch: pytest.MonkeyPatch) -> None
         decoder.feed("x" * 20)
     # A long event that ends is fine; only what waits for its end counts.
     assert SSEDecoder().feed("data: " + "y" * 200 + "\n\n") == [SSEEvent("y" * 200)]
+
+
+def test_a_long_event_fed_in_small_pieces_takes_linear_time() -> None:
+    # Review finding: each piece was appended to the whole pending text (and searched again), so a
+    # 12 MB event trickled in 1 KB pieces copied ~70 GB and stalled the event loop for minutes.
+    # Now it is joined once, when it ends; the bound is generous (about 0.3 s here, unloaded).
+    size, piece = 12 * 1024 * 1024, 1024
+    body = "data: " + "x" * size
+    decoder = SSEDecoder()
+    start = time.perf_counter()
+    for at in range(0, len(body), piece):
+        assert decoder.feed(body[at : at + piece]) == []
+        assert time.perf_counter() - start < 10, f"fed {at} characters in 10 s: quadratic"
+    # The blank line split over two pieces still ends the event.
+    assert decoder.feed("\n") == []
+    assert decoder.feed("\ndata: next") == [SSEEvent("x" * size)]
+    assert decoder.close() == SSEEnd(partial_line="data: next")
 
 
 def test_plain_events_come_as_their_data_strings() -> None:

@@ -44,6 +44,7 @@ from ._anthropic_stream import PROVIDER, AnthropicStreamParser
 from ._context import context_window_for
 from ._http import Exchange, HTTPStreamer, StreamParser, json_default, make_rng
 from ._images import has_images, images_unsupported
+from ._interleave import anchor_of, interleave
 from ._protocol import (
     AssistantMessage,
     Emit,
@@ -53,6 +54,7 @@ from ._protocol import (
     ModelRequest,
     ModelSettings,
     ReasoningBlock,
+    ToolCall,
     ToolMessage,
     Usage,
     UserMessage,
@@ -86,20 +88,25 @@ def _copy_body(extra: Mapping[str, Any] | None) -> dict[str, Any]:
 def assistant_content(message: AssistantMessage) -> list[dict[str, Any]]:
     """The content blocks of an assistant message as Anthropic takes them back.
 
-    Its text (one ``text`` block, when not empty) and tool calls (``tool_use``
-    blocks, their arguments parsed) in order, with the message's Anthropic
-    reasoning blocks (see ``trio_harness/model/_anthropic_stream.py``) put
-    back exactly as received at the position each was reported at; reasoning
-    blocks of other providers are left out.
+    Its text (``text`` blocks) and tool calls (``tool_use`` blocks, their
+    arguments parsed), with the message's Anthropic blocks (thinking,
+    redacted thinking, server-tool blocks, see
+    ``trio_harness/model/_anthropic_stream.py``) put back exactly as received
+    where each stood among them, so the content has the order the server
+    sent; blocks of other providers are left out.  Blocks logged before
+    anchors were recorded go back at their ``index`` among one text block and
+    the calls.
     """
+    kept = [block for block in message.reasoning_blocks if block.provider == PROVIDER]
+    anchors = [anchor_of(block.data) for block in kept]
+    if all(found is not None for found in anchors):
+        placed = [(found, _reasoning_wire(block)) for found, block in zip(anchors, kept, strict=True) if found]
+        return [_piece_wire(piece) for piece in interleave(message.text, message.tool_calls, placed)]
     others: list[dict[str, Any]] = []
     if message.text:
         others.append({"type": "text", "text": message.text})
     for call in message.tool_calls:
-        others.append({"type": "tool_use", "id": call.id, "name": call.name, "input": _tool_input(call.arguments)})
-    kept = [block for block in message.reasoning_blocks if block.provider == PROVIDER]
-    if not kept:
-        return others
+        others.append(_tool_use(call))
     content: list[dict[str, Any]] = []
     pending = iter(others)
     for block in kept:
@@ -114,6 +121,18 @@ def assistant_content(message: AssistantMessage) -> list[dict[str, Any]]:
         content.append(_reasoning_wire(block))
     content.extend(pending)
     return content
+
+
+def _tool_use(call: ToolCall) -> dict[str, Any]:
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": _tool_input(call.arguments)}
+
+
+def _piece_wire(piece: str | ToolCall | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(piece, str):
+        return {"type": "text", "text": piece}
+    if isinstance(piece, ToolCall):
+        return _tool_use(piece)
+    return piece
 
 
 def _reasoning_wire(block: ReasoningBlock) -> dict[str, Any]:
@@ -139,7 +158,7 @@ def _tool_input(arguments: str) -> Any:
         return {}
     try:
         value = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
 
@@ -293,6 +312,7 @@ class AnthropicProvider(HTTPStreamer):
 
     _retry_statuses: ClassVar[frozenset[int]] = frozenset({408, 409, 429})
     _redirect_note: ClassVar[bool] = False
+    _stream_end: ClassVar[str] = "a stop_reason or message_stop"
 
     def __attrs_post_init__(self) -> None:
         if not self.model:
@@ -412,9 +432,6 @@ class AnthropicProvider(HTTPStreamer):
         content = json.dumps(body, ensure_ascii=False, default=json_default).encode()
         await self._run(content, self._headers(), emit, _Turn(self, body))
 
-    def _no_finish(self, ctype: str) -> str:
-        return "stream ended without a stop_reason or message_stop"
-
 
 _MIN_THINKING_BUDGET = 1024
 """Anthropic's smallest ``thinking.budget_tokens``."""
@@ -423,7 +440,7 @@ _MIN_THINKING_BUDGET = 1024
 class _Turn(Exchange):
     """One Messages call: a turn the server paused (``pause_turn``) is continued while it may."""
 
-    __slots__ = ("body", "earlier", "paused", "provider", "tools")
+    __slots__ = ("body", "chars", "earlier", "paused", "provider", "tools")
 
     def __init__(self, provider: AnthropicProvider, body: dict[str, Any]) -> None:
         super().__init__(self._parser)
@@ -432,9 +449,10 @@ class _Turn(Exchange):
         self.paused: list[dict[str, Any]] = []  # the content of the parts of a paused turn so far
         self.earlier: list[Usage] = []
         self.tools = 0
+        self.chars = 0
 
     def _parser(self) -> StreamParser:
-        return AnthropicStreamParser(self.provider.name, tools=self.tools, offset=len(self.paused))
+        return AnthropicStreamParser(self.provider.name, tools=self.tools, offset=len(self.paused), text=self.chars)
 
     def after(self, parser: StreamParser, outcome: Finish) -> bytes | Finish:
         assert isinstance(parser, AnthropicStreamParser)
@@ -445,6 +463,7 @@ class _Turn(Exchange):
             # Continue the paused turn: its content so far goes back as the assistant's message.
             self.paused.extend(parser.content)
             self.tools = parser.tools
+            self.chars = parser.text_chars
             self.earlier.append(parser.usage if parser.usage is not None else Usage())
             body = self.body
             continued = {**body, "messages": [*body["messages"], {"role": "assistant", "content": self.paused}]}

@@ -13,18 +13,21 @@ turns them into the chunks of :mod:`trio_harness.model._protocol`:
   a ``thinking`` block's ``thinking_delta`` as
   :class:`~trio_harness.model.ReasoningDelta` (for display), and, when the
   block stops, the whole block (its text and ``signature``) as a
-  :class:`~trio_harness.model.ReasoningBlock`; a ``redacted_thinking`` block
-  as a ReasoningBlock alone;
+  :class:`~trio_harness.model.ReasoningBlock`; a ``redacted_thinking`` block,
+  a ``server_tool_use`` (its ``input_json_delta`` s parsed), a server tool's
+  result and a block of a kind added later as a ReasoningBlock alone;
 * ``message_delta`` - the ``stop_reason`` and the final usage;
 * ``message_stop`` - the end: the parser is :attr:`~AnthropicStreamParser.done`;
 * ``ping`` - nothing; ``error`` - a failure (``overloaded_error`` and
   ``rate_limit_error`` retryable, like HTTP 529 and 429).
 
 A :class:`~trio_harness.model.ReasoningBlock` of this parser has
-``provider="anthropic"`` and ``data={"index": I, "block": BLOCK}``: ``BLOCK``
-is the content block exactly as the server built it (the start event's object
-with the streamed ``thinking`` text and ``signature`` filled in), ``I`` its
-position in the message's content, which
+``provider="anthropic"`` and ``data={"index": I, "block": BLOCK, "before":
+{"text": CHARS, "tool_calls": N}}``: ``BLOCK`` is the content block exactly
+as the server built it (the start event's object with the streamed
+``thinking`` text and ``signature`` filled in), ``I`` its position in the
+message's content, ``before`` the characters of text and the tool calls of
+the message that came before it, which
 :func:`~trio_harness.model._anthropic.assistant_content` uses to put it back
 where it was.
 
@@ -47,6 +50,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
+from ._interleave import BEFORE, anchor
 from ._protocol import (
     Chunk,
     Failure,
@@ -101,12 +105,13 @@ _RETRYABLE_ERRORS: Final[Mapping[str, int]] = {
 class _Block:
     """What the parser keeps of one open content block."""
 
-    __slots__ = ("kind", "parts", "raw", "signature", "streamed", "tool")
+    __slots__ = ("before", "kind", "parts", "raw", "signature", "streamed", "tool")
 
-    def __init__(self, kind: str, raw: dict[str, Any], tool: int) -> None:
+    def __init__(self, kind: str, raw: dict[str, Any], tool: int, before: dict[str, int]) -> None:
         self.kind = kind
         self.raw = raw
         self.tool = tool  # the tool-call index of a tool_use block, else -1
+        self.before = before  # the text and tool calls of the message before the block
         self.parts: list[str] = []  # thinking text pieces
         self.signature: str | None = None
         self.streamed = False  # a tool_use block got arguments
@@ -121,6 +126,7 @@ class AnthropicStreamParser(StreamParserBase):
 
     __slots__ = (
         "_blocks",
+        "_chars",
         "_content",
         "_offset",
         "_stop_reason",
@@ -129,11 +135,12 @@ class AnthropicStreamParser(StreamParserBase):
         "_usage",
     )
 
-    def __init__(self, name: str, *, tools: int = 0, offset: int = 0) -> None:
+    def __init__(self, name: str, *, tools: int = 0, offset: int = 0, text: int = 0) -> None:
         super().__init__(name)
-        # A continuation of a paused turn (see content): its tool calls and
-        # blocks are numbered after the earlier parts'.
+        # A continuation of a paused turn (see content): its tool calls, blocks
+        # and text are counted after the earlier parts'.
         self._offset = offset
+        self._chars = text  # the characters of text emitted (TextDelta), the earlier parts' included
         self._content: dict[int, dict[str, Any]] = {}
         self._stop_reason: str | None = None
         self._stopped = False  # message_stop seen
@@ -152,6 +159,11 @@ class AnthropicStreamParser(StreamParserBase):
     def tools(self) -> int:
         """How many tool calls the message has (those of the earlier parts included)."""
         return self._tools
+
+    @property
+    def text_chars(self) -> int:
+        """How many characters of text the message has (those of the earlier parts included)."""
+        return self._chars
 
     @property
     def content(self) -> list[dict[str, Any]]:
@@ -204,7 +216,7 @@ class AnthropicStreamParser(StreamParserBase):
                 data = event.data
                 try:
                     obj, end = scan(data, 0)
-                except (StopIteration, ValueError):
+                except (StopIteration, ValueError, RecursionError):  # too deep a nesting too
                     raise self._malformed(f"bad JSON in an event: {data[:200]!r}") from None
                 if end != len(data) and not data[end:].isspace():
                     raise self._malformed(f"bad JSON in an event: {data[:200]!r}")
@@ -226,6 +238,7 @@ class AnthropicStreamParser(StreamParserBase):
                             raise self._malformed(f"a text_delta has no text: {data[:200]!r}")
                         if text:
                             block.parts.append(text)
+                            self._chars += len(text)
                             emitted = True
                             emit(TextDelta(text))
                         continue
@@ -277,7 +290,7 @@ class AnthropicStreamParser(StreamParserBase):
             return []
         try:
             obj = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             obj = None
         excerpt = body[:200].decode(errors="replace")
         if type(obj) is dict and obj.get("type") == "error":
@@ -373,6 +386,7 @@ class AnthropicStreamParser(StreamParserBase):
             raise self._malformed(f"content block {index} started twice: {data[:200]!r}")
         tool = -1
         emitted = False
+        before = anchor(self._chars, self._tools)
         if kind == "tool_use":
             call_id, name = raw.get("id"), raw.get("name")
             if type(call_id) is not str or type(name) is not str or not call_id or not name:
@@ -384,6 +398,7 @@ class AnthropicStreamParser(StreamParserBase):
         elif kind == "text":
             text = raw.get("text")
             if type(text) is str and text:
+                self._chars += len(text)
                 emit(TextDelta(text))
                 emitted = True
         elif kind == "thinking":
@@ -391,7 +406,7 @@ class AnthropicStreamParser(StreamParserBase):
             if type(thinking) is str and thinking:
                 emit(ReasoningDelta(thinking))
                 emitted = True
-        block = _Block(kind, raw, tool)
+        block = _Block(kind, raw, tool, before)
         if kind == "tool_use":
             given = raw.get("input")
             if type(given) is dict and given:
@@ -466,21 +481,20 @@ class AnthropicStreamParser(StreamParserBase):
             if block.parts:
                 try:
                     raw["input"] = json.loads("".join(block.parts))
-                except ValueError:
+                except (ValueError, RecursionError):
                     raw["input"] = {}  # the call's arguments are reported as they came; the tool refuses them
-            if kind == "tool_use" and not block.streamed:
-                emit(ToolCallDelta(index=block.tool, arguments="{}"))  # a call without arguments
-            return False
-        if kind == "thinking":
+            if kind == "tool_use":
+                if not block.streamed:
+                    emit(ToolCallDelta(index=block.tool, arguments="{}"))  # a call without arguments
+                return False
+        elif kind == "thinking":
             raw["thinking"] = str(raw.get("thinking") or "") + "".join(block.parts)
             if block.signature is not None:
                 raw["signature"] = block.signature
-            emit(ReasoningBlock(PROVIDER, {"index": position, "block": raw}))
-            return True
-        if kind == "redacted_thinking":
-            emit(ReasoningBlock(PROVIDER, {"index": position, "block": raw}))
-            return True
-        return False
+        # Every other block (thinking, redacted thinking, server tools and their results, kinds added
+        # later) goes back exactly as received, where it stood among the text and the tool calls.
+        emit(ReasoningBlock(PROVIDER, {"index": position, "block": raw, BEFORE: block.before}))
+        return True
 
     def _on_message_delta(self, obj: dict[str, Any], data: str) -> None:
         delta = obj.get("delta")

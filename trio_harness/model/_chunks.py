@@ -38,7 +38,7 @@ from ._protocol import (
     Usage,
 )
 from ._sse import SSEEnd, SSEEvent, SSEMessages
-from ._stream_base import StreamFailure, StreamParserBase, count
+from ._stream_base import RETRYABLE_ERROR_CODES, StreamFailure, StreamParserBase, count
 
 _DECODER: Final = json.JSONDecoder()
 
@@ -145,7 +145,7 @@ class ChunkParser(StreamParserBase):
                     # bulk of every stream) on without further calls.
                     try:
                         obj, end = scan(data, 0)
-                    except (StopIteration, ValueError):
+                    except (StopIteration, ValueError, RecursionError):  # too deep a nesting too
                         raise self._bad_json(data) from None
                     if end != len(data) and not data[end:].isspace():
                         raise self._bad_json(data)
@@ -191,7 +191,7 @@ class ChunkParser(StreamParserBase):
         self._done = True
         try:
             obj = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             obj = None
         excerpt = body[:200].decode(errors="replace")
         if type(obj) is dict and "error" in obj:
@@ -281,7 +281,7 @@ class ChunkParser(StreamParserBase):
             return False
         try:
             obj = json.loads(payload)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise self._bad_json(payload) from None
         if type(obj) is not dict:
             raise self._malformed(f"a data line is not a JSON object: {payload[:200]!r}")
@@ -388,16 +388,23 @@ class ChunkParser(StreamParserBase):
                 f"{self.name}: error {code} in the stream: {message}",
                 retryable=code == 429 or code >= 500,
             )
+        kind = (code or error.get("type")) if isinstance(error, dict) else None
+        if type(kind) is str and kind in RETRYABLE_ERROR_CODES:
+            # OpenAI's {"error": {"type": "server_error", ...}} after a 200: as a 5xx would be.
+            return Failure("stream-error", f"{self.name}: error in the stream: {message} ({kind})", retryable=True)
         return Failure("stream-error", f"{self.name}: error in the stream: {message}")
 
 
 def message_of(error: object) -> str:
     """The human-readable message of an error object (``message``, ``detail``, ...), or ``""``."""
-    if isinstance(error, str):
-        return error
-    if isinstance(error, dict):
+    while isinstance(error, dict):  # a loop, not recursion: a body may nest error objects deep
         for key in ("message", "detail", "error", "msg"):
             found = error.get(key)
             if found:
-                return message_of(found) if isinstance(found, dict) else str(found)
-    return ""
+                if not isinstance(found, dict):
+                    return str(found)
+                error = found
+                break
+        else:
+            return ""
+    return error if isinstance(error, str) else ""

@@ -42,6 +42,15 @@ ERROR_BODY_LIMIT: Final = 64 * 1024
 JSON_BODY_LIMIT: Final = 16 * 1024 * 1024
 """How much of a non-streamed JSON answer is read."""
 
+STREAM_BYTES_LIMIT: Final = 256 * 1024 * 1024
+"""The most bytes of one event stream read (a server that never stops would otherwise fill the memory).
+
+Generous: a 128k-token answer streamed as Responses events is about 30 MB.
+"""
+
+_EXCERPT: Final = 200
+"""How much of a body that is no event stream a failure quotes."""
+
 DRAIN_GRACE: Final = 0.5
 """Seconds to wait, after the end of the stream, for the server to end the response body.
 
@@ -309,6 +318,13 @@ class HTTPStreamer:
                 if "json" in ctype and "event-stream" not in ctype:
                     # A server that does not stream (mock responses): the whole answer at once.
                     body = await _read_limited(response, JSON_BODY_LIMIT)
+                    if len(body) >= JSON_BODY_LIMIT:
+                        return parser.fail(
+                            Failure(
+                                "malformed-stream",
+                                f"{self.name}: the JSON answer is larger than {JSON_BODY_LIMIT} bytes (not read)",
+                            )
+                        )
                     for chunk in parser.feed_body(body):
                         emit(chunk)
                     return parser.conclude()
@@ -316,9 +332,16 @@ class HTTPStreamer:
         except httpx.HTTPError as exc:
             return parser.conclude(self._transport_failure(exc))
 
+    _stream_end: ClassVar[str] = "a finish_reason or [DONE]"
+    """What ends a complete stream of the wire format, for :meth:`_no_finish`."""
+
     def _no_finish(self, ctype: str) -> str:
-        """The message of a stream that ended without its end (after the provider's name)."""
-        return "stream ended without a finish_reason or [DONE]" + (
+        """The message of a stream that ended without its end (after the provider's name).
+
+        It names the ``Content-Type`` when that was not an event stream (a
+        proxy's HTML page answered with 200, say).
+        """
+        return f"stream ended without {self._stream_end}" + (
             "" if "event-stream" in ctype else f" (content-type {ctype!r})"
         )
 
@@ -331,6 +354,10 @@ class HTTPStreamer:
         feed_into = parser.feed_into
         body = response.aiter_bytes()
         finished = False  # the body iterator ran to its end (or raised)
+        fed = False  # an event was read
+        head = b""  # the start of a body that gave no event yet
+        size = 0
+        limit = STREAM_BYTES_LIMIT
         try:
             while True:
                 try:
@@ -341,11 +368,19 @@ class HTTPStreamer:
                 except BaseException:
                     finished = True
                     raise
+                if not fed and len(head) < _EXCERPT:
+                    head += raw[: _EXCERPT - len(head)]
+                size += len(raw)
+                if size > limit:
+                    return parser.fail(
+                        Failure("malformed-stream", f"{self.name}: the stream is longer than {limit} bytes (not read)")
+                    )
                 try:
                     events = feed_bytes(raw)
                 except SSEError as exc:
                     return parser.fail(Failure("malformed-stream", f"{self.name}: {exc}"))
                 if events:
+                    fed = True
                     feed_into(events, emit)
                     if parser.done:
                         if parser.failure is not None:
@@ -360,7 +395,17 @@ class HTTPStreamer:
                                     break
                         finished = True
                         return outcome
-            for chunk in parser.feed_end(decoder.close()):
+            end = decoder.close()
+            if not fed and end.event is None and "event-stream" not in ctype:
+                # Not a cut stream but no stream at all (a proxy's page, say): not worth a retry.
+                return parser.fail(
+                    Failure(
+                        "malformed-stream",
+                        f"{self.name}: expected an event stream, got content-type {ctype!r} "
+                        f"and no event: {head.decode(errors='replace')!r}",
+                    )
+                )
+            for chunk in parser.feed_end(end):
                 emit(chunk)
             return parser.conclude(Failure("no-finish", f"{self.name}: {self._no_finish(ctype)}"))
         finally:
@@ -378,6 +423,11 @@ class HTTPStreamer:
         if self._redirect_note and 300 <= status < 400 and "location" in response.headers:
             message += f" (redirected to {response.headers['location']})"
         retryable = status in self._retry_statuses or status >= 500
+        # The server's own word, as the official SDKs take it (a 429 for an exhausted quota says false).
+        should = response.headers.get("x-should-retry", "").strip().lower()
+        if should in ("true", "false") and (should == "true") != retryable:
+            retryable = should == "true"
+            message += f" (x-should-retry: {should})"
         return Failure(
             f"http-{status}",
             message,
@@ -463,7 +513,7 @@ def _error_message(body: bytes) -> str:
         return ""
     try:
         obj = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         obj = None
     if isinstance(obj, dict):
         found = message_of(obj.get("error", obj))

@@ -21,17 +21,21 @@ State stays in the harness's log: requests are sent with ``store: false``
 (the server keeps nothing) and ``include: ["reasoning.encrypted_content"]``,
 so each reasoning item arrives with its encrypted content; it is reported as
 a :class:`~trio_harness.model.ReasoningBlock` (``provider="openai-responses"``,
-``data`` the item as received), logged with the assistant message, and sent
-back as an input item, before the message's text and function calls, in the
-order received.  ``store=True`` lets the server keep responses (the items
-then go back without encrypted content, by id).
+``data`` ``{"item": ITEM, "before": {"text": CHARS, "tool_calls": N}}``, the
+item as received and how much of the message's text and how many of its calls
+came before it), logged with the assistant message, and sent back as an input
+item exactly where it stood among the message's text and function calls (each
+reasoning item before the call it led to, as ``store: false`` requires).
+``store=True`` lets the server keep responses (the items then go back without
+encrypted content, by id, and so do the items of hosted tools such as
+``web_search_call``, which are logged but left out with ``store`` off).
 """
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from typing import Any, Final, Literal
+from typing import Any, ClassVar, Final, Literal
 
 import attrs
 
@@ -40,6 +44,7 @@ from .._redact import redact_urls
 from ._catalog import ModelInfo, catalog_entry
 from ._http import StreamParser
 from ._images import has_images, images_unsupported
+from ._interleave import anchor_of, interleave
 from ._openai import OpenAIProvider
 from ._protocol import (
     AssistantMessage,
@@ -48,6 +53,7 @@ from ._protocol import (
     Finish,
     ModelRequest,
     ModelSettings,
+    ToolCall,
     ToolMessage,
     UserMessage,
 )
@@ -83,6 +89,8 @@ class ResponsesProvider(OpenAIProvider):
 
     store: bool = False
     reasoning_summary: Literal["auto", "concise", "detailed"] | None = None
+
+    _stream_end: ClassVar[str] = "response.completed, .incomplete or .failed"
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -210,11 +218,14 @@ class ResponsesProvider(OpenAIProvider):
     def input_items(self, request: ModelRequest) -> list[dict[str, Any]]:
         """The ``input`` items of ``request``: its messages, reasoning items and function calls, in order.
 
-        An assistant message becomes its own reasoning blocks (those whose
-        ``provider`` is ``"openai-responses"``, as received, in order), then
-        its text, then one ``function_call`` item per tool call (by
-        ``call_id``); a tool result becomes a ``function_call_output``; a user
-        message's images follow its text as ``input_image`` data URLs.
+        An assistant message becomes its text (``assistant`` messages), one
+        ``function_call`` item per tool call (by ``call_id``) and its own
+        kept items (the reasoning blocks whose ``provider`` is
+        ``"openai-responses"``, as received), in the order the server sent
+        them (``trio_harness/model/_interleave.py``; items
+        logged without their place, by older versions, come first); a tool
+        result becomes a ``function_call_output``; a user message's images
+        follow its text as ``input_image`` data URLs.
         """
         items: list[dict[str, Any]] = []
         for message in request.messages:
@@ -230,19 +241,46 @@ class ResponsesProvider(OpenAIProvider):
                 else:
                     items.append({"role": "user", "content": message.text})
             elif isinstance(message, AssistantMessage):
-                for block in message.reasoning_blocks:
-                    if block.provider == PROVIDER:
-                        items.append(_plain(block.data))
-                if message.text:
-                    items.append({"role": "assistant", "content": message.text})
-                for call in message.tool_calls:
-                    items.append(
-                        {"type": "function_call", "call_id": call.id, "name": call.name, "arguments": call.arguments}
-                    )
+                items.extend(self._assistant_items(message))
             elif isinstance(message, ToolMessage):
                 items.append({"type": "function_call_output", "call_id": message.call_id, "output": message.content})
             else:  # pragma: no cover - exhaustive over Message
                 raise TypeError(f"unknown message type {type(message).__name__}")
+        return items
+
+    def _assistant_items(self, message: AssistantMessage) -> list[dict[str, Any]]:
+        """The items of an assistant message, in the order received (see :meth:`input_items`).
+
+        With ``store`` off, only reasoning items with ``encrypted_content``
+        go back: one without it (the server was not asked for it, or did not
+        send it) refers to nothing the server kept, and would make every
+        later request fail (``Item with id 'rs_...' not found``); a hosted
+        tool's item (``web_search_call`` ...) is logged but goes back only
+        with ``store`` on, where its id refers to what the server kept.
+        """
+        items: list[dict[str, Any]] = []
+        placed: list[tuple[tuple[int, int], dict[str, Any]]] = []
+        for block in message.reasoning_blocks:
+            if block.provider != PROVIDER:
+                continue
+            found, item = anchor_of(block.data), block.data.get("item")
+            if found is None or not isinstance(item, Mapping):
+                found, item = None, block.data  # logged as the item itself (older sessions): first
+            if not self.store and (item.get("type") != "reasoning" or not item.get("encrypted_content")):
+                continue
+            if found is None:
+                items.append(_plain(item))
+            else:
+                placed.append((found, _plain(item)))
+        for piece in interleave(message.text, message.tool_calls, placed):
+            if isinstance(piece, str):
+                items.append({"role": "assistant", "content": piece})
+            elif isinstance(piece, ToolCall):
+                items.append(
+                    {"type": "function_call", "call_id": piece.id, "name": piece.name, "arguments": piece.arguments}
+                )
+            else:
+                items.append(piece)
         return items
 
 

@@ -22,9 +22,13 @@ is not needed):
 * ``response.reasoning_summary_text.delta`` and
   ``response.reasoning_text.delta`` - :class:`ReasoningDelta` s;
   ``response.output_item.done`` of a ``reasoning`` item - a
-  :class:`ReasoningBlock` (``provider="openai-responses"``, ``data`` the item
-  exactly as received, ``encrypted_content`` included), sent back in later
-  requests;
+  :class:`ReasoningBlock` (``provider="openai-responses"``, ``data``
+  ``{"item": ITEM, "before": ANCHOR}``: the item exactly as received,
+  ``encrypted_content`` included, and the characters of text and the function
+  calls that came before it when it was added), sent back in later requests
+  at that place; so is the finished item of any other type (hosted tools'
+  calls such as ``web_search_call``), which the harness does not rebuild
+  (the provider sends those back only with ``store`` on);
 * ``response.refusal.delta`` / ``.done`` - the refusal text, reported as a
   ``refusal`` failure at the end;
 * ``response.completed`` / ``response.incomplete`` / ``response.failed`` -
@@ -46,6 +50,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
+from ._interleave import BEFORE, anchor
 from ._protocol import (
     Chunk,
     Failure,
@@ -57,7 +62,7 @@ from ._protocol import (
     Usage,
 )
 from ._sse import SSEEnd, SSEEvent, SSEMessages
-from ._stream_base import StreamFailure, StreamParserBase, count
+from ._stream_base import RETRYABLE_ERROR_CODES, StreamFailure, StreamParserBase, count
 
 PROVIDER: Final = "openai-responses"
 """The ``provider`` of the :class:`ReasoningBlock` s this parser makes (and the provider sends back)."""
@@ -65,10 +70,21 @@ PROVIDER: Final = "openai-responses"
 _DECODER: Final = json.JSONDecoder()
 _SCAN: Final[Callable[[str, int], tuple[Any, int]]] = getattr(_DECODER, "scan_once", _DECODER.raw_decode)
 
-_RETRYABLE_CODES: Final = frozenset({"server_error", "internal_error", "rate_limit_exceeded", "overloaded", "timeout"})
-"""Error codes of a failed response worth retrying (while nothing was emitted)."""
 
 _TEXT_DELTA: Final = "response.output_text.delta"
+
+
+def _mark(seen: set[object], item_id: object, position: object) -> None:
+    """Remember an output item by its id and by its output index (a server may give either)."""
+    if type(item_id) is str and item_id:
+        seen.add(item_id)
+    if type(position) is int:
+        seen.add(position)
+
+
+def _seen(seen: set[object], item_id: object, position: object) -> bool:
+    """Whether an output item was remembered (:func:`_mark`) by its id or its output index."""
+    return (type(item_id) is str and item_id in seen) or (type(position) is int and position in seen)
 
 
 class ResponsesParser(StreamParserBase):
@@ -79,8 +95,10 @@ class ResponsesParser(StreamParserBase):
     """
 
     __slots__ = (
+        "_anchors",
         "_args",
         "_calls",
+        "_chars",
         "_finished",
         "_reasoned",
         "_refusal",
@@ -97,12 +115,16 @@ class ResponsesParser(StreamParserBase):
         self._finished: str | None = None
         # Function calls by item id and by output index: (tool-call index, call id).
         self._calls: dict[object, int] = {}
-        # The argument text streamed so far, by tool-call index.
-        self._args: list[str] = []
-        # Output items (ids or indexes) that streamed text / reasoning deltas.
+        # The argument text streamed so far, by tool-call index, in its pieces (joined only to
+        # compare with a done event's: a long argument in many deltas costs linear time).
+        self._args: list[list[str]] = []
+        # Output items (ids and indexes, see _mark) that streamed text / reasoning deltas.
         self._texted: set[object] = set()
         self._reasoned: set[object] = set()
         self._refusal: str | None = None
+        # The characters of text emitted so far, and where each kept item started (by id and output index).
+        self._chars = 0
+        self._anchors: dict[object, dict[str, int]] = {}
 
     # ------------------------------------------------------------ state
 
@@ -134,7 +156,7 @@ class ResponsesParser(StreamParserBase):
             for data in datas:
                 try:
                     obj, end = scan(data, 0)
-                except (StopIteration, ValueError):
+                except (StopIteration, ValueError, RecursionError):  # too deep a nesting too
                     if data == "[DONE]":  # not OpenAI's, but some gateways add it
                         self._done = True
                         break
@@ -152,9 +174,10 @@ class ResponsesParser(StreamParserBase):
                     if type(delta) is not str:
                         raise self._malformed(f"'delta' is not a string: {data[:200]!r}")
                     if delta:
-                        key = obj.get("item_id") or obj.get("output_index")
+                        key = obj.get("item_id")
                         if key not in texted:
-                            texted.add(key)
+                            _mark(texted, key, obj.get("output_index"))
+                        self._chars += len(delta)
                         self._emitted = True
                         emit(TextDelta(delta))
                     continue
@@ -175,7 +198,7 @@ class ResponsesParser(StreamParserBase):
         self._done = True
         try:
             obj = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             obj = None
         text = body.decode(errors="replace")
         try:
@@ -223,7 +246,7 @@ class ResponsesParser(StreamParserBase):
             return self._failure
         status = self._status
         if status is None:
-            if failure is not None and failure.code != "no-finish":
+            if failure is not None:
                 return failure
             return Failure("no-finish", f"{self.name}: stream ended without response.completed, .incomplete or .failed")
         if self._refusal is not None or (status == "incomplete" and self._finished == "content_filter"):
@@ -248,7 +271,7 @@ class ResponsesParser(StreamParserBase):
             if type(delta) is not str:
                 raise self._malformed(f"'delta' is not a string: {data[:200]!r}")
             if delta:
-                self._args[index] += delta
+                self._args[index].append(delta)
                 self._emitted = True
                 emit(ToolCallDelta(index=index, arguments=delta))
         elif kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
@@ -256,15 +279,24 @@ class ResponsesParser(StreamParserBase):
             if type(delta) is not str:
                 raise self._malformed(f"'delta' is not a string: {data[:200]!r}")
             if delta:
-                self._reasoned.add(obj.get("item_id") or obj.get("output_index"))
+                _mark(self._reasoned, obj.get("item_id"), obj.get("output_index"))
                 self._emitted = True
                 emit(ReasoningDelta(delta))
         elif kind == "response.output_item.added":
             item = obj.get("item")
             if type(item) is not dict:
                 raise self._malformed(f"'item' is not an object: {data[:200]!r}")
-            if item.get("type") == "function_call":
+            item_kind = item.get("type")
+            if item_kind == "function_call":
                 self._call_started(item, obj.get("output_index"), data, emit)
+            elif item_kind != "message":
+                # A kept item (reasoning, hosted tools' calls): it stands after what came so far.
+                before = anchor(self._chars, len(self._args))
+                item_id, position = item.get("id"), obj.get("output_index")
+                if type(item_id) is str and item_id:
+                    self._anchors[item_id] = before
+                if type(position) is int:
+                    self._anchors[position] = before
         elif kind == "response.output_item.done":
             self._item_done(obj, data, emit)
         elif kind == "response.function_call_arguments.done":
@@ -273,10 +305,11 @@ class ResponsesParser(StreamParserBase):
                 raise self._malformed(f"'arguments' is not a string: {data[:200]!r}")
             self._complete_arguments(self._call_index(obj, data), arguments, emit)
         elif kind == "response.output_text.done":
-            key = obj.get("item_id") or obj.get("output_index")
+            key, position = obj.get("item_id"), obj.get("output_index")
             text = obj.get("text")
-            if key not in self._texted and type(text) is str and text:
-                self._texted.add(key)
+            if not _seen(self._texted, key, position) and type(text) is str and text:
+                _mark(self._texted, key, position)
+                self._chars += len(text)
                 self._emitted = True
                 emit(TextDelta(text))
         elif kind == "response.refusal.done":
@@ -329,7 +362,7 @@ class ResponsesParser(StreamParserBase):
         if type(arguments) is not str:
             raise self._malformed(f"'arguments' is not a string: {data[:200]!r}")
         index = len(self._args)
-        self._args.append(arguments)
+        self._args.append([arguments] if arguments else [])
         item_id = item.get("id")
         if type(item_id) is str and item_id:
             self._calls[item_id] = index
@@ -349,7 +382,9 @@ class ResponsesParser(StreamParserBase):
         return index
 
     def _complete_arguments(self, index: int, arguments: str, emit: Callable[[Chunk], None]) -> None:
-        sent = self._args[index]
+        pieces = self._args[index]
+        sent = pieces[0] if len(pieces) == 1 else "".join(pieces)
+        pieces[:] = [sent] if sent else []
         if arguments == sent:
             return
         if not arguments.startswith(sent):
@@ -359,7 +394,7 @@ class ResponsesParser(StreamParserBase):
                     f"{self.name}: the final arguments of call {index} differ from the streamed ones",
                 )
             )
-        self._args[index] = arguments
+        self._args[index] = [arguments]
         self._emitted = True
         emit(ToolCallDelta(index=index, arguments=arguments[len(sent) :]))
 
@@ -369,9 +404,9 @@ class ResponsesParser(StreamParserBase):
             raise self._malformed(f"'item' is not an object: {data[:200]!r}")
         kind = item.get("type")
         position = obj.get("output_index")
-        key = item.get("id") or position
+        key = item.get("id")
         if kind == "reasoning":
-            if key not in self._reasoned:
+            if not _seen(self._reasoned, key, position):
                 summary = item.get("summary")
                 texts = [
                     part["text"]
@@ -382,7 +417,7 @@ class ResponsesParser(StreamParserBase):
                     self._emitted = True
                     emit(ReasoningDelta("\n\n".join(texts)))
             self._emitted = True
-            emit(ReasoningBlock(PROVIDER, item))
+            emit(ReasoningBlock(PROVIDER, {"item": item, BEFORE: self._anchor(item, position)}))
         elif kind == "function_call":
             item_id = item.get("id")
             index = self._calls.get(item_id) if type(item_id) is str else None
@@ -395,17 +430,31 @@ class ResponsesParser(StreamParserBase):
                 self._complete_arguments(index, arguments, emit)
         elif kind == "message":
             content = item.get("content")
+            texted = _seen(self._texted, key, position)
             for part in content if type(content) is list else ():
                 if type(part) is not dict:
                     continue
                 if part.get("type") == "refusal" and type(part.get("refusal")) is str:
                     self._refusal = part["refusal"]
-                elif part.get("type") == "output_text" and key not in self._texted:
+                elif part.get("type") == "output_text" and not texted:
                     text = part.get("text")
                     if type(text) is str and text:
+                        self._chars += len(text)
                         self._emitted = True
                         emit(TextDelta(text))
-            self._texted.add(key)
+            _mark(self._texted, key, position)
+        elif type(kind) is str:
+            # A hosted tool's call or another item added later: back as it came, where it came.
+            self._emitted = True
+            emit(ReasoningBlock(PROVIDER, {"item": item, BEFORE: self._anchor(item, position)}))
+
+    def _anchor(self, item: dict[str, Any], position: object) -> dict[str, int]:
+        """Where a kept item stands among the text and calls: as it was added, else as it is done."""
+        item_id = item.get("id")
+        found = self._anchors.get(item_id) if type(item_id) is str and item_id else None
+        if found is None and type(position) is int:
+            found = self._anchors.get(position)
+        return found if found is not None else anchor(self._chars, len(self._args))
 
     # ------------------------------------------------------------ failures
 
@@ -429,5 +478,5 @@ class ResponsesParser(StreamParserBase):
         return Failure(
             "stream-error",
             f"{self.name}: the response failed: {message}{suffix}",
-            retryable=code in _RETRYABLE_CODES,
+            retryable=code in RETRYABLE_ERROR_CODES,
         )

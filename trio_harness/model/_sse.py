@@ -139,14 +139,17 @@ class SSEDecoder:
             (the ``retry`` field), or None.
     """
 
-    __slots__ = ("_bom_checked", "_closed", "_decode", "_pending", "_skip_lf", "last_event_id", "retry")
+    __slots__ = ("_bom_checked", "_closed", "_decode", "_pending", "_size", "_skip_lf", "last_event_id", "retry")
 
     def __init__(self) -> None:
         self.last_event_id = ""
         self.retry: int | None = None
         # The text of the event not yet ended by a blank line, line ends
-        # normalised to LF.
-        self._pending = ""
+        # normalised to LF, in the pieces it came in (joined once, when the
+        # event ends: a long event fed in small pieces costs linear time), and
+        # its length.
+        self._pending: list[str] = []
+        self._size = 0
         # The last piece ended with a CR: an LF starting the next one is the
         # rest of that CRLF, not another line end.
         self._skip_lf = False
@@ -190,17 +193,24 @@ class SSEDecoder:
         if "\r" in text:
             self._skip_lf = text[-1] == "\r"
             text = text.replace("\r\n", "\n").replace("\r", "\n")
+        if not text:
+            return []
         pending = self._pending
-        if pending:
-            text = pending + text
         cut = text.rfind("\n\n")
-        if cut < 0:
-            self._pending = text
-            if len(text) > MAX_EVENT_CHARS:
+        if cut < 0 and not (pending and text[0] == "\n" and pending[-1][-1] == "\n"):
+            # No event ends in this piece (nor where it meets the one before): keep it.
+            pending.append(text)
+            self._size += len(text)
+            if self._size > MAX_EVENT_CHARS:
                 raise SSEError(f"an event is longer than {MAX_EVENT_CHARS} characters")
             return []
-        self._pending = pending = text[cut + 2 :]
-        if len(pending) > MAX_EVENT_CHARS:
+        if pending:
+            text = "".join(pending) + text
+            cut = text.rfind("\n\n")
+        rest = text[cut + 2 :]
+        self._pending = [rest] if rest else []
+        self._size = len(rest)
+        if self._size > MAX_EVENT_CHARS:
             raise SSEError(f"an event is longer than {MAX_EVENT_CHARS} characters")
         # The events complete in this piece, without the blank line that ends the last one.
         region = text[:cut]
@@ -229,8 +239,9 @@ class SSEDecoder:
             tail = self._decode(b"", True)
         except UnicodeDecodeError:
             tail = "\ufffd"  # an incomplete character: the stream was cut
-        rest = self._pending + tail
-        self._pending = ""
+        rest = "".join(self._pending) + tail
+        self._pending = []
+        self._size = 0
         complete, newline, partial = rest.rpartition("\n")
         event = self._parse(complete) if newline else None
         return SSEEnd(event=event, partial_line=partial or None)

@@ -11,9 +11,16 @@ path), ``feed_body``, ``feed_end``, ``usage`` and ``conclude``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Final
 
 from ._protocol import Chunk, Failure, ResponseInfo
 from ._sse import SSEEvent
+
+RETRYABLE_ERROR_CODES: Final = frozenset(
+    {"server_error", "internal_error", "rate_limit_exceeded", "overloaded", "timeout"}
+)
+"""The ``code`` (or ``type``) of an error object sent inside a stream that a retry may cure (while nothing
+was emitted): OpenAI's ``server_error`` and ``rate_limit_exceeded``, and the like."""
 
 
 class StreamFailure(Exception):
