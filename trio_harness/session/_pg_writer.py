@@ -257,8 +257,11 @@ class _PgWriter:
                 if self._header_line is not None:
                     await self._create(lines, settle)
                 else:
-                    if self._conn is None and await self._reattach(lines, acks, settle):
-                        return
+                    if self._conn is None:
+                        await self._reattach(lines, acks)
+                        if not self._to_send(lines, acks, sync):
+                            settle(None)
+                            return
                     await self._append(lines, acks, sync, settle, reconnect=True)
             except BaseException as exc:
                 if not committed:
@@ -458,7 +461,7 @@ class _PgWriter:
         run: Callable[[Callable[[None], None]], Awaitable[None]]
         types: Sequence[int]
         formats: Sequence[int]
-        if acks or self._flushing_blobs:
+        if acks or (lines and self._flushing_blobs):  # blobs go with their events
             run = lambda on_settle: _call(conn, work, settle=on_settle)  # noqa: E731
         else:
             # A checkpoint: one statement, its own transaction, sent from this thread (see _pg_wire).
@@ -489,19 +492,38 @@ class _PgWriter:
             if not reconnect:
                 raise
             log.warning("session %r: the connection to PostgreSQL was lost (%s); reconnecting", sid, exc)
-            if await self._reattach(lines, acks, settle):
-                return
-            await self._append(lines, acks, sync, settle, reconnect=False)
+            await self._reattach(lines, acks)
+            if self._to_send(lines, acks, sync):
+                await self._append(lines, acks, sync, settle, reconnect=False)
+            else:
+                settle(None)
             return
         settle(None)
 
-    async def _reattach(self, lines: list[str], acks: list[int], settle: Callable[[object], None]) -> bool:
-        """Take the session again after its connection was lost; True when ``lines`` turned out stored.
+    def _to_send(self, lines: list[str], acks: list[int], sync: bool) -> bool:
+        """Whether a flush still has something to commit after a retake settled what was stored."""
+        return bool(lines or acks or (sync and self._unsynced))
 
-        Events committed without sync that the server lost meanwhile (it
-        crashed or restarted) are put back in front of ``lines`` (and the
-        mailbox rows they removed are removed again with them), with a
-        warning saying so.
+    async def _reattach(self, lines: list[str], acks: list[int]) -> None:
+        """Take the session again after its connection was lost, and settle what the lost connection stored.
+
+        ``lines`` are the events to store next (from seq ``_stored`` on) and
+        ``acks`` the mailbox rows to delete with them; both are updated in
+        place to what is still to commit:
+
+        * events stored after ``_stored`` that are a prefix of ``lines`` were
+          committed by a flush whose outcome was unknown (its connection was
+          lost around COMMIT, it timed out or was cancelled): they count as
+          stored (committed without a known sync, so kept as unsynced until
+          the next synced commit) and leave ``lines``;
+        * events committed without sync that the server lost meanwhile (it
+          crashed or restarted) are put back in front of ``lines``, with a
+          warning saying so;
+        * of the mailbox rows this writer deletes (the pending acks, and those
+          committed without sync), the ones gone from the mailbox were deleted
+          by a commit of this writer (no other writer appended: the events
+          say so) and leave ``acks``; the unsynced ones still there were lost
+          with their commit and are deleted again.
 
         Raises:
             SessionStoreError: the session was taken over meanwhile (this
@@ -511,12 +533,14 @@ class _PgWriter:
         """
         store, sql, sid, key, stored = self.store, self.store._sql, self.header.id, self._key, self._stored
         synced, unsynced = self._synced, list(self._unsynced_lines)
+        pending = list(lines)
+        ours = sorted({*self._acks, *self._unsynced_acks})
         previous = self._pid
         deadline = trio.current_time() + _RETAKE_WAIT
         while True:
             conn = await store._take_writer_connection()
 
-            def work(conn: psycopg.Connection[Any] = conn) -> tuple[str, int]:
+            def work(conn: psycopg.Connection[Any] = conn) -> tuple[str, int, set[int]]:
                 if not _try_lock(conn, key):
                     holder = conn.execute(
                         "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
@@ -524,22 +548,33 @@ class _PgWriter:
                         ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
                     ).fetchone()
                     # No holder: the lock went free since the try (the previous connection just ended): retry.
-                    return ("previous" if holder is None or holder[0] == previous else "locked"), 0
+                    return ("previous" if holder is None or holder[0] == previous else "locked"), 0, set()
                 store._configure_writer(conn)
                 count = _scalar(
                     conn, f"SELECT coalesce(max(seq) + 1, 0) FROM {sql.s}.events WHERE session_id = %s", (sid,)
                 )
                 if count == stored:
-                    return "missing", count
-                if synced <= count < stored and self._bodies(conn, synced, count) == unsynced[: count - synced]:
-                    return "lost", count
-                if lines and count == stored + len(lines) and self._bodies(conn, stored, count) == lines:
-                    return "stored", count
-                conn.execute("SELECT pg_advisory_unlock_all()")
-                return "diverged", count
+                    outcome = "missing"
+                elif synced <= count < stored and self._bodies(conn, synced, count) == unsynced[: count - synced]:
+                    outcome = "lost"
+                elif (
+                    stored < count <= stored + len(pending)
+                    and self._bodies(conn, stored, count) == pending[: count - stored]
+                ):
+                    outcome = "stored"
+                else:
+                    conn.execute("SELECT pg_advisory_unlock_all()")
+                    return "diverged", count, set()
+                present = {
+                    mail_id
+                    for (mail_id,) in conn.execute(
+                        f"SELECT id FROM {sql.s}.mailbox WHERE session_id = %s AND id = ANY(%s)", (sid, ours)
+                    )
+                }
+                return outcome, count, present
 
             try:
-                outcome, count = await self._timed(conn, work)
+                outcome, count, present = await self._timed(conn, work)
             except _Tainted:
                 conn.close()
                 continue
@@ -568,9 +603,17 @@ class _PgWriter:
             raise self._lost("another writer appended to the session after this one lost it")
         self._conn, self._held, self._pid = conn, True, conn.info.backend_pid
         log.info("session %r: taken again after a lost connection", sid)
-        if outcome == "lost":
+        # From here on no await: the writer's state and the flush's batch change together.
+        if outcome == "stored":
+            # A flush whose outcome was unknown committed these: stored, maybe without sync.
+            done = count - stored
+            log.info("session %r: %d events of a flush whose outcome was unknown are stored", sid, done)
+            self._unsynced_lines += lines[:done]
+            self._stored = count
+            self._unsynced = True
+            del lines[:done]
+        elif outcome == "lost":
             lost = unsynced[count - synced :]
-            lost_acks = list(self._unsynced_acks)
             log.warning(
                 "session %r: PostgreSQL lost the last %d events committed without sync (the server crashed or "
                 "restarted); storing them again",
@@ -579,17 +622,32 @@ class _PgWriter:
             )
             self._stored = count
             self._unsynced_lines = unsynced[: count - synced]
-            self._unsynced_acks = []
             lines[:0] = lost
-            acks[:0] = [mail_id for mail_id in lost_acks if mail_id not in acks]
-            self._acks[:0] = [mail_id for mail_id in lost_acks if mail_id not in self._acks]
             if self.on_restored is not None:
                 self.on_restored(len(lost))
+        self._settle_acks(acks, present, ours)
         self.wake_mail()  # what was posted meanwhile
-        if outcome == "stored":
-            settle(None)
-            return True
-        return False
+
+    def _settle_acks(self, acks: list[int], present: set[int], ours: list[int]) -> None:
+        """After a retake: the mailbox rows of ``ours`` still ``present`` are deleted (again) with the next batch.
+
+        A pending ack whose row is gone was committed by a flush whose outcome
+        was unknown (deleted in the transaction of its events, or alone):
+        kept as committed without sync.  An unsynced ack whose row is back
+        was lost with its commit (the server crashed): acked again.
+        """
+        checked = set(ours)
+        gone = [mail_id for mail_id in self._acks if mail_id in checked and mail_id not in present]
+        again = [mail_id for mail_id in self._unsynced_acks if mail_id in present]
+        if gone:
+            self._acks[:] = [mail_id for mail_id in self._acks if mail_id not in gone]
+            acks[:] = [mail_id for mail_id in acks if mail_id not in gone]
+            self._unsynced_acks += gone
+            self._unsynced = True
+        if again:
+            self._unsynced_acks = [mail_id for mail_id in self._unsynced_acks if mail_id not in again]
+            acks[:0] = [mail_id for mail_id in again if mail_id not in acks]
+            self._acks[:0] = [mail_id for mail_id in again if mail_id not in self._acks]
 
     def _bodies(self, conn: psycopg.Connection[Any], start: int, end: int) -> list[str]:
         """(worker thread) The stored bodies of seqs ``start`` to ``end - 1``."""
@@ -645,9 +703,13 @@ class _PgWriter:
                 try:
                     conn = self._conn
                     if conn is None:
-                        lost: list[str] = []
-                        await self._reattach(lost, [], lambda _: None)
-                        self._buffer[:0] = lost  # put back by the retake: stored by the next flush
+                        # The buffer may start with a batch whose flush had an unknown outcome: the retake
+                        # settles it (and puts back what the server lost); the next flush stores the rest.
+                        pending, self._buffer = self._buffer, []
+                        try:
+                            await self._reattach(pending, list(self._acks))
+                        finally:
+                            self._buffer[:0] = pending
                     else:
                         await self._timed(conn, _execute(conn, "SELECT 1"))
                 except SessionStoreError as exc:
