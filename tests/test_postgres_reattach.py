@@ -230,3 +230,42 @@ async def test_a_synced_flush_with_nothing_new_makes_the_unsynced_commits_durabl
         await trio.to_thread.run_sync(own_cluster.restart, "immediate")
         assert (await persistence.load("s1")).events == tuple(entry.session.events)
         await sessions.detach(entry)
+
+
+async def test_a_flush_after_a_first_flush_whose_commit_was_unanswered_creates_nothing_twice(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
+) -> None:
+    with proxy_for(postgres_cluster) as proxy:
+        proxied = PostgresStore(proxy.dsn(), schema=schema, write_timeout=0.5, **NO_HEARTBEAT)
+        async with proxied:
+            sessions = SessionRegistry(proxied)
+            entry = sessions.enter(await sessions.prepare_new("s1"))
+            one_turn(entry.session, 1)
+            fired, _ = proxy.hold_replies_after(b"COMMIT")
+            await flush_whose_answer_is_held(entry)
+            assert fired.is_set()
+            assert (await store.load("s1")).events == tuple(entry.session.events)  # created, unknown to it
+            one_turn(entry.session, 2)
+            await entry.session.flush()  # not "already stored": the stored session is its own
+            assert (await store.load("s1")).events == tuple(entry.session.events)
+            one_turn(entry.session, 3)
+            await entry.session.flush()
+            await sessions.detach(entry)
+    assert (await store.load("s1")).events == tuple(entry.session.events)
+
+
+async def test_a_first_flush_retried_with_nothing_new_after_an_unanswered_commit_is_stored_once(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
+) -> None:
+    with proxy_for(postgres_cluster) as proxy:
+        proxied = PostgresStore(proxy.dsn(), schema=schema, write_timeout=0.5, **NO_HEARTBEAT)
+        async with proxied:
+            sessions = SessionRegistry(proxied)
+            entry = sessions.enter(await sessions.prepare_new("s1"))
+            one_turn(entry.session, 1)
+            proxy.hold_replies_after(b"COMMIT")
+            await flush_whose_answer_is_held(entry)
+            await entry.session.flush()  # the same batch again
+            one_turn(entry.session, 2)
+            await sessions.detach(entry)
+    assert (await store.load("s1")).events == tuple(entry.session.events)

@@ -198,6 +198,8 @@ class _PgWriter:
     _unsynced_acks: list[int] = attrs.field(factory=list, init=False)
     # The server process of the connection that last held the lock.
     _pid: int = attrs.field(default=0, init=False)
+    # A first flush (the session's create) whose outcome is unknown: it may have committed.
+    _create_doubt: bool = attrs.field(default=False, init=False)
     # True once this writer held the lock: a lost connection then needs a re-take.
     _held: bool = attrs.field(default=False, init=False)
     _last_used: float = attrs.field(factory=trio.current_time, init=False)
@@ -256,13 +258,15 @@ class _PgWriter:
             try:
                 if self._header_line is not None:
                     await self._create(lines, settle)
-                else:
-                    if self._conn is None:
-                        await self._reattach(lines, acks)
-                        if not self._to_send(lines, acks, sync):
-                            settle(None)
-                            return
-                    await self._append(lines, acks, sync, settle, reconnect=True)
+                    if committed:
+                        return
+                    # An earlier first flush of unknown outcome had stored the session and part of lines.
+                elif self._conn is None:
+                    await self._reattach(lines, acks)
+                    if not self._to_send(lines, acks, sync):
+                        settle(None)
+                        return
+                await self._append(lines, acks, sync, settle, reconnect=True)
             except BaseException as exc:
                 if not committed:
                     self._buffer[:0] = lines
@@ -349,14 +353,19 @@ class _PgWriter:
 
         A connection lost during the transaction (its COMMIT unanswered) is
         replaced within the flush; a stored header and batch equal to ours
-        then count as committed by the lost connection.
+        then count as committed by the lost connection.  A first flush whose
+        outcome stayed unknown (it timed out, was cancelled, or lost three
+        connections) leaves that doubt to the next flush, which counts a
+        stored header equal to ours, and stored events that begin its batch,
+        as committed by it: the session counts as created, those events leave
+        ``lines`` (the caller appends the rest) and ``settle`` is not called.
         """
         assert self._header_line is not None
         header_line, header = self._header_line, self.header
         store, sql = self.store, self.store._sql
         key, first = self._key, self._stored
         pg = _psycopg()
-        maybe_committed = False
+        maybe_committed = self._create_doubt
         attempts = 0
         while True:
             attempts += 1
@@ -364,10 +373,10 @@ class _PgWriter:
                 self._conn = await (store._connect() if attempts > 1 else store._take_writer_connection())
             conn = self._conn
 
-            def work(conn: psycopg.Connection[Any] = conn, ours: bool = maybe_committed) -> str:
+            def work(conn: psycopg.Connection[Any] = conn, ours: bool = maybe_committed) -> tuple[str, int]:
                 if not self._held:
                     if not _try_lock(conn, key):
-                        return "locked"
+                        return "locked", 0
                     self._held = True
                     store._configure_writer(conn)
                 with conn.transaction():
@@ -376,18 +385,25 @@ class _PgWriter:
                         (header.id, header_line, header.created_at, header.parent_session),
                     ).fetchone()
                     if row is None:
-                        return "created" if ours and self._stored_as(conn, header_line, first, lines) else "exists"
+                        found = self._stored_as(conn, header_line, first, lines) if ours else None
+                        return ("exists", 0) if found is None else ("created", found)
                     insert_blobs(conn, sql.s, header.id, self._flushing_blobs)  # before the events, one transaction
                     conn.execute(sql.insert_events, (header.id, first, lines), binary=True)
-                return "created"
+                return "created", len(lines)
 
+            # Until this attempt's outcome is known, it may have committed.
+            self._create_doubt = True
             try:
-                outcome = await self._timed(conn, work, settle=lambda result: self._created(result, settle))
+                outcome, found = await self._timed(
+                    conn, work, settle=lambda result: self._created(result, lines, settle)
+                )
             except _Tainted:
+                self._create_doubt = maybe_committed
                 self._drop_connection()
                 continue
             except pg.Error as exc:
                 if not (conn.broken or conn.closed):
+                    self._create_doubt = maybe_committed  # refused: rolled back
                     raise
                 self._drop_connection()
                 if attempts >= 3:
@@ -398,18 +414,22 @@ class _PgWriter:
                 continue
             except BaseException:
                 if conn.broken or conn.closed:
-                    self._drop_connection()
+                    self._drop_connection()  # maybe committed: the next flush finds out
+                elif self._header_line is not None:
+                    self._create_doubt = maybe_committed  # cancelled and rolled back
                 raise
             if outcome == "locked" and maybe_committed and attempts < 3:
                 # The lost connection may hold the lock still, until the server notices it is gone.
+                self._create_doubt = maybe_committed
                 await self._release_connection()
                 await trio.sleep(0.05 * attempts)
                 continue
             break
         if outcome == "created":
             self._pid = conn.info.backend_pid
-            self._created(outcome, settle)
+            self._created((outcome, found), lines, settle)
             return
+        self._create_doubt = maybe_committed and outcome == "locked"  # "exists": not ours, certainly
         # Refused: give the connection (and the lock, if taken) back; nothing was stored.
         await self._release_connection()
         raise SessionExistsError(
@@ -417,23 +437,31 @@ class _PgWriter:
             + (" (another worker is creating or holding it)" if outcome == "locked" else "")
         )
 
-    def _stored_as(self, conn: psycopg.Connection[Any], header_line: str, first: int, lines: list[str]) -> bool:
-        """(worker thread) Whether the stored session has exactly this header and these events."""
+    def _stored_as(self, conn: psycopg.Connection[Any], header_line: str, first: int, lines: list[str]) -> int | None:
+        """(worker thread) How many of ``lines`` are stored, if the stored session is ours: this header, and
+        events that begin ``lines``; None otherwise."""
         sql, sid = self.store._sql, self.header.id
         row = conn.execute(f"SELECT header FROM {sql.s}.sessions WHERE id = %s", (sid,)).fetchone()
         if row is None or row[0] != header_line:
-            return False
+            return None
         bodies = [
             body
             for (body,) in conn.execute(f"SELECT body FROM {sql.s}.events WHERE session_id = %s ORDER BY seq", (sid,))
         ]
-        return first == 0 and bodies == lines
+        return len(bodies) if first == 0 and bodies == lines[: len(bodies)] else None
 
-    def _created(self, outcome: str, settle: Callable[[object], None]) -> None:
+    def _created(self, result: tuple[str, int], lines: list[str], settle: Callable[[object], None]) -> None:
+        outcome, found = result
         if outcome != "created" or self._header_line is None:
             return
         self._header_line = None
-        settle(None)
+        self._create_doubt = False
+        if found == len(lines):
+            settle(None)
+        else:
+            # Stored by a first flush whose outcome was unknown, with a synchronous commit; the rest is appended.
+            self._stored = self._synced = self._stored + found
+            del lines[:found]
         self.store._writers[self.header.id] = self
         self.store._start_heartbeat(self)
 
