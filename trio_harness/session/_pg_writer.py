@@ -68,6 +68,16 @@ def _try_lock(conn: psycopg.Connection[Any], key: int) -> bool:
     return bool(row[0])
 
 
+def _lock_holder(conn: psycopg.Connection[Any], key: int) -> int | None:
+    """(worker thread) The server process holding the session-level advisory lock ``key``; None if it is free."""
+    row = conn.execute(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+        "AND classid::bigint = %s AND objid::bigint = %s",
+        ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
 class _MailTaken(Exception):
     def __init__(self, missing: int) -> None:
         super().__init__(f"{missing} mailbox rows are gone")
@@ -366,18 +376,20 @@ class _PgWriter:
         key, first = self._key, self._stored
         pg = _psycopg()
         maybe_committed = self._create_doubt
-        attempts = 0
+        previous, deadline = self._pid, trio.current_time() + _RETAKE_WAIT
+        attempts = 0  # connections lost
+        fresh = False
         while True:
-            attempts += 1
             if self._conn is None:
-                self._conn = await (store._connect() if attempts > 1 else store._take_writer_connection())
+                self._conn = await (store._connect() if fresh else store._take_writer_connection())
+                fresh = True
             conn = self._conn
 
             def work(conn: psycopg.Connection[Any] = conn, ours: bool = maybe_committed) -> tuple[str, int]:
                 if not self._held:
                     if not _try_lock(conn, key):
-                        return "locked", 0
-                    self._held = True
+                        return "locked", _lock_holder(conn, key) or 0  # (found: the lock's holder)
+                    self._held, self._pid = True, conn.info.backend_pid
                     store._configure_writer(conn)
                 with conn.transaction():
                     row = conn.execute(
@@ -406,6 +418,7 @@ class _PgWriter:
                     self._create_doubt = maybe_committed  # refused: rolled back
                     raise
                 self._drop_connection()
+                attempts += 1
                 if attempts >= 3:
                     raise
                 # Maybe during COMMIT: find out on a new connection.
@@ -418,15 +431,22 @@ class _PgWriter:
                 elif self._header_line is not None:
                     self._create_doubt = maybe_committed  # cancelled and rolled back
                 raise
-            if outcome == "locked" and maybe_committed and attempts < 3:
+            if outcome == "locked" and maybe_committed and found in (0, previous):
                 # The lost connection may hold the lock still, until the server notices it is gone.
                 self._create_doubt = maybe_committed
                 await self._release_connection()
-                await trio.sleep(0.05 * attempts)
+                if trio.current_time() >= deadline:
+                    raise SessionStoreError(
+                        f"session {header.id!r} cannot be stored in {store.location} yet: its lock is still held "
+                        f"by this writer's previous connection (server process {previous}), which the server has "
+                        "not closed; the next flush tries again",
+                        path=store.location,
+                        session_id=header.id,
+                    )
+                await trio.sleep(0.02)
                 continue
             break
         if outcome == "created":
-            self._pid = conn.info.backend_pid
             self._created((outcome, found), lines, settle)
             return
         self._create_doubt = maybe_committed and outcome == "locked"  # "exists": not ours, certainly
@@ -570,13 +590,9 @@ class _PgWriter:
 
             def work(conn: psycopg.Connection[Any] = conn) -> tuple[str, int, set[int]]:
                 if not _try_lock(conn, key):
-                    holder = conn.execute(
-                        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
-                        "AND classid::bigint = %s AND objid::bigint = %s",
-                        ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
-                    ).fetchone()
+                    holder = _lock_holder(conn, key)
                     # No holder: the lock went free since the try (the previous connection just ended): retry.
-                    return ("previous" if holder is None or holder[0] == previous else "locked"), 0, set()
+                    return ("previous" if holder is None or holder == previous else "locked"), 0, set()
                 store._configure_writer(conn)
                 count = _scalar(
                     conn, f"SELECT coalesce(max(seq) + 1, 0) FROM {sql.s}.events WHERE session_id = %s", (sid,)
