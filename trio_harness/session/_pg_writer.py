@@ -10,7 +10,12 @@ and the ability to write together; the primary key ``(session_id, seq)``
 refuses any batch of a writer that lost its lock to another one.  A flush
 whose connection died (maybe during COMMIT) takes the session again on a new
 connection and compares what is stored before it retries; events committed
-without sync that the server lost meanwhile are stored again.
+without sync that the server lost meanwhile are stored again.  A flush whose
+outcome stayed unknown leaves it to the next retake (a flush's or a
+heartbeat's): stored events that begin the pending batch are its own, and so
+are the mailbox deletes it finds made (:meth:`_PgWriter._reattach`); a first
+flush in doubt finds its own header and events the same way
+(:meth:`_PgWriter._create`).
 
 The writer sends its appends through :mod:`._pg_wire` (one prepared
 statement, its own transaction, from the Trio thread), and its other
