@@ -1,5 +1,8 @@
 """``harness.sessions.follow`` over a JSONL log that is rewritten while it is followed (real files).
 
+(And over PostgreSQL, where a server crash loses a suffix of events committed
+without sync and another writer may store others at their seqs.)
+
 A log is rewritten by its writer (a failed append is cut back to the last
 synced length and written again; a resume cuts a damaged tail off before its
 first append) or replaced by another file (a repair, a session deleted and
@@ -16,12 +19,15 @@ from pathlib import Path
 
 import attrs
 import pytest
+from _postgres import Cluster, admin, postgres_cluster, schema, store
 
 from trio_harness import SessionCorruptError
-from trio_harness.session import JsonlStore, SessionHeader, SessionRegistry
+from trio_harness.session import JsonlStore, PostgresStore, SessionHeader, SessionRegistry
 from trio_harness.session import _events as ev
 from trio_harness.session._events import Event
 from trio_harness.session._follow_store import SessionFollower
+
+__all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
 
 TS = 1_700_000_000.0
 
@@ -198,3 +204,59 @@ async def test_a_bad_line_before_a_committed_turn_end_is_corrupt(
     assert [event.seq for event in await take(follower, 2)] == [0, 1]
     with pytest.raises(SessionCorruptError, match=r"session.jsonl:4: .*damaged before its last committed turn"):
         await take(follower, 1)
+
+
+async def pg_session(store: PostgresStore, *texts: str) -> None:
+    writer = await store.open_writer(SessionHeader(id="s", created_at=TS, cwd="/work"))
+    seq = 0
+    for number, text in enumerate(texts, 1):
+        for event in turn(number, text):
+            writer.write(attrs.evolve(event, seq=seq))
+            seq += 1
+    await writer.flush()
+    await writer.aclose()
+
+
+async def test_postgres_events_lost_and_stored_again_are_yielded_once(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
+) -> None:
+    await pg_session(store, "one", "two")
+    follower = SessionRegistry(store, clock=fixed_clock).follow("s", poll_interval=0.01)
+    assert texts(await take(follower, 6)) == ["one", "two"]
+    with admin(postgres_cluster) as conn:  # as a crash loses the last commit (made without sync)
+        rows = conn.execute(f"DELETE FROM {schema}.events WHERE session_id = 's' AND seq >= 3 RETURNING seq, body")
+        lost = sorted(rows.fetchall())
+    await nothing_more(follower)
+    with admin(postgres_cluster) as conn:  # its writer stores them again, and more
+        for seq, body in lost:
+            conn.execute(f"INSERT INTO {schema}.events (session_id, seq, body) VALUES ('s', %s, %s)", (seq, body))
+    await write_more_pg(store, "three")
+    assert texts(await take(follower, 3)) == ["three"]
+    await nothing_more(follower)
+
+
+async def test_postgres_events_stored_again_by_another_writer_fail_the_follower(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
+) -> None:
+    await pg_session(store, "one", "two")
+    follower = SessionRegistry(store, clock=fixed_clock).follow("s", poll_interval=0.01)
+    await take(follower, 6)
+    with admin(postgres_cluster) as conn:  # lost by a crash, and another writer stored other events there
+        conn.execute(f"DELETE FROM {schema}.events WHERE session_id = 's' AND seq >= 3")
+    await write_more_pg(store, "other")
+    await write_more_pg(store, "more")
+    with pytest.raises(SessionCorruptError, match=r"event 5 is not the one this follower yielded"):
+        await take(follower, 1)
+
+
+async def write_more_pg(store: PostgresStore, text: str) -> None:
+    registry = SessionRegistry(store, clock=fixed_clock)
+    session = await registry.prepare_resume("s")
+    entry = registry.enter(session)
+    for event in turn(0, text):
+        fields = {
+            name: value for name, value in attrs.asdict(event, recurse=False).items() if name not in ("seq", "ts")
+        }
+        session.append(type(event), **fields)
+    await session.flush()
+    await registry.detach(entry)

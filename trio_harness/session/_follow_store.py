@@ -22,9 +22,14 @@ waits for more:
   replaced one.  The lines yielded are remembered by an 8-byte digest each;
   only the line where the follower stopped is checked at every read, so an
   edit of earlier lines that keeps the length and that line is not seen.
-* PostgreSQL: the events from the next ``seq`` on are read, every
+* PostgreSQL: the events from the last one yielded on are read, every
   ``poll_interval`` seconds (one indexed read; whole batches only, since a
-  batch commits in one transaction).
+  batch commits in one transaction).  The last event yielded must be stored
+  as it was yielded: a server crash may lose a suffix of events committed
+  without sync, which their writer stores again (the follower waits for it
+  meanwhile); another writer storing other events there instead is a
+  :exc:`SessionCorruptError` (only a suffix is ever lost, so an event
+  yielded before the last one cannot have changed unless the last did).
 * Any other store: :meth:`load` every ``poll_interval`` seconds.
 """
 
@@ -96,6 +101,8 @@ class SessionFollower:
     _first: int = attrs.field(init=False)
     _yielded: bytearray = attrs.field(factory=bytearray, init=False)
     _again: bool = attrs.field(default=False, init=False)
+    # PostgreSQL: the last event yielded (read again with the next rows: it must not have changed).
+    _last_event: Event | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._first = self.expected
@@ -113,6 +120,7 @@ class SessionFollower:
                 await trio.sleep(self.poll_interval)
         event, line = self._ready.popleft()
         self.expected = event.seq + 1
+        self._last_event = event
         if line:
             self._yielded += _digest(line)
         return event
@@ -122,12 +130,31 @@ class SessionFollower:
         if isinstance(self.persistence, JsonlStore):
             return await self._read_jsonl(self.persistence)
         if isinstance(self.persistence, PostgresStore):
-            events: Sequence[Event] = await self.persistence.events_since(self.session_id, self.expected)
+            return await self._read_postgres(self.persistence)
         else:
             try:
-                events = (await self.persistence.load(self.session_id)).events[self.expected :]
+                events: Sequence[Event] = (await self.persistence.load(self.session_id)).events[self.expected :]
             except SessionNotFoundError:
                 events = ()  # live here, not stored yet
+        return self._take(events)
+
+    async def _read_postgres(self, store: PostgresStore) -> bool:
+        """The rows from the last event yielded on: it must be stored as yielded (a log only loses a suffix)."""
+        last = self._last_event
+        events = await store.events_since(self.session_id, self.expected if last is None else last.seq)
+        if last is not None:
+            if not events or events[0].seq != last.seq:
+                return False  # lost by a server crash: its writer stores it again, or another writes another
+            if events[0] != last:
+                where = f"{store.location}, session {self.session_id!r}"
+                raise SessionCorruptError(
+                    f"{where}: event {last.seq} is not the one this follower yielded (the events from it on were "
+                    "lost by the server and stored again by another writer); follow it again (from start=0) to "
+                    "read what is stored now",
+                    path=where,
+                    line=last.seq + 2,
+                )
+            events = events[1:]
         return self._take(events)
 
     def _take(self, events: Iterable[Event], lines: Sequence[bytes] = ()) -> bool:
