@@ -349,3 +349,27 @@ async def test_a_batch_of_unknown_outcome_found_stored_without_sync_is_put_back_
             await entry.session.flush()  # turns 2, 3 and 4 are put back in front of turn 5
             assert (await persistence.load(sid)).events == tuple(entry.session.events)
             await sessions.detach(entry)
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.002, 0.01, 0.05])
+async def test_a_retake_cancelled_anywhere_leaves_the_next_flush_storing_each_event_once(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, delay: float
+) -> None:
+    await stored_session(store, "s1")
+    with proxy_for(postgres_cluster) as proxy:
+        proxied = PostgresStore(proxy.dsn(), schema=schema, write_timeout=0.5, **NO_HEARTBEAT)
+        async with proxied:
+            sessions = SessionRegistry(proxied)
+            entry = sessions.enter(await sessions.prepare_resume("s1"))
+            text = marker()
+            one_turn(entry.session, 2, text)
+            proxy.hold_replies_after(text.encode())
+            await flush_whose_answer_is_held(entry)
+            one_turn(entry.session, 3)
+            with trio.move_on_after(delay):  # cancelled wherever the retake is by then
+                await entry.session.flush()
+            assert writer_of(entry)._broken is None
+            one_turn(entry.session, 4)
+            await entry.session.flush()
+            await sessions.detach(entry)
+    assert (await store.load("s1")).events == tuple(entry.session.events)
