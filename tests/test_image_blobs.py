@@ -212,11 +212,11 @@ sys.path.insert(0, sys.argv[2])
 from test_image_blobs import BIG, BIG_SHA
 from trio_harness.model._replay import ReplayModel
 from trio_harness.model._scripted import ScriptedModel
-from trio_harness.session import _jsonl
+from trio_harness.session import _jsonl_files
 from trio_harness.testing import open_test_harness
 
 store = sys.argv[1]
-real = _jsonl._write_all
+real = _jsonl_files._write_all
 
 def write_all(fd, data):
     if BIG_SHA.encode() in data:  # the line referencing the blob: the process dies before writing it
@@ -226,7 +226,7 @@ def write_all(fd, data):
         os._exit(9 if ok else 8)
     real(fd, data)
 
-_jsonl._write_all = write_all
+_jsonl_files._write_all = write_all
 
 async def main():
     async with open_test_harness(ScriptedModel([{"text": "first"}, {"text": "never"}]), store=store) as h:
@@ -418,10 +418,10 @@ async def test_a_strict_replay_of_a_log_with_a_reference_compares_by_hash(tmp_pa
 async def test_a_blob_and_its_directory_entry_are_synced_before_the_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trio_harness.session import _jsonl
+    from trio_harness.session import _jsonl_files
 
     order: list[str] = []
-    real_fsync, real_write = os.fsync, _jsonl._write_all
+    real_fsync, real_write = os.fsync, _jsonl_files._write_all
 
     def fsync(fd: int) -> None:
         order.append("fsync " + os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), tmp_path))
@@ -433,7 +433,7 @@ async def test_a_blob_and_its_directory_entry_are_synced_before_the_line(
         real_write(fd, data)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(_jsonl, "_write_all", write_all)
+    monkeypatch.setattr(_jsonl_files, "_write_all", write_all)
     await store_a_large_image_in(tmp_path)
     temp = os.path.join("p", "blobs", f".{BIG_SHA}.")  # synced under its temporary name, then renamed
     (synced_blob,) = [i for i, step in enumerate(order) if step.startswith(f"fsync {temp}")]

@@ -44,7 +44,7 @@ from trio_harness.session import (
     JsonlStore,
     SessionHeader,
     SessionRegistry,
-    _jsonl,
+    _jsonl_files,
     decode_event,
     encode_event,
     encode_header,
@@ -64,7 +64,7 @@ from trio_harness.session._events import (
     TurnStart,
     UserMessage,
 )
-from trio_harness.session._jsonl import LOG_NAME, escape_session_id, unescape_session_id
+from trio_harness.session._jsonl_files import LOG_NAME, escape_session_id, unescape_session_id
 from trio_harness.session._recovery import closers_for
 
 TS = 1_700_000_000.0
@@ -873,7 +873,7 @@ async def test_a_failed_first_flush_leaves_nothing_and_a_retry_stores_every_even
     for cls, fields in turn_steps(1):
         session.append(cls, **fields)
     fds = open_fds()
-    target: object = _jsonl if step == "write" else os
+    target: object = _jsonl_files if step == "write" else os
     calls = fail_once(monkeypatch, target, "_write_all" if step == "write" else step)
     with pytest.raises(SessionStoreError, match="No space left on device") as info:
         await session.flush()
@@ -912,7 +912,8 @@ async def test_a_failed_later_flush_is_cut_back_and_retried_without_duplicates(
     before = path.read_bytes()
     for cls, fields in turn_steps(2):
         session.append(cls, **fields)
-    fail_once(monkeypatch, _jsonl if step == "write" else os, "_write_all" if step == "write" else step, errno.EIO)
+    target: object = _jsonl_files if step == "write" else os
+    fail_once(monkeypatch, target, "_write_all" if step == "write" else step, errno.EIO)
     with pytest.raises(SessionStoreError, match=r"cannot write session 's1' to .*session.jsonl: Input/output error"):
         await session.flush()
     assert path.read_bytes() == before  # an unsynced batch is cut off again
@@ -1067,7 +1068,7 @@ async def test_a_cancelled_resume_abandons_a_blocked_read_without_leaking_the_lo
     path = persistence.path_of("s1")
     reading, release, closed = threading.Event(), threading.Event(), threading.Event()
     read_fds: list[int] = []
-    real_read, real_close = _jsonl._pread_all, os.close
+    real_read, real_close = _jsonl_files._pread_all, os.close
 
     def blocked(fd: int, size: int) -> bytes:
         read_fds.append(fd)
@@ -1080,7 +1081,7 @@ async def test_a_cancelled_resume_abandons_a_blocked_read_without_leaking_the_lo
         if read_fds and fd == read_fds[0]:
             closed.set()
 
-    monkeypatch.setattr(_jsonl, "_pread_all", blocked)
+    monkeypatch.setattr(_jsonl_files, "_pread_all", blocked)
     monkeypatch.setattr(os, "close", close)
     store = SessionRegistry(persistence, clock=fixed_clock)
     with trio.CancelScope() as scope:

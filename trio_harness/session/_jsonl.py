@@ -6,12 +6,10 @@ Layout under the root::
 
 The first line is the header, every later line one event.  No file exists
 before the first flush; that flush writes the header and the first batch to a
-temporary file, syncs it and links it into place, so the log appears whole or
-not at all.  The writer only appends, batching lines in memory and writing
-them at :meth:`flush`, ``fsync``-ing them when it syncs (the driver flushes at
-every checkpoint of a turn and syncs at its end: docs/sessions.rst,
-"Durability").  A flush that returned has written its events even if the
-process is killed next; a synced one survives a power cut too.
+temporary file, syncs it and links it into place (:meth:`JsonlStore._store_new_log`),
+so the log appears whole or not at all.  The writer (:mod:`._jsonl_writer`)
+only appends, batching lines in memory and writing them at its flush,
+``fsync``-ing them when it syncs.
 
 One writer per session: the writer holds an exclusive ``flock`` on the log from
 the moment the log appears (new sessions) or from :meth:`JsonlStore.resume`
@@ -28,14 +26,14 @@ writer that stored the id released its claim only after its log appeared).
 Nothing escapes the root: session directories are opened with ``O_NOFOLLOW``
 and must be real directories, logs must be regular files (a planted symbolic
 link, FIFO or device is refused before any byte is read), reads are bounded by
-``max_log_bytes`` and run on a worker thread that a cancelled caller abandons.
+``max_log_bytes`` and run on a worker thread that a cancelled caller abandons
+(the primitives: :mod:`._jsonl_files`).
 
 Loading is tolerant exactly where a crash can leave damage and strict
-elsewhere: a torn last line (no newline) is dropped, and so is a bad line after
-the last committed ``turn/end``; a bad line before it is a
-:class:`SessionCorruptError` naming the file and line.  A failed load changes
-nothing on disk; a writer resuming a log with a dropped tail cuts the tail off
-before its first append.
+elsewhere (:mod:`._jsonl_parse`): a torn last line is dropped, and so is a bad
+line after the last committed ``turn/end``; a bad line before it is a
+:class:`SessionCorruptError`.  A failed load changes nothing on disk; a writer
+resuming a log with a dropped tail cuts the tail off before its first append.
 """
 
 from __future__ import annotations
@@ -46,9 +44,6 @@ import logging
 import os
 import secrets
 import stat
-import string
-import threading
-import urllib.parse
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,7 +52,6 @@ import attrs
 import trio
 
 from .._errors import (
-    EventDecodeError,
     InvalidSessionIdError,
     SessionCorruptError,
     SessionError,
@@ -66,353 +60,34 @@ from .._errors import (
     SessionNotFoundError,
     SessionStoreError,
 )
-from ._blobs import (
-    IMAGE_EVENTS,
-    discard_blob_files,
-    encode_stored,
-    externalize,
-    read_blob_file_async,
-    write_blob_files,
-    write_blobs_in,
-)
-from ._codec import decode_event, decode_event_line, decode_header, encode_header, encoder_of
+from . import _jsonl_files
+from ._blobs import discard_blob_files, encode_stored, read_blob_file_async, write_blob_files
+from ._codec import decode_header, encode_header
 from ._create_lock import CLAIM_NAME, ClaimHeld, take_claim
-from ._events import Event, SessionHeader, TurnEnd
+from ._events import Event, SessionHeader
+from ._jsonl_files import (
+    _APPEND_FLAGS,
+    _DIR_FLAGS,
+    _MAX_HEADER_BYTES,
+    _READ_FLAGS,
+    _TEMP_FLAGS,
+    DEFAULT_MAX_LOG_BYTES,
+    _absolute_path,
+    _check_private,
+    _kind,
+    _make_private_dirs,
+    _read_all,
+    _reason,
+)
+from ._jsonl_files import LOG_NAME as LOG_NAME
+from ._jsonl_files import escape_session_id as escape_session_id
+from ._jsonl_files import unescape_session_id as unescape_session_id
+from ._jsonl_parse import parse_log as parse_log
+from ._jsonl_writer import _JsonlWriter
 from ._persistence import LoadedSession
 from ._session import SessionWriter, validate_session_id
 
 log = logging.getLogger("trio_harness.session.jsonl")
-
-LOG_NAME = "session.jsonl"
-DEFAULT_MAX_LOG_BYTES = 1 << 30
-"""The default bound on the size of a session log that is read back (1 GiB)."""
-
-_SAFE = frozenset(string.ascii_letters + string.digits + "_-")
-_TURN_END_MARK = b'"type":"turn/end"'
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-# O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused by type next).
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_TEMP_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_CHUNK = 1 << 26
-# Longest header line list() reads (an id of 200 characters and a long cwd fit easily).
-_MAX_HEADER_BYTES = 1 << 20
-
-
-def escape_session_id(session_id: str) -> str:
-    """Map a session id to a directory name, one-to-one.
-
-    Letters, digits, ``_`` and ``-`` stand for themselves; every other
-    character becomes ``%XX`` per UTF-8 byte, so the result never contains a
-    path separator, never starts with ``.`` and decodes back uniquely.
-    """
-    validate_session_id(session_id)
-    out = []
-    for char in session_id:
-        if char in _SAFE:
-            out.append(char)
-        else:
-            out.extend(f"%{byte:02X}" for byte in char.encode("utf-8"))
-    name = "".join(out)
-    if len(name.encode()) > 255:
-        raise InvalidSessionIdError(f"session id {session_id!r} is too long to store as a directory name")
-    return name
-
-
-def unescape_session_id(name: str) -> str:
-    """Invert :func:`escape_session_id`."""
-    return urllib.parse.unquote(name, errors="strict")
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    written = os.write(fd, data)
-    if written == len(data):  # the common case: one write took it all
-        return
-    view = memoryview(data)[written:]
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _pread_all(fd: int, size: int) -> bytes:
-    """The first ``size`` bytes of the file (fewer if it shrank meanwhile)."""
-    chunks = []
-    offset = 0
-    while offset < size:
-        chunk = os.pread(fd, min(size - offset, _READ_CHUNK), offset)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISREG(mode):
-        return "a regular file"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "a special file"
-
-
-def _reason(exc: OSError) -> str:
-    return exc.strerror or str(exc)
-
-
-@attrs.define(eq=False)
-class _Reader:
-    """Reads a file on a worker thread that a cancelled caller may abandon.
-
-    The file descriptor belongs to the caller until the thread starts reading,
-    and to the thread if the caller gave up meanwhile (the thread closes it
-    when its read returns): it is never closed under a running read (its number
-    could be reused by another open) and never leaked.
-    """
-
-    fd: int
-    size: int
-    _mutex: threading.Lock = attrs.field(factory=threading.Lock, init=False)
-    _started: bool = attrs.field(default=False, init=False)
-    _finished: bool = attrs.field(default=False, init=False)
-    _abandoned: bool = attrs.field(default=False, init=False)
-
-    def run(self) -> bytes:
-        with self._mutex:
-            if self._abandoned:
-                return b""
-            self._started = True
-        try:
-            return _pread_all(self.fd, self.size)
-        finally:
-            if self._finish():
-                os.close(self.fd)
-
-    def _finish(self) -> bool:
-        """Mark the read done; True when the caller abandoned it (the fd is ours to close)."""
-        with self._mutex:
-            self._finished = True
-            return self._abandoned
-
-    def abandon(self) -> bool:
-        """Give up on the read; True when the caller must close the fd itself."""
-        with self._mutex:
-            self._abandoned = True
-            return not self._started or self._finished
-
-
-async def _read_all(fd: int, size: int) -> bytes:
-    """Read ``size`` bytes of ``fd``; on failure or cancellation ``fd`` is closed (now or by the reader)."""
-    reader = _Reader(fd, size)
-    try:
-        return await trio.to_thread.run_sync(reader.run, abandon_on_cancel=True)
-    except BaseException:
-        if reader.abandon():
-            os.close(fd)
-        raise
-
-
-@attrs.define(eq=False)
-class _JsonlWriter:
-    store: JsonlStore
-    header: SessionHeader
-    path: Path
-    # The encoded header line, written by the first flush of a new session.
-    _header_line: bytes | None = attrs.field(alias="header_line")
-    # The log, locked; None until the first flush of a new session.
-    _fd: int | None = attrs.field(default=None, alias="fd")
-    # Length of the file as far as this writer knows it is good.
-    _length: int = attrs.field(default=0, alias="length")
-    # Byte length to cut the file to before the first append (resume of a torn log).
-    _truncate_to: int | None = attrs.field(default=None, alias="truncate_to")
-    # The open .create.lock whose byte claims a new session's id, until its log is stored.
-    _claim: int | None = attrs.field(default=None, alias="claim")
-    _buffer: list[str] = attrs.field(factory=list, init=False)
-    _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
-    _closed: bool = attrs.field(default=False, init=False)
-    # Why appending is no longer safe (the file's end is unknown), once it is not.
-    _broken: str | None = attrs.field(default=None, init=False)
-    # Lines written by flush(sync=False) and not yet fsynced, and the length
-    # of the file before them: a failed sync cuts them off and buffers them again.
-    _unsynced: list[str] = attrs.field(factory=list, init=False)
-    _synced_length: int = attrs.field(default=0, init=False)
-    # The image blobs the buffered lines reference (session/_blobs.py), written before them.
-    _blobs: dict[str, bytes] = attrs.field(factory=dict, init=False)
-
-    def write(self, event: Event) -> None:
-        if type(event) in IMAGE_EVENTS:
-            event = externalize(event, self._blobs)
-        self._buffer.append(encoder_of(type(event))(event))  # encode_event(event), one call less
-
-    async def flush(self, *, sync: bool = True) -> None:
-        inline = self.store.fsync and self.store.inline_fsync
-        lock = self._lock
-        try:
-            # Uncontended (the common case): no schedule point of its own; a
-            # flush in a cancelled scope still raises Cancelled before writing.
-            await trio.lowlevel.checkpoint_if_cancelled()
-            lock.acquire_nowait()
-        except trio.WouldBlock:
-            await lock.acquire()
-        try:
-            if not self._buffer and not (sync and self._unsynced):
-                return
-            if self._closed or self._broken is not None:
-                reason = "its writer is closed" if self._closed else self._broken
-                count = len(self._buffer) + len(self._unsynced)
-                raise SessionStoreError(
-                    f"cannot write {count} events of session {self.header.id!r} to {self.path}: {reason}",
-                    path=str(self.path),
-                    session_id=self.header.id,
-                )
-            lines, blobs = self._buffer, self._blobs
-            self._buffer, self._blobs = [], {}
-            try:
-                if self._fd is None:
-                    await self._create(lines, inline, blobs)
-                else:
-                    try:
-                        await write_blobs_in(self.path.parent, blobs, fsync=self.store.fsync)
-                    except BaseException:
-                        self._buffer[:0] = lines
-                        raise
-                    await self._append(self._fd, lines, inline, sync)
-            except BaseException as exc:
-                self._blobs = {**blobs, **self._blobs}  # written again with the lines
-                if not isinstance(exc, OSError):
-                    raise
-                raise SessionStoreError(
-                    f"cannot write session {self.header.id!r} to {self.path}: {_reason(exc)}",
-                    path=str(self.path),
-                    session_id=self.header.id,
-                ) from exc
-        finally:
-            lock.release()
-        if inline:
-            await trio.lowlevel.checkpoint()
-
-    async def _create(self, lines: list[str], inline: bool, blobs: dict[str, bytes]) -> None:
-        """The first flush, always durable: the log appears whole, locked before it appears."""
-        assert self._header_line is not None
-        content = self._header_line + ("\n".join(lines) + "\n").encode("utf-8")
-        try:
-            if (self.store.fsync and not inline) or blobs:
-                fd = await trio.to_thread.run_sync(self.store._store_new_log, self.header.id, content, blobs)
-            else:
-                fd = self.store._store_new_log(self.header.id, content)
-        except BaseException:
-            self._buffer[:0] = lines
-            raise
-        self._fd, self._header_line = fd, None
-        self._length = self._synced_length = len(content)
-        self.store._held.add(self.header.id)
-        self._release_claim()  # the log is there and locked: it refuses other creates now
-
-    def _release_claim(self) -> None:
-        claim, self._claim = self._claim, None
-        if claim is not None:
-            os.close(claim)  # the lock goes with this open of the file
-            self.store._claimed.discard(self.header.id)
-
-    async def _append(self, fd: int, lines: list[str], inline: bool, sync: bool) -> None:
-        """Write ``lines`` (and fsync with ``sync``); on failure everything unsynced is cut off and buffered again."""
-        if self._truncate_to is not None:
-            os.ftruncate(fd, self._truncate_to)
-            self._length = self._synced_length = self._truncate_to
-            self._truncate_to = None
-        start = self._length
-        try:
-            if os.fstat(fd).st_nlink == 0:
-                # Removed from the store meanwhile (its directory deleted): writing on would lose it silently.
-                raise OSError(errno.ENOENT, "the log file was removed from the store")
-            if lines:
-                data = ("\n".join(lines) + "\n").encode("utf-8")
-                _write_all(fd, data)
-                self._length = start + len(data)
-            if sync and self.store.fsync:
-                if inline:
-                    os.fsync(fd)
-                else:
-                    await trio.to_thread.run_sync(os.fsync, fd)
-        except BaseException:
-            # Never leave half a batch, or an unsynced one, behind.
-            self._rewind(fd, self._synced_length)
-            self._length = self._synced_length
-            self._buffer[:0] = [*self._unsynced, *lines]
-            self._unsynced = []
-            raise
-        if sync:
-            self._synced_length = self._length
-            self._unsynced = []
-        else:
-            self._unsynced.extend(lines)
-
-    def _rewind(self, fd: int, length: int) -> None:
-        try:
-            os.ftruncate(fd, length)
-        except OSError as exc:
-            self._broken = (
-                f"the log could not be cut back to its last good length ({_reason(exc)}) after a failed write; "
-                "resume the session to continue from what is stored"
-            )
-
-    async def aclose(self) -> None:
-        self._closed = True
-        self._buffer = []
-        self._release_claim()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-            self.store._held.discard(self.header.id)
-
-
-def _absolute_path(path: str | os.PathLike[str]) -> Path:
-    return Path(path).expanduser().resolve()
-
-
-def _check_private(root: Path, info: os.stat_result) -> None:
-    """Refuse a store root that another local user could write to (or owns)."""
-    mode = stat.S_IMODE(info.st_mode)
-    if mode & 0o022:
-        who = "everyone" if mode & 0o002 else "its group"
-        raise SessionStoreError(
-            f"the session store {root} is writable by {who} (mode {mode:04o}): another user could replace "
-            f"a session's log with a forged one; make it private with 'chmod go-w {root}' "
-            "(or pass a directory of your own)",
-            path=str(root),
-        )
-    if info.st_uid not in (os.geteuid(), 0):
-        raise SessionStoreError(
-            f"the session store {root} belongs to another user (uid {info.st_uid}), who could replace a "
-            "session's log with a forged one; pass a directory of your own",
-            path=str(root),
-        )
-
-
-def _make_private_dirs(root: Path) -> None:
-    """Create ``root`` and its missing parents, each with mode 0700 whatever the umask."""
-    missing: list[Path] = []
-    path = root
-    while not path.is_dir():
-        missing.append(path)
-        if path.parent == path:
-            break
-        path = path.parent
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
-            if not directory.is_dir():
-                raise
-            continue  # made by someone else meanwhile: check() judges it, not this
-        os.chmod(directory, 0o700)  # a umask such as 0o277 would have narrowed it
 
 
 @attrs.define(eq=False)
@@ -866,7 +541,7 @@ class JsonlStore:
             fd = os.open(temp, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
             os.fchmod(fd, 0o600)  # and the log read-only for a later resume
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh inode: nobody else has it
-            _write_all(fd, content)
+            _jsonl_files._write_all(fd, content)
             if self.fsync:
                 os.fsync(fd)
             try:
@@ -907,52 +582,3 @@ class JsonlStore:
             os.close(root_fd)
         assert fd is not None
         return fd
-
-
-def parse_log(data: bytes, path: str) -> LoadedSession:
-    """Parse the bytes of a session log (see the module docs).
-
-    Raises:
-        SessionCorruptError: the header is incomplete or damaged, or a line
-            before the last committed ``turn/end`` is bad.
-        UnsupportedFormatError: the header names another format version.
-    """
-    lines = data.split(b"\n")
-    tail = lines.pop()  # the bytes after the last newline: a torn line, or b""
-    if not lines:
-        raise SessionCorruptError(f"{path}:1: the session header is incomplete", path=path, line=1)
-    try:
-        header = decode_header(lines[0])
-    except EventDecodeError as exc:
-        raise SessionCorruptError(f"{path}:1: {exc}", path=path, line=1) from exc
-    offset = len(lines[0]) + 1
-    events: list[Event] = []
-    for index in range(1, len(lines)):
-        raw = lines[index]
-        try:
-            event = decode_event_line(raw)
-            if event.seq != len(events):
-                raise EventDecodeError(f"event seq {event.seq} where {len(events)} was expected")
-        except EventDecodeError as exc:
-            if any(_TURN_END_MARK in later and _is_turn_end(later) for later in lines[index + 1 :]):
-                raise SessionCorruptError(
-                    f"{path}:{index + 1}: {exc} (the log is damaged before its last committed turn; "
-                    "repair or remove the file)",
-                    path=path,
-                    line=index + 1,
-                ) from exc
-            dropped = len(data) - offset
-            log.warning(
-                "%s:%d: dropping %d uncommitted bytes after the last turn end: %s", path, index + 1, dropped, exc
-            )
-            return LoadedSession(header=header, events=tuple(events), dropped_tail=dropped, valid_length=offset)
-        events.append(event)
-        offset += len(raw) + 1
-    return LoadedSession(header=header, events=tuple(events), dropped_tail=len(tail), valid_length=offset)
-
-
-def _is_turn_end(raw: bytes) -> bool:
-    try:
-        return isinstance(decode_event(raw), TurnEnd)
-    except EventDecodeError:
-        return False

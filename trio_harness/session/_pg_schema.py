@@ -111,8 +111,11 @@ class _Sql:
             query += " WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL"
         return query.encode()
 
-    # A transaction that takes a transaction id, so its commit waits for the WAL up to it (and all before).
-    sync_point = b"SELECT pg_current_xact_id()"
+    # A transaction whose commit waits for the WAL up to it (and all before): it must take a transaction
+    # id *and* write WAL (a transactional logical message, ignored by everyone), or the server commits it
+    # without flushing (``pg_current_xact_id()`` alone took an id but wrote nothing: an unsynced commit
+    # before it stayed in memory).
+    sync_point = b"SELECT pg_logical_emit_message(true, 'trio_harness', '')"
 
     @property
     def insert_events(self) -> str:

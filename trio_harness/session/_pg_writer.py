@@ -10,7 +10,12 @@ and the ability to write together; the primary key ``(session_id, seq)``
 refuses any batch of a writer that lost its lock to another one.  A flush
 whose connection died (maybe during COMMIT) takes the session again on a new
 connection and compares what is stored before it retries; events committed
-without sync that the server lost meanwhile are stored again.
+without sync that the server lost meanwhile are stored again.  A flush whose
+outcome stayed unknown leaves it to the next retake (a flush's or a
+heartbeat's): stored events that begin the pending batch are its own, and so
+are the mailbox deletes it finds made (:meth:`_PgWriter._reattach`); a first
+flush in doubt finds its own header and events the same way
+(:meth:`_PgWriter._create`).
 
 The writer sends its appends through :mod:`._pg_wire` (one prepared
 statement, its own transaction, from the Trio thread), and its other
@@ -72,6 +77,16 @@ def _try_lock(conn: psycopg.Connection[Any], key: int, sql: _Sql, session_id: st
         conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
         return False
     return bool(row[0])
+
+
+def _lock_holder(conn: psycopg.Connection[Any], key: int) -> int | None:
+    """(worker thread) The server process holding the session-level advisory lock ``key``; None if it is free."""
+    row = conn.execute(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+        "AND classid::bigint = %s AND objid::bigint = %s",
+        ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+    ).fetchone()
+    return None if row is None else int(row[0])
 
 
 class _MailTaken(Exception):
@@ -204,6 +219,8 @@ class _PgWriter:
     _unsynced_acks: list[int] = attrs.field(factory=list, init=False)
     # The server process of the connection that last held the lock.
     _pid: int = attrs.field(default=0, init=False)
+    # A first flush (the session's create) whose outcome is unknown: it may have committed.
+    _create_doubt: bool = attrs.field(default=False, init=False)
     # True once this writer held the lock: a lost connection then needs a re-take.
     _held: bool = attrs.field(default=False, init=False)
     _last_used: float = attrs.field(factory=trio.current_time, init=False)
@@ -262,10 +279,15 @@ class _PgWriter:
             try:
                 if self._header_line is not None:
                     await self._create(lines, settle)
-                else:
-                    if self._conn is None and await self._reattach(lines, acks, settle):
+                    if committed:
                         return
-                    await self._append(lines, acks, sync, settle, reconnect=True)
+                    # An earlier first flush of unknown outcome had stored the session and part of lines.
+                elif self._conn is None:
+                    await self._reattach(lines, acks)
+                    if not self._to_send(lines, acks, sync):
+                        settle(None)
+                        return
+                await self._append(lines, acks, sync, settle, reconnect=True)
             except BaseException as exc:
                 if not committed:
                     self._buffer[:0] = lines
@@ -352,26 +374,36 @@ class _PgWriter:
 
         A connection lost during the transaction (its COMMIT unanswered) is
         replaced within the flush; a stored header and batch equal to ours
-        then count as committed by the lost connection.
+        then count as committed by the lost connection.  A first flush whose
+        outcome stayed unknown (it timed out, was cancelled, or lost three
+        connections) leaves that doubt to the next flush, which counts a
+        stored header equal to ours, and stored events that begin its batch,
+        as committed by it: the session counts as created, those events leave
+        ``lines`` (the caller appends the rest) and ``settle`` is not called.
         """
         assert self._header_line is not None
         header_line, header = self._header_line, self.header
         store, sql = self.store, self.store._sql
         key, first = self._key, self._stored
         pg = _psycopg()
-        maybe_committed = False
-        attempts = 0
+        maybe_committed = self._create_doubt
+        previous, deadline = self._pid, trio.current_time() + _RETAKE_WAIT
+        attempts = 0  # connections lost
+        fresh = False
         while True:
-            attempts += 1
             if self._conn is None:
-                self._conn = await (store._connect() if attempts > 1 else store._take_writer_connection())
+                self._conn = await (store._connect() if fresh else store._take_writer_connection())
+                fresh = True
             conn = self._conn
 
-            def work(conn: psycopg.Connection[Any] = conn, ours: bool = maybe_committed) -> str:
+            def work(conn: psycopg.Connection[Any] = conn, ours: bool = maybe_committed) -> tuple[str, int]:
                 if not self._held:
                     if not _try_lock(conn, key, sql, header.id):
-                        return "locked"
-                    self._held = True
+                        holder = _lock_holder(conn, key)
+                        if holder is None and lease_held(conn, sql, header.id):
+                            return "locked", -1  # a pooled worker holds its lease (session/_pg_leases.py): foreign
+                        return "locked", holder or 0  # (found: the lock's holder)
+                    self._held, self._pid = True, conn.info.backend_pid
                     store._configure_writer(conn)
                 with conn.transaction():
                     row = conn.execute(
@@ -379,20 +411,28 @@ class _PgWriter:
                         (header.id, header_line, header.created_at, header.parent_session),
                     ).fetchone()
                     if row is None:
-                        return "created" if ours and self._stored_as(conn, header_line, first, lines) else "exists"
+                        found = self._stored_as(conn, header_line, first, lines) if ours else None
+                        return ("exists", 0) if found is None else ("created", found)
                     insert_blobs(conn, sql.s, header.id, self._flushing_blobs)  # before the events, one transaction
                     conn.execute(sql.insert_events, (header.id, first, lines), binary=True)
-                return "created"
+                return "created", len(lines)
 
+            # Until this attempt's outcome is known, it may have committed.
+            self._create_doubt = True
             try:
-                outcome = await self._timed(conn, work, settle=lambda result: self._created(result, settle))
+                outcome, found = await self._timed(
+                    conn, work, settle=lambda result: self._created(result, lines, settle)
+                )
             except _Tainted:
+                self._create_doubt = maybe_committed
                 self._drop_connection()
                 continue
             except pg.Error as exc:
                 if not (conn.broken or conn.closed):
+                    self._create_doubt = maybe_committed  # refused: rolled back
                     raise
                 self._drop_connection()
+                attempts += 1
                 if attempts >= 3:
                     raise
                 # Maybe during COMMIT: find out on a new connection.
@@ -401,18 +441,29 @@ class _PgWriter:
                 continue
             except BaseException:
                 if conn.broken or conn.closed:
-                    self._drop_connection()
+                    self._drop_connection()  # maybe committed: the next flush finds out
+                elif self._header_line is not None:
+                    self._create_doubt = maybe_committed  # cancelled and rolled back
                 raise
-            if outcome == "locked" and maybe_committed and attempts < 3:
+            if outcome == "locked" and maybe_committed and found in (0, previous):
                 # The lost connection may hold the lock still, until the server notices it is gone.
+                self._create_doubt = maybe_committed
                 await self._release_connection()
-                await trio.sleep(0.05 * attempts)
+                if trio.current_time() >= deadline:
+                    raise SessionStoreError(
+                        f"session {header.id!r} cannot be stored in {store.location} yet: its lock is still held "
+                        f"by this writer's previous connection (server process {previous}), which the server has "
+                        "not closed; the next flush tries again",
+                        path=store.location,
+                        session_id=header.id,
+                    )
+                await trio.sleep(0.02)
                 continue
             break
         if outcome == "created":
-            self._pid = conn.info.backend_pid
-            self._created(outcome, settle)
+            self._created((outcome, found), lines, settle)
             return
+        self._create_doubt = maybe_committed and outcome == "locked"  # "exists": not ours, certainly
         # Refused: give the connection (and the lock, if taken) back; nothing was stored.
         await self._release_connection()
         raise SessionExistsError(
@@ -420,23 +471,31 @@ class _PgWriter:
             + (" (another worker is creating or holding it)" if outcome == "locked" else "")
         )
 
-    def _stored_as(self, conn: psycopg.Connection[Any], header_line: str, first: int, lines: list[str]) -> bool:
-        """(worker thread) Whether the stored session has exactly this header and these events."""
+    def _stored_as(self, conn: psycopg.Connection[Any], header_line: str, first: int, lines: list[str]) -> int | None:
+        """(worker thread) How many of ``lines`` are stored, if the stored session is ours: this header, and
+        events that begin ``lines``; None otherwise."""
         sql, sid = self.store._sql, self.header.id
         row = conn.execute(f"SELECT header FROM {sql.s}.sessions WHERE id = %s", (sid,)).fetchone()
         if row is None or row[0] != header_line:
-            return False
+            return None
         bodies = [
             body
             for (body,) in conn.execute(f"SELECT body FROM {sql.s}.events WHERE session_id = %s ORDER BY seq", (sid,))
         ]
-        return first == 0 and bodies == lines
+        return len(bodies) if first == 0 and bodies == lines[: len(bodies)] else None
 
-    def _created(self, outcome: str, settle: Callable[[object], None]) -> None:
+    def _created(self, result: tuple[str, int], lines: list[str], settle: Callable[[object], None]) -> None:
+        outcome, found = result
         if outcome != "created" or self._header_line is None:
             return
         self._header_line = None
-        settle(None)
+        self._create_doubt = False
+        if found == len(lines):
+            settle(None)
+        else:
+            # Stored by a first flush whose outcome was unknown, with a synchronous commit; the rest is appended.
+            self._stored = self._synced = self._stored + found
+            del lines[:found]
         self.store._writers[self.header.id] = self
         self.store._start_heartbeat(self)
 
@@ -464,7 +523,7 @@ class _PgWriter:
         run: Callable[[Callable[[None], None]], Awaitable[None]]
         types: Sequence[int]
         formats: Sequence[int]
-        if acks or self._flushing_blobs:
+        if acks or (lines and self._flushing_blobs):  # blobs go with their events
             run = lambda on_settle: _call(conn, work, settle=on_settle)  # noqa: E731
         else:
             # A checkpoint: one statement, its own transaction, sent from this thread (see _pg_wire).
@@ -495,19 +554,38 @@ class _PgWriter:
             if not reconnect:
                 raise
             log.warning("session %r: the connection to PostgreSQL was lost (%s); reconnecting", sid, exc)
-            if await self._reattach(lines, acks, settle):
-                return
-            await self._append(lines, acks, sync, settle, reconnect=False)
+            await self._reattach(lines, acks)
+            if self._to_send(lines, acks, sync):
+                await self._append(lines, acks, sync, settle, reconnect=False)
+            else:
+                settle(None)
             return
         settle(None)
 
-    async def _reattach(self, lines: list[str], acks: list[int], settle: Callable[[object], None]) -> bool:
-        """Take the session again after its connection was lost; True when ``lines`` turned out stored.
+    def _to_send(self, lines: list[str], acks: list[int], sync: bool) -> bool:
+        """Whether a flush still has something to commit after a retake settled what was stored."""
+        return bool(lines or acks or (sync and self._unsynced))
 
-        Events committed without sync that the server lost meanwhile (it
-        crashed or restarted) are put back in front of ``lines`` (and the
-        mailbox rows they removed are removed again with them), with a
-        warning saying so.
+    async def _reattach(self, lines: list[str], acks: list[int]) -> None:
+        """Take the session again after its connection was lost, and settle what the lost connection stored.
+
+        ``lines`` are the events to store next (from seq ``_stored`` on) and
+        ``acks`` the mailbox rows to delete with them; both are updated in
+        place to what is still to commit:
+
+        * events stored after ``_stored`` that are a prefix of ``lines`` were
+          committed by a flush whose outcome was unknown (its connection was
+          lost around COMMIT, it timed out or was cancelled): they count as
+          stored (committed without a known sync, so kept as unsynced until
+          the next synced commit) and leave ``lines``;
+        * events committed without sync that the server lost meanwhile (it
+          crashed or restarted) are put back in front of ``lines``, with a
+          warning saying so;
+        * of the mailbox rows this writer deletes (the pending acks, and those
+          committed without sync), the ones gone from the mailbox were deleted
+          by a commit of this writer (no other writer appended: the events
+          say so) and leave ``acks``; the unsynced ones still there were lost
+          with their commit and are deleted again.
 
         Raises:
             SessionStoreError: the session was taken over meanwhile (this
@@ -517,37 +595,46 @@ class _PgWriter:
         """
         store, sql, sid, key, stored = self.store, self.store._sql, self.header.id, self._key, self._stored
         synced, unsynced = self._synced, list(self._unsynced_lines)
+        pending = list(lines)
+        ours = sorted({*self._acks, *self._unsynced_acks})
         previous = self._pid
         deadline = trio.current_time() + _RETAKE_WAIT
         while True:
             conn = await store._take_writer_connection()
 
-            def work(conn: psycopg.Connection[Any] = conn) -> tuple[str, int]:
+            def work(conn: psycopg.Connection[Any] = conn) -> tuple[str, int, set[int]]:
                 if not _try_lock(conn, key, sql, sid):
-                    holder = conn.execute(
-                        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
-                        "AND classid::bigint = %s AND objid::bigint = %s",
-                        ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
-                    ).fetchone()
+                    holder = _lock_holder(conn, key)
                     if holder is None and lease_held(conn, sql, sid):
-                        return "locked", 0  # a pooled worker took it (session/_pg_leases.py)
+                        return "locked", 0, set()  # a pooled worker took it (session/_pg_leases.py)
                     # No holder: the lock went free since the try (the previous connection just ended): retry.
-                    return ("previous" if holder is None or holder[0] == previous else "locked"), 0
+                    return ("previous" if holder is None or holder == previous else "locked"), 0, set()
                 store._configure_writer(conn)
                 count = _scalar(
                     conn, f"SELECT coalesce(max(seq) + 1, 0) FROM {sql.s}.events WHERE session_id = %s", (sid,)
                 )
                 if count == stored:
-                    return "missing", count
-                if synced <= count < stored and self._bodies(conn, synced, count) == unsynced[: count - synced]:
-                    return "lost", count
-                if lines and count == stored + len(lines) and self._bodies(conn, stored, count) == lines:
-                    return "stored", count
-                conn.execute("SELECT pg_advisory_unlock_all()")
-                return "diverged", count
+                    outcome = "missing"
+                elif synced <= count < stored and self._bodies(conn, synced, count) == unsynced[: count - synced]:
+                    outcome = "lost"
+                elif (
+                    stored < count <= stored + len(pending)
+                    and self._bodies(conn, stored, count) == pending[: count - stored]
+                ):
+                    outcome = "stored"
+                else:
+                    conn.execute("SELECT pg_advisory_unlock_all()")
+                    return "diverged", count, set()
+                present = {
+                    mail_id
+                    for (mail_id,) in conn.execute(
+                        f"SELECT id FROM {sql.s}.mailbox WHERE session_id = %s AND id = ANY(%s)", (sid, ours)
+                    )
+                }
+                return outcome, count, present
 
             try:
-                outcome, count = await self._timed(conn, work)
+                outcome, count, present = await self._timed(conn, work)
             except _Tainted:
                 conn.close()
                 continue
@@ -576,9 +663,17 @@ class _PgWriter:
             raise self._lost("another writer appended to the session after this one lost it")
         self._conn, self._held, self._pid = conn, True, conn.info.backend_pid
         log.info("session %r: taken again after a lost connection", sid)
-        if outcome == "lost":
+        # From here on no await: the writer's state and the flush's batch change together.
+        if outcome == "stored":
+            # A flush whose outcome was unknown committed these: stored, maybe without sync.
+            done = count - stored
+            log.info("session %r: %d events of a flush whose outcome was unknown are stored", sid, done)
+            self._unsynced_lines += lines[:done]
+            self._stored = count
+            self._unsynced = True
+            del lines[:done]
+        elif outcome == "lost":
             lost = unsynced[count - synced :]
-            lost_acks = list(self._unsynced_acks)
             log.warning(
                 "session %r: PostgreSQL lost the last %d events committed without sync (the server crashed or "
                 "restarted); storing them again",
@@ -587,17 +682,32 @@ class _PgWriter:
             )
             self._stored = count
             self._unsynced_lines = unsynced[: count - synced]
-            self._unsynced_acks = []
             lines[:0] = lost
-            acks[:0] = [mail_id for mail_id in lost_acks if mail_id not in acks]
-            self._acks[:0] = [mail_id for mail_id in lost_acks if mail_id not in self._acks]
             if self.on_restored is not None:
                 self.on_restored(len(lost))
+        self._settle_acks(acks, present, ours)
         self.wake_mail()  # what was posted meanwhile
-        if outcome == "stored":
-            settle(None)
-            return True
-        return False
+
+    def _settle_acks(self, acks: list[int], present: set[int], ours: list[int]) -> None:
+        """After a retake: the mailbox rows of ``ours`` still ``present`` are deleted (again) with the next batch.
+
+        A pending ack whose row is gone was committed by a flush whose outcome
+        was unknown (deleted in the transaction of its events, or alone):
+        kept as committed without sync.  An unsynced ack whose row is back
+        was lost with its commit (the server crashed): acked again.
+        """
+        checked = set(ours)
+        gone = [mail_id for mail_id in self._acks if mail_id in checked and mail_id not in present]
+        again = [mail_id for mail_id in self._unsynced_acks if mail_id in present]
+        if gone:
+            self._acks[:] = [mail_id for mail_id in self._acks if mail_id not in gone]
+            acks[:] = [mail_id for mail_id in acks if mail_id not in gone]
+            self._unsynced_acks += gone
+            self._unsynced = True
+        if again:
+            self._unsynced_acks = [mail_id for mail_id in self._unsynced_acks if mail_id not in again]
+            acks[:0] = [mail_id for mail_id in again if mail_id not in acks]
+            self._acks[:0] = [mail_id for mail_id in again if mail_id not in self._acks]
 
     def _bodies(self, conn: psycopg.Connection[Any], start: int, end: int) -> list[str]:
         """(worker thread) The stored bodies of seqs ``start`` to ``end - 1``."""
@@ -653,9 +763,13 @@ class _PgWriter:
                 try:
                     conn = self._conn
                     if conn is None:
-                        lost: list[str] = []
-                        await self._reattach(lost, [], lambda _: None)
-                        self._buffer[:0] = lost  # put back by the retake: stored by the next flush
+                        # The buffer may start with a batch whose flush had an unknown outcome: the retake
+                        # settles it (and puts back what the server lost); the next flush stores the rest.
+                        pending, self._buffer = self._buffer, []
+                        try:
+                            await self._reattach(pending, list(self._acks))
+                        finally:
+                            self._buffer[:0] = pending
                     else:
                         await self._timed(conn, _execute(conn, "SELECT 1"))
                 except SessionStoreError as exc:
