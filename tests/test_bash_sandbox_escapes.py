@@ -241,6 +241,31 @@ async def test_the_session_store_is_hidden_from_the_bash_tool(tmp_path: Path, ou
     assert SECRET in outputs[1], outputs[1]
 
 
+async def test_a_session_store_not_hidden_is_still_read_only(work: Path) -> None:
+    """hide_sessions=False shows the store to commands, never lets them rewrite it (forged history), even in cwd."""
+    store = work / "sessions"
+    command = (
+        "cat sessions/s1/session.jsonl > /dev/null && echo READ; echo forged >> sessions/s1/session.jsonl;"
+        " touch sessions/s1/new.lock; mv sessions moved; rm -rf sessions/s1; ls sessions"
+    )
+    model = ScriptedModel([{"tool_calls": [{"name": "bash", "arguments": {"command": command}}]}, {"text": "ok"}])
+    async with open_test_harness(
+        model,
+        store=str(store),
+        builtin_tools=["bash", "tasks"],
+        bash_options=BashRuntimeOptions(sandbox=SandboxPolicy(hide_sessions=False)),
+        bash_tool_options=BashToolOptions(requires_approval=False),
+    ) as harness:
+        async with harness.agents.open(session_id="s1", cwd=str(work)) as agent:
+            await agent.session.flush()  # the log exists before the command runs
+            agent.followup("look")
+            await agent.when_idle()
+            (result,) = [e for e in agent.session.events if isinstance(e, ev.ToolResult)]
+    assert "READ" in result.content and "Read-only file system" in result.content, result.content
+    lines = (store / "s1" / "session.jsonl").read_text().splitlines()
+    assert "forged" not in lines and not (store / "s1" / "new.lock").exists() and not (work / "moved").exists()
+
+
 @pytest.mark.skipif(shutil.which("git") is None and not os.environ.get("CI"), reason="git is not installed")
 async def test_git_hooks_and_config_are_read_only(work: Path) -> None:
     subprocess.run(["git", "init", "-q", str(work)], check=True)
