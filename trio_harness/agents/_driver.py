@@ -56,7 +56,7 @@ from ..model._protocol import (
 from ..session import _events as ev
 from ..session._events import ApprovalOutcome, CancelCause, InboxMessage, SendMode, TurnEndReason
 from ..session._session import Session
-from ._approval import ApprovalGate, Approver
+from ._approval import ApprovalDecision, ApprovalGate, Approver
 from ._budget import OverBudget, UsageCounter
 from ._context import ContextWindow
 from ._dispatch import ToolDispatch
@@ -329,6 +329,23 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
         """
         msg, queue = self._route(message, message.mode, None)
         self._inbox.stage(queue, msg, self._posted_applied)
+
+    def deliver_decision(
+        self,
+        call_id: str,
+        decision: ApprovalDecision,
+        *,
+        call_seq: int | None,
+        applied: Callable[[], None],
+        refused: Callable[[str], None],
+    ) -> None:
+        """Take an approval decision posted through ``harness.sessions.post`` (agents/_remote_control.py).
+
+        Raises:
+            CallNotPendingError: the call is not waiting for approval, or the
+                call waiting is a later one that reuses the id.
+        """
+        self._approvals.deliver(call_id, decision, call_seq=call_seq, applied=applied, refused=refused)
 
     def _posted_applied(self, message: InboxMessage) -> None:
         if message.mode != "inject":
