@@ -232,3 +232,14 @@ def test_a_kept_decision_is_taken_only_by_the_call_it_was_posted_for() -> None:
     remote.post("c1", ApprovalDecision.allow_once(), lambda: None, call_seq=7, refused=refused.append)
     taken = remote.take("c1", [made(3), made(7)])
     assert taken is not None and taken[0] == ApprovalDecision.allow_once() and len(refused) == 1
+
+
+def test_sessions_show_prints_a_refused_control() -> None:
+    from trio_harness import _cli_sessions
+    from trio_harness.session import SessionHeader
+
+    refused = ev.ControlRefused(
+        seq=0, ts=0.0, message_id="ctl-1", kind="decision", reason="it was answered", call_id="c1"
+    )
+    lines = _cli_sessions.transcript(SessionHeader(id="s", created_at=0.0), [refused])
+    assert "  [posted decision for c1 not applied] it was answered" in lines
