@@ -113,11 +113,17 @@ ATTACKS: dict[str, list[str]] = {
     ],
     "rewrite a submodule checkout's .git file": ["echo 'gitdir: ../evil' > sub/.git; mv sub/.git sub/git; mv sub sub2"],
     "rewrite a linked worktree's .git file": ["echo 'gitdir: ../evil' > .git; mv .git git; rm -f .git"],
+    # The store is visible (hide_sessions=False) in the writable directory: still never writable.
+    "forge the session log": [
+        'echo \'{{"type": "approval/decided"}}\' >> sessions/s1/session.jsonl; touch sessions/s1/x.lock;'
+        " mv sessions sessions.moved; rm -rf sessions/s1"
+    ],
 }
 
 # The attacks run in a directory below WORKDIR (their writable directory), by name.
 ATTACK_WORKDIRS = {"rewrite a linked worktree's .git file": "linked"}
 
+_LOG = '{"type": "session", "id": "s1"}\n'
 _MODULE_CONFIG = "[core]\n\trepositoryformatversion = 0\n\tworktree = ../../../sub\n"
 _GITFILE = "gitdir: ../.git/modules/sub\n"
 
@@ -141,6 +147,11 @@ def _git_layout(workdir: Path) -> None:
     (git / "worktrees" / "w" / "commondir").write_text("../..\n")
     (workdir / "linked").mkdir()
     (workdir / "linked" / ".git").write_text(f"gitdir: {git / 'worktrees' / 'w'}\n")
+
+
+def _log_intact(workdir: Path) -> bool:
+    log = workdir / "sessions" / "s1" / "session.jsonl"
+    return log.is_file() and log.read_text() == _LOG and not (workdir / "sessions" / "s1" / "x.lock").exists()
 
 
 def _git_written(workdir: Path) -> str:
@@ -194,6 +205,8 @@ def prepare(workdir: Path, outside: Path) -> SandboxPolicy:
         (workdir / name / "secret.env").write_text(SECRET)
     (workdir / "link").symlink_to("real")
     _git_layout(workdir)
+    (workdir / "sessions" / "s1").mkdir(parents=True)
+    (workdir / "sessions" / "s1" / "session.jsonl").write_text(_LOG)
     hidden = [
         outside / "secrets",
         outside / "token",
@@ -201,7 +214,7 @@ def prepare(workdir: Path, outside: Path) -> SandboxPolicy:
         workdir / "conf2" / "secret.env",
         workdir / "link" / "secret.env",
     ]
-    fields: dict[str, Any] = {"hidden": [str(path) for path in hidden]}
+    fields: dict[str, Any] = {"hidden": [str(path) for path in hidden], "hide_sessions": False}
     if "max_processes" in attrs.fields_dict(SandboxPolicy):  # absent from older versions, to compare
         fields["max_processes"] = MAX_PROCESSES
     return SandboxPolicy(**fields)
@@ -246,10 +259,12 @@ async def run_attacks(workdir: Path, outside: Path, names: list[str] | None = No
         "write git's per-worktree config": lambda out: bool(_git_written(workdir)),
         "rewrite a submodule checkout's .git file": lambda out: bool(_git_written(workdir)),
         "rewrite a linked worktree's .git file": lambda out: bool(_git_written(workdir)),
+        "forge the session log": lambda out: not _log_intact(workdir),
     }
     results: dict[str, dict[str, Any]] = {}
     try:
-        async with open_bash_executor(BashRuntimeOptions(sandbox=policy, grace_period=0.5)) as executor:
+        options = BashRuntimeOptions(sandbox=policy, grace_period=0.5)
+        async with open_bash_executor(options, session_root=str(workdir / "sessions")) as executor:
             # A Python that runs inside (a virtual environment under /root does not, for nobody),
             # so the Python attacks are really tried.
             for candidate in dict.fromkeys([sys.executable, "/usr/bin/python3", shutil.which("python3") or ""]):
