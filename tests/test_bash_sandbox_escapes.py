@@ -390,3 +390,33 @@ async def test_the_probe_refuses_a_sandbox_without_its_filter(tmp_path: Path) ->
             BashRuntimeOptions(sandbox=SandboxPolicy(bwrap=_bwrap_without(tmp_path, "--seccomp")))
         ):
             raise AssertionError("opened a sandbox without its filter")
+
+
+def test_a_linked_worktrees_git_directory_in_a_writable_path_is_protected_too(tmp_path: Path) -> None:
+    """The .git file of the writable directory names a git directory (and a common one) another writable path holds."""
+    from _sandbox_attacks import _git_layout
+
+    from trio_harness.bash._sandbox_git import git_binds
+
+    _git_layout(tmp_path)
+    linked, git = str(tmp_path / "linked"), tmp_path / ".git"
+    pinned: list[str] = []
+
+    def pin(directory: str) -> list[str]:
+        pinned.append(directory)
+        return []
+
+    binds = git_binds(linked, [linked, str(tmp_path)], pin)
+    read_only = {binds[i + 1] for i, arg in enumerate(binds) if arg == "--ro-bind"}
+    assert read_only == {
+        f"{linked}/.git",
+        str(git / "worktrees" / "w" / "commondir"),
+        str(git / "worktrees" / "w" / "config.worktree"),  # made: extensions.worktreeConfig is on
+        str(git / "hooks"),
+        str(git / "config"),
+        str(git / "config.worktree"),
+    }
+    assert (git / "worktrees" / "w" / "config.worktree").read_text() == ""
+    assert pinned == [str(git / "worktrees" / "w"), str(git)]
+    # Outside every writable path, the git directory it names is read-only anyway: only the file is bound.
+    assert git_binds(linked, [linked], pin) == ["--ro-bind", f"{linked}/.git", f"{linked}/.git"]
