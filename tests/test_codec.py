@@ -193,7 +193,7 @@ EVENT_FIELDS: dict[type[Event], dict[str, st.SearchStrategy[Any]]] = {
     ControlRefused: {
         **_BASE,
         "message_id": texts,
-        "kind": st.sampled_from(["cancel", "decision"]),
+        "kind": st.sampled_from(["cancel", "decision", "unknown"]),
         "reason": texts,
         "call_id": st.none() | texts,
     },

@@ -243,3 +243,53 @@ def test_sessions_show_prints_a_refused_control() -> None:
     )
     lines = _cli_sessions.transcript(SessionHeader(id="s", created_at=0.0), [refused])
     assert "  [posted decision for c1 not applied] it was answered" in lines
+
+
+def test_the_mailbox_form_binds_the_call_and_stays_readable_by_older_versions() -> None:
+    import json
+
+    from trio_harness.session._control import control_message, read_control
+
+    message = control_message(Control("decision", "call_0", "deny", "no", call_seq=12))
+    assert set(json.loads(message.text)) == {"kind", "call_id", "verdict", "message"}  # what older versions read
+    assert message.id.endswith(".12")
+    read = read_control(message)
+    assert read is not None and (read.call_id, read.verdict, read.call_seq, read.message_id) == (
+        "call_0",
+        "deny",
+        12,
+        message.id,
+    )
+    newer = ev.InboxMessage(id="ctl-ab", text=json.dumps({"kind": "cancel", "added_later": 1}), mode="inject")
+    assert read_control(newer) == Control("cancel")  # keys of a newer version are ignored
+    for bad in (
+        ev.InboxMessage(id="ctl-ab", text="not json", mode="inject"),
+        ev.InboxMessage(id="ctl-ab.x", text=json.dumps({"kind": "cancel"}), mode="inject"),
+        ev.InboxMessage(id="ctl-ab", text=json.dumps({"kind": "pause"}), mode="inject"),
+        ev.InboxMessage(id="ctl-ab", text=json.dumps({"kind": "decision", "call_id": "c1"}), mode="inject"),
+    ):
+        with pytest.raises(ValueError, match="ctl-ab"):
+            read_control(bad)
+    assert read_control(ev.InboxMessage(id="msg-1", text="hi", mode="inject")) is None
+
+
+async def test_an_unreadable_control_in_the_mailbox_is_refused_not_taken_for_a_message(
+    postgres_cluster: Cluster, schema: str
+) -> None:
+    dsn = postgres_cluster.dsn()
+    store = PostgresStore(dsn, schema=schema)
+    await store.check()
+    async with open_harness(model=ScriptedModel([{"text": "hi"}]), store=store, builtin_tools=False) as h:
+        async with h.agents.open(session_id="s") as agent:
+            agent.followup("go")
+            await agent.when_idle()
+            await store.post("s", ev.InboxMessage(id="ctl-garbled", text="{not json", mode="inject"))
+            with trio.fail_after(WAIT):
+                while not of(agent, ev.ControlRefused):
+                    await trio.sleep(0.01)
+            (refused,) = of(agent, ev.ControlRefused)
+            assert (refused.message_id, refused.kind) == ("ctl-garbled", "unknown")
+            assert "cannot be read" in refused.reason
+            assert [e.text for e in of(agent, ev.UserMessage)] == ["go"]  # never spliced as a message
+            await agent.session.flush()
+            assert await store.pending_mail("s") == []

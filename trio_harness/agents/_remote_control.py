@@ -85,7 +85,7 @@ def apply_control(agent: Agent, control: Control, applied: Callable[[], None]) -
         applied()
         return
     call_id, verdict = control.call_id, control.verdict
-    if call_id is None or verdict is None:
+    if control.kind != "decision" or call_id is None or verdict is None:
         raise AgentError(f"the posted decision {control.message_id or ''} names no call or no verdict; not applied")
     if not isinstance(agent, TakesDecisions):
         raise AgentError(

@@ -57,7 +57,8 @@ class Control:
     """One posted control: ``cancel`` (as ``agent.cancel("user")``) or ``decision`` for ``call_id``.
 
     Attributes:
-        kind: ``cancel`` or ``decision``.
+        kind: ``cancel`` or ``decision`` (``unknown`` only to refuse a control
+            that could not be read).
         call_id: the call a decision answers.
         verdict: the decision's verdict.
         message: the decision's message.
@@ -66,10 +67,10 @@ class Control:
             to that call only, never to a later call that reuses its id (models
             reuse ids such as ``call_0``).  None in controls posted by older
             versions (bound to the call id alone).
-        message_id: the posted control's id (set when it is read back; not sent).
+        message_id: the posted control's id (set when it is read back).
     """
 
-    kind: Literal["cancel", "decision"]
+    kind: Literal["cancel", "decision", "unknown"]
     call_id: str | None = None
     verdict: str | None = None
     message: str | None = None
@@ -77,27 +78,52 @@ class Control:
     message_id: str = attrs.field(default="", eq=False)
 
 
+_FIELDS = ("kind", "call_id", "verdict", "message")
+
+
 def control_message(control: Control) -> InboxMessage:
-    """The mailbox form of ``control``."""
-    data = attrs.asdict(control, filter=lambda field, _: field.name != "message_id")
-    return InboxMessage(id=f"{CONTROL_PREFIX}{uuid.uuid4().hex}", text=json.dumps(data), mode="inject")
+    """The mailbox form of ``control``.
+
+    The text is the JSON of the fields every version reads; ``call_seq``
+    rides in the id (``ctl-<hex>.<call_seq>``), so a worker of an older
+    version, which refuses unknown keys, still reads the control (bound to
+    the call id alone) instead of taking it for a message.
+    """
+    data = {name: getattr(control, name) for name in _FIELDS}
+    suffix = f".{control.call_seq}" if control.call_seq is not None else ""
+    return InboxMessage(id=f"{CONTROL_PREFIX}{uuid.uuid4().hex}{suffix}", text=json.dumps(data), mode="inject")
+
+
+def is_control(message: InboxMessage) -> bool:
+    """Whether ``message`` carries a control (its id starts with :data:`CONTROL_PREFIX`)."""
+    return message.id.startswith(CONTROL_PREFIX)
 
 
 def read_control(message: InboxMessage) -> Control | None:
-    """The control ``message`` carries, or None for an ordinary message (or a malformed control)."""
-    if not message.id.startswith(CONTROL_PREFIX):
+    """The control ``message`` carries, or None for an ordinary message.
+
+    Keys of a newer version are ignored.
+
+    Raises:
+        ValueError: a control that cannot be read (malformed): it is refused,
+            never taken for a message.
+    """
+    if not is_control(message):
         return None
+    _, dot, seq = message.id.partition(".")
+    if dot and not (seq.isascii() and seq.isdigit()):
+        raise ValueError(f"the posted control {message.id} names no call (its id ends in {seq!r})")
     try:
         data = json.loads(message.text)
-        data.pop("message_id", None)
-        control = Control(**data, message_id=message.id)
-    except (ValueError, TypeError, AttributeError):
-        return None
+        control = Control(**{name: data.get(name) for name in _FIELDS}, call_seq=int(seq) if dot else None)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"the posted control {message.id} cannot be read: {exc}") from None
+    control = attrs.evolve(control, message_id=message.id)
+    if control.kind not in ("cancel", "decision"):
+        raise ValueError(f"the posted control {message.id} is of an unknown kind {control.kind!r}")
     if control.kind == "decision" and (not isinstance(control.call_id, str) or control.verdict not in VERDICTS):
-        return None
-    if control.call_seq is not None and (type(control.call_seq) is not int or control.call_seq < 0):
-        return None
-    return control if control.kind in ("cancel", "decision") else None
+        raise ValueError(f"the posted decision {message.id} names no call or no known verdict")
+    return control
 
 
 @attrs.frozen

@@ -457,14 +457,15 @@ class ControlRefused(Event):
 
     Attributes:
         message_id: the posted control's id (what ``post`` returned).
-        kind: ``decision`` or ``cancel``.
+        kind: ``decision`` or ``cancel``; ``unknown`` for a control that
+            could not be read (malformed, or of a newer version).
         reason: why it was not applied.
         call_id: the call a decision was posted for.
     """
 
     type: ClassVar[str] = "control/refused"
     message_id: str
-    kind: Literal["cancel", "decision"]
+    kind: Literal["cancel", "decision", "unknown"]
     reason: str
     call_id: str | None = None
 

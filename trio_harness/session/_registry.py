@@ -39,6 +39,7 @@ from ._control import (
     Control,
     check_pending,
     control_message,
+    is_control,
     read_control,
     refuse_control,
 )
@@ -238,9 +239,7 @@ class SessionRegistry:
                 delivered.append(mail_id)
         finally:
             writer.ack_mail(delivered)
-            writer.release_mail(
-                [mail_id for mail_id, m in mail if mail_id not in delivered and read_control(m) is None]
-            )
+            writer.release_mail([mail_id for mail_id, m in mail if mail_id not in delivered and not is_control(m)])
         if delivered or controls:
             try:
                 await entry.session.flush()
@@ -261,8 +260,7 @@ class SessionRegistry:
         to the next holder.  A control this agent cannot apply stays taken
         until the writer closes and is delivered at the next resume.
         """
-        control = read_control(message)
-        if control is None:
+        if not is_control(message):
             return False
         apply = entry.control
         writer = entry.writer
@@ -271,6 +269,15 @@ class SessionRegistry:
                 "session %r: the live agent cannot apply posted controls; %s waits", entry.session.id, message.id
             )
             return True
+        try:
+            control = read_control(message)
+        except ValueError as exc:  # never spliced as a message; the session says it
+            log.info("session %r: posted control %s not applied: %s", entry.session.id, message.id, exc)
+            refuse_control(entry.session, Control("unknown", message_id=message.id), str(exc))
+            writer.ack_mail([mail_id])
+            return True
+        if control is None:  # not reached: is_control said it is one
+            return False
         applied = functools.partial(writer.ack_mail, [mail_id])
         try:
             apply(control, applied)
