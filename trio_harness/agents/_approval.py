@@ -345,12 +345,13 @@ class ApprovalGate:
                 call waiting is a later one that reuses the id.
         """
         session = self._session
-        current = pending_call(session.events, call_id)
-        if current is None and not (self._remote is not None and self._remote.waiting(call_id)):
+        pending = pending_call(session.events, call_id)
+        if pending is None and not (self._remote is not None and self._remote.waiting(call_id)):
             raise CallNotPendingError(
                 f"tool call {call_id!r} of session {session.id!r} is not waiting for approval any more (it was "
                 "answered before the posted decision arrived); the decision was not applied"
             )
+        current = pending[0] if pending is not None else None
         reason = stale_reason(call_id, call_seq, current)
         if reason is not None:
             raise CallNotPendingError(f"session {session.id!r}: {reason}; the decision was not applied")

@@ -145,8 +145,7 @@ def _calls(events: Sequence[Event], call_id: str) -> _Calls:
             known, asked_seq = True, event.seq
         elif isinstance(event, ApprovalDecided | ToolResult) and event.call_id == call_id:
             asked_seq = None
-    if known and call_seq is None and asked_seq is not None:
-        call_seq = asked_seq  # asked without its message in the log (a fork's seed): the question names it
+    # Asked without its message in the log: call_seq stays None (the decision is bound to the id alone).
     return _Calls(known, call_seq, asked_seq)
 
 
@@ -159,8 +158,11 @@ def call_seq_of(events: Sequence[Event], call_id: str) -> int | None:
     return None
 
 
-def check_pending(events: Sequence[Event], session_id: str, call_id: str, question_seq: int | None = None) -> int:
-    """The call a decision for ``call_id`` answers (its ``call_seq``); refuse one the log does not have waiting.
+def check_pending(
+    events: Sequence[Event], session_id: str, call_id: str, question_seq: int | None = None
+) -> int | None:
+    """The call a decision for ``call_id`` answers (its ``call_seq``: None when the log has the question
+    without the message that made the call); refuse one the log does not have waiting.
 
     A call waits for approval when its ``approval/requested`` has no later
     ``approval/decided`` and the call no result (a live question, or one a
@@ -203,22 +205,16 @@ def check_pending(events: Sequence[Event], session_id: str, call_id: str, questi
             )
     if calls.asked_seq is None:
         raise CallNotPendingError(f"tool call {call_id!r} of session {session_id!r} is not waiting for approval")
-    assert calls.call_seq is not None
     return calls.call_seq
 
 
-def pending_call(events: Sequence[Event], call_id: str) -> int | None:
-    """The ``call_seq`` of the call ``call_id`` waiting for approval in ``events``, or None.
+def pending_call(events: Sequence[Event], call_id: str) -> tuple[int | None] | None:
+    """``(call_seq,)`` of the call ``call_id`` waiting for approval in ``events``, or None when none waits.
 
     See :func:`check_pending`.
     """
     calls = _calls(events, call_id)
-    return calls.call_seq if calls.asked_seq is not None else None
-
-
-def is_pending(events: Sequence[Event], call_id: str) -> bool:
-    """Whether ``call_id`` waits for approval in ``events`` (see :func:`check_pending`)."""
-    return pending_call(events, call_id) is not None
+    return (calls.call_seq,) if calls.asked_seq is not None else None
 
 
 def stale_reason(call_id: str | None, posted_seq: int | None, call_seq: int | None) -> str | None:
