@@ -98,7 +98,101 @@ ATTACKS: dict[str, list[str]] = {
         " echo $$ > $f 2>/dev/null && echo ESCAPED; done"
     ],
     "fork bomb": ["{python} -c '" + _BOMB + "'"],
+    "write a submodule's git hooks and config": [
+        "echo 'touch pwned' > .git/modules/sub/hooks/post-checkout;"
+        " echo 'touch pwned' > .git/modules/a/b/hooks/pre-commit;"
+        " printf '[core]\\n\\tfsmonitor = touch pwned\\n' >> .git/modules/sub/config;"
+        " printf '[core]\\n\\tfsmonitor = touch pwned\\n' >> .git/modules/sub/modules/inner/config",
+        "mv .git/modules/sub .git/modules/sub.moved; mv .git/modules .git/modules.moved; mv .git/modules/a .git/a;"
+        " rm -rf .git/modules/sub/modules/inner",
+    ],
+    "write git's per-worktree config": [
+        "printf '[core]\\n\\thooksPath = /var/tmp\\n' > .git/config.worktree;"
+        " printf '[core]\\n\\tfsmonitor = touch pwned\\n' > .git/worktrees/w/config.worktree;"
+        " echo {outside} > .git/worktrees/w/commondir; mv .git/worktrees/w .git/worktrees/w2"
+    ],
+    "rewrite a submodule checkout's .git file": ["echo 'gitdir: ../evil' > sub/.git; mv sub/.git sub/git; mv sub sub2"],
+    "rewrite a linked worktree's .git file": ["echo 'gitdir: ../evil' > .git; mv .git git; rm -f .git"],
+    # The store is visible (hide_sessions=False) in the writable directory: still never writable.
+    "forge the session log": [
+        'echo \'{{"type": "approval/decided"}}\' >> sessions/s1/session.jsonl; touch sessions/s1/x.lock;'
+        " mv sessions sessions.moved; rm -rf sessions/s1"
+    ],
 }
+
+# The attacks run in a directory below WORKDIR (their writable directory), by name.
+ATTACK_WORKDIRS = {"rewrite a linked worktree's .git file": "linked"}
+
+_LOG = '{"type": "session", "id": "s1"}\n'
+_MODULE_CONFIG = "[core]\n\trepositoryformatversion = 0\n\tworktree = ../../../sub\n"
+_GITFILE = "gitdir: ../.git/modules/sub\n"
+
+
+def _git_layout(workdir: Path) -> None:
+    """A repository with submodules (one named a/b, one nested), a linked worktree, worktreeConfig on."""
+    git = workdir / ".git"
+    for gitdir, config in (
+        (git, "[core]\n\trepositoryformatversion = 1\n[extensions]\n\tworktreeConfig = true\n"),
+        (git / "modules" / "sub", _MODULE_CONFIG),
+        (git / "modules" / "a" / "b", "[core]\n\trepositoryformatversion = 0\n"),
+        (git / "modules" / "sub" / "modules" / "inner", "[core]\n\trepositoryformatversion = 0\n"),
+    ):
+        gitdir.mkdir(parents=True)
+        (gitdir / "HEAD").write_text("ref: refs/heads/main\n")
+        (gitdir / "config").write_text(config)
+    (workdir / "sub").mkdir()
+    (workdir / "sub" / ".git").write_text(_GITFILE)
+    (git / "worktrees" / "w").mkdir(parents=True)
+    (git / "worktrees" / "w" / "HEAD").write_text("ref: refs/heads/w\n")
+    (git / "worktrees" / "w" / "commondir").write_text("../..\n")
+    (workdir / "linked").mkdir()
+    (workdir / "linked" / ".git").write_text(f"gitdir: {git / 'worktrees' / 'w'}\n")
+
+
+def _log_intact(workdir: Path) -> bool:
+    log = workdir / "sessions" / "s1" / "session.jsonl"
+    return log.is_file() and log.read_text() == _LOG and not (workdir / "sessions" / "s1" / "x.lock").exists()
+
+
+def _git_written(workdir: Path) -> str:
+    """What of :func:`_git_layout` a command changed (empty: nothing)."""
+    git = workdir / ".git"
+    changed = [
+        str(path.relative_to(workdir))
+        for path in (
+            git / "modules" / "sub" / "hooks" / "post-checkout",
+            git / "modules" / "a" / "b" / "hooks" / "pre-commit",
+        )
+        if path.exists()
+    ]
+    # A rename across the binds fails (EBUSY), or mv copies (EXDEV) and cannot remove the original.
+    changed += [
+        f"{path.relative_to(workdir)} is gone"
+        for path in (
+            git / "modules" / "sub" / "config",
+            git / "modules" / "a" / "b" / "config",
+            git / "worktrees" / "w",
+        )
+        if not path.exists()
+    ]
+    for path, text in (
+        (git / "modules" / "sub" / "config", _MODULE_CONFIG),
+        (git / "modules" / "sub" / "modules" / "inner" / "config", "[core]\n\trepositoryformatversion = 0\n"),
+        (git / "config.worktree", ""),  # created empty (worktreeConfig is on) by a command in the repository
+        (git / "worktrees" / "w" / "config.worktree", ""),
+        (git / "worktrees" / "w" / "commondir", "../..\n"),
+        (workdir / "sub" / ".git", _GITFILE),
+        (workdir / "linked" / ".git", f"gitdir: {git / 'worktrees' / 'w'}\n"),
+    ):
+        try:
+            found = path.read_text()
+        except FileNotFoundError:
+            found = "" if path.name == "config.worktree" else "(gone)"
+        except OSError as exc:
+            found = repr(exc)
+        if found != text:
+            changed.append(f"{path.relative_to(workdir)}: {found!r}")
+    return "; ".join(changed)
 
 
 def prepare(workdir: Path, outside: Path) -> SandboxPolicy:
@@ -110,6 +204,9 @@ def prepare(workdir: Path, outside: Path) -> SandboxPolicy:
         (workdir / name).mkdir()
         (workdir / name / "secret.env").write_text(SECRET)
     (workdir / "link").symlink_to("real")
+    _git_layout(workdir)
+    (workdir / "sessions" / "s1").mkdir(parents=True)
+    (workdir / "sessions" / "s1" / "session.jsonl").write_text(_LOG)
     hidden = [
         outside / "secrets",
         outside / "token",
@@ -117,7 +214,7 @@ def prepare(workdir: Path, outside: Path) -> SandboxPolicy:
         workdir / "conf2" / "secret.env",
         workdir / "link" / "secret.env",
     ]
-    fields: dict[str, Any] = {"hidden": [str(path) for path in hidden]}
+    fields: dict[str, Any] = {"hidden": [str(path) for path in hidden], "hide_sessions": False}
     if "max_processes" in attrs.fields_dict(SandboxPolicy):  # absent from older versions, to compare
         fields["max_processes"] = MAX_PROCESSES
     return SandboxPolicy(**fields)
@@ -158,10 +255,16 @@ async def run_attacks(workdir: Path, outside: Path, names: list[str] | None = No
         "hard-link a hidden file": lambda out: SECRET in out,
         "leave the process bound's cgroup": lambda out: "ESCAPED" in out,
         "fork bomb": lambda out: out.count("forked") >= MAX_PROCESSES,
+        "write a submodule's git hooks and config": lambda out: bool(_git_written(workdir)),
+        "write git's per-worktree config": lambda out: bool(_git_written(workdir)),
+        "rewrite a submodule checkout's .git file": lambda out: bool(_git_written(workdir)),
+        "rewrite a linked worktree's .git file": lambda out: bool(_git_written(workdir)),
+        "forge the session log": lambda out: not _log_intact(workdir),
     }
     results: dict[str, dict[str, Any]] = {}
     try:
-        async with open_bash_executor(BashRuntimeOptions(sandbox=policy, grace_period=0.5)) as executor:
+        options = BashRuntimeOptions(sandbox=policy, grace_period=0.5)
+        async with open_bash_executor(options, session_root=str(workdir / "sessions")) as executor:
             # A Python that runs inside (a virtual environment under /root does not, for nobody),
             # so the Python attacks are really tried.
             for candidate in dict.fromkeys([sys.executable, "/usr/bin/python3", shutil.which("python3") or ""]):
@@ -177,13 +280,17 @@ async def run_attacks(workdir: Path, outside: Path, names: list[str] | None = No
                     command = template.format(**values)
                     try:
                         result = await executor.run(
-                            executor.resolve(BashRequest(command, workdir=str(workdir), timeout=20))
+                            executor.resolve(
+                                BashRequest(command, workdir=str(workdir / ATTACK_WORKDIRS.get(name, "")), timeout=20)
+                            )
                         )
                     except BashError as exc:
                         evidence.append(f"refused to run: {exc}")
                         continue
                     evidence.append(f"exit {result.exit_code}\n{result.stdout}{result.stderr}")
                 out = "\n".join(evidence)
+                if name in ATTACK_WORKDIRS or "git" in name:
+                    out += f"\nchanged: {_git_written(workdir)}"
                 results[name] = {"escaped": checks[name](out), "evidence": out[-3000:]}
     finally:
         tcp.close()

@@ -241,6 +241,31 @@ async def test_the_session_store_is_hidden_from_the_bash_tool(tmp_path: Path, ou
     assert SECRET in outputs[1], outputs[1]
 
 
+async def test_a_session_store_not_hidden_is_still_read_only(work: Path) -> None:
+    """hide_sessions=False shows the store to commands, never lets them rewrite it (forged history), even in cwd."""
+    store = work / "sessions"
+    command = (
+        "cat sessions/s1/session.jsonl > /dev/null && echo READ; echo forged >> sessions/s1/session.jsonl;"
+        " touch sessions/s1/new.lock; mv sessions moved; rm -rf sessions/s1; ls sessions"
+    )
+    model = ScriptedModel([{"tool_calls": [{"name": "bash", "arguments": {"command": command}}]}, {"text": "ok"}])
+    async with open_test_harness(
+        model,
+        store=str(store),
+        builtin_tools=["bash", "tasks"],
+        bash_options=BashRuntimeOptions(sandbox=SandboxPolicy(hide_sessions=False)),
+        bash_tool_options=BashToolOptions(requires_approval=False),
+    ) as harness:
+        async with harness.agents.open(session_id="s1", cwd=str(work)) as agent:
+            await agent.session.flush()  # the log exists before the command runs
+            agent.followup("look")
+            await agent.when_idle()
+            (result,) = [e for e in agent.session.events if isinstance(e, ev.ToolResult)]
+    assert "READ" in result.content and "Read-only file system" in result.content, result.content
+    lines = (store / "s1" / "session.jsonl").read_text().splitlines()
+    assert "forged" not in lines and not (store / "s1" / "new.lock").exists() and not (work / "moved").exists()
+
+
 @pytest.mark.skipif(shutil.which("git") is None and not os.environ.get("CI"), reason="git is not installed")
 async def test_git_hooks_and_config_are_read_only(work: Path) -> None:
     subprocess.run(["git", "init", "-q", str(work)], check=True)
@@ -365,3 +390,33 @@ async def test_the_probe_refuses_a_sandbox_without_its_filter(tmp_path: Path) ->
             BashRuntimeOptions(sandbox=SandboxPolicy(bwrap=_bwrap_without(tmp_path, "--seccomp")))
         ):
             raise AssertionError("opened a sandbox without its filter")
+
+
+def test_a_linked_worktrees_git_directory_in_a_writable_path_is_protected_too(tmp_path: Path) -> None:
+    """The .git file of the writable directory names a git directory (and a common one) another writable path holds."""
+    from _sandbox_attacks import _git_layout
+
+    from trio_harness.bash._sandbox_git import git_binds
+
+    _git_layout(tmp_path)
+    linked, git = str(tmp_path / "linked"), tmp_path / ".git"
+    pinned: list[str] = []
+
+    def pin(directory: str) -> list[str]:
+        pinned.append(directory)
+        return []
+
+    binds = git_binds(linked, [linked, str(tmp_path)], pin)
+    read_only = {binds[i + 1] for i, arg in enumerate(binds) if arg == "--ro-bind"}
+    assert read_only == {
+        f"{linked}/.git",
+        str(git / "worktrees" / "w" / "commondir"),
+        str(git / "worktrees" / "w" / "config.worktree"),  # made: extensions.worktreeConfig is on
+        str(git / "hooks"),
+        str(git / "config"),
+        str(git / "config.worktree"),
+    }
+    assert (git / "worktrees" / "w" / "config.worktree").read_text() == ""
+    assert pinned == [str(git / "worktrees" / "w"), str(git)]
+    # Outside every writable path, the git directory it names is read-only anyway: only the file is bound.
+    assert git_binds(linked, [linked], pin) == ["--ro-bind", f"{linked}/.git", f"{linked}/.git"]

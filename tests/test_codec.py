@@ -36,6 +36,7 @@ from trio_harness.session._events import (
     CompactionFailed,
     ConfigChanged,
     ContextCompacted,
+    ControlRefused,
     Event,
     ImagePart,
     InboxMessage,
@@ -189,6 +190,13 @@ EVENT_FIELDS: dict[type[Event], dict[str, st.SearchStrategy[Any]]] = {
         "usage": st.none() | totals,
     },
     ConfigChanged: {**_BASE, "option": texts, "value": texts},
+    ControlRefused: {
+        **_BASE,
+        "message_id": texts,
+        "kind": st.sampled_from(["cancel", "decision", "unknown"]),
+        "reason": texts,
+        "call_id": st.none() | texts,
+    },
     ContextCompacted: {
         **_BASE,
         "boundary": ints,

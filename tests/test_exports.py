@@ -611,6 +611,7 @@ PUBLIC_API: dict[str, frozenset[str]] = {
             "CompactionFailed",
             "ConfigChanged",
             "ContextCompacted",
+            "ControlRefused",
             "Event",
             "EVENT_TYPES",
             "ImageMediaType",

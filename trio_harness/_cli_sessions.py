@@ -202,6 +202,9 @@ def transcript(header: SessionHeader, events: Sequence[Event], *, width: int = 5
             )
         elif isinstance(event, ev.ApprovalRequested):
             lines.append(f"  [approval] {event.name}: asked")
+        elif isinstance(event, ev.ControlRefused):
+            what = f"decision for {event.call_id}" if event.call_id is not None else event.kind
+            lines.append(f"  [posted {what} not applied] {_shorten(event.reason, width)}")
         elif isinstance(event, ev.TurnEnd):
             reason: str = event.reason
             if event.cause is not None:

@@ -401,7 +401,7 @@ async def open_harness(
         if "subagent" in wanted:
             await harness.load(SubagentToolPlugin(tasks, tools, subagent_settings, agents=agents))
         if "files" in wanted:
-            await harness.load(FileToolsPlugin(tools, bash, file_tool_settings))
+            await harness.load(FileToolsPlugin(tools, bash, file_tool_settings, store_root=store_root))
         if "plan" in wanted:
             await harness.load(PlanToolPlugin(tools))
         if mcp_scope is not None:

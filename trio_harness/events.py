@@ -16,6 +16,7 @@ from .session._events import AssistantMessage as AssistantMessage
 from .session._events import CompactionFailed as CompactionFailed
 from .session._events import ConfigChanged as ConfigChanged
 from .session._events import ContextCompacted as ContextCompacted
+from .session._events import ControlRefused as ControlRefused
 from .session._events import Event as Event
 from .session._events import ImageMediaType as ImageMediaType
 from .session._events import ImagePart as ImagePart

@@ -43,6 +43,11 @@ class Agent(Protocol):
     instead of calling ``send``, so that it can act on each only once its
     splice is stored (the built-in loop does, docs/postgres.rst); without it a
     posted message goes through ``send`` and the loop acts on it at once.
+    A loop takes approval decisions posted the same way only if it defines
+    ``deliver_decision(call_id, decision, *, call_seq, applied, refused)``
+    (the protocol ``TakesDecisions`` of ``agents/_remote_control.py``; the
+    built-in loop does); to another, a posted decision is refused: the
+    poster's error, or ``control/refused`` in the session.
     """
 
     @property

@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, get_args
 
 import attrs
 import trio
 
+from .._errors import CallNotPendingError
 from .._util import describe, split_cancelled
 from ..session import _events as ev
+from ..session._control import call_seq_of, pending_call, stale_reason
 from ..session._paused import paused_calls, unanswered_calls
 
 if TYPE_CHECKING:
@@ -178,40 +180,97 @@ def _denied_text(name: str, outcome: ApprovalOutcome, message: str | None, *, re
     return f"{text}; message: {message}" if message else text
 
 
+@attrs.frozen
+class _Posted:
+    """A posted decision kept until its call is reached (a paused turn's call, before the continuation asks)."""
+
+    decision: ApprovalDecision
+    applied: Callable[[], None]
+    call_seq: int | None  # the assistant/message that made the call it answers
+    refused: Callable[[str], None] | None
+
+
 @attrs.define(eq=False)
 class RemoteDecisions:
     """Decisions posted for one agent's calls (``harness.sessions.post(call_id=, decision=)``), each used once.
 
     A decision for a call being asked about ends the approver's wait; one
     that arrives first (for a paused turn's call, before its continuation
-    asks) is kept until the call is reached.  ``applied`` runs once the
-    decision is logged.
+    asks) is kept until the call is reached, bound to that call (the
+    ``assistant/message`` that made it): a later call reusing the id does
+    not take it, and it is refused (``refused(reason)``) instead.  ``applied``
+    runs once the decision is logged.
     """
 
-    _early: dict[str, tuple[ApprovalDecision, Callable[[], None]]] = attrs.field(factory=dict, init=False)
+    _early: dict[str, _Posted] = attrs.field(factory=dict, init=False)
     _waiting: dict[str, Callable[[ApprovalDecision, Callable[[], None]], None]] = attrs.field(factory=dict, init=False)
 
     def waiting(self, call_id: str) -> bool:
         """Whether the approver is being asked about ``call_id`` now."""
         return call_id in self._waiting
 
-    def post(self, call_id: str, decision: ApprovalDecision, applied: Callable[[], None]) -> None:
-        """Answer ``call_id`` with ``decision`` (now if it is being asked about, else when it is)."""
+    def post(
+        self,
+        call_id: str,
+        decision: ApprovalDecision,
+        applied: Callable[[], None],
+        *,
+        call_seq: int | None = None,
+        refused: Callable[[str], None] | None = None,
+    ) -> None:
+        """Answer ``call_id`` with ``decision`` (now if it is being asked about, else when it is).
+
+        Raises:
+            CallNotPendingError: a decision for the call is kept already (the first one posted applies).
+        """
         deliver = self._waiting.get(call_id)
         if deliver is not None:
             deliver(decision, applied)
-        else:
-            self._early[call_id] = (decision, applied)
+            return
+        if call_id in self._early:
+            raise CallNotPendingError(
+                f"tool call {call_id!r} has a posted decision waiting to apply already (the first one posted "
+                "applies); this one was not applied"
+            )
+        self._early[call_id] = _Posted(decision, applied, call_seq, refused)
 
-    def take(self, call_id: str) -> tuple[ApprovalDecision, Callable[[], None]] | None:
-        """The decision posted for ``call_id`` before it was asked about, if any."""
-        return self._early.pop(call_id, None)
+    def take(
+        self, call_id: str, events: Sequence[ev.Event] | None = None
+    ) -> tuple[ApprovalDecision, Callable[[], None]] | None:
+        """The decision posted for ``call_id`` before it was asked about, if any.
+
+        With ``events`` (the log), a kept decision bound to another call with
+        the same id (an earlier one, answered otherwise) is not returned but
+        refused.
+        """
+        posted = self._early.pop(call_id, None)
+        if posted is None:
+            return None
+        if posted.call_seq is not None and events is not None:
+            reason = stale_reason(call_id, posted.call_seq, call_seq_of(events, call_id))
+            if reason is not None:
+                self._refuse(posted, call_id, reason)
+                return None
+        return posted.decision, posted.applied
+
+    def discard(self, call_id: str, reason: str) -> None:
+        """Refuse the decision kept for ``call_id``, if any: its call was answered otherwise."""
+        posted = self._early.pop(call_id, None)
+        if posted is not None:
+            self._refuse(posted, call_id, reason)
+
+    @staticmethod
+    def _refuse(posted: _Posted, call_id: str, reason: str) -> None:
+        if posted.refused is not None:
+            posted.refused(reason)
+        else:  # posted by a caller that asked for no report (tests)
+            log.warning("the posted decision for call %s was not applied: %s", call_id, reason)
 
     async def ask(self, approver: Approver, request: ApprovalRequest) -> tuple[object, Callable[[], None] | None]:
         """The approver's answer, or a posted one that arrived first (with its ``applied``)."""
         early = self._early.pop(request.call_id, None)
         if early is not None:  # posted while the question was being stored: the approver is not asked
-            return early
+            return early.decision, early.applied
         posted: list[tuple[ApprovalDecision, Callable[[], None]]] = []
         scope = trio.CancelScope()
 
@@ -270,6 +329,36 @@ class ApprovalGate:
             self._remote = RemoteDecisions()
         return self._remote
 
+    def deliver(
+        self,
+        call_id: str,
+        decision: ApprovalDecision,
+        *,
+        call_seq: int | None,
+        applied: Callable[[], None],
+        refused: Callable[[str], None],
+    ) -> None:
+        """Apply a decision posted for ``call_id`` (see :class:`~trio_harness.agents._remote_control.TakesDecisions`).
+
+        Raises:
+            CallNotPendingError: the call is not waiting for approval, or the
+                call waiting is a later one that reuses the id.
+        """
+        session = self._session
+        pending = pending_call(session.events, call_id)
+        if pending is None and not (self._remote is not None and self._remote.waiting(call_id)):
+            raise CallNotPendingError(
+                f"tool call {call_id!r} of session {session.id!r} is not waiting for approval any more (it was "
+                "answered before the posted decision arrived); the decision was not applied"
+            )
+        current = pending[0] if pending is not None else None
+        reason = stale_reason(call_id, call_seq, current)
+        if reason is not None:
+            raise CallNotPendingError(f"session {session.id!r}: {reason}; the decision was not applied")
+        self.remote.post(
+            call_id, decision, applied, call_seq=call_seq if call_seq is not None else current, refused=refused
+        )
+
     def __attrs_post_init__(self) -> None:
         events = self._session.events
         self.paused = paused_calls(events)
@@ -320,6 +409,8 @@ class ApprovalGate:
             )
             text = f"error: not run: the turn was cancelled while the call waited for approval (cause: {cause})"
             session.append(ev.ToolResult, **where, content=text, is_error=True)
+            if self._remote is not None:
+                self._remote.discard(call.id, "the paused call was cancelled before the posted decision applied")
         session.append(ev.StepEnd, turn=turn, step=1)
         session.append(ev.TurnEnd, turn=turn, reason="aborted", cause=cause)
         return turn
@@ -388,7 +479,8 @@ class ApprovalGate:
                 if outcome == "allow_always":
                     return None
                 return _denied_text(call.name, outcome, remembered_message, remembered=True)
-            early = self.remote.take(call.id)
+            remote = self._remote
+            early = remote.take(call.id, session.events) if remote is not None else None
             if early is not None:  # posted before the question was reached: the approver is not asked
                 return self._decided(call, where, early[0], early[1])
             approver = self.approver

@@ -12,15 +12,16 @@ cause wins); a waking send latched after a cancel runs in a replacement
 activity once the cancelled turn has closed.
 
 Where is a turn cancelled?  :meth:`ReactAgent.cancel` cancels the activity's
-cancel scope; the ``finally`` blocks of :meth:`_run_turn`, :meth:`_run_step`
-and ``ToolDispatch.run`` close the turn (synthetic tool results, ``step/end``,
+cancel scope; the ``finally`` blocks of ``_run_turn``, ``_run_step``
+(``_turn_loop.py``) and ``ToolDispatch.run`` close the turn (synthetic tool results, ``step/end``,
 ``turn/end`` with the cause, or ``paused`` when a disposal cut off an approval
 wait) and flush the session, so the log stays balanced.
 
-The driver's parts have their own modules: approval and paused turns
-(``_approval.py``), tool dispatch (``_dispatch.py``), the next request
-(``_request.py``), the model's response (``_model_stream.py``) and the context
-window with its maintenance (``_context.py``).
+The driver's parts have their own modules: the turn loop, its base class
+(``_turn_loop.py``: a turn's steps, the request, the budgets), approval and
+paused turns (``_approval.py``), tool dispatch (``_dispatch.py``), the next
+request (``_request.py``), the model's response (``_model_stream.py``) and the
+context window with its maintenance (``_context.py``).
 """
 
 from __future__ import annotations
@@ -37,40 +38,36 @@ import attrs
 import trio
 
 from .._construct import NoPublicConstructor
-from .._errors import AgentDisposedError, SessionStoreError
+from .._errors import AgentDisposedError
 from .._initiator import _set_initiator
-from ..model._context import is_context_overflow
 from ..model._cost import price_route, usage_cost
 from ..model._images import refuse_images
 from ..model._protocol import (
-    Failure,
-    Finish,
     ModelProvider,
     ModelRequest,
     ModelSettings,
     OutputMode,
-    ToolCall,
     UsageTotals,
     supports_json_schema,
 )
 from ..session import _events as ev
-from ..session._events import ApprovalOutcome, CancelCause, InboxMessage, SendMode, TurnEndReason
+from ..session._events import ApprovalOutcome, CancelCause, InboxMessage, SendMode
 from ..session._session import Session
-from ._approval import ApprovalGate, Approver
-from ._budget import OverBudget, UsageCounter
+from ._approval import ApprovalDecision, ApprovalGate, Approver
+from ._budget import UsageCounter
 from ._context import ContextWindow
 from ._dispatch import ToolDispatch
-from ._durability import UNSHIELDED, Checkpoints, Durability
+from ._durability import Checkpoints, Durability
 from ._follow import FollowedPrompt, Followers
 from ._function_tools import caller_namespace, output_adapter
 from ._history import History
-from ._inbox import Inbox, Prompt, log_claimed
-from ._model_stream import stream_response
+from ._inbox import Inbox, Prompt
 from ._options import AgentOptions
 from ._request import RequestBuilder
 from ._run import PendingOutput, RunResult, run_prompt
 from ._stream import DEFAULT_STREAM_BUFFER, EventStream, StreamRegistry
-from ._tools import Tool, ToolSet
+from ._tools import ToolSet
+from ._turn_loop import TurnLoop
 
 if TYPE_CHECKING:
     from .._bus import EventBus
@@ -88,7 +85,7 @@ T = TypeVar("T")
 
 
 @attrs.define(eq=False, repr=False)
-class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.create() or resume()"):
+class ReactAgent(TurnLoop, metaclass=NoPublicConstructor, public_way="harness.agents.create() or resume()"):
     """The default :class:`~trio_harness.Agent`: a ReAct loop over a session.
 
     Built by the agent factory inside the create / resume pipeline; use
@@ -329,6 +326,23 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
         """
         msg, queue = self._route(message, message.mode, None)
         self._inbox.stage(queue, msg, self._posted_applied)
+
+    def deliver_decision(
+        self,
+        call_id: str,
+        decision: ApprovalDecision,
+        *,
+        call_seq: int | None,
+        applied: Callable[[], None],
+        refused: Callable[[str], None],
+    ) -> None:
+        """Take an approval decision posted through ``harness.sessions.post`` (agents/_remote_control.py).
+
+        Raises:
+            CallNotPendingError: the call is not waiting for approval, or the
+                call waiting is a later one that reuses the id.
+        """
+        self._approvals.deliver(call_id, decision, call_seq=call_seq, applied=applied, refused=refused)
 
     def _posted_applied(self, message: InboxMessage) -> None:
         if message.mode != "inject":
@@ -783,151 +797,6 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
             return None
         return self._quiesce()  # a store failure is reported by the session's detach
 
-    # ------------------------------------------------------------ turns
-
-    async def _run_turn(self) -> None:
-        turn = self._last_turn = self._last_turn + 1
-        session = self._session
-        request = self._request
-        request.clear_turn()
-        self._turn_start_usage = self._usage.totals
-        session.append(ev.TurnStart, turn=turn)
-        reason: TurnEndReason = "completed"
-        failure: Failure | None = None
-        try:
-            step = 0
-            while self._cause is None:
-                step += 1
-                if step > self._options.max_steps:
-                    reason = "blocked"
-                    failure = Failure("max-steps", f"the turn reached max_steps={self._options.max_steps}")
-                    break
-                try:
-                    # A step's end reaches the store with the next request's checkpoint
-                    # (nothing between them waits or has effects); the turn end flushes itself.
-                    outcome = await self._run_step(turn, step)
-                except SessionStoreError as exc:  # a checkpoint the store refused (docs/guarantees.rst)
-                    reason, failure = "error", Failure("store-error", str(exc))
-                    break
-                except Exception as exc:
-                    # A bug or a failing hook (tool filter, prompt section, ...):
-                    # end the turn as an error instead of crashing the scope tree.
-                    log.exception("agent %s: step %d of turn %d failed", self.id, step, turn)
-                    reason = "error"
-                    failure = Failure("driver-error", f"the turn failed: {exc!r}")
-                    break
-                if outcome is not None:
-                    reason, failure = outcome
-                    break
-        finally:
-            cause = self._cause
-            if cause is not None:  # paused when a disposal cut off an approval wait (docs/approval.rst)
-                reason, failure = self._approvals.end_reason(), None
-            # Shielded when a flush may wait (a flush that never waits cannot be cancelled).
-            with trio.CancelScope(shield=True) if session.flush_waits else UNSHIELDED:
-                # Hand the turn's events to the store before logging how the
-                # turn ended, so a store that refuses them ends the turn in
-                # ``error`` instead of a ``completed`` nobody stored
-                # (docs/guarantees.rst, "No silent loss").
-                try:
-                    await session.flush(sync=False)
-                except SessionStoreError as exc:
-                    reason, failure = "error", Failure("store-error", str(exc))
-                usage = self._usage.totals - self._turn_start_usage
-                session.append(ev.TurnEnd, turn=turn, reason=reason, cause=cause, failure=failure, usage=usage)
-                request.clear_turn()
-                try:
-                    await session.flush()
-                except SessionStoreError:
-                    # Kept on session.store_failure: when_idle() retries and
-                    # raises it, dispose() and the harness exit report it.
-                    log.warning("agent %s: the end of turn %d could not be stored", self.id, turn)
-
-    async def _run_step(self, turn: int, step: int) -> tuple[TurnEndReason, Failure | None] | None:
-        session = self._session
-        request = self._request
-        session.append(ev.StepStart, turn=turn, step=step)
-        try:
-            # Reset before claiming: a wake raised while the claim is logged
-            # (a session observer sending) must survive.
-            self._wake_requested = False
-            if step == 1 and (paused := self._approvals.take_paused()):  # a paused turn's continuation
-                return await self._dispatch.run(turn, step, list(paused), request.tools())  # type: ignore[func-returns-value]
-            claimed = self._inbox.claim(turn, turn_boundary=step == 1)
-            for message in claimed:
-                log_claimed(session, turn, step, message)
-                if message.settings is not None and request.turn_settings is None:
-                    request.turn_settings = message.settings
-                if self._outputs and request.turn_output is None:
-                    request.turn_output = self._outputs.get(message.id)
-            exhausted = self._budget_failure()
-            if exhausted is not None:
-                return "budget", exhausted
-            tools = request.tools()
-            try:
-                finish, calls = await self._ask(turn, step, tools)
-            except OverBudget as exc:  # the request after a compaction, or the retry after a refusal
-                return "budget", exc.failure
-            if finish.reason == "error":
-                return "error", finish.failure
-            if calls:
-                await self._dispatch.run(turn, step, calls, tools)
-                pending = request.turn_output
-                if pending is not None and pending.tool is not None:  # a final_answer call settles the turn
-                    if pending.valid:
-                        return "completed", None
-                    if pending.failure is not None:
-                        return "error", pending.failure
-                return None
-            if finish.reason == "max-tokens":
-                return "max-tokens", None
-            if request.turn_output is not None:
-                return request.turn_output.settle_turn(session.events, self._inbox)
-            return "completed", None
-        finally:
-            session.append(ev.StepEnd, turn=turn, step=step)
-
-    async def _ask(self, turn: int, step: int, tools: dict[str, Tool]) -> tuple[Finish, list[ToolCall]]:
-        """Log the request header and stream the request; compact first when the context is full.
-
-        A request the provider refuses as too long for the context window is
-        retried once after a compaction (docs/long-sessions.rst).  Every
-        request is checked against the budgets first.
-
-        Raises:
-            OverBudget: a budget forbids the request, or the compaction
-                that would make the refused request fit.
-        """
-        session = self._session
-        failure = await self._context.compact_if_due(turn, self._turn_start_usage)
-        if failure is not None:
-            return Finish("error", failure), []
-        retried = False
-        while True:
-            exhausted = self._budget_failure()  # the summary requests of a compaction count
-            if exhausted is not None:
-                raise OverBudget(exhausted)
-            request = self._request.build(tools)
-            session.append(
-                ev.RequestHeader,
-                turn=turn,
-                step=step,
-                provider=self._provider.name,
-                model=request.model,
-                tools=self._dispatch.names(tools),
-                max_tokens=request.max_tokens,
-                settings=self._request.header_settings(request.settings),
-            )
-            await self._checkpoints()  # the prompt, the step so far and the header: on the store first
-            finish, calls = await stream_response(self._provider, session, request, turn, step)
-            if retried or finish.reason != "error" or not is_context_overflow(finish.failure):
-                return finish, calls
-            retried = True
-            refused = finish.failure.message if finish.failure is not None else "too long"
-            outcome = await self._context.compact_refused(turn, self._turn_start_usage, refused)
-            if outcome is not True:
-                return (finish, calls) if outcome is None else (Finish("error", outcome), [])
-
     # ------------------------------------------------------------ context window
 
     def context_estimate(self) -> int:
@@ -955,10 +824,6 @@ class ReactAgent(metaclass=NoPublicConstructor, public_way="harness.agents.creat
                 compacting (nothing is logged).
         """
         return await self._context.compact_now(keep_tokens)
-
-    def _budget_failure(self) -> Failure | None:
-        """Why the next request must not be made: a turn or session budget is used up (else None)."""
-        return self._usage.over_budget(self._options.turn_budget, self._options.session_budget, self._turn_start_usage)
 
     def build_request(self) -> ModelRequest:
         """The request the next step would send (for inspection and tests)."""

@@ -60,6 +60,7 @@ import trio
 
 from .._errors import BashError
 from .._util import is_positive_int
+from ._sandbox_git import git_binds
 from ._seccomp import UnsupportedArchitectureError, build_filter
 
 INSTALL_HINT = (
@@ -166,9 +167,12 @@ class SandboxPolicy:
             ``/etc/shadow``, ``/etc/gshadow``).
         hide_sessions: also hide the session store's root (the executor's
             ``session_root``; the harness passes its JSONL store's root).
-        protect_git: make ``.git/hooks`` and ``.git/config`` of each writable
-            directory read-only (hooks and configured commands run outside the
-            sandbox on the user's next ``git``).
+            Hidden or not, it is never writable.
+        protect_git: make git's hooks and configuration in each writable
+            directory read-only: ``.git/hooks``, ``.git/config``,
+            ``.git/config.worktree``, those of submodules (``.git/modules``)
+            and linked worktrees, and a ``.git`` file (hooks and configured
+            commands run outside the sandbox on the user's next ``git``).
         tmp_size: the size cap of ``/tmp``, in bytes; None for the kernel's
             default (half the memory).
         max_processes: how many processes (threads included) a command may
@@ -216,7 +220,7 @@ def describe_sandbox(policy: SandboxPolicy) -> str:
     if hidden:
         text += " and " + ", ".join(hidden) + " are hidden"
     if policy.protect_git:
-        text += "; .git/hooks and .git/config are read-only"
+        text += "; git's hooks and configuration (.git/hooks, .git/config and those of submodules) are read-only"
     text += (
         "; /tmp is private to each command and emptied when it ends; "
         + ("network access is allowed" if policy.network else "there is no network access")
@@ -342,6 +346,8 @@ class Sandbox:
         writable: the policy's extra writable paths (resolved).
         hidden: every path hidden (defaults, session root, the policy's), absolute, symlinks not followed.
         as_root: whether the harness runs as root (uid 0).
+        read_only: paths read-only even inside a writable directory: the session store's root when
+            it is not hidden (``hide_sessions=False``), so no command rewrites the harness's own logs.
     """
 
     policy: SandboxPolicy
@@ -349,6 +355,7 @@ class Sandbox:
     writable: tuple[str, ...]
     hidden: tuple[str, ...]
     as_root: bool
+    read_only: tuple[str, ...] = attrs.field(default=(), kw_only=True)
     _filter_dir: str = attrs.field(repr=False)
     _bound: _ProcessBound | None = attrs.field(repr=False)
     _seen: dict[str, _Seen] = attrs.field(factory=dict, repr=False)
@@ -450,23 +457,34 @@ class Sandbox:
         # (a test's tmp_path) is the real one; hidden paths come last and win.
         for path in roots:
             argv += ["--bind", path, path]
-        pinned: set[str] = set()
-        for real, _kind in covers:
+        pinned: set[str] = set(roots)
+
+        def pin(directory: str) -> list[str]:
+            """Bind ``directory`` and every directory above it up to its writable roots onto themselves
+            (a mount point cannot be renamed or removed)."""
+            binds: list[str] = []
             for root in roots:
-                if not _under(real, root):
-                    continue
-                ancestor = os.path.dirname(real)
                 chain = []
-                while _under(ancestor, root):
+                ancestor = directory
+                while _under(ancestor, root) and ancestor not in chain:
                     chain.append(ancestor)
                     ancestor = os.path.dirname(ancestor)
-                for directory in reversed(chain):
-                    if directory not in pinned:
-                        pinned.add(directory)
-                        argv += ["--bind", directory, directory]
+                for path in reversed(chain):
+                    if path not in pinned:
+                        pinned.add(path)
+                        binds += ["--bind", path, path]
+            return binds
+
+        for real, _kind in covers:
+            argv += pin(os.path.dirname(real))
+        for path in self.read_only:  # the session store, when it is not hidden: read-only even where writable
+            real = os.path.realpath(path)
+            if os.path.lexists(real) and any(_under(real, root) for root in roots):
+                argv += [*pin(os.path.dirname(real)), "--ro-bind", real, real]
+                pinned.add(real)  # nothing below it is bound writable again
         if policy.protect_git:
             for root in roots:
-                argv += _git_binds(root)
+                argv += git_binds(root, roots, pin)
         for real, kind in covers:
             if kind == stat.S_IFDIR:
                 argv += ["--perms", "0555", "--size", str(_COVER_SIZE), "--tmpfs", real]
@@ -498,23 +516,9 @@ class Sandbox:
         return [_SH, "-c", outer, "sh", *argv, *inner]
 
 
-def _git_binds(root: str) -> list[str]:
-    """Binds making ``root/.git``'s hooks and config read-only, and ``.git`` itself impossible to rename."""
-    git = os.path.join(root, ".git")
-    if os.path.islink(git) or not os.path.isdir(git):
-        return []  # no repository, or a .git file naming a git directory elsewhere (docs/sandbox.rst)
-    hooks = os.path.join(git, "hooks")
-    if not os.path.lexists(hooks):
-        with contextlib.suppress(OSError):
-            os.mkdir(hooks)  # so a command cannot create it and fill it
-    binds = ["--bind", git, git]
-    for path in (hooks, os.path.join(git, "config")):
-        if os.path.lexists(path) and not os.path.islink(path):
-            binds += ["--ro-bind", path, path]
-    return binds
-
-
-def _check(policy: SandboxPolicy, session_root: str | None) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+def _check(
+    policy: SandboxPolicy, session_root: str | None
+) -> tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     if not sys.platform.startswith("linux"):
         raise SandboxUnavailableError(
             f"the bash sandbox needs Linux (it runs commands under bubblewrap); this is {sys.platform!r}"
@@ -547,7 +551,9 @@ def _check(policy: SandboxPolicy, session_root: str | None) -> tuple[str, tuple[
         hidden.append(session_root)
     hidden += policy.hidden
     absolute = tuple(dict.fromkeys(os.path.abspath(os.path.expanduser(path)) for path in hidden))
-    return os.path.abspath(found), tuple(writable), absolute
+    # Not hidden, the store is still never writable (a command rewriting its logs could forge its history).
+    read_only = () if session_root is None or policy.hide_sessions else (os.path.abspath(session_root),)
+    return os.path.abspath(found), tuple(writable), absolute, read_only
 
 
 async def open_sandbox(policy: SandboxPolicy, shell: str, *, session_root: str | None = None) -> Sandbox:
@@ -567,7 +573,7 @@ async def open_sandbox(policy: SandboxPolicy, shell: str, *, session_root: str |
             filter or without the bound; the message says what to do.
         BashError: a setting of the policy is invalid.
     """
-    bwrap, writable, hidden = _check(policy, session_root)
+    bwrap, writable, hidden, read_only = _check(policy, session_root)
     try:
         program = build_filter(unix_sockets=policy.allows_unix_sockets)
     except UnsupportedArchitectureError as exc:
@@ -599,6 +605,7 @@ async def open_sandbox(policy: SandboxPolicy, shell: str, *, session_root: str |
         writable=writable,
         hidden=hidden,
         as_root=as_root,
+        read_only=read_only,
         filter_dir=filter_dir,
         bound=bound,
     )

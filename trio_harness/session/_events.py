@@ -446,6 +446,31 @@ class ApprovalDecided(Event):
 
 
 @attrs.frozen
+class ControlRefused(Event):
+    """A control posted through ``harness.sessions.post`` that could not be applied (docs/approval.rst).
+
+    Logged where the poster cannot be told at once (the control travelled
+    through the store's mailbox, or a decision kept for a paused call turned
+    out stale): a decision for a call answered meanwhile, one meant for an
+    earlier call whose id the model reused, or one for an agent that cannot
+    take decisions.  Nothing of the control was applied.
+
+    Attributes:
+        message_id: the posted control's id (what ``post`` returned).
+        kind: ``decision`` or ``cancel``; ``unknown`` for a control that
+            could not be read (malformed, or of a newer version).
+        reason: why it was not applied.
+        call_id: the call a decision was posted for.
+    """
+
+    type: ClassVar[str] = "control/refused"
+    message_id: str
+    kind: Literal["cancel", "decision", "unknown"]
+    reason: str
+    call_id: str | None = None
+
+
+@attrs.frozen
 class StepEnd(Event):
     """A step ended."""
 
@@ -593,6 +618,7 @@ AnyEvent: TypeAlias = (
     | ContextCompacted
     | CompactionFailed
     | ConfigChanged
+    | ControlRefused
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -614,6 +640,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ContextCompacted,
     CompactionFailed,
     ConfigChanged,
+    ControlRefused,
 )
 """Every event class, in a stable order.
 

@@ -33,7 +33,16 @@ from .._errors import (
     SessionStoreError,
 )
 from ._blobs import resolve_images
-from ._control import VERDICTS, ApprovalDecisionLike, Control, check_pending, control_message, read_control
+from ._control import (
+    VERDICTS,
+    ApprovalDecisionLike,
+    Control,
+    check_pending,
+    control_message,
+    is_control,
+    read_control,
+    refuse_control,
+)
 from ._events import Event, InboxMessage, SendMode, SessionHeader
 from ._follow_store import DEFAULT_POLL_INTERVAL, SessionFollower, check_follow
 from ._persistence import RemoteInbox, ServerSideFork, SessionStore, has_mailbox
@@ -230,9 +239,7 @@ class SessionRegistry:
                 delivered.append(mail_id)
         finally:
             writer.ack_mail(delivered)
-            writer.release_mail(
-                [mail_id for mail_id, m in mail if mail_id not in delivered and read_control(m) is None]
-            )
+            writer.release_mail([mail_id for mail_id, m in mail if mail_id not in delivered and not is_control(m)])
         if delivered or controls:
             try:
                 await entry.session.flush()
@@ -253,8 +260,7 @@ class SessionRegistry:
         to the next holder.  A control this agent cannot apply stays taken
         until the writer closes and is delivered at the next resume.
         """
-        control = read_control(message)
-        if control is None:
+        if not is_control(message):
             return False
         apply = entry.control
         writer = entry.writer
@@ -263,7 +269,23 @@ class SessionRegistry:
                 "session %r: the live agent cannot apply posted controls; %s waits", entry.session.id, message.id
             )
             return True
-        apply(control, functools.partial(writer.ack_mail, [mail_id]))
+        try:
+            control = read_control(message)
+        except ValueError as exc:  # never spliced as a message; the session says it
+            log.info("session %r: posted control %s not applied: %s", entry.session.id, message.id, exc)
+            refuse_control(entry.session, Control("unknown", message_id=message.id), str(exc))
+            writer.ack_mail([mail_id])
+            return True
+        if control is None:  # not reached: is_control said it is one
+            return False
+        applied = functools.partial(writer.ack_mail, [mail_id])
+        try:
+            apply(control, applied)
+        except HarnessError as exc:
+            # The poster is gone: the session says it (the row goes with the flush that stores it).
+            log.info("session %r: posted control %s not applied: %s", entry.session.id, message.id, exc)
+            refuse_control(entry.session, control, str(exc))
+            applied()
         return True
 
     async def deliver_waiting(self, entry: SessionEntry) -> None:
@@ -288,6 +310,7 @@ class SessionRegistry:
         cancel: bool = False,
         call_id: str | None = None,
         decision: ApprovalDecisionLike | None = None,
+        question_seq: int | None = None,
     ) -> str:
         """Deliver a message, a cancel or an approval decision to ``session_id`` wherever it is live.
 
@@ -299,10 +322,23 @@ class SessionRegistry:
         without asking the approver again).  Both travel like messages:
         see :meth:`post_message`.
 
+        A decision is bound to the call waiting now (the ``assistant/message``
+        that made it): it never decides a later call that reuses the id
+        (models reuse ids such as ``call_0``).  ``question_seq``, the seq of
+        the ``approval/requested`` event the decision answers, binds it to
+        that question: refused when it is not the one waiting.  A decision
+        that turns out not to apply once it arrives is not applied: the
+        error is raised here when the agent is live in this process, and
+        otherwise the session logs ``control/refused`` (docs/approval.rst).
+
         Raises:
             TypeError, ValueError: not exactly one thing to post, or a bad decision.
-            CallNotFoundError: the session's log has no call ``call_id``.
-            CallNotPendingError: that call is not waiting for approval.
+            CallNotFoundError: the session's log has no call ``call_id``, or no
+                question for it at ``question_seq``.
+            CallNotPendingError: that call is not waiting for approval, the
+                question at ``question_seq`` was answered, or the agent live
+                here found it answered or stale.
+            AgentError: the agent live here takes no posted decisions (a custom loop).
             SessionNotFoundError, AgentNotFoundError, AgentDisposedError,
                 SessionStoreError: as for a message.
         """
@@ -326,8 +362,10 @@ class SessionRegistry:
                 events = (await self.persistence.load(session_id)).events
             except SessionNotFoundError:
                 raise SessionNotFoundError(f"no live or stored session {session_id!r} to post to") from None
-        check_pending(events, session_id, call_id)
-        return await self._post_control(session_id, Control("decision", call_id, verdict, message))
+        if question_seq is not None and (type(question_seq) is not int or question_seq < 0):
+            raise ValueError(f"question_seq must be the seq of an approval/requested event, got {question_seq!r}")
+        call_seq = check_pending(events, session_id, call_id, question_seq)
+        return await self._post_control(session_id, Control("decision", call_id, verdict, message, call_seq))
 
     async def _post_control(self, session_id: str, control: Control) -> str:
         message = control_message(control)
@@ -342,7 +380,7 @@ class SessionRegistry:
                 f"session {session_id!r} is not live in this process, and this store cannot keep controls "
                 "for a session nobody holds; resume its agent first (the PostgreSQL store keeps them until then)"
             )
-        entry.control(control, lambda: None)
+        entry.control(attrs.evolve(control, message_id=message.id), lambda: None)  # raises: the poster is told
         await entry.session.flush()
         return message.id
 

@@ -181,6 +181,10 @@ class _FileTool(Tool):
     plugin: FileToolsPlugin | None = attrs.field(default=None, kw_only=True)
 
 
+def _absolute(path: str | os.PathLike[str] | None) -> str | None:
+    return None if path is None else os.path.abspath(os.fspath(path))
+
+
 _APPLIED: weakref.WeakSet[FileToolsPlugin] = weakref.WeakSet()
 
 
@@ -193,6 +197,11 @@ class FileToolsPlugin:
         bash: the bash executor whose sandbox rules the tools follow (its
             writable and hidden paths), or None for no rules.
         options: the tools' settings (:class:`FileToolOptions`).
+        store_root: the directory of the session store in use (a JSONL store's
+            root; :func:`~trio_harness.open_harness` passes it), which the
+            tools never write, sandbox or not, whatever the approval: a model
+            that could write its own log could forge its history (approvals
+            it was never given).  None: no store on disk.
     """
 
     name: ClassVar[str] = "files"
@@ -201,6 +210,7 @@ class FileToolsPlugin:
     options: FileToolOptions = attrs.field(
         factory=FileToolOptions, validator=attrs.validators.instance_of(FileToolOptions)
     )
+    store_root: str | None = attrs.field(default=None, kw_only=True, converter=_absolute)
     # Per agent (by identity): what it has read or written, and the file system bound to it.
     _known: dict[int, tuple[Agent, dict[str, dict[str, Any]]]] = attrs.field(factory=dict, init=False)
     _systems: dict[int, tuple[Agent, FileSystem]] = attrs.field(factory=dict, init=False)
@@ -261,9 +271,15 @@ class FileToolsPlugin:
 
     def _rules(self) -> PathRules:
         checked = self.bash.checked_sandbox if self.bash is not None else None
+        protected = (self.store_root,) if self.store_root is not None else ()
         if checked is None:
-            return PathRules()
-        return PathRules(writable=checked.writable, hidden=checked.hidden, protect_git=checked.policy.protect_git)
+            return PathRules(protected=protected)
+        return PathRules(
+            writable=checked.writable,
+            hidden=checked.hidden,
+            protect_git=checked.policy.protect_git,
+            protected=protected,
+        )
 
     def _system(self, agent: Agent) -> FileSystem:
         entry = self._systems.get(id(agent))

@@ -239,6 +239,28 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
+GIT_PROTECTED_NAMES = ("config", "config.worktree", "commondir")
+"""Files of a git directory that git reads its configuration (commands it runs) or its common directory from."""
+
+
+def git_protected(real: str, root: str) -> bool:
+    """Whether ``real`` (resolved, under ``root``) is a part of a git repository that makes git run commands.
+
+    A ``.git`` entry itself at any depth (a directory, or a *file* naming a
+    git directory: ``gitdir: ...``, which a linked worktree and a submodule's
+    checkout have), and below a ``.git`` directory anything under a
+    ``hooks`` directory and every ``config``, ``config.worktree`` and
+    ``commondir``: those of the repository, of its submodules
+    (``.git/modules/<name>/``, nested ones too) and of its linked worktrees
+    (``.git/worktrees/<name>/``).
+    """
+    relative = os.path.relpath(real, root).split(os.sep)
+    if ".git" not in relative:
+        return False
+    rest = relative[relative.index(".git") + 1 :]
+    return not rest or "hooks" in rest or rest[-1] in GIT_PROTECTED_NAMES
+
+
 @attrs.frozen
 class PathRules:
     """Which resolved paths the file tools may read and write (the bash sandbox's rules, or none).
@@ -246,12 +268,15 @@ class PathRules:
     Attributes:
         writable: extra writable roots besides the session's directory (resolved); None: no sandbox, all writable.
         hidden: paths nothing may read or write (absolute; resolved at each check).
-        protect_git: ``.git/hooks`` and ``.git/config`` of each writable root are read-only.
+        protect_git: git's hooks and configuration in each writable root are read-only (:func:`git_protected`).
+        protected: paths never written, sandbox or not, whatever the approval: the session store's
+            directory (absolute; resolved at each check).
     """
 
     writable: tuple[str, ...] | None = None
     hidden: tuple[str, ...] = ()
     protect_git: bool = False
+    protected: tuple[str, ...] = ()
 
     def _hidden(self, real: str) -> tuple[str, str] | None:
         """The hidden path ``real`` is under and what hides it, or None."""
@@ -270,7 +295,16 @@ class PathRules:
             raise FileToolError(f"{shown} is hidden by {hidden[1]} ({hidden[0]}); it cannot be read")
 
     def check_write(self, shown: str, real: str, cwd: str) -> None:
-        """Refuse a write outside the writable roots (the session's directory and the policy's), or of a hidden path."""
+        """Refuse a write of the session store, of a hidden path, or outside the writable roots (the session's
+        directory and the policy's), or of git's hooks and configuration there."""
+        for path in self.protected:
+            # ``real`` has every symlink resolved: compare with the store's resolved place as well.
+            if _under(real, path) or _under(real, os.path.realpath(path)):
+                resolved = f" (it resolves to {real})" if real != shown else ""
+                raise FileToolError(
+                    f"{shown}{resolved} is inside the session store ({path}): the harness's own session logs "
+                    "cannot be written by the file tools, whatever the approval"
+                )
         if (hidden := self._hidden(real)) is not None:
             raise FileToolError(f"{shown} is hidden by {hidden[1]} ({hidden[0]}); it cannot be written")
         if self.writable is None:
@@ -285,12 +319,11 @@ class PathRules:
         roots: Sequence[str] = (home, *self.writable)
         for root in roots:
             if _under(real, root):
-                git = os.path.join(root, ".git")
-                if self.protect_git and (
-                    _under(real, os.path.join(git, "hooks")) or real == os.path.join(git, "config")
-                ):
+                if self.protect_git and git_protected(real, root):
                     raise FileToolError(
-                        f"{shown} is read-only in the sandbox (.git/hooks and .git/config are protected)"
+                        f"{shown} is read-only in the sandbox (git's hooks and configuration are protected: "
+                        ".git/hooks, .git/config, .git/config.worktree, those of submodules in .git/modules "
+                        "and of worktrees, and .git files; git would run what they name outside the sandbox)"
                     )
                 return
         where = ", ".join(roots)
