@@ -63,6 +63,8 @@ class SessionFeatures:
         _terminal: TerminalRunner | None
         _closing: bool
         _broken: bool
+        _accepting: bool
+        _writing: Callable[[], bool]
         _post: Callable[[dict[str, Any]], None]
         _post_error: Callable[[rpc.RequestId, rpc.RpcError], None]
         _update: Callable[[str, dict[str, Any]], None]
@@ -98,10 +100,12 @@ class SessionFeatures:
         capabilities = params.get("clientCapabilities") if isinstance(params, dict) else None
         if isinstance(capabilities, dict) and capabilities.get("terminal") is True and self._terminal is None:
             self._terminal = TerminalRunner(
-                call=lambda method, params: self._requests.call(self._post, method, params),
+                requests=self._requests,
+                post=self._post,
                 session_of=self._session_of,
                 update=self._update,
-                connected=lambda: not self._closing and not self._broken,
+                connected=self._writing,
+                answers=lambda: self._accepting and not self._broken,
                 shell=self.harness.bash.shell,
                 output_limit=self.harness.bash.tail_bytes,
             )

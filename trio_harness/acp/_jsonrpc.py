@@ -47,6 +47,9 @@ DEFAULT_MAX_LINE_BYTES: Final = 8 * 1024 * 1024
 DEFAULT_OUTBOX_LIMIT: Final = 256
 """The default bound on outgoing messages queued (or owed) before input stops being read."""
 
+LATE_LIMIT: Final = 1024
+"""How many abandoned requests :class:`OutgoingRequests` remembers for their late answers."""
+
 RequestId: TypeAlias = int | str | None
 
 
@@ -270,14 +273,30 @@ class OutgoingRequests:
 
     _next_id: int = attrs.field(default=1, init=False)
     _waiting: dict[RequestId, _Waiter] = attrs.field(factory=dict, init=False)
+    # Requests whose waiter gave up but whose late answer still matters (``on_late``), oldest first.
+    _late: dict[RequestId, Callable[[Response], None]] = attrs.field(factory=dict, init=False)
     _closed: bool = attrs.field(default=False, init=False)
 
     def __len__(self) -> int:
         """The number of requests waiting for a response."""
         return len(self._waiting)
 
-    async def call(self, send: Callable[[dict[str, Any]], None], method: str, params: Any) -> Response:
+    async def call(
+        self,
+        send: Callable[[dict[str, Any]], None],
+        method: str,
+        params: Any,
+        *,
+        on_late: Callable[[Response], None] | None = None,
+    ) -> Response:
         """Send a request with ``send`` and wait for its response (an error response included).
+
+        A wait that ends without the response (cancelled, or a timeout around
+        the call) tells the peer with ``$/cancel_request``; with ``on_late``,
+        the response the peer may still send is handed to it (from the reader,
+        synchronously: it must not block), so a resource the peer created
+        anyway can be let go.  At most :data:`LATE_LIMIT` such requests are
+        remembered (the oldest is forgotten first); :meth:`close` forgets all.
 
         Raises:
             PeerGoneError: the connection closed before the peer answered.
@@ -292,17 +311,40 @@ class OutgoingRequests:
             await waiter.done.wait()
         except BaseException:
             if self._waiting.pop(request_id, None) is not None and not self._closed:
+                if on_late is not None:
+                    if len(self._late) >= LATE_LIMIT:
+                        self._late.pop(next(iter(self._late)))
+                    self._late[request_id] = on_late
                 send(notification("$/cancel_request", {"requestId": request_id}))
+            elif waiter.response is not None and on_late is not None:
+                on_late(waiter.response)  # answered just as the wait ended: late all the same
             raise
         if waiter.response is None:
             raise PeerGoneError(f"the peer disconnected before answering {method}")
         return waiter.response
 
+    def send_only(self, send: Callable[[dict[str, Any]], None], method: str, params: Any) -> bool:
+        """Send a request whose answer nobody waits for (the answers can no longer be read); False once closed."""
+        if self._closed:
+            return False
+        request_id = self._next_id
+        self._next_id += 1
+        send(request(request_id, method, params))
+        return True
+
     def resolve(self, response: Response) -> bool:
-        """Hand ``response`` to the request it answers; False when no request waits for its id."""
+        """Hand ``response`` to the request it answers; False when no request waits for its id.
+
+        A late answer (see ``on_late`` of :meth:`call`) goes to its handler
+        and counts as routed.
+        """
         waiter = self._waiting.pop(response.id, None)
         if waiter is None:
-            return False
+            late = self._late.pop(response.id, None)
+            if late is None:
+                return False
+            late(response)
+            return True
         waiter.response = response
         waiter.done.set()
         return True
@@ -310,6 +352,7 @@ class OutgoingRequests:
     def close(self) -> None:
         """End every wait with :exc:`PeerGoneError`; later calls fail at once."""
         self._closed = True
+        self._late.clear()
         waiting = list(self._waiting.values())
         self._waiting.clear()
         for waiter in waiting:

@@ -1,0 +1,150 @@
+"""The bounds on what the ACP bridge asks the client: late and missing answers, cleanup at shutdown.
+
+- ``terminal/create`` answered after the call gave up: that terminal is killed
+  and released when the answer arrives (tests/_acp_editor.py runs it as a real
+  process), and the call already failed with an error naming the bound.
+- ``fs/read_text_file`` / ``fs/write_text_file`` never answered: the call fails
+  within the server's ``fs_timeout``, naming the request and the bound (a
+  write: its outcome unknown); the late answer is dropped.
+- The server shutting down (end of input, SIGTERM) releases every terminal of
+  its running calls: over the real stdio transport, against a client that
+  records the ``terminal/release`` it gets.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from _acp_clients import Msg, open_server
+from _acp_editor import EditorPeer, editor
+
+from trio_harness import ScriptedModel, allow_all
+from trio_harness.acp import AcpServer
+from trio_harness.session import _events as ev
+from trio_harness.testing import open_test_harness
+
+
+def call(name: str, **arguments: Any) -> Msg:
+    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+def results(events: Any) -> list[ev.ToolResult]:
+    return [e for e in events if isinstance(e, ev.ToolResult)]
+
+
+async def prompt(peer: EditorPeer, session_id: str, text: str) -> Msg:
+    result: Msg = await peer.call("session/prompt", peer.prompt_params(session_id, text))
+    return result
+
+
+async def test_a_terminal_created_after_the_bound_is_killed_and_released_when_the_answer_comes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trio_harness.acp import _terminal
+
+    monkeypatch.setattr(_terminal, "CLEANUP_TIMEOUT", 0.2)
+    model = ScriptedModel([call("bash", command="sleep 60", timeout_ms=100), {"text": "ok"}])
+    async with open_test_harness(model, builtin_tools=["bash"], approver=allow_all) as harness:
+        async with editor(harness, ask_permission=False) as (peer, server):
+            peer.hold_create = trio.Event()
+            session_id = (await peer.call("session/new", {"cwd": str(tmp_path), "mcpServers": []}))["sessionId"]
+            assert await prompt(peer, session_id, "go") == {"stopReason": "end_turn"}
+            agent = harness.agents.get(session_id)
+            assert agent is not None
+            (result,) = results(agent.session.events)
+            assert result.is_error and "did not answer terminal/create within 0.2s" in result.content
+            assert peer.terminals == {}  # the call ended before the client created anything
+            peer.hold_create.set()  # now the client creates it: the server lets it go
+            await peer.wait_until(lambda: "terminal/release" in peer.asked)
+            await trio.testing.wait_all_tasks_blocked()
+            (terminal,) = peer.terminals.values()
+            assert terminal.killed and terminal.released
+            assert peer.asked == ["terminal/create", "terminal/kill", "terminal/release"]
+            assert server._terminal is not None and not server._terminal.live
+
+
+async def test_a_late_error_to_terminal_create_releases_nothing_and_the_connection_goes_on(tmp_path: Path) -> None:
+    """A client that honours the $/cancel_request answers with an error: no terminal to release."""
+    model = ScriptedModel([call("bash", command="sleep 60"), {"text": "second"}])
+    async with open_test_harness(model, builtin_tools=["bash"], approver=allow_all) as harness:
+        async with editor(harness, ask_permission=False) as (peer, _):
+            session_id = (await peer.call("session/new", {"cwd": str(tmp_path), "mcpServers": []}))["sessionId"]
+            message = await peer.send_request("session/prompt", peer.prompt_params(session_id, "go"))
+            peer.hold["terminal/create"] = trio.Event()  # never set: the test answers the create itself
+            await peer.wait_until(lambda: "terminal/create" in peer.asked)
+            await peer.notify("session/cancel", {"sessionId": session_id})
+            assert (await peer.response(message))["result"] == {"stopReason": "cancelled"}
+            notice = await peer.wait_for(lambda m: m.get("method") == "$/cancel_request")
+            # The client answers the abandoned create with the ACP cancellation error.
+            cancelled = {"code": -32800, "message": "request cancelled"}
+            await peer._send({"jsonrpc": "2.0", "id": notice["params"]["requestId"], "error": cancelled})
+            assert await prompt(peer, session_id, "again") == {"stopReason": "end_turn"}
+            assert peer.asked == ["terminal/create"] and peer.terminals == {}
+
+
+@pytest.mark.parametrize("method", ["fs/read_text_file", "fs/write_text_file"])
+async def test_an_unanswered_fs_request_fails_the_call_within_the_fs_timeout(tmp_path: Path, method: str) -> None:
+    target = tmp_path / "notes.txt"
+    first = call("read_file", path=str(target)) if method == "fs/read_text_file" else None
+    step = first or call("write_file", path=str(target), content="new\n")
+    model = ScriptedModel([step, {"text": "noted"}, {"text": "still here"}])
+    async with open_test_harness(model, builtin_tools=["files"], approver=allow_all) as harness:
+        async with editor(harness, terminal=False, fs=True, ask_permission=False, fs_timeout=0.2) as (peer, _):
+            peer.files[str(target)] = "old\n"
+            if method == "fs/write_text_file":
+                del peer.files[str(target)]  # a new file: the read that checks it answers "no such file"
+            late = peer.hold[method] = trio.Event()
+            session_id = (await peer.call("session/new", {"cwd": str(tmp_path), "mcpServers": []}))["sessionId"]
+            with trio.fail_after(10):  # the bound, not the test's WAIT, ends the call
+                assert await prompt(peer, session_id, "go") == {"stopReason": "end_turn"}
+            agent = harness.agents.get(session_id)
+            assert agent is not None
+            (result,) = results(agent.session.events)
+            assert result.is_error
+            assert f"the editor did not answer {method} for {target} within 0.2s (the fs_timeout)" in result.content
+            if method == "fs/write_text_file":
+                assert "whether the file was written is unknown" in result.content
+            late.set()  # the answer comes after all: dropped, and the connection serves on
+            await peer.wait_until(lambda: peer.asked.count(method) == 1)
+            await trio.testing.wait_all_tasks_blocked()
+            assert await prompt(peer, session_id, "again") == {"stopReason": "end_turn"}
+            assert not [m for m in peer.received if "error" in m]
+    assert not target.exists()  # the editor's file system, never the disk
+
+
+def test_the_fs_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="fs_timeout must be positive"):
+        AcpServer(harness=None, fs_timeout=0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("how", ["end of input", "SIGTERM"])
+async def test_shutting_down_releases_the_terminal_of_a_running_call_over_stdio(tmp_path: Path, how: str) -> None:
+    responses: list[Msg] = [call("bash", command="sleep 60")]
+    async with open_server(tmp_path, responses, extra=("--yes",), tools="bash") as client:
+        await client.call("initialize", {"protocolVersion": 1, "clientCapabilities": {"terminal": True}})
+        session_id = await client.new_session(tmp_path)
+        await client.send(client.prompt(session_id, "go"))
+        create = await client.wait_for(lambda m: m.get("method") == "terminal/create")
+        assert create["params"]["args"] == ["-c", "sleep 60"]
+        await client.send({"jsonrpc": "2.0", "id": create["id"], "result": {"terminalId": "term-1"}})
+        await client.wait_for(lambda m: m.get("method") == "terminal/wait_for_exit")  # the command runs
+        if how == "SIGTERM":
+            client.process.send_signal(signal.SIGTERM)
+        else:
+            await client.close_input()
+        await client.wait_exit()
+        await client.wait_for(lambda m: m.get("method") == "terminal/release")
+        asked = [m for m in client.received if "id" in m and m.get("method", "").startswith("terminal/")]
+        assert [m["method"] for m in asked] == [
+            "terminal/create",
+            "terminal/wait_for_exit",
+            "terminal/kill",
+            "terminal/release",
+        ]
+        assert {m["params"]["terminalId"] for m in asked[1:]} == {"term-1"}
+        assert all(m["params"]["sessionId"] == session_id for m in asked)
