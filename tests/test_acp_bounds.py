@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,12 @@ import trio
 import trio.testing
 from _acp_clients import Msg, open_server
 from _acp_editor import EditorPeer, editor
+from _util import wait_until
+from test_acp_server import socket_streams
 
 from trio_harness import ScriptedModel, allow_all
 from trio_harness.acp import AcpServer
+from trio_harness.bash import BashRuntimeOptions
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
 
@@ -148,3 +152,52 @@ async def test_shutting_down_releases_the_terminal_of_a_running_call_over_stdio(
         ]
         assert {m["params"]["terminalId"] for m in asked[1:]} == {"term-1"}
         assert all(m["params"]["sessionId"] == session_id for m in asked)
+
+
+async def test_a_client_that_stops_reading_is_disconnected_after_the_write_timeout() -> None:
+    """Without the bound the writer waits forever, the reader too (backpressure), and serve never returns."""
+    model = ScriptedModel([{"text": "x" * 200_000}])  # one answer far larger than the socket buffers
+    async with open_test_harness(model) as harness:
+        client, server_end = socket_streams()
+        server = AcpServer(harness, write_timeout=0.5)
+        async with client, server_end, trio.open_nursery() as nursery:
+            served = trio.Event()
+
+            async def serve() -> None:
+                await server.serve(server_end, server_end)
+                served.set()
+
+            nursery.start_soon(serve)
+            peer_messages = [
+                {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}},
+                {"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": "/tmp", "mcpServers": []}},
+            ]
+            await client.send_all(b"".join(json.dumps(m).encode() + b"\n" for m in peer_messages))
+            await wait_until(lambda: len(server.session_ids) == 1)
+            (session_id,) = server.session_ids
+            prompt = {"sessionId": session_id, "prompt": [{"type": "text", "text": "talk"}]}
+            request = {"jsonrpc": "2.0", "id": 3, "method": "session/prompt", "params": prompt}
+            await client.send_all(json.dumps(request).encode() + b"\n")
+            with trio.fail_after(10):  # the write bound, not the test's, ends the connection
+                await served.wait()
+            assert server.session_ids == [] and harness.agents.get(session_id) is None
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_client_that_ignores_the_output_byte_limit_gives_the_model_only_the_tail(tmp_path: Path) -> None:
+    """The editor client of tests/_acp_editor.py answers terminal/output with everything, past outputByteLimit."""
+    command = "head -c 100000 /dev/zero | tr '\\0' a; echo; echo the-end"
+    model = ScriptedModel([call("bash", command=command), {"text": "ok"}])
+    options = BashRuntimeOptions(tail_bytes=1000)
+    async with open_test_harness(model, builtin_tools=["bash"], approver=allow_all, bash_options=options) as harness:
+        async with editor(harness, ask_permission=False) as (peer, _):
+            session_id = (await peer.call("session/new", {"cwd": str(tmp_path), "mcpServers": []}))["sessionId"]
+            assert await prompt(peer, session_id, "go") == {"stopReason": "end_turn"}
+            assert peer.asked[0] == "terminal/create"  # it ran in the client's terminal
+            agent = harness.agents.get(session_id)
+            assert agent is not None
+            (result,) = results(agent.session.events)
+    assert not result.is_error
+    assert result.content.startswith("[output truncated: 99009 earlier bytes of stdout not shown]\n")
+    assert result.content.endswith("\nthe-end")
+    assert len(result.content) < 1100

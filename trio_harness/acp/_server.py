@@ -135,6 +135,8 @@ PROTOCOL_VERSION: Final = 1
 
 FLUSH_TIMEOUT: Final = 30.0
 DRAIN_TIMEOUT: Final = 5.0
+WRITE_TIMEOUT: Final = 120.0
+"""The default bound on writing one message (``AcpServer.write_timeout``)."""
 
 _P = TypeVar("_P")
 _Ts = TypeVarTuple("_Ts")
@@ -181,6 +183,10 @@ class AcpServer(SessionFeatures, SessionStreaming):
         fs_timeout: how long (seconds) the file tools wait for the editor's
             answer to one ``fs/read_text_file`` or ``fs/write_text_file``
             before the call fails (docs/editors.rst).
+        write_timeout: how long (seconds) writing one message may take: a
+            client that reads none of it for that long is taken as gone, and
+            the connection ends as after a disconnect (docs/acp.rst,
+            "Backpressure").
     """
 
     harness: Harness
@@ -193,6 +199,7 @@ class AcpServer(SessionFeatures, SessionStreaming):
     initial_mode: str = MODE_ASK
     models: Sequence[ModelProvider] = ()
     fs_timeout: float = FS_TIMEOUT
+    write_timeout: float = WRITE_TIMEOUT
     _records: dict[str, _SessionRecord] = attrs.field(factory=dict, init=False)
     _scope: Scope | None = attrs.field(default=None, init=False)
     _outbox: rpc.Outbox | None = attrs.field(default=None, init=False)
@@ -217,8 +224,9 @@ class AcpServer(SessionFeatures, SessionStreaming):
             raise ValueError(f"max_line_bytes must be positive, got {self.max_line_bytes!r}")
         if self.outbox_limit < 1:
             raise ValueError(f"outbox_limit must be at least 1, got {self.outbox_limit!r}")
-        if not self.fs_timeout > 0:
-            raise ValueError(f"fs_timeout must be positive, got {self.fs_timeout!r}")
+        for name in ("fs_timeout", "write_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
         if self.initial_mode not in MODE_IDS:
             raise ValueError(f"initial_mode must be one of {sorted(MODE_IDS)}, got {self.initial_mode!r}")
 
@@ -347,9 +355,12 @@ class AcpServer(SessionFeatures, SessionStreaming):
                 if self._broken:
                     continue
                 try:
-                    await writer.send(message)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    log.info("acp: the client stopped reading (%r); disconnecting", exc)
+                    with trio.fail_after(self.write_timeout):
+                        await writer.send(message)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, trio.TooSlowError) as exc:
+                    timed_out = isinstance(exc, trio.TooSlowError)
+                    reason = f"one message took over {self.write_timeout:g}s to write" if timed_out else repr(exc)
+                    log.warning("acp: the client stopped reading (%s); disconnecting", reason)
                     self._broken = True
                     self._read_scope.cancel()
                 except (TypeError, ValueError):  # a message that cannot be encoded is a bug

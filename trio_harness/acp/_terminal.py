@@ -180,7 +180,12 @@ class TerminalRunner:
             await self._release(ids, kill=False)
         text = output.get("output")
         text = text if isinstance(text, str) else ""
-        if output.get("truncated") is True:
+        # A client that ignores outputByteLimit: the model still gets the tail the executor would keep.
+        data = text.encode("utf-8", "surrogatepass")
+        dropped = max(0, len(data) - self.output_limit)
+        if dropped:
+            text = data[dropped:].decode("utf-8", "ignore")
+        elif output.get("truncated") is True:
             text = _TRUNCATED + text
         exit_code = status.get("exitCode")
         return BashResult(
@@ -189,7 +194,7 @@ class TerminalRunner:
             exit_code=exit_code if type(exit_code) is int else None,
             signal=_signal_number(status.get("signal")),
             timed_out=timed_out,
-            stdout_dropped=0,
+            stdout_dropped=dropped,
             stderr_dropped=0,
             timeout=spec.timeout,
         )
