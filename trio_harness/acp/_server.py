@@ -438,8 +438,10 @@ class AcpServer(SessionFeatures, SessionStreaming):
                 self._post(rpc.result_response(request.id, answer))
             elif method == "session/prompt":
                 self._start_prompt(request, decode_params(PromptParams, params))
-            elif method == "session/cancel":
-                self._cancel(decode_params(CancelParams, params))
+            elif method == "session/cancel":  # sent as a request: an unknown session is an error
+                cancel = decode_params(CancelParams, params)
+                self._record(cancel.session_id)
+                self._cancel(cancel)
                 self._post(rpc.result_response(request.id, None))
             elif method == "session/set_mode":
                 answer = self._set_mode(decode_params(SetSessionModeParams, params))
@@ -546,6 +548,14 @@ class AcpServer(SessionFeatures, SessionStreaming):
     async def _new(self, params: NewSessionParams) -> dict[str, Any]:
         self._check_auth()
         self._check_open()
+        if not await trio.to_thread.run_sync(os.path.isdir, params.cwd):
+            # Every command and relative path of the session would fail there.
+            raise rpc.RpcError(
+                rpc.INVALID_PARAMS,
+                "invalid params for session/new: 'cwd' must be an existing directory, "
+                f"got {shorten(params.cwd, 200)!r}",
+                {"field": "cwd"},
+            )
         options, choice = self._session_options()
         handle = await self.harness.agents.create(
             owner=self._scope,
