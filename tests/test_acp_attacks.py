@@ -114,3 +114,20 @@ async def test_loading_a_session_live_on_another_connection_is_refused_and_leave
             assert other_server.session_ids == []
         prompt = {"sessionId": session_id, "prompt": [{"type": "text", "text": "hi"}]}
         assert await owner.call("session/prompt", prompt) == {"stopReason": "end_turn"}
+
+
+async def test_a_slash_command_cancelled_in_the_same_read_answers_cancelled() -> None:
+    """The command's task had not started when the cancel was read: the cancel was lost (end_turn)."""
+    async with open_test_harness(ScriptedModel([])) as harness, connected(harness) as (peer, _, _):
+        await peer.call("initialize", {"protocolVersion": 1})
+        session_id = (await peer.call("session/new", {"cwd": "/", "mcpServers": []}))["sessionId"]
+        prompt = peer.request(
+            "session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "/status"}]}
+        )
+        cancel = {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session_id}}
+        await peer.send(prompt, cancel)
+        assert (await peer.response(prompt["id"]))["result"] == {"stopReason": "cancelled"}
+        assert not [u for u in peer.updates if u["sessionUpdate"] == "agent_message_chunk"]
+        # The session takes the next command.
+        again = {"sessionId": session_id, "prompt": [{"type": "text", "text": "/status"}]}
+        assert await peer.call("session/prompt", again) == {"stopReason": "end_turn"}

@@ -124,8 +124,11 @@ class SessionFeatures:
         model = record.model.current if record.model is not None else getattr(self.harness.model, "name", "?")
         status = SessionStatus(str(model), record.mode if self._modes_offered() else None, self.harness.bash.sandbox)
         stop_reason = "cancelled"
+        # The scope exists from the prompt's admission: a cancel read before this task runs cancels it.
+        scope = prompt.scope if prompt.scope is not None else trio.CancelScope()
         try:
-            with trio.CancelScope() as prompt.scope:
+            with scope:
+                await trio.lowlevel.checkpoint_if_cancelled()
                 text = await run_command(name, rest, record.agent, status)
                 chunk = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}
                 self._update(record.id, {**chunk, "messageId": str(uuid.uuid4())})

@@ -673,7 +673,7 @@ class AcpServer(SessionFeatures, SessionStreaming):
             )
         agent = record.agent
         if isinstance(text, str) and (command := parse_command(text)) is not None:  # a slash command (no images)
-            record.prompt = _Prompt(request_id=request.id)
+            record.prompt = _Prompt(request_id=request.id, scope=trio.CancelScope())
             if not self._spawn(self._run_command, record, record.prompt, *command):
                 record.prompt = None
                 raise rpc.RpcError(rpc.INTERNAL_ERROR, "the server is shutting down")
