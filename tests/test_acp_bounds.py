@@ -28,6 +28,7 @@ from test_acp_server import socket_streams
 
 from trio_harness import ScriptedModel, allow_all
 from trio_harness.acp import AcpServer
+from trio_harness.acp import _jsonrpc as rpc
 from trio_harness.bash import BashRuntimeOptions
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
@@ -201,3 +202,47 @@ async def test_a_client_that_ignores_the_output_byte_limit_gives_the_model_only_
     assert result.content.startswith("[output truncated: 99009 earlier bytes of stdout not shown]\n")
     assert result.content.endswith("\nthe-end")
     assert len(result.content) < 1100
+
+
+async def test_a_late_answer_goes_to_on_late_even_when_it_races_the_cancel(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[Msg] = []
+    late: list[rpc.Response] = []
+    requests = rpc.OutgoingRequests()
+
+    async def ask(scope: trio.CancelScope) -> None:
+        with scope:
+            await requests.call(sent.append, "terminal/create", {}, on_late=late.append)
+
+    # The answer arrives after the wait gave up: routed to on_late, once.
+    scope = trio.CancelScope()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask, scope)
+        await trio.testing.wait_all_tasks_blocked()
+        scope.cancel()
+    assert sent[-1] == {"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": 1}}
+    assert requests.resolve(rpc.Response(1, {"terminalId": "t1"}))
+    assert not requests.resolve(rpc.Response(1, {"terminalId": "t1"}))
+    assert late == [rpc.Response(1, {"terminalId": "t1"})]
+
+    # The answer arrives after the cancel was delivered but before the waiting task ran again:
+    # the call raises Cancelled, and the answer must not be lost with it.
+    scope = trio.CancelScope()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask, scope)
+        await trio.testing.wait_all_tasks_blocked()
+        scope.cancel()  # the waiter is rescheduled with Cancelled, not yet run
+        assert requests.resolve(rpc.Response(2, {"terminalId": "t2"}))
+    assert late[-1] == rpc.Response(2, {"terminalId": "t2"}) and len(late) == 2
+
+    # At most LATE_LIMIT abandoned requests are remembered, the oldest forgotten first.
+    monkeypatch.setattr(rpc, "LATE_LIMIT", 2)
+    for _ in range(3):
+        scope = trio.CancelScope()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask, scope)
+            await trio.testing.wait_all_tasks_blocked()
+            scope.cancel()
+    assert not requests.resolve(rpc.Response(3, {}))
+    assert requests.resolve(rpc.Response(4, {})) and requests.resolve(rpc.Response(5, {}))
+    requests.close()  # nothing is remembered past the connection
+    assert requests.send_only(sent.append, "terminal/release", {}) is False
