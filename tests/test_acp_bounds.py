@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from _acp_clients import Msg, open_server
+from _acp_clients import Msg, connected, open_server
 from _acp_editor import EditorPeer, editor
 from _util import wait_until
 from test_acp_server import socket_streams
@@ -246,3 +246,40 @@ async def test_a_late_answer_goes_to_on_late_even_when_it_races_the_cancel(monke
     assert requests.resolve(rpc.Response(4, {})) and requests.resolve(rpc.Response(5, {}))
     requests.close()  # nothing is remembered past the connection
     assert requests.send_only(sent.append, "terminal/release", {}) is False
+
+
+async def test_an_oversized_request_is_answered_under_its_id() -> None:
+    """It was answered with a null id: the client's request (a prompt pasting a huge file) never ended."""
+    async with open_test_harness(ScriptedModel([])) as harness:
+        async with connected(harness, max_line_bytes=4096) as (peer, _, _):
+            huge = {"sessionId": "s", "prompt": [{"type": "text", "text": "x" * 10_000}]}
+            await peer.send({"jsonrpc": "2.0", "id": "big", "method": "session/prompt", "params": huge})
+            error = (await peer.response("big"))["error"]
+            assert error["code"] == -32600 and error["data"] == {"limit": 4096}
+            assert error["message"] == (
+                "invalid request (session/prompt): the message exceeds the 4096-byte line limit; discarded"
+            )
+            # A line whose start names no id is answered with a null id, as before.
+            await peer.send({"jsonrpc": "2.0", "method": "session/prompt", "params": huge, "id": "late-id"})
+            (nameless,) = [m for m in [await peer.receive()] if m.get("id") is None]
+            assert "exceeds the 4096-byte line limit" in nameless["error"]["message"]
+            assert (await peer.call("initialize", {"protocolVersion": 1}))["protocolVersion"] == 1
+
+
+async def test_an_oversized_answer_to_fs_read_fails_the_call_at_once_naming_the_limit(tmp_path: Path) -> None:
+    """It was discarded unrouted: the call waited for the whole fs_timeout, then blamed a silent editor."""
+    target = tmp_path / "big.txt"
+    model = ScriptedModel([call("read_file", path=str(target)), {"text": "noted"}])
+    async with open_test_harness(model, builtin_tools=["files"], approver=allow_all) as harness:
+        async with editor(harness, terminal=False, fs=True, ask_permission=False, max_line_bytes=4096) as (peer, _):
+            peer.files[str(target)] = "y" * 10_000
+            session_id = (await peer.call("session/new", {"cwd": str(tmp_path), "mcpServers": []}))["sessionId"]
+            with trio.fail_after(10):  # well within the default fs_timeout (30 s)
+                assert await prompt(peer, session_id, "go") == {"stopReason": "end_turn"}
+            agent = harness.agents.get(session_id)
+            assert agent is not None
+            (result,) = results(agent.session.events)
+    assert result.is_error
+    assert f"the editor could not read {target}: the client's answer was not read: " in result.content
+    assert "the message exceeds the 4096-byte line limit" in result.content
+    assert not [m for m in peer.received if "error" in m]  # a response is never answered

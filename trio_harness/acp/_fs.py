@@ -27,7 +27,7 @@ import trio
 
 from ..tools._files import file_tools_in
 from ..tools._files_fs import FileContent, FileToolError, LocalFileSystem, check_text, encode_text
-from ._jsonrpc import PeerGoneError
+from ._jsonrpc import PeerGoneError, discarded
 
 if TYPE_CHECKING:
     from ..agents._agent import Agent
@@ -103,7 +103,7 @@ class ClientFileSystem:
                 f"the editor did not answer fs/read_text_file for {path} within {self.timeout:g}s (the fs_timeout)"
             )
         if response.error is not None:
-            if not await trio.to_thread.run_sync(os.path.lexists, path):
+            if not discarded(response.error) and not await trio.to_thread.run_sync(os.path.lexists, path):
                 return None  # the editor has no such file, and neither has the disk
             raise FileToolError(f"the editor could not read {path}: {_message(response.error)}")
         result = response.result

@@ -210,6 +210,79 @@ def parse_message(line: bytes) -> Message:
     return Notification(method, params)
 
 
+DISCARDED: Final = "answer-discarded"
+"""``error.data.reason`` of the error a request gets when the peer's answer to it was too long to read."""
+
+
+def discarded(error: object) -> bool:
+    """Whether ``error`` (a response's) stands for an answer this side discarded, not the peer's own error."""
+    data = error.get("data") if isinstance(error, dict) else None
+    return isinstance(data, dict) and data.get("reason") == DISCARDED
+
+
+HEAD_BYTES: Final = 1024
+"""How much of an oversized line is kept to find its ``id`` (:func:`read_head`)."""
+
+
+@attrs.frozen
+class Head:
+    """What the start of a discarded message says: its ``id`` and whether it is a request or a response.
+
+    Attributes:
+        id: the message's ``id``.
+        kind: ``"request"`` (a ``method`` or ``params`` member came first),
+            ``"response"`` (``result`` or ``error``), or None (unknown).
+        method: the ``method``, when it came before the cut.
+    """
+
+    id: RequestId
+    kind: str | None
+    method: str | None = None
+
+
+_KIND_OF_MEMBER: Final = {"method": "request", "params": "request", "result": "response", "error": "response"}
+
+
+def read_head(head: bytes) -> Head | None:
+    """The top-level ``id`` of a message cut short (an oversized line), if its members before the cut name one.
+
+    The members are read in order, each value whole; reading stops at the
+    first that the cut (or bad JSON) ends.  None when no valid ``id`` came first.
+    """
+    text = head.decode("utf-8", "ignore")
+    decoder = json.JSONDecoder()
+    index = len(text) - len(text.lstrip())
+    if not text.startswith("{", index):
+        return None
+    index += 1
+    found: dict[str, Any] = {}
+    kind: str | None = None
+    try:
+        while True:
+            index = len(text) - len(text[index:].lstrip())
+            key, index = decoder.raw_decode(text, index)
+            index = len(text) - len(text[index:].lstrip())
+            if not isinstance(key, str) or not text.startswith(":", index):
+                break
+            kind = kind or _KIND_OF_MEMBER.get(key)
+            index = len(text) - len(text[index + 1 :].lstrip())
+            value, index = decoder.raw_decode(text, index)
+            index = len(text) - len(text[index:].lstrip())
+            if index >= len(text):
+                break  # the cut may have ended the value (a number cut short reads as a smaller one)
+            found.setdefault(key, value)
+            if not text.startswith(",", index):
+                break
+            index += 1
+    except ValueError:  # the cut (or bad JSON) ends the members read
+        pass
+    request_id = found.get("id")
+    if "id" not in found or isinstance(request_id, bool) or not isinstance(request_id, int | str | None):
+        return None
+    method = found.get("method")
+    return Head(request_id, kind, method if isinstance(method, str) else None)
+
+
 def _finite(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -377,11 +450,18 @@ class LineReader:
     _scanned: int = attrs.field(default=0, init=False)
     # Inside an oversized line: drop bytes up to the next newline.
     _discarding: bool = attrs.field(default=False, init=False)
+    # The first bytes of the last oversized line (``oversized_head``).
+    _head: bytes = attrs.field(default=b"", init=False)
     _eof: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.max_line_bytes <= 0:
             raise ValueError(f"max_line_bytes must be positive, got {self.max_line_bytes!r}")
+
+    @property
+    def oversized_head(self) -> bytes:
+        """The first :data:`HEAD_BYTES` of the last line reported :data:`OVERSIZED` (see :func:`read_head`)."""
+        return self._head
 
     async def receive_line(self) -> bytes | _Oversized | None:
         """The next line (without its newline), :data:`OVERSIZED`, or None at end of input.
@@ -405,9 +485,11 @@ class LineReader:
                     del buffer[: index + 1]
                     self._scanned = 0
                     if len(line) > self.max_line_bytes:
+                        self._head = line[:HEAD_BYTES]
                         return OVERSIZED
                     return line[:-1] if line.endswith(b"\r") else line
                 if len(buffer) > self.max_line_bytes:
+                    self._head = bytes(buffer[:HEAD_BYTES])
                     buffer.clear()
                     self._scanned = 0
                     self._discarding = True

@@ -319,14 +319,7 @@ class AcpServer(SessionFeatures, SessionStreaming):
                 log.debug("acp: end of input")
                 return
             if line is rpc.OVERSIZED:
-                self._post_error(
-                    None,
-                    rpc.RpcError(
-                        rpc.INVALID_REQUEST,
-                        f"invalid request: the message exceeds the {self.max_line_bytes}-byte line limit; discarded",
-                        {"limit": self.max_line_bytes},
-                    ),
-                )
+                self._oversized(rpc.read_head(reader.oversized_head))
                 continue
             assert isinstance(line, bytes)
             if not line.strip():
@@ -338,6 +331,20 @@ class AcpServer(SessionFeatures, SessionStreaming):
                 log.exception("acp: dispatching a message failed")
                 if isinstance(message, rpc.Request):
                     self._post_error(message.id, rpc.RpcError(rpc.INTERNAL_ERROR, "internal error"))
+
+    def _oversized(self, head: rpc.Head | None) -> None:
+        """A discarded line: answer it under its id (when its start names one), or fail the request it answers."""
+        limit = f"the message exceeds the {self.max_line_bytes}-byte line limit; discarded"
+        if head is not None and head.kind == "response":
+            # An answer to one of our requests: that request fails at once, naming the limit.
+            message = f"the client's answer was not read: {limit}"
+            answer = {"code": rpc.INVALID_REQUEST, "message": message, "data": {"reason": rpc.DISCARDED}}
+            if not self._requests.resolve(rpc.Response(head.id, error=answer)):
+                log.warning("acp: an answer to id %r was discarded (%s); no request waits for it", head.id, limit)
+            return
+        named = f" ({shorten(head.method, 100)})" if head is not None and head.method is not None else ""
+        error = rpc.RpcError(rpc.INVALID_REQUEST, f"invalid request{named}: {limit}", {"limit": self.max_line_bytes})
+        self._post_error(head.id if head is not None else None, error)
 
     async def _write_loop(
         self,
