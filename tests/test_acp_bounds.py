@@ -283,3 +283,19 @@ async def test_an_oversized_answer_to_fs_read_fails_the_call_at_once_naming_the_
     assert f"the editor could not read {target}: the client's answer was not read: " in result.content
     assert "the message exceeds the 4096-byte line limit" in result.content
     assert not [m for m in peer.received if "error" in m]  # a response is never answered
+
+
+async def test_end_of_input_releases_the_terminal_of_every_session(tmp_path: Path) -> None:
+    model = ScriptedModel([call("bash", command="sleep 60"), call("bash", command="sleep 61")])
+    async with open_test_harness(model, builtin_tools=["bash"], approver=allow_all) as harness:
+        async with editor(harness, ask_permission=False) as (peer, server):
+            for _ in range(2):
+                session_id = (await peer.call("session/new", {"cwd": str(tmp_path), "mcpServers": []}))["sessionId"]
+                await peer.send_request("session/prompt", peer.prompt_params(session_id, "go"))
+            await peer.wait_until(lambda: peer.asked.count("terminal/wait_for_exit") == 2)
+            assert isinstance(peer.stream, trio.StapledStream)
+            await peer.stream.send_stream.aclose()  # end of input: the server shuts down
+            await peer.wait_until(lambda: peer.asked.count("terminal/release") == 2)
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(peer.terminals) == 2 and all(t.released and t.killed for t in peer.terminals.values())
+            assert server._terminal is not None and not server._terminal.live
