@@ -16,9 +16,15 @@ output and error), ``[exit code: N]`` or ``[killed by signal ...]``, and a
 timeout after the spec's ``timeout`` (the terminal is killed, then its output
 read).  A cancelled call (``session/cancel``, the session closed, the
 connection gone) kills the terminal and releases it; every terminal is
-released once its call ends, whatever happened, so none is left behind.
-Without a connection (disconnect), nothing is sent: the terminals died
-with their client.
+released once its call ends, whatever happened, so none is left behind:
+while the client's answers are read, each cleanup request waits for its
+answer (bounded by :data:`CLEANUP_TIMEOUT`); once they are not (end of input,
+the server shutting down), kill and release are sent without waiting; once
+the client stopped reading, nothing is sent.  A ``terminal/create`` answered
+after its call gave up (cancelled, or past its bound) is killed and released
+when that answer arrives (``on_late`` of
+:meth:`~trio_harness.acp._jsonrpc.OutgoingRequests.call`).  A client that
+sends more output than ``outputByteLimit`` is cut to that tail.
 
 Background commands and sessions under a bash sandbox stay with the local
 executor: a background command must outlive a request, and the client's
