@@ -299,3 +299,28 @@ async def test_end_of_input_releases_the_terminal_of_every_session(tmp_path: Pat
             await trio.testing.wait_all_tasks_blocked()
             assert len(peer.terminals) == 2 and all(t.released and t.killed for t in peer.terminals.values())
             assert server._terminal is not None and not server._terminal.live
+
+
+async def test_a_cleanup_waiting_for_an_answer_stops_waiting_when_input_ends(tmp_path: Path) -> None:
+    """A close's kill the client never answers, then end of input: the release goes out at once.
+
+    Without ``answers_stopped`` the kill's wait ran its whole CLEANUP_TIMEOUT (5 s) for an
+    answer nobody could read any more, and only then was the release sent.
+    """
+    model = ScriptedModel([call("bash", command="sleep 60")])
+    async with open_test_harness(model, builtin_tools=["bash"], approver=allow_all) as harness:
+        async with editor(harness, ask_permission=False) as (peer, _):
+            peer.mute_kill = True
+            session_id = (await peer.call("session/new", {"cwd": str(tmp_path), "mcpServers": []}))["sessionId"]
+            await peer.send_request("session/prompt", peer.prompt_params(session_id, "go"))
+            await peer.wait_until(lambda: "terminal/wait_for_exit" in peer.asked)
+            await peer.send_request("session/close", {"sessionId": session_id})
+            await peer.wait_until(lambda: "terminal/kill" in peer.asked)
+            started = trio.current_time()
+            assert isinstance(peer.stream, trio.StapledStream)
+            await peer.stream.send_stream.aclose()
+            await peer.wait_until(lambda: "terminal/release" in peer.asked)
+            assert trio.current_time() - started < 2.5
+            await trio.testing.wait_all_tasks_blocked()
+            (terminal,) = peer.terminals.values()
+            assert terminal.released

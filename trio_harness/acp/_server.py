@@ -283,9 +283,13 @@ class AcpServer(SessionFeatures, SessionStreaming):
                     async with trio.open_nursery() as handlers:
                         self._handlers = handlers
                         self._accepting = True
-                        with self._read_scope:
-                            await self._read_loop(reader, outbox)
-                        self._accepting = False
+                        try:
+                            with self._read_scope:
+                                await self._read_loop(reader, outbox)
+                        finally:
+                            self._accepting = False
+                            if self._terminal is not None:  # no answer can come now: stop waiting for one
+                                self._terminal.answers_stopped()
                         handlers.cancel_scope.cancel()
                 finally:
                     self._accepting = False

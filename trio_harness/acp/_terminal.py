@@ -98,6 +98,8 @@ class TerminalRunner:
     terminals: dict[tuple[str, str], str] = attrs.field(factory=dict)
     # Terminals created and not yet released (a test and a leak check read it).
     live: set[str] = attrs.field(factory=set)
+    # The cleanup requests waiting for their answers (``answers_stopped`` ends them).
+    _cleanup_waits: set[trio.CancelScope] = attrs.field(factory=set, init=False)
 
     async def _request(
         self, method: str, params: dict[str, Any], on_late: Callable[[rpc.Response], None] | None = None
@@ -244,11 +246,22 @@ class TerminalRunner:
             self._send_cleanup(ids, kill=kill)
             return
         for method in ("terminal/kill", "terminal/release") if kill else ("terminal/release",):
+            if not self.answers():  # the reader stopped meanwhile (answers_stopped)
+                self.requests.send_only(self.post, method, ids)
+                continue
             # Each bounded on its own: a kill the client never answers must not cost the release.
-            with trio.move_on_after(CLEANUP_TIMEOUT):
+            with trio.move_on_after(CLEANUP_TIMEOUT) as waiting:
+                self._cleanup_waits.add(waiting)
                 try:
                     await self._request(method, ids)
                 except (BashError, rpc.PeerGoneError) as exc:
                     log.info("acp: %s of terminal %r: %s", method, terminal_id, exc)
                     if isinstance(exc, rpc.PeerGoneError):
                         return
+                finally:
+                    self._cleanup_waits.discard(waiting)
+
+    def answers_stopped(self) -> None:
+        """The client's answers are no longer read: the cleanup waits end now, the rest is sent without waiting."""
+        for waiting in list(self._cleanup_waits):
+            waiting.cancel()
