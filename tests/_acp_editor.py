@@ -62,6 +62,10 @@ class EditorPeer:
         self.hold_create: trio.Event | None = None
         # When set, terminal/kill is never answered (a client gone quiet).
         self.mute_kill = False
+        # A method listed here is answered only once its event is set (a slow or silent client).
+        self.hold: dict[str, trio.Event] = {}
+        # The editor's buffers, for fs/read_text_file and fs/write_text_file (path -> text).
+        self.files: dict[str, str] = {}
 
     async def pump(self) -> None:
         buffer = b""
@@ -87,8 +91,18 @@ class EditorPeer:
 
     async def _answer(self, request: Msg) -> None:
         method, params = request["method"], request["params"]
+        if (held := self.hold.get(method)) is not None:
+            await held.wait()
+        answer: Msg = {}
         if method == "session/request_permission":
             result: Any = {"outcome": {"outcome": "selected", "optionId": "allow_once"}}
+        elif method == "fs/read_text_file":
+            result = {"content": self.files[params["path"]]} if params["path"] in self.files else None
+            if result is None:
+                answer = {"error": {"code": -32002, "message": f"no such file: {params['path']}"}}
+        elif method == "fs/write_text_file":
+            self.files[params["path"]] = params["content"]
+            result = None
         elif method == "terminal/create":
             result = await self._create(params)
         else:
@@ -115,7 +129,7 @@ class EditorPeer:
             else:
                 raise AssertionError(f"unexpected request {method}")
         with trio.CancelScope(shield=True), contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
-            await self._send({"jsonrpc": "2.0", "id": request["id"], "result": result})
+            await self._send({"jsonrpc": "2.0", "id": request["id"], **(answer or {"result": result})})
 
     async def _create(self, params: Msg) -> Msg:
         if self.hold_create is not None:
@@ -188,9 +202,9 @@ class EditorPeer:
 
 @asynccontextmanager
 async def editor(
-    harness: Harness, *, terminal: bool = True, **options: Any
+    harness: Harness, *, terminal: bool = True, fs: bool = False, **options: Any
 ) -> AsyncIterator[tuple[EditorPeer, AcpServer]]:
-    """Serve one in-process connection to an initialized editor client (``terminal`` advertised or not)."""
+    """Serve one in-process connection to an initialized editor client (``terminal`` and ``fs`` advertised or not)."""
     client_stream, server_stream = trio.testing.memory_stream_pair()
     server = AcpServer(harness, **options)
     finished = trio.Event()
@@ -205,7 +219,9 @@ async def editor(
         nursery.start_soon(serve)
         peer = EditorPeer(client_stream, nursery)
         nursery.start_soon(peer.pump)
-        capabilities = {"terminal": True} if terminal else {}
+        capabilities: Msg = {"terminal": True} if terminal else {}
+        if fs:
+            capabilities["fs"] = {"readTextFile": True, "writeTextFile": True}
         await peer.call("initialize", {"protocolVersion": 1, "clientCapabilities": capabilities})
         yield peer, server
         await client_stream.send_stream.aclose()

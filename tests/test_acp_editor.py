@@ -114,12 +114,15 @@ async def test_a_terminal_created_while_the_call_is_cancelled_is_killed_and_rele
             message = await peer.send_request("session/prompt", peer.prompt_params(session_id, "go"))
             await peer.wait_until(lambda: "terminal/create" in peer.asked)
             await peer.notify("session/cancel", {"sessionId": session_id})
-            await trio.testing.wait_all_tasks_blocked()
-            peer.hold_create.set()  # the client creates it after all
+            # The cancel ends the call at once: its answer does not wait for the client's terminal/create.
             assert (await peer.response(message))["result"] == {"stopReason": "cancelled"}
+            assert peer.terminals == {}
+            peer.hold_create.set()  # the client creates it after all
+            await peer.wait_until(lambda: "terminal/release" in peer.asked)
+            await trio.testing.wait_all_tasks_blocked()
             (terminal,) = peer.terminals.values()
-            await peer.wait_until(lambda: terminal.released)
-            assert terminal.killed and peer.asked == ["terminal/create", "terminal/kill", "terminal/release"]
+            assert terminal.killed and terminal.released
+            assert peer.asked == ["terminal/create", "terminal/kill", "terminal/release"]
             assert server._terminal is not None and not server._terminal.live
 
 

@@ -66,7 +66,7 @@ def test_a_write_result_is_a_diff_and_a_failed_one_is_text() -> None:
 
 
 def fake_client(answers: dict[str, Any], seen: list[tuple[str, Any]]) -> Any:
-    async def call(method: str, params: Any) -> Response:
+    async def call(method: str, params: Any, *, on_late: Any = None) -> Response:
         seen.append((method, params))
         answer = answers[params["path"]]
         if isinstance(answer, Exception):

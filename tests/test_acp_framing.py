@@ -165,3 +165,37 @@ async def test_outbox_counts_owed_answers_and_waits_only_when_full() -> None:
     assert await outbox.get() is None
     with pytest.raises(ValueError, match="at least 1"):
         rpc.Outbox(0)
+
+
+@pytest.mark.parametrize(
+    ("head", "expected"),
+    [
+        (b'{"jsonrpc":"2.0","id":7,"result":{"content":"xx', rpc.Head(7, "response")),
+        (b' { "id" : "a" , "error": {"message": "x', rpc.Head("a", "response")),
+        (
+            b'{"jsonrpc":"2.0","method":"session/prompt","id":"p","params":{"id":5,"x',
+            rpc.Head("p", "request", "session/prompt"),
+        ),
+        # The id must come before the cut, whole: a number at the very end may have been cut short.
+        (b'{"jsonrpc":"2.0","id":12345', None),
+        (b'{"jsonrpc":"2.0","method":"x","params":{"id":5,"y":"zz', None),  # an id inside params is not the id
+        (b'{"id":true,"result":"x', None),
+        (b"[1, 2", None),
+        (b"garbage", None),
+    ],
+)
+def test_read_head_finds_the_id_of_a_message_cut_short(head: bytes, expected: rpc.Head | None) -> None:
+    assert rpc.read_head(head) == expected
+
+
+async def test_line_reader_keeps_the_head_of_an_oversized_line() -> None:
+    line = b'{"jsonrpc":"2.0","id":3,"method":"m","params":"' + b"x" * 5000 + b'"}'
+    for chunk in (7, 65536):  # cut while buffering, and found whole with its newline
+        send, receive = trio.testing.memory_stream_one_way_pair()
+        await send.send_all(line + b"\n")
+        await send.aclose()
+        reader = rpc.LineReader(receive, max_line_bytes=100, chunk_bytes=chunk)
+        assert await reader.receive_line() is rpc.OVERSIZED
+        head = reader.oversized_head
+        assert line.startswith(head) and 100 < len(head) <= rpc.HEAD_BYTES
+        assert rpc.read_head(reader.oversized_head) == rpc.Head(3, "request", "m")

@@ -24,7 +24,7 @@ import trio
 import trio.testing
 from _acp_clients import Msg, Peer, check_envelope, connected, conversation, tool_statuses
 from _sse_server import DONE, Stream, sse_finish, sse_text, sse_usage, start_server
-from _util import WAIT, echo_tool
+from _util import WAIT, echo_tool, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -713,6 +713,9 @@ async def test_the_server_loads_the_price_table_in_a_worker_thread_when_it_start
         assert (await peer.call("initialize", {"protocolVersion": 1}))["protocolVersion"] == 1
         # No prompt needed: it started with the connection (bounded, so a server that never loads fails).
         assert await trio.to_thread.run_sync(loaded.wait, 60)
+        # The thread has returned; the task that awaited it records the result (a disconnect
+        # before then abandons the thread, and the next lookup would load again).
+        await wait_until(lambda: _cost._loaded is not None)
     assert len(threads) == 1 and threads[0] is not threading.main_thread()
     assert _cost._loaded is True
 

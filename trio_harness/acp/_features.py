@@ -63,6 +63,8 @@ class SessionFeatures:
         _terminal: TerminalRunner | None
         _closing: bool
         _broken: bool
+        _accepting: bool
+        _writing: Callable[[], bool]
         _post: Callable[[dict[str, Any]], None]
         _post_error: Callable[[rpc.RequestId, rpc.RpcError], None]
         _update: Callable[[str, dict[str, Any]], None]
@@ -98,10 +100,12 @@ class SessionFeatures:
         capabilities = params.get("clientCapabilities") if isinstance(params, dict) else None
         if isinstance(capabilities, dict) and capabilities.get("terminal") is True and self._terminal is None:
             self._terminal = TerminalRunner(
-                call=lambda method, params: self._requests.call(self._post, method, params),
+                requests=self._requests,
+                post=self._post,
                 session_of=self._session_of,
                 update=self._update,
-                connected=lambda: not self._closing and not self._broken,
+                connected=self._writing,
+                answers=lambda: self._accepting and not self._broken,
                 shell=self.harness.bash.shell,
                 output_limit=self.harness.bash.tail_bytes,
             )
@@ -120,8 +124,11 @@ class SessionFeatures:
         model = record.model.current if record.model is not None else getattr(self.harness.model, "name", "?")
         status = SessionStatus(str(model), record.mode if self._modes_offered() else None, self.harness.bash.sandbox)
         stop_reason = "cancelled"
+        # The scope exists from the prompt's admission: a cancel read before this task runs cancels it.
+        scope = prompt.scope if prompt.scope is not None else trio.CancelScope()
         try:
-            with trio.CancelScope() as prompt.scope:
+            with scope:
+                await trio.lowlevel.checkpoint_if_cancelled()
                 text = await run_command(name, rest, record.agent, status)
                 chunk = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}
                 self._update(record.id, {**chunk, "messageId": str(uuid.uuid4())})

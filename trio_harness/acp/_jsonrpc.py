@@ -47,6 +47,9 @@ DEFAULT_MAX_LINE_BYTES: Final = 8 * 1024 * 1024
 DEFAULT_OUTBOX_LIMIT: Final = 256
 """The default bound on outgoing messages queued (or owed) before input stops being read."""
 
+LATE_LIMIT: Final = 1024
+"""How many abandoned requests :class:`OutgoingRequests` remembers for their late answers."""
+
 RequestId: TypeAlias = int | str | None
 
 
@@ -207,6 +210,79 @@ def parse_message(line: bytes) -> Message:
     return Notification(method, params)
 
 
+DISCARDED: Final = "answer-discarded"
+"""``error.data.reason`` of the error a request gets when the peer's answer to it was too long to read."""
+
+
+def discarded(error: object) -> bool:
+    """Whether ``error`` (a response's) stands for an answer this side discarded, not the peer's own error."""
+    data = error.get("data") if isinstance(error, dict) else None
+    return isinstance(data, dict) and data.get("reason") == DISCARDED
+
+
+HEAD_BYTES: Final = 1024
+"""How much of an oversized line is kept to find its ``id`` (:func:`read_head`)."""
+
+
+@attrs.frozen
+class Head:
+    """What the start of a discarded message says: its ``id`` and whether it is a request or a response.
+
+    Attributes:
+        id: the message's ``id``.
+        kind: ``"request"`` (a ``method`` or ``params`` member came first),
+            ``"response"`` (``result`` or ``error``), or None (unknown).
+        method: the ``method``, when it came before the cut.
+    """
+
+    id: RequestId
+    kind: str | None
+    method: str | None = None
+
+
+_KIND_OF_MEMBER: Final = {"method": "request", "params": "request", "result": "response", "error": "response"}
+
+
+def read_head(head: bytes) -> Head | None:
+    """The top-level ``id`` of a message cut short (an oversized line), if its members before the cut name one.
+
+    The members are read in order, each value whole; reading stops at the
+    first that the cut (or bad JSON) ends.  None when no valid ``id`` came first.
+    """
+    text = head.decode("utf-8", "ignore")
+    decoder = json.JSONDecoder()
+    index = len(text) - len(text.lstrip())
+    if not text.startswith("{", index):
+        return None
+    index += 1
+    found: dict[str, Any] = {}
+    kind: str | None = None
+    try:
+        while True:
+            index = len(text) - len(text[index:].lstrip())
+            key, index = decoder.raw_decode(text, index)
+            index = len(text) - len(text[index:].lstrip())
+            if not isinstance(key, str) or not text.startswith(":", index):
+                break
+            kind = kind or _KIND_OF_MEMBER.get(key)
+            index = len(text) - len(text[index + 1 :].lstrip())
+            value, index = decoder.raw_decode(text, index)
+            index = len(text) - len(text[index:].lstrip())
+            if index >= len(text):
+                break  # the cut may have ended the value (a number cut short reads as a smaller one)
+            found.setdefault(key, value)
+            if not text.startswith(",", index):
+                break
+            index += 1
+    except ValueError:  # the cut (or bad JSON) ends the members read
+        pass
+    request_id = found.get("id")
+    if "id" not in found or isinstance(request_id, bool) or not isinstance(request_id, int | str | None):
+        return None
+    method = found.get("method")
+    return Head(request_id, kind, method if isinstance(method, str) else None)
+
+
 def _finite(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -270,14 +346,30 @@ class OutgoingRequests:
 
     _next_id: int = attrs.field(default=1, init=False)
     _waiting: dict[RequestId, _Waiter] = attrs.field(factory=dict, init=False)
+    # Requests whose waiter gave up but whose late answer still matters (``on_late``), oldest first.
+    _late: dict[RequestId, Callable[[Response], None]] = attrs.field(factory=dict, init=False)
     _closed: bool = attrs.field(default=False, init=False)
 
     def __len__(self) -> int:
         """The number of requests waiting for a response."""
         return len(self._waiting)
 
-    async def call(self, send: Callable[[dict[str, Any]], None], method: str, params: Any) -> Response:
+    async def call(
+        self,
+        send: Callable[[dict[str, Any]], None],
+        method: str,
+        params: Any,
+        *,
+        on_late: Callable[[Response], None] | None = None,
+    ) -> Response:
         """Send a request with ``send`` and wait for its response (an error response included).
+
+        A wait that ends without the response (cancelled, or a timeout around
+        the call) tells the peer with ``$/cancel_request``; with ``on_late``,
+        the response the peer may still send is handed to it (from the reader,
+        synchronously: it must not block), so a resource the peer created
+        anyway can be let go.  At most :data:`LATE_LIMIT` such requests are
+        remembered (the oldest is forgotten first); :meth:`close` forgets all.
 
         Raises:
             PeerGoneError: the connection closed before the peer answered.
@@ -292,17 +384,40 @@ class OutgoingRequests:
             await waiter.done.wait()
         except BaseException:
             if self._waiting.pop(request_id, None) is not None and not self._closed:
+                if on_late is not None:
+                    if len(self._late) >= LATE_LIMIT:
+                        self._late.pop(next(iter(self._late)))
+                    self._late[request_id] = on_late
                 send(notification("$/cancel_request", {"requestId": request_id}))
+            elif waiter.response is not None and on_late is not None:
+                on_late(waiter.response)  # answered just as the wait ended: late all the same
             raise
         if waiter.response is None:
             raise PeerGoneError(f"the peer disconnected before answering {method}")
         return waiter.response
 
+    def send_only(self, send: Callable[[dict[str, Any]], None], method: str, params: Any) -> bool:
+        """Send a request whose answer nobody waits for (the answers can no longer be read); False once closed."""
+        if self._closed:
+            return False
+        request_id = self._next_id
+        self._next_id += 1
+        send(request(request_id, method, params))
+        return True
+
     def resolve(self, response: Response) -> bool:
-        """Hand ``response`` to the request it answers; False when no request waits for its id."""
+        """Hand ``response`` to the request it answers; False when no request waits for its id.
+
+        A late answer (see ``on_late`` of :meth:`call`) goes to its handler
+        and counts as routed.
+        """
         waiter = self._waiting.pop(response.id, None)
         if waiter is None:
-            return False
+            late = self._late.pop(response.id, None)
+            if late is None:
+                return False
+            late(response)
+            return True
         waiter.response = response
         waiter.done.set()
         return True
@@ -310,6 +425,7 @@ class OutgoingRequests:
     def close(self) -> None:
         """End every wait with :exc:`PeerGoneError`; later calls fail at once."""
         self._closed = True
+        self._late.clear()
         waiting = list(self._waiting.values())
         self._waiting.clear()
         for waiter in waiting:
@@ -334,11 +450,18 @@ class LineReader:
     _scanned: int = attrs.field(default=0, init=False)
     # Inside an oversized line: drop bytes up to the next newline.
     _discarding: bool = attrs.field(default=False, init=False)
+    # The first bytes of the last oversized line (``oversized_head``).
+    _head: bytes = attrs.field(default=b"", init=False)
     _eof: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.max_line_bytes <= 0:
             raise ValueError(f"max_line_bytes must be positive, got {self.max_line_bytes!r}")
+
+    @property
+    def oversized_head(self) -> bytes:
+        """The first :data:`HEAD_BYTES` of the last line reported :data:`OVERSIZED` (see :func:`read_head`)."""
+        return self._head
 
     async def receive_line(self) -> bytes | _Oversized | None:
         """The next line (without its newline), :data:`OVERSIZED`, or None at end of input.
@@ -362,9 +485,11 @@ class LineReader:
                     del buffer[: index + 1]
                     self._scanned = 0
                     if len(line) > self.max_line_bytes:
+                        self._head = line[:HEAD_BYTES]
                         return OVERSIZED
                     return line[:-1] if line.endswith(b"\r") else line
                 if len(buffer) > self.max_line_bytes:
+                    self._head = bytes(buffer[:HEAD_BYTES])
                     buffer.clear()
                     self._scanned = 0
                     self._discarding = True

@@ -58,7 +58,6 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, TypeVarTuple
 import attrs
 import trio
 
-from .._bus import Notice
 from .._errors import (
     AgentDisposedError,
     AgentExistsError,
@@ -83,7 +82,7 @@ from ._config import (
     parse_set_config,
 )
 from ._features import SessionFeatures
-from ._fs import ClientFs, bind_client_fs, client_fs
+from ._fs import FS_TIMEOUT, ClientFs, bind_client_fs, client_fs
 from ._modes import MODE_ASK, MODE_IDS
 from ._params import (
     AuthenticateParams,
@@ -107,26 +106,18 @@ from ._records import (
     _sandbox_meta,
     _SessionRecord,
     _warm_prices,
-    context_estimate,
-    context_window,
     list_sessions,
 )
+from ._streaming import SessionStreaming
 from ._terminal import TerminalRunner
 from ._updates import (
     StopReason,
-    compaction_failed_update,
     failure_update,
-    iso_time,
     live_update,
-    message_updates,
     replay_updates,
     session_title,
     shorten,
     stop_reason_for,
-    title_of,
-    tool_started_update,
-    turn_end_update,
-    usage_update,
 )
 
 if TYPE_CHECKING:
@@ -144,6 +135,8 @@ PROTOCOL_VERSION: Final = 1
 
 FLUSH_TIMEOUT: Final = 30.0
 DRAIN_TIMEOUT: Final = 5.0
+WRITE_TIMEOUT: Final = 120.0
+"""The default bound on writing one message (``AcpServer.write_timeout``)."""
 
 _P = TypeVar("_P")
 _Ts = TypeVarTuple("_Ts")
@@ -154,7 +147,7 @@ _Result = dict[str, Any] | None
 
 
 @attrs.define(eq=False, repr=False)
-class AcpServer(SessionFeatures):
+class AcpServer(SessionFeatures, SessionStreaming):
     """An ACP agent server for one client connection.
 
     Use :meth:`serve` with a pair of Trio streams (or :func:`serve_stdio`).
@@ -187,6 +180,13 @@ class AcpServer(SessionFeatures):
         models: the models a session may switch between (the ``model``
             config option, docs/acp.rst "Config options"); the first is the
             default.  Empty: the one model the sessions use.
+        fs_timeout: how long (seconds) the file tools wait for the editor's
+            answer to one ``fs/read_text_file`` or ``fs/write_text_file``
+            before the call fails (docs/editors.rst).
+        write_timeout: how long (seconds) writing one message may take: a
+            client that reads none of it for that long is taken as gone, and
+            the connection ends as after a disconnect (docs/acp.rst,
+            "Backpressure").
     """
 
     harness: Harness
@@ -198,6 +198,8 @@ class AcpServer(SessionFeatures):
     ask_permission: bool = True
     initial_mode: str = MODE_ASK
     models: Sequence[ModelProvider] = ()
+    fs_timeout: float = FS_TIMEOUT
+    write_timeout: float = WRITE_TIMEOUT
     _records: dict[str, _SessionRecord] = attrs.field(factory=dict, init=False)
     _scope: Scope | None = attrs.field(default=None, init=False)
     _outbox: rpc.Outbox | None = attrs.field(default=None, init=False)
@@ -222,6 +224,9 @@ class AcpServer(SessionFeatures):
             raise ValueError(f"max_line_bytes must be positive, got {self.max_line_bytes!r}")
         if self.outbox_limit < 1:
             raise ValueError(f"outbox_limit must be at least 1, got {self.outbox_limit!r}")
+        for name in ("fs_timeout", "write_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
         if self.initial_mode not in MODE_IDS:
             raise ValueError(f"initial_mode must be one of {sorted(MODE_IDS)}, got {self.initial_mode!r}")
 
@@ -265,28 +270,38 @@ class AcpServer(SessionFeatures):
             self._scope.add_exit_callback(self.harness.bus.on(name, _log_mcp_notice))
         outbox = self._outbox = rpc.Outbox(self.outbox_limit)
         writer_done = trio.Event()
+        # The writer outlives a cancel of serve: what the teardown sends (the terminals'
+        # kill and release) is written before it stops, within DRAIN_TIMEOUT.
+        write_scope = trio.CancelScope(shield=True)
         reader = rpc.LineReader(receive, max_line_bytes=self.max_line_bytes)
         try:
             async with trio.open_nursery() as outer:
-                outer.start_soon(self._write_loop, outbox, rpc.MessageWriter(send), writer_done)
+                outer.start_soon(self._write_loop, outbox, rpc.MessageWriter(send), writer_done, write_scope)
                 # The price table (the cost of usage_update) loads while the client starts.
                 outer.start_soon(_warm_prices)
                 try:
                     async with trio.open_nursery() as handlers:
                         self._handlers = handlers
                         self._accepting = True
-                        with self._read_scope:
-                            await self._read_loop(reader, outbox)
-                        self._accepting = False
+                        try:
+                            with self._read_scope:
+                                await self._read_loop(reader, outbox)
+                        finally:
+                            self._accepting = False
+                            if self._terminal is not None:  # no answer can come now: stop waiting for one
+                                self._terminal.answers_stopped()
                         handlers.cancel_scope.cancel()
                 finally:
                     self._accepting = False
-                    with trio.CancelScope(shield=True):
-                        await self._shutdown()
-                        outbox.close()
-                        with trio.move_on_after(DRAIN_TIMEOUT):
-                            await writer_done.wait()
-                    outer.cancel_scope.cancel()
+                    try:
+                        with trio.CancelScope(shield=True):
+                            await self._shutdown()
+                            outbox.close()
+                            with trio.move_on_after(DRAIN_TIMEOUT):
+                                await writer_done.wait()
+                    finally:
+                        write_scope.cancel()
+                        outer.cancel_scope.cancel()
         finally:
             self._accepting = False
             with trio.CancelScope(shield=True):
@@ -308,14 +323,7 @@ class AcpServer(SessionFeatures):
                 log.debug("acp: end of input")
                 return
             if line is rpc.OVERSIZED:
-                self._post_error(
-                    None,
-                    rpc.RpcError(
-                        rpc.INVALID_REQUEST,
-                        f"invalid request: the message exceeds the {self.max_line_bytes}-byte line limit; discarded",
-                        {"limit": self.max_line_bytes},
-                    ),
-                )
+                self._oversized(rpc.read_head(reader.oversized_head))
                 continue
             assert isinstance(line, bytes)
             if not line.strip():
@@ -328,20 +336,42 @@ class AcpServer(SessionFeatures):
                 if isinstance(message, rpc.Request):
                     self._post_error(message.id, rpc.RpcError(rpc.INTERNAL_ERROR, "internal error"))
 
+    def _oversized(self, head: rpc.Head | None) -> None:
+        """A discarded line: answer it under its id (when its start names one), or fail the request it answers."""
+        limit = f"the message exceeds the {self.max_line_bytes}-byte line limit; discarded"
+        if head is not None and head.kind == "response":
+            # An answer to one of our requests: that request fails at once, naming the limit.
+            message = f"the client's answer was not read: {limit}"
+            answer = {"code": rpc.INVALID_REQUEST, "message": message, "data": {"reason": rpc.DISCARDED}}
+            if not self._requests.resolve(rpc.Response(head.id, error=answer)):
+                log.warning("acp: an answer to id %r was discarded (%s); no request waits for it", head.id, limit)
+            return
+        named = f" ({shorten(head.method, 100)})" if head is not None and head.method is not None else ""
+        error = rpc.RpcError(rpc.INVALID_REQUEST, f"invalid request{named}: {limit}", {"limit": self.max_line_bytes})
+        self._post_error(head.id if head is not None else None, error)
+
     async def _write_loop(
         self,
         outbox: rpc.Outbox,
         writer: rpc.MessageWriter,
         done: trio.Event,
+        scope: trio.CancelScope,
     ) -> None:
+        with scope:
+            await self._write_messages(outbox, writer, done)
+
+    async def _write_messages(self, outbox: rpc.Outbox, writer: rpc.MessageWriter, done: trio.Event) -> None:
         try:
             while (message := await outbox.get()) is not None:
                 if self._broken:
                     continue
                 try:
-                    await writer.send(message)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    log.info("acp: the client stopped reading (%r); disconnecting", exc)
+                    with trio.fail_after(self.write_timeout):
+                        await writer.send(message)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, trio.TooSlowError) as exc:
+                    timed_out = isinstance(exc, trio.TooSlowError)
+                    reason = f"one message took over {self.write_timeout:g}s to write" if timed_out else repr(exc)
+                    log.warning("acp: the client stopped reading (%s); disconnecting", reason)
                     self._broken = True
                     self._read_scope.cancel()
                 except (TypeError, ValueError):  # a message that cannot be encoded is a bug
@@ -352,6 +382,10 @@ class AcpServer(SessionFeatures):
                             await writer.send(rpc.error_response(message["id"], error))
         finally:
             done.set()
+
+    def _writing(self) -> bool:
+        """Whether messages still reach the client (the outbox is open and the client reads)."""
+        return not self._broken and self._outbox is not None and not self._outbox.closed
 
     def _post(self, message: dict[str, Any]) -> None:
         if self._outbox is None or not self._outbox.put(message):
@@ -415,8 +449,10 @@ class AcpServer(SessionFeatures):
                 self._post(rpc.result_response(request.id, answer))
             elif method == "session/prompt":
                 self._start_prompt(request, decode_params(PromptParams, params))
-            elif method == "session/cancel":
-                self._cancel(decode_params(CancelParams, params))
+            elif method == "session/cancel":  # sent as a request: an unknown session is an error
+                cancel = decode_params(CancelParams, params)
+                self._record(cancel.session_id)
+                self._cancel(cancel)
                 self._post(rpc.result_response(request.id, None))
             elif method == "session/set_mode":
                 answer = self._set_mode(decode_params(SetSessionModeParams, params))
@@ -523,6 +559,14 @@ class AcpServer(SessionFeatures):
     async def _new(self, params: NewSessionParams) -> dict[str, Any]:
         self._check_auth()
         self._check_open()
+        if not await trio.to_thread.run_sync(os.path.isdir, params.cwd):
+            # Every command and relative path of the session would fail there.
+            raise rpc.RpcError(
+                rpc.INVALID_PARAMS,
+                "invalid params for session/new: 'cwd' must be an existing directory, "
+                f"got {shorten(params.cwd, 200)!r}",
+                {"field": "cwd"},
+            )
         options, choice = self._session_options()
         handle = await self.harness.agents.create(
             owner=self._scope,
@@ -622,96 +666,9 @@ class AcpServer(SessionFeatures):
         )
         self._records[record.id] = record
         call = functools.partial(self._requests.call, self._post)  # fs/* requests to the client
-        bind_client_fs(self.harness.tools, handle.agent, record.id, self._client_fs, call)
+        bind_client_fs(self.harness.tools, handle.agent, record.id, self._client_fs, call, self.fs_timeout)
         record.remove_observer = handle.agent.session.observe(lambda event: self._watch_unsolicited(record, event))
         return record
-
-    def _watch_unsolicited(self, record: _SessionRecord, event: Event) -> None:
-        """Stream turns nobody prompted (e.g. a completion notice woke the agent).
-
-        A turn belongs to the in-flight prompt when its first step claimed the
-        prompt's message; that prompt's watcher streams it.  Any other turn is
-        streamed from here, starting with the messages its first step claimed
-        (a paused turn's continuation claims none: from its first call).
-        """
-        if isinstance(event, ev.UserMessage) and record.title is None and event.origin == "user":
-            self._send_title(record, event.text)
-        if isinstance(event, ev.TurnStart):
-            record.first_step_ids.clear()
-            record.first_step_messages.clear()
-            record.unsolicited = False
-            record.in_first_step = True
-        elif isinstance(event, ev.UserMessage) and record.in_first_step:
-            record.first_step_ids.append(event.message_id)
-            record.first_step_messages.append(event)
-        elif isinstance(event, ev.RequestHeader | ev.StepEnd | ev.ToolCallRequested) and record.in_first_step:
-            record.in_first_step = False
-            prompt = record.prompt
-            record.unsolicited = prompt is None or prompt.message_id not in record.first_step_ids
-            if record.unsolicited:
-                # A user's message as user text, a task notice as the agent's (docs/acp.rst).
-                for message in record.first_step_messages:
-                    for shown in message_updates(message, record.id):
-                        self._update(record.id, shown)
-                cwd = record.agent.session.header.cwd
-                if isinstance(event, ev.ToolCallRequested) and (update := live_update(event, record.id, cwd)):
-                    self._update(record.id, update)  # a paused turn's continuation: from its first call
-        elif isinstance(event, ev.CompactionFailed) and event.turn is None:
-            self._update(record.id, compaction_failed_update(event, record.id))
-        elif isinstance(event, ev.ContextCompacted) and event.turn is None:
-            # A compaction between turns shrank the context: say so (docs/acp.rst, "Usage").
-            self._after_turn(record, None, activity=False)
-        elif isinstance(event, ev.TurnEnd):
-            if record.unsolicited:
-                # No prompt answers this turn: say here how it ended when it did not
-                # finish normally, as a replay does (docs/acp.rst, "Replaying how a turn ended").
-                note = turn_end_update(event, record.id)
-                if note is not None:
-                    self._update(record.id, note)
-            record.unsolicited = False
-            record.in_first_step = False
-            self._after_turn(record, event)
-        elif record.unsolicited:
-            update = live_update(event, record.id, record.agent.session.header.cwd)
-            if update is not None:
-                self._update(record.id, update)
-                self._plan_after(record, event)
-
-    def _tool_started(self, notice: Notice) -> None:
-        """A call of a turn this connection streams runs now: ``in_progress``."""
-        agent_id = getattr(notice.subject, "id", None)
-        record = self._records.get(agent_id) if isinstance(agent_id, str) else None
-        if record is None or record.agent is not notice.subject:
-            return  # not a session of this connection (another client's, or a subagent)
-        turn = notice.data["turn"]
-        prompt = record.prompt
-        if record.unsolicited or (prompt is not None and prompt.turn == turn):
-            self._update(record.id, tool_started_update(turn, notice.data["call_id"]))
-
-    def _send_title(self, record: _SessionRecord, text: str) -> None:
-        """``session_info_update`` with the title the first prompt gives (docs/acp.rst, "Session info")."""
-        title = title_of(text)
-        if title is None:
-            return
-        record.title = title
-        self._update(record.id, {"sessionUpdate": "session_info_update", "title": title})
-
-    def _after_turn(self, record: _SessionRecord, end: ev.TurnEnd | None, *, activity: bool = True) -> None:
-        """What the harness knows after a turn: ``usage_update`` (when known) and ``updatedAt`` (with ``activity``)."""
-        agent = record.agent
-        events = agent.session.events
-        update = usage_update(
-            events,
-            context_window(agent, self.harness),
-            end.usage if end is not None else None,
-            agent.usage,
-            agent.cost,
-            lambda: context_estimate(agent),
-        )
-        if update is not None:
-            self._update(record.id, update)
-        if events and activity:
-            self._update(record.id, {"sessionUpdate": "session_info_update", "updatedAt": iso_time(events[-1].ts)})
 
     # ------------------------------------------------------------ prompts
 
@@ -727,7 +684,7 @@ class AcpServer(SessionFeatures):
             )
         agent = record.agent
         if isinstance(text, str) and (command := parse_command(text)) is not None:  # a slash command (no images)
-            record.prompt = _Prompt(request_id=request.id)
+            record.prompt = _Prompt(request_id=request.id, scope=trio.CancelScope())
             if not self._spawn(self._run_command, record, record.prompt, *command):
                 record.prompt = None
                 raise rpc.RpcError(rpc.INTERNAL_ERROR, "the server is shutting down")
