@@ -500,23 +500,7 @@ async def test_an_unreachable_server_is_retried_with_backoff_then_reported_witho
     assert trio.current_time() >= 2.0  # it kept trying, on Trio's clock
 
 
-@pytest.mark.parametrize(
-    "mode",
-    [
-        "per-session",
-        pytest.param(
-            "pooled",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the pooled store creates its leases table itself when it opens (_pg_pooled._start_liveness), "
-                "and needs UPDATE on it: a role granted what check() asks for (USAGE on the schema; SELECT, INSERT, "
-                "DELETE on its tables) cannot open it ('cannot create the lease table ... permission denied for "
-                "schema'); the leases table belongs in the migration (session/_pg_schema.py) and the grant in the "
-                "messages and docs must name UPDATE on leases",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("mode", MODES)
 async def test_a_role_without_privileges_is_told_what_to_grant(
     mode: str, postgres_cluster: Cluster, schema: str
 ) -> None:
@@ -533,6 +517,10 @@ async def test_a_role_without_privileges_is_told_what_to_grant(
         with pytest.raises(SessionStoreError, match=r"lacks SELECT on sessions.*GRANT SELECT, INSERT, DELETE"):
             await PostgresStore(postgres_cluster.dsn(user=role), schema=schema).check()
         postgres_cluster.psql(f"GRANT SELECT, INSERT, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}")
+        # Both modes take sessions through the leases (a pooled take upserts one, a per-session take fences it).
+        with pytest.raises(SessionStoreError, match=rf"lacks UPDATE on leases;.*GRANT UPDATE ON \"{schema}\".leases"):
+            await make(mode, postgres_cluster.dsn(user=role), schema).check()
+        postgres_cluster.psql(f"GRANT UPDATE ON {schema}.leases TO {role}")
         limited = make(mode, postgres_cluster.dsn(user=role), schema)
         await limited.check()
         async with limited:
@@ -571,6 +559,35 @@ async def test_the_migration_is_idempotent_versioned_and_safe_from_many_workers_
     postgres_cluster.psql(f"INSERT INTO {schema}.schema_version (version) VALUES ({SCHEMA_VERSION + 1})")
     with pytest.raises(SessionStoreError, match="newer trio-harness"):
         await PostgresStore(postgres_cluster.dsn(), schema=schema).check()
+
+
+@pytest.mark.parametrize("leases", ["without", "with"])
+async def test_a_version_2_schema_gets_its_leases_from_check_and_a_pooled_store_refuses_it_until_then(
+    leases: str, postgres_cluster: Cluster, schema: str
+) -> None:
+    owner = make("per-session", postgres_cluster.dsn(), schema)
+    await owner.check()
+    async with owner:
+        events = await stored_session(owner, "kept")
+    # Back to version 2, as an older trio-harness left it: no leases table, or the one its pooled workers created.
+    postgres_cluster.psql(f"DELETE FROM {schema}.schema_version WHERE version = 3")
+    if leases == "without":
+        postgres_cluster.psql(f"DROP TABLE {schema}.leases")
+    else:
+        postgres_cluster.psql(f"INSERT INTO {schema}.leases VALUES ('kept', NULL, NULL, 7)")
+    pooled = make("pooled", postgres_cluster.dsn(), schema)
+    with pytest.raises(SessionStoreError, match="are at version 2; run check"):
+        async with pooled:
+            pass
+    await pooled.check()
+    rows = postgres_cluster.psql(f"SELECT version FROM {schema}.schema_version ORDER BY version")
+    assert rows.split() == ["1", "2", "3"]
+    async with pooled:
+        loaded, writer = await pooled.resume("kept")
+        assert loaded.events == events
+        await writer.aclose()
+    epochs = postgres_cluster.psql(f"SELECT epoch FROM {schema}.leases WHERE session_id = 'kept'")
+    assert epochs.split() == ["8" if leases == "with" else "1"]  # an old lease row kept: epochs never repeat
 
 
 async def test_settings_out_of_range_are_refused(postgres_cluster: Cluster) -> None:

@@ -36,14 +36,6 @@ if TYPE_CHECKING:
     import psycopg
 
 
-def lease_table(s: str) -> str:
-    """The statement creating the ``leases`` table of the schema ``s`` (quoted), if missing."""
-    return (
-        f"CREATE TABLE IF NOT EXISTS {s}.leases (session_id text PRIMARY KEY, worker_id text, "
-        "worker_key bigint, epoch bigint NOT NULL)"
-    )
-
-
 def free_clause(alias: str) -> str:
     """True when the lease row ``alias`` names no worker, or one whose liveness lock nobody holds."""
     return (
@@ -86,7 +78,12 @@ def take_lease(
 
 
 def _has_leases(conn: psycopg.Connection[Any], sql: _Sql) -> bool:
-    """(worker thread) Whether the schema has a ``leases`` table (a pooled worker ever opened it)."""
+    """(worker thread) Whether the schema has a ``leases`` table.
+
+    Created by ``check()`` since version 3 (session/_pg_schema.py); a
+    per-session store opened on an older schema without ``check()`` finds
+    none (and no pooled worker can have used it: a pooled store refuses it).
+    """
     return _scalar(conn, "SELECT to_regclass(%s) IS NOT NULL", (f"{sql.s}.leases",)) is True
 
 

@@ -57,7 +57,7 @@ from ._codec import encode_event, encode_header
 from ._events import Event, InboxMessage, SessionHeader
 from ._persistence import LoadedSession
 from ._pg_group import GroupCommitter, _Request
-from ._pg_leases import lease_table, take_lease
+from ._pg_leases import take_lease
 from ._pg_schema import _lock_key, _psycopg
 from ._pg_threads import _call
 from ._pg_writer import claim_mail
@@ -76,12 +76,13 @@ T = TypeVar("T")
 class PooledPostgresStore(PostgresStore):
     """:class:`PostgresStore` in pooled mode: O(1) connections per worker, leases, group commit.
 
-    The same tables (plus ``leases``, created by the service when missing),
-    the same protocol; a live session holds a lease row instead of a
-    connection, so a worker uses at most ``pool_size + 2`` connections.  It
-    may share a schema with per-session workers: each refuses the sessions
-    the other holds (session/_pg_leases.py).  Every
-    flush commits synchronously (``sync=False`` is not distinguished: group
+    The same tables (``leases`` included, created by ``check()``: a schema
+    it did not upgrade is refused when the service opens), the same
+    protocol; a live session holds a lease row instead of a connection, so
+    a worker uses at most ``pool_size + 2`` connections.  It may share a
+    schema with per-session workers: each refuses the sessions the other
+    holds (session/_pg_leases.py).  Every flush commits synchronously
+    (``sync=False`` is not distinguished: group
     commit pays for it).  Opt-in while the per-session mode stays the default.
     """
 
@@ -132,8 +133,8 @@ class PooledPostgresStore(PostgresStore):
                         self._live = None
 
     async def _start_liveness(self) -> None:
-        s = self._sql.s
-        await self._run("create the lease table", lambda conn: conn.execute(lease_table(s)))
+        # The leases table is the migration's (version 3): a schema ``check()`` did not upgrade is refused, naming it.
+        await self._run("check the session tables", self._tables.check_version, retry=True)
         self._live = await self._lock_liveness()
         assert self._nursery is not None
         scope = self._beat_scope = trio.CancelScope()

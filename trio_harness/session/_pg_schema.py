@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trio_harness.session.postgres")
 
-SCHEMA_VERSION = 2
-"""The version of the tables this store writes (kept in ``schema_version``; 2 added ``blobs``)."""
+SCHEMA_VERSION = 3
+"""The version of the tables this store writes (kept in ``schema_version``; 2 added ``blobs``, 3 ``leases``)."""
 
 _INSTALL_HINT = "install the PostgreSQL extra: pip install 'trio-harness[postgres]'"
 
@@ -38,6 +38,18 @@ def _lock_key(schema: str, session_id: str) -> int:
     """The advisory lock key of a session: 64 bits of a hash of schema and id."""
     digest = hashlib.blake2b(f"{schema}\x00{session_id}".encode(), digest_size=8, person=b"th-session").digest()
     return int.from_bytes(digest, "big", signed=True)
+
+
+def lease_table(s: str) -> str:
+    """The statement creating the ``leases`` table of the schema ``s`` (quoted), if missing (session/_pg_leases.py).
+
+    ``IF NOT EXISTS``: a pooled worker of an older trio-harness created it
+    itself when it opened a version-2 schema.
+    """
+    return (
+        f"CREATE TABLE IF NOT EXISTS {s}.leases (session_id text PRIMARY KEY, worker_id text, "
+        "worker_key bigint, epoch bigint NOT NULL)"
+    )
 
 
 def _scalar(conn: psycopg.Connection[Any], query: str, params: Sequence[Any] | None = None) -> Any:
@@ -86,6 +98,7 @@ class _Sql:
                 f"CREATE INDEX mailbox_session ON {s}.mailbox (session_id, id)",
             ],
             [blobs_table(s)],  # large message images by reference (session/_blobs.py)
+            [lease_table(s)],  # the pooled mode's leases, respected by both modes (session/_pg_leases.py)
         ]
 
     @property
@@ -134,7 +147,12 @@ class _Tables:
     location: str
 
     def check_version(self, conn: psycopg.Connection[Any]) -> None:
-        version = _scalar(conn, f"SELECT coalesce(max(version), 0) FROM {self.sql.s}.schema_version")
+        """(worker thread) Raise, naming ``check()`` or an upgrade, unless the tables are at :data:`SCHEMA_VERSION`."""
+        pg = _psycopg()
+        try:
+            version = _scalar(conn, f"SELECT coalesce(max(version), 0) FROM {self.sql.s}.schema_version")
+        except (pg.errors.UndefinedTable, pg.errors.InvalidSchemaName):
+            version = 0  # never checked: no tables at all
         if version != SCHEMA_VERSION:
             raise self.version_error(version)
 
@@ -231,6 +249,11 @@ class _Tables:
             ("mailbox", "DELETE"),
             ("blobs", "SELECT"),
             ("blobs", "INSERT"),
+            # Both modes take sessions through the leases (session/_pg_leases.py): a pooled take upserts its
+            # lease, a per-session take fences a free one (FOR UPDATE, then UPDATE).
+            ("leases", "SELECT"),
+            ("leases", "INSERT"),
+            ("leases", "UPDATE"),
         ]
         checks = ", ".join("has_table_privilege(%s, %s)" for _ in needed)
         params: list[str] = []
@@ -241,6 +264,7 @@ class _Tables:
         if missing:
             raise SessionStoreError(
                 f"the role of {self.location} lacks {', '.join(missing)}; grant them "
-                f"(GRANT SELECT, INSERT, DELETE ON ALL TABLES IN SCHEMA {_quote(s)} TO <role>)",
+                f"(GRANT SELECT, INSERT, DELETE ON ALL TABLES IN SCHEMA {_quote(s)} TO <role>; "
+                f"GRANT UPDATE ON {_quote(s)}.leases TO <role>)",
                 path=self.location,
             )
