@@ -58,6 +58,7 @@ from ._events import Event, InboxMessage, SessionHeader
 from ._persistence import LoadedSession
 from ._pg_group import GroupCommitter, _Request
 from ._pg_leases import take_lease
+from ._pg_mail import mail_loop
 from ._pg_schema import _lock_key, _psycopg
 from ._pg_threads import _call
 from ._pg_writer import claim_mail
@@ -552,26 +553,13 @@ class _PooledWriter:
             self._mail_wake.set()
 
     async def _mail_loop(self) -> None:
-        """Deliver on every wake; a delivery that failed (the mailbox could not be read) is tried again."""
-        delay = 0.05
-        while True:
-            await self._mail_wake.wait()
-            self._mail_wake = trio.Event()
-            on_mail = self._on_mail
-            if on_mail is None or self._closed:
-                return
-            try:
-                await on_mail()
-            except Exception:
-                # The messages stay in the mailbox: tried again (backing off) until delivered or the writer closes.
-                log.exception(
-                    "session %r: delivering posted messages failed; trying again in %g s", self.header.id, delay
-                )
-                await trio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-                self._mail_wake.set()
-                continue
-            delay = 0.05
+        """Deliver on every wake (session/_pg_mail.py: a store failure is tried again, anything else raised)."""
+        await mail_loop(self.header.id, self._next_mail, lambda: self._mail_wake.set())
+
+    async def _next_mail(self) -> Callable[[], Awaitable[None]] | None:
+        await self._mail_wake.wait()
+        self._mail_wake = trio.Event()
+        return None if self._closed else self._on_mail
 
     async def take_mail(self) -> list[tuple[int, InboxMessage]]:
         if self._closed or self._broken is not None:

@@ -40,6 +40,7 @@ from ._blobs import IMAGE_EVENTS, externalize, insert_blobs
 from ._codec import decode_inbox_message, encode_event
 from ._events import Event, InboxMessage, SessionHeader
 from ._pg_leases import fence_lease, lease_held
+from ._pg_mail import mail_loop
 from ._pg_schema import _lock_key, _psycopg, _scalar, _Sql
 from ._pg_threads import _call, _execute
 from ._pg_wire import BINARY_FORMAT, INT8_OID, TEXT_ARRAY_OID, TEXT_FORMAT, TEXT_OID, text_array
@@ -794,17 +795,13 @@ class _PgWriter:
             self._mail_wake.set()
 
     async def _mail_loop(self) -> None:
-        while True:
-            await self._mail_wake.wait()
-            self._mail_wake = trio.Event()
-            on_mail = self._on_mail
-            if on_mail is None or self._closed:
-                return
-            try:
-                await on_mail()
-            except Exception:
-                # The messages stay in the mailbox (delivered on the next wake or resume).
-                log.exception("session %r: delivering posted messages failed", self.header.id)
+        """Deliver on every wake (session/_pg_mail.py: a store failure is tried again, anything else raised)."""
+        await mail_loop(self.header.id, self._next_mail, lambda: self._mail_wake.set())
+
+    async def _next_mail(self) -> Callable[[], Awaitable[None]] | None:
+        await self._mail_wake.wait()
+        self._mail_wake = trio.Event()
+        return None if self._closed else self._on_mail
 
     async def take_mail(self) -> list[tuple[int, InboxMessage]]:
         """The messages posted to this session and not yet taken, oldest first.
