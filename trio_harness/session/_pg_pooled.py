@@ -96,6 +96,8 @@ class PooledPostgresStore(PostgresStore):
     # Leases of this worker whose release failed (by session id: their epoch, None when unknown), retried by the
     # heartbeat: until then the session looks live here to other workers.
     _unreleased: dict[str, int | None] = attrs.field(factory=dict, init=False)
+    # The ids whose release the heartbeat is retrying right now (in _taking too): a take of this process waits for it.
+    _releasing: dict[str, trio.Event] = attrs.field(factory=dict, init=False)
     _beat_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
 
     @_group.default
@@ -298,12 +300,18 @@ class PooledPostgresStore(PostgresStore):
                 self._unreleased.pop(session_id, None)  # taken again by this worker meanwhile
                 continue
             self._taking.add(session_id)
+            done = self._releasing[session_id] = trio.Event()
             try:
                 await self._release_lease(session_id, epoch)
             finally:
                 self._taking.discard(session_id)
+                del self._releasing[session_id]
+                done.set()
 
-    def _claim_in_process(self, session_id: str, error: Callable[[str], SessionError]) -> None:
+    async def _claim_in_process(self, session_id: str, error: Callable[[str], SessionError]) -> None:
+        # A release the heartbeat retries ends within release_timeout: the session is not live here, only going.
+        while (releasing := self._releasing.get(session_id)) is not None:
+            await releasing.wait()
         if session_id in self._writers or session_id in self._taking:
             raise error(f"session {session_id!r} is already live, or being created or resumed, in this process")
         self._taking.add(session_id)
@@ -315,7 +323,7 @@ class PooledPostgresStore(PostgresStore):
             line = encode_header(header)
         except (TypeError, ValueError) as exc:
             raise SessionError(f"the header of session {session_id!r} cannot be stored: {exc}") from exc
-        self._claim_in_process(session_id, SessionExistsError)
+        await self._claim_in_process(session_id, SessionExistsError)
         try:
             epoch = await self._take_lease(session_id)
             if epoch is None:
@@ -340,7 +348,7 @@ class PooledPostgresStore(PostgresStore):
 
     async def resume(self, session_id: str) -> tuple[LoadedSession, SessionWriter]:
         validate_session_id(session_id)
-        self._claim_in_process(session_id, functools.partial(SessionLockedError, path=self.location))
+        await self._claim_in_process(session_id, functools.partial(SessionLockedError, path=self.location))
         try:
             deadline = trio.current_time() + self.lock_timeout
             delay = 0.005
