@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, cast
 
+import attrs
 import pytest
 import trio
 from _acp_clients import open_server, tool_ends
@@ -1156,3 +1157,14 @@ async def test_acp_session_new_with_a_missing_command_answers_at_once(tmp_path: 
             error = await client.error(request)
         assert "MCP server 'nope' ('no-such-mcp-server') failed to start: cannot run" in error["message"]
         assert error["data"] == {"error": "McpStartError", "mcpServers": ["nope"]}
+
+
+async def test_a_start_given_up_stops_the_server_without_the_eof_grace(tmp_path: Path) -> None:
+    """It never shook hands, so closing its stdin asks nothing of it: SIGTERM at once, not after grace_period."""
+    pidfile = tmp_path / "silent.pid"
+    silent = attrs.evolve(_silent(pidfile, startup_timeout=0.5), grace_period=30)
+    async with open_test_harness() as h:
+        with trio.fail_after(10), pytest.raises(McpStartError) as info:  # not 0.5 s + the 30 s grace
+            await connect_mcp(h.scope, h.tools, silent)
+        assert "within 0.5 s (killed by SIGTERM" in str(info.value)
+        assert not group_alive(int(pidfile.read_text()))

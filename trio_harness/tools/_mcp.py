@@ -279,12 +279,12 @@ class McpConnection:
                 await session.initialize()
                 listing = await self._list_tools(link, session)
         except BaseException:
-            if link.process is not None:  # no handshake to honour: SIGTERM at once (SIGKILL after the grace)
-                link.process.abandoned = True
             with trio.CancelScope(shield=True):
                 await self._stop_link(link)
             raise
         link.ready = True
+        if link.process is not None:  # from now on a stop asks it to exit first (stdin closed, then the grace)
+            link.process.ready = True
         return listing
 
     async def _stop_link(self, link: _Link) -> None:

@@ -79,9 +79,9 @@ class _ProcessFacts:
     stderr_done: trio.Event = attrs.field(factory=trio.Event)
     # Set once the connection asked the process to stop: an exit is no longer news.
     stopping: bool = False
-    # Set when the start is given up (a timeout, a sibling that cannot run): no handshake
-    # was completed, so the stop sends SIGTERM at once rather than waiting for an exit on EOF.
-    abandoned: bool = False
+    # Set once the handshake and the tool listing are done.  A start given up before (a
+    # timeout, a sibling that cannot run) is stopped with SIGTERM at once, not after an EOF grace.
+    ready: bool = False
     on_exit: Callable[[], None] = lambda: None
 
     def set_exit(self, returncode: int) -> None:
@@ -211,7 +211,7 @@ async def _stop_process(process: trio.Process, facts: _ProcessFacts, grace: floa
     facts.stopping = True
     if process.stdin is not None:
         await trio.aclose_forcefully(process.stdin)
-    with trio.move_on_after(0 if facts.abandoned else grace):
+    with trio.move_on_after(grace if facts.ready else 0):
         await process.wait()
     # The server (if it ignored the end of its input) and what it started: SIGTERM, SIGKILL after grace.
     await terminate_group(process.pid, grace)
