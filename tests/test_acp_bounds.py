@@ -324,3 +324,33 @@ async def test_a_cleanup_waiting_for_an_answer_stops_waiting_when_input_ends(tmp
             await trio.testing.wait_all_tasks_blocked()
             (terminal,) = peer.terminals.values()
             assert terminal.released
+
+
+async def test_sessions_being_created_count_against_max_sessions() -> None:
+    """Three session/new sent together with room for two: the third is refused, though none was open yet."""
+    async with open_test_harness(ScriptedModel([])) as harness, connected(harness, max_sessions=2) as (peer, server, _):
+        await peer.call("initialize", {"protocolVersion": 1})
+        requests = [peer.request("session/new", {"cwd": "/", "mcpServers": []}) for _ in range(3)]
+        await peer.send(*requests)
+        replies = [await peer.response(request["id"]) for request in requests]
+        refused = [reply["error"] for reply in replies if "error" in reply]
+        assert len(refused) == 1 and refused[0]["code"] == rpc.TOO_MANY_SESSIONS
+        assert "the cap (max_sessions = 2" in refused[0]["message"]
+        assert len(server.session_ids) == 2
+        # A refused or failed opening gives its slot back.
+        await peer.call("session/close", {"sessionId": server.session_ids[0]})
+        await peer.call("session/new", {"cwd": "/", "mcpServers": []})
+        bad = peer.request("session/new", {"cwd": "/no/such/dir", "mcpServers": []})
+        await peer.send(bad)
+        assert (await peer.response(bad["id"]))["error"]["code"] == rpc.TOO_MANY_SESSIONS
+        await peer.call("session/close", {"sessionId": server.session_ids[0]})
+        for _ in range(3):  # a failing session/new (a bad cwd) holds no slot once answered
+            bad = peer.request("session/new", {"cwd": "/no/such/dir", "mcpServers": []})
+            await peer.send(bad)
+            assert (await peer.response(bad["id"]))["error"]["code"] == rpc.INVALID_PARAMS
+        await peer.call("session/new", {"cwd": "/", "mcpServers": []})
+
+
+def test_max_sessions_must_be_at_least_one() -> None:
+    with pytest.raises(ValueError, match="max_sessions must be at least 1"):
+        AcpServer(harness=None, max_sessions=0)  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, cast
 
+import attrs
 import pytest
 import trio
 from _acp_clients import open_server, tool_ends
@@ -1108,3 +1109,62 @@ async def test_a_malformed_tool_declaration_skips_that_tool_only(
         ]
         await other.refresh()
         assert len(notices) == 2 and sorted(other.tool_names) == offered
+
+
+def _silent(pidfile: Path, startup_timeout: float) -> McpStdioServer:
+    """A server that starts and never answers the handshake (it ignores the end of its input too)."""
+    return McpStdioServer(
+        "silent", "sh", args=("-c", f"echo $$ > {pidfile}; exec sleep 300"), startup_timeout=startup_timeout
+    )
+
+
+async def test_a_command_that_cannot_run_fails_the_start_without_waiting_for_the_others(tmp_path: Path) -> None:
+    """It waited for the slowest sibling (its whole startup_timeout) and then its stop grace, to fail anyway."""
+    pidfile = tmp_path / "silent.pid"
+    async with open_test_harness() as h:
+        servers = [McpStdioServer("nope", "no-such-mcp-server"), _silent(pidfile, startup_timeout=30)]
+        with trio.fail_after(10), pytest.raises(McpStartError) as info:  # well before the sibling's 30 s
+            await connect_mcp_servers(h.scope, h.tools, servers)
+        message = str(info.value)
+        assert message.startswith("MCP server 'nope' ('no-such-mcp-server') failed to start: cannot run ")
+        assert "No such file or directory" in message
+        assert message.endswith("(not waited for, and stopped: 'silent')")
+        assert info.value.servers == ("nope",)
+        if pidfile.exists():  # spawned before the failure was seen: stopped, nothing of it left running
+            assert not group_alive(int(pidfile.read_text()))
+        assert [child.name for child in h.scope.children if "mcp:" in child.name] == []
+
+
+async def test_a_failure_that_can_pass_still_waits_for_every_server(tmp_path: Path) -> None:
+    """A server that exits is no reason to give up on the others: the error names each that failed."""
+    pidfile = tmp_path / "silent.pid"
+    async with open_test_harness() as h:
+        servers = [McpStdioServer("exits", "sh", args=("-c", "exit 3")), _silent(pidfile, startup_timeout=0.5)]
+        with pytest.raises(McpStartError) as info:
+            await connect_mcp_servers(h.scope, h.tools, servers)
+        assert info.value.servers == ("exits", "silent")
+        assert "within 0.5 s" in str(info.value) and "not waited for" not in str(info.value)
+
+
+async def test_acp_session_new_with_a_missing_command_answers_at_once(tmp_path: Path) -> None:
+    pidfile = tmp_path / "silent.pid"
+    missing = {"name": "nope", "command": "no-such-mcp-server", "args": [], "env": []}
+    silent = {"name": "silent", "command": "sh", "args": ["-c", f"echo $$ > {pidfile}; exec sleep 300"], "env": []}
+    async with open_server(tmp_path, []) as client:
+        await client.initialize()
+        request = client.request("session/new", {"cwd": str(tmp_path), "mcpServers": [missing, silent]})
+        with trio.fail_after(15):  # the silent server's startup_timeout is 30 s
+            error = await client.error(request)
+        assert "MCP server 'nope' ('no-such-mcp-server') failed to start: cannot run" in error["message"]
+        assert error["data"] == {"error": "McpStartError", "mcpServers": ["nope"]}
+
+
+async def test_a_start_given_up_stops_the_server_without_the_eof_grace(tmp_path: Path) -> None:
+    """It never shook hands, so closing its stdin asks nothing of it: SIGTERM at once, not after grace_period."""
+    pidfile = tmp_path / "silent.pid"
+    silent = attrs.evolve(_silent(pidfile, startup_timeout=0.5), grace_period=30)
+    async with open_test_harness() as h:
+        with trio.fail_after(10), pytest.raises(McpStartError) as info:  # not 0.5 s + the 30 s grace
+            await connect_mcp(h.scope, h.tools, silent)
+        assert "within 0.5 s (killed by SIGTERM" in str(info.value)
+        assert not group_alive(int(pidfile.read_text()))

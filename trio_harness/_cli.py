@@ -40,7 +40,9 @@ inert (:func:`trio_harness._cli_progress.inert`); to a file or pipe it is exact.
 
 ``acp`` without the model's API key still answers the handshake: it
 advertises the key as an ``env_var`` auth method and ``authenticate`` says
-which variable to set (docs/acp.rst, "Authentication").
+which variable to set (docs/acp.rst, "Authentication").  ``acp --fs-timeout S``,
+``--write-timeout S`` and ``--max-sessions N`` set the server's bounds
+(:mod:`trio_harness._cli_acp`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
+from ._cli_acp import acp_bound_options, add_acp_bounds
 from ._cli_common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -256,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run tool calls that require approval without asking the client (session/request_permission)",
     )
+    add_acp_bounds(acp)
     acp.set_defaults(handler=_cmd_acp)
 
     run = commands.add_parser(
@@ -525,6 +529,7 @@ async def _serve_acp(
         options["authenticator"] = auth
     if args.max_line_bytes is not None:
         options["max_line_bytes"] = args.max_line_bytes
+    options.update(acp_bound_options(args))
     agent_options = _agent_options(args, args.system_prompt)
     if agent_options is not None:
         options["agent_options"] = agent_options

@@ -38,6 +38,8 @@ RESOURCE_NOT_FOUND: Final = -32002
 """ACP: the named resource (e.g. a session id) does not exist."""
 SESSION_BUSY: Final = -32003
 """A prompt is already in flight on this session."""
+TOO_MANY_SESSIONS: Final = -32004
+"""This server's own: the connection has ``max_sessions`` sessions open (or opening); close one first."""
 REQUEST_CANCELLED: Final = -32800
 """ACP: the request was cancelled (``$/cancel_request``)."""
 

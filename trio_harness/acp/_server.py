@@ -52,7 +52,7 @@ import contextlib
 import functools
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar, TypeVarTuple
 
 import attrs
@@ -137,6 +137,8 @@ FLUSH_TIMEOUT: Final = 30.0
 DRAIN_TIMEOUT: Final = 5.0
 WRITE_TIMEOUT: Final = 120.0
 """The default bound on writing one message (``AcpServer.write_timeout``)."""
+MAX_SESSIONS: Final = 100
+"""The default cap on the sessions one connection has open (``AcpServer.max_sessions``)."""
 
 _P = TypeVar("_P")
 _Ts = TypeVarTuple("_Ts")
@@ -187,6 +189,10 @@ class AcpServer(SessionFeatures, SessionStreaming):
             client that reads none of it for that long is taken as gone, and
             the connection ends as after a disconnect (docs/acp.rst,
             "Backpressure").
+        max_sessions: how many sessions the connection may have open at once
+            (those being created or loaded count); one more ``session/new`` or
+            ``session/load`` is refused with an error naming the cap until
+            ``session/close`` closes one (docs/acp.rst, "Bounds").
     """
 
     harness: Harness
@@ -200,8 +206,10 @@ class AcpServer(SessionFeatures, SessionStreaming):
     models: Sequence[ModelProvider] = ()
     fs_timeout: float = FS_TIMEOUT
     write_timeout: float = WRITE_TIMEOUT
+    max_sessions: int = MAX_SESSIONS
     _records: dict[str, _SessionRecord] = attrs.field(factory=dict, init=False)
     _scope: Scope | None = attrs.field(default=None, init=False)
+    _opening: int = attrs.field(default=0, init=False)  # session/new and session/load under way
     _outbox: rpc.Outbox | None = attrs.field(default=None, init=False)
     _handlers: trio.Nursery | None = attrs.field(default=None, init=False)
     _accepting: bool = attrs.field(default=False, init=False)
@@ -222,8 +230,9 @@ class AcpServer(SessionFeatures, SessionStreaming):
     def __attrs_post_init__(self) -> None:
         if self.max_line_bytes <= 0:
             raise ValueError(f"max_line_bytes must be positive, got {self.max_line_bytes!r}")
-        if self.outbox_limit < 1:
-            raise ValueError(f"outbox_limit must be at least 1, got {self.outbox_limit!r}")
+        for name in ("outbox_limit", "max_sessions"):
+            if not getattr(self, name) >= 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
         for name in ("fs_timeout", "write_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
@@ -559,6 +568,10 @@ class AcpServer(SessionFeatures, SessionStreaming):
     async def _new(self, params: NewSessionParams) -> dict[str, Any]:
         self._check_auth()
         self._check_open()
+        with self._session_slot("session/new"):
+            return await self._new_session(params)
+
+    async def _new_session(self, params: NewSessionParams) -> dict[str, Any]:
         if not await trio.to_thread.run_sync(os.path.isdir, params.cwd):
             # Every command and relative path of the session would fail there.
             raise rpc.RpcError(
@@ -592,6 +605,11 @@ class AcpServer(SessionFeatures, SessionStreaming):
                 f"session {shorten(session_id, 200)!r} is already open on this connection",
                 {"sessionId": session_id},
             )
+        with self._session_slot("session/load"):
+            return await self._load_session(params)
+
+    async def _load_session(self, params: LoadSessionParams) -> dict[str, Any] | None:
+        session_id = params.session_id
         setup = _mcp_setup(with_env_policy(params.mcp_configs(), self.harness.bash.env_policy), self.harness.bus)
         options, choice = self._session_options()
         try:
@@ -646,6 +664,23 @@ class AcpServer(SessionFeatures, SessionStreaming):
             self._unstored.remove(failure)  # reported here, to the client that asked
             raise rpc.RpcError(rpc.INTERNAL_ERROR, str(failure), {"code": "store-error"})
         return {}
+
+    @contextlib.contextmanager
+    def _session_slot(self, method: str) -> Iterator[None]:
+        """Count a session being created or loaded against ``max_sessions`` (refused at the cap)."""
+        count = len(self._records) + self._opening
+        if count >= self.max_sessions:
+            raise rpc.RpcError(
+                rpc.TOO_MANY_SESSIONS,
+                f"{method} refused: this connection has {count} sessions open, the cap (max_sessions = "
+                f"{self.max_sessions}, trio-harness acp --max-sessions); close one with session/close first",
+                {"maxSessions": self.max_sessions},
+            )
+        self._opening += 1
+        try:
+            yield
+        finally:
+            self._opening -= 1
 
     def _check_open(self) -> None:
         if self._closing:

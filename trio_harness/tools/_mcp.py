@@ -56,7 +56,7 @@ from ..agents._tools import Tool, ToolContext, ToolOutput, ToolSet
 from ._mcp_config import McpHttpServer, McpServerConfig, McpStdioServer
 from ._mcp_link import _Link, _WatchedStream
 from ._mcp_tools import _dangling_ref, _model_names, render_mcp_result
-from ._mcp_transport import _HttpFacts, _open_http, _open_stdio, _ProcessFacts
+from ._mcp_transport import CannotRunError, _HttpFacts, _open_http, _open_stdio, _ProcessFacts
 
 if TYPE_CHECKING:
     from mcp.client.session import ClientSession, IncomingMessage
@@ -283,6 +283,8 @@ class McpConnection:
                 await self._stop_link(link)
             raise
         link.ready = True
+        if link.process is not None:  # from now on a stop asks it to exit first (stdin closed, then the grace)
+            link.process.ready = True
         return listing
 
     async def _stop_link(self, link: _Link) -> None:
@@ -744,6 +746,11 @@ async def connect_mcp_servers(
 ) -> tuple[McpConnection, ...]:
     """Start several servers at once (see :func:`connect_mcp`); all of them or none.
 
+    A server whose command cannot be run at all (not found, not executable, a
+    missing ``cwd``) fails the start at once: the others are not waited for
+    (they are stopped, and the message names them).  Otherwise every server
+    is waited for, so the error names all that failed.
+
     Raises:
         McpConfigError: two servers have the same name.
         McpStartError: naming every server that failed; the others were
@@ -755,17 +762,22 @@ async def connect_mcp_servers(
             raise McpConfigError(f"MCP server {server.name!r} is configured twice", server=server.name, field="name")
         seen.add(server.name)
     results: list[McpConnection | McpStartError | None] = [None] * len(servers)
+    waiting = trio.CancelScope()
 
     async def connect_one(index: int) -> None:
         try:
             results[index] = await connect_mcp(scope, tools, servers[index], bus=bus)
         except McpStartError as exc:
             results[index] = exc
+            if isinstance(exc.__cause__, CannotRunError):
+                # A command that cannot be run fails the start whatever the others do: they are not waited for.
+                waiting.cancel()
 
     try:
-        async with trio.open_nursery() as nursery:
-            for index in range(len(servers)):
-                nursery.start_soon(connect_one, index)
+        with waiting:
+            async with trio.open_nursery() as nursery:
+                for index in range(len(servers)):
+                    nursery.start_soon(connect_one, index)
     except BaseException:  # cancelled: none of them stays
         with trio.CancelScope(shield=True):
             for result in results:
@@ -778,10 +790,10 @@ async def connect_mcp_servers(
         with trio.CancelScope(shield=True):
             for connection in connections:
                 await connection.close()
-        error = McpStartError(
-            "; ".join(str(failure) for failure in failures),
-            servers=tuple(name for failure in failures for name in failure.servers),
-        )
+        message = "; ".join(str(failure) for failure in failures)
+        if unstarted := [server.name for server, result in zip(servers, results, strict=True) if result is None]:
+            message += f" (not waited for, and stopped: {', '.join(map(repr, unstarted))})"
+        error = McpStartError(message, servers=tuple(name for failure in failures for name in failure.servers))
         raise error from failures[0]
     return connections
 

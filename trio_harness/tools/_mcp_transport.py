@@ -79,6 +79,9 @@ class _ProcessFacts:
     stderr_done: trio.Event = attrs.field(factory=trio.Event)
     # Set once the connection asked the process to stop: an exit is no longer news.
     stopping: bool = False
+    # Set once the handshake and the tool listing are done.  A start given up before (a
+    # timeout, a sibling that cannot run) is stopped with SIGTERM at once, not after an EOF grace.
+    ready: bool = False
     on_exit: Callable[[], None] = lambda: None
 
     def set_exit(self, returncode: int) -> None:
@@ -208,11 +211,19 @@ async def _stop_process(process: trio.Process, facts: _ProcessFacts, grace: floa
     facts.stopping = True
     if process.stdin is not None:
         await trio.aclose_forcefully(process.stdin)
-    with trio.move_on_after(grace):
+    with trio.move_on_after(grace if facts.ready else 0):
         await process.wait()
     # The server (if it ignored the end of its input) and what it started: SIGTERM, SIGKILL after grace.
     await terminate_group(process.pid, grace)
     await _wait_exit(process, facts, REAP_BOUND)
+
+
+class CannotRunError(McpError):
+    """The server's command could not be run at all (not found, not executable, a missing ``cwd``).
+
+    Waiting does not change that, unlike a server that exits or is slow: a start
+    of several servers stops waiting for the others (``connect_mcp_servers``).
+    """
 
 
 @asynccontextmanager
@@ -238,7 +249,7 @@ async def _open_stdio(config: McpStdioServer, facts: _ProcessFacts) -> AsyncIter
         )
     except OSError as exc:
         where = f" in {config.cwd!r}" if config.cwd is not None else ""
-        raise McpError(f"cannot run {config.command!r}{where}: {exc.strerror or exc}") from exc
+        raise CannotRunError(f"cannot run {config.command!r}{where}: {exc.strerror or exc}") from exc
     line.register(process.pid)
     facts.pid = process.pid
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
