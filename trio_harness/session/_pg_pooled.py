@@ -110,6 +110,7 @@ class PooledPostgresStore(PostgresStore):
     _live: psycopg.Connection[Any] | None = attrs.field(default=None, init=False)
     # The server process of the liveness connection (holding the lock), checked by every heartbeat.
     _live_pid: int = attrs.field(default=0, init=False)
+    _beat_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
     _group: GroupCommitter = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -156,16 +157,25 @@ class PooledPostgresStore(PostgresStore):
             try:
                 yield store
             finally:
-                if self._depth == 0 and self._live is not None:
-                    self._live.close()
-                    self._live = None
+                if self._depth == 0:
+                    # The heartbeat stops first, or it would take the lock again on a new connection.
+                    self._beat_scope.cancel()
+                    if self._live is not None:
+                        self._live.close()
+                        self._live = None
 
     async def _start_liveness(self) -> None:
         sql = self._sql
         await self._run("create the lease table", lambda conn: [conn.execute(q) for q in _lease_tables(sql.s)])
         self._live = await self._lock_liveness()
         assert self._nursery is not None
-        self._nursery.start_soon(self._beat, name="postgres worker liveness")
+        self._beat_scope = trio.CancelScope()
+
+        async def beat() -> None:
+            with self._beat_scope:
+                await self._beat()
+
+        self._nursery.start_soon(beat, name="postgres worker liveness")
         self._nursery.start_soon(self._group.run, name="postgres group commit")
 
     async def _lock_liveness(self) -> psycopg.Connection[Any]:

@@ -200,8 +200,8 @@ class PostgresStore:
             pg.conninfo.conninfo_to_dict(self.dsn)
         except pg.Error as exc:
             raise SessionStoreError(
-                f"the PostgreSQL connection URL {redact_dsn(self.dsn)!r} cannot be parsed: {str(exc).strip()}; "
-                "use postgresql://USER@HOST:PORT/DATABASE",
+                f"the PostgreSQL connection URL {redact_dsn(self.dsn)!r} cannot be parsed: "
+                f"{redact_dsn(str(exc).strip())}; use postgresql://USER@HOST:PORT/DATABASE",
                 path=redact_dsn(self.dsn),
             ) from None
         schema = self.schema
