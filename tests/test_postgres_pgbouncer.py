@@ -284,3 +284,21 @@ async def test_closing_a_pooled_store_leaves_no_liveness_connection_behind(
         assert left == (0,), left
     finally:
         superuser.close()
+
+
+async def test_a_liveness_connection_no_longer_on_the_locks_server_process_fails_the_service(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
+) -> None:
+    """What the heartbeat sees behind a transaction pooler that the opening probe missed: the service fails."""
+    pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema, heartbeat=0.05, idle_session_timeout=None)
+    failures: list[BaseException] = []
+    try:
+        async with pooled:
+            assert pooled._live is not None and pooled._live_pid == pooled._live.info.backend_pid
+            pooled._live_pid = -1  # as if the pooler now served the connection with another server process
+            with trio.fail_after(30):
+                await trio.sleep_forever()
+    except BaseExceptionGroup as group:
+        failures = [exc for exc in group.exceptions if isinstance(exc, SessionStoreError)]
+    assert len(failures) == 1, failures
+    assert "transaction-pooling proxy" in str(failures[0]) and "not -1 (the lock's)" in str(failures[0])
