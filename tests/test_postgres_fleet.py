@@ -86,7 +86,9 @@ def _settle_garbage(model: ScriptedModel) -> None:
 
 
 def _emit(**fields: Any) -> None:
+    """Print a JSON line, with the longest garbage-collector pause since the last line."""
     print(json.dumps({**fields, "gc_pause": round(_pauses["longest"], 3)}), flush=True)
+    _pauses["longest"] = 0.0
 
 
 def worker_argv(dsn: str, schema: str, name: str, lock_timeout: float) -> list[str]:
@@ -389,7 +391,7 @@ async def _run_fleet(
     print(f"a round of {SESSIONS} agents' turns took {seconds} s per worker")
     used = connections(admin)
     print(f"connections per worker while churning: {used} (pool_size {POOL_SIZE})")
-    print(f"longest garbage-collector pauses: {[r['gc_pause'] for r in rounds]} s")
+    print(f"longest garbage-collector pause in that round: {[r['gc_pause'] for r in rounds]} s")
     assert set(used) == {f"fleet-{name}" for name in names}
     assert all(count <= POOL_SIZE + 2 for count in used.values()), used
 
@@ -485,7 +487,7 @@ async def _run_fleet(
     print(f"connections per worker after the takeover: {used}")
     assert "fleet-w0" not in used
     assert all(count <= POOL_SIZE + 2 for count in used.values()), used
-    print(f"longest garbage-collector pauses of the takers: {[r['gc_pause'] for r in settled]} s")
+    print(f"longest garbage-collector pause of the takers while settling: {[r['gc_pause'] for r in settled]} s")
     for before, resting, after, share in zip(rounds[1:], rested, settled, shares, strict=True):
         assert after["settled"] == len(share)
         assert after["live_pid"] == resting["live_pid"] == before["live_pid"], "a worker lost its liveness lock"
