@@ -302,3 +302,13 @@ async def test_a_liveness_connection_no_longer_on_the_locks_server_process_fails
         failures = [exc for exc in group.exceptions if isinstance(exc, SessionStoreError)]
     assert len(failures) == 1, failures
     assert "transaction-pooling proxy" in str(failures[0]) and "not -1 (the lock's)" in str(failures[0])
+
+
+async def test_a_direct_url_that_cannot_connect_fails_the_opening_naming_it(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
+) -> None:
+    pooled = PooledPostgresStore(postgres_cluster.dsn(), direct_dsn=postgres_cluster.dsn("no_such_db"), schema=schema)
+    with pytest.raises(SessionStoreError, match="'no_such_db' does not exist") as caught:
+        async with pooled:
+            pass
+    assert "dbname=no_such_db" in str(caught.value) or "/no_such_db" in str(caught.value)
