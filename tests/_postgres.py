@@ -7,7 +7,9 @@ refuse to run as root, so as root they run as the ``postgres`` user
 (``runuser -u postgres``), which owns the directory.
 
 A machine without the server binaries is a test *failure*, not a skip: CI
-installs PostgreSQL when it is missing (``.ci/run``).
+installs PostgreSQL when it is missing (``.ci/run``), and PgBouncer too
+(:func:`start_pgbouncer`, a real transaction-pooling proxy in front of a
+cluster, on a free loopback port).
 
 Each test gets its own schema (:func:`fresh_schema`), so tests share the
 cluster without seeing each other's sessions.
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -145,13 +148,15 @@ class Cluster:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def start_cluster(*, durable: bool = False, settings: Sequence[str] = ()) -> Cluster:
+def start_cluster(*, durable: bool = False, settings: Sequence[str] = (), max_connections: int = 200) -> Cluster:
     """Create and start a cluster in a new temporary directory.
 
     Args:
         durable: keep PostgreSQL's default durability (``fsync``); the tests
             turn it off for speed, the benchmark keeps it.
         settings: extra ``name=value`` server settings.
+        max_connections: the server's ``max_connections`` (3 of them are
+            reserved for superusers, ``superuser_reserved_connections``).
 
     Raises:
         ServerMissing: no server binaries.
@@ -186,7 +191,7 @@ def start_cluster(*, durable: bool = False, settings: Sequence[str] = ()) -> Clu
             f"-k {cluster.socket_dir}",
             f"-p {cluster.port}",
             "-c listen_addresses=''",
-            "-c max_connections=200",
+            f"-c max_connections={max_connections}",
         ]
         if not durable:
             options += ["-c fsync=off", "-c full_page_writes=off"]
@@ -219,9 +224,11 @@ def _run(argv: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def running_cluster(*, durable: bool = False, settings: Sequence[str] = ()) -> Iterator[Cluster]:
+def running_cluster(
+    *, durable: bool = False, settings: Sequence[str] = (), max_connections: int = 200
+) -> Iterator[Cluster]:
     """``start_cluster`` as a context manager."""
-    cluster = start_cluster(durable=durable, settings=settings)
+    cluster = start_cluster(durable=durable, settings=settings, max_connections=max_connections)
     try:
         yield cluster
     finally:
@@ -391,6 +398,157 @@ def proxy_for(cluster: Cluster) -> Iterator[Proxy]:
         proxy.close()
 
 
+# ---------------------------------------------------------------- PgBouncer, a real pooling proxy
+
+PGBOUNCER_MISSING = (
+    "PgBouncer was not found (/usr/sbin/pgbouncer or on PATH); install it (Debian: apt-get install "
+    "--no-install-recommends pgbouncer; .ci/run does this) -- the pooled store's tests run behind a real one"
+)
+
+
+def find_pgbouncer() -> Path:
+    """The ``pgbouncer`` program.
+
+    Raises:
+        ServerMissing: it is not installed.
+    """
+    found = shutil.which("pgbouncer") or next(
+        (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if os.access(p, os.X_OK)), None
+    )
+    if found is None:
+        raise ServerMissing(PGBOUNCER_MISSING)
+    return Path(found)
+
+
+def _free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port: int = listener.getsockname()[1]
+        return port
+
+
+@attrs.define(eq=False)
+class PgBouncer:
+    """A running PgBouncer in front of a cluster's Unix socket, on 127.0.0.1; :meth:`stop` ends it.
+
+    Every client logs in as the cluster's superuser (``auth_type = trust``);
+    at most ``pool_size`` server connections are shared by all of them
+    (``default_pool_size``), in ``pool_mode``.
+    """
+
+    cluster: Cluster
+    process: subprocess.Popen[bytes]
+    directory: Path
+    port: int
+    pool_mode: str
+    pool_size: int
+
+    def dsn(self, dbname: str = "postgres", **params: str) -> str:
+        """A URL reaching the cluster through PgBouncer (extra ``params`` in its query)."""
+        query = urllib.parse.urlencode({"sslmode": "disable", **params})
+        return f"postgresql://{self.cluster.user}@127.0.0.1:{self.port}/{dbname}?{query}"
+
+    def show(self, what: str) -> list[dict[str, str]]:
+        """``SHOW what`` on PgBouncer's admin console (``POOLS``, ``CLIENTS``, ``SERVERS``), as rows of text."""
+        import psycopg
+
+        with psycopg.connect(self.dsn("pgbouncer"), autocommit=True) as conn:
+            # The console speaks only the simple query protocol: libpq's PQexec.
+            result = conn.pgconn.exec_(f"SHOW {what}".encode())
+            if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
+                raise RuntimeError(f"SHOW {what} on PgBouncer failed: {result.error_message.decode().strip()}")
+            names = [(result.fname(column) or b"").decode() for column in range(result.nfields)]
+            return [
+                {name: (result.get_value(row, column) or b"").decode() for column, name in enumerate(names)}
+                for row in range(result.ntuples)
+            ]
+
+    def log(self) -> str:
+        return (self.directory / "pgbouncer.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def start_pgbouncer(cluster: Cluster, *, pool_mode: str = "transaction", pool_size: int = 4) -> PgBouncer:
+    """Start PgBouncer in front of ``cluster`` on a free loopback port (as the ``postgres`` user when root).
+
+    Raises:
+        ServerMissing: PgBouncer is not installed.
+        RuntimeError: it did not start (its log attached).
+    """
+    program = find_pgbouncer()
+    directory = Path(tempfile.mkdtemp(prefix="trio-harness-pgbouncer-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    (directory / "users.txt").write_text(f'"{cluster.user}" ""\n')
+    for _ in range(5):  # a free port may be taken by someone else before PgBouncer binds it
+        port = _free_port()
+        config = directory / "pgbouncer.ini"
+        config.write_text(
+            "\n".join(
+                [
+                    "[databases]",
+                    f"* = host={cluster.socket_dir} port={cluster.port}",
+                    "[pgbouncer]",
+                    "listen_addr = 127.0.0.1",
+                    f"listen_port = {port}",
+                    "unix_socket_dir =",
+                    "auth_type = trust",
+                    f"auth_file = {directory / 'users.txt'}",
+                    f"admin_users = {cluster.user}",
+                    f"pool_mode = {pool_mode}",
+                    f"default_pool_size = {pool_size}",
+                    "max_client_conn = 1000",
+                    f"logfile = {directory / 'pgbouncer.log'}",
+                    f"pidfile = {directory / 'pgbouncer.pid'}",
+                    "",
+                ]
+            )
+        )
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam("postgres")
+            for path in (directory, *directory.iterdir()):
+                os.chown(path, entry.pw_uid, entry.pw_gid)
+        with open(directory / "stderr.log", "wb") as stderr_file:  # a pipe nobody reads would fill up
+            process = subprocess.Popen(
+                _as_server_user([str(program), str(config)]), stdout=subprocess.DEVNULL, stderr=stderr_file
+            )
+        bouncer = PgBouncer(cluster, process, directory, port, pool_mode, pool_size)
+        deadline = time.monotonic() + 30
+        while process.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                return bouncer
+            time.sleep(0.02)  # a bounded wait for the port to listen, not a synchronisation by sleep
+        log = bouncer.log() if (directory / "pgbouncer.log").exists() else ""
+        stderr = (directory / "stderr.log").read_text(errors="replace")
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if "Address already in use" not in log + stderr:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise RuntimeError(f"PgBouncer did not start ({process.returncode}): {stderr.strip()} {log.strip()}")
+    shutil.rmtree(directory, ignore_errors=True)
+    raise RuntimeError("PgBouncer did not start: no free port it could bind")
+
+
+@contextlib.contextmanager
+def pgbouncer_for(cluster: Cluster, *, pool_mode: str = "transaction", pool_size: int = 4) -> Iterator[PgBouncer]:
+    """A :class:`PgBouncer` in front of ``cluster`` for the block; a missing PgBouncer fails the test."""
+    try:
+        bouncer = start_pgbouncer(cluster, pool_mode=pool_mode, pool_size=pool_size)
+    except ServerMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()
+
+
 # ---------------------------------------------------------------- pytest fixtures
 
 _shared: list[Cluster] = []
@@ -470,7 +628,7 @@ async def _worker(command: str, dsn: str, schema: str, session_id: str, options:
             when stdin closes.
 
     Options: ``--lock-timeout=S``, ``--heartbeat=S``, ``--idle-session-timeout=S``, ``--pooled`` (a
-    :class:`~trio_harness.session.PooledPostgresStore`).
+    :class:`~trio_harness.session.PooledPostgresStore`), ``--direct-dsn=URL`` (its ``direct_dsn``).
     """
     import trio
 
@@ -480,13 +638,16 @@ async def _worker(command: str, dsn: str, schema: str, session_id: str, options:
     from trio_harness.session import _events as ev
 
     settings: dict[str, float] = {}
+    direct = {option.removeprefix("--direct-dsn=") for option in options if option.startswith("--direct-dsn=")}
     for option in options:
-        if option.startswith("--") and "=" in option:
+        if option.startswith("--") and "=" in option and not option.startswith("--direct-dsn="):
             name, value = option[2:].split("=", 1)
             settings[name] = float(value)
+    extra: dict[str, Any] = {"direct_dsn": direct.pop()} if direct else {}
     make = PooledPostgresStore if "--pooled" in options else PostgresStore
     persistence = make(
         dsn,
+        **extra,
         schema=schema,
         lock_timeout=settings.get("lock-timeout", 0.0),
         heartbeat=settings.get("heartbeat", 0.4),

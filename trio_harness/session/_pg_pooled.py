@@ -29,8 +29,10 @@ per-session mode (:mod:`._pg_leases`), so both modes may use one schema.
 A worker uses its ``pool_size`` shared connections, the liveness connection
 and the mailbox listener: at most ``pool_size + 2`` whatever the number of its
 sessions.  The shared ones use no named prepared statements
-(``prepare_threshold=None``), so they may go through a transaction-pooling
-proxy; the liveness and LISTEN connections need session state.
+(``prepare_threshold=None``), so ``dsn`` may go through a transaction-pooling
+proxy; the liveness and LISTEN connections need session state, so they use
+``direct_dsn`` (the server, or a session-pooling proxy).  A ``direct_dsn``
+found to go through a transaction pooler is refused (``_check_pinned``).
 """
 
 from __future__ import annotations
@@ -59,10 +61,10 @@ from ._persistence import LoadedSession
 from ._pg_group import GroupCommitter, _Request
 from ._pg_leases import take_lease
 from ._pg_mail import mail_loop
-from ._pg_schema import _lock_key, _psycopg
+from ._pg_schema import _lock_key, _psycopg, _scalar
 from ._pg_threads import _call
 from ._pg_writer import claim_mail
-from ._postgres import PostgresStore
+from ._postgres import PostgresStore, redact_dsn
 from ._session import SessionWriter, validate_session_id
 
 if TYPE_CHECKING:
@@ -71,6 +73,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("trio_harness.session.postgres")
 
 T = TypeVar("T")
+
+
+class _NotPinned(SessionStoreError):
+    """The direct URL goes through a transaction pooler: the liveness lock is not this worker's alone."""
 
 
 @attrs.define(eq=False, repr=False)
@@ -85,11 +91,25 @@ class PooledPostgresStore(PostgresStore):
     holds (session/_pg_leases.py).  Every flush commits synchronously
     (``sync=False`` is not distinguished: group
     commit pays for it).  Opt-in while the per-session mode stays the default.
+
+    Args:
+        direct_dsn: the URL of the two connections that keep session state,
+            the worker's liveness lock (an advisory lock) and the mailbox
+            listener (``LISTEN``): the server itself or a session-pooling
+            proxy, never a transaction pooler (refused when detected).
+            Default: ``dsn``.  The ``pool_size`` shared connections use
+            ``dsn``, which may go through a transaction-pooling proxy
+            (PgBouncer's ``pool_mode = transaction``).
+
+    The other arguments are :class:`PostgresStore`'s.
     """
 
+    direct_dsn: str | None = attrs.field(default=None, kw_only=True)
     worker_id: str = attrs.field(factory=lambda: uuid.uuid4().hex, init=False)
     """This worker's random id, named by the leases of the sessions it holds."""
     _live: psycopg.Connection[Any] | None = attrs.field(default=None, init=False)
+    # The server process of the liveness connection (holding the lock), checked by every heartbeat.
+    _live_pid: int = attrs.field(default=0, init=False)
     _group: GroupCommitter = attrs.field(init=False)
     # The ids a resume or a create of this process is taking (or a retried release is releasing): one at a time.
     _taking: set[str] = attrs.field(factory=set, init=False)
@@ -100,6 +120,28 @@ class PooledPostgresStore(PostgresStore):
     _releasing: dict[str, trio.Event] = attrs.field(factory=dict, init=False)
     _beat_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
 
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        direct = self.direct_dsn
+        if direct is None:
+            return
+        if not isinstance(direct, str):
+            raise TypeError(f"direct_dsn must be a str, got {type(direct).__name__}")
+        pg = _psycopg()
+        try:
+            pg.conninfo.conninfo_to_dict(direct)
+        except pg.Error as exc:
+            raise SessionStoreError(
+                f"the PostgreSQL direct connection URL (direct_dsn) {redact_dsn(direct)!r} cannot be parsed: "
+                f"{redact_dsn(str(exc).strip())}; use postgresql://USER@HOST:PORT/DATABASE",
+                path=redact_dsn(direct),
+            ) from None
+        self._session_dsn = direct
+
+    def __repr__(self) -> str:
+        direct = "" if self.direct_dsn is None else f", direct_dsn={redact_dsn(self.direct_dsn)!r}"
+        return f"PooledPostgresStore({redact_dsn(self.dsn)!r}{direct}, schema={self.schema!r})"
+
     @_group.default
     def _new_group(self) -> GroupCommitter:
         return GroupCommitter(self)
@@ -109,8 +151,8 @@ class PooledPostgresStore(PostgresStore):
         """The advisory lock key of this worker's liveness lock (a hash of schema and :attr:`worker_id`)."""
         return _lock_key(self.schema, "\x00worker\x00" + self.worker_id)
 
-    async def _connect(self) -> psycopg.Connection[Any]:
-        conn = await super()._connect()
+    async def _connect(self, dsn: str | None = None) -> psycopg.Connection[Any]:
+        conn = await super()._connect(dsn)
         conn.prepare_threshold = None  # unnamed statements only: a transaction-pooling proxy may sit between
         return conn
 
@@ -151,19 +193,50 @@ class PooledPostgresStore(PostgresStore):
 
     async def _lock_liveness(self) -> psycopg.Connection[Any]:
         """A new direct connection holding this worker's liveness lock (dropped by the server once silent)."""
-        conn = await self._connect()
+        conn = await self._connect(self._session_dsn)
         key = self.worker_key
 
-        def lock() -> None:
+        def lock() -> int:
             self._configure_writer(conn)
-            conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+            return int(_scalar(conn, "SELECT pg_backend_pid() FROM pg_advisory_lock(%s)", (key,)))
 
         try:
-            await _call(conn, lock)
+            with self._translated("take this worker's liveness lock"):
+                pid = await _call(conn, lock)
+            if pid != conn.info.backend_pid:  # a proxy between: it must keep this server process for us
+                await self._check_pinned(pid)
         except BaseException:
             conn.close()
             raise
+        self._live_pid = pid
         return conn
+
+    def _not_pinned(self, why: str) -> _NotPinned:
+        where = redact_dsn(self._session_dsn or self.dsn)
+        return _NotPinned(
+            f"the direct connection URL {where!r} of {self!r} goes through a transaction-pooling proxy ({why}): "
+            "the worker's liveness lock (an advisory lock) and the mailbox listener (LISTEN) would be shared "
+            "with other clients, so sessions could be held twice; give direct_dsn the server's URL or a "
+            "session-pooling proxy's (only dsn, the shared pool, may go through a transaction pooler)",
+            path=self.location,
+        )
+
+    async def _check_pinned(self, pid: int) -> None:
+        """Refuse a direct URL through a transaction pooler: a second connection must not reach server process ``pid``.
+
+        Behind a transaction pooler, the server process that just took the
+        liveness lock is idle in the pooler's pool and handed to the next
+        client (PgBouncer reuses the most recent one first); behind a session
+        pooler it stays ours.  The heartbeat checks the process too.
+        """
+        probe = await self._connect(self._session_dsn)
+        try:
+            with self._translated("check the direct connection"):
+                other = int(await _call(probe, lambda: _scalar(probe, "SELECT pg_backend_pid()")))
+        finally:
+            probe.close()
+        if other == pid:
+            raise self._not_pinned(f"a second connection reached server process {pid}, which holds the lock")
 
     async def _beat(self) -> None:
         """Keep the liveness connection active; retake the lock on a new one when it was lost; retry releases.
@@ -181,13 +254,21 @@ class PooledPostgresStore(PostgresStore):
                 if conn is None or conn.broken or conn.closed:
                     self._live = await self._lock_liveness()
                     log.warning("worker %s: liveness lock taken again on a new connection", self.worker_id)
-                else:
-                    with trio.fail_after(self.write_timeout):
-                        await _call(conn, functools.partial(conn.execute, "SELECT 1"))
+                    continue
+                with trio.fail_after(self.write_timeout):
+                    pid = await _call(conn, functools.partial(_scalar, conn, "SELECT pg_backend_pid()"))
+            except _NotPinned:
+                raise  # fails the service: the lock does not protect this worker's sessions
             except (pg.Error, SessionStoreError, trio.TooSlowError) as exc:
                 log.warning("worker %s: liveness heartbeat failed (%s)", self.worker_id, exc)
                 if conn is not None and self._live is conn:
                     conn.close()
+                await self._retry_releases()
+                continue
+            if pid != self._live_pid:
+                raise self._not_pinned(
+                    f"the liveness connection now reaches server process {pid}, not {self._live_pid} (the lock's)"
+                )
             await self._retry_releases()
 
     # ------------------------------------------------------------ leases

@@ -92,7 +92,6 @@ _PERMANENT = (
 )
 _MAX_IDENTIFIER = 63
 
-
 # libpq connection parameters that hold no credential: shown in messages (where the server is).
 _PLAIN_PARAMETERS: Final = frozenset(
     {
@@ -192,6 +191,7 @@ class PostgresStore:
     _writers: dict[str, _PgWriter] = attrs.field(factory=dict, init=False)
     _listening: bool = attrs.field(default=False, init=False)
     _checked: bool = attrs.field(default=False, init=False)
+    _session_dsn: str | None = attrs.field(default=None, init=False)  # the listener's URL (None: dsn)
 
     def __attrs_post_init__(self) -> None:
         pg = _psycopg()
@@ -201,8 +201,8 @@ class PostgresStore:
             pg.conninfo.conninfo_to_dict(self.dsn)
         except pg.Error as exc:
             raise SessionStoreError(
-                f"the PostgreSQL connection URL {redact_dsn(self.dsn)!r} cannot be parsed: {str(exc).strip()}; "
-                "use postgresql://USER@HOST:PORT/DATABASE",
+                f"the PostgreSQL connection URL {redact_dsn(self.dsn)!r} cannot be parsed: "
+                f"{redact_dsn(str(exc).strip())}; use postgresql://USER@HOST:PORT/DATABASE",
                 path=redact_dsn(self.dsn),
             ) from None
         schema = self.schema
@@ -332,8 +332,8 @@ class PostgresStore:
 
     # ------------------------------------------------------------ connections
 
-    async def _connect(self) -> psycopg.Connection[Any]:
-        """A new connection, retried with backoff while the failure may pass.
+    async def _connect(self, dsn: str | None = None) -> psycopg.Connection[Any]:
+        """A new connection (to ``dsn``, default the store's), retried with backoff while the failure may pass.
 
         Raises:
             SessionStoreError: naming the problem (a missing database or role,
@@ -345,18 +345,18 @@ class PostgresStore:
         delay = 0.05
         while True:
             try:
-                return await self._connect_once()
+                return await self._connect_once(dsn)
             except pg.Error as exc:
                 reason = str(exc).strip()
                 if any(mark in reason for mark in _PERMANENT) or trio.current_time() + delay > deadline:
-                    raise self._connect_error(reason) from exc
+                    raise self._connect_error(reason, dsn) from exc
                 log.info("cannot connect to %s yet (%s); retrying in %.2f s", self.location, reason, delay)
             await trio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    async def _connect_once(self) -> psycopg.Connection[Any]:
+    async def _connect_once(self, dsn: str | None = None) -> psycopg.Connection[Any]:
         pg = _psycopg()
-        params = pg.conninfo.conninfo_to_dict(self.dsn)
+        params = pg.conninfo.conninfo_to_dict(dsn := dsn or self.dsn)
         kwargs: dict[str, Any] = {"autocommit": True}
         for name, value in (
             ("connect_timeout", max(2, math.ceil(self.connect_timeout))),  # per attempt; a DSN's own value wins
@@ -368,11 +368,11 @@ class PostgresStore:
         ):
             if name not in params:
                 kwargs[name] = value
-        return await _open_connection(lambda: pg.connect(self.dsn, **kwargs))
+        return await _open_connection(lambda: pg.connect(dsn, **kwargs))
 
-    def _connect_error(self, reason: str) -> SessionStoreError:
-        params: dict[str, Any] = _psycopg().conninfo.conninfo_to_dict(self.dsn)
-        where = redact_dsn(self.dsn)
+    def _connect_error(self, reason: str, dsn: str | None = None) -> SessionStoreError:
+        params: dict[str, Any] = _psycopg().conninfo.conninfo_to_dict(dsn := dsn or self.dsn)
+        where = redact_dsn(dsn)
         database = params.get("dbname") or params.get("user") or "?"
         if "database" in reason and "does not exist" in reason:
             message = (
@@ -867,7 +867,7 @@ class PostgresStore:
         delay = 0.05
         while True:
             try:
-                conn = await self._connect()
+                conn = await self._connect(self._session_dsn)
             except SessionStoreError as exc:
                 log.warning("mailbox listener: %s; retrying in %.2f s", exc, delay)
                 await trio.sleep(delay)
