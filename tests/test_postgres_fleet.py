@@ -368,15 +368,6 @@ def mail_states(conn: psycopg.Connection[Any], schema: str, posted: list[str]) -
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "open bug found by this test in CI (2026-12-02): after the kill -9 and takeover, a message posted to a "
-        "session of the killed worker was spliced into the taker's inbox twice (claimed 2, mailbox rows 0); "
-        "exactly-once delivery across a takeover in the pooled mode is broken somewhere between the dead "
-        "worker's claimed-but-unacked mail and the taker's mail loop; see the round 8 closing note"
-    ),
-)
 async def test_four_workers_hold_10000_agents_on_40_connections_and_take_over_a_killed_one(
     fleet: list[Worker],
 ) -> None:

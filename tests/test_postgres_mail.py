@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 import trio
@@ -20,7 +21,7 @@ from _postgres import Cluster, postgres_cluster, schema, store
 from test_postgres_store import stored_session
 
 from trio_harness.events import InboxMessage
-from trio_harness.session import PostgresStore, SessionRegistry
+from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry
 from trio_harness.session import _events as ev
 
 __all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
@@ -93,3 +94,61 @@ async def test_an_agent_failing_on_a_posted_message_ends_the_service_with_its_er
     errors = [e for e in flat(raised.value) if not isinstance(e, trio.Cancelled)]
     assert [str(e) for e in errors] == ["this agent cannot take m1"]
     assert [message.id for message in await store.pending_mail("s1")] == ["m1"]  # kept for the next holder
+
+
+async def test_a_mailbox_read_overlapping_the_flush_that_deletes_a_taken_row_does_not_take_it_again(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by the fleet test: after a takeover, a resume's delivery and the mail loop read the mailbox at
+    # once; the first spliced the message and its flush deleted the row while the second read (its snapshot
+    # older than the delete) was still running, and the commit had forgotten the row was taken: spliced twice.
+    await stored_session(store, "s1")
+    holder = PooledPostgresStore(postgres_cluster.dsn(), schema=schema)
+    real_run = PooledPostgresStore._run
+    read, gate = trio.Event(), trio.Event()
+    held: list[str] = []
+
+    async def run(self: PooledPostgresStore, what: str, *args: Any, **kwargs: Any) -> Any:
+        result = await real_run(self, what, *args, **kwargs)
+        if what.startswith("read the mailbox") and held == ["hold"]:
+            held.append("read")
+            read.set()
+            await gate.wait()  # the rows are read: the answer is held back while the test goes on
+        return result
+
+    monkeypatch.setattr(PooledPostgresStore, "_run", run)
+    async with holder:
+        sessions = SessionRegistry(holder)
+        entry = sessions.enter(await sessions.prepare_resume("s1"))
+        writer: Any = entry.writer
+        await holder.post("s1", InboxMessage("m1", "posted once"))
+        [(mail_id, message)] = await writer.take_mail()
+        assert message.id == "m1"
+        second: list[list[tuple[int, InboxMessage]]] = []
+        flushed = trio.Event()
+
+        async def take_again() -> None:
+            second.append(await writer.take_mail())
+
+        async def splice_and_flush() -> None:
+            entry.session.append(ev.InboxSpliced, queue="next-turn", start=0, inserted=(message,))
+            writer.ack_mail([mail_id])
+            await entry.session.flush()
+            flushed.set()
+
+        held.append("hold")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(take_again)
+            with trio.fail_after(WITHIN):
+                await read.wait()
+            nursery.start_soon(splice_and_flush)
+            # The flush either commits (deleting the row) or waits for the read to end: either way, go on.
+            with trio.fail_after(WITHIN):
+                while not flushed.is_set() and not writer._lock.statistics().tasks_waiting:
+                    await trio.sleep(0.01)
+            gate.set()
+        assert second == [[]]  # taken once: the second read does not hand the row out again
+        assert await store.pending_mail("s1") == []
+        await sessions.detach(entry)
+    splices = [e for e in (await store.load("s1")).events if isinstance(e, ev.InboxSpliced) and message in e.inserted]
+    assert len(splices) == 1

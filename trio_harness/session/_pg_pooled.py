@@ -651,21 +651,30 @@ class _PooledWriter:
         return None if self._closed else self._on_mail
 
     async def take_mail(self) -> list[tuple[int, InboxMessage]]:
-        if self._closed or self._broken is not None:
-            return []
+        """The messages posted to this session and not yet taken, oldest first (see the per-session writer's).
+
+        Read under the writer's lock, as the per-session writer reads: a read
+        overlapping a flush that deletes rows this writer took could return a
+        row whose delete committed meanwhile (its snapshot is older), and the
+        commit forgets the rows it deleted, so the row would be taken twice.
+        """
         s, sid, timeout = self.store._sql.s, self.header.id, self.store.write_timeout
         with trio.move_on_after(timeout):  # bounded, as a live session's statements are (the mail loop tries again)
-            rows = await self.store._run(
-                f"read the mailbox of session {sid!r}",
-                lambda conn: conn.execute(
-                    f"SELECT id, body FROM {s}.mailbox WHERE session_id = %s ORDER BY id", (sid,)
-                ).fetchall(),
-                retry=True,
-            )
-            return claim_mail(sid, rows, self._taken, self._acks)
+            async with self._lock:  # a flush under way ends first (bounded too)
+                if self._closed or self._broken is not None:
+                    return []
+                rows = await self.store._run(
+                    f"read the mailbox of session {sid!r}",
+                    lambda conn: conn.execute(
+                        f"SELECT id, body FROM {s}.mailbox WHERE session_id = %s ORDER BY id", (sid,)
+                    ).fetchall(),
+                    retry=True,
+                )
+                return claim_mail(sid, rows, self._taken, self._acks)
         raise SessionStoreError(
             f"cannot read the mailbox of session {sid!r} in {self.store.location}: PostgreSQL did not answer "
-            f"within {timeout:g} s (write_timeout); the statement was cancelled",
+            f"within {timeout:g} s (write_timeout), or the flush of the session the read waited for did not end; "
+            "the read was cancelled",
             path=self.store.location,
             session_id=sid,
         )
