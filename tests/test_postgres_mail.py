@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 from _pg_modes import MODES, make
-from _postgres import Cluster, postgres_cluster, schema, store
+from _postgres import Cluster, admin, postgres_cluster, schema, store
 from test_postgres_store import stored_session
 
 from trio_harness.events import InboxMessage
@@ -152,3 +152,46 @@ async def test_a_mailbox_read_overlapping_the_flush_that_deletes_a_taken_row_doe
         await sessions.detach(entry)
     splices = [e for e in (await store.load("s1")).events if isinstance(e, ev.InboxSpliced) and message in e.inserted]
     assert len(splices) == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_mailbox_row_that_is_no_message_is_removed_with_a_trace_in_the_session(
+    mode: str, postgres_cluster: Cluster, schema: str, store: PostgresStore
+) -> None:
+    await stored_session(store, "s1")
+    with admin(postgres_cluster) as conn:  # as a newer trio-harness, or a hand, might write one
+        row = conn.execute(
+            f"INSERT INTO {schema}.mailbox (session_id, body) VALUES ('s1', '{{\"v\": 99}}') RETURNING id"
+        ).fetchone()
+    assert row is not None
+    holder = make(mode, postgres_cluster.dsn(), schema)
+    async with holder:
+        sessions = SessionRegistry(holder)
+        entry = sessions.enter(await sessions.prepare_resume("s1"))
+        await holder.post("s1", InboxMessage("m1", "a message after it"))
+        delivered: list[str] = []
+
+        def deliver(message: InboxMessage) -> None:
+            delivered.append(message.id)
+            entry.session.append(ev.InboxSpliced, queue="next-turn", start=0, inserted=(message,))
+
+        sessions.receive(entry, deliver)
+        with trio.fail_after(WITHIN):
+            while not delivered or await mailbox_count(postgres_cluster, schema):
+                await trio.sleep(0.02)
+        assert delivered == ["m1"]  # the message behind it is not held up
+        await sessions.detach(entry)
+    refused = [e for e in (await store.load("s1")).events if isinstance(e, ev.ControlRefused)]
+    assert [(e.message_id, e.kind) for e in refused] == [(f"mailbox row {row[0]}", "unknown")]
+    assert "no message or control this trio-harness can read" in refused[0].reason
+
+
+async def mailbox_count(cluster: Cluster, schema: str) -> int:
+    """The rows of the mailbox, messages or not (``pending_mail`` refuses a row that is none)."""
+
+    def count() -> int:
+        with admin(cluster) as conn:
+            found = conn.execute(f"SELECT count(*) FROM {schema}.mailbox").fetchone()
+        return int(found[0]) if found else -1
+
+    return await trio.to_thread.run_sync(count)

@@ -458,7 +458,9 @@ class ControlRefused(Event):
     Attributes:
         message_id: the posted control's id (what ``post`` returned).
         kind: ``decision`` or ``cancel``; ``unknown`` for a control that
-            could not be read (malformed, or of a newer version).
+            could not be read (malformed, or of a newer version), or for a
+            mailbox row that is no message at all (``message_id`` is then
+            ``mailbox row N``; the row was removed).
         reason: why it was not applied.
         call_id: the call a decision was posted for.
     """

@@ -542,6 +542,8 @@ class _PooledWriter:
     _mail_wake: trio.Event = attrs.field(factory=trio.Event, init=False)
     _taken: set[int] = attrs.field(factory=set, init=False)
     _acks: list[int] = attrs.field(factory=list, init=False)
+    # Mailbox rows that are no message (their id and why), acked: the registry logs them in the session.
+    unreadable: list[tuple[int, str]] = attrs.field(factory=list, init=False)
 
     def write(self, event: Event) -> None:
         if type(event) in IMAGE_EVENTS:
@@ -670,7 +672,7 @@ class _PooledWriter:
                     ).fetchall(),
                     retry=True,
                 )
-                return claim_mail(sid, rows, self._taken, self._acks)
+                return claim_mail(sid, rows, self._taken, self._acks, self.unreadable)
         raise SessionStoreError(
             f"cannot read the mailbox of session {sid!r} in {self.store.location}: PostgreSQL did not answer "
             f"within {timeout:g} s (write_timeout), or the flush of the session the read waited for did not end; "

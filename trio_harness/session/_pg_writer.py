@@ -237,6 +237,8 @@ class _PgWriter:
     _mail_wake: trio.Event = attrs.field(factory=trio.Event, init=False)
     _taken: set[int] = attrs.field(factory=set, init=False)
     _acks: list[int] = attrs.field(factory=list, init=False)
+    # Mailbox rows that are no message (their id and why), acked: the registry logs them in the session.
+    unreadable: list[tuple[int, str]] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._synced = self._stored
@@ -831,7 +833,7 @@ class _PgWriter:
                 return []
             finally:
                 self._last_used = trio.current_time()
-        return claim_mail(sid, rows, self._taken, self._acks)
+        return claim_mail(sid, rows, self._taken, self._acks, self.unreadable)
 
     def ack_mail(self, mail_ids: Sequence[int]) -> None:
         """These messages were spliced into the inbox: delete them with the next flush's batch."""
@@ -877,9 +879,19 @@ class _PgWriter:
 
 
 def claim_mail(
-    sid: str, rows: Sequence[tuple[int, str]], taken: set[int], acks: list[int]
+    sid: str,
+    rows: Sequence[tuple[int, str]],
+    taken: set[int],
+    acks: list[int],
+    unreadable: list[tuple[int, str]],
 ) -> list[tuple[int, InboxMessage]]:
-    """The mailbox ``rows`` not ``taken`` yet, decoded and marked taken; a row that is no message is acked (removed)."""
+    """The mailbox ``rows`` not ``taken`` yet, decoded and marked taken.
+
+    A row that is no message (written by a newer trio-harness, or by hand)
+    is acked (removed with the next flush) and added to ``unreadable`` with
+    why: the registry logs it in the session (``control/refused``, kind
+    ``unknown``) in that flush, so the row never goes without a trace.
+    """
     mail: list[tuple[int, InboxMessage]] = []
     for mail_id, body in rows:
         if mail_id in taken:
@@ -890,6 +902,7 @@ def claim_mail(
         except EventDecodeError as exc:
             log.error("session %r: mailbox row %d is not a message (%s); removing it", sid, mail_id, exc)
             acks.append(mail_id)
+            unreadable.append((mail_id, str(exc)))
             continue
         mail.append((mail_id, message))
     return mail

@@ -225,7 +225,7 @@ class SessionRegistry:
             writer.release_mail([mail_id for mail_id, _ in mail])
             return
         delivered: list[int] = []
-        controls = False
+        controls = self._log_unreadable(entry)
         try:
             for mail_id, message in mail:
                 if self._apply_control(entry, mail_id, message):
@@ -250,6 +250,25 @@ class SessionRegistry:
                 # delete, and another worker that took the session meanwhile
                 # delivers them instead.
                 log.warning("session %r: posted messages wait for a flush that stores them: %s", entry.session.id, exc)
+
+    def _log_unreadable(self, entry: SessionEntry) -> bool:
+        """Log in the session the mailbox rows the store found to be no message (whether there were any).
+
+        The store acked them (removed with the next flush): each leaves a
+        ``control/refused`` of kind ``unknown`` in that flush, for whoever
+        follows the session, instead of only a log line.
+        """
+        unreadable: list[tuple[int, str]] | None = getattr(entry.writer, "unreadable", None)
+        if not unreadable:
+            return False
+        for mail_id, reason in unreadable:
+            refuse_control(
+                entry.session,
+                Control("unknown", message_id=f"mailbox row {mail_id}"),
+                f"the posted row is no message or control this trio-harness can read ({reason}); it was removed",
+            )
+        unreadable.clear()
+        return True
 
     def _apply_control(self, entry: SessionEntry, mail_id: int, message: InboxMessage) -> bool:
         """Apply a control from the mailbox (whether ``message`` is one).
