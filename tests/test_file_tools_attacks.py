@@ -201,3 +201,54 @@ def test_git_hooks_and_configuration_of_submodules_and_worktrees_are_read_only(t
     write("src/config")
     write(".github/hooks/x")
     PathRules(writable=(), protect_git=False).check_write(*resolve_path(str(cwd), ".git/modules/sub/config"), str(cwd))
+
+
+def test_git_hooks_and_configuration_behind_symbolic_links_are_read_only(tmp_path: Path) -> None:
+    """A .git that is a link (or one whose hooks and config are links) is protected where the links lead."""
+    cwd, shared, linked = tmp_path / "proj", tmp_path / "shared", tmp_path / "linked"
+    meta = cwd / "meta"  # the git directory .git links to, under a name without .git
+    (meta / "hooks").mkdir(parents=True)
+    (meta / "modules" / "m").mkdir(parents=True)
+    (meta / "HEAD").write_text("ref: refs/heads/main\n")
+    (meta / "config").write_text("")
+    (cwd / ".git").symlink_to("meta")
+    (cwd / "gitdirs" / "w").mkdir(parents=True)  # a linked worktree's git directory, named by a .git file
+    (cwd / "gitdirs" / "w" / "HEAD").write_text("ref: refs/heads/w\n")
+    (cwd / "gitdirs" / "w" / "commondir").write_text("../../meta\n")
+    (linked / ".git").parent.mkdir()
+    (linked / ".git").write_text("gitdir: ../proj/gitdirs/w\n")
+    (shared / "hooks").mkdir(parents=True)  # hooks and config of another repository, as links (git-new-workdir)
+    (shared / "config").write_text("")
+    other = cwd / "other"
+    (other / ".git").mkdir(parents=True)
+    (other / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (other / ".git" / "hooks").symlink_to(shared / "hooks")
+    (other / ".git" / "config").symlink_to(shared / "config")
+    rules = PathRules(writable=(str(shared), str(other), str(linked)), protect_git=True)
+
+    def write(path: str) -> None:
+        full, real = resolve_path(str(cwd), path)
+        rules.check_write(full, real, str(cwd))
+
+    for path in (
+        ".git/hooks/pre-commit",
+        "meta/hooks/pre-commit",
+        "meta/config",
+        ".git/config",
+        "meta/config.worktree",
+        "meta/modules/m/config",
+        "meta/modules/m/hooks/post-checkout",
+        "gitdirs/w/config.worktree",
+        "gitdirs/w/commondir",
+        "gitdirs/w/hooks/x",
+        "other/.git/hooks/pre-commit",
+        str(shared / "hooks" / "pre-push"),
+        str(shared / "config"),
+        "other/.git/config",
+    ):
+        with pytest.raises(FileToolError, match=r"read-only in the sandbox \(git's hooks and configuration"):
+            write(path)
+    write("meta/COMMIT_EDITMSG")  # the rest of the git directory is writable, as for commands
+    write("meta/objects/ab/cdef")
+    write(str(shared / "notes.txt"))
+    PathRules(writable=(), protect_git=False).check_write(*resolve_path(str(cwd), "meta/config"), str(cwd))

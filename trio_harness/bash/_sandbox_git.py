@@ -162,6 +162,25 @@ def _gitfile_target(gitfile: str) -> str | None:
     return os.path.realpath(os.path.join(os.path.dirname(gitfile), target)) if target else None
 
 
+def git_directories(root: str) -> list[str]:
+    """The git directories, resolved, the repository at ``root`` uses: its ``.git`` (followed when it is a
+    symbolic link), or the one a ``.git`` file names and that one's common directory."""
+    real = os.path.realpath(os.path.join(root, ".git"))
+    if os.path.isdir(real):
+        return [real]
+    target = _gitfile_target(real) if os.path.isfile(real) else None
+    if target is None or not os.path.isdir(target):
+        return []
+    named = _read(os.path.join(target, "commondir"), 8192).strip()
+    return [target, os.path.realpath(os.path.join(target, named))] if named else [target]
+
+
+def linked_parts(gitdir: str) -> list[str]:
+    """The resolved targets of ``gitdir``'s hooks and configuration that are symbolic links."""
+    paths = (os.path.join(gitdir, name) for name in _PROTECTED)
+    return [os.path.realpath(path) for path in paths if os.path.islink(path)]
+
+
 def git_binds(root: str, roots: Sequence[str], pin: Pin, links: dict[str, str] | None = None) -> list[str]:
     """The binds protecting the git repository at ``root`` (see the module's docstring).
 

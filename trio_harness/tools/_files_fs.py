@@ -21,6 +21,7 @@ import attrs
 import trio
 
 from ..bash._sandbox import DEFAULT_HIDDEN
+from ..bash._sandbox_git import git_directories, linked_parts
 
 BINARY_PROBE = 8192
 """How many leading bytes are searched for a NUL byte (a binary file)."""
@@ -261,6 +262,24 @@ def git_protected(real: str, root: str) -> bool:
     return not rest or "hooks" in rest or rest[-1] in GIT_PROTECTED_NAMES
 
 
+def _in_gitdir(real: str, gitdir: str) -> bool:
+    relative = os.path.relpath(real, gitdir).split(os.sep)
+    return relative == ["."] or "hooks" in relative or relative[-1] in GIT_PROTECTED_NAMES
+
+
+def git_guarded(real: str, roots: Sequence[str]) -> bool:
+    """Whether ``real`` (resolved) is a part of the git directories the repositories at ``roots`` use, found
+    through symbolic links as git finds them (:func:`~trio_harness.bash._sandbox_git.git_directories`): the
+    same parts as :func:`git_protected`, and the targets of hooks and configuration that are links."""
+    for root in roots:
+        for gitdir in git_directories(root):
+            if _under(real, gitdir) and _in_gitdir(real, gitdir):
+                return True
+            if any(_under(real, target) for target in linked_parts(gitdir)):
+                return True
+    return False
+
+
 @attrs.frozen
 class PathRules:
     """Which resolved paths the file tools may read and write (the bash sandbox's rules, or none).
@@ -317,13 +336,18 @@ class PathRules:
                 "cannot make '/' writable (that is the whole file system); work from a project directory"
             )
         roots: Sequence[str] = (home, *self.writable)
+        guarded = self.protect_git and (
+            git_guarded(real, roots) or any(_under(shown, root) and git_protected(shown, root) for root in roots)
+        )
         for root in roots:
             if _under(real, root):
-                if self.protect_git and git_protected(real, root):
+                if guarded or (self.protect_git and git_protected(real, root)):
+                    resolved = f" (it resolves to {real})" if real != shown else ""
                     raise FileToolError(
-                        f"{shown} is read-only in the sandbox (git's hooks and configuration are protected: "
-                        ".git/hooks, .git/config, .git/config.worktree, those of submodules in .git/modules "
-                        "and of worktrees, and .git files; git would run what they name outside the sandbox)"
+                        f"{shown}{resolved} is read-only in the sandbox (git's hooks and configuration are "
+                        "protected: .git/hooks, .git/config, .git/config.worktree, those of submodules in "
+                        ".git/modules and of worktrees, and .git files, also where a symbolic link .git, "
+                        "hooks or config leads; git would run what they name outside the sandbox)"
                     )
                 return
         where = ", ".join(roots)
