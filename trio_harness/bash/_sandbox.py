@@ -81,6 +81,7 @@ DEFAULT_HIDDEN = (
     "~/.aws",
     "~/.config/gcloud",
     "~/.netrc",
+    "~/.pgpass",
     "/etc/shadow",
     "/etc/gshadow",
 )

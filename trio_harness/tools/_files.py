@@ -273,12 +273,13 @@ class FileToolsPlugin:
         checked = self.bash.checked_sandbox if self.bash is not None else None
         protected = (self.store_root,) if self.store_root is not None else ()
         if checked is None:
-            return PathRules(protected=protected)
+            return PathRules(protected=protected, unread=protected)
         return PathRules(
             writable=checked.writable,
             hidden=checked.hidden,
             protect_git=checked.policy.protect_git,
             protected=protected,
+            unread=protected if checked.policy.hide_sessions else (),
         )
 
     def _system(self, agent: Agent) -> FileSystem:
@@ -311,8 +312,8 @@ class FileToolsPlugin:
 
     async def _read(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutput:
         try:
-            _, full, real = self._paths(ctx.agent, args["path"])
-            self._rules().check_read(full, real)
+            cwd, full, real = self._paths(ctx.agent, args["path"])
+            self._rules().check_read(full, real, cwd)
             content = await self._system(ctx.agent).read_text(real)
         except FileToolError as exc:
             return self._error(str(exc))

@@ -236,6 +236,11 @@ paths (``~/.ssh``, ``~/.aws``...): reads never ask, so without a sandbox nothing
 between the model and them (``cat`` in ``bash`` is asked about)."""
 
 
+PRIVATE_UNDER_SANDBOX = ("/tmp", "/dev")
+"""The directories a sandboxed command has its own (empty) ones of: the host's are not read under a sandbox
+(but for the writable paths there, which are the real ones inside too)."""
+
+
 def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -290,12 +295,43 @@ class PathRules:
         protect_git: git's hooks and configuration in each writable root are read-only (:func:`git_protected`).
         protected: paths never written, sandbox or not, whatever the approval: the session store's
             directory (absolute; resolved at each check).
+        unread: paths never read: the session store's directory, unless a sandbox shows it
+            (``hide_sessions=False``).
     """
 
     writable: tuple[str, ...] | None = None
     hidden: tuple[str, ...] = ()
     protect_git: bool = False
     protected: tuple[str, ...] = ()
+    unread: tuple[str, ...] = ()
+
+    def _unread(self, shown: str, real: str, cwd: str | None) -> str | None:
+        """Why ``real`` is not read though no hidden path covers it, or None: inside the session store,
+        or (with a sandbox) under the host's ``/tmp`` or ``/dev``, which a sandboxed command never sees."""
+        resolved = f" (it resolves to {real})" if real != shown else ""
+        for path in self.unread:
+            if _under(real, path) or _under(real, os.path.realpath(path)):
+                if self.writable is not None:
+                    return (
+                        f"{shown}{resolved} is hidden by the sandbox: it is inside the session store ({path}), "
+                        "other sessions' transcripts (the sandbox hides the session store from commands too)"
+                    )
+                return (
+                    f"{shown}{resolved} is inside the session store ({path}): other sessions' transcripts and "
+                    "the harness's own records, which the file tools never read (a sandbox hides them from "
+                    "commands too)"
+                )
+        if self.writable is None:
+            return None
+        roots = [os.path.realpath(root) for root in (*((cwd,) if cwd is not None else ()), *self.writable)]
+        for private in PRIVATE_UNDER_SANDBOX:
+            if _under(real, private) and not any(_under(real, root) for root in roots):
+                return (
+                    f"{shown}{resolved} is hidden by the sandbox (its /tmp and /dev are private: a sandboxed "
+                    f"command sees empty ones of its own, not the host's {private}; only the working directory "
+                    "and the sandbox's writable paths there are the real ones)"
+                )
+        return None
 
     def _hidden(self, real: str) -> tuple[str, str] | None:
         """The hidden path ``real`` is under and what hides it, or None."""
@@ -308,8 +344,12 @@ class PathRules:
                 return full, "the file tools"
         return None
 
-    def check_read(self, shown: str, real: str) -> None:
-        """Refuse a read of a hidden path."""
+    def check_read(self, shown: str, real: str, cwd: str | None = None) -> None:
+        """Refuse a read of a hidden path, of the session store, and (with a sandbox) of the host's ``/tmp``
+        and ``/dev`` outside the session's directory (``cwd``) and the writable paths: what a sandboxed
+        command cannot see either."""
+        if (why := self._unread(shown, real, cwd)) is not None:
+            raise FileToolError(f"{why}; it cannot be read")
         if (hidden := self._hidden(real)) is not None:
             raise FileToolError(f"{shown} is hidden by {hidden[1]} ({hidden[0]}); it cannot be read")
 
