@@ -74,7 +74,8 @@ _NAMESPACE_HINT = (
     "namespaces; or run without the sandbox"
 )
 # Hidden under every sandbox unless the policy's hide_defaults is False: credentials
-# in the home directory, and the password hashes a command run as root could read.
+# in the home directory (~/.pgpass: the PostgreSQL store's password, for libpq), and
+# the password hashes a command run as root could read.
 DEFAULT_HIDDEN = (
     "~/.ssh",
     "~/.gnupg",
@@ -165,7 +166,7 @@ class SandboxPolicy:
             exist is skipped.  A hidden path wins over a writable one.
         hide_defaults: also hide ``DEFAULT_HIDDEN`` (``~/.ssh``,
             ``~/.gnupg``, ``~/.aws``, ``~/.config/gcloud``, ``~/.netrc``,
-            ``/etc/shadow``, ``/etc/gshadow``).
+            ``~/.pgpass``, ``/etc/shadow``, ``/etc/gshadow``).
         hide_sessions: also hide the session store's root (the executor's
             ``session_root``; the harness passes its JSONL store's root).
             Hidden or not, it is never writable.
@@ -173,7 +174,10 @@ class SandboxPolicy:
             directory read-only: ``.git/hooks``, ``.git/config``,
             ``.git/config.worktree``, those of submodules (``.git/modules``)
             and linked worktrees, and a ``.git`` file (hooks and configured
-            commands run outside the sandbox on the user's next ``git``).
+            commands run outside the sandbox on the user's next ``git``);
+            where a ``.git``, ``hooks`` or ``config`` is a symbolic link, at
+            the place it leads to, and a command that replaced the link
+            refuses the next one.
         tmp_size: the size cap of ``/tmp``, in bytes; None for the kernel's
             default (half the memory).
         max_processes: how many processes (threads included) a command may
