@@ -431,16 +431,24 @@ class Sandbox:
             covers.append((seen.real, kind))
         return covers
 
-    def check_links(self) -> None:
+    def check_links(self, ran: str | None = None) -> None:
         """Refuse to go on when a symbolic link git's protection followed was removed or replaced.
 
         A link cannot be a mount point, so a command could replace a ``.git`` that is a link (or a
         ``.git/hooks`` or ``.git/config`` that is one) by a git directory of its own, whose hooks and
         configuration git would run outside the sandbox.
 
+        Args:
+            ran: the command that just ended, when checking after it (else: before the next one).
+
         Raises:
             BashError: naming the link and what it was.
         """
+        head = (
+            "the sandbox refuses to run"
+            if ran is None
+            else f"the command {ran!r} ended, and the sandbox refuses every further command"
+        )
         for path, target in self._links.items():
             try:
                 now: str | None = os.readlink(path)
@@ -449,7 +457,7 @@ class Sandbox:
             if now != target:
                 what = "is gone or no longer a symbolic link" if now is None else f"now points to {now!r}"
                 raise BashError(
-                    f"the sandbox refuses to run: {path!r} was a symbolic link to {target!r}, which git follows "
+                    f"{head}: {path!r} was a symbolic link to {target!r}, which git follows "
                     f"to its hooks and configuration, and {what} (a command may have put a git directory of its "
                     "own there, whose hooks and configuration git would run outside the sandbox); review it "
                     f"and put the link back (ln -sfn {shlex.quote(target)} {shlex.quote(path)}), "
