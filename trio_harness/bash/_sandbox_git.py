@@ -113,8 +113,10 @@ def _gitdir_binds(gitdir: str, walk: _Walk, *, make_hooks: bool, common: str | N
             os.mkdir(hooks)  # so a command cannot create it and fill it
     config = os.path.join(gitdir, "config")
     worktree_config = os.path.join(gitdir, "config.worktree")
-    if writable and not os.path.lexists(worktree_config) and _WORKTREE_CONFIG.search(
-        _read(os.path.join(common, "config") if common is not None else config)
+    if (
+        writable
+        and not os.path.lexists(worktree_config)
+        and _WORKTREE_CONFIG.search(_read(os.path.join(common, "config") if common is not None else config))
     ):
         # git reads it (extensions.worktreeConfig): an empty one, so a command cannot create it
         with contextlib.suppress(OSError):
