@@ -19,7 +19,9 @@ file call in this process).
 
 Paths are relative to the session's working directory, resolved through
 symlinks before any check; with a bash sandbox the sandbox's rules apply
-(:class:`~trio_harness.tools._files_fs.PathRules`).  Where the bytes come
+(:class:`~trio_harness.tools._files_fs.PathRules`): what it hides from
+commands (its private ``/tmp`` and ``/dev`` included) is not read, and the
+session store never is, sandbox or not.  Where the bytes come
 from is a :class:`~trio_harness.tools._files_fs.FileSystem`: the local disk,
 or the editor's (bound per agent by the ACP bridge, :meth:`FileToolsPlugin.bind`).
 """
@@ -201,7 +203,9 @@ class FileToolsPlugin:
             root; :func:`~trio_harness.open_harness` passes it), which the
             tools never write, sandbox or not, whatever the approval: a model
             that could write its own log could forge its history (approvals
-            it was never given).  None: no store on disk.
+            it was never given).  Nor do they read it (other sessions'
+            transcripts), unless a sandbox shows it (``hide_sessions=False``).
+            None: no store on disk.
     """
 
     name: ClassVar[str] = "files"
