@@ -118,10 +118,39 @@ ATTACKS: dict[str, list[str]] = {
         'echo \'{{"type": "approval/decided"}}\' >> sessions/s1/session.jsonl; touch sessions/s1/x.lock;'
         " mv sessions sessions.moved; rm -rf sessions/s1"
     ],
+    # .git is a symbolic link to a git directory in the writable directory (as its own name, or through the link).
+    "write through a symlinked .git": [
+        "echo 'touch pwned' > .git/hooks/pre-commit; echo 'touch pwned' > meta/hooks/post-checkout;"
+        " printf '[core]\\n\\tfsmonitor = touch pwned\\n' >> .git/config;"
+        " printf '[core]\\n\\tfsmonitor = touch pwned\\n' >> meta/config;"
+        " mv meta/hooks meta/hooks.moved; mv meta meta.moved",
+    ],
+    # A git directory whose hooks and config are symbolic links (git-new-workdir makes such).
+    "write through symlinked hooks and config": [
+        "echo 'touch pwned' > .git/hooks/pre-commit; echo 'touch pwned' > shared/hooks/pre-push;"
+        " printf '[core]\\n\\tfsmonitor = touch pwned\\n' >> .git/config;"
+        " printf '[core]\\n\\tfsmonitor = touch pwned\\n' >> shared/config;"
+        " mv shared/hooks shared/hooks.moved; mv shared shared.moved",
+    ],
+    # A symbolic link cannot be a mount point: the command can replace it, and the next command must not run.
+    "replace a symlinked .git": [
+        "rm .git && mkdir .git && printf '[core]\\n\\tfsmonitor = touch pwned\\n' > .git/config",
+        "echo RAN",
+    ],
+    "replace symlinked hooks": [
+        "rm .git/hooks && mkdir .git/hooks && echo 'touch pwned' > .git/hooks/post-checkout",
+        "echo RAN",
+    ],
 }
 
 # The attacks run in a directory below WORKDIR (their writable directory), by name.
-ATTACK_WORKDIRS = {"rewrite a linked worktree's .git file": "linked"}
+ATTACK_WORKDIRS = {
+    "rewrite a linked worktree's .git file": "linked",
+    "write through a symlinked .git": "linkgit",
+    "write through symlinked hooks and config": "linkparts",
+    "replace a symlinked .git": "linkgit",
+    "replace symlinked hooks": "linkparts",
+}
 
 _LOG = '{"type": "session", "id": "s1"}\n'
 _MODULE_CONFIG = "[core]\n\trepositoryformatversion = 0\n\tworktree = ../../../sub\n"
@@ -147,6 +176,44 @@ def _git_layout(workdir: Path) -> None:
     (git / "worktrees" / "w" / "commondir").write_text("../..\n")
     (workdir / "linked").mkdir()
     (workdir / "linked" / ".git").write_text(f"gitdir: {git / 'worktrees' / 'w'}\n")
+
+
+_FSMONITOR = "fsmonitor"
+
+
+def _link_layout(workdir: Path) -> None:
+    """``linkgit``: a ``.git`` that is a symbolic link to ``meta``; ``linkparts``: a ``.git`` whose
+    ``hooks`` and ``config`` are symbolic links into ``shared`` (both in the writable directory)."""
+    meta = workdir / "linkgit" / "meta"
+    (meta / "hooks").mkdir(parents=True)
+    (meta / "HEAD").write_text("ref: refs/heads/main\n")
+    (meta / "config").write_text("[core]\n\trepositoryformatversion = 0\n")
+    (workdir / "linkgit" / ".git").symlink_to("meta")
+    parts = workdir / "linkparts"
+    (parts / "shared" / "hooks").mkdir(parents=True)
+    (parts / "shared" / "config").write_text("[core]\n\trepositoryformatversion = 0\n")
+    (parts / ".git").mkdir()
+    (parts / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (parts / ".git" / "hooks").symlink_to("../shared/hooks")
+    (parts / ".git" / "config").symlink_to("../shared/config")
+
+
+def _links_written(workdir: Path) -> str:
+    """What of :func:`_link_layout` a command changed (empty: nothing)."""
+    changed = []
+    for directory in (workdir / "linkgit" / "meta", workdir / "linkparts" / "shared"):
+        hooks = directory / "hooks"
+        if not hooks.is_dir():
+            changed.append(f"{hooks.relative_to(workdir)} is gone")
+        else:
+            changed += [f"{path.relative_to(workdir)} was made" for path in hooks.iterdir()]
+        try:
+            config = (directory / "config").read_text()
+        except OSError as exc:
+            config = repr(exc)
+        if _FSMONITOR in config or "repositoryformatversion" not in config:
+            changed.append(f"{(directory / 'config').relative_to(workdir)}: {config!r}")
+    return "; ".join(changed)
 
 
 def _log_intact(workdir: Path) -> bool:
@@ -205,6 +272,7 @@ def prepare(workdir: Path, outside: Path) -> SandboxPolicy:
         (workdir / name / "secret.env").write_text(SECRET)
     (workdir / "link").symlink_to("real")
     _git_layout(workdir)
+    _link_layout(workdir)
     (workdir / "sessions" / "s1").mkdir(parents=True)
     (workdir / "sessions" / "s1" / "session.jsonl").write_text(_LOG)
     hidden = [
@@ -260,6 +328,11 @@ async def run_attacks(workdir: Path, outside: Path, names: list[str] | None = No
         "rewrite a submodule checkout's .git file": lambda out: bool(_git_written(workdir)),
         "rewrite a linked worktree's .git file": lambda out: bool(_git_written(workdir)),
         "forge the session log": lambda out: not _log_intact(workdir),
+        "write through a symlinked .git": lambda out: bool(_links_written(workdir)),
+        "write through symlinked hooks and config": lambda out: bool(_links_written(workdir)),
+        # The replacement itself cannot be stopped (a symbolic link is no mount point): the next command is.
+        "replace a symlinked .git": lambda out: "RAN" in out,
+        "replace symlinked hooks": lambda out: "RAN" in out,
     }
     results: dict[str, dict[str, Any]] = {}
     try:
@@ -291,6 +364,8 @@ async def run_attacks(workdir: Path, outside: Path, names: list[str] | None = No
                 out = "\n".join(evidence)
                 if name in ATTACK_WORKDIRS or "git" in name:
                     out += f"\nchanged: {_git_written(workdir)}"
+                if "symlink" in name:
+                    out += f"\nlinks changed: {_links_written(workdir)}"
                 results[name] = {"escaped": checks[name](out), "evidence": out[-3000:]}
     finally:
         tcp.close()

@@ -201,10 +201,12 @@ async def test_credentials_in_home_are_hidden_by_default(
         (home / name).parent.mkdir(parents=True, exist_ok=True)
         (home / name).write_text(SECRET)
     (home / ".netrc").write_text(SECRET)
+    (home / ".pgpass").write_text(SECRET)
     (home / ".bashrc").write_text("visible")
     monkeypatch.setenv("HOME", str(home))
     read = (
         "cat ~/.ssh/id_ed25519 ~/.gnupg/private-keys-v1.d/k.key ~/.aws/credentials ~/.config/gcloud/adc.json ~/.netrc"
+        " ~/.pgpass"
     )
     async with open_bash_executor(BashRuntimeOptions(sandbox=True, grace_period=0.5)) as executor:
         hidden = await run(executor, f"{read}; cat ~/.bashrc; head -c 5 /etc/shadow", work)
@@ -214,7 +216,7 @@ async def test_credentials_in_home_are_hidden_by_default(
         BashRuntimeOptions(sandbox=SandboxPolicy(hide_defaults=False), grace_period=0.5)
     ) as executor:
         shown = await run(executor, read, work)
-        assert shown.stdout == SECRET * 5
+        assert shown.stdout == SECRET * 6
 
 
 async def test_the_session_store_is_hidden_from_the_bash_tool(tmp_path: Path, outside: Path) -> None:
@@ -420,3 +422,20 @@ def test_a_linked_worktrees_git_directory_in_a_writable_path_is_protected_too(tm
     assert pinned == [str(git / "worktrees" / "w"), str(git)]
     # Outside every writable path, the git directory it names is read-only anyway: only the file is bound.
     assert git_binds(linked, [linked], pin) == ["--ro-bind", f"{linked}/.git", f"{linked}/.git"]
+
+
+async def test_a_replaced_git_link_is_reported_when_its_command_ends_and_refuses_the_next(work: Path) -> None:
+    """A symbolic link cannot be a mount point: the sandbox cannot stop its replacement, so it says so at once."""
+    (work / "meta" / "hooks").mkdir(parents=True)
+    (work / "meta" / "HEAD").write_text("ref: refs/heads/main\n")
+    (work / ".git").symlink_to("meta")
+    async with open_bash_executor(BashRuntimeOptions(sandbox=True, grace_period=0.5)) as executor:
+        assert (await run(executor, "echo x > .git/hooks/pre-commit", work)).exit_code != 0
+        with pytest.raises(BashError, match=r"'rm .git && mkdir .git' ended, and the sandbox refuses every further"):
+            await run(executor, "rm .git && mkdir .git", work)
+        with pytest.raises(BashError, match=r"refuses to run: .*\.git' was a symbolic link to 'meta'.*ln -sfn meta"):
+            await run(executor, "true", work)
+        (work / ".git").rmdir()
+        (work / ".git").symlink_to("meta")  # put back: commands run again
+        assert (await run(executor, "true", work)).exit_code == 0
+    assert not (work / "meta" / "hooks" / "pre-commit").exists()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -274,13 +275,14 @@ def test_path_rules_refuse_escapes_hidden_paths_and_git_hooks(tmp_path: Path) ->
         write(str(secret / "k"))
     with pytest.raises(FileToolError, match="read-only in the sandbox"):
         write(".git/hooks/pre-commit")
+    # Read from a session in tmp_path: the secret is in its directory (not in the host's /tmp outside it).
     full, real = resolve_path(str(cwd), str(secret / "k"))
-    with pytest.raises(FileToolError, match=r"hidden by the sandbox.*cannot be read"):
-        rules.check_read(full, real)
+    with pytest.raises(FileToolError, match=rf"hidden by the sandbox \({re.escape(str(secret))}\).*cannot be read"):
+        rules.check_read(full, real, str(tmp_path))
     (cwd / "to_secret").symlink_to(secret)
     full, real = resolve_path(str(cwd), "to_secret/k")
-    with pytest.raises(FileToolError, match="hidden by the sandbox"):
-        rules.check_read(full, real)
+    with pytest.raises(FileToolError, match=rf"hidden by the sandbox \({re.escape(str(secret))}\)"):
+        rules.check_read(full, real, str(tmp_path))
 
 
 @NEEDS_BUBBLEWRAP

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
 import trio
+from _util import NEEDS_BUBBLEWRAP
 from test_file_tools import call, results, run_calls
 
-from trio_harness import ScriptedModel, allow_all
+from trio_harness import BashRuntimeOptions, BashToolOptions, ScriptedModel, allow_all
+from trio_harness.bash import SandboxPolicy
 from trio_harness.testing import open_test_harness
 from trio_harness.tools import FileToolOptions
 from trio_harness.tools._files_fs import FileToolError, PathRules, _read_local, _write_local, resolve_path
@@ -143,7 +147,7 @@ async def test_the_session_store_is_never_written_whatever_the_approval(tmp_path
             with trio.fail_after(10):
                 await agent.when_idle()
             read, *writes, edit, sibling = results(agent.session.events)
-    assert not read.is_error  # reading is not the danger here (the sandbox hides the store from reads)
+    assert read.is_error and "is inside the session store" in read.content  # not read either (see below)
     for path, result in zip(targets, writes, strict=True):
         assert result.is_error and "is inside the session store" in result.content, (path, result.content)
         assert "whatever the approval" in result.content
@@ -160,7 +164,7 @@ def test_the_store_rule_holds_with_a_sandbox_that_does_not_hide_the_store(tmp_pa
     (store / "s1").mkdir(parents=True)
     rules = PathRules(writable=(), protected=(str(store),))
     full, real = resolve_path(str(tmp_path / "proj"), "sessions/s1/session.jsonl")
-    rules.check_read(full, real)  # readable: hide_sessions=False asked for that
+    rules.check_read(full, real, str(tmp_path / "proj"))  # readable: hide_sessions=False asked for that
     with pytest.raises(FileToolError, match="is inside the session store"):
         rules.check_write(full, real, str(tmp_path / "proj"))
     full, real = resolve_path(str(tmp_path / "proj"), "other.txt")
@@ -201,3 +205,152 @@ def test_git_hooks_and_configuration_of_submodules_and_worktrees_are_read_only(t
     write("src/config")
     write(".github/hooks/x")
     PathRules(writable=(), protect_git=False).check_write(*resolve_path(str(cwd), ".git/modules/sub/config"), str(cwd))
+
+
+def test_git_hooks_and_configuration_behind_symbolic_links_are_read_only(tmp_path: Path) -> None:
+    """A .git that is a link (or one whose hooks and config are links) is protected where the links lead."""
+    cwd, shared, linked = tmp_path / "proj", tmp_path / "shared", tmp_path / "linked"
+    meta = cwd / "meta"  # the git directory .git links to, under a name without .git
+    (meta / "hooks").mkdir(parents=True)
+    (meta / "modules" / "m").mkdir(parents=True)
+    (meta / "HEAD").write_text("ref: refs/heads/main\n")
+    (meta / "config").write_text("")
+    (cwd / ".git").symlink_to("meta")
+    (cwd / "gitdirs" / "w").mkdir(parents=True)  # a linked worktree's git directory, named by a .git file
+    (cwd / "gitdirs" / "w" / "HEAD").write_text("ref: refs/heads/w\n")
+    (cwd / "gitdirs" / "w" / "commondir").write_text("../../meta\n")
+    (linked / ".git").parent.mkdir()
+    (linked / ".git").write_text("gitdir: ../proj/gitdirs/w\n")
+    (shared / "hooks").mkdir(parents=True)  # hooks and config of another repository, as links (git-new-workdir)
+    (shared / "config").write_text("")
+    other = cwd / "other"
+    (other / ".git").mkdir(parents=True)
+    (other / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (other / ".git" / "hooks").symlink_to(shared / "hooks")
+    (other / ".git" / "config").symlink_to(shared / "config")
+    rules = PathRules(writable=(str(shared), str(other), str(linked)), protect_git=True)
+
+    def write(path: str) -> None:
+        full, real = resolve_path(str(cwd), path)
+        rules.check_write(full, real, str(cwd))
+
+    for path in (
+        ".git/hooks/pre-commit",
+        "meta/hooks/pre-commit",
+        "meta/config",
+        ".git/config",
+        "meta/config.worktree",
+        "meta/modules/m/config",
+        "meta/modules/m/hooks/post-checkout",
+        "gitdirs/w/config.worktree",
+        "gitdirs/w/commondir",
+        "gitdirs/w/hooks/x",
+        "other/.git/hooks/pre-commit",
+        str(shared / "hooks" / "pre-push"),
+        str(shared / "config"),
+        "other/.git/config",
+    ):
+        with pytest.raises(FileToolError, match=r"read-only in the sandbox \(git's hooks and configuration"):
+            write(path)
+    write("meta/COMMIT_EDITMSG")  # the rest of the git directory is writable, as for commands
+    write("meta/objects/ab/cdef")
+    write(str(shared / "notes.txt"))
+    PathRules(writable=(), protect_git=False).check_write(*resolve_path(str(cwd), "meta/config"), str(cwd))
+
+
+# ---------------------------------------------------------------- what the sandbox hides from commands
+
+
+async def test_the_session_store_is_never_read_by_path_dotdot_or_link(tmp_path: Path) -> None:
+    """Reads never ask: without this, read_file gave the model other sessions' transcripts (no sandbox needed)."""
+    store = tmp_path / "store"
+    (store / "other").mkdir(parents=True)
+    (store / "other" / "session.jsonl").write_text('{"type": "session", "secret": "hunter2"}\n')
+    (tmp_path / "store-notes").mkdir()
+    (tmp_path / "store-notes" / "n.txt").write_text("fine\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "into-store").symlink_to(store)
+    (tmp_path / "log").symlink_to(store / "other" / "session.jsonl")
+    targets = ["store/other/session.jsonl", "sub/../store/other/session.jsonl", "into-store/other/session.jsonl"]
+    targets += ["log", str(store / "other" / "session.jsonl"), "store/.create.lock"]
+    model = ScriptedModel(
+        [
+            {"tool_calls": [call("read_file", path=path) for path in targets]},
+            {"tool_calls": [call("read_file", path="store-notes/n.txt")]},
+            {"text": "done"},
+        ]
+    )
+    async with open_test_harness(model, builtin_tools=["files"], approver=allow_all, store=str(store)) as h:
+        async with h.agents.open(session_id="s1", cwd=str(tmp_path)) as agent:
+            agent.followup("go")
+            with trio.fail_after(10):
+                await agent.when_idle()
+            *reads, sibling = results(agent.session.events)
+    for path, result in zip(targets, reads, strict=True):
+        assert result.is_error and "is inside the session store" in result.content, (path, result.content)
+        assert "cannot be read" in result.content and "hunter2" not in result.content
+    assert "resolves to" in reads[2].content and "resolves to" in reads[3].content
+    assert not sibling.is_error and "fine" in sibling.content
+
+
+def test_under_a_sandbox_the_hosts_tmp_and_dev_are_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sandboxed command has a private /tmp and /dev: the host's (other programs' files, /dev/shm) stay unread."""
+    cwd = tmp_path / "proj"  # under /tmp, as a session may be: its own directory is the real one
+    (cwd / "a.txt").parent.mkdir()
+    extra = tmp_path / "extra"  # a writable path of the policy: real inside too
+    rules = PathRules(writable=(str(extra),))
+    for path in (str(cwd / "a.txt"), str(extra / "b.txt")):
+        rules.check_read(*resolve_path(str(cwd), path), str(cwd))
+    for path in (str(tmp_path / "other.txt"), "/tmp/krb5cc_0", "/dev/shm/key", "../other.txt"):
+        with pytest.raises(FileToolError, match=r"is hidden by the sandbox \(its /tmp and /dev are private"):
+            rules.check_read(*resolve_path(str(cwd), path), str(cwd))
+    PathRules().check_read(*resolve_path(str(cwd), "/dev/shm/key"), str(cwd))  # no sandbox: as bash would
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(FileToolError, match="hidden by the file tools"):
+        PathRules().check_read(*resolve_path(str(cwd), "~/.pgpass"), str(cwd))  # the PostgreSQL store's password
+
+
+@NEEDS_BUBBLEWRAP
+async def test_the_file_tools_read_no_more_than_a_sandboxed_command_sees(tmp_path: Path) -> None:
+    """The same hidden paths for read_file as for ``cat`` in the sandbox: the store, the host's /tmp and /dev/shm."""
+    work = Path(tempfile.mkdtemp(prefix="trio-harness-files-", dir="/var/tmp"))
+    shm = Path(tempfile.mkstemp(prefix="trio-harness-files-", dir="/dev/shm")[1])
+    try:
+        store = work / "store"
+        (store / "other").mkdir(parents=True)
+        (store / "other" / "session.jsonl").write_text("hunter2\n")
+        host_tmp = tmp_path / "host.txt"
+        host_tmp.write_text("hunter2\n")
+        shm.write_text("hunter2\n")
+        (work / "mine.txt").write_text("mine\n")
+        paths = [str(store / "other" / "session.jsonl"), str(host_tmp), str(shm)]
+        command = "cat " + " ".join(paths) + " mine.txt"
+        model = ScriptedModel(
+            [
+                {"tool_calls": [call("read_file", path=path) for path in [*paths, "mine.txt"]]},
+                {"tool_calls": [call("bash", command=command)]},
+                {"text": "done"},
+            ]
+        )
+        async with open_test_harness(
+            model,
+            builtin_tools=["files", "bash", "tasks"],
+            approver=allow_all,
+            store=str(store),
+            bash_options=BashRuntimeOptions(sandbox=SandboxPolicy()),
+            bash_tool_options=BashToolOptions(requires_approval=False),
+        ) as h:
+            async with h.agents.open(session_id="s1", cwd=str(work)) as agent:
+                agent.followup("go")
+                with trio.fail_after(20):
+                    await agent.when_idle()
+                *reads, mine, cat = results(agent.session.events)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shm.unlink()
+    for result in reads:
+        assert result.is_error and "hidden by the sandbox" in result.content and "hunter2" not in result.content
+    assert "the sandbox hides the session store" in reads[0].content, reads[0].content
+    assert "its /tmp and /dev are private" in reads[1].content and "its /tmp and /dev are private" in reads[2].content
+    assert not mine.is_error and "mine" in mine.content
+    assert "hunter2" not in cat.content and "mine" in cat.content  # what the command saw: the same

@@ -352,7 +352,9 @@ class BashExecutor:
 
         Raises:
             BashError: the spec is invalid, the shell could not be started, or
-                the executor is closed.
+                the executor is closed; with a sandbox, also after the command
+                ended when it replaced a symbolic link git's protection follows
+                (docs/sandbox.rst, "Git").
         """
         spec = self._recheck(spec)
         core = await self._spawn(spec, OutputStream("stdout", self.tail_bytes), OutputStream("stderr", self.tail_bytes))
@@ -372,6 +374,8 @@ class BashExecutor:
             raise
         facts = core.exit
         assert facts is not None
+        if self._checked is not None:
+            self._checked.check_links(spec.command)  # a replaced link git follows: said at once, not at the next
         stdout = core.stdout.snapshot()
         stderr = core.stderr.snapshot()
         return BashResult(

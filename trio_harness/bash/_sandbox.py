@@ -74,13 +74,15 @@ _NAMESPACE_HINT = (
     "namespaces; or run without the sandbox"
 )
 # Hidden under every sandbox unless the policy's hide_defaults is False: credentials
-# in the home directory, and the password hashes a command run as root could read.
+# in the home directory (~/.pgpass: the PostgreSQL store's password, for libpq), and
+# the password hashes a command run as root could read.
 DEFAULT_HIDDEN = (
     "~/.ssh",
     "~/.gnupg",
     "~/.aws",
     "~/.config/gcloud",
     "~/.netrc",
+    "~/.pgpass",
     "/etc/shadow",
     "/etc/gshadow",
 )
@@ -164,7 +166,7 @@ class SandboxPolicy:
             exist is skipped.  A hidden path wins over a writable one.
         hide_defaults: also hide ``DEFAULT_HIDDEN`` (``~/.ssh``,
             ``~/.gnupg``, ``~/.aws``, ``~/.config/gcloud``, ``~/.netrc``,
-            ``/etc/shadow``, ``/etc/gshadow``).
+            ``~/.pgpass``, ``/etc/shadow``, ``/etc/gshadow``).
         hide_sessions: also hide the session store's root (the executor's
             ``session_root``; the harness passes its JSONL store's root).
             Hidden or not, it is never writable.
@@ -172,7 +174,10 @@ class SandboxPolicy:
             directory read-only: ``.git/hooks``, ``.git/config``,
             ``.git/config.worktree``, those of submodules (``.git/modules``)
             and linked worktrees, and a ``.git`` file (hooks and configured
-            commands run outside the sandbox on the user's next ``git``).
+            commands run outside the sandbox on the user's next ``git``);
+            where a ``.git``, ``hooks`` or ``config`` is a symbolic link, at
+            the place it leads to, and a command that replaced the link
+            refuses the next one.
         tmp_size: the size cap of ``/tmp``, in bytes; None for the kernel's
             default (half the memory).
         max_processes: how many processes (threads included) a command may
@@ -361,6 +366,8 @@ class Sandbox:
     _seen: dict[str, _Seen] = attrs.field(factory=dict, repr=False)
     # Every writable directory a command of this sandbox has had: what commands could change.
     _roots: set[str] = attrs.field(factory=set, repr=False)
+    # The symbolic links git's protection followed in a writable directory (path -> target when first seen).
+    _links: dict[str, str] = attrs.field(factory=dict, repr=False)
 
     @property
     def _filter_path(self) -> str:
@@ -424,6 +431,39 @@ class Sandbox:
             covers.append((seen.real, kind))
         return covers
 
+    def check_links(self, ran: str | None = None) -> None:
+        """Refuse to go on when a symbolic link git's protection followed was removed or replaced.
+
+        A link cannot be a mount point, so a command could replace a ``.git`` that is a link (or a
+        ``.git/hooks`` or ``.git/config`` that is one) by a git directory of its own, whose hooks and
+        configuration git would run outside the sandbox.
+
+        Args:
+            ran: the command that just ended, when checking after it (else: before the next one).
+
+        Raises:
+            BashError: naming the link and what it was.
+        """
+        head = (
+            "the sandbox refuses to run"
+            if ran is None
+            else f"the command {ran!r} ended, and the sandbox refuses every further command"
+        )
+        for path, target in self._links.items():
+            try:
+                now: str | None = os.readlink(path)
+            except OSError:
+                now = None
+            if now != target:
+                what = "is gone or no longer a symbolic link" if now is None else f"now points to {now!r}"
+                raise BashError(
+                    f"{head}: {path!r} was a symbolic link to {target!r}, which git follows "
+                    f"to its hooks and configuration, and {what} (a command may have put a git directory of its "
+                    "own there, whose hooks and configuration git would run outside the sandbox); review it "
+                    f"and put the link back (ln -sfn {shlex.quote(target)} {shlex.quote(path)}), "
+                    "or open the harness again"
+                )
+
     def argv(self, command: Sequence[str], *, workdir: str, writable_dir: str | None) -> list[str]:
         """The command line that runs ``command`` in ``workdir`` inside the sandbox.
 
@@ -433,7 +473,8 @@ class Sandbox:
             writable_dir: a directory it may write besides the policy's paths, or None.
 
         Raises:
-            BashError: a hidden path was moved or replaced (see :meth:`covered`).
+            BashError: a hidden path was moved or replaced (see :meth:`covered`), or a symbolic
+                link git's protection follows was (see :meth:`check_links`).
             SandboxUnavailableError: ``bwrap`` is gone, or the command's cgroup could not be created.
         """
         policy = self.policy
@@ -444,6 +485,7 @@ class Sandbox:
         roots = [os.path.realpath(writable_dir)] if writable_dir is not None else []
         roots += [path for path in self.writable if path not in roots]
         covers = self.covered(roots)
+        self.check_links()
         argv = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         if policy.tmp_size is not None:
             argv += ["--size", str(policy.tmp_size)]
@@ -483,8 +525,11 @@ class Sandbox:
                 argv += [*pin(os.path.dirname(real)), "--ro-bind", real, real]
                 pinned.add(real)  # nothing below it is bound writable again
         if policy.protect_git:
+            links: dict[str, str] = {}
             for root in roots:
-                argv += git_binds(root, roots, pin)
+                argv += git_binds(root, roots, pin, links)
+            for path, target in links.items():
+                self._links.setdefault(path, target)
         for real, kind in covers:
             if kind == stat.S_IFDIR:
                 argv += ["--perms", "0555", "--size", str(_COVER_SIZE), "--tmpfs", real]

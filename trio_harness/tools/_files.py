@@ -19,7 +19,9 @@ file call in this process).
 
 Paths are relative to the session's working directory, resolved through
 symlinks before any check; with a bash sandbox the sandbox's rules apply
-(:class:`~trio_harness.tools._files_fs.PathRules`).  Where the bytes come
+(:class:`~trio_harness.tools._files_fs.PathRules`): what it hides from
+commands (its private ``/tmp`` and ``/dev`` included) is not read, and the
+session store never is, sandbox or not.  Where the bytes come
 from is a :class:`~trio_harness.tools._files_fs.FileSystem`: the local disk,
 or the editor's (bound per agent by the ACP bridge, :meth:`FileToolsPlugin.bind`).
 """
@@ -201,7 +203,9 @@ class FileToolsPlugin:
             root; :func:`~trio_harness.open_harness` passes it), which the
             tools never write, sandbox or not, whatever the approval: a model
             that could write its own log could forge its history (approvals
-            it was never given).  None: no store on disk.
+            it was never given).  Nor do they read it (other sessions'
+            transcripts), unless a sandbox shows it (``hide_sessions=False``).
+            None: no store on disk.
     """
 
     name: ClassVar[str] = "files"
@@ -273,12 +277,13 @@ class FileToolsPlugin:
         checked = self.bash.checked_sandbox if self.bash is not None else None
         protected = (self.store_root,) if self.store_root is not None else ()
         if checked is None:
-            return PathRules(protected=protected)
+            return PathRules(protected=protected, unread=protected)
         return PathRules(
             writable=checked.writable,
             hidden=checked.hidden,
             protect_git=checked.policy.protect_git,
             protected=protected,
+            unread=protected if checked.policy.hide_sessions else (),
         )
 
     def _system(self, agent: Agent) -> FileSystem:
@@ -311,8 +316,8 @@ class FileToolsPlugin:
 
     async def _read(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutput:
         try:
-            _, full, real = self._paths(ctx.agent, args["path"])
-            self._rules().check_read(full, real)
+            cwd, full, real = self._paths(ctx.agent, args["path"])
+            self._rules().check_read(full, real, cwd)
             content = await self._system(ctx.agent).read_text(real)
         except FileToolError as exc:
             return self._error(str(exc))

@@ -21,6 +21,7 @@ import attrs
 import trio
 
 from ..bash._sandbox import DEFAULT_HIDDEN
+from ..bash._sandbox_git import git_directories, linked_parts
 
 BINARY_PROBE = 8192
 """How many leading bytes are searched for a NUL byte (a binary file)."""
@@ -235,6 +236,11 @@ paths (``~/.ssh``, ``~/.aws``...): reads never ask, so without a sandbox nothing
 between the model and them (``cat`` in ``bash`` is asked about)."""
 
 
+PRIVATE_UNDER_SANDBOX = ("/tmp", "/dev")
+"""The directories a sandboxed command has its own (empty) ones of: the host's are not read under a sandbox
+(but for the writable paths there, which are the real ones inside too)."""
+
+
 def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -261,6 +267,24 @@ def git_protected(real: str, root: str) -> bool:
     return not rest or "hooks" in rest or rest[-1] in GIT_PROTECTED_NAMES
 
 
+def _in_gitdir(real: str, gitdir: str) -> bool:
+    relative = os.path.relpath(real, gitdir).split(os.sep)
+    return relative == ["."] or "hooks" in relative or relative[-1] in GIT_PROTECTED_NAMES
+
+
+def git_guarded(real: str, roots: Sequence[str]) -> bool:
+    """Whether ``real`` (resolved) is a part of the git directories the repositories at ``roots`` use, found
+    through symbolic links as git finds them (:func:`~trio_harness.bash._sandbox_git.git_directories`): the
+    same parts as :func:`git_protected`, and the targets of hooks and configuration that are links."""
+    for root in roots:
+        for gitdir in git_directories(root):
+            if _under(real, gitdir) and _in_gitdir(real, gitdir):
+                return True
+            if any(_under(real, target) for target in linked_parts(gitdir)):
+                return True
+    return False
+
+
 @attrs.frozen
 class PathRules:
     """Which resolved paths the file tools may read and write (the bash sandbox's rules, or none).
@@ -271,12 +295,43 @@ class PathRules:
         protect_git: git's hooks and configuration in each writable root are read-only (:func:`git_protected`).
         protected: paths never written, sandbox or not, whatever the approval: the session store's
             directory (absolute; resolved at each check).
+        unread: paths never read: the session store's directory, unless a sandbox shows it
+            (``hide_sessions=False``).
     """
 
     writable: tuple[str, ...] | None = None
     hidden: tuple[str, ...] = ()
     protect_git: bool = False
     protected: tuple[str, ...] = ()
+    unread: tuple[str, ...] = ()
+
+    def _unread(self, shown: str, real: str, cwd: str | None) -> str | None:
+        """Why ``real`` is not read though no hidden path covers it, or None: inside the session store,
+        or (with a sandbox) under the host's ``/tmp`` or ``/dev``, which a sandboxed command never sees."""
+        resolved = f" (it resolves to {real})" if real != shown else ""
+        for path in self.unread:
+            if _under(real, path) or _under(real, os.path.realpath(path)):
+                if self.writable is not None:
+                    return (
+                        f"{shown}{resolved} is hidden by the sandbox: it is inside the session store ({path}), "
+                        "other sessions' transcripts (the sandbox hides the session store from commands too)"
+                    )
+                return (
+                    f"{shown}{resolved} is inside the session store ({path}): other sessions' transcripts and "
+                    "the harness's own records, which the file tools never read (a sandbox hides them from "
+                    "commands too)"
+                )
+        if self.writable is None:
+            return None
+        roots = [os.path.realpath(root) for root in (*((cwd,) if cwd is not None else ()), *self.writable)]
+        for private in PRIVATE_UNDER_SANDBOX:
+            if _under(real, private) and not any(_under(real, root) for root in roots):
+                return (
+                    f"{shown}{resolved} is hidden by the sandbox (its /tmp and /dev are private: a sandboxed "
+                    f"command sees empty ones of its own, not the host's {private}; only the working directory "
+                    "and the sandbox's writable paths there are the real ones)"
+                )
+        return None
 
     def _hidden(self, real: str) -> tuple[str, str] | None:
         """The hidden path ``real`` is under and what hides it, or None."""
@@ -289,8 +344,12 @@ class PathRules:
                 return full, "the file tools"
         return None
 
-    def check_read(self, shown: str, real: str) -> None:
-        """Refuse a read of a hidden path."""
+    def check_read(self, shown: str, real: str, cwd: str | None = None) -> None:
+        """Refuse a read of a hidden path, of the session store, and (with a sandbox) of the host's ``/tmp``
+        and ``/dev`` outside the session's directory (``cwd``) and the writable paths: what a sandboxed
+        command cannot see either."""
+        if (why := self._unread(shown, real, cwd)) is not None:
+            raise FileToolError(f"{why}; it cannot be read")
         if (hidden := self._hidden(real)) is not None:
             raise FileToolError(f"{shown} is hidden by {hidden[1]} ({hidden[0]}); it cannot be read")
 
@@ -317,13 +376,18 @@ class PathRules:
                 "cannot make '/' writable (that is the whole file system); work from a project directory"
             )
         roots: Sequence[str] = (home, *self.writable)
+        guarded = self.protect_git and (
+            git_guarded(real, roots) or any(_under(shown, root) and git_protected(shown, root) for root in roots)
+        )
         for root in roots:
             if _under(real, root):
-                if self.protect_git and git_protected(real, root):
+                if guarded or (self.protect_git and git_protected(real, root)):
+                    resolved = f" (it resolves to {real})" if real != shown else ""
                     raise FileToolError(
-                        f"{shown} is read-only in the sandbox (git's hooks and configuration are protected: "
-                        ".git/hooks, .git/config, .git/config.worktree, those of submodules in .git/modules "
-                        "and of worktrees, and .git files; git would run what they name outside the sandbox)"
+                        f"{shown}{resolved} is read-only in the sandbox (git's hooks and configuration are "
+                        "protected: .git/hooks, .git/config, .git/config.worktree, those of submodules in "
+                        ".git/modules and of worktrees, and .git files, also where a symbolic link .git, "
+                        "hooks or config leads; git would run what they name outside the sandbox)"
                     )
                 return
         where = ", ".join(roots)
