@@ -66,11 +66,18 @@ def mailbox_rows(cluster: Cluster, schema: str, session_id: str = "s1") -> int:
     return count
 
 
-async def flush_whose_answer_is_held(entry: SessionEntry) -> None:
-    """A flush whose statement the server ran while its answer never came: it times out, outcome unknown."""
+async def flush_whose_answer_is_held(entry: SessionEntry) -> int:
+    """A flush whose statement the server ran while its answer never came: it times out, outcome unknown.
+
+    Returns the server process of the dropped connection: it holds the
+    session's lock until it ends (see :func:`until_gone`).
+    """
     with pytest.raises(SessionStoreError, match=r"within 0.5 s \(write_timeout\)"):
         await entry.session.flush()
-    assert writer_of(entry)._conn is None
+    writer = writer_of(entry)
+    assert writer._conn is None
+    assert writer._pid != 0, "the writer never held the session's lock"
+    return writer._pid
 
 
 @contextlib.asynccontextmanager
@@ -113,11 +120,12 @@ async def test_a_flush_after_one_whose_commit_was_unanswered_stores_the_rest_onc
         text = marker()
         one_turn(entry.session, 2, text)
         fired, _ = proxy.hold_replies_after(text.encode())
-        await flush_whose_answer_is_held(entry)
+        old = await flush_whose_answer_is_held(entry)
         assert fired.is_set()
         # The server committed the batch: it is stored though the writer never heard so.
         assert (await store.load("s1")).events == tuple(entry.session.events)
         one_turn(entry.session, 3)  # more events behind the batch of unknown outcome
+        await until_gone(postgres_cluster, old)  # its lock is free: the retake need not wait for it
         await entry.session.flush()
         assert (await store.load("s1")).events == tuple(entry.session.events)
         one_turn(entry.session, 4)
@@ -258,10 +266,11 @@ async def test_a_flush_after_a_first_flush_whose_commit_was_unanswered_creates_n
     async with behind_a_proxy(postgres_cluster, schema, new=True) as (proxy, entry):
         one_turn(entry.session, 1)
         fired, _ = proxy.hold_replies_after(b"COMMIT")
-        await flush_whose_answer_is_held(entry)
+        old = await flush_whose_answer_is_held(entry)
         assert fired.is_set()
         assert (await store.load("s1")).events == tuple(entry.session.events)  # created, unknown to it
         one_turn(entry.session, 2)
+        await until_gone(postgres_cluster, old)  # its lock is free: the retake need not wait for it
         await entry.session.flush()  # not "already stored": the stored session is its own
         assert (await store.load("s1")).events == tuple(entry.session.events)
         one_turn(entry.session, 3)
@@ -275,7 +284,8 @@ async def test_a_first_flush_retried_with_nothing_new_after_an_unanswered_commit
     async with behind_a_proxy(postgres_cluster, schema, new=True) as (proxy, entry):
         one_turn(entry.session, 1)
         proxy.hold_replies_after(b"COMMIT")
-        await flush_whose_answer_is_held(entry)
+        old = await flush_whose_answer_is_held(entry)
+        await until_gone(postgres_cluster, old)  # its lock is free: the retake need not wait for it
         await entry.session.flush()  # the same batch again
         one_turn(entry.session, 2)
     assert (await store.load("s1")).events == tuple(entry.session.events)
