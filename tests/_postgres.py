@@ -41,7 +41,7 @@ import pytest
 if TYPE_CHECKING:
     import psycopg
 
-    from trio_harness.session import PostgresStore
+    from trio_harness.session import PostgresStore, Session
 
 SERVER_MISSING = (
     "PostgreSQL server binaries (initdb, pg_ctl) were not found under /usr/lib/postgresql/*/bin or on PATH; "
@@ -597,6 +597,45 @@ async def store(postgres_cluster: Cluster, schema: str) -> AsyncIterator[Postgre
     await persistence.check()
     async with persistence:
         yield persistence
+
+
+# ---------------------------------------------------------------- the fault tests' cluster and sessions
+
+
+@pytest.fixture(scope="module")
+def own_cluster() -> Iterator[Cluster]:
+    """A cluster of the test module's own, for the tests that restart or crash the server.
+
+    Its WAL writer sleeps 10 s, so a commit made without sync stays in the
+    server's memory (and is lost by a crash) until a synced commit flushes it.
+    """
+    with running_cluster(settings=["wal_writer_delay=10000ms", "autovacuum=off"]) as cluster:
+        yield cluster
+
+
+def one_turn(session: Session, number: int, text: str = "do it") -> None:
+    """Append a completed turn of five events (a message spliced in, taken, answered).
+
+    Shorter than tests/test_postgres_store.py's (no step events): the fault tests count these five.
+    """
+    from trio_harness.session import _events as ev
+
+    message_id = f"m{number}-{text}"
+    session.append(ev.InboxSpliced, queue="next-turn", start=0, inserted=(ev.InboxMessage(message_id, text),))
+    session.append(ev.TurnStart, turn=number)
+    session.append(ev.UserMessage, turn=number, step=1, message_id=message_id, text=text)
+    session.append(ev.AssistantMessage, turn=number, step=1, text="done")
+    session.append(ev.TurnEnd, turn=number, reason="completed")
+
+
+async def stored_session(persistence: PostgresStore, session_id: str) -> None:
+    """Create ``session_id`` in ``persistence`` with one turn (:func:`one_turn`), and detach it."""
+    from trio_harness.session import SessionRegistry
+
+    sessions = SessionRegistry(persistence)
+    entry = sessions.enter(await sessions.prepare_new(session_id, cwd="/work"))
+    one_turn(entry.session, 1)
+    await sessions.detach(entry)
 
 
 # ---------------------------------------------------------------- worker processes

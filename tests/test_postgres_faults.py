@@ -23,52 +23,38 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import psycopg
 import pytest
 import trio
 from _pg_modes import MODES, make
-from _postgres import Cluster, Proxy, admin, fresh_schema, postgres_cluster, proxy_for, running_cluster, schema, store
+from _postgres import (
+    Cluster,
+    Proxy,
+    admin,
+    fresh_schema,
+    one_turn,
+    own_cluster,
+    postgres_cluster,
+    proxy_for,
+    schema,
+    store,
+    stored_session,
+)
 from _util import WAIT
 
 from trio_harness import SessionLockedError, SessionStoreError
-from trio_harness.session import PooledPostgresStore, PostgresStore, Session, SessionEntry, SessionRegistry
+from trio_harness.session import PooledPostgresStore, PostgresStore, SessionEntry, SessionRegistry
 from trio_harness.session import _events as ev
 from trio_harness.session._events import InboxMessage
 from trio_harness.session._pg_schema import _quote as quote
 
-__all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
+# The fixtures, imported for pytest; and stored_session, which tests/test_image_blobs.py imports from here.
+__all__ = ["own_cluster", "postgres_cluster", "schema", "store", "stored_session"]
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def own_cluster() -> Iterator[Cluster]:
-    """A cluster for the tests that restart or crash the server.
-
-    Its WAL writer sleeps 10 s, so a commit made without sync stays in the
-    server's memory (and is lost by a crash) until a synced commit flushes it.
-    """
-    with running_cluster(settings=["wal_writer_delay=10000ms", "autovacuum=off"]) as cluster:
-        yield cluster
-
-
-def one_turn(session: Session, number: int, text: str = "do it") -> None:
-    message_id = f"m{number}-{text}"
-    session.append(ev.InboxSpliced, queue="next-turn", start=0, inserted=(InboxMessage(message_id, text),))
-    session.append(ev.TurnStart, turn=number)
-    session.append(ev.UserMessage, turn=number, step=1, message_id=message_id, text=text)
-    session.append(ev.AssistantMessage, turn=number, step=1, text="done")
-    session.append(ev.TurnEnd, turn=number, reason="completed")
-
-
-async def stored_session(persistence: PostgresStore, session_id: str) -> None:
-    sessions = SessionRegistry(persistence)
-    entry = sessions.enter(await sessions.prepare_new(session_id, cwd="/work"))
-    one_turn(entry.session, 1)
-    await sessions.detach(entry)
 
 
 def backend_pid(entry: SessionEntry) -> int:

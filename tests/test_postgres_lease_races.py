@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import trio
-from _postgres import Cluster, admin, postgres_cluster, schema, store
+from _pg_modes import a_release_that_timed_out
+from _postgres import Cluster, postgres_cluster, schema, store
 from test_postgres_store import one_turn, stored_session
 
-from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry
+from trio_harness.session import PostgresStore
 
 __all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
 
@@ -20,41 +19,26 @@ async def test_a_resume_while_the_heartbeat_retries_the_release_waits_for_it_ins
     postgres_cluster: Cluster, schema: str, store: PostgresStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     await stored_session(store, "s1")
-    first = PooledPostgresStore(
-        postgres_cluster.dsn(), schema=schema, release_timeout=2.0, heartbeat=0.2, idle_session_timeout=1.0
-    )
-    async with first:
-        sessions = SessionRegistry(first)
-        entry = sessions.enter(await sessions.prepare_resume("s1"))
-        locker = admin(postgres_cluster)
-        try:
-            locker.execute("BEGIN")
-            locker.execute(f"LOCK TABLE {schema}.leases IN EXCLUSIVE MODE")  # every release waits, then times out
-            with caplog.at_level(logging.WARNING, logger="trio_harness.session.postgres"):
-                await sessions.detach(entry)
-            assert "releasing its lease failed" in caplog.text
-            with trio.fail_after(WITHIN):  # the heartbeat's retry, in flight (waiting for the lock)
-                while "s1" not in first._taking:
+    async with a_release_that_timed_out(postgres_cluster, schema, caplog, release_timeout=2.0) as timed_out:
+        first, sessions = timed_out.store, timed_out.sessions
+        with trio.fail_after(WITHIN):  # the heartbeat's retry, in flight (waiting for the lock)
+            while "s1" not in first._taking:
+                await trio.sleep(0.01)
+
+        def resume_waits() -> bool:
+            releasing = first._releasing.get("s1")
+            return releasing is not None and releasing.statistics().tasks_waiting > 0
+
+        async def unlock_once_the_resume_waits() -> None:
+            with trio.move_on_after(WITHIN):
+                while not resume_waits():
                     await trio.sleep(0.01)
+            timed_out.unlock()
 
-            def resume_waits() -> bool:
-                releasing = first._releasing.get("s1")
-                return releasing is not None and releasing.statistics().tasks_waiting > 0
-
-            async def unlock_once_the_resume_waits() -> None:
-                with trio.move_on_after(WITHIN):
-                    while not resume_waits():
-                        await trio.sleep(0.01)
-                locker.execute("COMMIT")
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(unlock_once_the_resume_waits)
-                # Not "already live in this process": the session is only being released; the resume takes it.
-                again = sessions.enter(await sessions.prepare_resume("s1"))
-        finally:
-            if locker.info.transaction_status != 0:  # still in the transaction: the resume failed first
-                locker.execute("COMMIT")
-            locker.close()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(unlock_once_the_resume_waits)
+            # Not "already live in this process": the session is only being released; the resume takes it.
+            again = sessions.enter(await sessions.prepare_resume("s1"))
         one_turn(again.session, 2)
         await sessions.detach(again)
         assert first._unreleased == {}

@@ -24,6 +24,7 @@ import attrs
 import psycopg
 import pytest
 import trio
+from _pg_modes import MODES, a_release_that_timed_out, make
 from _postgres import Cluster, admin, postgres_cluster, proxy_for, schema, store
 from test_images import png
 from test_postgres_store import backend_pid, one_turn, stored_session
@@ -41,13 +42,6 @@ BIG = Image(png(300, 300, seed=11), "image/png")
 BIG_SHA = hashlib.sha256(BIG.data).hexdigest()
 OTHER = Image(png(300, 300, seed=12), "image/png")
 assert len(BIG.data) > MAX_INLINE_IMAGE_BYTES and len(OTHER.data) > MAX_INLINE_IMAGE_BYTES
-
-MODES = ["per-session", "pooled"]
-
-
-def make(mode: str, cluster: Cluster, schema: str, **settings: Any) -> PostgresStore:
-    cls = PooledPostgresStore if mode == "pooled" else PostgresStore
-    return cls(cluster.dsn(), schema=schema, **settings)
 
 
 @pytest.fixture
@@ -200,7 +194,7 @@ async def test_save_and_fork_into_an_id_a_pooled_worker_is_creating_are_refused(
         sessions = SessionRegistry(creator)
         session = await sessions.prepare_new("child", cwd="/w")  # its lease is held; nothing is stored yet
         entry = sessions.enter(session)
-        async with make(mode, postgres_cluster, schema) as other:
+        async with make(mode, postgres_cluster.dsn(), schema) as other:
             with pytest.raises(SessionExistsError, match="being created, or is live"):
                 await SessionRegistry(other).fork("source", len(source), "child")
             header = attrs.evolve((await other.load("source")).header, id="child")
@@ -226,8 +220,8 @@ async def test_a_session_held_in_one_mode_is_refused_to_the_other(
     taker_mode = next(mode for mode in MODES if mode != holder_mode)
     await stored_session(store, "s1")
     async with (
-        make(holder_mode, postgres_cluster, schema) as holder,
-        make(taker_mode, postgres_cluster, schema) as taker,
+        make(holder_mode, postgres_cluster.dsn(), schema) as holder,
+        make(taker_mode, postgres_cluster.dsn(), schema) as taker,
     ):
         held, taking = SessionRegistry(holder), SessionRegistry(taker)
         entry = held.enter(await held.prepare_resume("s1"))
@@ -377,23 +371,10 @@ async def test_a_release_that_timed_out_is_retried_so_another_worker_can_take_th
     postgres_cluster: Cluster, schema: str, store: PostgresStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     await stored_session(store, "s1")
-    first = PooledPostgresStore(
-        postgres_cluster.dsn(), schema=schema, release_timeout=0.3, heartbeat=0.2, idle_session_timeout=1.0
-    )
-    async with first:
-        sessions = SessionRegistry(first)
-        entry = sessions.enter(await sessions.prepare_resume("s1"))
-        locker = admin(postgres_cluster)
-        try:
-            locker.execute("BEGIN")
-            locker.execute(f"LOCK TABLE {schema}.leases IN EXCLUSIVE MODE")  # the release waits, then times out
-            with caplog.at_level(logging.WARNING, logger="trio_harness.session.postgres"):
-                await sessions.detach(entry)
-            assert "releasing its lease failed" in caplog.text
-            assert first._unreleased == {"s1": entry.writer._epoch}  # type: ignore[attr-defined]
-        finally:
-            locker.execute("COMMIT")
-            locker.close()
+    async with a_release_that_timed_out(postgres_cluster, schema, caplog, release_timeout=0.3) as timed_out:
+        first = timed_out.store
+        assert first._unreleased == {"s1": timed_out.entry.writer._epoch}  # type: ignore[attr-defined]
+        timed_out.unlock()
         async with PooledPostgresStore(postgres_cluster.dsn(), schema=schema, lock_timeout=5.0) as second:
             started = time.perf_counter()
             taken = SessionRegistry(second)
@@ -606,7 +587,7 @@ async def test_a_save_racing_a_pooled_create_of_the_same_id_leaves_exactly_one_o
     header = (await store.load("source")).header
     async with (
         PooledPostgresStore(postgres_cluster.dsn(), schema=schema) as creator,
-        make(saver_mode, postgres_cluster, schema) as saver,
+        make(saver_mode, postgres_cluster.dsn(), schema) as saver,
     ):
         sessions = SessionRegistry(creator)
         outcomes = {"created": 0, "saved": 0}

@@ -13,51 +13,39 @@ cluster of this module's own.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import trio
-from _postgres import Cluster, admin, fresh_schema, postgres_cluster, proxy_for, running_cluster, schema, store
+from _postgres import (
+    Cluster,
+    Proxy,
+    admin,
+    fresh_schema,
+    one_turn,
+    own_cluster,
+    postgres_cluster,
+    proxy_for,
+    schema,
+    store,
+    stored_session,
+)
 from _util import WAIT
 
 from trio_harness import SessionStoreError
-from trio_harness.session import PostgresStore, Session, SessionEntry, SessionRegistry
-from trio_harness.session import _events as ev
-from trio_harness.session._events import InboxMessage
+from trio_harness.session import PostgresStore, SessionEntry, SessionRegistry
 from trio_harness.session._pg_writer import _PgWriter
 
-__all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
+__all__ = ["own_cluster", "postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
 
 # No heartbeat: only the flushes of a test take the session again (the idle timeout needs one).
 NO_HEARTBEAT: dict[str, Any] = {"heartbeat": None, "idle_session_timeout": None}
-
-
-@pytest.fixture(scope="module")
-def own_cluster() -> Iterator[Cluster]:
-    """A cluster to crash: its WAL writer sleeps 10 s, so a commit made without sync stays in memory until then."""
-    with running_cluster(settings=["wal_writer_delay=10000ms", "autovacuum=off"]) as cluster:
-        yield cluster
-
-
-def one_turn(session: Session, number: int, text: str = "do it") -> None:
-    message_id = f"m{number}-{text}"
-    session.append(ev.InboxSpliced, queue="next-turn", start=0, inserted=(InboxMessage(message_id, text),))
-    session.append(ev.TurnStart, turn=number)
-    session.append(ev.UserMessage, turn=number, step=1, message_id=message_id, text=text)
-    session.append(ev.AssistantMessage, turn=number, step=1, text="done")
-    session.append(ev.TurnEnd, turn=number, reason="completed")
-
-
-async def stored_session(persistence: PostgresStore, session_id: str) -> None:
-    sessions = SessionRegistry(persistence)
-    entry = sessions.enter(await sessions.prepare_new(session_id, cwd="/work"))
-    one_turn(entry.session, 1)
-    await sessions.detach(entry)
 
 
 def writer_of(entry: SessionEntry) -> _PgWriter:
@@ -78,35 +66,70 @@ def mailbox_rows(cluster: Cluster, schema: str, session_id: str = "s1") -> int:
     return count
 
 
-async def flush_whose_answer_is_held(entry: SessionEntry) -> None:
-    """A flush whose statement the server ran while its answer never came: it times out, outcome unknown."""
+async def flush_whose_answer_is_held(entry: SessionEntry) -> int:
+    """A flush whose statement the server ran while its answer never came: it times out, outcome unknown.
+
+    Returns the server process of the dropped connection: it holds the
+    session's lock until it ends (see :func:`until_gone`).
+    """
     with pytest.raises(SessionStoreError, match=r"within 0.5 s \(write_timeout\)"):
         await entry.session.flush()
-    assert writer_of(entry)._conn is None
+    writer = writer_of(entry)
+    assert writer._conn is None
+    assert writer._pid != 0, "the writer never held the session's lock"
+    return writer._pid
+
+
+@contextlib.asynccontextmanager
+async def behind_a_proxy(
+    cluster: Cluster, schema: str, *, new: bool = False, heartbeat: float | None = None
+) -> AsyncIterator[tuple[Proxy, SessionEntry]]:
+    """Session ``s1`` live for the block on a store that reaches ``cluster`` through a :class:`Proxy`.
+
+    The session is resumed (``new``: created); the store's ``write_timeout``
+    is 0.5 s; it has no heartbeat (and so no idle timeout) unless
+    ``heartbeat`` gives one (with the default idle timeout).  The session is
+    detached at the end of the block (not when the block fails).
+    """
+    settings = {"heartbeat": heartbeat} if heartbeat is not None else NO_HEARTBEAT
+    with proxy_for(cluster) as proxy:
+        async with PostgresStore(proxy.dsn(), schema=schema, write_timeout=0.5, **settings) as proxied:
+            sessions = SessionRegistry(proxied)
+            session = await (sessions.prepare_new("s1") if new else sessions.prepare_resume("s1"))
+            entry = sessions.enter(session)
+            yield proxy, entry
+            await sessions.detach(entry)
+
+
+async def until_gone(cluster: Cluster, pid: int) -> None:
+    """Poll ``pg_stat_activity`` (real time, bounded by :data:`WAIT`) until server process ``pid`` has left it."""
+    deadline = trio.current_time() + WAIT
+    while True:
+        with admin(cluster) as conn:
+            if conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() == (0,):
+                return
+        assert trio.current_time() < deadline, f"server process {pid} still in pg_stat_activity after {WAIT} s"
+        await trio.sleep(0.02)
 
 
 async def test_a_flush_after_one_whose_commit_was_unanswered_stores_the_rest_once(
     postgres_cluster: Cluster, schema: str, store: PostgresStore
 ) -> None:
     await stored_session(store, "s1")
-    with proxy_for(postgres_cluster) as proxy:
-        proxied = PostgresStore(proxy.dsn(), schema=schema, write_timeout=0.5, **NO_HEARTBEAT)
-        async with proxied:
-            sessions = SessionRegistry(proxied)
-            entry = sessions.enter(await sessions.prepare_resume("s1"))
-            text = marker()
-            one_turn(entry.session, 2, text)
-            fired, _ = proxy.hold_replies_after(text.encode())
-            await flush_whose_answer_is_held(entry)
-            assert fired.is_set()
-            # The server committed the batch: it is stored though the writer never heard so.
-            assert (await store.load("s1")).events == tuple(entry.session.events)
-            one_turn(entry.session, 3)  # more events behind the batch of unknown outcome
-            await entry.session.flush()
-            assert (await store.load("s1")).events == tuple(entry.session.events)
-            one_turn(entry.session, 4)
-            await entry.session.flush()
-            await sessions.detach(entry)
+    async with behind_a_proxy(postgres_cluster, schema) as (proxy, entry):
+        text = marker()
+        one_turn(entry.session, 2, text)
+        fired, _ = proxy.hold_replies_after(text.encode())
+        old = await flush_whose_answer_is_held(entry)
+        assert fired.is_set()
+        # The server committed the batch: it is stored though the writer never heard so.
+        assert (await store.load("s1")).events == tuple(entry.session.events)
+        one_turn(entry.session, 3)  # more events behind the batch of unknown outcome
+        await until_gone(postgres_cluster, old)  # its lock is free: the retake need not wait for it
+        await entry.session.flush()
+        assert (await store.load("s1")).events == tuple(entry.session.events)
+        one_turn(entry.session, 4)
+        await entry.session.flush()
     assert (await store.load("s1")).events == tuple(entry.session.events)
 
 
@@ -114,24 +137,19 @@ async def test_a_heartbeat_retake_after_a_flush_of_unknown_outcome_keeps_the_ses
     postgres_cluster: Cluster, schema: str, store: PostgresStore
 ) -> None:
     await stored_session(store, "s1")
-    with proxy_for(postgres_cluster) as proxy:
-        proxied = PostgresStore(proxy.dsn(), schema=schema, write_timeout=0.5, heartbeat=0.1)
-        async with proxied:
-            sessions = SessionRegistry(proxied)
-            entry = sessions.enter(await sessions.prepare_resume("s1"))
-            writer = writer_of(entry)
-            text = marker()
-            one_turn(entry.session, 2, text)
-            proxy.hold_replies_after(text.encode())
-            await flush_whose_answer_is_held(entry)
-            one_turn(entry.session, 3)
-            with trio.fail_after(WAIT):  # the heartbeat takes the session again
-                while writer._conn is None and writer._broken is None:
-                    await trio.sleep(0.02)
-            assert writer._broken is None
-            assert len(writer._buffer) == 5  # turn 2 counts as stored; turn 3 is left to the next flush
-            await entry.session.flush()
-            await sessions.detach(entry)
+    async with behind_a_proxy(postgres_cluster, schema, heartbeat=0.1) as (proxy, entry):
+        writer = writer_of(entry)
+        text = marker()
+        one_turn(entry.session, 2, text)
+        proxy.hold_replies_after(text.encode())
+        await flush_whose_answer_is_held(entry)
+        one_turn(entry.session, 3)
+        with trio.fail_after(WAIT):  # the heartbeat takes the session again
+            while writer._conn is None and writer._broken is None:
+                await trio.sleep(0.02)
+        assert writer._broken is None
+        assert len(writer._buffer) == 5  # turn 2 counts as stored; turn 3 is left to the next flush
+        await entry.session.flush()
     assert (await store.load("s1")).events == tuple(entry.session.events)
 
 
@@ -141,24 +159,24 @@ async def test_a_mailbox_delete_whose_commit_was_unanswered_is_not_taken_for_a_t
     await stored_session(store, "s1")
     with admin(postgres_cluster) as conn:  # a row that is no message: removed without an event
         conn.execute(f"INSERT INTO {schema}.mailbox (session_id, body) VALUES ('s1', 'not a message')")
-    with proxy_for(postgres_cluster) as proxy:
-        proxied = PostgresStore(proxy.dsn(), schema=schema, write_timeout=0.5, **NO_HEARTBEAT)
-        async with proxied:
-            sessions = SessionRegistry(proxied)
-            entry = sessions.enter(await sessions.prepare_resume("s1"))
-            writer = writer_of(entry)
-            assert await writer.take_mail() == []
-            assert writer._acks
-            fired, _ = proxy.hold_replies_after(b"COMMIT")
-            with pytest.raises(SessionStoreError, match=r"within 0.5 s \(write_timeout\)"):
-                await writer.flush()
-            assert fired.is_set()
-            assert mailbox_rows(postgres_cluster, schema) == 0  # the delete committed
-            await writer.flush()  # nothing left to delete: no "taken by another writer"
-            assert writer._acks == []
-            one_turn(entry.session, 2)
-            await entry.session.flush()
-            await sessions.detach(entry)
+    async with behind_a_proxy(postgres_cluster, schema) as (proxy, entry):
+        writer = writer_of(entry)
+        assert await writer.take_mail() == []
+        assert writer._acks
+        assert writer._conn is not None
+        old = writer._conn.info.backend_pid
+        fired, _ = proxy.hold_replies_after(b"COMMIT")
+        with pytest.raises(SessionStoreError, match=r"within 0.5 s \(write_timeout\)"):
+            await writer.flush()
+        assert fired.is_set()
+        assert mailbox_rows(postgres_cluster, schema) == 0  # the delete committed
+        # The old connection still holds the session's lock until its server process ends (the proxy
+        # closed its socket, the server notices in its own time): the retake would wait only 1 s for it.
+        await until_gone(postgres_cluster, old)
+        await writer.flush()  # nothing left to delete: no "taken by another writer"
+        assert writer._acks == []
+        one_turn(entry.session, 2)
+        await entry.session.flush()
     assert (await store.load("s1")).events == tuple(entry.session.events)
 
 
@@ -245,39 +263,31 @@ async def test_a_synced_flush_with_nothing_new_makes_the_unsynced_commits_durabl
 async def test_a_flush_after_a_first_flush_whose_commit_was_unanswered_creates_nothing_twice(
     postgres_cluster: Cluster, schema: str, store: PostgresStore
 ) -> None:
-    with proxy_for(postgres_cluster) as proxy:
-        proxied = PostgresStore(proxy.dsn(), schema=schema, write_timeout=0.5, **NO_HEARTBEAT)
-        async with proxied:
-            sessions = SessionRegistry(proxied)
-            entry = sessions.enter(await sessions.prepare_new("s1"))
-            one_turn(entry.session, 1)
-            fired, _ = proxy.hold_replies_after(b"COMMIT")
-            await flush_whose_answer_is_held(entry)
-            assert fired.is_set()
-            assert (await store.load("s1")).events == tuple(entry.session.events)  # created, unknown to it
-            one_turn(entry.session, 2)
-            await entry.session.flush()  # not "already stored": the stored session is its own
-            assert (await store.load("s1")).events == tuple(entry.session.events)
-            one_turn(entry.session, 3)
-            await entry.session.flush()
-            await sessions.detach(entry)
+    async with behind_a_proxy(postgres_cluster, schema, new=True) as (proxy, entry):
+        one_turn(entry.session, 1)
+        fired, _ = proxy.hold_replies_after(b"COMMIT")
+        old = await flush_whose_answer_is_held(entry)
+        assert fired.is_set()
+        assert (await store.load("s1")).events == tuple(entry.session.events)  # created, unknown to it
+        one_turn(entry.session, 2)
+        await until_gone(postgres_cluster, old)  # its lock is free: the retake need not wait for it
+        await entry.session.flush()  # not "already stored": the stored session is its own
+        assert (await store.load("s1")).events == tuple(entry.session.events)
+        one_turn(entry.session, 3)
+        await entry.session.flush()
     assert (await store.load("s1")).events == tuple(entry.session.events)
 
 
 async def test_a_first_flush_retried_with_nothing_new_after_an_unanswered_commit_is_stored_once(
     postgres_cluster: Cluster, schema: str, store: PostgresStore
 ) -> None:
-    with proxy_for(postgres_cluster) as proxy:
-        proxied = PostgresStore(proxy.dsn(), schema=schema, write_timeout=0.5, **NO_HEARTBEAT)
-        async with proxied:
-            sessions = SessionRegistry(proxied)
-            entry = sessions.enter(await sessions.prepare_new("s1"))
-            one_turn(entry.session, 1)
-            proxy.hold_replies_after(b"COMMIT")
-            await flush_whose_answer_is_held(entry)
-            await entry.session.flush()  # the same batch again
-            one_turn(entry.session, 2)
-            await sessions.detach(entry)
+    async with behind_a_proxy(postgres_cluster, schema, new=True) as (proxy, entry):
+        one_turn(entry.session, 1)
+        proxy.hold_replies_after(b"COMMIT")
+        old = await flush_whose_answer_is_held(entry)
+        await until_gone(postgres_cluster, old)  # its lock is free: the retake need not wait for it
+        await entry.session.flush()  # the same batch again
+        one_turn(entry.session, 2)
     assert (await store.load("s1")).events == tuple(entry.session.events)
 
 
@@ -302,12 +312,7 @@ async def test_a_first_flush_waits_for_its_frozen_previous_connection_and_says_s
                 await entry.session.flush()
         finally:
             os.kill(pid, signal.SIGCONT)
-        with trio.fail_after(WAIT):  # the thawed backend finds its client gone and ends, releasing the lock
-            while True:
-                with admin(postgres_cluster) as conn:
-                    if conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() == (0,):
-                        break
-                await trio.sleep(0.02)
+        await until_gone(postgres_cluster, pid)  # the thawed backend finds its client gone and ends, releasing the lock
         await entry.session.flush()
         one_turn(entry.session, 2)
         await sessions.detach(entry)
@@ -356,20 +361,15 @@ async def test_a_retake_cancelled_anywhere_leaves_the_next_flush_storing_each_ev
     postgres_cluster: Cluster, schema: str, store: PostgresStore, delay: float
 ) -> None:
     await stored_session(store, "s1")
-    with proxy_for(postgres_cluster) as proxy:
-        proxied = PostgresStore(proxy.dsn(), schema=schema, write_timeout=0.5, **NO_HEARTBEAT)
-        async with proxied:
-            sessions = SessionRegistry(proxied)
-            entry = sessions.enter(await sessions.prepare_resume("s1"))
-            text = marker()
-            one_turn(entry.session, 2, text)
-            proxy.hold_replies_after(text.encode())
-            await flush_whose_answer_is_held(entry)
-            one_turn(entry.session, 3)
-            with trio.move_on_after(delay):  # cancelled wherever the retake is by then
-                await entry.session.flush()
-            assert writer_of(entry)._broken is None
-            one_turn(entry.session, 4)
+    async with behind_a_proxy(postgres_cluster, schema) as (proxy, entry):
+        text = marker()
+        one_turn(entry.session, 2, text)
+        proxy.hold_replies_after(text.encode())
+        await flush_whose_answer_is_held(entry)
+        one_turn(entry.session, 3)
+        with trio.move_on_after(delay):  # cancelled wherever the retake is by then
             await entry.session.flush()
-            await sessions.detach(entry)
+        assert writer_of(entry)._broken is None
+        one_turn(entry.session, 4)
+        await entry.session.flush()
     assert (await store.load("s1")).events == tuple(entry.session.events)
