@@ -449,9 +449,9 @@ def restored_wake(session: Session) -> tuple[bool, bool]:
         kind = type(event)
         if kind is InboxSpliced:
             assert isinstance(event, InboxSpliced)
-            if event.inserted and not event.removed and event.outcome is None:
-                if event.queue == "next-turn" or any(message.mode != "inject" for message in event.inserted):
-                    latched, held = True, False
+            inserted = event.inserted if not event.removed and event.outcome is None else ()  # pure insertions
+            if inserted and (event.queue == "next-turn" or any(message.mode != "inject" for message in inserted)):
+                latched, held = True, False
         elif kind is ev.StepStart:
             latched = False
         elif kind is ev.TurnStart:
