@@ -13,7 +13,8 @@ What it shows:
   then ``step/end``, then
   ``turn/end`` with reason ``interrupted``), turn numbers continue, and the
   inbox is rebuilt from its ``agent/inbox/spliced`` events: the queued prompt
-  is still pending and runs at the next waking send.
+  is pending again, and the resumed agent starts its turn at once, as the
+  killed writer would have (docs/inbox.rst, "The durable inbox").
 """
 
 from __future__ import annotations
@@ -114,9 +115,11 @@ async def main() -> None:
 
             pending = [m.text for m in agent.inbox.next_turn]
             print(f"inbox after resume: {pending} (status {agent.status})")
-            assert pending == ["After the deploy, tag the release."]
+            assert pending == ["After the deploy, tag the release."] and agent.status == "running"
+            await agent.when_idle()  # the queued prompt's turn (3), started by the resume
+            assert not agent.inbox.next_turn
 
-            agent.followup("Anything else?")  # a waking send: the parked prompt runs first
+            agent.followup("Anything else?")
             await agent.when_idle()
             for event in agent.session.events:
                 if isinstance(event, ev.TurnEnd):

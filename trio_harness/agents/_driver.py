@@ -61,7 +61,7 @@ from ._durability import Checkpoints, Durability
 from ._follow import FollowedPrompt, Followers
 from ._function_tools import caller_namespace, output_adapter
 from ._history import History
-from ._inbox import Inbox, Prompt
+from ._inbox import Inbox, Prompt, restored_wake
 from ._options import AgentOptions
 from ._request import RequestBuilder
 from ._run import PendingOutput, RunResult, run_prompt
@@ -654,9 +654,22 @@ class ReactAgent(TurnLoop, metaclass=NoPublicConstructor, public_way="harness.ag
         inbox = self._inbox
         return bool(self._approvals.paused) or inbox.has_turn_work() or (self._wake_requested and inbox.has_step_work())
 
-    def continue_paused(self) -> None:
-        """Start the continuation of a paused turn, if any (a resume does, once published)."""
+    def resume_pending(self) -> None:
+        """Start the work a resumed agent finds pending, as its writer would have (a resume does, once published).
+
+        A paused turn's continuation (docs/approval.rst); else a turn for the
+        waking messages restored in the inbox (a followup, a steer) unless a
+        cancel that kept them holds them, while a parked inject stays parked
+        (docs/inbox.rst, "The durable inbox").
+        """
         if self._approvals.paused:
+            self._wake()
+            return
+        inbox = self._inbox
+        if not len(inbox):
+            return
+        latched, held = restored_wake(self._session)
+        if latched or (inbox.has_turn_work() and not held):
             self._wake()
 
     def _wake(self) -> None:

@@ -425,3 +425,39 @@ def log_claimed(session: Session, turn: int, step: int, message: InboxMessage) -
         origin=message.origin,
         images=message.images,
     )
+
+
+def restored_wake(session: Session) -> tuple[bool, bool]:
+    """The driver's wake state at the end of ``session``'s log, for a resumed agent: ``(latched, held)``.
+
+    It mirrors the wake latch of the agent that wrote the log
+    (docs/inbox.rst, "The durable inbox"): a waking insertion (a followup,
+    or a steer; not an inject) latches a wake, which the next step start
+    takes (that step claims); an effective cancel (a turn that ended
+    ``aborted`` with a ``user``, ``parent`` or ``hook`` cause) drops it, and
+    with it holds the next-turn work it kept (``keep_inbox=True``) until a
+    later wake: a waking insertion or a turn start.  A disposal is not a
+    decision about pending work: a turn aborted ``disposed`` (or closed on
+    recovery) holds nothing.
+
+    ``latched``: a wake is owed (the next-step messages run too, injects
+    included, as they would have); ``held``: the next-turn messages wait
+    for a wake.
+    """
+    latched = held = False
+    for event in session.events[session.header.seed_length :]:
+        kind = type(event)
+        if kind is InboxSpliced:
+            assert isinstance(event, InboxSpliced)
+            inserted = event.inserted if not event.removed and event.outcome is None else ()  # pure insertions
+            if inserted and (event.queue == "next-turn" or any(message.mode != "inject" for message in inserted)):
+                latched, held = True, False
+        elif kind is ev.StepStart:
+            latched = False
+        elif kind is ev.TurnStart:
+            held = False
+        elif kind is ev.TurnEnd:
+            assert isinstance(event, ev.TurnEnd)
+            if event.reason == "aborted" and event.cause not in (None, "disposed"):
+                latched, held = False, True
+    return latched, held

@@ -561,7 +561,7 @@ class AgentRegistry:
             self._bus.emit("agent/session-start", agent, source=source)
         if source == "resume":
             await sessions.deliver_waiting(session_entry)  # a decision posted meanwhile answers the paused call
-            _continue_paused(agent)
+            _resume_pending(agent)
         entry_for_handle = session_entry
         return AgentHandle._create(
             agent=agent, scope=agent_scope, take_failure=lambda: sessions.take_failure(entry_for_handle)
@@ -620,8 +620,8 @@ class AgentRegistry:
         return [e.agent for e in self._entries.values() if e.owner is not None and e.owner.id == agent_id]
 
 
-def _continue_paused(agent: Agent) -> None:
-    """A resumed agent whose last turn ended paused starts its continuation now (docs/approval.rst)."""
-    start = getattr(agent, "continue_paused", None)
+def _resume_pending(agent: Agent) -> None:
+    """A resumed agent starts the work its log left pending now: a paused turn, a followup (docs/inbox.rst)."""
+    start = getattr(agent, "resume_pending", None)
     if callable(start):
         start()
