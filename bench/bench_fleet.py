@@ -159,6 +159,7 @@ async def takeover(dsn: str, schema: str, taker: PooledPostgresStore, sig: signa
             await each(SESSIONS - 1, lambda n: take(n + 1))
         for entry in entries:
             await sessions.detach(entry)
+        assert used is not None
         return {"connections": float(used[0]), "drop": dropped[0], "first": min(taken), "all": max(taken)}
     finally:
         holder.kill()
