@@ -273,6 +273,41 @@ async def test_sandbox_hide_hides_the_path_from_a_sandboxed_command(tmp_path: Pa
     assert re.search(rf"--sandbox --sandbox-hide {re.escape(str(secret))}", err.splitlines()[-1])
 
 
+def test_under_the_sandbox_the_mcp_config_file_is_hidden_too(tmp_path: Path) -> None:
+    from trio_harness import _cli
+
+    args = _cli.build_parser().parse_args(
+        ["run", "hi", "--sandbox", "--sandbox-hide", "/x", "--mcp-config", str(tmp_path / "mcp.json")]
+    )
+    hidden = ("/x", str(tmp_path / "mcp.json"))
+    assert _cli._bash_options(args) == BashRuntimeOptions(sandbox=SandboxPolicy(hidden=hidden))
+    flags = ["--sandbox", "--sandbox-hide", "/x", "--mcp-config", str(tmp_path / "mcp.json")]
+    assert _cli._policy_flags(args) == flags  # hidden again by the continued run's own --mcp-config
+    unsandboxed = _cli.build_parser().parse_args(["run", "hi", "--mcp-config", "mcp.json"])
+    assert _cli._bash_options(unsandboxed) == BashRuntimeOptions()
+
+
+async def test_a_sandboxed_command_and_the_file_tools_cannot_read_the_mcp_config(tmp_path: Path) -> None:
+    import shutil
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed")
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {}}), encoding="utf-8")  # a real one holds tokens
+    read = {"name": "read_file", "arguments": {"path": str(config)}}
+    model = script(tmp_path, [bash(f"cat {config}"), {"tool_calls": [read]}, {"text": "ok"}])
+    result = await piped(
+        tmp_path,
+        *("run", "go", "--model", model, "--store", str(tmp_path / "store"), "--yes"),
+        *("--sandbox", "--mcp-config", str(config), "--tools", "bash,files"),
+    )
+    assert result.returncode == 0, result.stderr
+    err = result.stderr.decode()
+    assert f'[tool] bash {{"command": "cat {config}"}}' in err  # the command ran ...
+    assert "mcpServers" not in err  # ... and neither it nor read_file could read the file
+    assert "is hidden by" in err
+
+
 # ---------------------------------------------------------------- the scripted file's prefix (22.21)
 
 

@@ -407,11 +407,19 @@ async def _with_models(
 
 
 def _bash_options(args: argparse.Namespace) -> BashRuntimeOptions:
-    """The executor settings the flags ask for (``--sandbox``, ``--sandbox-hide``)."""
+    """The executor settings the flags ask for (``--sandbox``, ``--sandbox-hide``).
+
+    Under the sandbox the ``--mcp-config`` file is hidden too (from bash and
+    the file tools): its servers' ``env`` and headers may hold tokens.
+    """
     if not args.sandbox:
         return BashRuntimeOptions()
-    if args.sandbox_hide:
-        return BashRuntimeOptions(sandbox=SandboxPolicy(hidden=tuple(args.sandbox_hide)))
+    hidden = tuple(args.sandbox_hide or ())
+    config = getattr(args, "mcp_config", None)
+    if config is not None:
+        hidden += (os.path.abspath(os.path.expanduser(str(config))),)
+    if hidden:
+        return BashRuntimeOptions(sandbox=SandboxPolicy(hidden=hidden))
     return BashRuntimeOptions(sandbox=SandboxPolicy())
 
 
