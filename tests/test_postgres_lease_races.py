@@ -1,15 +1,25 @@
-"""Races between a pooled worker's takes and the heartbeat's retry of a failed release (session/_pg_pooled.py)."""
+"""Races of a pooled worker's takes (session/_pg_pooled.py): with the heartbeat's retry of a failed release, and
+with the server still committing a take whose connection was lost.
+
+Real cluster; the TCP proxy of tests/_postgres.py loses a connection right after its COMMIT is sent, and a
+deferred constraint trigger holds that COMMIT on the server (a real lock wait).
+"""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+import psycopg
 import pytest
 import trio
-from _postgres import Cluster, admin, postgres_cluster, schema, store
+from _pg_modes import leases_of
+from _postgres import Cluster, admin, postgres_cluster, proxy_for, schema, store
 from test_postgres_store import one_turn, stored_session
 
+from trio_harness import SessionError
 from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry
+from trio_harness.session._pg_schema import _lock_key
 
 __all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
 
@@ -59,3 +69,96 @@ async def test_a_resume_while_the_heartbeat_retries_the_release_waits_for_it_ins
         await sessions.detach(again)
         assert first._unreleased == {}
     assert len((await store.load("s1")).events) == len(again.session.events)
+
+
+# ------------------------------------------------------------------ a take whose connection is lost mid-COMMIT
+
+
+def _commit_gate(superuser: psycopg.Connection[Any], schema: str) -> None:
+    """Hold every COMMIT of a lease change on the server until the gate lock (GATE) is let go.
+
+    A deferred constraint trigger runs inside COMMIT, with the transaction's
+    locks held (the session's advisory lock of a take among them): the COMMIT
+    of a take waits there for the admin's lock, after which it commits.
+    """
+    superuser.execute(
+        f'CREATE FUNCTION "{schema}".commit_gate() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN '
+        f"PERFORM pg_advisory_lock_shared({GATE[0]}, {GATE[1]}); "
+        f"PERFORM pg_advisory_unlock_shared({GATE[0]}, {GATE[1]}); RETURN NULL; END $$"
+    )
+    superuser.execute(
+        f'CREATE CONSTRAINT TRIGGER commit_gate AFTER INSERT OR UPDATE ON "{schema}".leases '
+        f'DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION "{schema}".commit_gate()'
+    )
+
+
+GATE = (4242, 28)  # a two-key advisory lock: never a session's (those have one bigint key)
+
+
+def _waiting_for(superuser: psycopg.Connection[Any], key: int) -> bool:
+    """Whether a server process waits for the advisory lock ``key`` (not granted yet)."""
+    row = superuser.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1 "
+        "AND classid::bigint = %s AND objid::bigint = %s",
+        ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+    ).fetchone()
+    return row is not None and row[0] > 0
+
+
+@pytest.mark.parametrize("take", ["create", "resume"])
+async def test_a_take_whose_connection_is_lost_mid_commit_is_found_and_leaves_no_stray_lease(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, take: str
+) -> None:
+    """The take's COMMIT is held on the server (the lock of the session still held by it) while its connection
+    is lost: the take run again on a new connection waits for it, finds the lease it committed, and takes it."""
+    if take == "resume":
+        await stored_session(store, "s1")
+    superuser = admin(postgres_cluster)
+    try:
+        _commit_gate(superuser, schema)
+        key = _lock_key(schema, "s1")
+        with proxy_for(postgres_cluster) as proxy:
+            pooled = PooledPostgresStore(proxy.dsn(), direct_dsn=postgres_cluster.dsn(), schema=schema)
+            async with pooled:
+                sessions = SessionRegistry(pooled)
+                superuser.execute("SELECT pg_advisory_lock(%s, %s)", GATE)
+                gated = True
+                fired = proxy.drop_after(b"COMMIT")  # the take's: its connection closed once COMMIT is sent
+                outcome: list[Any] = []
+
+                async def open_it() -> None:
+                    try:
+                        if take == "create":
+                            outcome.append(await sessions.prepare_new("s1", cwd="/w"))
+                        else:
+                            outcome.append(await sessions.prepare_resume("s1"))
+                    except SessionError as exc:
+                        outcome.append(exc)
+
+                try:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(open_it)
+                        with trio.fail_after(WITHIN):
+                            while not fired.is_set():
+                                await trio.sleep(0.005)
+                            # The lost take is inside its COMMIT (at the gate), holding the session's lock; the
+                            # take run again waits for that lock (or, refused, has given up already).
+                            while not outcome and not _waiting_for(superuser, key):
+                                await trio.sleep(0.005)
+                        superuser.execute("SELECT pg_advisory_unlock(%s, %s)", GATE)  # the lost COMMIT completes
+                        gated = False
+                finally:
+                    if gated:
+                        superuser.execute("SELECT pg_advisory_unlock(%s, %s)", GATE)
+                (session,) = outcome
+                assert not isinstance(session, BaseException), session
+                entry = sessions.enter(session)
+                one_turn(session, 1)
+                await sessions.detach(entry)
+                assert pooled._unreleased == {}
+                assert leases_of(superuser, schema, pooled.worker_id) == []  # no stray lease of this worker
+        async with PooledPostgresStore(postgres_cluster.dsn(), schema=schema) as other:  # free for another worker
+            others = SessionRegistry(other)
+            await others.detach(others.enter(await others.prepare_resume("s1")))
+    finally:
+        superuser.close()

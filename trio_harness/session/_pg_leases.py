@@ -28,9 +28,10 @@ refused by) the storing transaction, then finds the id stored.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
-from ._pg_schema import _lock_key, _scalar, _Sql
+from ._pg_schema import _lock_key, _psycopg, _scalar, _Sql
 
 if TYPE_CHECKING:
     import psycopg
@@ -63,17 +64,41 @@ def take_statement(s: str) -> str:
 
 
 def take_lease(
-    conn: psycopg.Connection[Any], sql: _Sql, session_id: str, worker_id: str, worker_key: int
+    conn: psycopg.Connection[Any],
+    sql: _Sql,
+    session_id: str,
+    worker_id: str,
+    worker_key: int,
+    *,
+    wait: float | None = None,
 ) -> int | None:
     """(worker thread) The pooled take, one transaction: the lease's new epoch, or None when the session is held.
 
     Held: by a per-session writer (the session's advisory lock; also a
     ``save`` or fork storing the id right now), or by another live pooled worker.
+
+    ``wait`` (seconds): the take run again after its connection was lost.
+    The lost take may still be running on the server (until its COMMIT
+    ends), holding the session's lock: this one waits up to ``wait``
+    seconds for the lock instead of trying it once, so it runs after the
+    lost one and finds its lease (the row names this worker: taken again),
+    never refusing a session that the lost take committed to this worker.
+    A lock still held after ``wait`` seconds is a refusal.
     """
-    with conn.transaction():
-        if not _scalar(conn, "SELECT pg_try_advisory_xact_lock(%s)", (_lock_key(sql.schema, session_id),)):
-            return None
-        row = conn.execute(take_statement(sql.s), (session_id, worker_id, worker_key, worker_id)).fetchone()
+    key = _lock_key(sql.schema, session_id)
+    try:
+        with conn.transaction():
+            if wait is None:
+                if not _scalar(conn, "SELECT pg_try_advisory_xact_lock(%s)", (key,)):
+                    return None
+            else:
+                conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{max(1, math.ceil(wait * 1000))}ms",))
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+            row = conn.execute(take_statement(sql.s), (session_id, worker_id, worker_key, worker_id)).fetchone()
+    except _psycopg().errors.LockNotAvailable:
+        if wait is None:
+            raise
+        return None
     return None if row is None else int(row[0])
 
 

@@ -274,12 +274,19 @@ class PooledPostgresStore(PostgresStore):
     # ------------------------------------------------------------ leases
 
     async def _run_settled(
-        self, what: str, fn: Callable[[psycopg.Connection[Any]], T], settle: Callable[[T], None]
+        self,
+        what: str,
+        fn: Callable[[psycopg.Connection[Any]], T],
+        settle: Callable[[T], None],
+        *,
+        again: Callable[[psycopg.Connection[Any]], T] | None = None,
     ) -> T:
         """``fn(conn)`` (an idempotent transaction) on a pooled connection, bounded by ``write_timeout``.
 
         Run once more on a new connection when the connection was lost (it
-        may have committed: ``fn`` finds its own work done).  A caller
+        may have committed: ``fn`` finds its own work done), as ``again``
+        when given (a variant that knows the lost attempt may still be
+        running on the server).  A caller
         cancelled after ``fn`` completed gets ``settle(result)`` before the
         cancellation, so a commit is never mistaken for a failure.
 
@@ -291,6 +298,7 @@ class PooledPostgresStore(PostgresStore):
         pool = self._require_pool()
         for attempt in (1, 2):
             finished: list[T] = []
+            run = fn if attempt == 1 or again is None else again
 
             def on_settle(value: T, finished: list[T] = finished) -> None:
                 finished.append(value)
@@ -299,7 +307,7 @@ class PooledPostgresStore(PostgresStore):
             async with pool.connection() as conn:
                 try:
                     with trio.move_on_after(self.write_timeout):
-                        return await _call(conn, functools.partial(fn, conn), settle=on_settle)
+                        return await _call(conn, functools.partial(run, conn), settle=on_settle)
                 except pg.Error as exc:
                     if attempt == 1 and (conn.broken or conn.closed):
                         log.warning("cannot %s yet: the connection was lost (%s); trying again", what, exc)
@@ -321,6 +329,12 @@ class PooledPostgresStore(PostgresStore):
         A take cancelled after it committed (or whose outcome is unknown)
         gives the lease back: a lease of this worker that no writer holds
         would keep the session from every other worker while this one lives.
+        A take whose connection was lost (maybe during its COMMIT) runs again
+        on a new connection, waiting for the session's lock, which the lost
+        take holds until it ends on the server (:func:`take_lease`'s
+        ``wait``): a lost take that committed is then found (the lease names
+        this worker, no writer of this process holds it) and taken again, one
+        that did not is redone; never refused because of itself.
         """
         taken: list[int] = []
 
@@ -328,11 +342,13 @@ class PooledPostgresStore(PostgresStore):
             if epoch is not None:
                 taken.append(epoch)
 
+        sql, worker_id, worker_key = self._sql, self.worker_id, self.worker_key
         try:
             epoch = await self._run_settled(
                 f"take session {session_id!r}",
-                lambda conn: take_lease(conn, self._sql, session_id, self.worker_id, self.worker_key),
+                lambda conn: take_lease(conn, sql, session_id, worker_id, worker_key),
                 settle,
+                again=lambda conn: take_lease(conn, sql, session_id, worker_id, worker_key, wait=self.write_timeout / 2),
             )
         except BaseException:
             with trio.CancelScope(shield=True):
