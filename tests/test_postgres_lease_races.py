@@ -162,3 +162,59 @@ async def test_a_take_whose_connection_is_lost_mid_commit_is_found_and_leaves_no
             await others.detach(others.enter(await others.prepare_resume("s1")))
     finally:
         superuser.close()
+
+
+# ------------------------------------------------------------------ the same store opened again
+
+
+def _lock_gone(superuser: psycopg.Connection[Any], key: int) -> bool:
+    row = superuser.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
+        "AND classid::bigint = %s AND objid::bigint = %s",
+        ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+    ).fetchone()
+    return row == (0,)
+
+
+async def test_a_lease_left_unreleased_stays_free_when_the_same_store_opens_again(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lease whose release failed is free once the store closes (its liveness lock gone); the store opened
+    again is a new worker (a new worker_id), so the lease does not come back to life under its new lock."""
+    await stored_session(store, "s1")
+    # No heartbeat within the test: nothing retries the failed release meanwhile.
+    pooled = PooledPostgresStore(
+        postgres_cluster.dsn(), schema=schema, release_timeout=0.5, heartbeat=3600, idle_session_timeout=None
+    )
+    superuser = admin(postgres_cluster)
+    try:
+        async with pooled:
+            first_id, first_key = pooled.worker_id, pooled.worker_key
+            sessions = SessionRegistry(pooled)
+            entry = sessions.enter(await sessions.prepare_resume("s1"))
+            superuser.execute("BEGIN")
+            superuser.execute(f"LOCK TABLE {schema}.leases IN EXCLUSIVE MODE")  # the release waits, then gives up
+            with caplog.at_level(logging.WARNING, logger="trio_harness.session.postgres"):
+                await sessions.detach(entry)
+            assert "releasing its lease failed" in caplog.text
+            assert set(pooled._unreleased) == {"s1"}
+        superuser.execute("COMMIT")
+        assert leases_of(superuser, schema, first_id) == ["s1"]  # left behind, free: its worker's lock is gone
+        with trio.fail_after(WITHIN):
+            while not _lock_gone(superuser, first_key):  # the server ends the closed liveness connection
+                await trio.sleep(0.01)
+        async with pooled:
+            assert pooled.worker_id != first_id and pooled.worker_key != first_key
+            assert pooled._unreleased == {}
+            # Another worker takes the session at once (lock_timeout 0: no waiting for a release).
+            async with PooledPostgresStore(postgres_cluster.dsn(), schema=schema) as other:
+                others = SessionRegistry(other)
+                await others.detach(others.enter(await others.prepare_resume("s1")))
+            # And so does this one, as the new worker it is.
+            again = sessions.enter(await sessions.prepare_resume("s1"))
+            await sessions.detach(again)
+            assert leases_of(superuser, schema, pooled.worker_id) == []
+    finally:
+        if superuser.info.transaction_status != 0:
+            superuser.execute("COMMIT")
+        superuser.close()

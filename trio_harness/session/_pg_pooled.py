@@ -106,7 +106,11 @@ class PooledPostgresStore(PostgresStore):
 
     direct_dsn: str | None = attrs.field(default=None, kw_only=True)
     worker_id: str = attrs.field(factory=lambda: uuid.uuid4().hex, init=False)
-    """This worker's random id, named by the leases of the sessions it holds."""
+    """This worker's random id, named by the leases of the sessions it holds: a new one every time the store opens.
+
+    A lease the worker could not release (see ``release_timeout``) is free
+    once its liveness lock is gone, when the store closes; opened again, the
+    store is a new worker, so such a lease never comes back to life."""
     _live: psycopg.Connection[Any] | None = attrs.field(default=None, init=False)
     # The server process of the liveness connection (holding the lock), checked by every heartbeat.
     _live_pid: int = attrs.field(default=0, init=False)
@@ -178,6 +182,10 @@ class PooledPostgresStore(PostgresStore):
                         self._live = None
 
     async def _start_liveness(self) -> None:
+        # A new worker for every opening: the leases a closed opening left unreleased name its id, whose liveness
+        # lock went with it (they are free), and must stay free: with the same id they would be live again.
+        self.worker_id = uuid.uuid4().hex
+        self._unreleased.clear()
         # The leases table is the migration's (version 3): a schema ``check()`` did not upgrade is refused, naming it.
         await self._run("check the session tables", self._tables.check_version, retry=True)
         self._live = await self._lock_liveness()
@@ -334,7 +342,9 @@ class PooledPostgresStore(PostgresStore):
         take holds until it ends on the server (:func:`take_lease`'s
         ``wait``): a lost take that committed is then found (the lease names
         this worker, no writer of this process holds it) and taken again, one
-        that did not is redone; never refused because of itself.
+        that did not is redone; never refused because of itself.  Refused
+        after that wait, the session is left to the heartbeat's releases
+        (:meth:`_retry_releases`), in case the lost take commits later still.
         """
         taken: list[int] = []
 
@@ -343,12 +353,18 @@ class PooledPostgresStore(PostgresStore):
                 taken.append(epoch)
 
         sql, worker_id, worker_key = self._sql, self.worker_id, self.worker_key
+        rerun: list[bool] = []
+
+        def again(conn: psycopg.Connection[Any]) -> int | None:
+            rerun.append(True)
+            return take_lease(conn, sql, session_id, worker_id, worker_key, wait=self.write_timeout / 2)
+
         try:
             epoch = await self._run_settled(
                 f"take session {session_id!r}",
                 lambda conn: take_lease(conn, sql, session_id, worker_id, worker_key),
                 settle,
-                again=lambda conn: take_lease(conn, sql, session_id, worker_id, worker_key, wait=self.write_timeout / 2),
+                again=again,
             )
         except BaseException:
             with trio.CancelScope(shield=True):
@@ -356,6 +372,10 @@ class PooledPostgresStore(PostgresStore):
             raise
         if epoch is not None:
             self._unreleased.pop(session_id, None)  # a lease of ours left unreleased: taken again
+        elif rerun and session_id not in self._unreleased:
+            # Refused after waiting write_timeout / 2 for the lock: were the lost take still running (its server
+            # process frozen) and to commit, its lease would be ours with no writer; the heartbeat releases it.
+            self._unreleased[session_id] = None
         return epoch
 
     async def _release_lease(self, session_id: str, epoch: int | None) -> None:
