@@ -58,6 +58,32 @@ class _Tainted(Exception):
     """A connection about to take a session's lock already holds an advisory lock (it must not lock re-entrantly)."""
 
 
+# Connections in a row a take may find holding advisory locks already (tainted) before it fails.  A
+# connection of its own (a new server session) holds none, so finding it again means the connections
+# share their server sessions: a transaction-pooling proxy.  Past the take's deadline the second one fails it.
+_TAINTED_LIMIT = 3
+
+
+def _check_tainted(store: _WriterStore, session_id: str, tainted: int, deadline: float) -> None:
+    """Fail a take that met ``tainted`` connections in a row already holding advisory locks, once too many.
+
+    Raises:
+        SessionStoreError: ``_TAINTED_LIMIT`` of them, or two once ``deadline`` passed; naming the likely cause.
+    """
+    if tainted < _TAINTED_LIMIT and (tainted < 2 or trio.current_time() < deadline):
+        return
+    raise SessionStoreError(
+        f"cannot take the lock of session {session_id!r} in {store.location}: {tainted} connections in a row "
+        "reached a server session already holding advisory locks it did not take; the per-session mode keeps "
+        "each session's lock on a connection of its own (session state), so it cannot run behind a "
+        "transaction-pooling proxy (such as PgBouncer with pool_mode = transaction), which shares server "
+        "sessions among its clients: connect it to the server or to a session-pooling proxy, or use "
+        "PooledPostgresStore (whose shared pool may go through a transaction pooler)",
+        path=store.location,
+        session_id=session_id,
+    )
+
+
 def _try_lock(conn: psycopg.Connection[Any], key: int, sql: _Sql, session_id: str) -> bool:
     """(worker thread) Take the session-level advisory lock ``key`` of ``session_id`` if it is free.
 
@@ -141,12 +167,15 @@ async def claim_new(store: _WriterStore, session_id: str) -> psycopg.Connection[
     conn = await store._take_writer_connection()
     key, sql, pg = _lock_key(store.schema, session_id), store._sql, _psycopg()
     locked = False
+    tainted, deadline = 0, trio.current_time() + _RETAKE_WAIT
     try:
         while True:
             try:
                 locked = await _call(conn, functools.partial(_try_lock, conn, key, sql, session_id))
             except _Tainted:
                 conn.close()
+                tainted += 1
+                _check_tainted(store, session_id, tainted, deadline)
                 conn = await store._connect()
                 continue
             except BaseException as exc:
@@ -390,6 +419,7 @@ class _PgWriter:
         maybe_committed = self._create_doubt
         previous, deadline = self._pid, trio.current_time() + _RETAKE_WAIT
         attempts = 0  # connections lost
+        tainted = 0  # connections in a row found holding advisory locks already
         fresh = False
         while True:
             if self._conn is None:
@@ -401,9 +431,11 @@ class _PgWriter:
                 if not self._held:
                     if not _try_lock(conn, key, sql, header.id):
                         holder = _lock_holder(conn, key)
-                        if holder is None and lease_held(conn, sql, header.id):
-                            return "locked", -1  # a pooled worker holds its lease (session/_pg_leases.py): foreign
-                        return "locked", holder or 0  # (found: the lock's holder)
+                        if holder is None:
+                            if lease_held(conn, sql, header.id):
+                                return "locked", -1  # a pooled worker holds its lease (session/_pg_leases.py)
+                            return "free", 0  # the lock went free since the try: try again
+                        return "locked", holder  # (found: the lock's holder)
                     self._held, self._pid = True, conn.info.backend_pid
                     store._configure_writer(conn)
                 with conn.transaction():
@@ -427,6 +459,8 @@ class _PgWriter:
             except _Tainted:
                 self._create_doubt = maybe_committed
                 self._drop_connection()
+                tainted += 1
+                _check_tainted(store, header.id, tainted, deadline)
                 continue
             except pg.Error as exc:
                 if not (conn.broken or conn.closed):
@@ -446,10 +480,15 @@ class _PgWriter:
                 elif self._header_line is not None:
                     self._create_doubt = maybe_committed  # cancelled and rolled back
                 raise
-            if outcome == "locked" and maybe_committed and found in (0, previous):
-                # The lost connection may hold the lock still, until the server notices it is gone.
+            tainted = 0
+            if outcome == "free" or (outcome == "locked" and maybe_committed and found == previous):
+                # The lock went free between the try and the look-up of its holder, or the lost connection
+                # may hold it still, until the server notices it is gone: try again.
                 self._create_doubt = maybe_committed
                 await self._release_connection()
+                if trio.current_time() >= deadline and not maybe_committed:
+                    outcome = "locked"  # freed and taken again by others all along: refused
+                    break
                 if trio.current_time() >= deadline:
                     raise SessionStoreError(
                         f"session {header.id!r} cannot be stored in {store.location} yet: its lock is still held "
@@ -600,8 +639,9 @@ class _PgWriter:
         ours = sorted({*self._acks, *self._unsynced_acks})
         previous = self._pid
         deadline = trio.current_time() + _RETAKE_WAIT
+        tainted = 0  # connections in a row found holding advisory locks already
         while True:
-            conn = await store._take_writer_connection()
+            conn = await store._take_writer_connection() if tainted == 0 else await store._connect()
 
             def work(conn: psycopg.Connection[Any] = conn) -> tuple[str, int, set[int]]:
                 if not _try_lock(conn, key, sql, sid):
@@ -638,12 +678,15 @@ class _PgWriter:
                 outcome, count, present = await self._timed(conn, work)
             except _Tainted:
                 conn.close()
+                tainted += 1
+                _check_tainted(store, sid, tainted, deadline)
                 continue
             except BaseException:
                 # Cancelled or failed while taking the lock: whether it holds the
                 # lock is unknown, so the connection is closed (never pooled).
                 conn.close()
                 raise
+            tainted = 0
             if outcome != "previous":
                 break
             store._pool_give_back(conn)
