@@ -24,6 +24,9 @@ take the same lock at transaction level and check the lease the same way, in
 the transaction that stores the id: an id a pooled worker is creating (its
 lease held, nothing stored yet) is refused, and a pooled take waits for (or is
 refused by) the storing transaction, then finds the id stored.
+
+The per-session take itself (:func:`_try_lock`) is here too, with its refusal
+of a connection that holds advisory locks already (:func:`_check_tainted`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+import trio
+
+from .._errors import SessionStoreError
 from ._pg_schema import _lock_key, _psycopg, _scalar, _Sql
 
 if TYPE_CHECKING:
@@ -159,3 +165,68 @@ def claim_new_id(conn: psycopg.Connection[Any], sql: _Sql, session_id: str) -> b
     if not _scalar(conn, "SELECT pg_try_advisory_xact_lock(%s)", (_lock_key(sql.schema, session_id),)):
         return False
     return not fence_lease(conn, sql, session_id)
+
+
+# ---------------------------------------------------------------- the per-session take
+
+
+class _Tainted(Exception):
+    """A connection about to take a session's lock already holds an advisory lock (it must not lock re-entrantly)."""
+
+
+# Connections in a row a take may find holding advisory locks already (tainted) before it fails.  A
+# connection of its own (a new server session) holds none, so finding it again means the connections
+# share their server sessions: a transaction-pooling proxy.  Past the take's deadline the second one fails it.
+_TAINTED_LIMIT = 3
+
+
+def _check_tainted(location: str, session_id: str, tainted: int, deadline: float) -> None:
+    """Fail a take that met ``tainted`` connections in a row already holding advisory locks, once too many.
+
+    Raises:
+        SessionStoreError: ``_TAINTED_LIMIT`` of them, or two once ``deadline`` passed; naming the likely cause.
+    """
+    if tainted < _TAINTED_LIMIT and (tainted < 2 or trio.current_time() < deadline):
+        return
+    raise SessionStoreError(
+        f"cannot take the lock of session {session_id!r} in {location}: {tainted} connections in a row "
+        "reached a server session already holding advisory locks it did not take; the per-session mode keeps "
+        "each session's lock on a connection of its own (session state), so it cannot run behind a "
+        "transaction-pooling proxy (such as PgBouncer with pool_mode = transaction), which shares server "
+        "sessions among its clients: connect it to the server or to a session-pooling proxy, or use "
+        "PooledPostgresStore (whose shared pool may go through a transaction pooler)",
+        path=location,
+        session_id=session_id,
+    )
+
+
+def _try_lock(conn: psycopg.Connection[Any], key: int, sql: _Sql, session_id: str) -> bool:
+    """(worker thread) Take the session-level advisory lock ``key`` of ``session_id`` if it is free.
+
+    Advisory locks are re-entrant within a connection, so a connection that
+    holds any already would "take" a session it holds and keep it after one
+    unlock: it is refused with :exc:`_Tainted` (the caller closes it).  A
+    session whose lease a live pooled worker holds is refused too (the lock
+    given back), and a free lease fenced (:func:`._pg_leases.fence_lease`).
+    """
+    row = conn.execute(
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) "
+        "THEN NULL ELSE pg_try_advisory_lock(%s) END",
+        (key,),
+    ).fetchone()
+    if row is None or row[0] is None:
+        raise _Tainted
+    if row[0] and fence_lease(conn, sql, session_id):
+        conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        return False
+    return bool(row[0])
+
+
+def _lock_holder(conn: psycopg.Connection[Any], key: int) -> int | None:
+    """(worker thread) The server process holding the session-level advisory lock ``key``; None if it is free."""
+    row = conn.execute(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+        "AND classid::bigint = %s AND objid::bigint = %s",
+        ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+    ).fetchone()
+    return None if row is None else int(row[0])
