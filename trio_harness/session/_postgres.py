@@ -637,7 +637,7 @@ class PostgresStore:
         deadline = trio.current_time() + self.lock_timeout
         delay = 0.005
         locked = False
-        tainted = 0  # connections in a row found holding advisory locks already
+        tainted = 0  # connections found holding advisory locks already (session/_pg_leases.py)
         try:
             while True:
                 try:
