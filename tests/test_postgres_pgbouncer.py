@@ -312,3 +312,28 @@ async def test_a_direct_url_that_cannot_connect_fails_the_opening_naming_it(
         async with pooled:
             pass
     assert "dbname=no_such_db" in str(caught.value) or "/no_such_db" in str(caught.value)
+
+
+# ------------------------------------------------------------------ the per-session mode behind a transaction pooler
+
+
+async def test_the_per_session_mode_behind_a_transaction_pooler_fails_in_bounded_time_naming_it(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
+) -> None:
+    """A session's lock stays on PgBouncer's one server connection, which every other client then reaches:
+    a resume (or a claim) finds each new connection holding advisory locks already, and fails saying why
+    (it used to take new connections forever)."""
+    await stored_session(store, "s1")
+    await stored_session(store, "s2")
+    with pgbouncer_for(postgres_cluster, pool_mode="transaction", pool_size=1) as bouncer:
+        async with PostgresStore(bouncer.dsn(), schema=schema) as bounced:
+            sessions = SessionRegistry(bounced)
+            with trio.fail_after(60):  # bounded: a few connections, not a deadline of the store
+                entry = sessions.enter(await sessions.prepare_resume("s1"))  # its lock on the server connection
+                with pytest.raises(SessionStoreError, match="transaction-pooling proxy") as resumed:
+                    await sessions.prepare_resume("s2")
+                with pytest.raises(SessionStoreError, match="transaction-pooling proxy"):
+                    await sessions.prepare_new("s3", cwd="/w")
+                await sessions.detach(entry)
+    assert "pool_mode = transaction" in str(resumed.value) and "'s2'" in str(resumed.value)
+    assert "PooledPostgresStore" in str(resumed.value)

@@ -39,7 +39,8 @@ from _postgres import (
 from _util import WAIT
 
 from trio_harness import SessionStoreError
-from trio_harness.session import PostgresStore, SessionEntry, SessionRegistry
+from trio_harness.session import PostgresStore, SessionEntry, SessionRegistry, _pg_leases, _pg_writer
+from trio_harness.session._pg_schema import _lock_key
 from trio_harness.session._pg_writer import _PgWriter
 
 __all__ = ["own_cluster", "postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
@@ -373,3 +374,45 @@ async def test_a_retake_cancelled_anywhere_leaves_the_next_flush_storing_each_ev
         one_turn(entry.session, 4)
         await entry.session.flush()
     assert (await store.load("s1")).events == tuple(entry.session.events)
+
+
+def connection_of(writer: _PgWriter) -> Any:
+    return writer._conn
+
+
+async def test_a_first_flush_whose_lock_goes_free_before_its_holder_is_looked_up_tries_again(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim's connection is lost (the heartbeat drops it); the first flush takes the lock again, finds it
+    held, and by the time it looks the holder up the lock is free: it tries again (it used to refuse the id)."""
+    persistence = PostgresStore(postgres_cluster.dsn(), schema=schema, heartbeat=0.05)
+    superuser = admin(postgres_cluster)
+    try:
+        async with persistence:
+            sessions = SessionRegistry(persistence)
+            entry = sessions.enter(await sessions.prepare_new("s1"))
+            writer = writer_of(entry)
+            assert writer._conn is not None
+            superuser.execute("SELECT pg_terminate_backend(%s, 5000)", (writer._conn.info.backend_pid,))
+            with trio.fail_after(WAIT):
+                while connection_of(writer) is not None:  # the heartbeat found the claim's connection lost
+                    await trio.sleep(0.01)
+            key = _lock_key(schema, "s1")
+            superuser.execute("SELECT pg_advisory_lock(%s)", (key,))  # someone holds it for a moment
+            real_holder = _pg_leases._lock_holder
+            looked_up: list[int | None] = []
+
+            def holder_after_it_went_free(conn: Any, lock: int) -> int | None:
+                if not looked_up:
+                    superuser.execute("SELECT pg_advisory_unlock(%s)", (lock,))  # between the try and the look-up
+                looked_up.append(real_holder(conn, lock))
+                return looked_up[-1]
+
+            monkeypatch.setattr(_pg_writer, "_lock_holder", holder_after_it_went_free)  # as _create calls it
+            one_turn(entry.session, 1)
+            await entry.session.flush()
+            assert looked_up[0] is None  # the race happened: the try was refused, the look-up found no holder
+            await sessions.detach(entry)
+        assert (await store.load("s1")).events == tuple(entry.session.events)
+    finally:
+        superuser.close()

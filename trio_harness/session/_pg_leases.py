@@ -24,13 +24,20 @@ take the same lock at transaction level and check the lease the same way, in
 the transaction that stores the id: an id a pooled worker is creating (its
 lease held, nothing stored yet) is refused, and a pooled take waits for (or is
 refused by) the storing transaction, then finds the id stored.
+
+The per-session take itself (:func:`_try_lock`) is here too, with its refusal
+of a connection that holds advisory locks already (:func:`_check_tainted`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
-from ._pg_schema import _lock_key, _scalar, _Sql
+import trio
+
+from .._errors import SessionStoreError
+from ._pg_schema import _lock_key, _psycopg, _scalar, _Sql
 
 if TYPE_CHECKING:
     import psycopg
@@ -63,17 +70,41 @@ def take_statement(s: str) -> str:
 
 
 def take_lease(
-    conn: psycopg.Connection[Any], sql: _Sql, session_id: str, worker_id: str, worker_key: int
+    conn: psycopg.Connection[Any],
+    sql: _Sql,
+    session_id: str,
+    worker_id: str,
+    worker_key: int,
+    *,
+    wait: float | None = None,
 ) -> int | None:
     """(worker thread) The pooled take, one transaction: the lease's new epoch, or None when the session is held.
 
     Held: by a per-session writer (the session's advisory lock; also a
     ``save`` or fork storing the id right now), or by another live pooled worker.
+
+    ``wait`` (seconds): the take run again after its connection was lost.
+    The lost take may still be running on the server (until its COMMIT
+    ends), holding the session's lock: this one waits up to ``wait``
+    seconds for the lock instead of trying it once, so it runs after the
+    lost one and finds its lease (the row names this worker: taken again),
+    never refusing a session that the lost take committed to this worker.
+    A lock still held after ``wait`` seconds is a refusal.
     """
-    with conn.transaction():
-        if not _scalar(conn, "SELECT pg_try_advisory_xact_lock(%s)", (_lock_key(sql.schema, session_id),)):
-            return None
-        row = conn.execute(take_statement(sql.s), (session_id, worker_id, worker_key, worker_id)).fetchone()
+    key = _lock_key(sql.schema, session_id)
+    try:
+        with conn.transaction():
+            if wait is None:
+                if not _scalar(conn, "SELECT pg_try_advisory_xact_lock(%s)", (key,)):
+                    return None
+            else:
+                conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{max(1, math.ceil(wait * 1000))}ms",))
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+            row = conn.execute(take_statement(sql.s), (session_id, worker_id, worker_key, worker_id)).fetchone()
+    except _psycopg().errors.LockNotAvailable:
+        if wait is None:
+            raise
+        return None
     return None if row is None else int(row[0])
 
 
@@ -134,3 +165,68 @@ def claim_new_id(conn: psycopg.Connection[Any], sql: _Sql, session_id: str) -> b
     if not _scalar(conn, "SELECT pg_try_advisory_xact_lock(%s)", (_lock_key(sql.schema, session_id),)):
         return False
     return not fence_lease(conn, sql, session_id)
+
+
+# ---------------------------------------------------------------- the per-session take
+
+
+class _Tainted(Exception):
+    """A connection about to take a session's lock already holds an advisory lock (it must not lock re-entrantly)."""
+
+
+# Connections in a row a take may find holding advisory locks already (tainted) before it fails.  A
+# connection of its own (a new server session) holds none, so finding it again means the connections
+# share their server sessions: a transaction-pooling proxy.  Past the take's deadline the second one fails it.
+_TAINTED_LIMIT = 3
+
+
+def _check_tainted(location: str, session_id: str, tainted: int, deadline: float) -> None:
+    """Fail a take that met ``tainted`` connections in a row already holding advisory locks, once too many.
+
+    Raises:
+        SessionStoreError: ``_TAINTED_LIMIT`` of them, or two once ``deadline`` passed; naming the likely cause.
+    """
+    if tainted < _TAINTED_LIMIT and (tainted < 2 or trio.current_time() < deadline):
+        return
+    raise SessionStoreError(
+        f"cannot take the lock of session {session_id!r} in {location}: {tainted} connections in a row "
+        "reached a server session already holding advisory locks it did not take; the per-session mode keeps "
+        "each session's lock on a connection of its own (session state), so it cannot run behind a "
+        "transaction-pooling proxy (such as PgBouncer with pool_mode = transaction), which shares server "
+        "sessions among its clients: connect it to the server or to a session-pooling proxy, or use "
+        "PooledPostgresStore (whose shared pool may go through a transaction pooler)",
+        path=location,
+        session_id=session_id,
+    )
+
+
+def _try_lock(conn: psycopg.Connection[Any], key: int, sql: _Sql, session_id: str) -> bool:
+    """(worker thread) Take the session-level advisory lock ``key`` of ``session_id`` if it is free.
+
+    Advisory locks are re-entrant within a connection, so a connection that
+    holds any already would "take" a session it holds and keep it after one
+    unlock: it is refused with :exc:`_Tainted` (the caller closes it).  A
+    session whose lease a live pooled worker holds is refused too (the lock
+    given back), and a free lease fenced (:func:`._pg_leases.fence_lease`).
+    """
+    row = conn.execute(
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) "
+        "THEN NULL ELSE pg_try_advisory_lock(%s) END",
+        (key,),
+    ).fetchone()
+    if row is None or row[0] is None:
+        raise _Tainted
+    if row[0] and fence_lease(conn, sql, session_id):
+        conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        return False
+    return bool(row[0])
+
+
+def _lock_holder(conn: psycopg.Connection[Any], key: int) -> int | None:
+    """(worker thread) The server process holding the session-level advisory lock ``key``; None if it is free."""
+    row = conn.execute(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+        "AND classid::bigint = %s AND objid::bigint = %s",
+        ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+    ).fetchone()
+    return None if row is None else int(row[0])

@@ -106,7 +106,11 @@ class PooledPostgresStore(PostgresStore):
 
     direct_dsn: str | None = attrs.field(default=None, kw_only=True)
     worker_id: str = attrs.field(factory=lambda: uuid.uuid4().hex, init=False)
-    """This worker's random id, named by the leases of the sessions it holds."""
+    """This worker's random id, named by the leases of the sessions it holds: a new one every time the store opens.
+
+    A lease the worker could not release (see ``release_timeout``) is free
+    once its liveness lock is gone, when the store closes; opened again, the
+    store is a new worker, so such a lease never comes back to life."""
     _live: psycopg.Connection[Any] | None = attrs.field(default=None, init=False)
     # The server process of the liveness connection (holding the lock), checked by every heartbeat.
     _live_pid: int = attrs.field(default=0, init=False)
@@ -178,6 +182,10 @@ class PooledPostgresStore(PostgresStore):
                         self._live = None
 
     async def _start_liveness(self) -> None:
+        # A new worker for every opening: the leases a closed opening left unreleased name its id, whose liveness
+        # lock went with it (they are free), and must stay free: with the same id they would be live again.
+        self.worker_id = uuid.uuid4().hex
+        self._unreleased.clear()
         # The leases table is the migration's (version 3): a schema ``check()`` did not upgrade is refused, naming it.
         await self._run("check the session tables", self._tables.check_version, retry=True)
         self._live = await self._lock_liveness()
@@ -274,12 +282,19 @@ class PooledPostgresStore(PostgresStore):
     # ------------------------------------------------------------ leases
 
     async def _run_settled(
-        self, what: str, fn: Callable[[psycopg.Connection[Any]], T], settle: Callable[[T], None]
+        self,
+        what: str,
+        fn: Callable[[psycopg.Connection[Any]], T],
+        settle: Callable[[T], None],
+        *,
+        again: Callable[[psycopg.Connection[Any]], T] | None = None,
     ) -> T:
         """``fn(conn)`` (an idempotent transaction) on a pooled connection, bounded by ``write_timeout``.
 
         Run once more on a new connection when the connection was lost (it
-        may have committed: ``fn`` finds its own work done).  A caller
+        may have committed: ``fn`` finds its own work done), as ``again``
+        when given (a variant that knows the lost attempt may still be
+        running on the server).  A caller
         cancelled after ``fn`` completed gets ``settle(result)`` before the
         cancellation, so a commit is never mistaken for a failure.
 
@@ -291,6 +306,7 @@ class PooledPostgresStore(PostgresStore):
         pool = self._require_pool()
         for attempt in (1, 2):
             finished: list[T] = []
+            run = fn if attempt == 1 or again is None else again
 
             def on_settle(value: T, finished: list[T] = finished) -> None:
                 finished.append(value)
@@ -299,7 +315,7 @@ class PooledPostgresStore(PostgresStore):
             async with pool.connection() as conn:
                 try:
                     with trio.move_on_after(self.write_timeout):
-                        return await _call(conn, functools.partial(fn, conn), settle=on_settle)
+                        return await _call(conn, functools.partial(run, conn), settle=on_settle)
                 except pg.Error as exc:
                     if attempt == 1 and (conn.broken or conn.closed):
                         log.warning("cannot %s yet: the connection was lost (%s); trying again", what, exc)
@@ -321,6 +337,14 @@ class PooledPostgresStore(PostgresStore):
         A take cancelled after it committed (or whose outcome is unknown)
         gives the lease back: a lease of this worker that no writer holds
         would keep the session from every other worker while this one lives.
+        A take whose connection was lost (maybe during its COMMIT) runs again
+        on a new connection, waiting for the session's lock, which the lost
+        take holds until it ends on the server (:func:`take_lease`'s
+        ``wait``): a lost take that committed is then found (the lease names
+        this worker, no writer of this process holds it) and taken again, one
+        that did not is redone; never refused because of itself.  Refused
+        after that wait, the session is left to the heartbeat's releases
+        (:meth:`_retry_releases`), in case the lost take commits later still.
         """
         taken: list[int] = []
 
@@ -328,11 +352,19 @@ class PooledPostgresStore(PostgresStore):
             if epoch is not None:
                 taken.append(epoch)
 
+        sql, worker_id, worker_key = self._sql, self.worker_id, self.worker_key
+        rerun: list[bool] = []
+
+        def again(conn: psycopg.Connection[Any]) -> int | None:
+            rerun.append(True)
+            return take_lease(conn, sql, session_id, worker_id, worker_key, wait=self.write_timeout / 2)
+
         try:
             epoch = await self._run_settled(
                 f"take session {session_id!r}",
-                lambda conn: take_lease(conn, self._sql, session_id, self.worker_id, self.worker_key),
+                lambda conn: take_lease(conn, sql, session_id, worker_id, worker_key),
                 settle,
+                again=again,
             )
         except BaseException:
             with trio.CancelScope(shield=True):
@@ -340,6 +372,10 @@ class PooledPostgresStore(PostgresStore):
             raise
         if epoch is not None:
             self._unreleased.pop(session_id, None)  # a lease of ours left unreleased: taken again
+        elif rerun and session_id not in self._unreleased:
+            # Refused after waiting write_timeout / 2 for the lock: were the lost take still running (its server
+            # process frozen) and to commit, its lease would be ours with no writer; the heartbeat releases it.
+            self._unreleased[session_id] = None
         return epoch
 
     async def _release_lease(self, session_id: str, epoch: int | None) -> None:

@@ -39,7 +39,7 @@ from .._errors import EventDecodeError, SessionError, SessionExistsError, Sessio
 from ._blobs import IMAGE_EVENTS, externalize, insert_blobs
 from ._codec import decode_inbox_message, encode_event
 from ._events import Event, InboxMessage, SessionHeader
-from ._pg_leases import fence_lease, lease_held
+from ._pg_leases import _check_tainted, _lock_holder, _Tainted, _try_lock, lease_held
 from ._pg_mail import mail_loop
 from ._pg_schema import _lock_key, _psycopg, _scalar, _Sql
 from ._pg_threads import _call, _execute
@@ -52,42 +52,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("trio_harness.session.postgres")
 
 T = TypeVar("T")
-
-
-class _Tainted(Exception):
-    """A connection about to take a session's lock already holds an advisory lock (it must not lock re-entrantly)."""
-
-
-def _try_lock(conn: psycopg.Connection[Any], key: int, sql: _Sql, session_id: str) -> bool:
-    """(worker thread) Take the session-level advisory lock ``key`` of ``session_id`` if it is free.
-
-    Advisory locks are re-entrant within a connection, so a connection that
-    holds any already would "take" a session it holds and keep it after one
-    unlock: it is refused with :exc:`_Tainted` (the caller closes it).  A
-    session whose lease a live pooled worker holds is refused too (the lock
-    given back), and a free lease fenced (:func:`._pg_leases.fence_lease`).
-    """
-    row = conn.execute(
-        "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) "
-        "THEN NULL ELSE pg_try_advisory_lock(%s) END",
-        (key,),
-    ).fetchone()
-    if row is None or row[0] is None:
-        raise _Tainted
-    if row[0] and fence_lease(conn, sql, session_id):
-        conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
-        return False
-    return bool(row[0])
-
-
-def _lock_holder(conn: psycopg.Connection[Any], key: int) -> int | None:
-    """(worker thread) The server process holding the session-level advisory lock ``key``; None if it is free."""
-    row = conn.execute(
-        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
-        "AND classid::bigint = %s AND objid::bigint = %s",
-        ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
-    ).fetchone()
-    return None if row is None else int(row[0])
 
 
 class _MailTaken(Exception):
@@ -141,12 +105,15 @@ async def claim_new(store: _WriterStore, session_id: str) -> psycopg.Connection[
     conn = await store._take_writer_connection()
     key, sql, pg = _lock_key(store.schema, session_id), store._sql, _psycopg()
     locked = False
+    tainted, deadline = 0, trio.current_time() + _RETAKE_WAIT
     try:
         while True:
             try:
                 locked = await _call(conn, functools.partial(_try_lock, conn, key, sql, session_id))
             except _Tainted:
                 conn.close()
+                tainted += 1
+                _check_tainted(store.location, session_id, tainted, deadline)
                 conn = await store._connect()
                 continue
             except BaseException as exc:
@@ -392,6 +359,7 @@ class _PgWriter:
         maybe_committed = self._create_doubt
         previous, deadline = self._pid, trio.current_time() + _RETAKE_WAIT
         attempts = 0  # connections lost
+        tainted = 0  # connections in a row found holding advisory locks already
         fresh = False
         while True:
             if self._conn is None:
@@ -403,9 +371,11 @@ class _PgWriter:
                 if not self._held:
                     if not _try_lock(conn, key, sql, header.id):
                         holder = _lock_holder(conn, key)
-                        if holder is None and lease_held(conn, sql, header.id):
-                            return "locked", -1  # a pooled worker holds its lease (session/_pg_leases.py): foreign
-                        return "locked", holder or 0  # (found: the lock's holder)
+                        if holder is None:
+                            if lease_held(conn, sql, header.id):
+                                return "locked", -1  # a pooled worker holds its lease (session/_pg_leases.py)
+                            return "free", 0  # the lock went free since the try: try again
+                        return "locked", holder  # (found: the lock's holder)
                     self._held, self._pid = True, conn.info.backend_pid
                     store._configure_writer(conn)
                 with conn.transaction():
@@ -429,6 +399,8 @@ class _PgWriter:
             except _Tainted:
                 self._create_doubt = maybe_committed
                 self._drop_connection()
+                tainted += 1
+                _check_tainted(store.location, header.id, tainted, deadline)
                 continue
             except pg.Error as exc:
                 if not (conn.broken or conn.closed):
@@ -448,10 +420,15 @@ class _PgWriter:
                 elif self._header_line is not None:
                     self._create_doubt = maybe_committed  # cancelled and rolled back
                 raise
-            if outcome == "locked" and maybe_committed and found in (0, previous):
-                # The lost connection may hold the lock still, until the server notices it is gone.
+            tainted = 0
+            if outcome == "free" or (outcome == "locked" and maybe_committed and found == previous):
+                # The lock went free between the try and the look-up of its holder, or the lost connection
+                # may hold it still, until the server notices it is gone: try again.
                 self._create_doubt = maybe_committed
                 await self._release_connection()
+                if trio.current_time() >= deadline and not maybe_committed:
+                    outcome = "locked"  # freed and taken again by others all along: refused
+                    break
                 if trio.current_time() >= deadline:
                     raise SessionStoreError(
                         f"session {header.id!r} cannot be stored in {store.location} yet: its lock is still held "
@@ -602,8 +579,9 @@ class _PgWriter:
         ours = sorted({*self._acks, *self._unsynced_acks})
         previous = self._pid
         deadline = trio.current_time() + _RETAKE_WAIT
+        tainted = 0  # connections in a row found holding advisory locks already
         while True:
-            conn = await store._take_writer_connection()
+            conn = await store._take_writer_connection() if tainted == 0 else await store._connect()
 
             def work(conn: psycopg.Connection[Any] = conn) -> tuple[str, int, set[int]]:
                 if not _try_lock(conn, key, sql, sid):
@@ -640,12 +618,15 @@ class _PgWriter:
                 outcome, count, present = await self._timed(conn, work)
             except _Tainted:
                 conn.close()
+                tainted += 1
+                _check_tainted(store.location, sid, tainted, deadline)
                 continue
             except BaseException:
                 # Cancelled or failed while taking the lock: whether it holds the
                 # lock is unknown, so the connection is closed (never pooled).
                 conn.close()
                 raise
+            tainted = 0
             if outcome != "previous":
                 break
             store._pool_give_back(conn)

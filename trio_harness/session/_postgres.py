@@ -63,10 +63,10 @@ from ._blobs import copy_blobs, encode_stored, insert_blobs, select_blob
 from ._codec import decode_event, decode_header, decode_inbox_message, encode_header, encode_inbox_message
 from ._events import Event, InboxMessage, SessionHeader
 from ._persistence import LoadedSession
-from ._pg_leases import claim_new_id
+from ._pg_leases import _check_tainted, _Tainted, _try_lock, claim_new_id
 from ._pg_schema import _lock_key, _psycopg, _quote, _scalar, _Sql, _Tables
 from ._pg_threads import _call, _execute, _open_connection, _Pool
-from ._pg_writer import _PgWriter, _Tainted, _try_lock, claim_new
+from ._pg_writer import _PgWriter, claim_new
 from ._session import SessionWriter, validate_session_id
 
 if TYPE_CHECKING:
@@ -637,6 +637,7 @@ class PostgresStore:
         deadline = trio.current_time() + self.lock_timeout
         delay = 0.005
         locked = False
+        tainted = 0  # connections found holding advisory locks already (session/_pg_leases.py)
         try:
             while True:
                 try:
@@ -644,6 +645,8 @@ class PostgresStore:
                         locked = await _call(conn, functools.partial(_try_lock, conn, key, self._sql, session_id))
                 except _Tainted:
                     conn.close()
+                    tainted += 1
+                    _check_tainted(self.location, session_id, tainted, deadline)
                     conn = await self._connect()
                     continue
                 except BaseException:
