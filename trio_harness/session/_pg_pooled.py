@@ -106,7 +106,7 @@ class PooledPostgresStore(PostgresStore):
 
     direct_dsn: str | None = attrs.field(default=None, kw_only=True)
     worker_id: str = attrs.field(factory=lambda: uuid.uuid4().hex, init=False)
-    """This worker's random id, named by the leases of the sessions it holds: a new one every time the store opens.
+    """This worker's random id, named by the leases of the sessions it holds (a new one every time the store opens).
 
     A lease the worker could not release (see ``release_timeout``) is free
     once its liveness lock is gone, when the store closes; opened again, the
