@@ -9,6 +9,7 @@ messages the user would read.
 from __future__ import annotations
 
 import textwrap
+from typing import Any
 
 import pytest
 
@@ -234,3 +235,32 @@ def test_assert_balanced_names_the_open_turn() -> None:
         EventLogMismatch, match=r"event 2 \(turn/end\): turn/end without an open turn, or with a step open"
     ):
         assert_balanced(log(ev.TurnStart, ev.StepStart, ev.TurnEnd))
+
+
+async def test_a_store_directory_under_the_mock_clock_lets_no_trio_time_pass_during_writes(
+    tmp_path: Any, autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Disposing an agent mid-turn flushes the session; with an fsync in a worker thread the mock clock
+    # jumped past the 30 s bound of the scope's exit callbacks while the thread ran (a warning, and the
+    # rest of the teardown went on without waiting for the driver).
+    import logging
+
+    import trio
+
+    from trio_harness.model import ScriptedModel
+    from trio_harness.session import JsonlStore
+    from trio_harness.testing import open_test_harness
+
+    with caplog.at_level(logging.WARNING, logger="trio_harness"):
+        async with open_test_harness(ScriptedModel([{"text": "slow", "delay": 100}]), store=tmp_path) as harness:
+            store = harness.sessions.persistence
+            assert isinstance(store, JsonlStore) and store.inline_fsync
+            handle = await harness.agents.create(cwd=str(tmp_path))
+            handle.agent.followup("a turn still waiting for the model")
+            await trio.sleep(1)
+            began = trio.current_time()
+            await handle.dispose()
+            assert trio.current_time() - began < 1
+    assert not [r.getMessage() for r in caplog.records if "did not finish" in r.getMessage()]
+    kinds = [e.type for e in (await JsonlStore(tmp_path).load(handle.agent.id)).events]
+    assert kinds[-1] == "turn/end"
