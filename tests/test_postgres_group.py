@@ -171,7 +171,7 @@ async def test_an_acknowledged_mailbox_row_already_gone_fails_the_flush_loudly(
     async with PooledPostgresStore(postgres_cluster.dsn(), schema=schema) as pooled:
         sessions = SessionRegistry(pooled)
         entry = sessions.enter(await sessions.prepare_resume("s1"))
-        writer = entry.writer
+        writer: Any = entry.writer  # the pooled writer (its mailbox methods)
         taken = await writer.take_mail()
         assert [message.id for _, message in taken] == ["m-late"]
         writer.ack_mail([mail_id for mail_id, _ in taken])

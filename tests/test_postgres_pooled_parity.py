@@ -495,7 +495,7 @@ async def test_a_group_commit_that_never_sends_fails_its_flushes_and_never_commi
         sessions = SessionRegistry(pooled)
         entry = sessions.enter(await sessions.prepare_resume("s1"))
         one_turn(entry.session, 2)
-        with pytest.raises(SessionStoreError, match="was not sent within 1.4 s .*nothing of it was stored"):
+        with pytest.raises(SessionStoreError, match=r"was not sent within 1\.4 s .*nothing of it was stored"):
             await entry.session.flush()
         assert len((await store.load("s1")).events) == 8
         # The next flush commits in a transaction of its own (it reads back what is stored first): both turns.

@@ -298,12 +298,13 @@ class GroupCommitter:
         found: dict[str, list[str]] | None = None
         with trio.move_on_after(store.write_timeout):
             try:
-                while await store._run(
-                    "look for a lost connection's server process",
-                    lambda conn: conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
-                    is not None,
-                    retry=True,
-                ):
+
+                def running(conn: psycopg.Connection[Any]) -> bool:
+                    return conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() is not None
+
+                while True:  # polled: nothing tells when another server process ends
+                    if not await store._run("look for a lost connection's server process", running, retry=True):
+                        break
                     await trio.sleep(0.01)
                 firsts = [(r.sid, r.first, len(r.lines)) for r in group if r.lines]
 
@@ -363,7 +364,9 @@ class GroupCommitter:
                 request.sent = False
                 retry.append(request)
         if retry:
-            log.warning("a group commit of %d sessions lost its connection; committing %d again", len(group), len(retry))
+            log.warning(
+                "a group commit of %d sessions lost its connection; committing %d again", len(group), len(retry)
+            )
             await self._commit_group(retry, again=True)
 
     async def _run_group(
