@@ -38,8 +38,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trio_harness.session.postgres")
 
-# Most sessions one group commit carries.
+# Most sessions one group commit carries; fewest a long queue is split into (each group a statement).
 _GROUP_MAX = 2000
+_GROUP_MIN = 64
 
 _INT8_ARRAY_OID = 1016
 _GROUP_TYPES = (
@@ -144,11 +145,11 @@ class GroupCommitter:
         self._pending.append(request)
         self._wake.set()
         store, limit = self.store, self.store.write_timeout * 2 + 1
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + limit):  # one scope: cheap per flush
+            await request.done.wait()
+        if request.done.is_set():
+            return
         with trio.CancelScope(shield=True):
-            with trio.move_on_after(limit):
-                await request.done.wait()
-            if request.done.is_set():
-                return
             if not request.sent:
                 request.abandoned = True
                 with contextlib.suppress(ValueError):
@@ -190,7 +191,10 @@ class GroupCommitter:
                 self._wake = trio.Event()
                 while self._pending:
                     await slots.acquire()
-                    group, self._pending = self._pending[:_GROUP_MAX], self._pending[_GROUP_MAX:]
+                    # A long queue is split between the connections free now: their groups run at once.
+                    size = max(_GROUP_MIN, -(-len(self._pending) // (slots.value + 1)))
+                    size = min(size, _GROUP_MAX)
+                    group, self._pending = self._pending[:size], self._pending[size:]
                     if not group:
                         slots.release()
                         break
