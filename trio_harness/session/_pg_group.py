@@ -2,14 +2,22 @@
 
 A :class:`GroupCommitter` belongs to one
 :class:`~trio_harness.session.PooledPostgresStore`.  Writers queue a
-:class:`_Request` (their batch, the mailbox rows to delete, their lease's
-epoch); one task takes everything queued and sends it as **one statement**
-(its own transaction): the leases still held by this worker at that epoch are
-locked ``FOR SHARE``, the events of those sessions inserted, their mailbox rows
-deleted, and the statement returns the sessions whose lease held.  Each of
-those had its whole batch stored, the others nothing (fenced).  A lost
-connection, maybe during COMMIT, is resolved by reading back what is stored
-once the lost server process is gone.
+:class:`_Request` (their batch at the seqs they have when they queue it, the
+mailbox rows to delete, their lease's epoch); one task takes what is queued
+and sends it as **one statement** (its own transaction), up to ``pool_size -
+1`` of them at once: the leases still held by this worker at that epoch are
+locked ``FOR SHARE``, the events of those sessions inserted, their mailbox
+rows deleted, and the statement returns the sessions whose lease held, with
+how many mailbox rows it deleted for each.  Each of those had its whole batch
+stored, the others nothing (fenced).
+
+Bounds and unknown outcomes: a request still unsent after ``2 *
+write_timeout + 1`` seconds is abandoned (it fails, nothing stored; the
+committer never sends it); a sent one is settled: a lost connection, maybe
+during COMMIT, is resolved by reading back what is stored once the lost
+server process is gone; when even that fails the outcome is unknown and the
+writer reads back its own batch (``_store_own``) before it sends those seqs
+again.
 """
 
 from __future__ import annotations
