@@ -188,8 +188,8 @@ class NoServer(Exception):
 
 
 @contextlib.contextmanager
-def postgres_server() -> Iterator[str]:
-    """A PostgreSQL URL: ``$TRIO_HARNESS_POSTGRES_URL``, or a throwaway durable cluster.
+def postgres_server(max_connections: int = 50) -> Iterator[str]:
+    """A PostgreSQL URL: ``$TRIO_HARNESS_POSTGRES_URL``, or a throwaway durable cluster (``max_connections``).
 
     Raises:
         NoServer: no server is installed and no URL is given.
@@ -218,7 +218,7 @@ def postgres_server() -> Iterator[str]:
     try:
         run(str(bindir / "initdb"), "--no-sync", "-D", str(data), "-A", "trust", "-U", "postgres")
         run("mkdir", "-m", "0700", str(sockets))
-        options = f"-k {sockets} -c listen_addresses='' -c max_connections=50"
+        options = f"-k {sockets} -c listen_addresses='' -c max_connections={max_connections}"
         run(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(directory / "log"), "-o", options, "-w", "start")
         yield f"postgresql://postgres@/postgres?host={urllib.parse.quote(str(sockets), safe='')}"
     finally:

@@ -336,13 +336,6 @@ async def test_a_group_commit_to_a_frozen_backend_fails_within_its_bounds_and_st
         assert leases_of(superuser, schema, pooled.worker_id) == ["s1"]  # still its session
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="session/_pg_group.py: a group commit whose outcome was unknown (its frozen backend ran the statement "
-    "after the worker gave up) is sent again with the same seqs; the retry fails with a unique violation on "
-    "events_pkey and every later flush of the session fails the same way, where it should read the batch back "
-    "(stored byte for byte: counted as stored once)",
-)
 async def test_after_a_group_commit_to_a_frozen_backend_the_next_flush_stores_the_batch_once(
     postgres_cluster: Cluster, schema: str, store: PostgresStore, superuser: psycopg.Connection[Any]
 ) -> None:

@@ -2,19 +2,28 @@
 
 A :class:`GroupCommitter` belongs to one
 :class:`~trio_harness.session.PooledPostgresStore`.  Writers queue a
-:class:`_Request` (their batch, the mailbox rows to delete, their lease's
-epoch); one task takes everything queued and sends it as **one statement**
-(its own transaction): the leases still held by this worker at that epoch are
-locked ``FOR SHARE``, the events of those sessions inserted, their mailbox rows
-deleted, and the statement returns the sessions whose lease held.  Each of
-those had its whole batch stored, the others nothing (fenced).  A lost
-connection, maybe during COMMIT, is resolved by reading back what is stored
-once the lost server process is gone.
+:class:`_Request` (their batch at the seqs they have when they queue it, the
+mailbox rows to delete, their lease's epoch); one task takes what is queued
+and sends it as **one statement** (its own transaction), up to ``pool_size -
+1`` of them at once: the leases still held by this worker at that epoch are
+locked ``FOR SHARE``, the events of those sessions inserted, their mailbox
+rows deleted, and the statement returns the sessions whose lease held, with
+how many mailbox rows it deleted for each.  Each of those had its whole batch
+stored, the others nothing (fenced).
+
+Bounds and unknown outcomes: a request still unsent after ``2 *
+write_timeout + 1`` seconds is abandoned (it fails, nothing stored; the
+committer never sends it); a sent one is settled: a lost connection, maybe
+during COMMIT, is resolved by reading back what is stored once the lost
+server process is gone; when even that fails the outcome is unknown and the
+writer reads back its own batch (``_store_own``) before it sends those seqs
+again.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import itertools
 import logging
@@ -37,8 +46,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trio_harness.session.postgres")
 
-# Most sessions one group commit carries.
+# Most sessions one group commit carries; fewest a long queue is split into (each group a statement).
 _GROUP_MAX = 2000
+_GROUP_MIN = 64
 
 _INT8_ARRAY_OID = 1016
 _GROUP_TYPES = (
@@ -79,20 +89,48 @@ def _int8s(values: Sequence[int]) -> bytes:
 
 @attrs.define(eq=False)
 class _Request:
-    """One writer's flush waiting for a group commit."""
+    """One writer's flush waiting for a group commit.
+
+    Its seqs are fixed when it is made (``first``): a request is sent at
+    those or not at all, so one that commits late can only meet the same
+    batch (stored once: the primary key) never land at later seqs.
+    """
 
     writer: Any
     lines: list[str]
     acks: list[int]
     sync: bool
+    sid: str = attrs.field(init=False)
+    first: int = attrs.field(init=False)
+    epoch: int = attrs.field(init=False)
     done: trio.Event = attrs.field(factory=trio.Event)
-    # True: stored; False: fenced (the lease was taken); an exception: failed.
+    # True: stored; False: fenced (the lease was taken); an exception: failed (``unknown``: maybe stored).
     outcome: bool | BaseException | None = None
+    unknown: bool = False
+    # Its statement was handed to a connection: it may commit, so it is settled (waited for, or read back).
+    sent: bool = False
+    # Its submitter gave up on it: the committer never sends it.
+    abandoned: bool = False
+    # Of its acks, how many mailbox rows were already gone (stored: another holder delivered them).
+    gone: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        self.sid, self.first, self.epoch = self.writer.header.id, self.writer._stored, self.writer._epoch
+
+    def settle(self, outcome: bool | BaseException, *, unknown: bool = False) -> None:
+        if not self.done.is_set():
+            self.outcome, self.unknown = outcome, unknown
+            self.done.set()
 
 
 @attrs.define(eq=False)
 class GroupCommitter:
-    """The group-commit queue of one pooled store, and the task that empties it."""
+    """The group-commit queue of one pooled store, and the task that empties it.
+
+    Up to ``pool_size - 1`` groups are in flight at once (one connection is
+    left for the rest of the store's work): the queue that builds up while
+    they run goes out as the next group.
+    """
 
     store: PooledPostgresStore
     _pending: list[_Request] = attrs.field(factory=list, init=False)
@@ -101,33 +139,80 @@ class GroupCommitter:
     _groups: collections.deque[int] = attrs.field(factory=lambda: collections.deque(maxlen=1000), init=False)
 
     async def submit(self, request: _Request) -> None:
-        """Queue ``request`` for the next group commit and wait (shielded, bounded) for its outcome."""
+        """Queue ``request`` for the next group commit and wait (shielded, bounded) for its outcome.
+
+        A request not sent within ``2 * write_timeout + 1`` seconds leaves
+        the queue and fails (nothing of it is stored); one already sent is
+        waited for: the committer settles it within about ``2 *
+        write_timeout`` (its statement's bound, then the read-back of a lost
+        one).  Should even that wait end, its outcome is unknown (the writer
+        reads back what is stored before it sends those seqs again).
+        """
         if self.store._nursery is None:
             self.store._require_pool()
         self._pending.append(request)
         self._wake.set()
+        store, limit = self.store, self.store.write_timeout * 2 + 1
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + limit):  # one scope: cheap per flush
+            await request.done.wait()
+        if request.done.is_set():
+            return
         with trio.CancelScope(shield=True):
-            with trio.move_on_after(self.store.write_timeout * 2 + 1):
+            if not request.sent:
+                request.abandoned = True
+                with contextlib.suppress(ValueError):
+                    self._pending.remove(request)
+                request.settle(
+                    SessionStoreError(
+                        f"the flush of session {request.sid!r} was not sent within {limit:g} s (the group commits "
+                        f"ahead of it in {store.location} did not finish): nothing of it was stored; flush again",
+                        path=store.location,
+                        session_id=request.sid,
+                    )
+                )
+                return
+            with trio.move_on_after(limit):
                 await request.done.wait()
-        if not request.done.is_set():
-            request.outcome = SessionStoreError(
-                f"the group commit of session {request.writer.header.id!r} did not finish within "
-                f"{self.store.write_timeout * 2 + 1:g} s in {self.store.location}",
-                path=self.store.location,
-                session_id=request.writer.header.id,
+            request.abandoned = True  # never sent again by a retry
+            request.settle(
+                SessionStoreError(
+                    f"the group commit of session {request.sid!r} did not finish within {2 * limit:g} s in "
+                    f"{store.location}: whether it committed is unknown",
+                    path=store.location,
+                    session_id=request.sid,
+                ),
+                unknown=True,
             )
 
     async def run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            while self._pending:
-                group, self._pending = self._pending[:_GROUP_MAX], self._pending[_GROUP_MAX:]
-                self._groups.append(len(group))
+        slots = trio.Semaphore(max(1, self.store.pool_size - 1))
+
+        async def commit(group: list[_Request]) -> None:
+            try:
                 await self._commit_group(group)
+            finally:
+                slots.release()
+
+        async with trio.open_nursery() as nursery:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                while self._pending:
+                    await slots.acquire()
+                    # A long queue is split between the connections free now: their groups run at once.
+                    size = max(_GROUP_MIN, -(-len(self._pending) // (slots.value + 1)))
+                    size = min(size, _GROUP_MAX)
+                    group, self._pending = self._pending[:size], self._pending[size:]
+                    if not group:
+                        slots.release()
+                        break
+                    nursery.start_soon(commit, group)
 
     def _group_statement(self) -> bytes:
-        """The group commit: one statement (its own transaction); the sessions whose lease held, written whole."""
+        """The group commit: one statement (its own transaction); the sessions whose lease held, written whole.
+
+        With each of them, how many of its mailbox rows the statement deleted.
+        """
         s = self.store._sql.s
         return (
             f"WITH l AS (SELECT le.session_id FROM {s}.leases le JOIN unnest($1::text[], $2::int8[]) AS w(sid, epoch) "
@@ -136,8 +221,9 @@ class GroupCommitter:
             "FROM unnest($4::text[], $5::int8[], $6::text[]) AS t(sid, seq, body) JOIN l ON l.session_id = t.sid "
             "RETURNING 1), "
             f"m AS (DELETE FROM {s}.mailbox mb USING unnest($7::text[], $8::int8[]) AS a(sid, id), l "
-            "WHERE mb.session_id = a.sid AND mb.id = a.id AND l.session_id = a.sid RETURNING 1) "
-            "SELECT session_id FROM l"
+            "WHERE mb.session_id = a.sid AND mb.id = a.id AND l.session_id = a.sid RETURNING mb.session_id) "
+            "SELECT l.session_id, coalesce(d.n, 0) FROM l LEFT JOIN "
+            "(SELECT session_id, count(*) AS n FROM m GROUP BY session_id) d ON d.session_id = l.session_id"
         ).encode()
 
     def _params(self, group: Sequence[_Request], encoding: str) -> list[bytes]:
@@ -147,15 +233,16 @@ class GroupCommitter:
         ack_sids: list[str] = []
         ack_ids: list[int] = []
         for request in group:
-            sid, first = request.writer.header.id, request.writer._stored
-            sids += [sid] * len(request.lines)
-            seqs += range(first, first + len(request.lines))
+            sid, first, count = request.sid, request.first, len(request.lines)
+            sids += [sid] * count
+            seqs += range(first, first + count)
             bodies += request.lines
-            ack_sids += [sid] * len(request.acks)
-            ack_ids += request.acks
+            if request.acks:
+                ack_sids += [sid] * len(request.acks)
+                ack_ids += request.acks
         return [
-            _texts([r.writer.header.id for r in group], encoding),
-            _int8s([r.writer._epoch for r in group]),
+            _texts([r.sid for r in group], encoding),
+            _int8s([r.epoch for r in group]),
             self.store.worker_id.encode(encoding),
             _texts(sids, encoding),
             _int8s(seqs),
@@ -164,92 +251,156 @@ class GroupCommitter:
             _int8s(ack_ids),
         ]
 
-    async def _commit_group(self, group: list[_Request]) -> None:
+    async def _commit_group(self, group: list[_Request], *, again: bool = False) -> None:
+        """Send ``group`` (its requests not abandoned) and settle every request of it.
+
+        ``again``: a retry after a lost connection whose group was read back
+        (nothing of these stored): a second loss fails them.
+        """
         pg = _psycopg()
         query = self._group_statement()
+        sent: list[_Request] = []
 
-        def work(conn: psycopg.Connection[Any]) -> set[str]:
+        def work(conn: psycopg.Connection[Any]) -> dict[str, int]:
             # libpq's unnamed statement (no session state: a transaction-pooling proxy may sit between),
             # its arrays in the binary format: psycopg's adaptation of thousands of strings costs more
             # than the server's work.
             encoding = conn.info.encoding
-            result = conn.pgconn.exec_params(query, self._params(group, encoding), _GROUP_TYPES, _GROUP_FORMATS)
+            result = conn.pgconn.exec_params(query, self._params(sent, encoding), _GROUP_TYPES, _GROUP_FORMATS)
             if result.status != pg.pq.ExecStatus.TUPLES_OK:
                 raise pg.errors.error_from_result(result, encoding=encoding)
-            return {bytes(result.get_value(row, 0) or b"").decode(encoding) for row in range(result.ntuples)}
+            return {
+                bytes(result.get_value(row, 0) or b"").decode(encoding): int(result.get_value(row, 1) or b"0")
+                for row in range(result.ntuples)
+            }
 
         try:
-            written, pid = await self._run_group(work)
+            written, pid = await self._run_group(group, sent, work)
             if written is None:  # the connection was lost, maybe during COMMIT: read back what is stored
-                written = await self._resolve(group, pid)
+                await self._resolve(sent, pid, again)
+                return
         except BaseException as exc:
-            if isinstance(exc, pg.Error) and len(group) > 1 and not isinstance(exc, pg.OperationalError):
-                for request in group:  # one session's bad batch must not fail the others
-                    await self._commit_group([request])
+            if isinstance(exc, pg.Error) and len(sent) > 1 and not isinstance(exc, pg.OperationalError):
+                for request in sent:  # one session's bad batch must not fail the others
+                    request.sent = False
+                    await self._commit_group([request], again=again)
                 return
             for request in group:
-                request.outcome = exc if isinstance(exc, Exception) else SessionStoreError(str(exc))
-                request.done.set()
+                # A statement that failed, or never reached the server, stored nothing; a cancelled one maybe did.
+                unknown = request.sent and not isinstance(exc, pg.Error)
+                request.settle(exc if isinstance(exc, Exception) else SessionStoreError(str(exc)), unknown=unknown)
             if not isinstance(exc, Exception):
                 raise
             return
-        for request in group:
-            if not request.done.is_set():
-                request.outcome = request.writer.header.id in written
-                request.done.set()
+        for request in sent:
+            deleted = written.get(request.sid)
+            if deleted is not None:
+                request.gone = len(request.acks) - deleted
+            request.settle(deleted is not None)
 
-    async def _resolve(self, group: list[_Request], pid: int) -> set[str]:
-        """After a lost group commit: the sessions whose batch is stored; the others are committed again.
+    async def _resolve(self, group: list[_Request], pid: int, again: bool) -> None:
+        """After a lost group commit: settle each request from what is stored; commit again what is not (once).
 
         The lost connection's server process ``pid`` may still be finishing
         the transaction: the outcome is read only once that process is gone
-        (waited for up to ``write_timeout``, else the group fails: unknown).
+        (waited for up to ``write_timeout`` in all, else the group's outcome
+        is unknown: each writer reads back its own before it sends again).
         """
-        s = self.store._sql.s
-        deadline = trio.current_time() + self.store.write_timeout
-        while await self.store._run(
-            "look for a lost connection's server process",
-            lambda conn: conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() is not None,
-            retry=True,
-        ):
-            if trio.current_time() >= deadline:
-                raise SessionStoreError(
-                    f"a group commit lost its connection and its server process {pid} has not ended within "
-                    f"{self.store.write_timeout:g} s in {self.store.location}: whether it committed is unknown",
-                    path=self.store.location,
+        store, s = self.store, self.store._sql.s
+        found: dict[str, list[str]] | None = None
+        with trio.move_on_after(store.write_timeout):
+            try:
+
+                def running(conn: psycopg.Connection[Any]) -> bool:
+                    return conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() is not None
+
+                while True:  # polled: nothing tells when another server process ends
+                    if not await store._run("look for a lost connection's server process", running, retry=True):
+                        break
+                    await trio.sleep(0.01)
+                firsts = [(r.sid, r.first, len(r.lines)) for r in group if r.lines]
+
+                def bodies(conn: psycopg.Connection[Any]) -> dict[str, list[str]]:
+                    return {
+                        sid: [
+                            body
+                            for (body,) in conn.execute(
+                                f"SELECT body FROM {s}.events WHERE session_id = %s AND seq >= %s AND seq < %s "
+                                "ORDER BY seq",
+                                (sid, first, first + count),
+                            ).fetchall()
+                        ]
+                        for sid, first, count in firsts
+                    }
+
+                found = await store._run("read back a lost group commit", bodies, retry=True)
+            except SessionStoreError as exc:
+                log.warning("a lost group commit could not be read back (%s)", exc)
+        if found is None:
+            error = SessionStoreError(
+                f"a group commit lost its connection and could not be read back within {store.write_timeout:g} s "
+                f"(its server process {pid} may still be running it) in {store.location}: whether it committed "
+                "is unknown",
+                path=store.location,
+            )
+            for request in group:
+                request.settle(error, unknown=True)
+            return
+        retry: list[_Request] = []
+        for request in group:
+            stored = found.get(request.sid, [])
+            if not request.lines:  # mail deletes only: nothing shows whether they committed
+                request.settle(
+                    SessionStoreError(
+                        f"the group commit of session {request.sid!r} lost its connection: whether its mailbox "
+                        f"deletes committed is unknown in {store.location}",
+                        path=store.location,
+                        session_id=request.sid,
+                    ),
+                    unknown=True,
                 )
-            await trio.sleep(0.01)
-        firsts = [(r.writer.header.id, r.writer._stored) for r in group if r.lines]
-
-        def counts(conn: psycopg.Connection[Any]) -> dict[str, int]:
-            found: dict[str, int] = {}
-            for sid, first in firsts:
-                row = conn.execute(
-                    f"SELECT count(*) FROM {s}.events WHERE session_id = %s AND seq >= %s", (sid, first)
-                ).fetchone()
-                found[sid] = int(row[0]) if row else 0
-            return found
-
-        found = await self.store._run("read back a lost group commit", counts, retry=True)
-        written = {r.writer.header.id for r in group if r.lines and found.get(r.writer.header.id) == len(r.lines)}
-        again = [r for r in group if r.writer.header.id not in written]
-        for request in again:
-            if request.lines and found.get(request.writer.header.id):
-                request.outcome = False  # another writer appended: the lease was taken
-                request.done.set()
-        retry = [r for r in again if not r.done.is_set()]
+            elif stored == request.lines:
+                request.settle(True)
+            elif stored:
+                request.settle(False)  # another writer appended there: the lease was taken
+            elif again or request.abandoned:
+                request.settle(
+                    SessionStoreError(
+                        f"the group commit of session {request.sid!r} lost its connection twice in {store.location}: "
+                        "nothing of it was stored; flush again",
+                        path=store.location,
+                        session_id=request.sid,
+                    )
+                )
+            else:
+                request.sent = False
+                retry.append(request)
         if retry:
             log.warning(
                 "a group commit of %d sessions lost its connection; committing %d again", len(group), len(retry)
             )
-            await self._commit_group(retry)
-        return written
+            await self._commit_group(retry, again=True)
 
-    async def _run_group(self, work: Callable[[psycopg.Connection[Any]], set[str]]) -> tuple[set[str] | None, int]:
-        """One group transaction: the sessions written, or None when the connection was lost; its server process."""
+    async def _run_group(
+        self,
+        group: list[_Request],
+        sent: list[_Request],
+        work: Callable[[psycopg.Connection[Any]], dict[str, int]],
+    ) -> tuple[dict[str, int] | None, int]:
+        """One group transaction: what it returned, or None when the connection was lost; its server process.
+
+        Once it has a connection, the requests of ``group`` not abandoned are
+        marked sent and put in ``sent`` (the others are dropped: never sent).
+        """
         pg = _psycopg()
         pool = self.store._require_pool()
         async with pool.connection() as conn:
+            sent[:] = [r for r in group if not r.abandoned and not r.done.is_set()]
+            if not sent:
+                return {}, 0
+            for request in sent:
+                request.sent = True
+            self._groups.append(len(sent))
             pid = conn.info.backend_pid
             try:
                 with trio.fail_after(self.store.write_timeout):

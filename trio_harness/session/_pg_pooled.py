@@ -622,7 +622,7 @@ class _PooledWriter:
                     )
                 else:
                     outcome = await self._group_commit(lines, acks, sync)
-                settle(outcome)
+                settle("stored" if outcome == "mail gone" else outcome)
             except BaseException as exc:
                 if not committed:
                     self._buffer[:0] = lines
@@ -634,6 +634,11 @@ class _PooledWriter:
                 raise
             if outcome == "stored":
                 return
+            if outcome == "mail gone":  # stored: never silent, and this writer no longer trusts its mailbox
+                raise self._lose(
+                    "its events are stored, but the mailbox rows of messages it delivered were already deleted "
+                    "(another holder of the session delivered them)"
+                )
             self._buffer[:0] = lines
             self._blobs = {**blobs, **self._blobs}
             if outcome == "fenced":
@@ -645,17 +650,25 @@ class _PooledWriter:
             )
 
     async def _group_commit(self, lines: list[str], acks: list[int], sync: bool) -> str:
-        """The flush as part of the next group commit (session/_pg_group.py): ``stored`` or ``fenced``."""
+        """The flush as part of the next group commit (session/_pg_group.py).
+
+        ``stored``, ``fenced``, or ``mail gone`` (stored, but some of the
+        acknowledged messages' mailbox rows were already deleted: another
+        holder of the session delivered them).  A failure whose outcome is
+        unknown (the group may commit, or have committed) leaves the writer
+        ``_uncertain``: its next flush reads back what is stored
+        (:func:`_store_own`) before it sends those seqs again.
+        """
         request = _Request(self, lines, acks, sync)
         await self.store._group.submit(request)
         outcome = request.outcome
-        if outcome is True or outcome is False:
-            return "stored" if outcome else "fenced"
-        if not request.done.is_set():
-            # Still queued or being committed: it may store the batch later, at the seq this writer has now.
-            raise self._lose(f"{outcome}; whether it committed is unknown")
+        if outcome is True:
+            return "mail gone" if request.gone else "stored"
+        if outcome is False:
+            return "fenced"
+        assert outcome is not None, "a group commit request returned unsettled"
         if isinstance(outcome, SessionStoreError):
-            raise outcome
+            raise self._error(str(outcome)) from outcome
         if isinstance(outcome, _psycopg().Error):
             raise self.store._error(outcome, f"store the events of session {self.header.id!r}") from outcome
         raise self._error(f"{type(outcome).__name__}: {outcome}") from outcome

@@ -1,0 +1,192 @@
+"""The pooled store's group commit (session/_pg_group.py): its bounds, unknown outcomes and mailbox deletes.
+
+Real cluster (tests/_postgres.py).  The clock is a :class:`trio.testing.MockClock`
+running at the real rate (the statements need real time) that the tests jump
+past the bounds, so no test waits for a timeout: a flush held in the queue by
+a pool the test keeps busy, a group held on a row lock of an uncommitted
+transaction, a mailbox row deleted behind the writer's back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+import trio.testing
+from _postgres import Cluster, admin, postgres_cluster, schema, store
+from _util import WAIT
+from test_postgres_store import one_turn, stored_session
+
+from trio_harness import SessionStoreError
+from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry
+from trio_harness.session._events import InboxMessage
+
+__all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
+
+WRITE_TIMEOUT = 10.0
+BOUND = 2 * WRITE_TIMEOUT + 1  # how long a flush may wait in the queue
+
+
+@pytest.fixture
+def clock() -> trio.testing.MockClock:
+    """The run's clock (pytest-trio takes it): real time, plus the jumps a test makes."""
+    return trio.testing.MockClock(rate=1.0)
+
+
+@pytest.fixture
+def superuser(postgres_cluster: Cluster) -> Iterator[psycopg.Connection[Any]]:
+    conn = admin(postgres_cluster)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+async def until(predicate: Any, what: str) -> None:
+    with trio.fail_after(WAIT):
+        while not predicate():
+            await trio.sleep(0.005)
+    assert predicate(), what
+
+
+def count(superuser: psycopg.Connection[Any], schema: str, session_id: str) -> int:
+    row = superuser.execute(f"SELECT count(*) FROM {schema}.events WHERE session_id = %s", (session_id,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def test_a_flush_still_queued_past_its_bound_fails_unsent_and_is_never_sent_later(
+    postgres_cluster: Cluster,
+    schema: str,
+    store: PostgresStore,
+    superuser: psycopg.Connection[Any],
+    clock: trio.testing.MockClock,
+) -> None:
+    """The pool's one connection is busy: the committer holds one flush (taken from the queue, not sent), the
+    other waits in the queue.  Past the bound both fail, saying nothing was stored; neither is ever sent (the
+    committer drops a request its submitter gave up on), and the writers carry on."""
+    for name in ("a", "b"):
+        await stored_session(store, name)
+    pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema, pool_size=1, write_timeout=WRITE_TIMEOUT)
+    async with pooled:
+        sessions = SessionRegistry(pooled)
+        entries = [sessions.enter(await sessions.prepare_resume(name)) for name in ("a", "b")]
+        errors: list[BaseException] = []
+
+        async def flush(entry: Any) -> None:
+            try:
+                await entry.session.flush()
+            except SessionStoreError as exc:
+                errors.append(exc)
+
+        async with pooled._require_pool().connection():  # the committer waits for it
+            async with trio.open_nursery() as nursery:
+                for entry in entries:
+                    one_turn(entry.session, 2)
+                    nursery.start_soon(flush, entry)
+                await trio.testing.wait_all_tasks_blocked()
+                assert not errors
+                clock.jump(BOUND + 1)
+            assert len(errors) == 2, errors
+            for error in errors:
+                assert f"was not sent within {BOUND:g} s" in str(error)
+                assert "nothing of it was stored" in str(error)
+        # The connection is free: the committer has the abandoned request, and drops it.
+        await trio.testing.wait_all_tasks_blocked()
+        assert list(pooled._group._groups) == []
+        for name in ("a", "b"):
+            assert count(superuser, schema, name) == 8
+        for entry in entries:
+            one_turn(entry.session, 3)
+            await entry.session.flush()
+            assert (await store.load(entry.session.header.id)).events == tuple(entry.session.events)
+            await sessions.detach(entry)
+
+
+async def test_a_group_already_sent_when_its_flush_reaches_the_bound_is_waited_for_and_stored_once(
+    postgres_cluster: Cluster,
+    schema: str,
+    store: PostgresStore,
+    superuser: psycopg.Connection[Any],
+    clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The group's INSERT waits on an uncommitted row with the session's next seq.  Past both bounds (the
+    flush's and the statement's) the flush does not give up on a sent group (it might commit later): the
+    statement is cancelled, the group read back (nothing stored) and sent again, and the flush returns
+    once that commits."""
+    await stored_session(store, "s1")
+    pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema, write_timeout=WRITE_TIMEOUT)
+    async with pooled:
+        sessions = SessionRegistry(pooled)
+        entry = sessions.enter(await sessions.prepare_resume("s1"))
+        one_turn(entry.session, 2)
+        finished: list[BaseException | None] = []
+
+        async def flush() -> None:
+            try:
+                await entry.session.flush()
+                finished.append(None)
+            except SessionStoreError as exc:
+                finished.append(exc)
+
+        def waiting() -> bool:
+            return bool(
+                superuser.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%%FOR SHARE OF le%%'"
+                ).fetchall()
+            )
+
+        with admin(postgres_cluster) as blocker, caplog.at_level(logging.WARNING, "trio_harness.session.postgres"):
+            blocker.execute("BEGIN")
+            blocker.execute(f"INSERT INTO {schema}.events (session_id, seq, body) VALUES ('s1', 8, 'x')")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(flush)
+                await until(waiting, "the group commit waits on the row")
+                clock.jump(BOUND + 1)
+                await until(lambda: "committing 1 again" in caplog.text, "the group read back and sent again")
+                await until(waiting, "the group commit, sent again, waits on the row")
+                await trio.testing.wait_all_tasks_blocked()
+                assert finished == []  # still waiting for its group
+                blocker.execute("ROLLBACK")
+        assert finished == [None]
+        assert (await store.load("s1")).events == tuple(entry.session.events)
+        one_turn(entry.session, 3)
+        await entry.session.flush()
+        await sessions.detach(entry)
+    assert (await store.load("s1")).events == tuple(entry.session.events)
+
+
+async def test_an_acknowledged_mailbox_row_already_gone_fails_the_flush_loudly(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, superuser: psycopg.Connection[Any]
+) -> None:
+    """The writer delivered a message; before its flush deletes the mailbox row, the row is gone (as if
+    another holder of the session had delivered it).  The flush stores its events but fails, naming it;
+    the writer takes nothing more."""
+    await stored_session(store, "s1")
+    await store.post("s1", InboxMessage("m-late", "hello"))
+    async with PooledPostgresStore(postgres_cluster.dsn(), schema=schema) as pooled:
+        sessions = SessionRegistry(pooled)
+        entry = sessions.enter(await sessions.prepare_resume("s1"))
+        writer: Any = entry.writer  # the pooled writer (its mailbox methods)
+        taken = await writer.take_mail()
+        assert [message.id for _, message in taken] == ["m-late"]
+        writer.ack_mail([mail_id for mail_id, _ in taken])
+        one_turn(entry.session, 2)
+        superuser.execute(f"DELETE FROM {schema}.mailbox WHERE session_id = 's1'")
+        with pytest.raises(SessionStoreError, match="mailbox rows of messages it delivered were already deleted"):
+            await entry.session.flush()
+        assert (await store.load("s1")).events == tuple(entry.session.events)  # stored, once
+        one_turn(entry.session, 3)
+        with pytest.raises(SessionStoreError, match="resume the session"):
+            await entry.session.flush()
+        with pytest.raises(SessionStoreError):
+            await sessions.detach(entry)
+    # Its lease was released: another worker resumes the session at once.
+    async with PooledPostgresStore(postgres_cluster.dsn(), schema=schema) as other:
+        loaded, resumed = await other.resume("s1")
+        assert len(loaded.events) == 16
+        await resumed.aclose()
