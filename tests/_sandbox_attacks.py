@@ -30,7 +30,14 @@ from typing import Any
 import attrs
 import trio
 
-from trio_harness.bash import BashError, BashExecutor, BashRequest, BashRuntimeOptions, SandboxPolicy, open_bash_executor
+from trio_harness.bash import (
+    BashError,
+    BashExecutor,
+    BashRequest,
+    BashRuntimeOptions,
+    SandboxPolicy,
+    open_bash_executor,
+)
 
 SECRET = "hunter2-secret"
 MAX_PROCESSES = 32
@@ -155,7 +162,8 @@ ATTACKS: dict[str, list[str]] = {
     ],
     # A .git file naming a git directory that is not there: the command makes it.
     "create the missing git directory a .git file names": [
-        "mkdir -p gd/hooks && echo 'ref: refs/heads/main' > gd/HEAD && printf '[core]\\n\\tfsmonitor = touch pwned\\n' > gd/config",
+        "mkdir -p gd/hooks && echo 'ref: refs/heads/main' > gd/HEAD &&"
+        " printf '[core]\\n\\tfsmonitor = touch pwned\\n' > gd/config",
         "echo RAN",
     ],
     # In the background, swapped while the host runs git, put back before any check ('&': started, not run).
@@ -490,7 +498,9 @@ async def run_attacks(workdir: Path, outside: Path, names: list[str] | None = No
                         if command.startswith("&"):
                             evidence.append(await _in_background(executor, command[1:], where, name, workdir))
                             continue
-                        result = await executor.run(executor.resolve(BashRequest(command, workdir=str(where), timeout=20)))
+                        result = await executor.run(
+                            executor.resolve(BashRequest(command, workdir=str(where), timeout=20))
+                        )
                     except BashError as exc:
                         evidence.append(f"refused to run: {exc}")
                         continue

@@ -14,9 +14,9 @@ from _util import NEEDS_BUBBLEWRAP
 from test_file_tools import call, results, run_calls
 
 from trio_harness import BashRuntimeOptions, BashToolOptions, ScriptedModel, allow_all
+from trio_harness.agents import ToolSet
 from trio_harness.bash import BashRequest, SandboxPolicy, open_bash_executor
 from trio_harness.testing import open_test_harness
-from trio_harness.agents import ToolSet
 from trio_harness.tools import FileToolOptions, FileToolsPlugin
 from trio_harness.tools._files_fs import FileToolError, PathRules, _read_local, _write_local, resolve_path
 
@@ -214,7 +214,13 @@ def test_git_hooks_and_configuration_are_matched_whatever_their_case(tmp_path: P
     (cwd / ".git" / "hooks").mkdir(parents=True)
     (cwd / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     rules = PathRules(writable=(), protect_git=True)
-    for path in (".GIT/hooks/pre-commit", ".Git/HOOKS/post-checkout", ".git/CONFIG", ".GIT", "sub/.GiT/Config.Worktree"):
+    for path in (
+        ".GIT/hooks/pre-commit",
+        ".Git/HOOKS/post-checkout",
+        ".git/CONFIG",
+        ".GIT",
+        "sub/.GiT/Config.Worktree",
+    ):
         with pytest.raises(FileToolError, match=r"read-only in the sandbox \(git's hooks and configuration"):
             rules.check_write(*resolve_path(str(cwd), path), str(cwd))
     rules.check_write(*resolve_path(str(cwd), ".GIT/COMMIT_EDITMSG"), str(cwd))

@@ -158,7 +158,9 @@ class _Walk:
                 )
             self.links.setdefault(link, target)
         if real is None:
-            raise BashError(f"the sandbox refuses to run: {path!r}, which git follows to reach {what}, is a loop of links")
+            raise BashError(
+                f"the sandbox refuses to run: {path!r}, which git follows to reach {what}, is a loop of links"
+            )
         return real
 
     def bind_target(self, target: str) -> list[str]:
@@ -170,7 +172,9 @@ class _Walk:
 
 
 def _copy_fix(link: str) -> Callable[[str], str]:
-    return lambda real: f"replace {link!r} with a copy of what it leads to (rm {_q(link)} && cp -a {_q(real)} {_q(link)})"
+    return lambda real: (
+        f"replace {link!r} with a copy of what it leads to (rm {_q(link)} && cp -a {_q(real)} {_q(link)})"
+    )
 
 
 def _gitfile_fix(gitfile: str) -> Callable[[str], str]:
@@ -344,7 +348,10 @@ def _gitfile_binds(gitfile: str, walk: _Walk, *, base: str) -> list[str]:
     if not _is_gitdir(target):
         if walk.writable(target):
             raise _missing(
-                repr(gitfile), named, target, f"remove {gitfile!r} if its repository is gone, or put its git directory back"
+                repr(gitfile),
+                named,
+                target,
+                f"remove {gitfile!r} if its repository is gone, or put its git directory back",
             )
         return []
     commondir = os.path.join(target, "commondir")
@@ -358,7 +365,7 @@ def _gitfile_binds(gitfile: str, walk: _Walk, *, base: str) -> list[str]:
         )
         if not _is_gitdir(common):
             if walk.writable(common):
-                raise _missing(repr(commondir), named_common, common, f"put the common git directory back")
+                raise _missing(repr(commondir), named_common, common, "put the common git directory back")
             common = None
     binds = _gitdir_binds(target, walk, make_hooks=common is None, common=common)
     if common is not None:
