@@ -30,7 +30,14 @@ from typing import Any
 import attrs
 import trio
 
-from trio_harness.bash import BashError, BashRequest, BashRuntimeOptions, SandboxPolicy, open_bash_executor
+from trio_harness.bash import (
+    BashError,
+    BashExecutor,
+    BashRequest,
+    BashRuntimeOptions,
+    SandboxPolicy,
+    open_bash_executor,
+)
 
 SECRET = "hunter2-secret"
 MAX_PROCESSES = 32
@@ -68,6 +75,11 @@ s.connect(sys.argv[1])
 s.sendall(b"hello")
 print("CONNECTED")
 """
+
+_EVIL_HOP = (
+    "rm hop && mkdir -p evil/meta/hooks && echo 'ref: refs/heads/main' > evil/meta/HEAD &&"
+    " printf '[core]\\n\\tfsmonitor = touch pwned\\n' > evil/meta/config && ln -s evil hop"
+)
 
 # name -> commands (run one after the other in WORKDIR); {outside}, {port}, {python} are filled in.
 ATTACKS: dict[str, list[str]] = {
@@ -141,6 +153,50 @@ ATTACKS: dict[str, list[str]] = {
         "rm .git/hooks && mkdir .git/hooks && echo 'touch pwned' > .git/hooks/post-checkout",
         "echo RAN",
     ],
+    # A link further along the way git goes (.git -> hop/meta, hop -> real): replacing it redirects git.
+    "replace a link in a symlinked .git's chain": [_EVIL_HOP, "echo RAN"],
+    "replace a link in the path a .git file names": [_EVIL_HOP, "echo RAN"],
+    "replace a link on the way to symlinked hooks": [
+        "rm lnk && mkdir -p evil/shared/hooks && echo 'touch pwned' > evil/shared/hooks/pre-commit && ln -s evil lnk",
+        "echo RAN",
+    ],
+    # A .git file naming a git directory that is not there: the command makes it.
+    "create the missing git directory a .git file names": [
+        "mkdir -p gd/hooks && echo 'ref: refs/heads/main' > gd/HEAD &&"
+        " printf '[core]\\n\\tfsmonitor = touch pwned\\n' > gd/config",
+        "echo RAN",
+    ],
+    # In the background, swapped while the host runs git, put back before any check ('&': started, not run).
+    "swap a symlinked .git in the background and put it back": [
+        "&rm .git && mkdir -p evil/hooks && echo 'ref: refs/heads/main' > evil/HEAD &&"
+        " printf '[core]\\n\\tfsmonitor = touch pwned\\n' > evil/config && ln -s evil .git && touch swapped &&"
+        " until [ -e go ]; do sleep 0.05; done; rm .git && ln -s meta .git",
+    ],
+    # A submodule's git directory that is a symbolic link (git follows it).
+    "write through a symlinked submodule git directory": [
+        "printf '[core]\\n\\tfsmonitor = touch pwned\\n' >> .git/modules/sub/config;"
+        " echo 'touch pwned' > .git/modules/sub/hooks/pre-commit",
+        "rm .git/modules/sub && mkdir -p evil/hooks && echo 'ref: refs/heads/main' > evil/HEAD &&"
+        " printf '[core]\\n\\tfsmonitor = touch pwned\\n' > evil/config && ln -s ../../evil .git/modules/sub",
+    ],
+    # A link outside the writable directory (which no command can change) leading into it: allowed, and
+    # the git directory it leads to is read-only.
+    "write through a link outside the writable directory": [
+        "echo 'touch pwned' > .git/hooks/pre-commit; echo 'touch pwned' > real/meta/hooks/post-checkout;"
+        " printf '[core]\\n\\tfsmonitor = touch pwned\\n' >> real/meta/config;"
+        " mv real/meta/hooks real/meta/hooks.moved; mv real/meta real/meta.moved; mv real real.moved",
+    ],
+}
+
+# The attacks on git's links, and the directory each runs in (its writable directory).
+CHAIN_ATTACKS = {
+    "replace a link in a symlinked .git's chain": "chain",
+    "replace a link in the path a .git file names": "chainfile",
+    "replace a link on the way to symlinked hooks": "hookchain",
+    "create the missing git directory a .git file names": "missing",
+    "swap a symlinked .git in the background and put it back": "bgswap",
+    "write through a symlinked submodule git directory": "modlink",
+    "write through a link outside the writable directory": "viaoutside",
 }
 
 # The attacks run in a directory below WORKDIR (their writable directory), by name.
@@ -150,6 +206,7 @@ ATTACK_WORKDIRS = {
     "write through symlinked hooks and config": "linkparts",
     "replace a symlinked .git": "linkgit",
     "replace symlinked hooks": "linkparts",
+    **CHAIN_ATTACKS,
 }
 
 _LOG = '{"type": "session", "id": "s1"}\n'
@@ -216,6 +273,75 @@ def _links_written(workdir: Path) -> str:
     return "; ".join(changed)
 
 
+def _gitdir(path: Path, config: str = "[core]\n\trepositoryformatversion = 0\n") -> None:
+    (path / "hooks").mkdir(parents=True)
+    (path / "HEAD").write_text("ref: refs/heads/main\n")
+    (path / "config").write_text(config)
+
+
+def _chain_layout(workdir: Path, outside: Path) -> None:
+    """The layouts of :data:`CHAIN_ATTACKS`: links git follows, in the writable directory or outside it."""
+    chain = workdir / "chain"
+    _gitdir(chain / "real" / "meta")
+    (chain / "hop").symlink_to("real")
+    (chain / ".git").symlink_to("hop/meta")
+    chainfile = workdir / "chainfile"
+    _gitdir(chainfile / "real" / "meta")
+    (chainfile / "hop").symlink_to("real")
+    (chainfile / ".git").write_text("gitdir: hop/meta\n")
+    hookchain = workdir / "hookchain"
+    _gitdir(hookchain / ".git")
+    (hookchain / ".git" / "hooks").rmdir()
+    (hookchain / "store" / "shared" / "hooks").mkdir(parents=True)
+    (hookchain / "lnk").symlink_to("store")
+    (hookchain / ".git" / "hooks").symlink_to("../lnk/shared/hooks")
+    (workdir / "missing").mkdir()
+    (workdir / "missing" / ".git").write_text("gitdir: gd\n")
+    _gitdir(workdir / "bgswap" / "meta")
+    (workdir / "bgswap" / ".git").symlink_to("meta")
+    modlink = workdir / "modlink"
+    _gitdir(modlink / ".git")
+    _gitdir(modlink / "elsewhere" / "sub")
+    (modlink / ".git" / "modules").mkdir()
+    (modlink / ".git" / "modules" / "sub").symlink_to("../../elsewhere/sub")
+    viaoutside = workdir / "viaoutside"
+    _gitdir(viaoutside / "real" / "meta")
+    (outside / "lnk").symlink_to(viaoutside / "real")
+    (viaoutside / ".git").write_text(f"gitdir: {outside / 'lnk' / 'meta'}\n")
+
+
+def _hostile(gitdir: Path) -> str:
+    """What in the git directory ``gitdir`` (as the host's git would find it) a command planted, or ''."""
+    found = []
+    hooks = gitdir / "hooks"
+    if hooks.is_dir():
+        found += [f"{path} was made" for path in hooks.iterdir()]
+    try:
+        config = (gitdir / "config").read_text()
+    except OSError as exc:
+        config = repr(exc)
+    if _FSMONITOR in config or "repositoryformatversion" not in config:
+        found.append(f"{gitdir / 'config'}: {config!r}")
+    return "; ".join(found)
+
+
+def _chain_hostile(workdir: Path, name: str) -> str:
+    """What the host's git would now run in the layout of the chain attack ``name``, or ''."""
+    base = workdir / CHAIN_ATTACKS[name]
+    if name == "create the missing git directory a .git file names":
+        return _hostile(base / "gd") if (base / "gd").exists() else ""
+    if name == "replace a link on the way to symlinked hooks":
+        hooks = Path(os.path.realpath(base / ".git" / "hooks"))
+        return "; ".join(f"{path} was made" for path in hooks.iterdir()) if hooks.is_dir() else ""
+    if name == "write through a symlinked submodule git directory":
+        return _hostile(Path(os.path.realpath(base / ".git" / "modules" / "sub")))
+    if name == "replace a link in the path a .git file names":
+        return _hostile(Path(os.path.realpath(base / "hop" / "meta")))
+    if name == "write through a link outside the writable directory":
+        return _hostile(base / "real" / "meta")
+    return _hostile(Path(os.path.realpath(base / ".git")))
+
+
 def _log_intact(workdir: Path) -> bool:
     log = workdir / "sessions" / "s1" / "session.jsonl"
     return log.is_file() and log.read_text() == _LOG and not (workdir / "sessions" / "s1" / "x.lock").exists()
@@ -262,6 +388,20 @@ def _git_written(workdir: Path) -> str:
     return "; ".join(changed)
 
 
+async def _in_background(executor: BashExecutor, command: str, where: Path, name: str, workdir: Path) -> str:
+    """Start ``command`` in the background; once it says ``swapped`` (a file), look at what the host's git
+    would run, then let it put things back (``go``) and wait for it."""
+    process = await executor.start(executor.resolve(BashRequest(command, workdir=str(where))))
+    with trio.fail_after(20):
+        while process.running and not (where / "swapped").exists():
+            await trio.sleep(0.05)  # a real process's progress: there is nothing to wait on
+    hostile = _chain_hostile(workdir, name)
+    (where / "go").touch()
+    with trio.fail_after(20):
+        await process.wait()
+    return f"background: {process.read_output()}" + (f"\nHOSTILE while it ran: {hostile}" if hostile else "")
+
+
 def prepare(workdir: Path, outside: Path) -> SandboxPolicy:
     """Plant the secrets the attacks go for; return the policy they run under."""
     (outside / "secrets").mkdir()
@@ -273,6 +413,7 @@ def prepare(workdir: Path, outside: Path) -> SandboxPolicy:
     (workdir / "link").symlink_to("real")
     _git_layout(workdir)
     _link_layout(workdir)
+    _chain_layout(workdir, outside)
     (workdir / "sessions" / "s1").mkdir(parents=True)
     (workdir / "sessions" / "s1" / "session.jsonl").write_text(_LOG)
     hidden = [
@@ -333,6 +474,7 @@ async def run_attacks(workdir: Path, outside: Path, names: list[str] | None = No
         # The replacement itself cannot be stopped (a symbolic link is no mount point): the next command is.
         "replace a symlinked .git": lambda out: "RAN" in out,
         "replace symlinked hooks": lambda out: "RAN" in out,
+        **{name: lambda out: "HOSTILE" in out or "RAN" in out for name in CHAIN_ATTACKS},
     }
     results: dict[str, dict[str, Any]] = {}
     try:
@@ -349,18 +491,22 @@ async def run_attacks(workdir: Path, outside: Path, names: list[str] | None = No
                 raise RuntimeError("no Python interpreter runs inside the sandbox: the attacks cannot be tried")
             for name in names or list(ATTACKS):
                 evidence = []
+                where = workdir / ATTACK_WORKDIRS.get(name, "")
                 for template in ATTACKS[name]:
                     command = template.format(**values)
                     try:
+                        if command.startswith("&"):
+                            evidence.append(await _in_background(executor, command[1:], where, name, workdir))
+                            continue
                         result = await executor.run(
-                            executor.resolve(
-                                BashRequest(command, workdir=str(workdir / ATTACK_WORKDIRS.get(name, "")), timeout=20)
-                            )
+                            executor.resolve(BashRequest(command, workdir=str(where), timeout=20))
                         )
                     except BashError as exc:
                         evidence.append(f"refused to run: {exc}")
                         continue
                     evidence.append(f"exit {result.exit_code}\n{result.stdout}{result.stderr}")
+                    if name in CHAIN_ATTACKS and (hostile := _chain_hostile(workdir, name)):
+                        evidence.append(f"HOSTILE: {hostile}")
                 out = "\n".join(evidence)
                 if name in ATTACK_WORKDIRS or "git" in name:
                     out += f"\nchanged: {_git_written(workdir)}"

@@ -424,18 +424,67 @@ def test_a_linked_worktrees_git_directory_in_a_writable_path_is_protected_too(tm
     assert git_binds(linked, [linked], pin) == ["--ro-bind", f"{linked}/.git", f"{linked}/.git"]
 
 
-async def test_a_replaced_git_link_is_reported_when_its_command_ends_and_refuses_the_next(work: Path) -> None:
-    """A symbolic link cannot be a mount point: the sandbox cannot stop its replacement, so it says so at once."""
+async def test_a_git_link_a_command_could_replace_refuses_commands_until_it_is_a_file(work: Path) -> None:
+    """A symbolic link cannot be a mount point: a .git link in the writable directory is refused, with the fix."""
     (work / "meta" / "hooks").mkdir(parents=True)
     (work / "meta" / "HEAD").write_text("ref: refs/heads/main\n")
     (work / ".git").symlink_to("meta")
+    fix = f"echo 'gitdir: {work}/meta' > {work}/.git"
     async with open_bash_executor(BashRuntimeOptions(sandbox=True, grace_period=0.5)) as executor:
-        assert (await run(executor, "echo x > .git/hooks/pre-commit", work)).exit_code != 0
-        with pytest.raises(BashError, match=r"'rm .git && mkdir .git' ended, and the sandbox refuses every further"):
-            await run(executor, "rm .git && mkdir .git", work)
-        with pytest.raises(BashError, match=r"refuses to run: .*\.git' was a symbolic link to 'meta'.*ln -sfn meta"):
+        with pytest.raises(BashError, match=r"\.git' is a symbolic link \(to 'meta'\) that git follows") as refused:
+            await run(executor, "touch ran", work)
+        assert fix in str(refused.value)
+        with pytest.raises(BashError, match=r"symbolic link \(to 'meta'\)"):
+            await executor.start(executor.resolve(BashRequest("touch ran", workdir=str(work))))
+        assert not (work / "ran").exists()
+        (work / ".git").unlink()
+        subprocess.run(fix, shell=True, check=True)  # the fix as the message gives it
+        assert (await run(executor, "touch ran; echo x > meta/hooks/pre-commit", work)).exit_code != 0
+        assert (work / "ran").exists() and not (work / "meta" / "hooks" / "pre-commit").exists()
+    # The policy's writable paths are checked when the executor opens.
+    (work / ".git").unlink()
+    (work / ".git").symlink_to("meta")
+    with pytest.raises(BashError, match=r"is a symbolic link \(to 'meta'\)"):
+        async with open_bash_executor(BashRuntimeOptions(sandbox=SandboxPolicy(writable=[str(work)]))):
+            raise AssertionError("opened")
+
+
+async def test_a_git_link_outside_the_writable_directory_is_followed_and_checked(work: Path, outside: Path) -> None:
+    """A link no command can change is allowed (what it leads to is protected); replaced on the host, or held
+    by a later command's writable directory, it refuses commands."""
+    (work / "real" / "meta" / "hooks").mkdir(parents=True)
+    (work / "real" / "meta" / "HEAD").write_text("ref: refs/heads/main\n")
+    (outside / "lnk").symlink_to(work / "real")
+    (work / ".git").write_text(f"gitdir: {outside}/lnk/meta\n")
+    async with open_bash_executor(BashRuntimeOptions(sandbox=True, grace_period=0.5)) as executor:
+        assert (await run(executor, "echo x > real/meta/hooks/pre-commit || echo refused", work)).stdout == "refused\n"
+        with pytest.raises(BashError, match=r"writable directory '.*' holds it"):
+            await run(executor, "true", outside)  # it could replace the link
+        (outside / "lnk").unlink()
+        (outside / "lnk").symlink_to(work)
+        with pytest.raises(BashError, match=r"lnk' was a symbolic link to '.*real', .* now points to"):
             await run(executor, "true", work)
-        (work / ".git").rmdir()
-        (work / ".git").symlink_to("meta")  # put back: commands run again
+        (outside / "lnk").unlink()
+        (outside / "lnk").symlink_to(work / "real")  # as it was: commands run again
         assert (await run(executor, "true", work)).exit_code == 0
-    assert not (work / "meta" / "hooks" / "pre-commit").exists()
+    assert not (work / "real" / "meta" / "hooks" / "pre-commit").exists()
+
+
+async def test_a_git_file_naming_a_missing_git_directory_is_refused(work: Path) -> None:
+    (work / ".git").write_text("gitdir: gd\n")
+    async with open_bash_executor(BashRuntimeOptions(sandbox=True, grace_period=0.5)) as executor:
+        with pytest.raises(BashError, match=r"names the git directory 'gd' \(.*/gd\), which is not a git directory"):
+            await run(executor, "git init -q --bare gd", work)
+    assert not (work / "gd").exists()
+
+
+async def test_a_hook_that_is_a_link_has_its_script_read_only(work: Path) -> None:
+    (work / ".git" / "hooks").mkdir(parents=True)
+    (work / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (work / "tools").mkdir()
+    (work / "tools" / "pre-commit").write_text("#!/bin/sh\n")
+    (work / ".git" / "hooks" / "pre-commit").symlink_to("../../tools/pre-commit")
+    async with open_bash_executor(BashRuntimeOptions(sandbox=True, grace_period=0.5)) as executor:
+        done = await run(executor, "echo 'touch pwned' >> tools/pre-commit; mv tools tools2; rm tools/pre-commit", work)
+        assert done.exit_code != 0
+    assert (work / "tools" / "pre-commit").read_text() == "#!/bin/sh\n"

@@ -14,9 +14,10 @@ from _util import NEEDS_BUBBLEWRAP
 from test_file_tools import call, results, run_calls
 
 from trio_harness import BashRuntimeOptions, BashToolOptions, ScriptedModel, allow_all
-from trio_harness.bash import SandboxPolicy
+from trio_harness.agents import ToolSet
+from trio_harness.bash import BashRequest, SandboxPolicy, open_bash_executor
 from trio_harness.testing import open_test_harness
-from trio_harness.tools import FileToolOptions
+from trio_harness.tools import FileToolOptions, FileToolsPlugin
 from trio_harness.tools._files_fs import FileToolError, PathRules, _read_local, _write_local, resolve_path
 
 
@@ -205,6 +206,55 @@ def test_git_hooks_and_configuration_of_submodules_and_worktrees_are_read_only(t
     write("src/config")
     write(".github/hooks/x")
     PathRules(writable=(), protect_git=False).check_write(*resolve_path(str(cwd), ".git/modules/sub/config"), str(cwd))
+
+
+def test_git_hooks_and_configuration_are_matched_whatever_their_case(tmp_path: Path) -> None:
+    """On a case-insensitive file system (vfat, ext4 casefold) .GIT/HOOKS is git's .git/hooks."""
+    cwd = tmp_path / "proj"
+    (cwd / ".git" / "hooks").mkdir(parents=True)
+    (cwd / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    rules = PathRules(writable=(), protect_git=True)
+    for path in (
+        ".GIT/hooks/pre-commit",
+        ".Git/HOOKS/post-checkout",
+        ".git/CONFIG",
+        ".GIT",
+        "sub/.GiT/Config.Worktree",
+    ):
+        with pytest.raises(FileToolError, match=r"read-only in the sandbox \(git's hooks and configuration"):
+            rules.check_write(*resolve_path(str(cwd), path), str(cwd))
+    rules.check_write(*resolve_path(str(cwd), ".GIT/COMMIT_EDITMSG"), str(cwd))
+
+
+@NEEDS_BUBBLEWRAP
+async def test_under_a_sandbox_the_agents_own_spill_files_are_read_but_not_the_rest_of_tmp(tmp_path: Path) -> None:
+    """The truncation notice of a background command names its spill file in the host's /tmp: readable, by the
+    agent that started it only; the rest of the host's /tmp (other sessions' spill files) stays unread."""
+    work = Path(tempfile.mkdtemp(prefix="trio-harness-files-", dir="/var/tmp"))
+    other = Path(tempfile.mkstemp(prefix="trio-harness-bash-proc-1-", suffix=".stdout")[1])  # another harness's
+    try:
+        options = BashRuntimeOptions(sandbox=SandboxPolicy(), tail_bytes=1024, grace_period=0.5)
+        async with open_bash_executor(options) as executor:
+            process = await executor.start(
+                executor.resolve(BashRequest("head -c 5000 /dev/zero | tr '\\0' x", workdir=str(work), owner="a1"))
+            )
+            with trio.fail_after(20):
+                await process.wait()
+            notice = process.read_output()
+            assert f"full stdout in {process.stdout_path}" in notice, notice
+            plugin = FileToolsPlugin(ToolSet(), executor)
+            for path in (process.stdout_path, process.stderr_path):
+                plugin._rules("a1").check_read(*resolve_path(str(work), path), str(work))
+            for reader, path in (("a2", process.stdout_path), ("a1", str(other)), ("a1", "/tmp/krb5cc_0")):
+                with pytest.raises(FileToolError, match=r"its /tmp and /dev are private"):
+                    plugin._rules(reader).check_read(*resolve_path(str(work), path), str(work))
+            spilled = process.stdout_path
+            process.release()
+            with pytest.raises(FileToolError, match=r"its /tmp and /dev are private"):
+                plugin._rules("a1").check_read(*resolve_path(str(work), spilled), str(work))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        other.unlink()
 
 
 def test_git_hooks_and_configuration_behind_symbolic_links_are_read_only(tmp_path: Path) -> None:

@@ -352,9 +352,10 @@ class BashExecutor:
 
         Raises:
             BashError: the spec is invalid, the shell could not be started, or
-                the executor is closed; with a sandbox, also after the command
-                ended when it replaced a symbolic link git's protection follows
-                (docs/sandbox.rst, "Git").
+                the executor is closed; with a sandbox, when it refuses the
+                command (a symbolic link git follows in its writable directory,
+                docs/sandbox.rst "Git"), and after the command ended when such a
+                link outside it was changed meanwhile.
         """
         spec = self._recheck(spec)
         core = await self._spawn(spec, OutputStream("stdout", self.tail_bytes), OutputStream("stderr", self.tail_bytes))
@@ -375,7 +376,7 @@ class BashExecutor:
         facts = core.exit
         assert facts is not None
         if self._checked is not None:
-            self._checked.check_links(spec.command)  # a replaced link git follows: said at once, not at the next
+            self._checked.check_links(spec.command)  # a link git follows changed meanwhile: said at once
         stdout = core.stdout.snapshot()
         stderr = core.stderr.snapshot()
         return BashResult(
@@ -402,7 +403,8 @@ class BashExecutor:
 
         Raises:
             BashError: the spec is invalid, a spill file could not be created,
-                the shell could not be started, or the executor is closed.
+                the shell could not be started, or the executor is closed; with
+                a sandbox, when it refuses the command (as :meth:`run`).
         """
         spec = self._recheck(spec)
         if self._closed:

@@ -175,9 +175,11 @@ class SandboxPolicy:
             ``.git/config.worktree``, those of submodules (``.git/modules``)
             and linked worktrees, and a ``.git`` file (hooks and configured
             commands run outside the sandbox on the user's next ``git``);
-            where a ``.git``, ``hooks`` or ``config`` is a symbolic link, at
-            the place it leads to, and a command that replaced the link
-            refuses the next one.
+            where a ``hooks`` or ``config`` is a symbolic link, at the place
+            it leads to.  A command is refused when a symbolic link git
+            follows to them lies in a writable directory (a command could
+            replace it: a ``.git`` that is a link, say), or when a ``.git``
+            file names a missing git directory there (docs/sandbox.rst, "Git").
         tmp_size: the size cap of ``/tmp``, in bytes; None for the kernel's
             default (half the memory).
         max_processes: how many processes (threads included) a command may
@@ -431,15 +433,17 @@ class Sandbox:
             covers.append((seen.real, kind))
         return covers
 
-    def check_links(self, ran: str | None = None) -> None:
-        """Refuse to go on when a symbolic link git's protection followed was removed or replaced.
+    def check_links(self, ran: str | None = None, roots: Sequence[str] = ()) -> None:
+        """Refuse to go on when a symbolic link git follows (outside the writable directories of the command
+        that followed it) was replaced, or lies in a writable directory of the command about to start.
 
-        A link cannot be a mount point, so a command could replace a ``.git`` that is a link (or a
-        ``.git/hooks`` or ``.git/config`` that is one) by a git directory of its own, whose hooks and
-        configuration git would run outside the sandbox.
+        The first line is :func:`~._sandbox_git.git_binds`, which refuses a command when such a link lies in one
+        of its writable directories; this one catches a link another command's repository follows that this
+        command could replace, and one replaced on the host.
 
         Args:
             ran: the command that just ended, when checking after it (else: before the next one).
+            roots: the writable directories of the command about to start.
 
         Raises:
             BashError: naming the link and what it was.
@@ -450,6 +454,15 @@ class Sandbox:
             else f"the command {ran!r} ended, and the sandbox refuses every further command"
         )
         for path, target in self._links.items():
+            root = next((root for root in roots if _under(path, root)), None)
+            if root is not None:
+                raise BashError(
+                    f"{head}: {path!r} is a symbolic link (to {target!r}) that git follows to reach a "
+                    f"repository's hooks and configuration, and the command's writable directory {root!r} holds "
+                    "it, so the command could replace it and point git at files of its own, which git would run "
+                    "outside the sandbox; replace the link with what it leads to (resolved), or run the command "
+                    "with a writable directory that does not hold it"
+                )
             try:
                 now: str | None = os.readlink(path)
             except OSError:
@@ -458,10 +471,9 @@ class Sandbox:
                 what = "is gone or no longer a symbolic link" if now is None else f"now points to {now!r}"
                 raise BashError(
                     f"{head}: {path!r} was a symbolic link to {target!r}, which git follows "
-                    f"to its hooks and configuration, and {what} (a command may have put a git directory of its "
-                    "own there, whose hooks and configuration git would run outside the sandbox); review it "
-                    f"and put the link back (ln -sfn {shlex.quote(target)} {shlex.quote(path)}), "
-                    "or open the harness again"
+                    f"to a repository's hooks and configuration, and {what} (a git directory of someone else's "
+                    "may now be there, whose hooks and configuration git would run); review what it leads to "
+                    "and make it as it was, or open the harness again"
                 )
 
     def argv(self, command: Sequence[str], *, workdir: str, writable_dir: str | None) -> list[str]:
@@ -485,7 +497,7 @@ class Sandbox:
         roots = [os.path.realpath(writable_dir)] if writable_dir is not None else []
         roots += [path for path in self.writable if path not in roots]
         covers = self.covered(roots)
-        self.check_links()
+        self.check_links(roots=roots)
         argv = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         if policy.tmp_size is not None:
             argv += ["--size", str(policy.tmp_size)]

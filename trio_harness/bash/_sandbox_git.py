@@ -22,13 +22,21 @@ Every directory from the root down to a protected path is bound onto itself
 (a mount point cannot be renamed or removed: ``EBUSY``), so ``mv .git/modules
 m`` cannot carry the protected paths away and put writable ones in their place.
 
-Symbolic links are followed: a ``root/.git`` that is a link (to a git
-directory, or to a ``.git`` file) is protected at its resolved place as if it
-were there, and so is the resolved target of a ``hooks``, ``config``,
-``config.worktree`` or ``commondir`` that is a link (git-new-workdir makes
-such).  A link itself cannot be a mount point, so a command could replace it;
-every such link in a writable directory is reported (``links``: its path and
-target), and the sandbox refuses the next command when one was replaced.
+Symbolic links are followed as git follows them, every link on the way
+(:func:`follow`): a link cannot be a mount point, so one in a writable
+directory could be replaced by a command, pointing git at a git directory of
+its own, and the protection refuses to run (``BashError``: the link, its
+target, the fix).  So a ``root/.git`` that is a link is always refused (the
+fix: a ``.git`` *file* naming the resolved git directory, which is bound
+read-only), and so is a link in a writable directory on the way from a ``.git``
+file to its git directory, to a ``commondir``'s common directory, to a
+``hooks``, ``config``, ``config.worktree`` or ``commondir`` that is a link
+(git-new-workdir makes such), to a ``.git/modules`` or ``.git/worktrees`` entry,
+or in the path of a hook's script.  A ``.git`` file naming a git directory
+that is missing in a writable directory is refused too (a command could make
+it).  Links outside every writable directory cannot be changed by a command:
+they are followed, what they lead to protected where it is writable, and they
+are reported (``links``) for the sandbox to check before later commands.
 """
 
 from __future__ import annotations
@@ -36,15 +44,20 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 from collections.abc import Callable, Sequence
 
 import attrs
+
+from .._errors import BashError
 
 # What a git directory holds that names commands git runs (or, commondir, where they are).
 _PROTECTED = ("hooks", "config", "config.worktree", "commondir")
 # How deep, and how many directories, the search for submodules' git directories goes (each command).
 _MAX_DEPTH = 8
 _MAX_DIRECTORIES = 2000
+# How many symbolic links one path may go through (as the kernel's bound).
+_MAX_LINKS = 40
 # Parts of a git directory that hold no git directory (skipped by the search).
 _NOT_MODULES = frozenset(("objects", "refs", "logs", "hooks", "info", "lfs", "worktrees"))
 _WORKTREE_KEY = re.compile(r"^\s*worktree\s*=\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
@@ -73,9 +86,41 @@ def _is_gitdir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "HEAD")) or os.path.isfile(os.path.join(path, "config"))
 
 
+def follow(path: str) -> tuple[str | None, list[tuple[str, str]]]:
+    """``path`` resolved as the kernel resolves it, and every symbolic link followed on the way, in order
+    (each at its own resolved place, with its target as read); the path is None on a loop."""
+    links: list[tuple[str, str]] = []
+    resolved = "/"
+    pending = list(reversed(path.split("/")))
+    while pending:
+        name = pending.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            resolved = os.path.dirname(resolved)
+            continue
+        candidate = os.path.join(resolved, name)
+        try:
+            target = os.readlink(candidate)
+        except OSError:  # not a link, or not there
+            resolved = candidate
+            continue
+        links.append((candidate, target))
+        if len(links) > _MAX_LINKS:
+            return None, links
+        if target.startswith("/"):
+            resolved = "/"
+        pending.extend(reversed(target.split("/")))
+    return resolved, links
+
+
+def _q(path: str) -> str:
+    return shlex.quote(path)
+
+
 @attrs.frozen
 class _Walk:
-    """What one command's search needs: its writable directories, the pin, and where links are reported."""
+    """What one command's search needs: its writable directories, the pin, and where followed links are noted."""
 
     roots: Sequence[str]
     pin: Pin
@@ -84,15 +129,39 @@ class _Walk:
     def writable(self, path: str) -> bool:
         return any(_under(path, root) for root in self.roots)
 
-    def link(self, path: str) -> str | None:
-        """Report the symbolic link ``path`` when a command could replace it; its resolved target."""
-        try:
-            target = os.readlink(path)
-        except OSError:
-            return None
-        if self.writable(path):
-            self.links.setdefault(path, target)
-        return os.path.realpath(path)
+    def follow(self, path: str, what: str, fix: Callable[[str], str], *, own: bool = False) -> str:
+        """``path`` resolved, refusing when a symbolic link git follows on the way lies in a writable directory
+        (a command could replace it: a link cannot be a mount point).
+
+        Args:
+            path: the path as git goes it (absolute).
+            what: what git reaches through it, for the message.
+            fix: the repair, given the resolved path, for the message.
+            own: the last link, ``path`` itself, may lie in a writable directory (its directory is bound
+                read-only, as a hooks directory is).
+
+        Raises:
+            BashError: naming the link, its target and the fix.
+        """
+        real, links = follow(path)
+        for link, target in links:
+            if own and link == path and self.writable(link):
+                continue  # in a directory bound read-only
+            if self.writable(link):
+                shown = real if real is not None else "(a loop of links)"
+                raise BashError(
+                    f"the sandbox refuses to run: {link!r} is a symbolic link (to {target!r}) that git follows to "
+                    f"reach {what} ({shown}), and it lies in a directory a command may write, so a command could "
+                    "replace it and point git at files of its own, which git would run outside the sandbox; "
+                    f"{fix(shown)}, or make the directory holding the link read-only (keep it out of the "
+                    "sandbox's writable paths)"
+                )
+            self.links.setdefault(link, target)
+        if real is None:
+            raise BashError(
+                f"the sandbox refuses to run: {path!r}, which git follows to reach {what}, is a loop of links"
+            )
+        return real
 
     def bind_target(self, target: str) -> list[str]:
         """Binds making a link's resolved ``target`` read-only, when it lies strictly inside a writable directory
@@ -102,11 +171,25 @@ class _Walk:
         return [*self.pin(os.path.dirname(target)), "--ro-bind", target, target]
 
 
+def _copy_fix(link: str) -> Callable[[str], str]:
+    return lambda real: (
+        f"replace {link!r} with a copy of what it leads to (rm {_q(link)} && cp -a {_q(real)} {_q(link)})"
+    )
+
+
+def _gitfile_fix(gitfile: str) -> Callable[[str], str]:
+    return lambda real: (
+        f"replace {gitfile!r} with a .git file naming the resolved git directory, a regular file the sandbox makes "
+        f"read-only (rm -f {_q(gitfile)} && echo {_q('gitdir: ' + real)} > {_q(gitfile)})"
+    )
+
+
 def _gitdir_binds(gitdir: str, walk: _Walk, *, make_hooks: bool, common: str | None = None) -> list[str]:
     """Pin ``gitdir`` and make its hooks and configuration read-only (``common``: the git directory whose
-    configuration applies, for a linked worktree's); a part that is a symbolic link at its resolved place."""
+    configuration applies, for a linked worktree's); a part that is a symbolic link at its resolved place,
+    and so the scripts of hooks that are links."""
     binds = walk.pin(gitdir)
-    writable = walk.writable(gitdir)  # elsewhere (a symlinked .git's target) it is read-only but for its links
+    writable = walk.writable(gitdir)  # elsewhere (a .git file's target) it is read-only but for its links
     hooks = os.path.join(gitdir, "hooks")
     if writable and make_hooks and not os.path.lexists(hooks):
         with contextlib.suppress(OSError):
@@ -124,44 +207,71 @@ def _gitdir_binds(gitdir: str, walk: _Walk, *, make_hooks: bool, common: str | N
     for name in _PROTECTED:
         path = os.path.join(gitdir, name)
         if os.path.islink(path):
-            target = walk.link(path)
-            if target is not None:
-                binds += walk.bind_target(target)
+            target = walk.follow(path, f"the {name} of the git directory {gitdir!r}", _copy_fix(path))
+            binds += walk.bind_target(target)
+            if name == "hooks":
+                hooks = target
         elif writable and os.path.lexists(path):
             binds += ["--ro-bind", path, path]
+    return binds + _hook_scripts(hooks, walk)
+
+
+def _hook_scripts(hooks: str, walk: _Walk) -> list[str]:
+    """Binds making read-only, in a writable directory, the scripts that hooks which are links lead to
+    (``.git/hooks/pre-commit -> ../../tools/pre-commit``); the hooks directory itself is read-only already."""
+    binds: list[str] = []
+    with contextlib.suppress(OSError):
+        for entry in sorted(os.scandir(hooks), key=lambda entry: entry.name):
+            if entry.is_symlink():
+                target = walk.follow(entry.path, f"the hook {entry.path!r}", _copy_fix(entry.path), own=True)
+                binds += walk.bind_target(target)
     return binds
 
 
-def _module_gitdirs(modules: str) -> list[str]:
-    """The git directories of submodules under ``modules`` (a ``.git/modules``), nested ones included."""
+def _module_gitdirs(modules: str, walk: _Walk) -> list[str]:
+    """The git directories of submodules under ``modules`` (a ``.git/modules``), nested ones included, those
+    that are symbolic links resolved (refused where a command could replace the link)."""
     found: list[str] = []
     budget = _MAX_DIRECTORIES
     stack = [(modules, 0)]
     while stack and budget > 0:
         directory, depth = stack.pop()
         try:
-            entries = sorted(entry.name for entry in os.scandir(directory) if entry.is_dir(follow_symlinks=False))
+            entries = sorted(
+                (entry.name, entry.is_symlink())
+                for entry in os.scandir(directory)
+                if entry.is_symlink() or entry.is_dir(follow_symlinks=False)
+            )
         except OSError:
             continue
-        for name in entries:
+        for name, is_link in entries:
             budget -= 1
             path = os.path.join(directory, name)
+            if is_link:
+                path = walk.follow(path, f"the submodule git directory {path!r}", _copy_fix(path))
+                if not os.path.isdir(path):
+                    continue
             if _is_gitdir(path):
                 found.append(path)
                 if os.path.isdir(os.path.join(path, "modules")) and depth + 1 < _MAX_DEPTH:
                     stack.append((os.path.join(path, "modules"), depth + 1))
             elif depth + 1 < _MAX_DEPTH and name not in _NOT_MODULES:
                 stack.append((path, depth + 1))  # a submodule named with a slash: a/b
-    return sorted(found)
+    return sorted(set(found))
+
+
+def _gitfile_named(gitfile: str) -> str | None:
+    """The path a ``.git`` file names (``gitdir: <path>``), as written, or None."""
+    text = _read(gitfile, 8192)
+    if not text.startswith("gitdir:"):
+        return None
+    return text[len("gitdir:") :].strip() or None
 
 
 def _gitfile_target(gitfile: str) -> str | None:
     """The git directory a ``.git`` file names (``gitdir: <path>``), resolved, or None."""
-    text = _read(gitfile, 8192)
-    if not text.startswith("gitdir:"):
-        return None
-    target = text[len("gitdir:") :].strip()
-    return os.path.realpath(os.path.join(os.path.dirname(gitfile), target)) if target else None
+    named = _gitfile_named(gitfile)
+    return os.path.realpath(os.path.join(os.path.dirname(gitfile), named)) if named is not None else None
 
 
 def git_directories(root: str) -> list[str]:
@@ -190,38 +300,76 @@ def git_binds(root: str, roots: Sequence[str], pin: Pin, links: dict[str, str] |
         root: a writable directory of the command (resolved).
         roots: every writable directory of the command (resolved).
         pin: binds pinning a directory up to its writable root.
-        links: filled with the symbolic links the protection follows that a command could replace
-            (path -> target as read), for the sandbox to check before the next command.
+        links: filled with the symbolic links git follows to reach what is protected (path -> target as
+            read), none of them in ``roots``, for the sandbox to check before later commands.
+
+    Raises:
+        BashError: the protection cannot hold: a symbolic link git follows lies in a writable directory
+            (a command could replace it), or a ``.git`` file names a git directory that is missing there.
     """
     walk = _Walk(roots, pin, {} if links is None else links)
     git = os.path.join(root, ".git")
     if os.path.islink(git):
-        resolved = walk.link(git)
-        if resolved is None:
-            return []
+
+        def fix(real: str) -> str:
+            if os.path.isfile(real):
+                return f"replace {git!r} with a copy of the .git file it leads to (the path it names made absolute)"
+            return _gitfile_fix(git)(real)
+
+        resolved = walk.follow(git, "the repository's git directory", fix)  # refuses: root is writable
         if os.path.isfile(resolved):
-            return [*walk.bind_target(resolved), *_gitfile_binds(resolved, walk)]
+            return [*walk.bind_target(resolved), *_gitfile_binds(resolved, walk, base=root)]
         if not os.path.isdir(resolved) or not _is_gitdir(resolved):
-            return []  # a dangling link, or to something that is not a git directory
+            return []
         return _repo_binds(resolved, walk)
     if os.path.isfile(git):
         # read-only, and a mount point cannot be renamed or removed
-        return ["--ro-bind", git, git, *_gitfile_binds(git, walk)]
+        return ["--ro-bind", git, git, *_gitfile_binds(git, walk, base=root)]
     if not os.path.isdir(git):
         return []  # no repository
     return _repo_binds(git, walk)
 
 
-def _gitfile_binds(gitfile: str, walk: _Walk) -> list[str]:
-    """The git directory a ``.git`` file names, and its common directory, when they lie in a writable path."""
-    binds: list[str] = []
-    target = _gitfile_target(gitfile)
-    if target is not None and walk.writable(target) and _is_gitdir(target):
-        named = _read(os.path.join(target, "commondir"), 8192).strip()
-        common = os.path.realpath(os.path.join(target, named)) if named else None
-        binds += _gitdir_binds(target, walk, make_hooks=common is None, common=common)
-        if common is not None and walk.writable(common) and _is_gitdir(common):
-            binds += _gitdir_binds(common, walk, make_hooks=True)
+def _missing(what: str, named: str, real: str, fix: str) -> BashError:
+    return BashError(
+        f"the sandbox refuses to run: {what} names the git directory {named!r} ({real}), which is not a git "
+        "directory (missing, or without HEAD and config) and lies in a directory a command may write: a command "
+        f"could make it, with hooks and configuration git would run outside the sandbox; {fix}"
+    )
+
+
+def _gitfile_binds(gitfile: str, walk: _Walk, *, base: str) -> list[str]:
+    """The git directory a ``.git`` file names (relative to ``base``, as git reads it), and its common
+    directory: their hooks and configuration read-only where they are writable, their links checked."""
+    named = _gitfile_named(gitfile)
+    if named is None:
+        return []  # git refuses it too ("invalid gitfile format")
+    target = walk.follow(os.path.join(base, named), f"the git directory {gitfile!r} names", _gitfile_fix(gitfile))
+    if not _is_gitdir(target):
+        if walk.writable(target):
+            raise _missing(
+                repr(gitfile),
+                named,
+                target,
+                f"remove {gitfile!r} if its repository is gone, or put its git directory back",
+            )
+        return []
+    commondir = os.path.join(target, "commondir")
+    named_common = _read(commondir, 8192).strip()
+    common = None
+    if named_common:
+        common = walk.follow(
+            os.path.join(target, named_common),
+            f"the common git directory {commondir!r} names",
+            lambda real: f"write the resolved path into {commondir!r} (echo {_q(real)} > {_q(commondir)})",
+        )
+        if not _is_gitdir(common):
+            if walk.writable(common):
+                raise _missing(repr(commondir), named_common, common, "put the common git directory back")
+            common = None
+    binds = _gitdir_binds(target, walk, make_hooks=common is None, common=common)
+    if common is not None:
+        binds += _gitdir_binds(common, walk, make_hooks=True)
     return binds
 
 
@@ -229,19 +377,28 @@ def _repo_binds(git: str, walk: _Walk) -> list[str]:
     """A repository's git directory ``git`` (resolved), its submodules' and its linked worktrees'."""
     binds = _gitdir_binds(git, walk, make_hooks=True)
     modules = os.path.join(git, "modules")
-    if os.path.isdir(modules) and not os.path.islink(modules):
-        for gitdir in _module_gitdirs(modules):
+    if os.path.islink(modules):
+        modules = walk.follow(modules, "the submodules' git directories", _copy_fix(modules))
+    if os.path.isdir(modules):
+        for gitdir in _module_gitdirs(modules, walk):
             binds += _gitdir_binds(gitdir, walk, make_hooks=True)
             found = _WORKTREE_KEY.search(_read(os.path.join(gitdir, "config")))
             if found is not None:
                 checkout = os.path.realpath(os.path.join(gitdir, found.group(1).strip('"')))
                 gitfile = os.path.join(checkout, ".git")
-                if walk.writable(gitfile) and os.path.isfile(gitfile):
+                if os.path.islink(gitfile):  # git in the checkout follows it
+                    binds += walk.bind_target(walk.follow(gitfile, "the submodule's .git file", _copy_fix(gitfile)))
+                elif walk.writable(gitfile) and os.path.isfile(gitfile):
                     binds += [*walk.pin(checkout), "--ro-bind", gitfile, gitfile]
     worktrees = os.path.join(git, "worktrees")
-    if os.path.isdir(worktrees) and not os.path.islink(worktrees):
+    if os.path.islink(worktrees):
+        worktrees = walk.follow(worktrees, "the linked worktrees' git directories", _copy_fix(worktrees))
+    if os.path.isdir(worktrees):
         with contextlib.suppress(OSError):
             for entry in sorted(os.scandir(worktrees), key=lambda entry: entry.name):
-                if entry.is_dir(follow_symlinks=False):
-                    binds += _gitdir_binds(entry.path, walk, make_hooks=False, common=git)
+                path = entry.path
+                if entry.is_symlink():
+                    path = walk.follow(path, f"the linked worktree's git directory {path!r}", _copy_fix(path))
+                if os.path.isdir(path):
+                    binds += _gitdir_binds(path, walk, make_hooks=False, common=git)
     return binds

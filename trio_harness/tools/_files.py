@@ -273,17 +273,27 @@ class FileToolsPlugin:
             "written, and hidden paths cannot be read."
         )
 
-    def _rules(self) -> PathRules:
+    def _rules(self, reader: str | None = None) -> PathRules:
+        """The path rules; ``reader``: the id of the agent reading, whose background commands' spill files
+        (in the host's ``/tmp``, which a sandbox otherwise keeps unread) it may read."""
         checked = self.bash.checked_sandbox if self.bash is not None else None
         protected = (self.store_root,) if self.store_root is not None else ()
         if checked is None:
             return PathRules(protected=protected, unread=protected)
+        assert self.bash is not None
+        spills = frozenset(
+            os.path.realpath(path)
+            for process in self.bash.list()
+            if reader is not None and process.owner == reader
+            for path in (process.stdout_path, process.stderr_path)
+        )
         return PathRules(
             writable=checked.writable,
             hidden=checked.hidden,
             protect_git=checked.policy.protect_git,
             protected=protected,
             unread=protected if checked.policy.hide_sessions else (),
+            spill_files=spills,
         )
 
     def _system(self, agent: Agent) -> FileSystem:
@@ -317,7 +327,7 @@ class FileToolsPlugin:
     async def _read(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutput:
         try:
             cwd, full, real = self._paths(ctx.agent, args["path"])
-            self._rules().check_read(full, real, cwd)
+            self._rules(ctx.agent.id).check_read(full, real, cwd)
             content = await self._system(ctx.agent).read_text(real)
         except FileToolError as exc:
             return self._error(str(exc))

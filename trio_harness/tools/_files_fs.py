@@ -258,9 +258,10 @@ def git_protected(real: str, root: str) -> bool:
     ``hooks`` directory and every ``config``, ``config.worktree`` and
     ``commondir``: those of the repository, of its submodules
     (``.git/modules/<name>/``, nested ones too) and of its linked worktrees
-    (``.git/worktrees/<name>/``).
+    (``.git/worktrees/<name>/``).  Names are compared case-insensitively.
     """
-    relative = os.path.relpath(real, root).split(os.sep)
+    # Case-insensitively: on a case-insensitive file system (vfat, ext4 casefold) .GIT/HOOKS is .git/hooks.
+    relative = os.path.relpath(real, root).lower().split(os.sep)
     if ".git" not in relative:
         return False
     rest = relative[relative.index(".git") + 1 :]
@@ -268,7 +269,7 @@ def git_protected(real: str, root: str) -> bool:
 
 
 def _in_gitdir(real: str, gitdir: str) -> bool:
-    relative = os.path.relpath(real, gitdir).split(os.sep)
+    relative = os.path.relpath(real, gitdir).lower().split(os.sep)
     return relative == ["."] or "hooks" in relative or relative[-1] in GIT_PROTECTED_NAMES
 
 
@@ -276,11 +277,12 @@ def git_guarded(real: str, roots: Sequence[str]) -> bool:
     """Whether ``real`` (resolved) is a part of the git directories the repositories at ``roots`` use, found
     through symbolic links as git finds them (:func:`~trio_harness.bash._sandbox_git.git_directories`): the
     same parts as :func:`git_protected`, and the targets of hooks and configuration that are links."""
+    folded = real.lower()  # as git_protected: a case-insensitive file system may name them otherwise
     for root in roots:
         for gitdir in git_directories(root):
-            if _under(real, gitdir) and _in_gitdir(real, gitdir):
+            if _under(folded, gitdir.lower()) and _in_gitdir(real, gitdir):
                 return True
-            if any(_under(real, target) for target in linked_parts(gitdir)):
+            if any(_under(folded, target.lower()) for target in linked_parts(gitdir)):
                 return True
     return False
 
@@ -297,6 +299,8 @@ class PathRules:
             directory (absolute; resolved at each check).
         unread: paths never read: the session store's directory, unless a sandbox shows it
             (``hide_sessions=False``).
+        spill_files: files read though they lie in the host's ``/tmp``: the spill files of the bash
+            executor's background commands of the agent reading (resolved), which their truncation notices name.
     """
 
     writable: tuple[str, ...] | None = None
@@ -304,6 +308,7 @@ class PathRules:
     protect_git: bool = False
     protected: tuple[str, ...] = ()
     unread: tuple[str, ...] = ()
+    spill_files: frozenset[str] = frozenset()
 
     def _unread(self, shown: str, real: str, cwd: str | None) -> str | None:
         """Why ``real`` is not read though no hidden path covers it, or None: inside the session store,
@@ -321,7 +326,7 @@ class PathRules:
                     "the harness's own records, which the file tools never read (a sandbox hides them from "
                     "commands too)"
                 )
-        if self.writable is None:
+        if self.writable is None or real in self.spill_files:
             return None
         roots = [os.path.realpath(root) for root in (*((cwd,) if cwd is not None else ()), *self.writable)]
         for private in PRIVATE_UNDER_SANDBOX:
@@ -329,7 +334,8 @@ class PathRules:
                 return (
                     f"{shown}{resolved} is hidden by the sandbox (its /tmp and /dev are private: a sandboxed "
                     f"command sees empty ones of its own, not the host's {private}; only the working directory "
-                    "and the sandbox's writable paths there are the real ones)"
+                    "and the sandbox's writable paths there are the real ones, and the spill files of the "
+                    "agent's own background commands can be read)"
                 )
         return None
 
