@@ -408,6 +408,8 @@ class ReactAgent(TurnLoop, metaclass=NoPublicConstructor, public_way="harness.ag
         self._bus.emit("agent/cancel-requested", self, cause=cause)
         if not keep_inbox:
             self._inbox.clear()
+        if cause != "disposed":  # where the wake was dropped, for a resume (a disposal decides nothing)
+            self._inbox.mark_cancel()
         self._last_turn = self._approvals.drop_paused(self._last_turn, cause)  # a paused turn's questions
         self._wake_requested = False
         if maintaining:
@@ -668,7 +670,7 @@ class ReactAgent(TurnLoop, metaclass=NoPublicConstructor, public_way="harness.ag
         inbox = self._inbox
         if not len(inbox):
             return
-        latched, held = restored_wake(self._session)
+        latched, held = restored_wake(self._session, {message.id for message in inbox.staged})
         if latched or (inbox.has_turn_work() and not held):
             self._wake()
 
