@@ -61,7 +61,7 @@ from ._durability import Checkpoints, Durability
 from ._follow import FollowedPrompt, Followers
 from ._function_tools import caller_namespace, output_adapter
 from ._history import History
-from ._inbox import Inbox, Prompt, restored_wake
+from ._inbox import Inbox, Prompt, resume_wakes
 from ._options import AgentOptions
 from ._request import RequestBuilder
 from ._run import PendingOutput, RunResult, run_prompt
@@ -667,11 +667,7 @@ class ReactAgent(TurnLoop, metaclass=NoPublicConstructor, public_way="harness.ag
         if self._approvals.paused:
             self._wake()
             return
-        inbox = self._inbox
-        if not len(inbox):
-            return
-        latched, held = restored_wake(self._session, {message.id for message in inbox.staged})
-        if latched or (inbox.has_turn_work() and not held):
+        if resume_wakes(self._session, self._inbox):
             self._wake()
 
     def _wake(self) -> None:

@@ -494,3 +494,11 @@ def restored_wake(session: Session, staged: Collection[str] = ()) -> tuple[bool,
                 if not (late_steer and latched):  # (a log without cancel marks)
                     latched, held = False, True
     return latched, held
+
+
+def resume_wakes(session: Session, inbox: Inbox) -> bool:
+    """Whether a resumed agent starts a turn for the messages restored in ``inbox`` (see :func:`restored_wake`)."""
+    if not len(inbox):
+        return False
+    latched, held = restored_wake(session, {message.id for message in inbox.staged})
+    return latched or (inbox.has_turn_work() and not held)
