@@ -366,3 +366,23 @@ async def test_a_prompt_sent_right_after_a_plain_cancel_runs_on_resume(
     agent = await resume_and_settle(tmp_path, answers(1))
     assert claims(agent)[new] == [2] and len(agent.inbox) == 0
     assert turn_ends(agent) == [(1, "aborted"), (2, "completed")]
+
+
+async def test_a_posted_followup_not_stored_yet_does_not_wake_the_resumed_agent(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The mail loop may log a posted followup's splice before the resume's own check runs: until it is
+    # stored the agent may not act on it, so what a cancel kept stays held; once stored it wakes the agent.
+    await write_log(JsonlStore(tmp_path), crashed_log(["followup"], "kept"))
+    async with open_test_harness(answers(2), store=tmp_path) as harness:
+        async with harness.agents.open(session_id=SID, resume=True) as agent:
+            await trio.testing.wait_all_tasks_blocked()
+            assert agent.status == "idle" and [m.id for m in agent.inbox.next_turn] == ["p0"]
+            agent.deliver_posted(InboxMessage("posted", "a posted followup", mode="followup"))
+            assert [m.id for m in agent.inbox.staged] == ["posted"]
+            agent.resume_pending()  # as if the resume checked only now
+            assert agent.status == "idle"
+            await agent.session.flush()  # stored: it wakes the agent, which runs what was kept too
+            assert agent.status == "running"
+            await settle(agent)
+            assert claims(agent) == {"m1": [1], "m2": [2], "p0": [3], "posted": [4]}
