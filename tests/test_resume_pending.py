@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trio_harness.agents import Agent
+from trio_harness.agents._driver import ReactAgent
 from trio_harness.model import ScriptedModel
 from trio_harness.model._protocol import ToolCall
 from trio_harness.session import JsonlStore, Session, SessionRegistry, SessionStore
@@ -330,7 +331,7 @@ def test_any_mix_of_pending_messages_is_claimed_once_as_its_writer_would_have(
         trio.run(functools.partial(_check_queues, Path(root), kinds, ending, marks=marks), clock=clock)
 
 
-# ---------------------------------------------------------------- a waking send after a cancel (trio-mapping.md item 18)
+# ---------------------------------------------------------------- a waking send after a cancel (trio-mapping item 18)
 
 
 async def _cancel_then_send(tmp_path: Path, *, keep_inbox: bool, send: Callable[[Agent], list[str]]) -> list[str]:
@@ -350,7 +351,9 @@ async def test_a_steer_and_a_followup_sent_after_a_keep_inbox_cancel_run_on_resu
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     # The live agent latches a waking send made after the cancel and runs it once the cancelled turn ended.
-    sent = await _cancel_then_send(tmp_path, keep_inbox=True, send=lambda a: [a.steer("late steer"), a.followup("late")])
+    sent = await _cancel_then_send(
+        tmp_path, keep_inbox=True, send=lambda agent: [agent.steer("late steer"), agent.followup("late")]
+    )
     agent = await resume_and_settle(tmp_path, answers(2))
     steer, followup = sent
     got = claims(agent)
@@ -375,7 +378,9 @@ async def test_a_posted_followup_not_stored_yet_does_not_wake_the_resumed_agent(
     # stored the agent may not act on it, so what a cancel kept stays held; once stored it wakes the agent.
     await write_log(JsonlStore(tmp_path), crashed_log(["followup"], "kept"))
     async with open_test_harness(answers(2), store=tmp_path) as harness:
-        async with harness.agents.open(session_id=SID, resume=True) as agent:
+        async with harness.agents.open(session_id=SID, resume=True) as opened:
+            assert isinstance(opened, ReactAgent)  # the driver's own methods (the mail loop calls them)
+            agent = opened
             await trio.testing.wait_all_tasks_blocked()
             assert agent.status == "idle" and [m.id for m in agent.inbox.next_turn] == ["p0"]
             agent.deliver_posted(InboxMessage("posted", "a posted followup", mode="followup"))
@@ -383,6 +388,6 @@ async def test_a_posted_followup_not_stored_yet_does_not_wake_the_resumed_agent(
             agent.resume_pending()  # as if the resume checked only now
             assert agent.status == "idle"
             await agent.session.flush()  # stored: it wakes the agent, which runs what was kept too
-            assert agent.status == "running"
+            assert str(agent.status) == "running"
             await settle(agent)
             assert claims(agent) == {"m1": [1], "m2": [2], "p0": [3], "posted": [4]}

@@ -622,6 +622,7 @@ async def _run_prompt(
     args: argparse.Namespace, provider: ModelProvider, prompt: Prompt, servers: Sequence[McpServerConfig] = ()
 ) -> int:
     from ._cli_approval import TerminalApprover
+    from ._cli_pending import QueuedTurns
     from ._cli_progress import Printer, Style, use_colour
     from ._harness import open_harness
     from ._telemetry import otlp_from_env
@@ -650,7 +651,7 @@ async def _run_prompt(
     entered = False
     agent_id: str | None = None
     outcome: TurnOutcome | None = None
-    queued: _QueuedTurns | None = None
+    queued: QueuedTurns | None = None
     terminal = None if args.yes else TerminalApprover(printer)
     try:
         async with open_harness(
@@ -705,7 +706,9 @@ async def _run_prompt(
                     finished.set()
 
             stop_showing = _show_continuation(agent, on_event, printer)
-            queued = _QueuedTurns(agent, on_event, printer)
+            from ._cli_pending import QueuedTurns
+
+            queued = QueuedTurns(agent, on_event, printer)
             try:
                 # Ctrl-C from here on cancels the turn cleanly (a second one stops at once).
                 with trio.open_signal_receiver(signal.SIGINT) as signals:
@@ -778,62 +781,6 @@ def _show_continuation(agent: Agent, on_event: Callable[[Event], None], printer:
     return agent.session.observe(
         lambda event: on_event(event) if getattr(event, "turn", None) == turn and event.type != "turn/end" else None
     )
-
-
-class _QueuedTurns:
-    """Shows the turns a resume runs for queued messages before the prompt, and remembers how they ended.
-
-    A resumed session's pending followups and steers run first (docs/inbox.rst,
-    "The durable inbox"): the user sees them (their tool calls are asked about
-    like the prompt's), and one that did not complete fails the run.
-    """
-
-    def __init__(self, agent: Agent, on_event: Callable[[Event], None], printer: Printer) -> None:
-        from .session import _events as ev
-        from .session._paused import paused_calls
-
-        self.prompt_id: str | None = None
-        self.ends: list[ev.TurnEnd] = []
-        self._on_event = on_event
-        self._claimed = False
-        inbox = agent.inbox
-        count = len(inbox.next_turn) + len(inbox.next_step)
-        events = agent.session.events
-        last = next((e.turn for e in reversed(events) if isinstance(e, ev.TurnStart | ev.TurnEnd)), 0)
-        self._first = last + 1 + (1 if paused_calls(events) else 0)  # a paused turn's continuation is shown apart
-        self._unobserve: Callable[[], None] | None = None
-        if count:
-            printer.line(f"[pending] {count} queued message(s) run first")
-            self._unobserve = agent.session.observe(self._observe)
-
-    def _observe(self, event: Event) -> None:
-        from .session import _events as ev
-
-        if self._claimed:
-            return
-        if isinstance(event, ev.InboxSpliced) and event.outcome == "claimed" and self.prompt_id in event.removed:
-            self._claimed = True  # the prompt's own turn: its follower shows it
-            return
-        turn = getattr(event, "turn", None)
-        if turn is None or turn < self._first:
-            return
-        if isinstance(event, ev.TurnEnd):
-            self.ends.append(event)
-        else:
-            self._on_event(event)
-
-    def stop(self) -> None:
-        if self._unobserve is not None:
-            self._unobserve()
-            self._unobserve = None
-
-    def failed(self) -> bool:
-        """Whether a queued message's turn did not complete (reported on stderr)."""
-        bad = [end for end in self.ends if end.reason != "completed"]
-        for end in bad:
-            why = f": {end.failure.message} ({end.failure.code})" if end.failure is not None else ""
-            _error(f"turn {end.turn} of a queued message ended {end.reason}{why}")
-        return bool(bad)
 
 
 async def _count_down(printer: Printer) -> None:

@@ -382,11 +382,14 @@ class ReactAgent(TurnLoop, metaclass=NoPublicConstructor, public_way="harness.ag
         """Abort the current activity and (unless ``keep_inbox``) drop queued work.
 
         The activity is the running turn, or the automatic compaction running
-        as maintenance between turns (stopped at once, nothing logged).
+        as maintenance between turns (stopped at once, nothing logged for it).
 
         Idle with nothing queued, this does nothing and emits nothing.  An
         effective call emits ``agent/cancel-requested`` before clearing or
-        aborting.  The first cause of an activity is the one its turn records.
+        aborting, and (unless ``cause`` is ``disposed``) logs the cancel's mark
+        after the clear, so a resume holds what it kept and runs what was sent
+        after it (docs/inbox.rst, "The durable inbox").  The first cause of an
+        activity is the one its turn records.
 
         Returns:
             Whether the call had an effect.

@@ -490,9 +490,9 @@ def restored_wake(session: Session, staged: Collection[str] = ()) -> tuple[bool,
             held = marked = late_steer = False
         elif kind is ev.TurnEnd:
             assert isinstance(event, ev.TurnEnd)
-            if event.reason == "aborted" and event.cause not in (None, "disposed") and not marked:
-                if not (late_steer and latched):  # (a log without cancel marks)
-                    latched, held = False, True
+            cancelled = event.reason == "aborted" and event.cause not in (None, "disposed")
+            if cancelled and not marked and not (late_steer and latched):  # (a log without cancel marks)
+                latched, held = False, True
     return latched, held
 
 
