@@ -328,7 +328,8 @@ class Inbox:
 
         An effective cancel (not a disposal) writes it after its clear, so the
         log shows where the wake was dropped: what was kept before it waits
-        for a wake, a waking send after it runs (:func:`restored_wake`).
+        for a wake, a waking send after it runs (docs/inbox.rst, "The durable
+        inbox").  The agent's ``cancel`` writes it; replaying it changes nothing.
         Requested while a splice is being logged, it is written once that
         splice is applied.
         """
