@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 from trio_harness import BashRuntimeOptions
 from trio_harness._cli_progress import KEPT_CONTROLS, inert
 from trio_harness.bash import SandboxPolicy
+from trio_harness.session import JsonlStore, SessionRegistry
+from trio_harness.session import _events as ev
 
 PROMPT = APPROVAL_PROMPT
 # An attacker's command: erases the question line and draws a harmless-looking one.
@@ -204,6 +206,39 @@ async def test_run_session_accepts_a_unique_prefix(tmp_path: Path) -> None:
     assert "ambiguous" in ambiguous.stderr.decode() and "aa11, aa22" in ambiguous.stderr.decode()
     unknown = await piped(tmp_path, "run", "x", "--model", model, "--store", str(store), "--session", "bb")
     assert unknown.returncode == 2 and "bb" in unknown.stderr.decode()
+
+
+async def _log_with_a_pending_followup(store: Path) -> None:
+    """A session whose dead worker spliced a followup no turn claimed (a resume runs it first)."""
+    registry = SessionRegistry(JsonlStore(store))
+    session = await registry.prepare_new("pending1", cwd=str(store))
+    entry = registry.enter(session)
+    queued = ev.InboxMessage("queued-1", "the queued question", mode="followup")
+    session.append(ev.InboxSpliced, queue="next-turn", start=0, inserted=(queued,))
+    await registry.detach(entry)
+
+
+async def test_run_session_shows_the_queued_turns_it_runs_before_the_prompt(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    await _log_with_a_pending_followup(store)
+    model = script(tmp_path, [{"text": "answer to the queued one"}, {"text": "answer to the prompt"}])
+    done = await piped(tmp_path, "run", "the prompt", "--model", model, "--store", str(store), "--session", "pending1")
+    out, err = done.stdout.decode(), done.stderr.decode()
+    assert done.returncode == 0, err
+    assert "[pending] 1 queued message(s) run first" in err
+    assert out.index("answer to the queued one") < out.index("answer to the prompt"), out
+
+
+async def test_run_session_fails_when_a_queued_turn_it_ran_first_failed(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    await _log_with_a_pending_followup(store)
+    failing = {"error": {"message": "the queued turn broke", "code": "scripted"}}
+    model = script(tmp_path, [failing, {"text": "answer to the prompt"}])
+    done = await piped(tmp_path, "run", "the prompt", "--model", model, "--store", str(store), "--session", "pending1")
+    err = done.stderr.decode()
+    assert "answer to the prompt" in done.stdout.decode()
+    assert done.returncode == 1, err
+    assert "the queued turn broke" in err and "[session] kept session pending1" in err
 
 
 # ---------------------------------------------------------------- the continue line (22.19), --sandbox-hide

@@ -312,7 +312,8 @@ async def test_cancel_during_maintenance_stops_it_promptly_and_logs_nothing(
             assert agent.cancel() is True
             await agent.when_idle()
             assert trio.current_time() == start  # prompt: no wait for the summary request
-            assert len(agent.session) == before + 2  # only the inbox splices queueing and clearing the followup
+            # only the inbox splices queueing and clearing the followup, and the cancel's mark (docs/inbox.rst)
+            assert len(agent.session) == before + 3
             assert not compactions(agent.session.events) and not len(agent.inbox)
             assert agent.status == "idle"
             # the agent goes on; the maintenance is not retried before another turn has run, so the
@@ -328,11 +329,11 @@ async def test_cancel_during_maintenance_stops_it_promptly_and_logs_nothing(
 
 
 async def test_cancel_keeping_the_inbox_during_maintenance_leaves_the_followup_queued(
-    autojump_clock: trio.testing.MockClock,
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     k = await _first_maintenance_turn()
     gated = GatedModel(ScriptedModel(script(k + 1), context_window=WINDOW, summary=summarize))
-    async with open_test_harness(gated) as h:
+    async with open_test_harness(gated, store=tmp_path) as h:
         h.tools.add(ECHO)
         async with h.agents.open(options=OPTIONS) as agent:
             await _into_maintenance(agent, gated, k)
@@ -342,6 +343,14 @@ async def test_cancel_keeping_the_inbox_during_maintenance_leaves_the_followup_q
             # pending work awaits a later wake, as after any cancel keeping the inbox
             assert [m.text for m in agent.inbox.next_turn] == [prompt(k + 1)]
             assert not compactions(agent.session.events)
+            assert [e.turn for e in agent.session.events if isinstance(e, ev.TurnStart)][-1] == k
+            session_id = agent.id
+    # Resumed, it still waits: the cancel's mark in the log holds it, as the live agent did.
+    async with open_test_harness(ScriptedModel([]), store=tmp_path) as h:
+        async with h.agents.open(session_id=session_id, resume=True, options=OPTIONS) as agent:
+            await trio.testing.wait_all_tasks_blocked()
+            assert agent.status == "idle"
+            assert [m.text for m in agent.inbox.next_turn] == [prompt(k + 1)]
             assert [e.turn for e in agent.session.events if isinstance(e, ev.TurnStart)][-1] == k
 
 

@@ -15,6 +15,7 @@ directory, and PostgreSQL in both modes (a real cluster).
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trio_harness.agents import Agent
+from trio_harness.agents._driver import ReactAgent
 from trio_harness.model import ScriptedModel
 from trio_harness.model._protocol import ToolCall
 from trio_harness.session import JsonlStore, Session, SessionRegistry, SessionStore
@@ -205,30 +207,47 @@ async def test_a_followup_left_by_a_worker_that_died_mid_turn_runs_after_the_int
 Ending = Literal["idle", "mid-turn", "disposed", "kept", "kept-then-woken"]
 
 
+def arrivals(kinds: Sequence[Kind], ending: Ending) -> list[tuple[str, Kind]]:
+    """The pending messages in the order they were logged: after a cancel, the late steers come last.
+
+    A steer is moved to next-turn only once its turn is cancelled: in the
+    ``kept`` endings it is sent after the cancel (its mark), the others before.
+    """
+    pairs: list[tuple[str, Kind]] = [(f"p{n}", kind) for n, kind in enumerate(kinds)]
+    if ending in ("kept", "kept-then-woken"):
+        pairs = [p for p in pairs if p[1] != "late-steer"] + [p for p in pairs if p[1] == "late-steer"]
+    if ending == "kept-then-woken":
+        pairs.append(("wake", "followup"))
+    return pairs
+
+
 def expected_turns(kinds: Sequence[Kind], ending: Ending) -> list[list[str]]:
     """The message ids each new turn claims, in turn order ([] when nothing runs).
 
     The first new turn's first step claims every next-step message and the
     first next-turn one; each further next-turn message gets its own turn.
+    A ``kept`` cancel holds everything unless a waking send (a late steer)
+    came after it.
     """
-    ids = [f"p{n}" for n in range(len(kinds))]
-    if ending == "kept-then-woken":
-        kinds, ids = [*kinds, "followup"], [*ids, "wake"]
-    waking = any(kind != "inject" for kind in kinds)
-    if ending == "kept" or not waking:
+    pairs = arrivals(kinds, ending)
+    waking = any(kind != "inject" for _, kind in pairs)
+    if not waking or (ending == "kept" and "late-steer" not in kinds):
         return []
-    step = [i for i, kind in zip(ids, kinds, strict=True) if QUEUE[kind] == "next-step"]
-    turn = [i for i, kind in zip(ids, kinds, strict=True) if QUEUE[kind] == "next-turn"]
+    step = [i for i, kind in pairs if QUEUE[kind] == "next-step"]
+    turn = [i for i, kind in pairs if QUEUE[kind] == "next-turn"]
     if not turn:
         return [step]
     return [[*step, turn[0]], *([i] for i in turn[1:])]
 
 
-def crashed_log(kinds: Sequence[Kind], ending: Ending) -> Callable[[Session], None]:
+def crashed_log(kinds: Sequence[Kind], ending: Ending, *, marks: bool = True) -> Callable[[Session], None]:
+    """The log of ``ending`` with ``kinds`` pending; ``marks=False``: as written before cancels were marked."""
+
     def fill(session: Session) -> None:
+        pairs = arrivals(kinds, ending)
         if ending == "idle":
-            for n, kind in enumerate(kinds):
-                splice(session, kind, f"p{n}")
+            for message_id, kind in pairs:
+                splice(session, kind, message_id)
             return
         # Turn 2 runs (its prompt claimed); the messages arrive meanwhile, then:
         splice(session, "followup", "m2")
@@ -236,15 +255,25 @@ def crashed_log(kinds: Sequence[Kind], ending: Ending) -> Callable[[Session], No
         session.append(ev.StepStart, turn=2, step=1)
         session.append(ev.InboxSpliced, queue="next-turn", start=0, removed=("m2",), outcome="claimed", turn=2)
         session.append(ev.UserMessage, turn=2, step=1, message_id="m2", text="do it")
-        for n, kind in enumerate(kinds):
-            splice(session, kind, f"p{n}")
-        if ending == "mid-turn":
-            return  # the process died: recovery closes turn 2 interrupted
-        session.append(ev.StepEnd, turn=2, step=1)
-        if ending == "disposed":  # its harness closed: a disposal decides nothing about pending work
+        if ending in ("mid-turn", "disposed"):
+            for message_id, kind in pairs:
+                splice(session, kind, message_id)
+            if ending == "mid-turn":
+                return  # the process died: recovery closes turn 2 interrupted
+            session.append(ev.StepEnd, turn=2, step=1)
+            # its harness closed: a disposal decides nothing about pending work
             session.append(ev.TurnEnd, turn=2, reason="aborted", cause="disposed")
             return
-        # cancel(keep_inbox=True): turn 2 aborted by the user, the messages kept for a later wake
+        # cancel(keep_inbox=True): turn 2 aborted by the user, the messages sent before it kept for a later wake
+        before = [p for p in pairs if p[1] != "late-steer" and p[0] != "wake"]
+        for message_id, kind in before:
+            splice(session, kind, message_id)
+        if marks:
+            session.append(ev.InboxSpliced, queue="next-turn", start=0, outcome="canceled")  # the cancel's mark
+        for message_id, kind in pairs[len(before) :]:
+            if kind == "late-steer":  # sent after the cancel, while turn 2 was closing
+                splice(session, kind, message_id)
+        session.append(ev.StepEnd, turn=2, step=1)
         session.append(ev.TurnEnd, turn=2, reason="aborted", cause="user")
         if ending == "kept-then-woken":
             splice(session, "followup", "wake")  # a waking send after the cancel runs everything
@@ -252,8 +281,8 @@ def crashed_log(kinds: Sequence[Kind], ending: Ending) -> Callable[[Session], No
     return fill
 
 
-async def _check_queues(root: Path, kinds: Sequence[Kind], ending: Ending) -> None:
-    await write_log(JsonlStore(root), crashed_log(kinds, ending))
+async def _check_queues(root: Path, kinds: Sequence[Kind], ending: Ending, *, marks: bool = True) -> None:
+    await write_log(JsonlStore(root), crashed_log(kinds, ending, marks=marks))
     expected = expected_turns(kinds, ending)
     agent = await resume_and_settle(root, answers(len(expected)))
     old = 1 if ending == "idle" else 2
@@ -279,13 +308,86 @@ async def test_each_queue_on_resume(
     await _check_queues(tmp_path, [kind], ending)
 
 
+@pytest.mark.parametrize("ending", ["kept", "kept-then-woken"])
+@pytest.mark.parametrize("kind", ["followup", "steer", "late-steer", "inject"])
+async def test_each_queue_on_resume_of_a_log_without_cancel_marks(
+    kind: Kind, ending: Ending, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A log written before cancels were marked: the turn's end is the cancel, a late steer still runs."""
+    await _check_queues(tmp_path, [kind], ending, marks=False)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     kinds=st.lists(st.sampled_from(list(QUEUE)), min_size=1, max_size=5),
     ending=st.sampled_from(["idle", "mid-turn", "disposed", "kept", "kept-then-woken"]),
+    marks=st.booleans(),
 )
 def test_any_mix_of_pending_messages_is_claimed_once_as_its_writer_would_have(
-    kinds: list[Kind], ending: Ending
+    kinds: list[Kind], ending: Ending, marks: bool
 ) -> None:
     with tempfile.TemporaryDirectory(prefix="resume-pending-") as root:
-        trio.run(_check_queues, Path(root), kinds, ending, clock=trio.testing.MockClock(autojump_threshold=0))
+        clock = trio.testing.MockClock(autojump_threshold=0)
+        trio.run(functools.partial(_check_queues, Path(root), kinds, ending, marks=marks), clock=clock)
+
+
+# ---------------------------------------------------------------- a waking send after a cancel (trio-mapping item 18)
+
+
+async def _cancel_then_send(tmp_path: Path, *, keep_inbox: bool, send: Callable[[Agent], list[str]]) -> list[str]:
+    """Turn one runs; cancel it, send at once, and dispose before the cancelled turn ended: the ids sent."""
+    async with open_test_harness(ScriptedModel([{"text": "slow", "delay": 100}]), store=tmp_path) as harness:
+        async with harness.agents.open(session_id=SID) as agent:
+            agent.followup("turn one")
+            await trio.sleep(1)
+            assert agent.status == "running"
+            assert agent.cancel("user", keep_inbox=keep_inbox)
+            sent = send(agent)
+    assert turn_ends(agent) == [(1, "aborted")]
+    return sent
+
+
+async def test_a_steer_and_a_followup_sent_after_a_keep_inbox_cancel_run_on_resume(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The live agent latches a waking send made after the cancel and runs it once the cancelled turn ended.
+    sent = await _cancel_then_send(
+        tmp_path, keep_inbox=True, send=lambda agent: [agent.steer("late steer"), agent.followup("late")]
+    )
+    agent = await resume_and_settle(tmp_path, answers(2))
+    steer, followup = sent
+    got = claims(agent)
+    assert got[steer] == [2] and got[followup] == [3] and len(agent.inbox) == 0  # the steer went to next-turn
+    assert turn_ends(agent) == [(1, "aborted"), (2, "completed"), (3, "completed")]
+
+
+async def test_a_prompt_sent_right_after_a_plain_cancel_runs_on_resume(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # ACP's session/cancel, then session/prompt at once: the new prompt runs (the live agent would).
+    (new,) = await _cancel_then_send(tmp_path, keep_inbox=False, send=lambda a: [a.followup("new prompt")])
+    agent = await resume_and_settle(tmp_path, answers(1))
+    assert claims(agent)[new] == [2] and len(agent.inbox) == 0
+    assert turn_ends(agent) == [(1, "aborted"), (2, "completed")]
+
+
+async def test_a_posted_followup_not_stored_yet_does_not_wake_the_resumed_agent(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The mail loop may log a posted followup's splice before the resume's own check runs: until it is
+    # stored the agent may not act on it, so what a cancel kept stays held; once stored it wakes the agent.
+    await write_log(JsonlStore(tmp_path), crashed_log(["followup"], "kept"))
+    async with open_test_harness(answers(2), store=tmp_path) as harness:
+        async with harness.agents.open(session_id=SID, resume=True) as opened:
+            assert isinstance(opened, ReactAgent)  # the driver's own methods (the mail loop calls them)
+            agent = opened
+            await trio.testing.wait_all_tasks_blocked()
+            assert agent.status == "idle" and [m.id for m in agent.inbox.next_turn] == ["p0"]
+            agent.deliver_posted(InboxMessage("posted", "a posted followup", mode="followup"))
+            assert [m.id for m in agent.inbox.staged] == ["posted"]
+            agent.resume_pending()  # as if the resume checked only now
+            assert agent.status == "idle"
+            await agent.session.flush()  # stored: it wakes the agent, which runs what was kept too
+            assert str(agent.status) == "running"
+            await settle(agent)
+            assert claims(agent) == {"m1": [1], "m2": [2], "p0": [3], "posted": [4]}

@@ -135,3 +135,42 @@ async def test_a_child_whose_last_turn_failed_by_itself_is_not_run_again_only_a_
         agent.followup("answer")
         await agent.when_idle()
         assert _answered(agent)
+
+
+async def test_a_resumed_child_whose_pending_followup_runs_after_due_maintenance_gets_no_interrupted_note(
+    tmp_path: Path,
+) -> None:
+    # The child died mid-turn with a followup spliced: its resume starts a turn for that followup, after
+    # the compaction due first (the child still idle meanwhile).  That turn continues the child: no note.
+    from trio_harness import AgentOptions, ContextPolicy, ScriptedModel
+    from trio_harness.session import SessionRegistry
+    from trio_harness.testing import open_test_harness
+    from trio_harness.tools._resume_tasks import _ResumedChild
+
+    registry = SessionRegistry(JsonlStore(tmp_path))
+    session = await registry.prepare_new("child", cwd=str(tmp_path))
+    entry = registry.enter(session)
+    first = ev.InboxMessage("m1", "review the code " + "x" * 4000)
+    session.append(ev.InboxSpliced, queue="next-turn", start=0, inserted=(first,))
+    session.append(ev.TurnStart, turn=1)
+    session.append(ev.StepStart, turn=1, step=1)
+    session.append(ev.InboxSpliced, queue="next-turn", start=0, removed=("m1",), outcome="claimed", turn=1)
+    session.append(ev.UserMessage, turn=1, step=1, message_id="m1", text=first.text)
+    session.append(ev.InboxSpliced, queue="next-turn", start=0, inserted=(ev.InboxMessage("m2", "and the tests"),))
+    await registry.detach(entry)  # (the process died: recovery closes turn 1 interrupted)
+
+    options = AgentOptions(context=ContextPolicy(window=1_000))  # over the threshold: maintenance is due
+    model = ScriptedModel([{"text": "reviewed"}, {"text": "noted"}], summary="the user wants a review")
+    async with open_test_harness(model, store=tmp_path) as h, h.agents.open() as owner:
+
+        async def open_child(parent: object, session_id: str, resume: bool) -> Any:
+            handle = await h.agents.resume(session_id, options=options)
+            assert handle.agent.status == "idle"  # the compaction runs first
+            return handle
+
+        outcome = await _ResumedChild(owner, "child", "review the code", open_child).done()
+    events = await load(str(tmp_path), "child")
+    assert any(isinstance(e, ev.ContextCompacted) for e in events)
+    assert [e.text for e in events if isinstance(e, ev.UserMessage)][1:] == ["and the tests"]
+    assert [e.reason for e in events if isinstance(e, ev.TurnEnd)] == ["interrupted", "completed"]
+    assert outcome.status == "completed", outcome

@@ -622,6 +622,7 @@ async def _run_prompt(
     args: argparse.Namespace, provider: ModelProvider, prompt: Prompt, servers: Sequence[McpServerConfig] = ()
 ) -> int:
     from ._cli_approval import TerminalApprover
+    from ._cli_pending import QueuedTurns
     from ._cli_progress import Printer, Style, use_colour
     from ._harness import open_harness
     from ._telemetry import otlp_from_env
@@ -650,6 +651,7 @@ async def _run_prompt(
     entered = False
     agent_id: str | None = None
     outcome: TurnOutcome | None = None
+    queued: QueuedTurns | None = None
     terminal = None if args.yes else TerminalApprover(printer)
     try:
         async with open_harness(
@@ -704,12 +706,15 @@ async def _run_prompt(
                     finished.set()
 
             stop_showing = _show_continuation(agent, on_event, printer)
+            from ._cli_pending import QueuedTurns
+
+            queued = QueuedTurns(agent, on_event, printer)
             try:
                 # Ctrl-C from here on cancels the turn cleanly (a second one stops at once).
                 with trio.open_signal_receiver(signal.SIGINT) as signals:
                     if not args.quiet:
                         printer.line(f"[session] {agent.id}")
-                    agent.follow(prompt, on_event=on_event, on_done=on_done)
+                    queued.prompt_id = agent.follow(prompt, on_event=on_event, on_done=on_done).message_id
                     async with trio.open_nursery() as nursery:
 
                         async def on_interrupt() -> None:
@@ -730,6 +735,7 @@ async def _run_prompt(
                 printer.break_line()
             finally:
                 stop_showing()
+                queued.stop()
                 with trio.CancelScope(shield=True):
                     await handle.dispose()
     except McpStartError as exc:
@@ -754,6 +760,8 @@ async def _run_prompt(
         if terminal is not None:
             await terminal.aclose()
     code = _exit_code(outcome, interrupted=interrupts > 0)
+    if code == EXIT_OK and queued is not None and queued.failed():
+        code = EXIT_FAILED
     if agent_id is not None and not args.quiet:
         _resume_hint(args, agent_id, kept=code != EXIT_OK)
     return code

@@ -61,7 +61,7 @@ from ._durability import Checkpoints, Durability
 from ._follow import FollowedPrompt, Followers
 from ._function_tools import caller_namespace, output_adapter
 from ._history import History
-from ._inbox import Inbox, Prompt, restored_wake
+from ._inbox import Inbox, Prompt, resume_wakes
 from ._options import AgentOptions
 from ._request import RequestBuilder
 from ._run import PendingOutput, RunResult, run_prompt
@@ -382,11 +382,14 @@ class ReactAgent(TurnLoop, metaclass=NoPublicConstructor, public_way="harness.ag
         """Abort the current activity and (unless ``keep_inbox``) drop queued work.
 
         The activity is the running turn, or the automatic compaction running
-        as maintenance between turns (stopped at once, nothing logged).
+        as maintenance between turns (stopped at once, nothing logged for it).
 
         Idle with nothing queued, this does nothing and emits nothing.  An
         effective call emits ``agent/cancel-requested`` before clearing or
-        aborting.  The first cause of an activity is the one its turn records.
+        aborting, and (unless ``cause`` is ``disposed``) logs the cancel's mark
+        after the clear, so a resume holds what it kept and runs what was sent
+        after it (docs/inbox.rst, "The durable inbox").  The first cause of an
+        activity is the one its turn records.
 
         Returns:
             Whether the call had an effect.
@@ -408,6 +411,8 @@ class ReactAgent(TurnLoop, metaclass=NoPublicConstructor, public_way="harness.ag
         self._bus.emit("agent/cancel-requested", self, cause=cause)
         if not keep_inbox:
             self._inbox.clear()
+        if cause != "disposed":  # where the wake was dropped, for a resume (a disposal decides nothing)
+            self._inbox.mark_cancel()
         self._last_turn = self._approvals.drop_paused(self._last_turn, cause)  # a paused turn's questions
         self._wake_requested = False
         if maintaining:
@@ -665,11 +670,7 @@ class ReactAgent(TurnLoop, metaclass=NoPublicConstructor, public_way="harness.ag
         if self._approvals.paused:
             self._wake()
             return
-        inbox = self._inbox
-        if not len(inbox):
-            return
-        latched, held = restored_wake(self._session)
-        if latched or (inbox.has_turn_work() and not held):
+        if resume_wakes(self._session, self._inbox):
             self._wake()
 
     def _wake(self) -> None:

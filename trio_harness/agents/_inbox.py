@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Literal, TypeAlias
 
 import attrs
@@ -254,6 +254,8 @@ class Inbox:
             op, queue, message = self._deferred.pop(0)
             if op == "clear":
                 self.clear()
+            elif op == "mark":
+                self.mark_cancel()
             else:
                 assert queue is not None and message is not None  # append and prepend carry both
                 if op == "append":
@@ -320,6 +322,21 @@ class Inbox:
             if items:
                 gone += self._splice(queue, 0, [m.id for m in items], (), "canceled")
         return gone
+
+    def mark_cancel(self) -> None:
+        """Log the cancel mark: an empty ``canceled`` splice (next-turn, at 0), nothing removed or inserted.
+
+        An effective cancel (not a disposal) writes it after its clear, so the
+        log shows where the wake was dropped: what was kept before it waits
+        for a wake, a waking send after it runs (docs/inbox.rst, "The durable
+        inbox").  The agent's ``cancel`` writes it; replaying it changes nothing.
+        Requested while a splice is being logged, it is written once that
+        splice is applied.
+        """
+        if self._splicing:
+            self._defer("mark", None, None)
+            return
+        self._splice("next-turn", 0, (), (), "canceled")
 
     def stage(self, queue: InboxQueue, message: InboxMessage, on_applied: Callable[[InboxMessage], None]) -> None:
         """Log the splice adding ``message`` at the end of ``queue`` now; take it once it is stored.
@@ -427,37 +444,62 @@ def log_claimed(session: Session, turn: int, step: int, message: InboxMessage) -
     )
 
 
-def restored_wake(session: Session) -> tuple[bool, bool]:
+def restored_wake(session: Session, staged: Collection[str] = ()) -> tuple[bool, bool]:
     """The driver's wake state at the end of ``session``'s log, for a resumed agent: ``(latched, held)``.
 
     It mirrors the wake latch of the agent that wrote the log
     (docs/inbox.rst, "The durable inbox"): a waking insertion (a followup,
     or a steer; not an inject) latches a wake, which the next step start
-    takes (that step claims); an effective cancel (a turn that ended
-    ``aborted`` with a ``user``, ``parent`` or ``hook`` cause) drops it, and
-    with it holds the next-turn work it kept (``keep_inbox=True``) until a
-    later wake: a waking insertion or a turn start.  A disposal is not a
+    takes (that step claims); an effective cancel drops it, and with it
+    holds the next-turn work it kept (``keep_inbox=True``) until a later
+    wake: a waking insertion or a turn start.  The cancel is where its mark
+    is logged (:meth:`Inbox.mark_cancel`), so a waking send made after it,
+    while the cancelled turn was closing, still runs.  In a log written
+    before the mark existed the cancel is the turn's end (``aborted`` with
+    a ``user``, ``parent`` or ``hook`` cause), where a steer moved to
+    next-turn during that turn (sent after the cancel: only a cancelled
+    turn routes a steer there) keeps the wake latched.  A disposal is not a
     decision about pending work: a turn aborted ``disposed`` (or closed on
     recovery) holds nothing.
+
+    ``staged``: ids of messages whose splice is logged but not stored yet
+    (:attr:`Inbox.staged`); their splices are skipped (the agent acts on
+    them once they are stored).
 
     ``latched``: a wake is owed (the next-step messages run too, injects
     included, as they would have); ``held``: the next-turn messages wait
     for a wake.
     """
     latched = held = False
+    marked = late_steer = False  # since the latest turn start: a cancel mark; a steer moved to next-turn
     for event in session.events[session.header.seed_length :]:
         kind = type(event)
         if kind is InboxSpliced:
             assert isinstance(event, InboxSpliced)
+            if event.outcome == "canceled" and not event.removed and not event.inserted:  # a cancel's mark
+                latched, held, marked = False, True, True
+                continue
             inserted = event.inserted if not event.removed and event.outcome is None else ()  # pure insertions
+            inserted = tuple(message for message in inserted if message.id not in staged)
             if inserted and (event.queue == "next-turn" or any(message.mode != "inject" for message in inserted)):
                 latched, held = True, False
+                if event.queue == "next-turn" and any(message.mode == "steer" for message in inserted):
+                    late_steer = True
         elif kind is ev.StepStart:
             latched = False
         elif kind is ev.TurnStart:
-            held = False
+            held = marked = late_steer = False
         elif kind is ev.TurnEnd:
             assert isinstance(event, ev.TurnEnd)
-            if event.reason == "aborted" and event.cause not in (None, "disposed"):
+            cancelled = event.reason == "aborted" and event.cause not in (None, "disposed")
+            if cancelled and not marked and not (late_steer and latched):  # (a log without cancel marks)
                 latched, held = False, True
     return latched, held
+
+
+def resume_wakes(session: Session, inbox: Inbox) -> bool:
+    """Whether a resumed agent starts a turn for the messages restored in ``inbox`` (see :func:`restored_wake`)."""
+    if not len(inbox):
+        return False
+    latched, held = restored_wake(session, {message.id for message in inbox.staged})
+    return latched or (inbox.has_turn_work() and not held)

@@ -33,6 +33,7 @@ import attrs
 import trio
 
 from .._errors import AgentDisposedError, HarnessError, SessionNotFoundError, TaskStartError
+from ..agents._inbox import resume_wakes
 from ..session import _events as ev
 from ..tasks._types import TaskHooks, TaskOutcome, TaskSpec
 
@@ -190,7 +191,9 @@ class _ResumedChild:
             handle.agent.followup(self.prompt)
             return handle
         child = handle.agent
-        if child.status != "running" and not _answered(child):  # a paused turn's continuation runs already
+        # A paused turn's continuation runs already, or a turn the resume started for pending messages
+        # (still idle while the maintenance due first runs).
+        if child.status != "running" and not _answered(child) and not resume_wakes(child.session, child.inbox):
             child.followup(INTERRUPTED_NOTE)
         return handle
 
