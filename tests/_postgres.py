@@ -583,6 +583,16 @@ def admin(cluster: Cluster) -> psycopg.Connection[Any]:
 
 
 @pytest.fixture
+def superuser(postgres_cluster: Cluster) -> Iterator[psycopg.Connection[Any]]:
+    """An admin connection (:func:`admin`) for the test, closed after it."""
+    conn = admin(postgres_cluster)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@pytest.fixture
 def schema() -> str:
     """A fresh schema name in the shared cluster's database (nothing is created yet)."""
     return fresh_schema()

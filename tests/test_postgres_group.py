@@ -10,14 +10,13 @@ transaction, a mailbox row deleted behind the writer's back.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 import trio
 import trio.testing
-from _postgres import Cluster, admin, postgres_cluster, schema, store
+from _postgres import Cluster, admin, postgres_cluster, schema, store, superuser
 from _util import WAIT
 from test_postgres_store import one_turn, stored_session
 
@@ -25,7 +24,7 @@ from trio_harness import SessionStoreError
 from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry
 from trio_harness.session._events import InboxMessage
 
-__all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
+__all__ = ["postgres_cluster", "schema", "store", "superuser"]  # the fixtures, imported for pytest
 
 WRITE_TIMEOUT = 10.0
 BOUND = 2 * WRITE_TIMEOUT + 1  # how long a flush may wait in the queue
@@ -35,15 +34,6 @@ BOUND = 2 * WRITE_TIMEOUT + 1  # how long a flush may wait in the queue
 def clock() -> trio.testing.MockClock:
     """The run's clock (pytest-trio takes it): real time, plus the jumps a test makes."""
     return trio.testing.MockClock(rate=1.0)
-
-
-@pytest.fixture
-def superuser(postgres_cluster: Cluster) -> Iterator[psycopg.Connection[Any]]:
-    conn = admin(postgres_cluster)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 async def until(predicate: Any, what: str) -> None:

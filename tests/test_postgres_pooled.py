@@ -14,14 +14,14 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 import pytest
 import trio
 from _pg_modes import MODES, make, options
-from _postgres import Cluster, admin, postgres_cluster, proxy_for, schema, store, worker_argv
+from _postgres import Cluster, postgres_cluster, proxy_for, schema, store, superuser, worker_argv
 from _util import WAIT
 from test_postgres_store import Worker, one_turn, start_worker, stored_session
 
@@ -29,7 +29,7 @@ from trio_harness import SessionLockedError, SessionStoreError
 from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry
 from trio_harness.session import _events as ev
 
-__all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
+__all__ = ["postgres_cluster", "schema", "store", "superuser"]  # the fixtures, imported for pytest
 
 
 @pytest.fixture
@@ -40,15 +40,6 @@ async def workers() -> AsyncIterator[list[Worker]]:
     finally:
         for worker in started:
             await worker.kill()
-
-
-@pytest.fixture
-def superuser(postgres_cluster: Cluster) -> Iterator[psycopg.Connection[Any]]:
-    conn = admin(postgres_cluster)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 # ------------------------------------------------------------------ one live writer, both modes

@@ -18,7 +18,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,7 +26,7 @@ import psycopg
 import pytest
 import trio
 from _pg_modes import leases_of
-from _postgres import Cluster, admin, postgres_cluster, proxy_for, schema, store
+from _postgres import Cluster, admin, postgres_cluster, proxy_for, schema, store, superuser
 from _util import WAIT
 from test_postgres_store import one_turn, stored_session
 
@@ -34,16 +34,7 @@ from trio_harness import SessionLockedError, SessionStoreError
 from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry, _pg_group
 from trio_harness.session import _events as ev
 
-__all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
-
-
-@pytest.fixture
-def superuser(postgres_cluster: Cluster) -> Iterator[psycopg.Connection[Any]]:
-    conn = admin(postgres_cluster)
-    try:
-        yield conn
-    finally:
-        conn.close()
+__all__ = ["postgres_cluster", "schema", "store", "superuser"]  # the fixtures, imported for pytest
 
 
 def live_pid(pooled: PooledPostgresStore) -> int:

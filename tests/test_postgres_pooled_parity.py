@@ -17,7 +17,6 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -25,7 +24,7 @@ import psycopg
 import pytest
 import trio
 from _pg_modes import MODES, a_release_that_timed_out, make
-from _postgres import Cluster, admin, postgres_cluster, proxy_for, schema, store
+from _postgres import Cluster, admin, postgres_cluster, proxy_for, schema, store, superuser
 from test_images import png
 from test_postgres_store import backend_pid, one_turn, stored_session
 
@@ -36,21 +35,12 @@ from trio_harness.session import _events as ev
 from trio_harness.session._codec import encode_header
 from trio_harness.session._pg_group import GroupCommitter
 
-__all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
+__all__ = ["postgres_cluster", "schema", "store", "superuser"]  # the fixtures, imported for pytest
 
 BIG = Image(png(300, 300, seed=11), "image/png")
 BIG_SHA = hashlib.sha256(BIG.data).hexdigest()
 OTHER = Image(png(300, 300, seed=12), "image/png")
 assert len(BIG.data) > MAX_INLINE_IMAGE_BYTES and len(OTHER.data) > MAX_INLINE_IMAGE_BYTES
-
-
-@pytest.fixture
-def superuser(postgres_cluster: Cluster) -> Iterator[psycopg.Connection[Any]]:
-    conn = admin(postgres_cluster)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def image_turn(session: Session, number: int, text: str = "look", image: Image = BIG) -> None:
