@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -391,3 +391,118 @@ async def test_a_posted_followup_not_stored_yet_does_not_wake_the_resumed_agent(
             assert str(agent.status) == "running"
             await settle(agent)
             assert claims(agent) == {"m1": [1], "m2": [2], "p0": [3], "posted": [4]}
+
+
+# ---------------------------------------------------------------- a teardown requested before the turn starts
+
+
+def driver_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the disposal's close hook one checkpoint late: the driver a wake spawned runs first, its scope closing.
+
+    Trio runs the driver and the scope's runner in the same batch, in either order (half the time the driver
+    first); this fixes the order that used to claim the queued message in an empty aborted turn.
+    """
+    real = ReactAgent.dispose_hook
+
+    def deferred(self: ReactAgent) -> Awaitable[None]:
+        async def later() -> None:
+            await trio.lowlevel.checkpoint()
+            waiting = real(self)
+            if waiting is not None:
+                await waiting
+
+        return later()
+
+    monkeypatch.setattr(ReactAgent, "dispose_hook", deferred)
+
+
+def requested(agent: Agent) -> list[int]:
+    return [e.turn for e in agent.session.events if isinstance(e, ev.RequestHeader)]
+
+
+@pytest.mark.parametrize("kind", ["followup", "steer"])
+async def test_a_resume_disposed_at_once_leaves_the_pending_message_for_the_next_resume(
+    kind: Kind, tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await write_log(JsonlStore(tmp_path), lambda session: splice(session, kind, "queued"))
+    with monkeypatch.context() as patch:
+        driver_first(patch)
+        async with open_test_harness(answers(0), store=tmp_path) as harness:
+            handle = await harness.agents.resume(SID)
+            agent = handle.agent
+            await handle.dispose()  # at once: the turn the resume woke has not started
+    assert claims(agent) == {"m1": [1]} and turn_ends(agent) == [(1, "completed")]
+    assert [m.id for m in [*agent.inbox.next_turn, *agent.inbox.next_step]] == ["queued"]
+    model = answers(1)
+    agent = await resume_and_settle(tmp_path, model)  # the next resume runs it, once
+    assert claims(agent) == {"m1": [1], "queued": [2]}
+    assert turn_ends(agent) == [(1, "completed"), (2, "completed")]
+    assert len(model.requests) == 1 and len(agent.inbox) == 0
+
+
+async def test_a_followup_disposed_at_once_stays_pending_as_on_resume(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The live path: a followup sent, its agent disposed before the turn it woke started.
+    with monkeypatch.context() as patch:
+        driver_first(patch)
+        async with open_test_harness(answers(0), store=tmp_path) as harness:
+            async with harness.agents.open(session_id=SID) as agent:
+                sent = agent.followup("queued")
+    assert turn_ends(agent) == [] and [m.id for m in agent.inbox.next_turn] == [sent]
+    agent = await resume_and_settle(tmp_path, answers(1))
+    assert claims(agent) == {sent: [1]} and turn_ends(agent) == [(1, "completed")]
+
+
+async def test_a_resumed_turn_that_started_is_aborted_by_the_disposal(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The turn asked the model before the teardown: it claimed the message and ends aborted (docs/inbox.rst).
+    await write_log(JsonlStore(tmp_path), lambda session: splice(session, "followup", "queued"))
+    model = ScriptedModel([{"text": "slow", "delay": 100}])
+    async with open_test_harness(model, store=tmp_path) as harness:
+        handle = await harness.agents.resume(SID)
+        agent = handle.agent
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(model.requests) == 1
+        await handle.dispose()
+    assert claims(agent) == {"m1": [1], "queued": [2]} and requested(agent)[-1] == 2
+    assert turn_ends(agent) == [(1, "completed"), (2, "aborted")]
+    end = agent.session.events[-1]
+    assert isinstance(end, ev.TurnEnd) and (end.turn, end.reason, end.cause) == (2, "aborted", "disposed")
+
+
+async def _dispose_after(root: Path, checkpoints: int, hook_late: bool) -> None:
+    """Resume, dispose after ``checkpoints`` checkpoints; then resume again and check the message was answered."""
+    await write_log(JsonlStore(root), lambda session: splice(session, "followup", "queued"))
+    with pytest.MonkeyPatch.context() as patch:
+        if hook_late:
+            driver_first(patch)
+        async with open_test_harness(ScriptedModel([{"text": "slow", "delay": 1}]), store=root) as harness:
+            handle = await harness.agents.resume(SID)
+            agent = handle.agent
+            for _ in range(checkpoints):
+                await trio.lowlevel.checkpoint()
+            await handle.dispose()
+    assert_balanced(agent.session)
+    first = claims(agent).get("queued")
+    # A teardown requested before the driver ran beats the turn to its start: nothing is claimed.  A turn
+    # that started first claimed the message as it asked the model, and the disposal aborted it.
+    if checkpoints == 0:
+        assert first is None, agent.session.events[-8:]
+    assert first is None or (first == [2] and 2 in requested(agent)), agent.session.events[-8:]
+    agent = await resume_and_settle(root, answers(1))
+    got = claims(agent)
+    assert got["queued"] == [2]
+    if first is None:  # still pending after the disposal: the second resume answered it
+        assert turn_ends(agent) == [(1, "completed"), (2, "completed")]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(checkpoints=st.integers(min_value=0, max_value=4), hook_late=st.booleans())
+def test_a_queued_message_is_claimed_only_by_a_turn_that_started_whenever_the_teardown_comes(
+    checkpoints: int, hook_late: bool
+) -> None:
+    with tempfile.TemporaryDirectory(prefix="resume-dispose-") as root:
+        clock = trio.testing.MockClock(autojump_threshold=0)
+        trio.run(functools.partial(_dispose_after, Path(root), checkpoints, hook_late), clock=clock)
