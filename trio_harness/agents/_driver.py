@@ -750,7 +750,10 @@ class ReactAgent(TurnLoop, metaclass=NoPublicConstructor, public_way="harness.ag
     async def _drain(self, activity: trio.CancelScope) -> None:
         """Run the work of one activity; returns at its end, or once ``activity`` is cancelled."""
         self._draining = True
-        while not self._disposing:
+        # The scope closes before its close hook sets _disposing, and a driver a wake scheduled may run
+        # in between (Trio orders the two either way): the teardown wins, no turn starts, and the queued
+        # message stays pending for a later resume (docs/inbox.rst).
+        while not (self._disposing or self._scope.closing):
             if self._phase == "maintenance":
                 # Automatic compaction between turns (docs/long-sessions.rst,
                 # "Context-window management"): the agent is idle meanwhile,
