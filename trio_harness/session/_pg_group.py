@@ -27,8 +27,9 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -87,6 +88,11 @@ def _int8s(values: Sequence[int]) -> bytes:
     return head + struct.pack("!" + "iq" * len(values), *itertools.chain.from_iterable((8, v) for v in values))
 
 
+def _stay_parked(_: object) -> trio.lowlevel.Abort:
+    """A parked submitter is not woken by its cancellation: its request is settled first (bounded, see below)."""
+    return trio.lowlevel.Abort.FAILED
+
+
 @attrs.define(eq=False)
 class _Request:
     """One writer's flush waiting for a group commit.
@@ -103,7 +109,10 @@ class _Request:
     sid: str = attrs.field(init=False)
     first: int = attrs.field(init=False)
     epoch: int = attrs.field(init=False)
-    done: trio.Event = attrs.field(factory=trio.Event)
+    # The parked task of its submitter, rescheduled once it is settled; when its bound runs out (see ``submit``).
+    task: trio.lowlevel.Task | None = None
+    deadline: float = math.inf
+    settled: bool = False
     # True: stored; False: fenced (the lease was taken); an exception: failed (``unknown``: maybe stored).
     outcome: bool | BaseException | None = None
     unknown: bool = False
@@ -118,9 +127,11 @@ class _Request:
         self.sid, self.first, self.epoch = self.writer.header.id, self.writer._stored, self.writer._epoch
 
     def settle(self, outcome: bool | BaseException, *, unknown: bool = False) -> None:
-        if not self.done.is_set():
+        if not self.settled:
+            self.settled = True
             self.outcome, self.unknown = outcome, unknown
-            self.done.set()
+            if self.task is not None:
+                trio.lowlevel.reschedule(self.task)
 
 
 @attrs.define(eq=False)
@@ -135,30 +146,81 @@ class GroupCommitter:
     store: PooledPostgresStore
     _pending: list[_Request] = attrs.field(factory=list, init=False)
     _wake: trio.Event = attrs.field(factory=trio.Event, init=False)
+    # Every request submitted and maybe not settled, oldest first (their deadlines in order); those sent that
+    # outlived theirs, waited for once more (session/_pg_group.py's watch).
+    _waiting: collections.deque[_Request] = attrs.field(factory=collections.deque, init=False)
+    _late: collections.deque[_Request] = attrs.field(factory=collections.deque, init=False)
+    _watch_wake: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _compact_at: int = attrs.field(default=1024, init=False)
+    # The committer is not running (not started yet, or the store closed): a submit fails at once.
+    _stopped: bool = attrs.field(default=False, init=False)
     # The sizes of the group commits sent (their number of sessions), the last 1,000 (tests and benches).
     _groups: collections.deque[int] = attrs.field(factory=lambda: collections.deque(maxlen=1000), init=False)
 
     async def submit(self, request: _Request) -> None:
-        """Queue ``request`` for the next group commit and wait (shielded, bounded) for its outcome.
+        """Queue ``request`` for the next group commit and wait (bounded, not cancellable) for its outcome.
 
         A request not sent within ``2 * write_timeout + 1`` seconds leaves
         the queue and fails (nothing of it is stored); one already sent is
         waited for: the committer settles it within about ``2 *
         write_timeout`` (its statement's bound, then the read-back of a lost
         one).  Should even that wait end, its outcome is unknown (the writer
-        reads back what is stored before it sends those seqs again).
+        reads back what is stored before it sends those seqs again).  The
+        bounds are kept by the committer's watch (:meth:`_watch`), so a
+        submitter only parks: no cancel scope per flush.
         """
+        if self._stopped:
+            raise SessionStoreError(
+                f"the group commits of {self.store.location} have stopped (the store is closing): the flush of "
+                f"session {request.sid!r} was not sent, nothing of it was stored",
+                path=self.store.location,
+                session_id=request.sid,
+            )
         if self.store._nursery is None:
             self.store._require_pool()
+        request.task = trio.lowlevel.current_task()
+        request.deadline = trio.current_time() + self._limit()
+        waiting = self._waiting
+        while waiting and waiting[0].settled:
+            waiting.popleft()
+        if not waiting:
+            self._watch_wake.set()
+        elif len(waiting) >= self._compact_at:
+            # Settled requests behind an unsettled one are dropped now and then: at most about twice the
+            # unsettled ones (or 1,024) are kept, whatever the rate of flushes.
+            self._waiting = waiting = collections.deque(r for r in waiting if not r.settled)
+            self._compact_at = max(1024, 2 * len(waiting))
+        waiting.append(request)
         self._pending.append(request)
         self._wake.set()
-        store, limit = self.store, self.store.write_timeout * 2 + 1
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + limit):  # one scope: cheap per flush
-            await request.done.wait()
-        if request.done.is_set():
-            return
-        with trio.CancelScope(shield=True):
-            if not request.sent:
+        await trio.lowlevel.wait_task_rescheduled(_stay_parked)
+
+    def _limit(self) -> float:
+        """Seconds a request may wait to be sent; a sent one, that again to be settled."""
+        return self.store.write_timeout * 2 + 1
+
+    async def _watch(self) -> None:
+        """Keep the requests' bounds: fail those unsent in time; settle as unknown those sent and not settled."""
+        store, limit, late = self.store, self._limit(), self._late
+        while True:
+            waiting = self._waiting  # replaced when compacted
+            for queue in (waiting, late):
+                while queue and queue[0].settled:
+                    queue.popleft()
+            if not waiting and not late:
+                self._watch_wake = trio.Event()
+                await self._watch_wake.wait()
+                continue
+            await trio.sleep_until(min(queue[0].deadline for queue in (waiting, late) if queue))
+            now, waiting = trio.current_time(), self._waiting
+            while waiting and waiting[0].deadline <= now:
+                request = waiting.popleft()
+                if request.settled:
+                    continue
+                if request.sent:  # it may commit: waited for once more, then its outcome is unknown
+                    request.deadline += limit
+                    late.append(request)
+                    continue
                 request.abandoned = True
                 with contextlib.suppress(ValueError):
                     self._pending.remove(request)
@@ -170,19 +232,18 @@ class GroupCommitter:
                         session_id=request.sid,
                     )
                 )
-                return
-            with trio.move_on_after(limit):
-                await request.done.wait()
-            request.abandoned = True  # never sent again by a retry
-            request.settle(
-                SessionStoreError(
-                    f"the group commit of session {request.sid!r} did not finish within {2 * limit:g} s in "
-                    f"{store.location}: whether it committed is unknown",
-                    path=store.location,
-                    session_id=request.sid,
-                ),
-                unknown=True,
-            )
+            while late and late[0].deadline <= now:
+                request = late.popleft()
+                request.abandoned = True  # never sent again by a retry
+                request.settle(
+                    SessionStoreError(
+                        f"the group commit of session {request.sid!r} did not finish within {2 * limit:g} s in "
+                        f"{store.location}: whether it committed is unknown",
+                        path=store.location,
+                        session_id=request.sid,
+                    ),
+                    unknown=True,
+                )
 
     async def run(self) -> None:
         slots = trio.Semaphore(max(1, self.store.pool_size - 1))
@@ -193,20 +254,45 @@ class GroupCommitter:
             finally:
                 slots.release()
 
-        async with trio.open_nursery() as nursery:
-            while True:
-                await self._wake.wait()
-                self._wake = trio.Event()
-                while self._pending:
-                    await slots.acquire()
-                    # A long queue is split between the connections free now: their groups run at once.
-                    size = max(_GROUP_MIN, -(-len(self._pending) // (slots.value + 1)))
-                    size = min(size, _GROUP_MAX)
-                    group, self._pending = self._pending[:size], self._pending[size:]
-                    if not group:
-                        slots.release()
-                        break
-                    nursery.start_soon(commit, group)
+        self._stopped = False
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch)
+                await self._dispatch(nursery, slots, commit)
+        finally:
+            # The store is closing: its groups in flight settled their requests; the queued ones were never sent.
+            self._stopped = True
+            for request in self._waiting:
+                what = "whether it committed is unknown" if request.sent else "it was not sent, nothing of it stored"
+                request.settle(
+                    SessionStoreError(
+                        f"the group commits of {self.store.location} stopped (the store closed) before the flush "
+                        f"of session {request.sid!r} was settled: {what}",
+                        path=self.store.location,
+                        session_id=request.sid,
+                    ),
+                    unknown=request.sent,
+                )
+            self._waiting.clear()
+            self._late.clear()
+            self._pending.clear()
+
+    async def _dispatch(
+        self, nursery: trio.Nursery, slots: trio.Semaphore, commit: Callable[[list[_Request]], Awaitable[None]]
+    ) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            while self._pending:
+                await slots.acquire()
+                # A long queue is split between the connections free now: their groups run at once.
+                size = max(_GROUP_MIN, -(-len(self._pending) // (slots.value + 1)))
+                size = min(size, _GROUP_MAX)
+                group, self._pending = self._pending[:size], self._pending[size:]
+                if not group:
+                    slots.release()
+                    break
+                nursery.start_soon(commit, group)
 
     def _group_statement(self) -> bytes:
         """The group commit: one statement (its own transaction); the sessions whose lease held, written whole.
@@ -395,7 +481,7 @@ class GroupCommitter:
         pg = _psycopg()
         pool = self.store._require_pool()
         async with pool.connection() as conn:
-            sent[:] = [r for r in group if not r.abandoned and not r.done.is_set()]
+            sent[:] = [r for r in group if not r.abandoned and not r.settled]
             if not sent:
                 return {}, 0
             for request in sent:
