@@ -37,7 +37,7 @@ import trio
 
 from .._errors import SessionStoreError
 from ._pg_schema import _psycopg
-from ._pg_threads import _call
+from ._pg_threads import _await_call, _call, _Job, _start_call
 from ._pg_wire import BINARY_FORMAT, INT8_OID, TEXT_ARRAY_OID, TEXT_FORMAT, TEXT_OID, text_array
 
 if TYPE_CHECKING:
@@ -50,6 +50,9 @@ log = logging.getLogger("trio_harness.session.postgres")
 # Most sessions one group commit carries; fewest a long queue is split into (each group a statement).
 _GROUP_MAX = 2000
 _GROUP_MIN = 64
+# A queue this long is sent at once by the flush that made it so, when a pooled connection is idle: a thousand
+# flushes queued in one scheduler batch do not all queue before the first statement starts (it runs meanwhile).
+_EAGER = 256
 
 _INT8_ARRAY_OID = 1016
 _GROUP_TYPES = (
@@ -154,6 +157,9 @@ class GroupCommitter:
     _compact_at: int = attrs.field(default=1024, init=False)
     # The committer is not running (not started yet, or the store closed): a submit fails at once.
     _stopped: bool = attrs.field(default=False, init=False)
+    # While it runs: its groups' nursery, and its slots (groups in flight at once: pool_size - 1).
+    _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
+    _slots: trio.Semaphore | None = attrs.field(default=None, init=False)
     # The sizes of the group commits sent (their number of sessions), the last 1,000 (tests and benches).
     _groups: collections.deque[int] = attrs.field(factory=lambda: collections.deque(maxlen=1000), init=False)
 
@@ -192,8 +198,33 @@ class GroupCommitter:
             self._compact_at = max(1024, 2 * len(waiting))
         waiting.append(request)
         self._pending.append(request)
+        if len(self._pending) >= _EAGER:
+            self._launch()
         self._wake.set()
         await trio.lowlevel.wait_task_rescheduled(_stay_parked)
+
+    def _launch(self) -> None:
+        """Send the queue as a group now, from the submitter (no schedule point), when a slot and a connection are free."""
+        slots, nursery = self._slots, self._nursery
+        if slots is None or nursery is None or slots.value == 0:
+            return
+        pool = self.store._require_pool()
+        conn = pool.lend_nowait()
+        if conn is None:
+            return
+        slots.acquire_nowait()
+        group = self._pending[:_GROUP_MAX]
+        del self._pending[:_GROUP_MAX]
+        self._mark_sent(group)  # all just queued: none abandoned or settled
+        job = _start_call(functools.partial(self._work(group), conn))
+        nursery.start_soon(self._commit_launched, group, conn, job)
+
+    async def _commit_launched(self, group: list[_Request], conn: psycopg.Connection[Any], job: _Job[Any]) -> None:
+        assert self._slots is not None
+        try:
+            await self._commit_group(group, launched=(conn, job))
+        finally:
+            self._slots.release()
 
     def _limit(self) -> float:
         """Seconds a request may wait to be sent; a sent one, that again to be settled."""
@@ -246,7 +277,7 @@ class GroupCommitter:
                 )
 
     async def run(self) -> None:
-        slots = trio.Semaphore(max(1, self.store.pool_size - 1))
+        slots = self._slots = trio.Semaphore(max(1, self.store.pool_size - 1))
 
         async def commit(group: list[_Request]) -> None:
             try:
@@ -257,11 +288,13 @@ class GroupCommitter:
         self._stopped = False
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self._watch)
                 await self._dispatch(nursery, slots, commit)
         finally:
             # The store is closing: its groups in flight settled their requests; the queued ones were never sent.
             self._stopped = True
+            self._nursery = self._slots = None
             for request in self._waiting:
                 what = "whether it committed is unknown" if request.sent else "it was not sent, nothing of it stored"
                 request.settle(
@@ -337,15 +370,10 @@ class GroupCommitter:
             _int8s(ack_ids),
         ]
 
-    async def _commit_group(self, group: list[_Request], *, again: bool = False) -> None:
-        """Send ``group`` (its requests not abandoned) and settle every request of it.
-
-        ``again``: a retry after a lost connection whose group was read back
-        (nothing of these stored): a second loss fails them.
-        """
+    def _work(self, sent: list[_Request]) -> Callable[[psycopg.Connection[Any]], dict[str, int]]:
+        """(for a worker thread) The group statement of the requests ``sent`` holds when it runs."""
         pg = _psycopg()
         query = self._group_statement()
-        sent: list[_Request] = []
 
         def work(conn: psycopg.Connection[Any]) -> dict[str, int]:
             # libpq's unnamed statement (no session state: a transaction-pooling proxy may sit between),
@@ -360,8 +388,31 @@ class GroupCommitter:
                 for row in range(result.ntuples)
             }
 
+        return work
+
+    def _mark_sent(self, sent: list[_Request]) -> None:
+        for request in sent:
+            request.sent = True
+        self._groups.append(len(sent))
+
+    async def _commit_group(
+        self,
+        group: list[_Request],
+        *,
+        again: bool = False,
+        launched: tuple[psycopg.Connection[Any], _Job[Any]] | None = None,
+    ) -> None:
+        """Send ``group`` (its requests not abandoned) and settle every request of it.
+
+        ``again``: a retry after a lost connection whose group was read back
+        (nothing of these stored): a second loss fails them.  ``launched``:
+        the group was sent already (:meth:`_launch`: all of it, on that
+        connection, by that job), this waits for it.
+        """
+        pg = _psycopg()
+        sent: list[_Request] = list(group) if launched is not None else []
         try:
-            written, pid = await self._run_group(group, sent, work)
+            written, pid = await self._run_group(group, sent, self._work(sent), launched)
             if written is None:  # the connection was lost, maybe during COMMIT: read back what is stored
                 await self._resolve(sent, pid, again)
                 return
@@ -472,28 +523,40 @@ class GroupCommitter:
         group: list[_Request],
         sent: list[_Request],
         work: Callable[[psycopg.Connection[Any]], dict[str, int]],
+        launched: tuple[psycopg.Connection[Any], _Job[Any]] | None,
     ) -> tuple[dict[str, int] | None, int]:
         """One group transaction: what it returned, or None when the connection was lost; its server process.
 
         Once it has a connection, the requests of ``group`` not abandoned are
         marked sent and put in ``sent`` (the others are dropped: never sent).
+        A ``launched`` group is under way already (``sent`` is all of it).
         """
-        pg = _psycopg()
         pool = self.store._require_pool()
+        if launched is not None:
+            conn, job = launched
+            try:
+                return await self._outcome(conn, functools.partial(_await_call, conn, job))
+            finally:
+                pool.give_back_lent(conn)
         async with pool.connection() as conn:
             sent[:] = [r for r in group if not r.abandoned and not r.settled]
             if not sent:
                 return {}, 0
-            for request in sent:
-                request.sent = True
-            self._groups.append(len(sent))
-            pid = conn.info.backend_pid
-            try:
-                with trio.fail_after(self.store.write_timeout):
-                    return await _call(conn, functools.partial(work, conn)), pid
-            except (pg.Error, trio.TooSlowError) as exc:
-                if isinstance(exc, pg.Error) and not (conn.broken or conn.closed):
-                    raise
-                log.warning("group commit: the connection was lost (%s)", exc)
-                conn.close()
+            self._mark_sent(sent)
+            return await self._outcome(conn, functools.partial(_call, conn, functools.partial(work, conn)))
+
+    async def _outcome(
+        self, conn: psycopg.Connection[Any], call: Callable[[], Awaitable[dict[str, int]]]
+    ) -> tuple[dict[str, int] | None, int]:
+        """The group statement's ``call`` on ``conn``, bounded: what it returned, or None when the connection was lost."""
+        pg = _psycopg()
+        pid = conn.info.backend_pid
+        try:
+            with trio.fail_after(self.store.write_timeout):
+                return await call(), pid
+        except (pg.Error, trio.TooSlowError) as exc:
+            if isinstance(exc, pg.Error) and not (conn.broken or conn.closed):
+                raise
+            log.warning("group commit: the connection was lost (%s)", exc)
+            conn.close()
         return None, pid
