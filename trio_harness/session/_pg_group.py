@@ -53,6 +53,8 @@ _GROUP_MIN = 64
 # A queue this long is sent at once by the flush that made it so, when a pooled connection is idle: a thousand
 # flushes queued in one scheduler batch do not all queue before the first statement starts (it runs meanwhile).
 _EAGER = 256
+# Fewest requests the watch's list holds before it drops the settled ones behind an unsettled one.
+_COMPACT_MIN = 1024
 
 _INT8_ARRAY_OID = 1016
 _GROUP_TYPES = (
@@ -76,11 +78,20 @@ _GROUP_FORMATS = (
     BINARY_FORMAT,
 )
 _EMPTY_ARRAY = struct.Struct("!iiI")  # no dimensions, no nulls, element type
+_ARRAY_HEAD = struct.Struct("!iiIii")  # one dimension: no nulls, element type, length, lower bound
+_LENGTH = struct.Struct("!i")
 
 
 def _texts(items: Sequence[str], encoding: str) -> bytes:
     """A ``text[]`` in the binary format (an empty one has no dimensions)."""
     return text_array(items, encoding) if items else _EMPTY_ARRAY.pack(0, 0, TEXT_OID)
+
+
+def _encoded(elements: list[bytes], count: int) -> bytes:
+    """A ``text[]`` of ``count`` elements, each already length-prefixed in ``elements`` (joined as they are)."""
+    if not count:
+        return _EMPTY_ARRAY.pack(0, 0, TEXT_OID)
+    return _ARRAY_HEAD.pack(1, 0, TEXT_OID, count, 1) + b"".join(elements)
 
 
 def _int8s(values: Sequence[int]) -> bytes:
@@ -154,7 +165,7 @@ class GroupCommitter:
     _waiting: collections.deque[_Request] = attrs.field(factory=collections.deque, init=False)
     _late: collections.deque[_Request] = attrs.field(factory=collections.deque, init=False)
     _watch_wake: trio.Event = attrs.field(factory=trio.Event, init=False)
-    _compact_at: int = attrs.field(default=1024, init=False)
+    _compact_at: int = attrs.field(default=_COMPACT_MIN, init=False)
     # The committer is not running (not started yet, or the store closed): a submit fails at once.
     _stopped: bool = attrs.field(default=False, init=False)
     # While it runs: its groups' nursery, and its slots (groups in flight at once: pool_size - 1).
@@ -185,6 +196,15 @@ class GroupCommitter:
         if self.store._nursery is None:
             self.store._require_pool()
         request.task = trio.lowlevel.current_task()
+        self._track(request)
+        self._pending.append(request)
+        if len(self._pending) >= _EAGER:
+            self._launch()
+        self._wake.set()
+        await trio.lowlevel.wait_task_rescheduled(_stay_parked)
+
+    def _track(self, request: _Request) -> None:
+        """Give ``request`` its bound and put it under the watch."""
         request.deadline = trio.current_time() + self._limit()
         waiting = self._waiting
         while waiting and waiting[0].settled:
@@ -195,16 +215,12 @@ class GroupCommitter:
             # Settled requests behind an unsettled one are dropped now and then: at most about twice the
             # unsettled ones (or 1,024) are kept, whatever the rate of flushes.
             self._waiting = waiting = collections.deque(r for r in waiting if not r.settled)
-            self._compact_at = max(1024, 2 * len(waiting))
+            self._compact_at = max(_COMPACT_MIN, 2 * len(waiting))
         waiting.append(request)
-        self._pending.append(request)
-        if len(self._pending) >= _EAGER:
-            self._launch()
-        self._wake.set()
-        await trio.lowlevel.wait_task_rescheduled(_stay_parked)
 
     def _launch(self) -> None:
-        """Send the queue as a group now, from the submitter (no schedule point), when a slot and a connection are free."""
+        """Send the queue as a group now, from the submitter (no schedule point), when a slot and a connection
+        are free."""
         slots, nursery = self._slots, self._nursery
         if slots is None or nursery is None or slots.value == 0:
             return
@@ -220,11 +236,17 @@ class GroupCommitter:
         nursery.start_soon(self._commit_launched, group, conn, job)
 
     async def _commit_launched(self, group: list[_Request], conn: psycopg.Connection[Any], job: _Job[Any]) -> None:
-        assert self._slots is not None
+        """Settle a group :meth:`_launch` sent; then give its connection back (once its thread is done with it)."""
+        slots, pool = self._slots, self.store._require_pool()
+        assert slots is not None
         try:
             await self._commit_group(group, launched=(conn, job))
         finally:
-            self._slots.release()
+            with trio.CancelScope(shield=True):
+                if not job.drop() and not job.done.is_set():  # it did not get as far as waiting for the statement
+                    await trio.to_thread.run_sync(job.done.wait)
+            pool.give_back_lent(conn)
+            slots.release()
 
     def _limit(self) -> float:
         """Seconds a request may wait to be sent; a sent one, that again to be settled."""
@@ -346,27 +368,34 @@ class GroupCommitter:
         ).encode()
 
     def _params(self, group: Sequence[_Request], encoding: str) -> list[bytes]:
-        sids: list[str] = []
+        """The group statement's parameters, its arrays built in the binary format here (one pass per array)."""
+        length = _LENGTH.pack
+        sids: list[bytes] = []  # each event's session id (encoded once per request)
         seqs: list[int] = []
-        bodies: list[str] = []
-        ack_sids: list[str] = []
+        bodies: list[bytes] = []
+        ack_sids: list[bytes] = []
         ack_ids: list[int] = []
         for request in group:
-            sid, first, count = request.sid, request.first, len(request.lines)
-            sids += [sid] * count
+            data = request.sid.encode(encoding)
+            element = length(len(data)) + data
+            first, count = request.first, len(request.lines)
+            sids.append(element * count)
             seqs += range(first, first + count)
-            bodies += request.lines
+            for line in request.lines:
+                encoded = line.encode(encoding)
+                bodies += (length(len(encoded)), encoded)
             if request.acks:
-                ack_sids += [sid] * len(request.acks)
+                ack_sids.append(element * len(request.acks))
                 ack_ids += request.acks
+        events = len(seqs)
         return [
             _texts([r.sid for r in group], encoding),
             _int8s([r.epoch for r in group]),
             self.store.worker_id.encode(encoding),
-            _texts(sids, encoding),
+            _encoded(sids, events),
             _int8s(seqs),
-            _texts(bodies, encoding),
-            _texts(ack_sids, encoding),
+            _encoded(bodies, events),
+            _encoded(ack_sids, len(ack_ids)),
             _int8s(ack_ids),
         ]
 
@@ -531,14 +560,10 @@ class GroupCommitter:
         marked sent and put in ``sent`` (the others are dropped: never sent).
         A ``launched`` group is under way already (``sent`` is all of it).
         """
-        pool = self.store._require_pool()
-        if launched is not None:
+        if launched is not None:  # its connection is given back by _commit_launched
             conn, job = launched
-            try:
-                return await self._outcome(conn, functools.partial(_await_call, conn, job))
-            finally:
-                pool.give_back_lent(conn)
-        async with pool.connection() as conn:
+            return await self._outcome(conn, functools.partial(_await_call, conn, job))
+        async with self.store._require_pool().connection() as conn:
             sent[:] = [r for r in group if not r.abandoned and not r.settled]
             if not sent:
                 return {}, 0
@@ -548,7 +573,7 @@ class GroupCommitter:
     async def _outcome(
         self, conn: psycopg.Connection[Any], call: Callable[[], Awaitable[dict[str, int]]]
     ) -> tuple[dict[str, int] | None, int]:
-        """The group statement's ``call`` on ``conn``, bounded: what it returned, or None when the connection was lost."""
+        """The group statement's ``call`` on ``conn``, bounded: what it returned; None: the connection was lost."""
         pg = _psycopg()
         pid = conn.info.backend_pid
         try:
