@@ -256,3 +256,51 @@ def test_the_watch_keeps_no_more_than_about_twice_its_unsettled_requests() -> No
         assert committer._waiting[0] is stuck
 
     trio.run(main)
+
+
+@pytest.mark.parametrize("sent_by", ["committer", "flush"])
+async def test_one_sessions_bad_batch_fails_its_flush_alone_and_the_rest_of_its_group_is_stored(
+    postgres_cluster: Cluster,
+    schema: str,
+    store: PostgresStore,
+    superuser: psycopg.Connection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    sent_by: str,
+) -> None:
+    """Two flushes in one group, one batch holding a line PostgreSQL refuses (a NUL byte): the group fails,
+    each request is committed again alone, so only the bad one fails.  With one pooled connection, also when
+    the flush that filled the queue sent the group (it gives its connection back before the retries, which
+    need it: no deadlock)."""
+    if sent_by == "flush":
+        monkeypatch.setattr(_pg_group, "_EAGER", 2)
+    for name in ("a", "b"):
+        await stored_session(store, name)
+    pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema, pool_size=1, write_timeout=WRITE_TIMEOUT)
+    async with pooled:
+        sessions = SessionRegistry(pooled)
+        good, bad = [sessions.enter(await sessions.prepare_resume(name)) for name in ("a", "b")]
+        for entry in (good, bad):
+            one_turn(entry.session, 2)
+        bad_writer: Any = bad.writer
+        bad_writer._buffer.append("\x00")
+        outcomes: dict[str, BaseException | None] = {}
+
+        async def flush(entry: Any) -> None:
+            try:
+                await entry.session.flush()
+                outcomes[entry.session.header.id] = None
+            except SessionStoreError as exc:
+                outcomes[entry.session.header.id] = exc
+
+        with trio.fail_after(WAIT):
+            async with trio.open_nursery() as nursery:
+                for entry in (good, bad):
+                    nursery.start_soon(flush, entry)
+        assert outcomes["a"] is None
+        assert isinstance(outcomes["b"], SessionStoreError) and "0x00" in str(outcomes["b"]), outcomes
+        assert pooled._group._groups[0] == 2
+        bad_writer._buffer.remove("\x00")
+        for entry in (good, bad):
+            await sessions.detach(entry)
+    assert count(superuser, schema, "a") == 16
+    assert count(superuser, schema, "b") == 16
