@@ -10,6 +10,7 @@ transaction, a mailbox row deleted behind the writer's back.
 from __future__ import annotations
 
 import logging
+import types
 from typing import Any
 
 import psycopg
@@ -21,7 +22,7 @@ from _util import WAIT
 from test_postgres_store import one_turn, stored_session
 
 from trio_harness import SessionStoreError
-from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry
+from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry, _pg_group
 from trio_harness.session._events import InboxMessage
 
 __all__ = ["postgres_cluster", "schema", "store", "superuser"]  # the fixtures, imported for pytest
@@ -96,6 +97,7 @@ async def test_a_flush_still_queued_past_its_bound_fails_unsent_and_is_never_sen
             await sessions.detach(entry)
 
 
+@pytest.mark.parametrize("sent_by", ["committer", "flush"])
 async def test_a_group_already_sent_when_its_flush_reaches_the_bound_is_waited_for_and_stored_once(
     postgres_cluster: Cluster,
     schema: str,
@@ -103,11 +105,16 @@ async def test_a_group_already_sent_when_its_flush_reaches_the_bound_is_waited_f
     superuser: psycopg.Connection[Any],
     clock: trio.testing.MockClock,
     caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    sent_by: str,
 ) -> None:
     """The group's INSERT waits on an uncommitted row with the session's next seq.  Past both bounds (the
     flush's and the statement's) the flush does not give up on a sent group (it might commit later): the
     statement is cancelled, the group read back (nothing stored) and sent again, and the flush returns
-    once that commits."""
+    once that commits.  The same whether the committer sent the group or the flush that filled it did
+    (``_launch``, here with a group of one)."""
+    if sent_by == "flush":
+        monkeypatch.setattr(_pg_group, "_EAGER", 1)
     await stored_session(store, "s1")
     pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema, write_timeout=WRITE_TIMEOUT)
     async with pooled:
@@ -180,3 +187,120 @@ async def test_an_acknowledged_mailbox_row_already_gone_fails_the_flush_loudly(
         loaded, resumed = await other.resume("s1")
         assert len(loaded.events) == 16
         await resumed.aclose()
+
+
+async def test_a_queue_that_reaches_the_eager_size_is_sent_by_the_flush_that_filled_it(
+    postgres_cluster: Cluster,
+    schema: str,
+    store: PostgresStore,
+    superuser: psycopg.Connection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seven flushes queued in one scheduler batch, the eager size three: the third flush sends the queue
+    at once (a group of three, sent while the batch is still queueing; the sixth does too when another
+    pooled connection is idle); the rest goes out with the committer, after the batch (without the eager
+    send: one group of seven).  Every batch is stored once, in order."""
+    monkeypatch.setattr(_pg_group, "_EAGER", 3)
+    names = [f"e{number}" for number in range(7)]
+    for name in names:
+        await stored_session(store, name)
+    pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema, pool_size=4)
+    async with pooled:
+        sessions = SessionRegistry(pooled)
+        entries = [sessions.enter(await sessions.prepare_resume(name)) for name in names]
+        pooled._group._groups.clear()
+        for entry in entries:
+            one_turn(entry.session, 2)
+        async with trio.open_nursery() as nursery:
+            for entry in entries:
+                nursery.start_soon(entry.session.flush)
+        groups = list(pooled._group._groups)
+        assert groups[0] == 3 and sum(groups) == 7, groups
+        for entry in entries:
+            assert (await store.load(entry.session.header.id)).events == tuple(entry.session.events)
+            await sessions.detach(entry)
+    for name in names:
+        assert count(superuser, schema, name) == 16
+
+
+async def test_a_flush_submitted_after_the_store_closed_fails_at_once_unsent(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore
+) -> None:
+    """Once the committer has stopped (its store closed), a request is refused at once, never parked."""
+    pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema)
+    async with pooled:
+        await trio.testing.wait_all_tasks_blocked()
+    writer = types.SimpleNamespace(header=types.SimpleNamespace(id="late"), _stored=0, _epoch=1)
+    request = _pg_group._Request(writer, ["{}"], [], True)
+    with trio.fail_after(WAIT), pytest.raises(SessionStoreError, match=r"have stopped .* nothing of it was stored"):
+        await pooled._group.submit(request)
+
+
+def test_the_watch_keeps_no_more_than_about_twice_its_unsettled_requests() -> None:
+    """One request stays unsettled while thousands behind it settle: the watch's list is compacted now and
+    then, so it stays near twice the unsettled ones (or the minimum), not one entry per flush since."""
+
+    async def main() -> None:
+        committer = _pg_group.GroupCommitter(types.SimpleNamespace(write_timeout=10.0))  # type: ignore[arg-type]
+        writer = types.SimpleNamespace(header=types.SimpleNamespace(id="s"), _stored=0, _epoch=1)
+        stuck = _pg_group._Request(writer, [], [], True)
+        committer._track(stuck)
+        longest = 0
+        for _ in range(10 * _pg_group._COMPACT_MIN):
+            request = _pg_group._Request(writer, [], [], True)
+            committer._track(request)
+            request.settle(True)
+            longest = max(longest, len(committer._waiting))
+        assert not stuck.settled
+        assert longest <= _pg_group._COMPACT_MIN + 1
+        assert committer._waiting[0] is stuck
+
+    trio.run(main)
+
+
+@pytest.mark.parametrize("sent_by", ["committer", "flush"])
+async def test_one_sessions_bad_batch_fails_its_flush_alone_and_the_rest_of_its_group_is_stored(
+    postgres_cluster: Cluster,
+    schema: str,
+    store: PostgresStore,
+    superuser: psycopg.Connection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    sent_by: str,
+) -> None:
+    """Two flushes in one group, one batch holding a line PostgreSQL refuses (a NUL byte): the group fails,
+    each request is committed again alone, so only the bad one fails.  With one pooled connection, also when
+    the flush that filled the queue sent the group (it gives its connection back before the retries, which
+    need it: no deadlock)."""
+    if sent_by == "flush":
+        monkeypatch.setattr(_pg_group, "_EAGER", 2)
+    for name in ("a", "b"):
+        await stored_session(store, name)
+    pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema, pool_size=1, write_timeout=WRITE_TIMEOUT)
+    async with pooled:
+        sessions = SessionRegistry(pooled)
+        good, bad = [sessions.enter(await sessions.prepare_resume(name)) for name in ("a", "b")]
+        for entry in (good, bad):
+            one_turn(entry.session, 2)
+        bad_writer: Any = bad.writer
+        bad_writer._buffer.append("\x00")
+        outcomes: dict[str, BaseException | None] = {}
+
+        async def flush(entry: Any) -> None:
+            try:
+                await entry.session.flush()
+                outcomes[entry.session.header.id] = None
+            except SessionStoreError as exc:
+                outcomes[entry.session.header.id] = exc
+
+        with trio.fail_after(WAIT):
+            async with trio.open_nursery() as nursery:
+                for entry in (good, bad):
+                    nursery.start_soon(flush, entry)
+        assert outcomes["a"] is None
+        assert isinstance(outcomes["b"], SessionStoreError) and "0x00" in str(outcomes["b"]), outcomes
+        assert pooled._group._groups[0] == 2
+        bad_writer._buffer.remove("\x00")
+        for entry in (good, bad):
+            await sessions.detach(entry)
+    assert count(superuser, schema, "a") == 16
+    assert count(superuser, schema, "b") == 16

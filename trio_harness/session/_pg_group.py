@@ -11,13 +11,22 @@ rows deleted, and the statement returns the sessions whose lease held, with
 how many mailbox rows it deleted for each.  Each of those had its whole batch
 stored, the others nothing (fenced).
 
+A queue that reaches ``_EAGER`` requests is sent at once by the submit that
+made it so (:meth:`GroupCommitter._launch`: an idle pooled connection lent
+without waiting, the statement started on a worker thread with no schedule
+point), so a thousand flushes of one scheduler batch do not all queue before
+the first statement starts.
+
 Bounds and unknown outcomes: a request still unsent after ``2 *
 write_timeout + 1`` seconds is abandoned (it fails, nothing stored; the
 committer never sends it); a sent one is settled: a lost connection, maybe
 during COMMIT, is resolved by reading back what is stored once the lost
 server process is gone; when even that fails the outcome is unknown and the
 writer reads back its own batch (``_store_own``) before it sends those seqs
-again.
+again.  A submitter parks until its request is settled (its cancellation
+waits for that, as a shielded wait would); the bounds are kept by one watch
+task (:meth:`GroupCommitter._watch`), not by a cancel scope per flush, which
+cost a third of a flush's Python time.
 """
 
 from __future__ import annotations
@@ -27,8 +36,9 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -36,7 +46,7 @@ import trio
 
 from .._errors import SessionStoreError
 from ._pg_schema import _psycopg
-from ._pg_threads import _call
+from ._pg_threads import _await_call, _call, _Job, _Pool, _start_call
 from ._pg_wire import BINARY_FORMAT, INT8_OID, TEXT_ARRAY_OID, TEXT_FORMAT, TEXT_OID, text_array
 
 if TYPE_CHECKING:
@@ -49,6 +59,11 @@ log = logging.getLogger("trio_harness.session.postgres")
 # Most sessions one group commit carries; fewest a long queue is split into (each group a statement).
 _GROUP_MAX = 2000
 _GROUP_MIN = 64
+# A queue this long is sent at once by the flush that made it so, when a pooled connection is idle: a thousand
+# flushes queued in one scheduler batch do not all queue before the first statement starts (it runs meanwhile).
+_EAGER = 256
+# Fewest requests the watch's list holds before it drops the settled ones behind an unsettled one.
+_COMPACT_MIN = 1024
 
 _INT8_ARRAY_OID = 1016
 _GROUP_TYPES = (
@@ -72,11 +87,20 @@ _GROUP_FORMATS = (
     BINARY_FORMAT,
 )
 _EMPTY_ARRAY = struct.Struct("!iiI")  # no dimensions, no nulls, element type
+_ARRAY_HEAD = struct.Struct("!iiIii")  # one dimension: no nulls, element type, length, lower bound
+_LENGTH = struct.Struct("!i")
 
 
 def _texts(items: Sequence[str], encoding: str) -> bytes:
     """A ``text[]`` in the binary format (an empty one has no dimensions)."""
     return text_array(items, encoding) if items else _EMPTY_ARRAY.pack(0, 0, TEXT_OID)
+
+
+def _encoded(elements: list[bytes], count: int) -> bytes:
+    """A ``text[]`` of ``count`` elements, each already length-prefixed in ``elements`` (joined as they are)."""
+    if not count:
+        return _EMPTY_ARRAY.pack(0, 0, TEXT_OID)
+    return _ARRAY_HEAD.pack(1, 0, TEXT_OID, count, 1) + b"".join(elements)
 
 
 def _int8s(values: Sequence[int]) -> bytes:
@@ -85,6 +109,11 @@ def _int8s(values: Sequence[int]) -> bytes:
         return _EMPTY_ARRAY.pack(0, 0, INT8_OID)
     head = struct.pack("!iiIii", 1, 0, INT8_OID, len(values), 1)
     return head + struct.pack("!" + "iq" * len(values), *itertools.chain.from_iterable((8, v) for v in values))
+
+
+def _stay_parked(_: object) -> trio.lowlevel.Abort:
+    """A parked submitter is not woken by its cancellation: its request is settled first (bounded, see below)."""
+    return trio.lowlevel.Abort.FAILED
 
 
 @attrs.define(eq=False)
@@ -103,7 +132,10 @@ class _Request:
     sid: str = attrs.field(init=False)
     first: int = attrs.field(init=False)
     epoch: int = attrs.field(init=False)
-    done: trio.Event = attrs.field(factory=trio.Event)
+    # The parked task of its submitter, rescheduled once it is settled; when its bound runs out (see ``submit``).
+    task: trio.lowlevel.Task | None = None
+    deadline: float = math.inf
+    settled: bool = False
     # True: stored; False: fenced (the lease was taken); an exception: failed (``unknown``: maybe stored).
     outcome: bool | BaseException | None = None
     unknown: bool = False
@@ -117,10 +149,50 @@ class _Request:
     def __attrs_post_init__(self) -> None:
         self.sid, self.first, self.epoch = self.writer.header.id, self.writer._stored, self.writer._epoch
 
+    @trio.lowlevel.enable_ki_protection
     def settle(self, outcome: bool | BaseException, *, unknown: bool = False) -> None:
-        if not self.done.is_set():
+        if not self.settled:
+            self.settled = True
             self.outcome, self.unknown = outcome, unknown
-            self.done.set()
+            if self.task is not None:
+                trio.lowlevel.reschedule(self.task)
+
+
+@attrs.define(eq=False)
+class _Launched:
+    """A group sent by :meth:`GroupCommitter._launch`: its lent connection, its committer slot, its statement."""
+
+    pool: _Pool
+    slots: trio.Semaphore
+    conn: psycopg.Connection[Any]
+    pid: int
+    job: _Job[Any] | None = None
+    # Why its statement could not be started (no thread): nothing was sent.
+    error: BaseException | None = None
+    returned: bool = False
+
+    async def wait(self) -> dict[str, int]:
+        if self.job is None:
+            raise SessionStoreError(f"a group commit could not be started (nothing of it was sent): {self.error}")
+        return await _await_call(self.conn, self.job)
+
+    async def give_back(self) -> None:
+        """Give the connection and the slot back, once the statement's thread is done with the connection."""
+        if self.returned:
+            return
+        job = self.job
+        if job is not None and not job.drop() and not job.done.is_set():
+            with trio.CancelScope(shield=True):  # cancelled before it waited for the statement: the thread still runs
+                await trio.to_thread.run_sync(job.done.wait)
+        self.give_back_now()
+
+    def give_back_now(self) -> None:
+        if not self.returned:
+            self.returned = True
+            try:
+                self.pool.give_back_lent(self.conn)
+            finally:
+                self.slots.release()
 
 
 @attrs.define(eq=False)
@@ -135,44 +207,145 @@ class GroupCommitter:
     store: PooledPostgresStore
     _pending: list[_Request] = attrs.field(factory=list, init=False)
     _wake: trio.Event = attrs.field(factory=trio.Event, init=False)
+    # Every request submitted and maybe not settled, oldest first (their deadlines in order); those sent that
+    # outlived theirs, waited for once more (session/_pg_group.py's watch).
+    _waiting: collections.deque[_Request] = attrs.field(factory=collections.deque, init=False)
+    _late: collections.deque[_Request] = attrs.field(factory=collections.deque, init=False)
+    _watch_wake: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _compact_at: int = attrs.field(default=_COMPACT_MIN, init=False)
+    # The committer is not running (not started yet, or the store closed): a submit fails at once.
+    _stopped: bool = attrs.field(default=False, init=False)
+    # While it runs: its groups' nursery, and its slots (groups in flight at once: pool_size - 1).
+    _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
+    _slots: trio.Semaphore | None = attrs.field(default=None, init=False)
     # The sizes of the group commits sent (their number of sessions), the last 1,000 (tests and benches).
     _groups: collections.deque[int] = attrs.field(factory=lambda: collections.deque(maxlen=1000), init=False)
 
     async def submit(self, request: _Request) -> None:
-        """Queue ``request`` for the next group commit and wait (shielded, bounded) for its outcome.
+        """Queue ``request`` for the next group commit and wait (bounded, not cancellable) for its outcome.
 
         A request not sent within ``2 * write_timeout + 1`` seconds leaves
         the queue and fails (nothing of it is stored); one already sent is
         waited for: the committer settles it within about ``2 *
         write_timeout`` (its statement's bound, then the read-back of a lost
         one).  Should even that wait end, its outcome is unknown (the writer
-        reads back what is stored before it sends those seqs again).
+        reads back what is stored before it sends those seqs again).  The
+        bounds are kept by the committer's watch (:meth:`_watch`), so a
+        submitter only parks: no cancel scope per flush.
         """
+        if self._stopped:
+            raise SessionStoreError(
+                f"the group commits of {self.store.location} have stopped (the store is closing): the flush of "
+                f"session {request.sid!r} was not sent, nothing of it was stored",
+                path=self.store.location,
+                session_id=request.sid,
+            )
         if self.store._nursery is None:
             self.store._require_pool()
+        request.task = trio.lowlevel.current_task()
+        self._track(request)
         self._pending.append(request)
+        if len(self._pending) >= _EAGER:
+            self._launch()
         self._wake.set()
-        store, limit = self.store, self.store.write_timeout * 2 + 1
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + limit):  # one scope: cheap per flush
-            await request.done.wait()
-        if request.done.is_set():
+        await trio.lowlevel.wait_task_rescheduled(_stay_parked)
+
+    def _track(self, request: _Request) -> None:
+        """Give ``request`` its bound and put it under the watch."""
+        request.deadline = trio.current_time() + self._limit()
+        waiting = self._waiting
+        while waiting and waiting[0].settled:
+            waiting.popleft()
+        if not waiting:
+            self._watch_wake.set()
+        elif len(waiting) >= self._compact_at:
+            # Settled requests behind an unsettled one are dropped now and then: at most about twice the
+            # unsettled ones (or 1,024) are kept, whatever the rate of flushes.
+            self._waiting = waiting = collections.deque(r for r in waiting if not r.settled)
+            self._compact_at = max(_COMPACT_MIN, 2 * len(waiting))
+        waiting.append(request)
+
+    def _launch(self) -> None:
+        """Send the queue as a group now, from the submitter (no schedule point), when a slot and a connection
+        are free.  Anything failing here leaves the queue as it was (the committer sends it)."""
+        slots, nursery = self._slots, self._nursery
+        if slots is None or nursery is None or slots.value == 0:
             return
-        with trio.CancelScope(shield=True):
-            if not request.sent:
-                request.abandoned = True
-                with contextlib.suppress(ValueError):
-                    self._pending.remove(request)
-                request.settle(
-                    SessionStoreError(
-                        f"the flush of session {request.sid!r} was not sent within {limit:g} s (the group commits "
-                        f"ahead of it in {store.location} did not finish): nothing of it was stored; flush again",
-                        path=store.location,
-                        session_id=request.sid,
-                    )
+        pool = self.store._require_pool()
+        conn = pool.lend_nowait()
+        if conn is None:
+            return
+        slots.acquire_nowait()
+        group = self._pending[:_GROUP_MAX]
+        launched = _Launched(pool, slots, conn, conn.info.backend_pid)
+        try:
+            nursery.start_soon(self._commit_launched, group, launched)
+        except RuntimeError:  # the committer's nursery is closing
+            launched.give_back_now()
+            return
+        del self._pending[:_GROUP_MAX]
+        self._mark_sent(group)  # all just queued: none abandoned or settled
+        try:
+            launched.job = _start_call(functools.partial(self._work(group), conn))
+        except BaseException as exc:  # no thread: nothing sent (its task fails the group, saying so)
+            for request in group:
+                request.sent = False
+            launched.error = exc
+
+    async def _commit_launched(self, group: list[_Request], launched: _Launched) -> None:
+        """Settle a group :meth:`_launch` sent (its connection given back once its statement is done)."""
+        try:
+            await self._commit_group(group, launched=launched)
+        finally:
+            await launched.give_back()
+
+    def starting(self) -> None:
+        """The store opens: submits are taken again (queued until :meth:`run` starts)."""
+        self._stopped = False
+
+    def _limit(self) -> float:
+        """Seconds a request may wait to be sent; a sent one, that again to be settled."""
+        return self.store.write_timeout * 2 + 1
+
+    async def _watch(self) -> None:
+        """Keep the requests' bounds: fail those unsent in time; settle as unknown those sent and not settled."""
+        late = self._late
+        while True:
+            waiting = self._waiting  # replaced when compacted
+            for queue in (waiting, late):
+                while queue and queue[0].settled:
+                    queue.popleft()
+            if not waiting and not late:
+                self._watch_wake = trio.Event()
+                await self._watch_wake.wait()
+                continue
+            await trio.sleep_until(min(queue[0].deadline for queue in (waiting, late) if queue))
+            self._expire(trio.current_time())
+
+    @trio.lowlevel.enable_ki_protection  # a request taken off a list is settled or put on the other
+    def _expire(self, now: float) -> None:
+        store, limit, waiting, late = self.store, self._limit(), self._waiting, self._late
+        while waiting and waiting[0].deadline <= now:
+            request = waiting.popleft()
+            if request.settled:
+                continue
+            if request.sent:  # it may commit: waited for once more, then its outcome is unknown
+                request.deadline += limit
+                late.append(request)
+                continue
+            request.abandoned = True
+            with contextlib.suppress(ValueError):
+                self._pending.remove(request)
+            request.settle(
+                SessionStoreError(
+                    f"the flush of session {request.sid!r} was not sent within {limit:g} s (the group commits "
+                    f"ahead of it in {store.location} did not finish): nothing of it was stored; flush again",
+                    path=store.location,
+                    session_id=request.sid,
                 )
-                return
-            with trio.move_on_after(limit):
-                await request.done.wait()
+            )
+        while late and late[0].deadline <= now:
+            request = late.popleft()
             request.abandoned = True  # never sent again by a retry
             request.settle(
                 SessionStoreError(
@@ -185,7 +358,7 @@ class GroupCommitter:
             )
 
     async def run(self) -> None:
-        slots = trio.Semaphore(max(1, self.store.pool_size - 1))
+        slots = self._slots = trio.Semaphore(max(1, self.store.pool_size - 1))
 
         async def commit(group: list[_Request]) -> None:
             try:
@@ -193,20 +366,47 @@ class GroupCommitter:
             finally:
                 slots.release()
 
-        async with trio.open_nursery() as nursery:
-            while True:
-                await self._wake.wait()
-                self._wake = trio.Event()
-                while self._pending:
-                    await slots.acquire()
-                    # A long queue is split between the connections free now: their groups run at once.
-                    size = max(_GROUP_MIN, -(-len(self._pending) // (slots.value + 1)))
-                    size = min(size, _GROUP_MAX)
-                    group, self._pending = self._pending[:size], self._pending[size:]
-                    if not group:
-                        slots.release()
-                        break
-                    nursery.start_soon(commit, group)
+        self._stopped = False
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._watch)
+                await self._dispatch(nursery, slots, commit)
+        finally:
+            # The store is closing: its groups in flight settled their requests; the queued ones were never sent.
+            self._stopped = True
+            self._nursery = self._slots = None
+            for request in (*self._waiting, *self._late):
+                what = "whether it committed is unknown" if request.sent else "it was not sent, nothing of it stored"
+                request.settle(
+                    SessionStoreError(
+                        f"the group commits of {self.store.location} stopped (the store closed) before the flush "
+                        f"of session {request.sid!r} was settled: {what}",
+                        path=self.store.location,
+                        session_id=request.sid,
+                    ),
+                    unknown=request.sent,
+                )
+            self._waiting.clear()
+            self._late.clear()
+            self._pending.clear()
+
+    async def _dispatch(
+        self, nursery: trio.Nursery, slots: trio.Semaphore, commit: Callable[[list[_Request]], Awaitable[None]]
+    ) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            while self._pending:
+                await slots.acquire()
+                # A long queue is split between the connections free now: their groups run at once.
+                size = max(_GROUP_MIN, -(-len(self._pending) // (slots.value + 1)))
+                size = min(size, _GROUP_MAX)
+                group, self._pending = self._pending[:size], self._pending[size:]
+                if not group:
+                    slots.release()
+                    break
+                nursery.start_soon(commit, group)
 
     def _group_statement(self) -> bytes:
         """The group commit: one statement (its own transaction); the sessions whose lease held, written whole.
@@ -227,39 +427,41 @@ class GroupCommitter:
         ).encode()
 
     def _params(self, group: Sequence[_Request], encoding: str) -> list[bytes]:
-        sids: list[str] = []
+        """The group statement's parameters, its arrays built in the binary format here (one pass per array)."""
+        length = _LENGTH.pack
+        sids: list[bytes] = []  # each event's session id (encoded once per request)
         seqs: list[int] = []
-        bodies: list[str] = []
-        ack_sids: list[str] = []
+        bodies: list[bytes] = []
+        ack_sids: list[bytes] = []
         ack_ids: list[int] = []
         for request in group:
-            sid, first, count = request.sid, request.first, len(request.lines)
-            sids += [sid] * count
+            data = request.sid.encode(encoding)
+            element = length(len(data)) + data
+            first, count = request.first, len(request.lines)
+            sids.append(element * count)
             seqs += range(first, first + count)
-            bodies += request.lines
+            for line in request.lines:
+                encoded = line.encode(encoding)
+                bodies += (length(len(encoded)), encoded)
             if request.acks:
-                ack_sids += [sid] * len(request.acks)
+                ack_sids.append(element * len(request.acks))
                 ack_ids += request.acks
+        events = len(seqs)
         return [
             _texts([r.sid for r in group], encoding),
             _int8s([r.epoch for r in group]),
             self.store.worker_id.encode(encoding),
-            _texts(sids, encoding),
+            _encoded(sids, events),
             _int8s(seqs),
-            _texts(bodies, encoding),
-            _texts(ack_sids, encoding),
+            _encoded(bodies, events),
+            _encoded(ack_sids, len(ack_ids)),
             _int8s(ack_ids),
         ]
 
-    async def _commit_group(self, group: list[_Request], *, again: bool = False) -> None:
-        """Send ``group`` (its requests not abandoned) and settle every request of it.
-
-        ``again``: a retry after a lost connection whose group was read back
-        (nothing of these stored): a second loss fails them.
-        """
+    def _work(self, sent: list[_Request]) -> Callable[[psycopg.Connection[Any]], dict[str, int]]:
+        """(for a worker thread) The group statement of the requests ``sent`` holds when it runs."""
         pg = _psycopg()
         query = self._group_statement()
-        sent: list[_Request] = []
 
         def work(conn: psycopg.Connection[Any]) -> dict[str, int]:
             # libpq's unnamed statement (no session state: a transaction-pooling proxy may sit between),
@@ -274,8 +476,31 @@ class GroupCommitter:
                 for row in range(result.ntuples)
             }
 
+        return work
+
+    def _mark_sent(self, sent: list[_Request]) -> None:
+        for request in sent:
+            request.sent = True
+        self._groups.append(len(sent))
+
+    async def _commit_group(
+        self,
+        group: list[_Request],
+        *,
+        again: bool = False,
+        launched: _Launched | None = None,
+    ) -> None:
+        """Send ``group`` (its requests not abandoned) and settle every request of it.
+
+        ``again``: a retry after a lost connection whose group was read back
+        (nothing of these stored): a second loss fails them.  ``launched``:
+        the group was sent already (:meth:`_launch`: all of it, on that
+        connection, by that job), this waits for it.
+        """
+        pg = _psycopg()
+        sent: list[_Request] = list(group) if launched is not None else []
         try:
-            written, pid = await self._run_group(group, sent, work)
+            written, pid = await self._run_group(group, sent, self._work(sent), launched)
             if written is None:  # the connection was lost, maybe during COMMIT: read back what is stored
                 await self._resolve(sent, pid, again)
                 return
@@ -386,28 +611,38 @@ class GroupCommitter:
         group: list[_Request],
         sent: list[_Request],
         work: Callable[[psycopg.Connection[Any]], dict[str, int]],
+        launched: _Launched | None,
     ) -> tuple[dict[str, int] | None, int]:
         """One group transaction: what it returned, or None when the connection was lost; its server process.
 
         Once it has a connection, the requests of ``group`` not abandoned are
         marked sent and put in ``sent`` (the others are dropped: never sent).
+        A ``launched`` group is under way already (``sent`` is all of it).
         """
-        pg = _psycopg()
-        pool = self.store._require_pool()
-        async with pool.connection() as conn:
-            sent[:] = [r for r in group if not r.abandoned and not r.done.is_set()]
+        if launched is not None:  # its connection is given back as soon as its statement is done
+            try:
+                return await self._outcome(launched.conn, launched.wait, launched.pid)
+            finally:
+                await launched.give_back()
+        async with self.store._require_pool().connection() as conn:
+            sent[:] = [r for r in group if not r.abandoned and not r.settled]
             if not sent:
                 return {}, 0
-            for request in sent:
-                request.sent = True
-            self._groups.append(len(sent))
-            pid = conn.info.backend_pid
-            try:
-                with trio.fail_after(self.store.write_timeout):
-                    return await _call(conn, functools.partial(work, conn)), pid
-            except (pg.Error, trio.TooSlowError) as exc:
-                if isinstance(exc, pg.Error) and not (conn.broken or conn.closed):
-                    raise
-                log.warning("group commit: the connection was lost (%s)", exc)
-                conn.close()
+            self._mark_sent(sent)
+            call = functools.partial(_call, conn, functools.partial(work, conn))
+            return await self._outcome(conn, call, conn.info.backend_pid)
+
+    async def _outcome(
+        self, conn: psycopg.Connection[Any], call: Callable[[], Awaitable[dict[str, int]]], pid: int
+    ) -> tuple[dict[str, int] | None, int]:
+        """The group statement's ``call`` on ``conn``, bounded: what it returned; None: the connection was lost."""
+        pg = _psycopg()
+        try:
+            with trio.fail_after(self.store.write_timeout):
+                return await call(), pid
+        except (pg.Error, trio.TooSlowError) as exc:
+            if isinstance(exc, pg.Error) and not (conn.broken or conn.closed):
+                raise
+            log.warning("group commit: the connection was lost (%s)", exc)
+            conn.close()
         return None, pid

@@ -197,6 +197,7 @@ class PooledPostgresStore(PostgresStore):
                 await self._beat()
 
         self._nursery.start_soon(beat, name="postgres worker liveness")
+        self._group.starting()
         self._nursery.start_soon(self._group.run, name="postgres group commit")
 
     async def _lock_liveness(self) -> psycopg.Connection[Any]:
@@ -598,56 +599,69 @@ class _PooledWriter:
         return self._error(self._broken)
 
     async def flush(self, *, sync: bool = True) -> None:
-        async with self._lock:
-            if not self._buffer and not self._acks:
-                return
-            if self._closed or self._broken is not None:
-                raise self._error("its writer is closed" if self._closed else self._broken or "")
-            lines, acks, blobs = self._buffer, list(self._acks), self._blobs
-            self._buffer, self._blobs = [], {}
-            committed = False
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            # No schedule point when uncontended: a thousand sessions flushing at once each yield once (to wait
+            # for their group commit) instead of twice.
+            self._lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._lock.acquire()
+        try:
+            await self._flush_locked(sync)
+        finally:
+            self._lock.release()
 
-            def settle(outcome: object) -> None:
-                nonlocal committed
-                if outcome == "stored" and not committed:
-                    committed = True
-                    self._committed(lines, acks)
+    async def _flush_locked(self, sync: bool) -> None:
+        if not self._buffer and not self._acks:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        if self._closed or self._broken is not None:
+            raise self._error("its writer is closed" if self._closed else self._broken or "")
+        lines, acks, blobs = self._buffer, list(self._acks), self._blobs
+        self._buffer, self._blobs = [], {}
+        committed = False
 
-            try:
-                if self._header_line is not None or blobs or self._uncertain:
-                    outcome = await self.store._run_settled(
-                        f"store the events of session {self.header.id!r}",
-                        lambda conn: _store_own(conn, self, lines, blobs, acks),
-                        settle,
-                    )
-                else:
-                    outcome = await self._group_commit(lines, acks, sync)
-                settle("stored" if outcome == "mail gone" else outcome)
-            except BaseException as exc:
-                if not committed:
-                    self._buffer[:0] = lines
-                    self._blobs = {**blobs, **self._blobs}
-                    self._uncertain = True
-                if isinstance(exc, Exception) and not isinstance(exc, SessionError):
-                    # e.g. an event the database's encoding cannot hold: the caller gets a store error
-                    raise self._error(f"{type(exc).__name__}: {exc}") from exc
-                raise
-            if outcome == "stored":
-                return
-            if outcome == "mail gone":  # stored: never silent, and this writer no longer trusts its mailbox
-                raise self._lose(
-                    "its events are stored, but the mailbox rows of messages it delivered were already deleted "
-                    "(another holder of the session delivered them)"
+        def settle(outcome: object) -> None:
+            nonlocal committed
+            if outcome == "stored" and not committed:
+                committed = True
+                self._committed(lines, acks)
+
+        try:
+            if self._header_line is not None or blobs or self._uncertain:
+                outcome = await self.store._run_settled(
+                    f"store the events of session {self.header.id!r}",
+                    lambda conn: _store_own(conn, self, lines, blobs, acks),
+                    settle,
                 )
-            self._buffer[:0] = lines
-            self._blobs = {**blobs, **self._blobs}
-            if outcome == "fenced":
-                raise self._lose("this writer lost the session (its lease was taken by another worker)", fenced=True)
-            if outcome == "exists":
-                raise self._lose(f"another session {self.header.id!r} is already stored in {self.store.location}")
+            else:
+                outcome = await self._group_commit(lines, acks, sync)
+            settle("stored" if outcome == "mail gone" else outcome)
+        except BaseException as exc:
+            if not committed:
+                self._buffer[:0] = lines
+                self._blobs = {**blobs, **self._blobs}
+                self._uncertain = True
+            if isinstance(exc, Exception) and not isinstance(exc, SessionError):
+                # e.g. an event the database's encoding cannot hold: the caller gets a store error
+                raise self._error(f"{type(exc).__name__}: {exc}") from exc
+            raise
+        if outcome == "stored":
+            return
+        if outcome == "mail gone":  # stored: never silent, and this writer no longer trusts its mailbox
             raise self._lose(
-                f"the events stored from seq {self._stored} on are not this writer's (another writer stored them)"
+                "its events are stored, but the mailbox rows of messages it delivered were already deleted "
+                "(another holder of the session delivered them)"
             )
+        self._buffer[:0] = lines
+        self._blobs = {**blobs, **self._blobs}
+        if outcome == "fenced":
+            raise self._lose("this writer lost the session (its lease was taken by another worker)", fenced=True)
+        if outcome == "exists":
+            raise self._lose(f"another session {self.header.id!r} is already stored in {self.store.location}")
+        raise self._lose(
+            f"the events stored from seq {self._stored} on are not this writer's (another writer stored them)"
+        )
 
     async def _group_commit(self, lines: list[str], acks: list[int], sync: bool) -> str:
         """The flush as part of the next group commit (session/_pg_group.py).

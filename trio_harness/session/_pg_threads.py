@@ -14,6 +14,8 @@ its writers (:mod:`._pg_writer`) build on it.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import select
@@ -52,6 +54,8 @@ class _Job(Generic[T]):
     started: bool = False
     dropped: bool = False
     _guard: threading.Lock = attrs.field(factory=threading.Lock)
+    # Set in Trio once the thread of a job begun by _start_call is done with it.
+    arrived: trio.Event | None = None
 
     def run(self) -> None:
         with self._guard:
@@ -124,8 +128,43 @@ async def _call(conn: psycopg.Connection[Any], fn: Callable[[], T], *, settle: C
     failed one.
     """
     job: _Job[T] = _Job(fn)
+    return await _wait(conn, job, functools.partial(trio.to_thread.run_sync, job.run, abandon_on_cancel=True), settle)
+
+
+def _start_call(fn: Callable[[], T]) -> _Job[T]:
+    """Begin ``fn`` on a worker thread now, from synchronous code in Trio; await it with :func:`_await_call`.
+
+    For a caller that must not reach a schedule point before the statement
+    is under way (a group commit sent by the flush that filled it, while the
+    other flushes of its batch are still queueing).
+    """
+    job: _Job[T] = _Job(fn)
+    arrived = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+
+    def deliver(_: object) -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(arrived.set)
+
+    job.arrived = arrived
+    trio.lowlevel.start_thread_soon(job.run, deliver, name="trio_harness postgres statement")
+    return job
+
+
+async def _await_call(conn: psycopg.Connection[Any], job: _Job[T]) -> T:
+    """The result of a job begun by :func:`_start_call`, waited for as :func:`_call` waits (cancellation-safely)."""
+    assert job.arrived is not None
+    return await _wait(conn, job, job.arrived.wait, None)
+
+
+async def _wait(
+    conn: psycopg.Connection[Any],
+    job: _Job[T],
+    run: Callable[[], Awaitable[object]],
+    settle: Callable[[T], None] | None,
+) -> T:
     try:
-        await trio.to_thread.run_sync(job.run, abandon_on_cancel=True)
+        await run()
     except trio.Cancelled:
         if job.drop():
             raise
@@ -232,6 +271,31 @@ class _Pool:
                 yield conn
             finally:
                 self.give_back(conn)
+
+    def lend_nowait(self) -> psycopg.Connection[Any] | None:
+        """A connection lent as :meth:`connection` lends one, without waiting: None unless one is idle and fresh.
+
+        Fresh: used within ``probe_after`` and quiet (no probe needed).  Give
+        it back with :meth:`give_back_lent`.
+        """
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            return None
+        if self._idle:
+            conn, since = self._idle[-1]
+            if trio.current_time() - since <= self.probe_after and not (conn.closed or conn.broken) and _quiet(conn):
+                self._idle.pop()
+                return conn
+        self._slots.release()
+        return None
+
+    def give_back_lent(self, conn: psycopg.Connection[Any]) -> None:
+        """Give back a connection :meth:`lend_nowait` lent."""
+        try:
+            self.give_back(conn)
+        finally:
+            self._slots.release()
 
     async def take(self) -> psycopg.Connection[Any]:
         import psycopg
