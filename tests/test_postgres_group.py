@@ -304,3 +304,59 @@ async def test_one_sessions_bad_batch_fails_its_flush_alone_and_the_rest_of_its_
             await sessions.detach(entry)
     assert count(superuser, schema, "a") == 16
     assert count(superuser, schema, "b") == 16
+
+
+@pytest.mark.parametrize("sent_by", ["committer", "flush"])
+async def test_a_batch_that_cannot_be_encoded_fails_its_flush_alone_as_not_sent(
+    postgres_cluster: Cluster,
+    schema: str,
+    store: PostgresStore,
+    superuser: psycopg.Connection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    sent_by: str,
+) -> None:
+    """Of two flushes in one group, one cannot be encoded (injected: the codec escapes what UTF-8 cannot
+    hold, so this is a guard), so the group's arrays cannot be built and nothing is sent.  The other flush
+    is stored; the bad one alone fails, saying nothing of it was sent (not "unknown"), whichever way the
+    group was sent."""
+    real = _pg_group.GroupCommitter._params
+
+    def params(self: Any, group: Any, encoding: str) -> Any:
+        if any(request.sid == "b" for request in group):
+            raise ValueError("this batch cannot be encoded")
+        return real(self, group, encoding)
+
+    monkeypatch.setattr(_pg_group.GroupCommitter, "_params", params)
+    if sent_by == "flush":
+        monkeypatch.setattr(_pg_group, "_EAGER", 2)
+    for name in ("a", "b"):
+        await stored_session(store, name)
+    pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema)
+    async with pooled:
+        sessions = SessionRegistry(pooled)
+        good, bad = [sessions.enter(await sessions.prepare_resume(name)) for name in ("a", "b")]
+        one_turn(good.session, 2)
+        one_turn(bad.session, 2)
+        outcomes: dict[str, BaseException | None] = {}
+
+        async def flush(entry: Any) -> None:
+            try:
+                await entry.session.flush()
+                outcomes[entry.session.header.id] = None
+            except SessionStoreError as exc:
+                outcomes[entry.session.header.id] = exc
+
+        with trio.fail_after(WAIT):
+            async with trio.open_nursery() as nursery:
+                for entry in (good, bad):
+                    nursery.start_soon(flush, entry)
+        assert outcomes["a"] is None, outcomes
+        error = outcomes["b"]
+        assert isinstance(error, SessionStoreError), outcomes
+        assert "could not be encoded" in str(error) and "nothing of it was sent" in str(error)
+        assert pooled._group._groups[0] == 2
+        monkeypatch.setattr(_pg_group.GroupCommitter, "_params", real)
+        for entry in (good, bad):  # the bad batch is still buffered: stored now, once
+            await sessions.detach(entry)
+    assert count(superuser, schema, "a") == 16
+    assert count(superuser, schema, "b") == 16

@@ -32,7 +32,6 @@ cost a third of a flush's Python time.
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 import itertools
 import logging
@@ -116,6 +115,10 @@ def _stay_parked(_: object) -> trio.lowlevel.Abort:
     return trio.lowlevel.Abort.FAILED
 
 
+class _NotSent(SessionStoreError):
+    """A group statement that was never sent: its parameters could not be built (nothing stored)."""
+
+
 @attrs.define(eq=False)
 class _Request:
     """One writer's flush waiting for a group commit.
@@ -160,39 +163,35 @@ class _Request:
 
 @attrs.define(eq=False)
 class _Launched:
-    """A group sent by :meth:`GroupCommitter._launch`: its lent connection, its committer slot, its statement."""
+    """A group sent by :meth:`GroupCommitter._launch`: its lent connection, its committer slot, its statement.
+
+    The connection goes back as soon as the statement is done (a read-back
+    or a retry takes one of its own: with ``pool_size`` 1 it needs this
+    one); the slot when the group is settled, as a dispatched group's.
+    """
 
     pool: _Pool
     slots: trio.Semaphore
     conn: psycopg.Connection[Any]
     pid: int
+    # None: its statement could not be started (the queue was put back as it was).
     job: _Job[Any] | None = None
-    # Why its statement could not be started (no thread): nothing was sent.
-    error: BaseException | None = None
     returned: bool = False
 
     async def wait(self) -> dict[str, int]:
-        if self.job is None:
-            raise SessionStoreError(f"a group commit could not be started (nothing of it was sent): {self.error}")
+        assert self.job is not None
         return await _await_call(self.conn, self.job)
 
-    async def give_back(self) -> None:
-        """Give the connection and the slot back, once the statement's thread is done with the connection."""
+    async def give_back_connection(self) -> None:
+        """Give the connection back, once the statement's thread is done with it."""
         if self.returned:
             return
         job = self.job
         if job is not None and not job.drop() and not job.done.is_set():
             with trio.CancelScope(shield=True):  # cancelled before it waited for the statement: the thread still runs
                 await trio.to_thread.run_sync(job.done.wait)
-        self.give_back_now()
-
-    def give_back_now(self) -> None:
-        if not self.returned:
-            self.returned = True
-            try:
-                self.pool.give_back_lent(self.conn)
-            finally:
-                self.slots.release()
+        self.returned = True
+        self.pool.give_back_lent(self.conn)
 
 
 @attrs.define(eq=False)
@@ -214,7 +213,7 @@ class GroupCommitter:
     _watch_wake: trio.Event = attrs.field(factory=trio.Event, init=False)
     _compact_at: int = attrs.field(default=_COMPACT_MIN, init=False)
     # The committer is not running (not started yet, or the store closed): a submit fails at once.
-    _stopped: bool = attrs.field(default=False, init=False)
+    _stopped: bool = attrs.field(default=True, init=False)
     # While it runs: its groups' nursery, and its slots (groups in flight at once: pool_size - 1).
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _slots: trio.Semaphore | None = attrs.field(default=None, init=False)
@@ -242,13 +241,17 @@ class GroupCommitter:
             )
         if self.store._nursery is None:
             self.store._require_pool()
+        self._queue(request)
+        await trio.lowlevel.wait_task_rescheduled(_stay_parked)
+
+    @trio.lowlevel.enable_ki_protection  # queued and parked, or neither: a queued request's task is parked
+    def _queue(self, request: _Request) -> None:
         request.task = trio.lowlevel.current_task()
         self._track(request)
         self._pending.append(request)
         if len(self._pending) >= _EAGER:
             self._launch()
         self._wake.set()
-        await trio.lowlevel.wait_task_rescheduled(_stay_parked)
 
     def _track(self, request: _Request) -> None:
         """Give ``request`` its bound and put it under the watch."""
@@ -275,29 +278,29 @@ class GroupCommitter:
         conn = pool.lend_nowait()
         if conn is None:
             return
-        slots.acquire_nowait()
         group = self._pending[:_GROUP_MAX]
         launched = _Launched(pool, slots, conn, conn.info.backend_pid)
         try:
-            nursery.start_soon(self._commit_launched, group, launched)
-        except RuntimeError:  # the committer's nursery is closing
-            launched.give_back_now()
+            launched.job = _start_call(functools.partial(self._work(group), conn))
+        except Exception as exc:  # no thread: nothing sent, the queue as it was (the committer sends it)
+            log.warning("group commit: its statement could not be started early (%s)", exc)
+            pool.give_back_lent(conn)
             return
+        # From here on nothing can fail: the slot is free (checked above), the nursery open (run() is running).
+        slots.acquire_nowait()
         del self._pending[:_GROUP_MAX]
         self._mark_sent(group)  # all just queued: none abandoned or settled
-        try:
-            launched.job = _start_call(functools.partial(self._work(group), conn))
-        except BaseException as exc:  # no thread: nothing sent (its task fails the group, saying so)
-            for request in group:
-                request.sent = False
-            launched.error = exc
+        nursery.start_soon(self._commit_launched, group, launched)
 
     async def _commit_launched(self, group: list[_Request], launched: _Launched) -> None:
-        """Settle a group :meth:`_launch` sent (its connection given back once its statement is done)."""
+        """Settle a group :meth:`_launch` sent; its slot is free again once it is settled."""
         try:
             await self._commit_group(group, launched=launched)
         finally:
-            await launched.give_back()
+            try:
+                await launched.give_back_connection()
+            finally:
+                launched.slots.release()
 
     def starting(self) -> None:
         """The store opens: submits are taken again (queued until :meth:`run` starts)."""
@@ -325,28 +328,25 @@ class GroupCommitter:
     @trio.lowlevel.enable_ki_protection  # a request taken off a list is settled or put on the other
     def _expire(self, now: float) -> None:
         store, limit, waiting, late = self.store, self._limit(), self._waiting, self._late
+        abandoned = False
         while waiting and waiting[0].deadline <= now:
             request = waiting.popleft()
             if request.settled:
                 continue
-            if request.sent:  # it may commit: waited for once more, then its outcome is unknown
-                request.deadline += limit
+            if request.sent:  # it may commit: waited for once more (from now), then its outcome is unknown
+                request.deadline = now + limit
                 late.append(request)
                 continue
-            request.abandoned = True
-            with contextlib.suppress(ValueError):
-                self._pending.remove(request)
-            request.settle(
-                SessionStoreError(
-                    f"the flush of session {request.sid!r} was not sent within {limit:g} s (the group commits "
-                    f"ahead of it in {store.location} did not finish): nothing of it was stored; flush again",
-                    path=store.location,
-                    session_id=request.sid,
-                )
-            )
+            abandoned = request.abandoned = True
+            request.settle(self._unsent_error(request, limit))
         while late and late[0].deadline <= now:
             request = late.popleft()
+            if request.settled:
+                continue
             request.abandoned = True  # never sent again by a retry
+            if not request.sent:  # its group failed unsent and it was still waiting for its turn alone
+                request.settle(self._unsent_error(request, 2 * limit))
+                continue
             request.settle(
                 SessionStoreError(
                     f"the group commit of session {request.sid!r} did not finish within {2 * limit:g} s in "
@@ -356,6 +356,16 @@ class GroupCommitter:
                 ),
                 unknown=True,
             )
+        if abandoned:
+            self._pending = [r for r in self._pending if not r.abandoned]
+
+    def _unsent_error(self, request: _Request, limit: float) -> SessionStoreError:
+        return SessionStoreError(
+            f"the flush of session {request.sid!r} was not sent within {limit:g} s (the group commits "
+            f"ahead of it in {self.store.location} did not finish): nothing of it was stored; flush again",
+            path=self.store.location,
+            session_id=request.sid,
+        )
 
     async def run(self) -> None:
         slots = self._slots = trio.Semaphore(max(1, self.store.pool_size - 1))
@@ -377,16 +387,7 @@ class GroupCommitter:
             self._stopped = True
             self._nursery = self._slots = None
             for request in (*self._waiting, *self._late):
-                what = "whether it committed is unknown" if request.sent else "it was not sent, nothing of it stored"
-                request.settle(
-                    SessionStoreError(
-                        f"the group commits of {self.store.location} stopped (the store closed) before the flush "
-                        f"of session {request.sid!r} was settled: {what}",
-                        path=self.store.location,
-                        session_id=request.sid,
-                    ),
-                    unknown=request.sent,
-                )
+                request.settle(self._stopped_error(request), unknown=request.sent)
             self._waiting.clear()
             self._late.clear()
             self._pending.clear()
@@ -468,7 +469,14 @@ class GroupCommitter:
             # its arrays in the binary format: psycopg's adaptation of thousands of strings costs more
             # than the server's work.
             encoding = conn.info.encoding
-            result = conn.pgconn.exec_params(query, self._params(sent, encoding), _GROUP_TYPES, _GROUP_FORMATS)
+            try:
+                params = self._params(sent, encoding)
+            except Exception as exc:  # e.g. an event the database's encoding cannot hold: nothing was sent
+                raise _NotSent(
+                    f"a batch of the group could not be encoded for the server ({type(exc).__name__}: {exc}): "
+                    "nothing of it was sent"
+                ) from exc
+            result = conn.pgconn.exec_params(query, params, _GROUP_TYPES, _GROUP_FORMATS)
             if result.status != pg.pq.ExecStatus.TUPLES_OK:
                 raise pg.errors.error_from_result(result, encoding=encoding)
             return {
@@ -505,15 +513,21 @@ class GroupCommitter:
                 await self._resolve(sent, pid, again)
                 return
         except BaseException as exc:
-            if isinstance(exc, pg.Error) and len(sent) > 1 and not isinstance(exc, pg.OperationalError):
-                for request in sent:  # one session's bad batch must not fail the others
+            # Refused (nothing stored): a batch that could not be encoded, or a statement the server failed.
+            refused = isinstance(exc, _NotSent) or (
+                isinstance(exc, pg.Error) and not isinstance(exc, pg.OperationalError)
+            )
+            if refused and len(sent) > 1:
+                for request in sent:  # nothing of the group was stored: each waits for its own turn unsent
                     request.sent = False
-                    await self._commit_group([request], again=again)
+                for request in sent:  # one session's bad batch must not fail the others
+                    if not request.settled and not request.abandoned:
+                        await self._commit_group([request], again=again)
                 return
             for request in group:
                 # A statement that failed, or never reached the server, stored nothing; a cancelled one maybe did.
-                unknown = request.sent and not isinstance(exc, pg.Error)
-                request.settle(exc if isinstance(exc, Exception) else SessionStoreError(str(exc)), unknown=unknown)
+                unknown = request.sent and not refused
+                request.settle(exc if isinstance(exc, Exception) else self._stopped_error(request), unknown=unknown)
             if not isinstance(exc, Exception):
                 raise
             return
@@ -522,6 +536,15 @@ class GroupCommitter:
             if deleted is not None:
                 request.gone = len(request.acks) - deleted
             request.settle(deleted is not None)
+
+    def _stopped_error(self, request: _Request) -> SessionStoreError:
+        what = "whether it committed is unknown" if request.sent else "it was not sent, nothing of it stored"
+        return SessionStoreError(
+            f"the group commits of {self.store.location} stopped (the store closed) before the flush "
+            f"of session {request.sid!r} was settled: {what}",
+            path=self.store.location,
+            session_id=request.sid,
+        )
 
     async def _resolve(self, group: list[_Request], pid: int, again: bool) -> None:
         """After a lost group commit: settle each request from what is stored; commit again what is not (once).
@@ -623,7 +646,7 @@ class GroupCommitter:
             try:
                 return await self._outcome(launched.conn, launched.wait, launched.pid)
             finally:
-                await launched.give_back()
+                await launched.give_back_connection()
         async with self.store._require_pool().connection() as conn:
             sent[:] = [r for r in group if not r.abandoned and not r.settled]
             if not sent:
