@@ -251,6 +251,8 @@ class _Link:
     server: socket.socket
     # Set while the server's replies are held back (see Proxy.hold_replies_after).
     hold: threading.Event | None = None
+    # Set before a dropped statement is forwarded: no reply reaches the client after (its answer is lost).
+    mute: bool = False
     closed: bool = False
 
     def shut(self) -> None:
@@ -360,6 +362,8 @@ class Proxy:
                         self._rules.remove(fired)
                 if fired is not None and fired[1] == "hold":
                     link.hold = self._releases[fired[2]]  # before the server can answer
+                if fired is not None and fired[1] == "drop":
+                    link.mute = True  # before the server can answer: a quick answer must not get through
                 link.server.sendall(chunk)
                 if fired is None:
                     continue
@@ -377,7 +381,7 @@ class Proxy:
             while chunk := link.server.recv(65536):
                 while link.hold is not None and not link.hold.is_set() and not link.closed:
                     link.hold.wait(0.05)
-                if link.closed:
+                if link.closed or link.mute:
                     return
                 link.client.sendall(chunk)
         except OSError:
