@@ -5,7 +5,9 @@ transaction`` (tests/_postgres.py starts one on a loopback port), its
 liveness-lock and LISTEN connections straight to the server: sessions are
 created, turned, posted to and taken over after ``kill -9`` of their worker,
 while PgBouncer's ``SHOW SERVERS`` shows its few server connections shared by
-more clients.  A direct URL that goes through the transaction pooler is
+more clients; a group commit whose connection to PgBouncer is lost while its
+server transaction runs on is read back once that transaction ends (not by the
+backend pid, which is PgBouncer's), stored once.  A direct URL that goes through the transaction pooler is
 refused, naming the URL; the per-session mode behind it is shown to fail.
 Real cluster, real PgBouncer, real processes, real clock.
 """
@@ -26,9 +28,8 @@ from test_postgres_store import Worker, one_turn, stored_session
 
 from trio_harness import SessionLockedError, SessionStoreError, open_harness
 from trio_harness.model import ScriptedModel
-from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry
+from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry, _pg_group
 from trio_harness.session import _events as ev
-from trio_harness.session import _pg_group
 from trio_harness.session._pg_threads import _shut_socket
 
 __all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest

@@ -629,10 +629,12 @@ class GroupCommitter:
                 request.settle(
                     SessionStoreError(
                         f"the group commit of session {request.sid!r} lost its connection twice in {store.location}: "
-                        "nothing of it was stored; flush again",
+                        "nothing of it was found stored (a lost statement still on its way to the server may yet "
+                        "commit it); flush again",
                         path=store.location,
                         session_id=request.sid,
-                    )
+                    ),
+                    unknown=True,
                 )
             else:
                 request.sent = False
