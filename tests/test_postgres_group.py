@@ -360,3 +360,42 @@ async def test_a_batch_that_cannot_be_encoded_fails_its_flush_alone_as_not_sent(
             await sessions.detach(entry)
     assert count(superuser, schema, "a") == 16
     assert count(superuser, schema, "b") == 16
+
+
+@pytest.mark.parametrize("found", ["the batch", "other bodies"])
+async def test_a_retry_of_a_lost_group_that_meets_committed_rows_at_its_seqs_is_read_back_never_failed(
+    postgres_cluster: Cluster,
+    schema: str,
+    store: PostgresStore,
+    superuser: psycopg.Connection[Any],
+    found: str,
+) -> None:
+    """A lost group statement that reached the server only after its read-back (delayed on its way) commits
+    before the retry: the retry (``again``, two sessions) meets its rows at the primary key, each request is
+    sent again alone, and the one met is read back again: stored when the rows are its batch, fenced when
+    they are another writer's, never a failure naming a duplicate key; the other is stored by its retry."""
+    for name in ("a", "b"):
+        await stored_session(store, name)
+    pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema, write_timeout=WRITE_TIMEOUT)
+    async with pooled:
+        sessions = SessionRegistry(pooled)
+        entries = [sessions.enter(await sessions.prepare_resume(name)) for name in ("a", "b")]
+        requests = []
+        for entry in entries:
+            one_turn(entry.session, 2)
+            writer: Any = entry.writer
+            requests.append(_pg_group._Request(writer, list(writer._buffer), [], True))
+        met = requests[0].lines if found == "the batch" else [f"other {n}" for n in range(len(requests[0].lines))]
+        superuser.cursor().executemany(
+            f"INSERT INTO {schema}.events (session_id, seq, body) VALUES ('a', %s, %s)",
+            [(8 + n, body) for n, body in enumerate(met)],
+        )
+        with trio.fail_after(WAIT):
+            await pooled._group._commit_group(requests, again=True)
+        assert [(r.settled, r.outcome, r.unknown) for r in requests] == [
+            (True, found == "the batch", False),
+            (True, True, False),
+        ]
+    assert count(superuser, schema, "a") == 16 and count(superuser, schema, "b") == 16
+    rows = superuser.execute(f"SELECT body FROM {schema}.events WHERE session_id = 'a' AND seq >= 8 ORDER BY seq")
+    assert [body for (body,) in rows.fetchall()] == met

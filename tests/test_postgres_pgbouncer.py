@@ -5,13 +5,16 @@ transaction`` (tests/_postgres.py starts one on a loopback port), its
 liveness-lock and LISTEN connections straight to the server: sessions are
 created, turned, posted to and taken over after ``kill -9`` of their worker,
 while PgBouncer's ``SHOW SERVERS`` shows its few server connections shared by
-more clients.  A direct URL that goes through the transaction pooler is
+more clients; a group commit whose connection to PgBouncer is lost while its
+server transaction runs on is read back once that transaction ends (not by the
+backend pid, which is PgBouncer's), stored once.  A direct URL that goes through the transaction pooler is
 refused, naming the URL; the per-session mode behind it is shown to fail.
 Real cluster, real PgBouncer, real processes, real clock.
 """
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -25,8 +28,9 @@ from test_postgres_store import Worker, one_turn, stored_session
 
 from trio_harness import SessionLockedError, SessionStoreError, open_harness
 from trio_harness.model import ScriptedModel
-from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry
+from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry, _pg_group
 from trio_harness.session import _events as ev
+from trio_harness.session._pg_threads import _shut_socket
 
 __all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
 
@@ -163,6 +167,95 @@ async def test_pooled_workers_behind_a_transaction_pooler_turn_post_and_take_ove
         async with PostgresStore(postgres_cluster.dsn(), schema=schema) as plain:
             assert texts((await plain.load("s1")).events) == ["hello", "still there?"]
             assert texts((await plain.load("s2")).events) == ["hello"]
+    finally:
+        superuser.close()
+
+
+@pytest.mark.parametrize("through", ["pgbouncer", "server"])
+async def test_a_group_commit_lost_while_its_transaction_runs_on_is_read_back_once_it_ends_and_stored_once(
+    postgres_cluster: Cluster,
+    bouncer: PgBouncer,
+    schema: str,
+    store: PostgresStore,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    through: str,
+) -> None:
+    """The group's INSERT waits on an uncommitted row with the session's next seq; its client connection is
+    shut under it, and its server transaction runs on.  Behind the transaction pooler the connection's backend
+    pid is PgBouncer's, not a server process: the read-back must not take "no such process" for "ended" (it
+    used to read back at once, find nothing and send the batch again, which met the original at the primary
+    key).  It waits for the lost statement's lease locks instead: once the row's transaction rolls back the
+    original commits, the read-back finds the batch, and the flush succeeds with it stored once, sent once."""
+    await stored_session(store, "s1")
+    dsn = bouncer.dsn(application_name="lost-group") if through == "pgbouncer" else postgres_cluster.dsn()
+    pooled = PooledPostgresStore(
+        dsn, direct_dsn=direct(postgres_cluster, "lost-group-direct"), schema=schema, write_timeout=30.0
+    )
+    conns: list[Any] = []
+    original = _pg_group.GroupCommitter._work
+
+    def recording(self: Any, sent: Any) -> Any:
+        work = original(self, sent)
+
+        def run(conn: Any) -> Any:
+            conns.append(conn)
+            return work(conn)
+
+        return run
+
+    monkeypatch.setattr(_pg_group.GroupCommitter, "_work", recording)
+    superuser = admin(postgres_cluster)
+
+    def waiting(fragment: str) -> bool:
+        return bool(
+            superuser.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                (f"%{fragment}%",),
+            ).fetchall()
+        )
+
+    async def until(predicate: Any, what: str) -> None:
+        with trio.fail_after(30):
+            while not predicate():
+                assert "again" not in caplog.text, f"sent again before the lost transaction ended ({what})"
+                await trio.sleep(0.005)  # polled: the server's waits show only in pg_stat_activity
+
+    try:
+        async with pooled:
+            sessions = SessionRegistry(pooled)
+            entry = sessions.enter(await sessions.prepare_resume("s1"))
+            one_turn(entry.session, 2)
+            finished: list[BaseException | None] = []
+
+            async def flush() -> None:
+                try:
+                    await entry.session.flush()
+                    finished.append(None)
+                except SessionStoreError as exc:
+                    finished.append(exc)
+
+            with admin(postgres_cluster) as blocker, caplog.at_level(logging.INFO, "trio_harness.session.postgres"):
+                blocker.execute("BEGIN")
+                blocker.execute(f"INSERT INTO {schema}.events (session_id, seq, body) VALUES ('s1', 8, 'x')")
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(flush)
+                    await until(lambda: waiting("FOR SHARE OF le"), "the group commit waits on the row")
+                    assert len(conns) == 1
+                    _shut_socket(conns[0])  # the client side is lost; the server transaction runs on
+                    await until(lambda: "the connection was lost" in caplog.text, "the loss is seen")
+                    await until(lambda: waiting("FOR UPDATE"), "the read-back waits for the lost statement's locks")
+                    assert waiting("FOR SHARE OF le") and finished == []
+                    blocker.execute("ROLLBACK")  # the lost transaction goes on and commits
+            assert finished == [None], finished
+            assert "again" not in caplog.text and len(conns) == 1  # read back as stored, never sent again
+            assert (await store.load("s1")).events == tuple(entry.session.events)
+            one_turn(entry.session, 3)
+            await entry.session.flush()
+            await sessions.detach(entry)
+        assert (await store.load("s1")).events == tuple(entry.session.events)
+        rows = superuser.execute(f"SELECT count(*) FROM {schema}.events WHERE session_id = 's1'").fetchone()
+        assert rows == (len(entry.session.events),), rows
     finally:
         superuser.close()
 

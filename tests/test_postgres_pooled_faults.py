@@ -266,21 +266,35 @@ async def test_a_resume_cancelled_while_its_lease_answer_is_held_leaves_the_sess
 # ------------------------------------------------------------------ a frozen pool backend
 
 
+FROZEN = ["idle", "holding its locks"]
+
+
 @asynccontextmanager
 async def frozen_group_commit(
-    postgres_cluster: Cluster, schema: str, superuser: psycopg.Connection[Any]
+    postgres_cluster: Cluster, schema: str, superuser: psycopg.Connection[Any], frozen: str
 ) -> AsyncIterator[tuple[PooledPostgresStore, SessionRegistry, Any]]:
-    """A live session whose flush met a frozen pool backend: the flush failed within its bounds, the backend is gone.
+    """A live session whose flush met a frozen pool backend, settled within its bounds; the backend thawed, gone.
 
+    ``idle``: frozen before it read the group statement (it holds no lock): the read-back finds nothing
+    stored and nothing to wait for, the batch is sent again on a new connection and stored (the flush
+    succeeds); the thawed backend's copy meets it at the primary key.  ``holding its locks``: frozen inside
+    the statement, the lease row held ``FOR SHARE`` (waiting on an uncommitted row at the session's next
+    seq, rolled back once it is frozen): the read-back waits for the lock at most ``write_timeout``, the
+    outcome is unknown, the flush fails saying so; thawed, the backend ends its transaction (whole).
     Yields the open store, its registry and the entry.
     """
     pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema, pool_size=1, write_timeout=0.5)
     async with pooled:
-        yield await _freeze_a_group_commit(pooled, superuser)
+        with admin(postgres_cluster) as blocker:
+            yield await _freeze_a_group_commit(pooled, superuser, blocker, schema, frozen)
 
 
 async def _freeze_a_group_commit(
-    pooled: PooledPostgresStore, superuser: psycopg.Connection[Any]
+    pooled: PooledPostgresStore,
+    superuser: psycopg.Connection[Any],
+    blocker: psycopg.Connection[Any],
+    schema: str,
+    frozen: str,
 ) -> tuple[PooledPostgresStore, SessionRegistry, Any]:
     sessions = SessionRegistry(pooled)
     entry = sessions.enter(await sessions.prepare_resume("s1"))
@@ -292,17 +306,46 @@ async def _freeze_a_group_commit(
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
 
+    def holding() -> bool:
+        row = superuser.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock' AND query LIKE %s",
+            (pid, "%FOR SHARE OF le%"),
+        ).fetchone()
+        return row is not None
+
+    outcome: list[SessionStoreError | None] = []
+
+    async def flush() -> None:
+        try:
+            await entry.session.flush()
+            outcome.append(None)
+        except SessionStoreError as exc:
+            outcome.append(exc)
+
     watchdog = threading.Thread(target=thaw, daemon=True)
-    os.kill(pid, signal.SIGSTOP)
     watchdog.start()
     try:
         one_turn(entry.session, 2)
         started = trio.current_time()
-        with pytest.raises(SessionStoreError, match=r"session .s1. did not finish|whether it committed is unknown"):
-            await entry.session.flush()
+        async with trio.open_nursery() as nursery:
+            if frozen == "idle":
+                os.kill(pid, signal.SIGSTOP)
+                nursery.start_soon(flush)
+            else:
+                blocker.execute("BEGIN")
+                blocker.execute(f"INSERT INTO {schema}.events (session_id, seq, body) VALUES ('s1', 8, 'x')")
+                nursery.start_soon(flush)
+                await until(holding, "the group statement waits, holding the lease row")
+                os.kill(pid, signal.SIGSTOP)
+                blocker.execute("ROLLBACK")
         took = trio.current_time() - started
-        print(f"a group commit to a frozen backend failed after {took:.2f} s (write_timeout 0.5 s)")
+        print(f"a group commit to a frozen ({frozen}) backend settled after {took:.2f} s (write_timeout 0.5 s)")
         assert took < 8.0
+        if frozen == "idle":
+            assert outcome == [None]  # sent again: the lost statement had taken no lock
+        else:
+            (error,) = outcome
+            assert error is not None and "whether it committed is unknown" in str(error), outcome
     finally:
         thawed.set()
         with contextlib.suppress(ProcessLookupError):
@@ -315,23 +358,27 @@ async def _freeze_a_group_commit(
     return pooled, sessions, entry
 
 
-async def test_a_group_commit_to_a_frozen_backend_fails_within_its_bounds_and_stores_whole_batches(
-    postgres_cluster: Cluster, schema: str, store: PostgresStore, superuser: psycopg.Connection[Any]
+@pytest.mark.parametrize("frozen", FROZEN)
+async def test_a_group_commit_to_a_frozen_backend_settles_within_its_bounds_and_stores_whole_batches(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, superuser: psycopg.Connection[Any], frozen: str
 ) -> None:
     await stored_session(store, "s1")
-    async with frozen_group_commit(postgres_cluster, schema, superuser) as (pooled, _, entry):
+    async with frozen_group_commit(postgres_cluster, schema, superuser, frozen) as (pooled, _, entry):
         # Thawed, the backend may have run the statement it had received: the batch is stored whole or not at all.
         stored = (await store.load("s1")).events
         assert stored in (tuple(entry.session.events), tuple(entry.session.events)[: len(stored)])
         assert len(stored) in (len(entry.session.events), len(entry.session.events) - 8)
+        if frozen == "idle":
+            assert stored == tuple(entry.session.events)  # by the statement sent again, once
         assert leases_of(superuser, schema, pooled.worker_id) == ["s1"]  # still its session
 
 
+@pytest.mark.parametrize("frozen", FROZEN)
 async def test_after_a_group_commit_to_a_frozen_backend_the_next_flush_stores_the_batch_once(
-    postgres_cluster: Cluster, schema: str, store: PostgresStore, superuser: psycopg.Connection[Any]
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, superuser: psycopg.Connection[Any], frozen: str
 ) -> None:
     await stored_session(store, "s1")
-    async with frozen_group_commit(postgres_cluster, schema, superuser) as (_, sessions, entry):
+    async with frozen_group_commit(postgres_cluster, schema, superuser, frozen) as (_, sessions, entry):
         await entry.session.flush()
         assert (await store.load("s1")).events == tuple(entry.session.events)
         await sessions.detach(entry)

@@ -21,9 +21,12 @@ Bounds and unknown outcomes: a request still unsent after ``2 *
 write_timeout + 1`` seconds is abandoned (it fails, nothing stored; the
 committer never sends it); a sent one is settled: a lost connection, maybe
 during COMMIT, is resolved by reading back what is stored once the lost
-server process is gone; when even that fails the outcome is unknown and the
-writer reads back its own batch (``_store_own``) before it sends those seqs
-again.  A submitter parks until its request is settled (its cancellation
+transaction has ended on the server (:meth:`GroupCommitter._resolve`: the
+group's lease rows taken ``FOR UPDATE``, which waits for the lost
+statement's ``FOR SHARE``; no server process id is used, so this holds
+behind a transaction-pooling proxy too); when even that fails the outcome is
+unknown and the writer reads back its own batch (``_store_own``) before it
+sends those seqs again.  A submitter parks until its request is settled (its cancellation
 waits for that, as a shielded wait would); the bounds are kept by one watch
 task (:meth:`GroupCommitter._watch`), not by a cancel scope per flush, which
 cost a third of a flush's Python time.
@@ -173,7 +176,6 @@ class _Launched:
     pool: _Pool
     slots: trio.Semaphore
     conn: psycopg.Connection[Any]
-    pid: int
     # None: its statement could not be started (the queue was put back as it was).
     job: _Job[Any] | None = None
     returned: bool = False
@@ -279,7 +281,7 @@ class GroupCommitter:
         if conn is None:
             return
         group = self._pending[:_GROUP_MAX]
-        launched = _Launched(pool, slots, conn, conn.info.backend_pid)
+        launched = _Launched(pool, slots, conn)
         try:
             launched.job = _start_call(functools.partial(self._work(group), conn))
         except Exception as exc:  # no thread: nothing sent, the queue as it was (the committer sends it)
@@ -501,16 +503,19 @@ class GroupCommitter:
         """Send ``group`` (its requests not abandoned) and settle every request of it.
 
         ``again``: a retry after a lost connection whose group was read back
-        (nothing of these stored): a second loss fails them.  ``launched``:
-        the group was sent already (:meth:`_launch`: all of it, on that
-        connection, by that job), this waits for it.
+        (nothing of these stored): a second loss fails them; a retry that
+        meets rows at its seqs (the lost statement committed them after the
+        read-back, or another writer did: either way committed now) is read
+        back again.  ``launched``: the group was sent already
+        (:meth:`_launch`: all of it, on that connection, by that job), this
+        waits for it.
         """
         pg = _psycopg()
         sent: list[_Request] = list(group) if launched is not None else []
         try:
-            written, pid = await self._run_group(group, sent, self._work(sent), launched)
+            written = await self._run_group(group, sent, self._work(sent), launched)
             if written is None:  # the connection was lost, maybe during COMMIT: read back what is stored
-                await self._resolve(sent, pid, again)
+                await self._resolve(sent, again)
                 return
         except BaseException as exc:
             # Refused (nothing stored): a batch that could not be encoded, or a statement the server failed.
@@ -523,6 +528,9 @@ class GroupCommitter:
                 for request in sent:  # one session's bad batch must not fail the others
                     if not request.settled and not request.abandoned:
                         await self._commit_group([request], again=again)
+                return
+            if again and sent and isinstance(exc, pg.errors.UniqueViolation):
+                await self._resolve(sent, again)  # the rows met are committed: stored (ours) or fenced (not)
                 return
             for request in group:
                 # A statement that failed, or never reached the server, stored nothing; a cancelled one maybe did.
@@ -546,49 +554,78 @@ class GroupCommitter:
             session_id=request.sid,
         )
 
-    async def _resolve(self, group: list[_Request], pid: int, again: bool) -> None:
+    def _read_back(self, group: list[_Request]) -> Callable[[psycopg.Connection[Any]], dict[str, list[str]]]:
+        """(for a worker thread) Once the lost transaction of ``group`` has ended: what is stored at its seqs.
+
+        One transaction: this worker's lease rows of the group's sessions are
+        locked ``FOR UPDATE`` first (waiting at most ``write_timeout``:
+        ``lock_timeout``), which waits for the ``FOR SHARE`` the lost group
+        statement holds on them until its transaction ends; then the bodies
+        stored at each request's seqs are read (a later statement: it sees
+        what the lost transaction committed).  A lease row the lost statement
+        locked and that changed since (taken over, released, deleted) was
+        changed by a transaction that waited for it just the same; one it
+        did not lock had nothing of it written (its lease did not hold).
+        """
+        s, worker = self.store._sql.s, self.store.worker_id
+        sids = sorted({r.sid for r in group})
+        batches = [r for r in group if r.lines]
+        timeout = f"{max(1, math.ceil(self.store.write_timeout * 1000))}ms"
+
+        def read_back(conn: psycopg.Connection[Any]) -> dict[str, list[str]]:
+            with conn.transaction():
+                conn.execute("SELECT set_config('lock_timeout', %s, true)", (timeout,))
+                conn.execute(
+                    f"SELECT 1 FROM {s}.leases WHERE session_id = ANY(%s) AND worker_id = %s "
+                    "ORDER BY session_id FOR UPDATE",
+                    (sids, worker),
+                ).fetchall()
+                rows = conn.execute(
+                    f"SELECT e.session_id, e.body FROM {s}.events e "
+                    "JOIN unnest(%s::text[], %s::int8[], %s::int8[]) AS r(sid, first, n) "
+                    "ON e.session_id = r.sid AND e.seq >= r.first AND e.seq < r.first + r.n "
+                    "ORDER BY e.session_id, e.seq",
+                    ([r.sid for r in batches], [r.first for r in batches], [len(r.lines) for r in batches]),
+                ).fetchall()
+            found: dict[str, list[str]] = {}
+            for sid, body in rows:
+                found.setdefault(sid, []).append(body)
+            return found
+
+        return read_back
+
+    async def _resolve(self, group: list[_Request], again: bool) -> None:
         """After a lost group commit: settle each request from what is stored; commit again what is not (once).
 
-        The lost connection's server process ``pid`` may still be finishing
-        the transaction: the outcome is read only once that process is gone
-        (waited for up to ``write_timeout`` in all, else the group's outcome
-        is unknown: each writer reads back its own before it sends again).
+        The lost statement may still be running on the server (waiting on a
+        lock, or in its COMMIT); behind a transaction-pooling proxy the
+        connection's server process is not known (the backend pid it reports
+        is the proxy's), so the lost transaction is waited for through the
+        locks it holds, not by process: the read-back (:meth:`_read_back`)
+        first takes the group's lease rows ``FOR UPDATE``, granted once the
+        lost transaction has ended, whatever server process ran it.  The
+        wait is bounded (``write_timeout`` in all): a server process frozen
+        with the locks leaves the group's outcome unknown (each writer reads
+        back its own before it sends again).  A lost statement that reached
+        the server only after the read-back (delayed on its way) meets the
+        retry at the primary key: whichever comes second fails, and a retry
+        failing so is read back again (:meth:`_commit_group`), so the batch
+        is stored once and reported so.
         """
-        store, s = self.store, self.store._sql.s
+        if not group:
+            return
+        store = self.store
         found: dict[str, list[str]] | None = None
         with trio.move_on_after(store.write_timeout):
             try:
-
-                def running(conn: psycopg.Connection[Any]) -> bool:
-                    return conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() is not None
-
-                while True:  # polled: nothing tells when another server process ends
-                    if not await store._run("look for a lost connection's server process", running, retry=True):
-                        break
-                    await trio.sleep(0.01)
-                firsts = [(r.sid, r.first, len(r.lines)) for r in group if r.lines]
-
-                def bodies(conn: psycopg.Connection[Any]) -> dict[str, list[str]]:
-                    return {
-                        sid: [
-                            body
-                            for (body,) in conn.execute(
-                                f"SELECT body FROM {s}.events WHERE session_id = %s AND seq >= %s AND seq < %s "
-                                "ORDER BY seq",
-                                (sid, first, first + count),
-                            ).fetchall()
-                        ]
-                        for sid, first, count in firsts
-                    }
-
-                found = await store._run("read back a lost group commit", bodies, retry=True)
+                found = await store._run("read back a lost group commit", self._read_back(group), retry=True)
             except SessionStoreError as exc:
                 log.warning("a lost group commit could not be read back (%s)", exc)
         if found is None:
             error = SessionStoreError(
                 f"a group commit lost its connection and could not be read back within {store.write_timeout:g} s "
-                f"(its server process {pid} may still be running it) in {store.location}: whether it committed "
-                "is unknown",
+                f"(its transaction may still be running, holding its sessions' leases) in {store.location}: "
+                "whether it committed is unknown",
                 path=store.location,
             )
             for request in group:
@@ -615,10 +652,12 @@ class GroupCommitter:
                 request.settle(
                     SessionStoreError(
                         f"the group commit of session {request.sid!r} lost its connection twice in {store.location}: "
-                        "nothing of it was stored; flush again",
+                        "nothing of it was found stored (a lost statement still on its way to the server may yet "
+                        "commit it); flush again",
                         path=store.location,
                         session_id=request.sid,
-                    )
+                    ),
+                    unknown=True,
                 )
             else:
                 request.sent = False
@@ -635,8 +674,8 @@ class GroupCommitter:
         sent: list[_Request],
         work: Callable[[psycopg.Connection[Any]], dict[str, int]],
         launched: _Launched | None,
-    ) -> tuple[dict[str, int] | None, int]:
-        """One group transaction: what it returned, or None when the connection was lost; its server process.
+    ) -> dict[str, int] | None:
+        """One group transaction: what it returned, or None when the connection was lost.
 
         Once it has a connection, the requests of ``group`` not abandoned are
         marked sent and put in ``sent`` (the others are dropped: never sent).
@@ -644,28 +683,27 @@ class GroupCommitter:
         """
         if launched is not None:  # its connection is given back as soon as its statement is done
             try:
-                return await self._outcome(launched.conn, launched.wait, launched.pid)
+                return await self._outcome(launched.conn, launched.wait)
             finally:
                 await launched.give_back_connection()
         async with self.store._require_pool().connection() as conn:
             sent[:] = [r for r in group if not r.abandoned and not r.settled]
             if not sent:
-                return {}, 0
+                return {}
             self._mark_sent(sent)
-            call = functools.partial(_call, conn, functools.partial(work, conn))
-            return await self._outcome(conn, call, conn.info.backend_pid)
+            return await self._outcome(conn, functools.partial(_call, conn, functools.partial(work, conn)))
 
     async def _outcome(
-        self, conn: psycopg.Connection[Any], call: Callable[[], Awaitable[dict[str, int]]], pid: int
-    ) -> tuple[dict[str, int] | None, int]:
+        self, conn: psycopg.Connection[Any], call: Callable[[], Awaitable[dict[str, int]]]
+    ) -> dict[str, int] | None:
         """The group statement's ``call`` on ``conn``, bounded: what it returned; None: the connection was lost."""
         pg = _psycopg()
         try:
             with trio.fail_after(self.store.write_timeout):
-                return await call(), pid
+                return await call()
         except (pg.Error, trio.TooSlowError) as exc:
             if isinstance(exc, pg.Error) and not (conn.broken or conn.closed):
                 raise
             log.warning("group commit: the connection was lost (%s)", exc)
             conn.close()
-        return None, pid
+        return None
