@@ -6,7 +6,8 @@ step each request is where the bounds say it must be: an unsent one fails
 "not sent" (abandoned, out of the queue) once its bound passes; a sent one is
 left to its group once more from when the watch finds it past its bound
 (a clock that jumps does not take that away), then settled as unknown; one its
-group settled is never touched again; the watch's list never holds more than
+group settled is never touched again; one whose statement was lost on its way
+(to be sent again) ends unknown whatever settles it later; the watch's list never holds more than
 about twice the most requests ever unsettled at once (the compaction under a
 long stuck request is pinned in tests/test_postgres_group.py).
 """
@@ -34,6 +35,7 @@ steps = st.lists(
         st.tuples(st.just("submit"), st.integers(0, 0)),
         st.tuples(st.just("send"), st.integers(0, 40)),
         st.tuples(st.just("settle"), st.integers(0, 40)),
+        st.tuples(st.just("lose"), st.integers(0, 40)),
         st.tuples(st.just("advance"), st.sampled_from([0.0, 0.125, 0.5, 1.0, LIMIT, LIMIT + 0.25])),
     ),
     max_size=300,
@@ -57,6 +59,7 @@ def test_every_request_is_settled_as_the_bounds_say_whatever_the_schedule(
         sent_at: dict[int, float] = {}
         by_group: set[int] = set()
         late_at: dict[int, float] = {}
+        lost: set[int] = set()
         peak = 0
         for op, arg in schedule:
             now = trio.current_time()
@@ -69,14 +72,20 @@ def test_every_request_is_settled_as_the_bounds_say_whatever_the_schedule(
             elif op == "send" and requests:
                 request = requests[int(arg) % len(requests)]
                 if not request.sent and not request.abandoned and not request.settled:  # as _run_group filters
-                    committer._pending.remove(request)
+                    if not request.lost:
+                        committer._pending.remove(request)
+                        sent_at[id(request)] = now
                     request.sent = True
-                    sent_at[id(request)] = now
             elif op == "settle" and requests:
                 request = requests[int(arg) % len(requests)]
                 if request.sent and not request.settled:
                     request.settle(True)
                     by_group.add(id(request))
+            elif op == "lose" and requests:  # its connection dropped, nothing found stored: to be sent again
+                request = requests[int(arg) % len(requests)]
+                if request.sent and not request.settled:
+                    request.sent, request.lost = False, True
+                    lost.add(id(request))
             elif op == "advance":
                 clock.jump(arg)
                 committer._expire(trio.current_time())
@@ -85,6 +94,10 @@ def test_every_request_is_settled_as_the_bounds_say_whatever_the_schedule(
                 key, age = id(request), now - submitted[id(request)]
                 if key in by_group:
                     assert request.outcome is True and not request.unknown
+                elif key in lost:
+                    # A lost statement may still commit it: whatever settles it later says its outcome is unknown.
+                    if request.settled:
+                        assert request.unknown and "unknown" in str(request.outcome)
                 elif key in sent_at:
                     # Sent before its bound: waited for once more from when the watch found it past it, then unknown.
                     if age >= LIMIT:
@@ -109,7 +122,7 @@ def test_every_request_is_settled_as_the_bounds_say_whatever_the_schedule(
             committer._expire(trio.current_time())
         for request in requests:
             assert request.settled
-            if id(request) in sent_at and id(request) not in by_group:
+            if id(request) not in by_group and (id(request) in lost or id(request) in sent_at):
                 assert request.unknown
             elif id(request) not in by_group:
                 assert request.abandoned and not request.unknown

@@ -147,6 +147,9 @@ class _Request:
     unknown: bool = False
     # Its statement was handed to a connection: it may commit, so it is settled (waited for, or read back).
     sent: bool = False
+    # A statement of it was lost on its way (its connection dropped, nothing found stored, sent again): that
+    # statement may still reach the server and commit it, so a later failure leaves its outcome unknown.
+    lost: bool = False
     # Its submitter gave up on it: the committer never sends it.
     abandoned: bool = False
     # Of its acks, how many mailbox rows were already gone (stored: another holder delivered them).
@@ -340,14 +343,14 @@ class GroupCommitter:
                 late.append(request)
                 continue
             abandoned = request.abandoned = True
-            request.settle(self._unsent_error(request, limit))
+            self._settle_unsent(request, limit)
         while late and late[0].deadline <= now:
             request = late.popleft()
             if request.settled:
                 continue
             request.abandoned = True  # never sent again by a retry
             if not request.sent:  # its group failed unsent and it was still waiting for its turn alone
-                request.settle(self._unsent_error(request, 2 * limit))
+                self._settle_unsent(request, 2 * limit)
                 continue
             request.settle(
                 SessionStoreError(
@@ -361,12 +364,22 @@ class GroupCommitter:
         if abandoned:
             self._pending = [r for r in self._pending if not r.abandoned]
 
-    def _unsent_error(self, request: _Request, limit: float) -> SessionStoreError:
-        return SessionStoreError(
-            f"the flush of session {request.sid!r} was not sent within {limit:g} s (the group commits "
-            f"ahead of it in {self.store.location} did not finish): nothing of it was stored; flush again",
-            path=self.store.location,
-            session_id=request.sid,
+    def _settle_unsent(self, request: _Request, limit: float) -> None:
+        if request.lost:
+            why = (
+                "its group lost its connection and it was not sent again within "
+                f"{limit:g} s: whether the lost statement committed it is unknown"
+            )
+        else:
+            why = (
+                f"it was not sent within {limit:g} s (the group commits ahead of it in {self.store.location} "
+                "did not finish): nothing of it was stored; flush again"
+            )
+        request.settle(
+            SessionStoreError(
+                f"the flush of session {request.sid!r} failed: {why}", path=self.store.location, session_id=request.sid
+            ),
+            unknown=request.lost,
         )
 
     async def run(self) -> None:
@@ -389,7 +402,7 @@ class GroupCommitter:
             self._stopped = True
             self._nursery = self._slots = None
             for request in (*self._waiting, *self._late):
-                request.settle(self._stopped_error(request), unknown=request.sent)
+                request.settle(self._stopped_error(request), unknown=request.sent or request.lost)
             self._waiting.clear()
             self._late.clear()
             self._pending.clear()
@@ -534,7 +547,7 @@ class GroupCommitter:
                 return
             for request in group:
                 # A statement that failed, or never reached the server, stored nothing; a cancelled one maybe did.
-                unknown = request.sent and not refused
+                unknown = (request.sent and not refused) or request.lost
                 request.settle(exc if isinstance(exc, Exception) else self._stopped_error(request), unknown=unknown)
             if not isinstance(exc, Exception):
                 raise
@@ -546,7 +559,8 @@ class GroupCommitter:
             request.settle(deleted is not None)
 
     def _stopped_error(self, request: _Request) -> SessionStoreError:
-        what = "whether it committed is unknown" if request.sent else "it was not sent, nothing of it stored"
+        maybe = request.sent or request.lost
+        what = "whether it committed is unknown" if maybe else "it was not sent, nothing of it stored"
         return SessionStoreError(
             f"the group commits of {self.store.location} stopped (the store closed) before the flush "
             f"of session {request.sid!r} was settled: {what}",
@@ -660,7 +674,7 @@ class GroupCommitter:
                     unknown=True,
                 )
             else:
-                request.sent = False
+                request.sent, request.lost = False, True
                 retry.append(request)
         if retry:
             log.warning(
