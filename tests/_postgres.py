@@ -655,6 +655,17 @@ async def stored_session(persistence: PostgresStore, session_id: str) -> None:
 # ---------------------------------------------------------------- worker processes
 
 
+async def flush_noting(entry: Any, outcomes: list[BaseException | None]) -> None:
+    """Flush ``entry``'s session; append None to ``outcomes``, or the store error the flush raised."""
+    from trio_harness import SessionStoreError
+
+    try:
+        await entry.session.flush()
+        outcomes.append(None)
+    except SessionStoreError as exc:
+        outcomes.append(exc)
+
+
 def worker_argv(command: str, dsn: str, schema: str, session_id: str, *options: str) -> list[str]:
     """The command line of a worker process (see :func:`_worker`)."""
     return [sys.executable, str(Path(__file__).resolve()), command, dsn, schema, session_id, *options]

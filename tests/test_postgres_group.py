@@ -17,7 +17,7 @@ import psycopg
 import pytest
 import trio
 import trio.testing
-from _postgres import Cluster, admin, postgres_cluster, schema, store, superuser
+from _postgres import Cluster, admin, flush_noting, postgres_cluster, schema, store, superuser
 from _util import WAIT
 from test_postgres_store import one_turn, stored_session
 
@@ -42,6 +42,16 @@ async def until(predicate: Any, what: str) -> None:
         while not predicate():
             await trio.sleep(0.005)
     assert predicate(), what
+
+
+async def flush_at_once(entries: list[Any]) -> dict[str, BaseException | None]:
+    """Flush the entries' sessions at once (one scheduler batch): by session id, None or the store error."""
+    noted: dict[str, list[BaseException | None]] = {entry.session.header.id: [] for entry in entries}
+    with trio.fail_after(WAIT):
+        async with trio.open_nursery() as nursery:
+            for entry in entries:
+                nursery.start_soon(flush_noting, entry, noted[entry.session.header.id])
+    return {session_id: outcome for session_id, (outcome,) in noted.items()}
 
 
 def count(superuser: psycopg.Connection[Any], schema: str, session_id: str) -> int:
@@ -123,13 +133,6 @@ async def test_a_group_already_sent_when_its_flush_reaches_the_bound_is_waited_f
         one_turn(entry.session, 2)
         finished: list[BaseException | None] = []
 
-        async def flush() -> None:
-            try:
-                await entry.session.flush()
-                finished.append(None)
-            except SessionStoreError as exc:
-                finished.append(exc)
-
         def waiting() -> bool:
             return bool(
                 superuser.execute(
@@ -141,7 +144,7 @@ async def test_a_group_already_sent_when_its_flush_reaches_the_bound_is_waited_f
             blocker.execute("BEGIN")
             blocker.execute(f"INSERT INTO {schema}.events (session_id, seq, body) VALUES ('s1', 8, 'x')")
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(flush)
+                nursery.start_soon(flush_noting, entry, finished)
                 await until(waiting, "the group commit waits on the row")
                 clock.jump(BOUND + 1)
                 await until(lambda: "committing 1 again" in caplog.text, "the group read back and sent again")
@@ -283,19 +286,7 @@ async def test_one_sessions_bad_batch_fails_its_flush_alone_and_the_rest_of_its_
             one_turn(entry.session, 2)
         bad_writer: Any = bad.writer
         bad_writer._buffer.append("\x00")
-        outcomes: dict[str, BaseException | None] = {}
-
-        async def flush(entry: Any) -> None:
-            try:
-                await entry.session.flush()
-                outcomes[entry.session.header.id] = None
-            except SessionStoreError as exc:
-                outcomes[entry.session.header.id] = exc
-
-        with trio.fail_after(WAIT):
-            async with trio.open_nursery() as nursery:
-                for entry in (good, bad):
-                    nursery.start_soon(flush, entry)
+        outcomes = await flush_at_once([good, bad])
         assert outcomes["a"] is None
         assert isinstance(outcomes["b"], SessionStoreError) and "0x00" in str(outcomes["b"]), outcomes
         assert pooled._group._groups[0] == 2
@@ -337,19 +328,7 @@ async def test_a_batch_that_cannot_be_encoded_fails_its_flush_alone_as_not_sent(
         good, bad = [sessions.enter(await sessions.prepare_resume(name)) for name in ("a", "b")]
         one_turn(good.session, 2)
         one_turn(bad.session, 2)
-        outcomes: dict[str, BaseException | None] = {}
-
-        async def flush(entry: Any) -> None:
-            try:
-                await entry.session.flush()
-                outcomes[entry.session.header.id] = None
-            except SessionStoreError as exc:
-                outcomes[entry.session.header.id] = exc
-
-        with trio.fail_after(WAIT):
-            async with trio.open_nursery() as nursery:
-                for entry in (good, bad):
-                    nursery.start_soon(flush, entry)
+        outcomes = await flush_at_once([good, bad])
         assert outcomes["a"] is None, outcomes
         error = outcomes["b"]
         assert isinstance(error, SessionStoreError), outcomes

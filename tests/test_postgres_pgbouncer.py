@@ -23,7 +23,17 @@ from typing import Any
 import psycopg
 import pytest
 import trio
-from _postgres import Cluster, PgBouncer, admin, pgbouncer_for, postgres_cluster, schema, store, worker_argv
+from _postgres import (
+    Cluster,
+    PgBouncer,
+    admin,
+    flush_noting,
+    pgbouncer_for,
+    postgres_cluster,
+    schema,
+    store,
+    worker_argv,
+)
 from _util import WAIT
 from test_postgres_store import Worker, one_turn, stored_session
 
@@ -229,18 +239,11 @@ async def test_a_group_commit_lost_while_its_transaction_runs_on_is_read_back_on
             one_turn(entry.session, 2)
             finished: list[BaseException | None] = []
 
-            async def flush() -> None:
-                try:
-                    await entry.session.flush()
-                    finished.append(None)
-                except SessionStoreError as exc:
-                    finished.append(exc)
-
             with admin(postgres_cluster) as blocker, caplog.at_level(logging.INFO, "trio_harness.session.postgres"):
                 blocker.execute("BEGIN")
                 blocker.execute(f"INSERT INTO {schema}.events (session_id, seq, body) VALUES ('s1', 8, 'x')")
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(flush)
+                    nursery.start_soon(flush_noting, entry, finished)
                     await until(lambda: waiting("FOR SHARE OF le"), "the group commit waits on the row")
                     assert len(conns) == 1
                     _shut_socket(conns[0])  # the client side is lost; the server transaction runs on

@@ -26,7 +26,7 @@ import psycopg
 import pytest
 import trio
 from _pg_modes import leases_of
-from _postgres import Cluster, admin, postgres_cluster, proxy_for, schema, store, superuser
+from _postgres import Cluster, admin, flush_noting, postgres_cluster, proxy_for, schema, store, superuser
 from _util import WAIT
 from test_postgres_store import one_turn, stored_session
 
@@ -91,20 +91,13 @@ async def test_a_worker_frozen_mid_group_commit_and_taken_over_never_commits_aga
             one_turn(entry.session, 2, "the first worker's turn")
             outcome: list[BaseException | None] = []
 
-            async def flush() -> None:
-                try:
-                    await entry.session.flush()
-                    outcome.append(None)
-                except SessionStoreError as exc:
-                    outcome.append(exc)
-
             if frozen == "before its statement is sent":
                 monkeypatch.setattr(_pg_group, "_call", stopped_call)
                 held = None
             else:
                 fired, held = proxy.hold_replies_after(b"FOR SHARE OF le")
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(flush)
+                nursery.start_soon(flush_noting, entry, outcome)
                 if held is None:
                     with trio.fail_after(WAIT):
                         await reached.wait()
@@ -313,14 +306,7 @@ async def _freeze_a_group_commit(
         ).fetchone()
         return row is not None
 
-    outcome: list[SessionStoreError | None] = []
-
-    async def flush() -> None:
-        try:
-            await entry.session.flush()
-            outcome.append(None)
-        except SessionStoreError as exc:
-            outcome.append(exc)
+    outcome: list[BaseException | None] = []
 
     watchdog = threading.Thread(target=thaw, daemon=True)
     watchdog.start()
@@ -330,11 +316,11 @@ async def _freeze_a_group_commit(
         async with trio.open_nursery() as nursery:
             if frozen == "idle":
                 os.kill(pid, signal.SIGSTOP)
-                nursery.start_soon(flush)
+                nursery.start_soon(flush_noting, entry, outcome)
             else:
                 blocker.execute("BEGIN")
                 blocker.execute(f"INSERT INTO {schema}.events (session_id, seq, body) VALUES ('s1', 8, 'x')")
-                nursery.start_soon(flush)
+                nursery.start_soon(flush_noting, entry, outcome)
                 await until(holding, "the group statement waits, holding the lease row")
                 os.kill(pid, signal.SIGSTOP)
                 blocker.execute("ROLLBACK")

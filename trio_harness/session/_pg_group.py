@@ -49,7 +49,16 @@ import trio
 from .._errors import SessionStoreError
 from ._pg_schema import _psycopg
 from ._pg_threads import _await_call, _call, _Job, _Pool, _start_call
-from ._pg_wire import BINARY_FORMAT, INT8_OID, TEXT_ARRAY_OID, TEXT_FORMAT, TEXT_OID, text_array
+from ._pg_wire import (
+    BINARY_FORMAT,
+    ELEMENT_LENGTH,
+    INT8_OID,
+    TEXT_ARRAY_OID,
+    TEXT_FORMAT,
+    TEXT_OID,
+    prefixed_text_array,
+    text_array,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -89,8 +98,6 @@ _GROUP_FORMATS = (
     BINARY_FORMAT,
 )
 _EMPTY_ARRAY = struct.Struct("!iiI")  # no dimensions, no nulls, element type
-_ARRAY_HEAD = struct.Struct("!iiIii")  # one dimension: no nulls, element type, length, lower bound
-_LENGTH = struct.Struct("!i")
 
 
 def _texts(items: Sequence[str], encoding: str) -> bytes:
@@ -102,7 +109,7 @@ def _encoded(elements: list[bytes], count: int) -> bytes:
     """A ``text[]`` of ``count`` elements, each already length-prefixed in ``elements`` (joined as they are)."""
     if not count:
         return _EMPTY_ARRAY.pack(0, 0, TEXT_OID)
-    return _ARRAY_HEAD.pack(1, 0, TEXT_OID, count, 1) + b"".join(elements)
+    return prefixed_text_array(elements, count)
 
 
 def _int8s(values: Sequence[int]) -> bytes:
@@ -444,7 +451,7 @@ class GroupCommitter:
 
     def _params(self, group: Sequence[_Request], encoding: str) -> list[bytes]:
         """The group statement's parameters, its arrays built in the binary format here (one pass per array)."""
-        length = _LENGTH.pack
+        length = ELEMENT_LENGTH.pack
         sids: list[bytes] = []  # each event's session id (encoded once per request)
         seqs: list[int] = []
         bodies: list[bytes] = []

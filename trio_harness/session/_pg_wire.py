@@ -52,7 +52,7 @@ TEXT_FORMAT = 0
 BINARY_FORMAT = 1
 
 _ARRAY_HEADER = struct.Struct("!iiIii")  # dimensions, has-nulls flag, element type, length, lower bound
-_LENGTH = struct.Struct("!i")
+ELEMENT_LENGTH = struct.Struct("!i")  # an array element's length, before its bytes
 
 
 def text_array(items: Sequence[str], encoding: str) -> bytes:
@@ -60,9 +60,15 @@ def text_array(items: Sequence[str], encoding: str) -> bytes:
     parts = [_ARRAY_HEADER.pack(1, 0, TEXT_OID, len(items), 1)]
     for item in items:
         data = item.encode(encoding)
-        parts.append(_LENGTH.pack(len(data)))
+        parts.append(ELEMENT_LENGTH.pack(len(data)))
         parts.append(data)
     return b"".join(parts)
+
+
+def prefixed_text_array(elements: list[bytes], count: int) -> bytes:
+    """A one-dimensional ``text[]`` of ``count`` elements (at least one) in the binary format, from
+    ``elements``: the elements already encoded, each after its :data:`ELEMENT_LENGTH` (joined as they are)."""
+    return _ARRAY_HEADER.pack(1, 0, TEXT_OID, count, 1) + b"".join(elements)
 
 
 class _Exchange:
