@@ -652,6 +652,14 @@ async def stored_session(persistence: PostgresStore, session_id: str) -> None:
     await sessions.detach(entry)
 
 
+def events_stored(conn: psycopg.Connection[Any], schema: str, session_id: str) -> int:
+    """How many events of ``session_id`` are stored (a row holds one, or a group-committed flush's)."""
+    row = conn.execute(
+        f"SELECT coalesce(sum(n), 0) FROM {schema}.events WHERE session_id = %s", (session_id,)
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
 # ---------------------------------------------------------------- worker processes
 
 

@@ -347,7 +347,8 @@ async def test_a_version_1_schema_is_upgraded_keeping_its_sessions(postgres_clus
         await write_then_resume(first)
     # Back to version 1, as an older trio-harness left it (its sessions hold images inline).
     postgres_cluster.psql(
-        f"DROP TABLE {schema}.blobs, {schema}.leases; DELETE FROM {schema}.schema_version WHERE version >= 2"
+        f"DROP TABLE {schema}.blobs, {schema}.leases; ALTER TABLE {schema}.events DROP COLUMN n; "
+        f"DELETE FROM {schema}.schema_version WHERE version >= 2"
     )
     postgres_cluster.psql(f"DELETE FROM {schema}.sessions")
     postgres_cluster.psql(f"DELETE FROM {schema}.events")
@@ -371,7 +372,7 @@ async def test_a_version_1_schema_is_upgraded_keeping_its_sessions(postgres_clus
     async with second:
         await second.check()
         rows = postgres_cluster.psql(f"SELECT version FROM {schema}.schema_version ORDER BY version")
-        assert rows.split() == ["1", "2", "3"]
+        assert rows.split() == ["1", "2", "3", "4"]
         model = ScriptedModel([{"text": "again"}])
         async with open_test_harness(model, store=second) as h:
             handle = await h.agents.resume("old")  # inline images read as before

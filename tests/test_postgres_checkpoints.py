@@ -24,7 +24,17 @@ from typing import Any
 import pytest
 import trio
 from _pg_modes import MODES, make
-from _postgres import Cluster, admin, fresh_schema, postgres_cluster, proxy_for, running_cluster, schema, store
+from _postgres import (
+    Cluster,
+    admin,
+    events_stored,
+    fresh_schema,
+    postgres_cluster,
+    proxy_for,
+    running_cluster,
+    schema,
+    store,
+)
 from _util import WAIT
 
 from trio_harness.session import PooledPostgresStore, PostgresStore, Session, SessionEntry, SessionRegistry
@@ -152,9 +162,7 @@ async def test_a_flush_cancelled_after_its_commit_knows_it_committed(
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(entry.session.flush)
                     with trio.fail_after(WAIT):  # until the server committed the batch
-                        while watcher.execute(
-                            f"SELECT count(*) FROM {schema}.events WHERE session_id = 's1'"
-                        ).fetchone() != (length,):
+                        while events_stored(watcher, schema, "s1") != length:
                             await trio.sleep(0.005)
                     assert fired.is_set()
                     scope.cancel()
@@ -227,9 +235,7 @@ async def test_a_pooled_flush_cancelled_while_its_group_commit_answer_is_held_kn
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(flush)
                     with trio.fail_after(WAIT):  # until the server committed the batch
-                        while watcher.execute(
-                            f"SELECT count(*) FROM {schema}.events WHERE session_id = 's1'"
-                        ).fetchone() != (length,):
+                        while events_stored(watcher, schema, "s1") != length:
                             await trio.sleep(0.005)
                     assert fired.is_set()
                     scope.cancel()

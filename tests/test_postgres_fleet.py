@@ -356,9 +356,10 @@ def stored_messages(conn: psycopg.Connection[Any], schema: str, prefix: str) -> 
         (prefix + "%", '%"user/message"%'),
     ).fetchall()
     for session_id, body in rows:
-        event = decode_event(body)
-        if isinstance(event, ev.UserMessage):
-            found.setdefault(session_id, []).append(event)
+        for line in body.split("\n"):  # a row holds one line, or a group-committed flush's lines
+            event = decode_event(line)
+            if isinstance(event, ev.UserMessage):
+                found.setdefault(session_id, []).append(event)
     return found
 
 
@@ -371,7 +372,8 @@ def mail_states(conn: psycopg.Connection[Any], schema: str, posted: list[str]) -
             f"SELECT body FROM {schema}.events WHERE session_id = %s AND strpos(body, %s) > 0 ORDER BY seq",
             (sid, message_id),
         ).fetchall()
-        kinds = [type(decode_event(body)).__name__ for (body,) in rows]
+        lines = [line for (body,) in rows for line in body.split("\n") if message_id in line]
+        kinds = [type(decode_event(line)).__name__ for line in lines]
         mailbox = conn.execute(
             f"SELECT count(*) FROM {schema}.mailbox WHERE session_id = %s AND strpos(body, %s) > 0", (sid, message_id)
         ).fetchone()

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 import trio
 import trio.testing
-from _postgres import Cluster, admin, flush_noting, postgres_cluster, schema, store, superuser
+from _postgres import Cluster, admin, events_stored, flush_noting, postgres_cluster, schema, store, superuser
 from _util import WAIT
 from test_postgres_store import one_turn, stored_session
 
@@ -55,8 +55,7 @@ async def flush_at_once(entries: list[Any]) -> dict[str, BaseException | None]:
 
 
 def count(superuser: psycopg.Connection[Any], schema: str, session_id: str) -> int:
-    row = superuser.execute(f"SELECT count(*) FROM {schema}.events WHERE session_id = %s", (session_id,)).fetchone()
-    return int(row[0]) if row else 0
+    return events_stored(superuser, schema, session_id)
 
 
 async def test_a_flush_still_queued_past_its_bound_fails_unsent_and_is_never_sent_later(
@@ -142,7 +141,9 @@ async def test_a_group_already_sent_when_its_flush_reaches_the_bound_is_waited_f
 
         with admin(postgres_cluster) as blocker, caplog.at_level(logging.WARNING, "trio_harness.session.postgres"):
             blocker.execute("BEGIN")
-            blocker.execute(f"INSERT INTO {schema}.events (session_id, seq, body) VALUES ('s1', 8, 'x')")
+            # At the batch's last seq: the group stores the batch as one row, keyed so (session/_pg_rows.py).
+            last = len(entry.session.events) - 1
+            blocker.execute(f"INSERT INTO {schema}.events (session_id, seq, body) VALUES ('s1', %s, 'x')", (last,))
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(flush_noting, entry, finished)
                 await until(waiting, "the group commit waits on the row")

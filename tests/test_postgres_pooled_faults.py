@@ -26,7 +26,7 @@ import psycopg
 import pytest
 import trio
 from _pg_modes import leases_of
-from _postgres import Cluster, admin, flush_noting, postgres_cluster, proxy_for, schema, store, superuser
+from _postgres import Cluster, admin, events_stored, flush_noting, postgres_cluster, proxy_for, schema, store, superuser
 from _util import WAIT
 from test_postgres_store import one_turn, stored_session
 
@@ -145,8 +145,7 @@ async def test_a_worker_frozen_mid_group_commit_and_taken_over_never_commits_aga
 
 
 def stored_count(superuser: psycopg.Connection[Any], schema: str) -> int:
-    row = superuser.execute(f"SELECT count(*) FROM {schema}.events WHERE session_id = 's1'").fetchone()
-    return int(row[0]) if row else 0
+    return events_stored(superuser, schema, "s1")
 
 
 # ------------------------------------------------------------------ terminated backends
@@ -319,7 +318,8 @@ async def _freeze_a_group_commit(
                 nursery.start_soon(flush_noting, entry, outcome)
             else:
                 blocker.execute("BEGIN")
-                blocker.execute(f"INSERT INTO {schema}.events (session_id, seq, body) VALUES ('s1', 8, 'x')")
+                last = len(entry.session.events) - 1  # the key of the batch's row (session/_pg_rows.py)
+                blocker.execute(f"INSERT INTO {schema}.events (session_id, seq, body) VALUES ('s1', %s, 'x')", (last,))
                 nursery.start_soon(flush_noting, entry, outcome)
                 await until(holding, "the group statement waits, holding the lease row")
                 os.kill(pid, signal.SIGSTOP)

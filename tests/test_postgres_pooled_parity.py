@@ -64,7 +64,11 @@ def blobs_of(conn: psycopg.Connection[Any], schema: str, session_id: str) -> lis
 
 
 def longest_line(conn: psycopg.Connection[Any], schema: str, session_id: str) -> int:
-    row = conn.execute(f"SELECT max(length(body)) FROM {schema}.events WHERE session_id = %s", (session_id,)).fetchone()
+    row = conn.execute(  # a row holds one line, or a group-committed flush's lines
+        f"SELECT max(length(line)) FROM {schema}.events, unnest(string_to_array(body, E'\\n')) AS line "
+        "WHERE session_id = %s",
+        (session_id,),
+    ).fetchone()
     assert row is not None
     return int(row[0])
 

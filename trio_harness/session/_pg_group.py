@@ -6,10 +6,11 @@ A :class:`GroupCommitter` belongs to one
 mailbox rows to delete, their lease's epoch); one task takes what is queued
 and sends it as **one statement** (its own transaction), up to ``pool_size -
 1`` of them at once: the leases still held by this worker at that epoch are
-locked ``FOR SHARE``, the events of those sessions inserted, their mailbox
-rows deleted, and the statement returns the sessions whose lease held, with
-how many mailbox rows it deleted for each.  Each of those had its whole batch
-stored, the others nothing (fenced).
+locked ``FOR SHARE``, the batches of those sessions inserted (each one row:
+session/_pg_rows.py), their mailbox rows deleted, and the statement returns
+the sessions whose lease held, with how many mailbox rows it deleted for
+each.  Each of those had its whole batch stored, the others nothing
+(fenced).
 
 A queue that reaches ``_EAGER`` requests is sent at once by the submit that
 made it so (:meth:`GroupCommitter._launch`: an idle pooled connection lent
@@ -47,6 +48,7 @@ import attrs
 import trio
 
 from .._errors import SessionStoreError
+from ._pg_rows import lines_between
 from ._pg_schema import _psycopg
 from ._pg_threads import _await_call, _call, _Job, _Pool, _start_call
 from ._pg_wire import (
@@ -83,20 +85,12 @@ _GROUP_TYPES = (
     TEXT_OID,
     TEXT_ARRAY_OID,
     _INT8_ARRAY_OID,
+    _INT8_ARRAY_OID,
     TEXT_ARRAY_OID,
     TEXT_ARRAY_OID,
     _INT8_ARRAY_OID,
 )
-_GROUP_FORMATS = (
-    BINARY_FORMAT,
-    BINARY_FORMAT,
-    TEXT_FORMAT,
-    BINARY_FORMAT,
-    BINARY_FORMAT,
-    BINARY_FORMAT,
-    BINARY_FORMAT,
-    BINARY_FORMAT,
-)
+_GROUP_FORMATS = (BINARY_FORMAT, BINARY_FORMAT, TEXT_FORMAT, *(BINARY_FORMAT,) * 6)
 _EMPTY_ARRAY = struct.Struct("!iiI")  # no dimensions, no nulls, element type
 
 
@@ -434,16 +428,17 @@ class GroupCommitter:
     def _group_statement(self) -> bytes:
         """The group commit: one statement (its own transaction); the sessions whose lease held, written whole.
 
-        With each of them, how many of its mailbox rows the statement deleted.
+        Each batch is one row (session/_pg_rows.py: keyed by its last seq).
+        With each session, how many of its mailbox rows the statement deleted.
         """
         s = self.store._sql.s
         return (
             f"WITH l AS (SELECT le.session_id FROM {s}.leases le JOIN unnest($1::text[], $2::int8[]) AS w(sid, epoch) "
             "ON le.session_id = w.sid AND le.epoch = w.epoch WHERE le.worker_id = $3 FOR SHARE OF le), "
-            f"e AS (INSERT INTO {s}.events (session_id, seq, body) SELECT t.sid, t.seq, t.body "
-            "FROM unnest($4::text[], $5::int8[], $6::text[]) AS t(sid, seq, body) JOIN l ON l.session_id = t.sid "
-            "RETURNING 1), "
-            f"m AS (DELETE FROM {s}.mailbox mb USING unnest($7::text[], $8::int8[]) AS a(sid, id), l "
+            f"e AS (INSERT INTO {s}.events (session_id, seq, n, body) SELECT t.sid, t.seq, t.n, t.body "
+            "FROM unnest($4::text[], $5::int8[], $6::int8[], $7::text[]) AS t(sid, seq, n, body) "
+            "JOIN l ON l.session_id = t.sid RETURNING 1), "
+            f"m AS (DELETE FROM {s}.mailbox mb USING unnest($8::text[], $9::int8[]) AS a(sid, id), l "
             "WHERE mb.session_id = a.sid AND mb.id = a.id AND l.session_id = a.sid RETURNING mb.session_id) "
             "SELECT l.session_id, coalesce(d.n, 0) FROM l LEFT JOIN "
             "(SELECT session_id, count(*) AS n FROM m GROUP BY session_id) d ON d.session_id = l.session_id"
@@ -452,31 +447,34 @@ class GroupCommitter:
     def _params(self, group: Sequence[_Request], encoding: str) -> list[bytes]:
         """The group statement's parameters, its arrays built in the binary format here (one pass per array)."""
         length = ELEMENT_LENGTH.pack
-        sids: list[bytes] = []  # each event's session id (encoded once per request)
-        seqs: list[int] = []
+        sids: list[bytes] = []  # each batch's session id (encoded once per request)
+        lasts: list[int] = []
+        counts: list[int] = []
         bodies: list[bytes] = []
         ack_sids: list[bytes] = []
         ack_ids: list[int] = []
         for request in group:
             data = request.sid.encode(encoding)
             element = length(len(data)) + data
-            first, count = request.first, len(request.lines)
-            sids.append(element * count)
-            seqs += range(first, first + count)
-            for line in request.lines:
-                encoded = line.encode(encoding)
-                bodies += (length(len(encoded)), encoded)
+            if request.lines:
+                count = len(request.lines)
+                sids.append(element)
+                lasts.append(request.first + count - 1)
+                counts.append(count)
+                body = "\n".join(request.lines).encode(encoding)
+                bodies += (length(len(body)), body)
             if request.acks:
                 ack_sids.append(element * len(request.acks))
                 ack_ids += request.acks
-        events = len(seqs)
+        rows = len(lasts)
         return [
             _texts([r.sid for r in group], encoding),
             _int8s([r.epoch for r in group]),
             self.store.worker_id.encode(encoding),
-            _encoded(sids, events),
-            _int8s(seqs),
-            _encoded(bodies, events),
+            _encoded(sids, rows),
+            _int8s(lasts),
+            _int8s(counts),
+            _encoded(bodies, rows),
             _encoded(ack_sids, len(ack_ids)),
             _int8s(ack_ids),
         ]
@@ -602,16 +600,20 @@ class GroupCommitter:
                     (sids, worker),
                 ).fetchall()
                 rows = conn.execute(
-                    f"SELECT e.session_id, e.body FROM {s}.events e "
+                    f"SELECT e.session_id, e.seq, e.n, e.body FROM {s}.events e "
                     "JOIN unnest(%s::text[], %s::int8[], %s::int8[]) AS r(sid, first, n) "
-                    "ON e.session_id = r.sid AND e.seq >= r.first AND e.seq < r.first + r.n "
+                    "ON e.session_id = r.sid AND e.seq >= r.first AND e.seq - e.n + 1 < r.first + r.n "
                     "ORDER BY e.session_id, e.seq",
                     ([r.sid for r in batches], [r.first for r in batches], [len(r.lines) for r in batches]),
                 ).fetchall()
-            found: dict[str, list[str]] = {}
-            for sid, body in rows:
-                found.setdefault(sid, []).append(body)
-            return found
+            by_session: dict[str, list[tuple[int, int, str]]] = {}
+            for sid, seq, n, body in rows:
+                by_session.setdefault(sid, []).append((seq, n, body))
+            return {
+                r.sid: lines_between(by_session[r.sid], r.first, r.first + len(r.lines))
+                for r in batches
+                if r.sid in by_session
+            }
 
         return read_back
 

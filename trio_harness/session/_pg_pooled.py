@@ -61,6 +61,7 @@ from ._persistence import LoadedSession
 from ._pg_group import GroupCommitter, _Request
 from ._pg_leases import take_lease
 from ._pg_mail import mail_loop
+from ._pg_rows import each_event, select_from
 from ._pg_schema import _lock_key, _psycopg, _scalar
 from ._pg_threads import _call
 from ._pg_writer import claim_mail
@@ -505,13 +506,16 @@ def _store_own(
 
     The first flush of a new session (its row), a flush carrying image blobs
     (inserted before the events that reference them), and the flush after
-    one whose outcome is unknown.  Run again after a lost connection it finds
-    its own earlier commit: the same header, the same bodies from the first
-    seq on (inserted ``ON CONFLICT DO NOTHING``, which waits for a lost
-    connection's transaction still running).  Nobody else writes the session
-    while the lease is held.  Returns ``stored``, ``fenced`` (the lease was
-    taken: nothing written), ``exists`` (another session is stored under
-    the id) or ``diverged``.
+    one whose outcome is unknown.  Its lease row is locked ``FOR UPDATE``,
+    which waits for a lost statement of the session still running (a group
+    commit holds it ``FOR SHARE``, as a lost run of this does); then what is
+    stored from the first seq on is read: its own earlier commit (the same
+    header, bodies that begin the batch) is kept and only the rest inserted,
+    one row per event (session/_pg_rows.py: a group's lost statement that
+    arrives later still meets them at its batch's last seq).  Nobody else
+    writes the session while the lease is held.  Returns ``stored``,
+    ``fenced`` (the lease was taken: nothing written), ``exists`` (another
+    session is stored under the id) or ``diverged``.
     """
     store, header = writer.store, writer.header
     sql, sid, first = store._sql, header.id, writer._stored
@@ -524,7 +528,7 @@ def _store_own(
                 (f"{math.ceil(store.write_timeout * 1000)}ms",),
             )
             held = conn.execute(
-                f"SELECT 1 FROM {s}.leases WHERE session_id = %s AND worker_id = %s AND epoch = %s FOR SHARE",
+                f"SELECT 1 FROM {s}.leases WHERE session_id = %s AND worker_id = %s AND epoch = %s FOR UPDATE",
                 (sid, store.worker_id, writer._epoch),
             ).fetchone()
             if held is None:
@@ -538,16 +542,11 @@ def _store_own(
                         return "exists"
             insert_blobs(conn, s, sid, blobs)  # before the events that reference them
             if lines:
-                added = conn.execute(
-                    f"{sql.insert_events} ON CONFLICT (session_id, seq) DO NOTHING", (sid, first, lines), binary=True
-                ).rowcount
-                if added != len(lines):
-                    stored = conn.execute(
-                        f"SELECT body FROM {s}.events WHERE session_id = %s AND seq >= %s AND seq < %s ORDER BY seq",
-                        (sid, first, first + len(lines)),
-                    ).fetchall()
-                    if [body for (body,) in stored] != lines:
-                        raise _Diverged
+                stored = [line for _, line in each_event(conn.execute(select_from(s), (sid, first)), first)]
+                if stored != lines[: len(stored)]:
+                    raise _Diverged
+                if len(stored) < len(lines):
+                    conn.execute(sql.insert_events, (sid, first + len(stored), lines[len(stored) :]), binary=True)
             if acks:
                 conn.execute(f"DELETE FROM {s}.mailbox WHERE session_id = %s AND id = ANY(%s)", (sid, acks))
     except _Diverged:

@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trio_harness.session.postgres")
 
-SCHEMA_VERSION = 3
-"""The version of the tables this store writes (kept in ``schema_version``; 2 added ``blobs``, 3 ``leases``)."""
+SCHEMA_VERSION = 4
+"""The version of the tables this store writes (kept in ``schema_version``; 2 added ``blobs``, 3 ``leases``,
+4 the events' ``n``: a row holds a group-committed flush, session/_pg_rows.py)."""
 
 _INSTALL_HINT = "install the PostgreSQL extra: pip install 'trio-harness[postgres]'"
 
@@ -99,6 +100,8 @@ class _Sql:
             ],
             [blobs_table(s)],  # large message images by reference (session/_blobs.py)
             [lease_table(s)],  # the pooled mode's leases, respected by both modes (session/_pg_leases.py)
+            # How many events a row holds, its key the last one's seq (session/_pg_rows.py); every older row holds one.
+            [f"ALTER TABLE {s}.events ADD COLUMN n integer NOT NULL DEFAULT 1"],
         ]
 
     @property

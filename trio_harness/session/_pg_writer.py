@@ -41,6 +41,7 @@ from ._codec import decode_inbox_message, encode_event
 from ._events import Event, InboxMessage, SessionHeader
 from ._pg_leases import _check_tainted, _lock_holder, _Tainted, _try_lock, lease_held
 from ._pg_mail import mail_loop
+from ._pg_rows import each_event, lines_between, select_from
 from ._pg_schema import _lock_key, _psycopg, _scalar, _Sql
 from ._pg_threads import _call, _execute
 from ._pg_wire import BINARY_FORMAT, INT8_OID, TEXT_ARRAY_OID, TEXT_FORMAT, TEXT_OID, text_array
@@ -458,10 +459,7 @@ class _PgWriter:
         row = conn.execute(f"SELECT header FROM {sql.s}.sessions WHERE id = %s", (sid,)).fetchone()
         if row is None or row[0] != header_line:
             return None
-        bodies = [
-            body
-            for (body,) in conn.execute(f"SELECT body FROM {sql.s}.events WHERE session_id = %s ORDER BY seq", (sid,))
-        ]
+        bodies = [line for _, line in each_event(conn.execute(select_from(sql.s), (sid, 0)))]
         return len(bodies) if first == 0 and bodies == lines[: len(bodies)] else None
 
     def _created(self, result: tuple[str, int], lines: list[str], settle: Callable[[object], None]) -> None:
@@ -695,14 +693,7 @@ class _PgWriter:
 
     def _bodies(self, conn: psycopg.Connection[Any], start: int, end: int) -> list[str]:
         """(worker thread) The stored bodies of seqs ``start`` to ``end - 1``."""
-        sql = self.store._sql
-        return [
-            body
-            for (body,) in conn.execute(
-                f"SELECT body FROM {sql.s}.events WHERE session_id = %s AND seq >= %s AND seq < %s ORDER BY seq",
-                (self.header.id, start, end),
-            )
-        ]
+        return lines_between(conn.execute(select_from(self.store._sql.s), (self.header.id, start)), start, end)
 
     def _lost(self, reason: str) -> SessionStoreError:
         self._broken = f"{reason}; resume the session to continue from what is stored"

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import itertools
 import json
 import logging
 import math
@@ -64,6 +65,7 @@ from ._codec import decode_event, decode_header, decode_inbox_message, encode_he
 from ._events import Event, InboxMessage, SessionHeader
 from ._persistence import LoadedSession
 from ._pg_leases import _check_tainted, _Tainted, _try_lock, claim_new_id
+from ._pg_rows import copy_prefix_statement, each_event, select_from
 from ._pg_schema import _lock_key, _psycopg, _quote, _scalar, _Sql, _Tables
 from ._pg_threads import _call, _execute, _open_connection, _Pool
 from ._pg_writer import _PgWriter, claim_new
@@ -529,12 +531,11 @@ class PostgresStore:
         """(worker thread) Read and decode a session."""
         sql = self._sql
 
-        def select() -> tuple[tuple[str] | None, list[tuple[int, str]]]:
+        def select() -> tuple[tuple[str] | None, list[tuple[int, int, str]]]:
             row = conn.execute(f"SELECT header FROM {sql.s}.sessions WHERE id = %s", (session_id,)).fetchone()
             if row is None:
                 return None, []
-            query = f"SELECT seq, body FROM {sql.s}.events WHERE session_id = %s ORDER BY seq"
-            return row, conn.execute(query, (session_id,)).fetchall()
+            return row, conn.execute(select_from(sql.s), (session_id, 0)).fetchall()
 
         if snapshot:  # header and events as of one moment, whole batches only
             with conn.transaction():
@@ -554,7 +555,7 @@ class PostgresStore:
         if header.id != session_id:
             raise SessionCorruptError(f"{where}: the header names session {header.id!r}", path=where, line=1)
         events: list[Event] = []
-        for index, (seq, body) in enumerate(rows):
+        for index, (seq, body) in enumerate(each_event(rows)):
             if seq != index:
                 raise SessionCorruptError(
                     f"{where}: event seq {index} is missing (the next stored one is {seq})", path=where, line=index + 2
@@ -570,14 +571,14 @@ class PostgresStore:
 
     async def events_since(self, session_id: str, seq: int, limit: int = 500) -> builtins.list[Event]:
         """The stored events of a session from ``seq`` on, at most ``limit`` (one indexed read; for ``follow``)."""
-        query = f"SELECT seq, body FROM {self._sql.s}.events WHERE session_id = %s AND seq >= %s ORDER BY seq LIMIT %s"
+        query = select_from(self._sql.s) + " LIMIT %s"  # rows: each holds one event or more
         rows = await self._run(
             f"read session {session_id!r}",
             lambda conn: conn.execute(query, (session_id, seq, limit)).fetchall(),
             retry=True,
         )
         try:
-            return [decode_event(body) for _, body in rows]
+            return [decode_event(body) for _, body in itertools.islice(each_event(rows, seq), limit)]
         except EventDecodeError as exc:
             where = f"{self.location}, session {session_id!r}"
             raise SessionCorruptError(f"{where}: an event from seq {seq} on: {exc}", path=where, line=seq + 2) from exc
@@ -773,11 +774,8 @@ class PostgresStore:
                     ).fetchone()
                     if row is None:
                         return "exists"
-                    copied = conn.execute(
-                        f"INSERT INTO {sql.s}.events (session_id, seq, body) SELECT %s, seq, body "
-                        f"FROM {sql.s}.events WHERE session_id = %s AND seq < %s",
-                        (child.id, source, boundary),
-                    ).rowcount
+                    params = {"child": child.id, "source": source, "boundary": boundary}
+                    copied = _scalar(conn, copy_prefix_statement(sql.s), params)
                     if copied != boundary:
                         raise _ShortPrefix
                     conn.execute(copy_blobs(sql.s), (child.id, source))

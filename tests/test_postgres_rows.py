@@ -1,0 +1,159 @@
+"""How events are rows (session/_pg_rows.py): one per event, or one per group-committed flush keyed by its last seq.
+
+The pure functions against every split of a session into rows (hypothesis);
+the readers (load, ``events_since``, fork) against a real cluster holding a
+session in a mixed layout, at every seq; the group commit writing one row
+per flush; a row that does not hold its ``n`` lines; and a version-3 schema
+upgraded with its sessions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hypothesis
+import hypothesis.strategies as st
+import psycopg
+import pytest
+from _postgres import events_stored, postgres_cluster, schema, store, superuser
+from test_postgres_store import one_turn, stored_session
+
+from trio_harness import SessionCorruptError, SessionStoreError
+from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry
+from trio_harness.session._codec import encode_event
+from trio_harness.session._events import SessionHeader
+from trio_harness.session._pg_rows import each_event, lines_between
+
+__all__ = ["postgres_cluster", "schema", "store", "superuser"]  # the fixtures, imported for pytest
+
+
+def as_rows(lines: list[str], sizes: list[int]) -> list[tuple[int, int, str]]:
+    """``lines`` as rows ``(last seq, n, body)`` of the given sizes (the rest one per row)."""
+    rows: list[tuple[int, int, str]] = []
+    seq = 0
+    for size in sizes:
+        if seq >= len(lines):
+            break
+        chunk = lines[seq : seq + size]
+        rows.append((seq + len(chunk) - 1, len(chunk), "\n".join(chunk)))
+        seq += len(chunk)
+    rows += [(n, 1, lines[n]) for n in range(seq, len(lines))]
+    return rows
+
+
+@hypothesis.given(
+    lines=st.lists(st.text(st.characters(blacklist_characters="\n"), max_size=5), max_size=30),
+    sizes=st.lists(st.integers(1, 9), max_size=30),
+    start=st.integers(0, 32),
+    end=st.integers(0, 32),
+)
+def test_each_event_reads_back_any_split_of_the_lines_into_rows(
+    lines: list[str], sizes: list[int], start: int, end: int
+) -> None:
+    rows = as_rows(lines, sizes)
+    assert list(each_event(rows)) == list(enumerate(lines))
+    assert list(each_event(rows, start)) == list(enumerate(lines))[start:]
+    # What a range read (``seq >= start``: every row whose last seq is at or after it) returns.
+    assert lines_between([row for row in rows if row[0] >= start], start, end) == lines[start:end]
+
+
+def test_a_row_short_of_its_lines_yields_them_back_from_its_key_leaving_a_gap_before_it() -> None:
+    assert list(each_event([(0, 1, "a"), (3, 3, "b\nc")])) == [(0, "a"), (2, "b"), (3, "c")]  # seq 1 missing
+
+
+def mixed_layout(conn: psycopg.Connection[Any], schema: str, session_id: str, sizes: list[int]) -> None:
+    """Store ``session_id``'s events again as rows of ``sizes`` (then one per row), as a pooled worker leaves them."""
+    rows = conn.execute(
+        f"DELETE FROM {schema}.events WHERE session_id = %s RETURNING seq, body", (session_id,)
+    ).fetchall()
+    lines = [body for _, body in sorted(rows)]
+    conn.cursor().executemany(
+        f"INSERT INTO {schema}.events (session_id, seq, n, body) VALUES (%s, %s, %s, %s)",
+        [(session_id, *row) for row in as_rows(lines, sizes)],
+    )
+
+
+SIZES = [1, 4, 2, 1, 6, 3]
+
+
+async def test_load_follow_and_fork_read_a_session_stored_in_rows_of_several_events_at_every_seq(
+    store: PostgresStore, superuser: psycopg.Connection[Any], schema: str
+) -> None:
+    events = await stored_session(store, "parent", turns=3)
+    mixed_layout(superuser, schema, "parent", SIZES)
+    assert superuser.execute(f"SELECT count(*) FROM {schema}.events").fetchone() < (len(events),)
+    assert (await store.load("parent")).events == events
+    for start in range(len(events) + 1):
+        assert await store.events_since("parent", start, limit=3) == list(events[start : start + 3])
+        assert await store.events_since("parent", start) == list(events[start:])
+    for boundary in range(len(events) + 1):  # every cut, inside a row or between two (the store's own fork)
+        child = SessionHeader(id=f"child-{boundary}", created_at=0.0, cwd="/work", parent_session="parent")
+        assert await store.copy_prefix("parent", boundary, child)
+        assert (await store.load(child.id)).events == events[:boundary], boundary
+        assert events_stored(superuser, schema, child.id) == boundary
+    header = await SessionRegistry(store).fork("parent", 16, "forked")  # at a turn's end, as users fork
+    assert (await store.load("forked")).events == events[:16] and header.seed_length == 16
+
+
+async def test_the_group_commit_stores_each_flush_as_one_row_keyed_by_its_last_seq(
+    postgres_cluster: Any, store: PostgresStore, superuser: psycopg.Connection[Any], schema: str
+) -> None:
+    for name in ("a", "b"):
+        await stored_session(store, name)
+    async with PooledPostgresStore(postgres_cluster.dsn(), schema=schema) as pooled:
+        sessions = SessionRegistry(pooled)
+        entries = [sessions.enter(await sessions.prepare_resume(name)) for name in ("a", "b")]
+        expected: dict[str, list[tuple[int, int]]] = {"a": [], "b": []}
+        for turn in (2, 3):
+            for entry in entries:
+                before = len(entry.session.events)
+                one_turn(entry.session, turn)
+                added = len(entry.session.events) - before
+                expected[entry.session.header.id].append((before + added - 1, added))
+            for entry in entries:
+                await entry.session.flush()
+        for entry in entries:
+            await sessions.detach(entry)
+    for entry in entries:
+        sid, events = entry.session.header.id, tuple(entry.session.events)
+        rows = superuser.execute(
+            f"SELECT seq, n FROM {schema}.events WHERE session_id = %s AND n > 1 ORDER BY seq", (sid,)
+        ).fetchall()
+        assert rows == expected[sid]  # the first flush (the turn resumed: singles) then one row per flush
+        assert events_stored(superuser, schema, sid) == len(events)
+        assert (await store.load(sid)).events == events
+
+
+async def test_a_row_that_does_not_hold_its_n_events_is_a_clear_load_error(
+    store: PostgresStore, superuser: psycopg.Connection[Any], schema: str
+) -> None:
+    events = await stored_session(store, "s1")
+    superuser.execute(f"DELETE FROM {schema}.events WHERE session_id = 's1' AND seq >= 2")
+    torn = "\n".join(encode_event(event) for event in events[2:4])
+    superuser.execute(
+        f"INSERT INTO {schema}.events (session_id, seq, n, body) VALUES ('s1', 4, 3, %s)", (torn,)
+    )  # seqs 2 to 4, holding only two lines
+    with pytest.raises(SessionCorruptError, match="event seq 2 is missing"):
+        await store.load("s1")
+
+
+async def test_a_version_3_schema_is_upgraded_by_check_with_its_sessions_and_pooled_flushes_go_on(
+    postgres_cluster: Any, store: PostgresStore, superuser: psycopg.Connection[Any], schema: str
+) -> None:
+    events = await stored_session(store, "kept")
+    superuser.execute(f"ALTER TABLE {schema}.events DROP COLUMN n")  # as an older trio-harness left it
+    superuser.execute(f"DELETE FROM {schema}.schema_version WHERE version = 4")
+    pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema)
+    with pytest.raises(SessionStoreError, match="are at version 3; run check"):
+        async with pooled:
+            pass
+    await pooled.check()
+    async with pooled:
+        sessions = SessionRegistry(pooled)
+        entry = sessions.enter(await sessions.prepare_resume("kept"))
+        assert tuple(entry.session.events) == events
+        one_turn(entry.session, 9)
+        await entry.session.flush()
+        await sessions.detach(entry)
+    assert (await store.load("kept")).events == tuple(entry.session.events)
+    assert superuser.execute(f"SELECT count(*) FROM {schema}.events WHERE n > 1").fetchone() == (1,)
