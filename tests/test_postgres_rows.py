@@ -81,7 +81,8 @@ async def test_load_follow_and_fork_read_a_session_stored_in_rows_of_several_eve
 ) -> None:
     events = await stored_session(store, "parent", turns=3)
     mixed_layout(superuser, schema, "parent", SIZES)
-    assert superuser.execute(f"SELECT count(*) FROM {schema}.events").fetchone() < (len(events),)
+    rows = superuser.execute(f"SELECT count(*) FROM {schema}.events").fetchone()
+    assert rows is not None and rows[0] < len(events)
     assert (await store.load("parent")).events == events
     for start in range(len(events) + 1):
         assert await store.events_since("parent", start, limit=3) == list(events[start : start + 3])

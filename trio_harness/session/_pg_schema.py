@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -53,7 +53,7 @@ def lease_table(s: str) -> str:
     )
 
 
-def _scalar(conn: psycopg.Connection[Any], query: str, params: Sequence[Any] | None = None) -> Any:
+def _scalar(conn: psycopg.Connection[Any], query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> Any:
     """(worker thread) The first column of the first row ``query`` returns."""
     row = conn.execute(query, params).fetchone()
     if row is None:
