@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from test_postgres_store import stored_session
 from trio_harness.events import InboxMessage
 from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry
 from trio_harness.session import _events as ev
+from trio_harness.session import _pg_pooled
 
 __all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
 
@@ -104,19 +106,19 @@ async def test_a_mailbox_read_overlapping_the_flush_that_deletes_a_taken_row_doe
     # older than the delete) was still running, and the commit had forgotten the row was taken: spliced twice.
     await stored_session(store, "s1")
     holder = PooledPostgresStore(postgres_cluster.dsn(), schema=schema)
-    real_run = PooledPostgresStore._run
-    read, gate = trio.Event(), trio.Event()
+    real_rows = _pg_pooled._mailbox_rows
+    read, gate = threading.Event(), threading.Event()
     held: list[str] = []
 
-    async def run(self: PooledPostgresStore, what: str, *args: Any, **kwargs: Any) -> Any:
-        result = await real_run(self, what, *args, **kwargs)
-        if what.startswith("read the mailbox") and held == ["hold"]:
+    def rows(conn: Any, *args: Any) -> Any:  # on the read's thread
+        result = real_rows(conn, *args)
+        if held == ["hold"]:
             held.append("read")
             read.set()
-            await gate.wait()  # the rows are read: the answer is held back while the test goes on
+            gate.wait(WITHIN)  # the rows are read: the answer is held back while the test goes on
         return result
 
-    monkeypatch.setattr(PooledPostgresStore, "_run", run)
+    monkeypatch.setattr(_pg_pooled, "_mailbox_rows", rows)
     async with holder:
         sessions = SessionRegistry(holder)
         entry = sessions.enter(await sessions.prepare_resume("s1"))
@@ -139,8 +141,7 @@ async def test_a_mailbox_read_overlapping_the_flush_that_deletes_a_taken_row_doe
         held.append("hold")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(take_again)
-            with trio.fail_after(WITHIN):
-                await read.wait()
+            assert await trio.to_thread.run_sync(read.wait, WITHIN)
             nursery.start_soon(splice_and_flush)
             # The flush either commits (deleting the row) or waits for the read to end: either way, go on.
             with trio.fail_after(WITHIN):

@@ -333,6 +333,67 @@ class PooledPostgresStore(PostgresStore):
             )
         raise AssertionError("unreachable")
 
+    async def _run_locked(
+        self,
+        what: str,
+        lock: trio.Lock,
+        body: Callable[[psycopg.Connection[Any]], Awaitable[T]],
+        *,
+        retry: bool = False,
+    ) -> T:
+        """``body(conn)`` on a pooled connection with ``lock`` held, retried as :meth:`_run` retries ``fn``.
+
+        The lock is never held while waiting for the pool: its holder (a
+        writer's flush) would wait for it meanwhile, and may itself be waiting
+        for a pooled connection.  Nor is a connection held while waiting for
+        the lock (the two would wait for each other; with ``pool_size`` 1
+        until a bound ends it): a connection taken while the lock is busy goes
+        back, and once the lock is free again ``body`` runs on an idle one, or
+        the wait for the pool starts over.  The connection always goes back,
+        whatever ends ``body``.  ``body``'s ``psycopg.Error`` on a lost
+        connection is retried once (on a new connection, the lock taken
+        again) when ``retry`` (reads), or when nothing of the statement was
+        sent; any other ``psycopg.Error`` is raised as a store error.
+        """
+        pg = _psycopg()
+        for attempt in (1, 2):
+            async with self._lent_locked(lock) as conn:
+                try:
+                    return await body(conn)
+                except pg.Error as exc:
+                    lost = conn.broken or conn.closed
+                    unsent = str(exc).startswith("sending")
+                    if attempt == 1 and lost and (retry or unsent):
+                        continue
+                    raise self._error(exc, what) from exc
+        raise AssertionError("unreachable")
+
+    @asynccontextmanager
+    async def _lent_locked(self, lock: trio.Lock) -> AsyncIterator[psycopg.Connection[Any]]:
+        """A pooled connection, with ``lock`` held (see :meth:`_run_locked`): never one waited for holding the other."""
+        pool = self._require_pool()
+        while True:
+            async with pool.connection() as conn:
+                try:
+                    lock.acquire_nowait()  # fair: refused while others wait for the lock too
+                except trio.WouldBlock:
+                    pass
+                else:
+                    try:
+                        yield conn
+                    finally:
+                        lock.release()
+                    return
+            # The lock is busy (a flush, which may need a connection): wait for it with none, then take an idle one.
+            async with lock:
+                lent = pool.lend_nowait()
+                if lent is not None:
+                    try:
+                        yield lent
+                    finally:
+                        pool.give_back_lent(lent)
+                    return
+
     async def _take_lease(self, session_id: str) -> int | None:
         """Take the session's lease (bump its epoch) if it is free; its epoch, or None when held.
 
@@ -721,25 +782,26 @@ class _PooledWriter:
         overlapping a flush that deletes rows this writer took could return a
         row whose delete committed meanwhile (its snapshot is older), and the
         commit forgets the rows it deleted, so the row would be taken twice.
+        The lock is taken only once a pooled connection is had
+        (``store._run_locked``): the session's flushes do not wait for the pool
+        behind the read.
         """
-        s, sid, timeout = self.store._sql.s, self.header.id, self.store.write_timeout
+        store, sid, timeout = self.store, self.header.id, self.store.write_timeout
+
+        async def read(conn: psycopg.Connection[Any]) -> list[tuple[int, InboxMessage]]:
+            if self._closed or self._broken is not None:
+                return []
+            rows = await _call(conn, functools.partial(_mailbox_rows, conn, store._sql.s, sid))
+            return claim_mail(sid, rows, self._taken, self._acks, self.unreadable)
+
         with trio.move_on_after(timeout):  # bounded, as a live session's statements are (the mail loop tries again)
-            async with self._lock:  # a flush under way ends first (bounded too)
-                if self._closed or self._broken is not None:
-                    return []
-                rows = await self.store._run(
-                    f"read the mailbox of session {sid!r}",
-                    lambda conn: conn.execute(
-                        f"SELECT id, body FROM {s}.mailbox WHERE session_id = %s ORDER BY id", (sid,)
-                    ).fetchall(),
-                    retry=True,
-                )
-                return claim_mail(sid, rows, self._taken, self._acks, self.unreadable)
+            # A flush under way ends first (bounded too).
+            return await store._run_locked(f"read the mailbox of session {sid!r}", self._lock, read, retry=True)
         raise SessionStoreError(
-            f"cannot read the mailbox of session {sid!r} in {self.store.location}: PostgreSQL did not answer "
-            f"within {timeout:g} s (write_timeout), or the flush of the session the read waited for did not end; "
-            "the read was cancelled",
-            path=self.store.location,
+            f"cannot read the mailbox of session {sid!r} in {store.location}: PostgreSQL did not answer "
+            f"within {timeout:g} s (write_timeout), or no pooled connection was free, or the flush of the session "
+            "the read waited for did not end; the read was cancelled",
+            path=store.location,
             session_id=sid,
         )
 
@@ -776,3 +838,10 @@ class _PooledWriter:
                 writers: dict[str, object] = self.store._writers  # type: ignore[assignment]
                 if writers.get(self.header.id) is self:
                     del writers[self.header.id]
+
+
+def _mailbox_rows(conn: psycopg.Connection[Any], schema: str, session_id: str) -> list[tuple[int, str]]:
+    """The mailbox rows of the session, oldest first (a thread job of :meth:`_PooledWriter.take_mail`)."""
+    return conn.execute(
+        f"SELECT id, body FROM {schema}.mailbox WHERE session_id = %s ORDER BY id", (session_id,)
+    ).fetchall()
