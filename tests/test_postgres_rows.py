@@ -158,3 +158,53 @@ async def test_a_version_3_schema_is_upgraded_by_check_with_its_sessions_and_poo
         await sessions.detach(entry)
     assert (await store.load("kept")).events == tuple(entry.session.events)
     assert superuser.execute(f"SELECT count(*) FROM {schema}.events WHERE n > 1").fetchone() == (1,)
+
+
+def as_if_unknown(writer: Any, lines: list[str]) -> None:
+    """Put a pooled writer back as a flush of ``lines`` whose outcome was unknown leaves it (it may have committed)."""
+    writer._stored -= len(lines)
+    writer._buffer[:0] = lines
+    writer._uncertain = True
+
+
+@pytest.mark.parametrize("stored", ["its own batch", "another writer's events"])
+async def test_after_an_unknown_outcome_the_writer_keeps_its_batch_row_found_and_stores_only_the_rest(
+    postgres_cluster: Any, store: PostgresStore, superuser: psycopg.Connection[Any], schema: str, stored: str
+) -> None:
+    """The group commit stored the batch as one row but the writer could not know it: its next flush (its own
+    transaction, ``_store_own``) finds the row, keeps it and inserts only the events after it, one per row;
+    events at those seqs that are not its batch fail the flush, naming it, and nothing of it is stored."""
+    await stored_session(store, "s1")
+    async with PooledPostgresStore(postgres_cluster.dsn(), schema=schema) as pooled:
+        sessions = SessionRegistry(pooled)
+        entry = sessions.enter(await sessions.prepare_resume("s1"))
+        writer: Any = entry.writer
+        first = len(entry.session.events)
+        one_turn(entry.session, 2)
+        lines = list(writer._buffer)
+        await entry.session.flush()  # one row, by the group commit
+        if stored == "another writer's events":
+            superuser.execute(
+                f"UPDATE {schema}.events SET body = replace(body, 'do it', 'not it') WHERE session_id = 's1' AND n > 1"
+            )
+        as_if_unknown(writer, lines)
+        one_turn(entry.session, 3)
+        if stored == "its own batch":
+            await entry.session.flush()
+            assert (await store.load("s1")).events == tuple(entry.session.events)
+            rows = superuser.execute(
+                f"SELECT seq, n FROM {schema}.events WHERE session_id = 's1' AND seq >= %s ORDER BY seq", (first,)
+            ).fetchall()
+            after = len(entry.session.events)
+            assert rows == [
+                (first + len(lines) - 1, len(lines)),
+                *((seq, 1) for seq in range(first + len(lines), after)),
+            ]
+        else:
+            with pytest.raises(SessionStoreError, match="are not this writer's"):
+                await entry.session.flush()
+            assert events_stored(superuser, schema, "s1") == first + len(lines)  # nothing more
+            with pytest.raises(SessionStoreError, match="closed with events that could not be stored"):
+                await sessions.detach(entry)  # never a silent loss
+            return
+        await sessions.detach(entry)

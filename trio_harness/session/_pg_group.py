@@ -403,7 +403,8 @@ class GroupCommitter:
             self._stopped = True
             self._nursery = self._slots = None
             for request in (*self._waiting, *self._late):
-                request.settle(self._stopped_error(request), unknown=request.sent or request.lost)
+                if not request.settled:  # (the lists keep settled ones too: no error built for those)
+                    request.settle(self._stopped_error(request), unknown=request.sent or request.lost)
             self._waiting.clear()
             self._late.clear()
             self._pending.clear()
