@@ -22,9 +22,8 @@ from _postgres import Cluster, admin, postgres_cluster, schema, store
 from test_postgres_store import stored_session
 
 from trio_harness.events import InboxMessage
-from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry
+from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry, _pg_pooled
 from trio_harness.session import _events as ev
-from trio_harness.session import _pg_pooled
 
 __all__ = ["postgres_cluster", "schema", "store"]  # the fixtures, imported for pytest
 

@@ -583,10 +583,13 @@ def _store_own(
     s = sql.s
     try:
         with conn.transaction():
-            # A worker frozen inside this transaction must not hold the lease row (a takeover waits for it) for long.
+            # A worker frozen inside this transaction must not hold the lease row (a takeover waits for it) for long;
+            # nor may its wait for the row (a lost statement's) outlive the flush's bound, should the cancel be lost.
+            bound = f"{math.ceil(store.write_timeout * 1000)}ms"
             conn.execute(
-                "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
-                (f"{math.ceil(store.write_timeout * 1000)}ms",),
+                "SELECT set_config('idle_in_transaction_session_timeout', %s, true), "
+                "set_config('lock_timeout', %s, true)",
+                (bound, bound),
             )
             held = conn.execute(
                 f"SELECT 1 FROM {s}.leases WHERE session_id = %s AND worker_id = %s AND epoch = %s FOR UPDATE",

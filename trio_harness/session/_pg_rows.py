@@ -29,24 +29,57 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from .._errors import EventDecodeError, SessionCorruptError
+from ._codec import decode_event
+from ._events import Event
 
-def each_event(rows: Iterable[tuple[int, int, str]], start: int = 0) -> Iterator[tuple[int, str]]:
+
+def each_event(
+    rows: Iterable[tuple[int, int, str]], start: int = 0, *, where: str = "the events table"
+) -> Iterator[tuple[int, str]]:
     """``(seq, line)`` of every event the rows ``(seq, n, body)`` hold (in their order), from seq ``start`` on.
 
-    A row's lines are placed back from its key, its last seq: a row whose
-    body does not hold ``n`` lines leaves a gap before it (or overlaps the
-    row before), which the load finds (a missing seq, or an event stored at
-    a seq it does not name), never a session cut short without a word.
+    The rows must tile the seqs: each holds its ``n`` lines and begins where
+    the one before it ended (the first may begin before ``start``).
+
+    Raises:
+        SessionCorruptError: a row does not hold its ``n`` lines, or a row
+            leaves a gap after the one before it, or overlaps it (``where``
+            names the session in the message).
     """
+    expected: int | None = None
     for last, n, body in rows:
-        if n == 1:
-            if last >= start:
-                yield last, body
-            continue
-        lines = body.split("\n")
-        for seq, line in enumerate(lines, start=last - len(lines) + 1):
+        first = last - n + 1
+        lines = [body] if n == 1 else body.split("\n")
+        if len(lines) != n:
+            raise SessionCorruptError(
+                f"{where}: the row of seqs {first} to {last} holds {len(lines)} events, not {n}",
+                path=where,
+                line=first + 2,
+            )
+        if expected is not None and first != expected:
+            raise SessionCorruptError(
+                f"{where}: event seq {expected} is missing (the next stored one is {first})"
+                if first > expected
+                else f"{where}: the row of seqs {first} to {last} overlaps the one before it (to {expected - 1})",
+                path=where,
+                line=expected + 2,
+            )
+        expected = last + 1
+        for seq, line in enumerate(lines, start=first):
             if seq >= start:
                 yield seq, line
+
+
+def decode_stored(seq: int, line: str, where: str) -> Event:
+    """The event stored at ``seq``; a line that is not one, or names another seq, is a corrupt session."""
+    try:
+        event = decode_event(line)
+        if event.seq != seq:
+            raise EventDecodeError(f"the event says seq {event.seq} but is stored as seq {seq}")
+    except EventDecodeError as exc:
+        raise SessionCorruptError(f"{where}: event seq {seq}: {exc}", path=where, line=seq + 2) from exc
+    return event
 
 
 def lines_between(rows: Iterable[tuple[int, int, str]], start: int, end: int) -> list[str]:
@@ -57,6 +90,20 @@ def lines_between(rows: Iterable[tuple[int, int, str]], start: int, end: int) ->
 def select_from(s: str) -> str:
     """The rows of session ``%s`` holding seqs from ``%s`` on, in order (``s``: the quoted schema)."""
     return f"SELECT seq, n, body FROM {s}.events WHERE session_id = %s AND seq >= %s ORDER BY seq"
+
+
+def select_page(s: str) -> str:
+    """The rows holding session ``%(sid)s``'s seqs ``%(start)s`` to ``%(start)s + %(limit)s - 1``, in order.
+
+    An index range over the keys in that span, and the one row after it
+    (which may hold its last seqs): about ``limit`` events read, however many
+    a row holds.
+    """
+    rows = f"SELECT seq, n, body FROM {s}.events WHERE session_id = %(sid)s"
+    return (
+        f"({rows} AND seq >= %(start)s AND seq < %(start)s + %(limit)s) UNION ALL "
+        f"({rows} AND seq >= %(start)s + %(limit)s ORDER BY seq LIMIT 1) ORDER BY seq"
+    )
 
 
 def copy_prefix_statement(s: str) -> str:

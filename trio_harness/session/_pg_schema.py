@@ -28,6 +28,10 @@ SCHEMA_VERSION = 4
 """The version of the tables this store writes (kept in ``schema_version``; 2 added ``blobs``, 3 ``leases``,
 4 the events' ``n``: a row holds a group-committed flush, session/_pg_rows.py)."""
 
+# How long an upgrade waits for a table it alters, and how often it tries (see _Tables.migrate_retried).
+_ALTER_WAIT = 1.0
+_ALTER_TRIES = 10
+
 _INSTALL_HINT = "install the PostgreSQL extra: pip install 'trio-harness[postgres]'"
 
 
@@ -101,7 +105,7 @@ class _Sql:
             [blobs_table(s)],  # large message images by reference (session/_blobs.py)
             [lease_table(s)],  # the pooled mode's leases, respected by both modes (session/_pg_leases.py)
             # How many events a row holds, its key the last one's seq (session/_pg_rows.py); every older row holds one.
-            [f"ALTER TABLE {s}.events ADD COLUMN n integer NOT NULL DEFAULT 1"],
+            [f"ALTER TABLE {s}.events ADD COLUMN IF NOT EXISTS n integer NOT NULL DEFAULT 1"],
         ]
 
     @property
@@ -202,8 +206,15 @@ class _Tables:
         if version > SCHEMA_VERSION:
             raise self.version_error(version)
         try:
-            self.migrate_from(conn, version)
+            self.migrate_retried(conn, version)
         except pg.errors.InsufficientPrivilege as exc:
+            if "must be owner" in str(exc):  # ALTER TABLE (version 4): only the table's owner may
+                raise SessionStoreError(
+                    f"the session tables in {self.location} are at version {version} and only the owner of their "
+                    f"tables may upgrade them ({str(exc).strip()}): run check() once as that role, or make the "
+                    f"role of this store their owner (ALTER TABLE {sql.s}.events OWNER TO {_quote(role)})",
+                    path=self.location,
+                ) from exc
             schema_exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (sql.schema,)).fetchone()
             grant = (
                 f"GRANT CREATE ON SCHEMA {sql.s} TO {_quote(role)}"
@@ -217,12 +228,39 @@ class _Tables:
             ) from exc
         self.check_privileges(conn)
 
+    def migrate_retried(self, conn: psycopg.Connection[Any], version: int) -> None:
+        """(worker thread) :meth:`migrate_from`, tried again while a table it alters is in use.
+
+        An upgrade that alters a table (version 4) waits at most
+        ``_ALTER_WAIT`` for its lock, so the fleet's reads and writes queued
+        behind it stall no longer than that; then it rolls back, lets them
+        run for as long again, and tries again, ``_ALTER_TRIES`` times.
+        """
+        pg = _psycopg()
+        for attempt in range(1, _ALTER_TRIES + 1):
+            try:
+                self.migrate_from(conn, version)
+                return
+            except pg.errors.LockNotAvailable as exc:
+                if attempt == _ALTER_TRIES:
+                    raise SessionStoreError(
+                        f"cannot upgrade the session tables in {self.location}: their tables were in use by "
+                        f"transactions that held them throughout {_ALTER_TRIES} tries of {_ALTER_WAIT:g} s each "
+                        f"({str(exc).strip()}); run check() again once long transactions on them have ended",
+                        path=self.location,
+                    ) from exc
+                log.warning("%s: the session tables are in use, their upgrade waits (%s)", self.location, exc)
+                conn.execute("SELECT pg_sleep(%s)", (_ALTER_WAIT,))
+
     def migrate_from(self, conn: psycopg.Connection[Any], version: int) -> None:
         """(worker thread) Create or upgrade the tables from ``version``, in one transaction."""
         sql = self.sql
         with conn.transaction():
             # One migrating worker at a time; the others find the work done.
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(sql.schema, "\x00migrate"),))
+            # From here on, a lock the upgrade waits for (ALTER TABLE's) fails it after a while, rather than
+            # queueing every statement of the fleet on that table behind it for as long as it waits.
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{round(_ALTER_WAIT * 1000)}ms",))
             if not conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (sql.schema,)).fetchone():
                 conn.execute(f"CREATE SCHEMA {sql.s}")
             conn.execute(

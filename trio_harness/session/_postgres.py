@@ -61,11 +61,11 @@ from .._errors import (
 )
 from .._redact import redact_urls
 from ._blobs import copy_blobs, encode_stored, insert_blobs, select_blob
-from ._codec import decode_event, decode_header, decode_inbox_message, encode_header, encode_inbox_message
+from ._codec import decode_header, decode_inbox_message, encode_header, encode_inbox_message
 from ._events import Event, InboxMessage, SessionHeader
 from ._persistence import LoadedSession
 from ._pg_leases import _check_tainted, _Tainted, _try_lock, claim_new_id
-from ._pg_rows import copy_prefix_statement, each_event, select_from
+from ._pg_rows import copy_prefix_statement, decode_stored, each_event, select_from, select_page
 from ._pg_schema import _lock_key, _psycopg, _quote, _scalar, _Sql, _Tables
 from ._pg_threads import _call, _execute, _open_connection, _Pool
 from ._pg_writer import _PgWriter, claim_new
@@ -401,8 +401,9 @@ class PostgresStore:
                 f"schema and SELECT, INSERT, DELETE on its tables (GRANT USAGE ON SCHEMA {_quote(self.schema)} TO ...; "
                 f"GRANT SELECT, INSERT, DELETE ON ALL TABLES IN SCHEMA {_quote(self.schema)} TO ...)"
             )
-        elif isinstance(exc, pg.errors.UndefinedTable | pg.errors.InvalidSchemaName):
-            message = f"cannot {what} in {self.location}: the store's tables are missing ({reason}); run check() first"
+        elif isinstance(exc, pg.errors.UndefinedTable | pg.errors.UndefinedColumn | pg.errors.InvalidSchemaName):
+            why = "missing, or older than this trio-harness"
+            message = f"cannot {what} in {self.location}: the store's tables are {why} ({reason}); run check() first"
         elif isinstance(exc, pg.OperationalError):
             message = f"cannot {what} in {self.location}: the connection to PostgreSQL failed ({reason})"
         else:
@@ -555,33 +556,25 @@ class PostgresStore:
         if header.id != session_id:
             raise SessionCorruptError(f"{where}: the header names session {header.id!r}", path=where, line=1)
         events: list[Event] = []
-        for index, (seq, body) in enumerate(each_event(rows)):
+        for index, (seq, body) in enumerate(each_event(rows, where=where)):
             if seq != index:
                 raise SessionCorruptError(
                     f"{where}: event seq {index} is missing (the next stored one is {seq})", path=where, line=index + 2
                 )
-            try:
-                event = decode_event(body)
-                if event.seq != seq:
-                    raise EventDecodeError(f"the event says seq {event.seq} but is stored as seq {seq}")
-            except EventDecodeError as exc:
-                raise SessionCorruptError(f"{where}: event seq {seq}: {exc}", path=where, line=index + 2) from exc
-            events.append(event)
+            events.append(decode_stored(seq, body, where))
         return LoadedSession(header=header, events=tuple(events))
 
     async def events_since(self, session_id: str, seq: int, limit: int = 500) -> builtins.list[Event]:
         """The stored events of a session from ``seq`` on, at most ``limit`` (one indexed read; for ``follow``)."""
-        query = select_from(self._sql.s) + " LIMIT %s"  # rows: each holds one event or more
+        params = {"sid": session_id, "start": seq, "limit": limit}
+        query = select_page(self._sql.s)  # about ``limit`` events, however many a row holds
         rows = await self._run(
-            f"read session {session_id!r}",
-            lambda conn: conn.execute(query, (session_id, seq, limit)).fetchall(),
-            retry=True,
+            f"read session {session_id!r}", lambda conn: conn.execute(query, params).fetchall(), retry=True
         )
-        try:
-            return [decode_event(body) for _, body in itertools.islice(each_event(rows, seq), limit)]
-        except EventDecodeError as exc:
-            where = f"{self.location}, session {session_id!r}"
-            raise SessionCorruptError(f"{where}: an event from seq {seq} on: {exc}", path=where, line=seq + 2) from exc
+        where = f"{self.location}, session {session_id!r}"
+        return [
+            decode_stored(at, body, where) for at, body in itertools.islice(each_event(rows, seq, where=where), limit)
+        ]
 
     async def open_writer(self, header: SessionHeader) -> SessionWriter:
         """Claim the id of a new session and return its writer; its first flush stores it.
