@@ -63,7 +63,7 @@ from ._pg_leases import take_lease
 from ._pg_mail import mail_loop
 from ._pg_rows import each_event, select_from
 from ._pg_schema import _lock_key, _psycopg, _scalar
-from ._pg_threads import _call
+from ._pg_threads import _call, worth_retrying
 from ._pg_writer import claim_mail
 from ._postgres import PostgresStore, redact_dsn
 from ._session import SessionWriter, validate_session_id
@@ -361,9 +361,7 @@ class PooledPostgresStore(PostgresStore):
                 try:
                     return await body(conn)
                 except pg.Error as exc:
-                    lost = conn.broken or conn.closed
-                    unsent = str(exc).startswith("sending")
-                    if attempt == 1 and lost and (retry or unsent):
+                    if attempt == 1 and worth_retrying(conn, exc, retry=retry):
                         continue
                     raise self._error(exc, what) from exc
         raise AssertionError("unreachable")

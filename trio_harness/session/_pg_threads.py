@@ -113,6 +113,15 @@ def _shut_socket(conn: psycopg.Connection[Any]) -> None:
         sock.close()
 
 
+def worth_retrying(conn: psycopg.Connection[Any], exc: BaseException, *, retry: bool) -> bool:
+    """Whether a statement that failed with ``exc`` is to be run once more on a new connection.
+
+    Only when ``conn`` was lost; then always when ``retry`` (reads), else
+    only when nothing of it reached the server (sending it failed).
+    """
+    return (conn.broken or conn.closed) and (retry or str(exc).startswith("sending"))
+
+
 async def _call(conn: psycopg.Connection[Any], fn: Callable[[], T], *, settle: Callable[[T], None] | None = None) -> T:
     """Run ``fn`` (which uses ``conn``) on a worker thread, cancellation-safely.
 

@@ -67,7 +67,7 @@ from ._persistence import LoadedSession
 from ._pg_leases import _check_tainted, _Tainted, _try_lock, claim_new_id
 from ._pg_rows import copy_prefix_statement, decode_stored, each_event, select_from, select_page
 from ._pg_schema import _lock_key, _psycopg, _quote, _scalar, _Sql, _Tables
-from ._pg_threads import _call, _execute, _open_connection, _Pool
+from ._pg_threads import _call, _execute, _open_connection, _Pool, worth_retrying
 from ._pg_writer import _PgWriter, claim_new
 from ._session import SessionWriter, validate_session_id
 
@@ -452,9 +452,7 @@ class PostgresStore:
                 try:
                     return await _call(conn, functools.partial(fn, conn))
                 except pg.Error as exc:
-                    lost = conn.broken or conn.closed
-                    unsent = str(exc).startswith("sending")
-                    if attempt == 1 and lost and (retry or unsent):
+                    if attempt == 1 and worth_retrying(conn, exc, retry=retry):
                         continue
                     raise self._error(exc, what) from exc
         raise AssertionError("unreachable")
