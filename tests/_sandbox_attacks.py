@@ -180,8 +180,8 @@ ATTACKS: dict[str, list[str]] = {
     # A .git directory whose commondir names another git directory (relative to .git): git uses its hooks
     # and config.
     "write the common git directory a .git directory's commondir names": [
-        "echo 'touch pwned' > shared/hooks/pre-commit; printf '[core]\\n\\tfsmonitor = touch pwned\\n' >> shared/config;"
-        " mv shared shared.moved"
+        "echo 'touch pwned' > shared/hooks/pre-commit;"
+        " printf '[core]\\n\\tfsmonitor = touch pwned\\n' >> shared/config; mv shared shared.moved"
     ],
     "write through a symlinked submodule git directory": [
         "printf '[core]\\n\\tfsmonitor = touch pwned\\n' >> .git/modules/sub/config;"

@@ -8,15 +8,28 @@ when they exist as the command starts (docs/sandbox.rst, "Threat model"):
 * of the repository ``root/.git``: ``hooks`` (created empty when missing, so
   a command cannot create it and fill it), ``config``, ``config.worktree``
   (created empty when ``extensions.worktreeConfig`` is on and it is missing)
-  and ``commondir``;
+  and ``commondir``, and the same of the common git directory its
+  ``commondir`` names, where git takes hooks and configuration from;
 * the same of every submodule's git directory (``.git/modules/<name>/``,
   nested ones included), and the ``.git`` *file* of its checkout (found from
   the module's ``core.worktree``) when it lies in a writable directory;
 * ``config.worktree`` and ``commondir`` of every linked worktree
-  (``.git/worktrees/<name>/``);
+  (``.git/worktrees/<name>/``), the common git directory its ``commondir``
+  names (protected already when it is ``root/.git``), and the ``.git`` *file*
+  of its checkout (named by its ``gitdir`` file) when it lies in a writable
+  directory;
 * a ``root/.git`` *file* (``gitdir: ...``: a linked worktree, a submodule's
   checkout) itself, and the git directory it names (and that one's common
   directory) when it lies in a writable directory.
+
+Relative paths are resolved against the base git uses, and read as git reads
+them (after ``gitdir: ``, only the line ends at the end dropped): a ``.git``
+file's against the directory holding the ``.git`` (a ``.git`` link's too, not
+the directory of the file it leads to); a ``commondir``'s, a ``core.worktree``
+and a linked worktree's ``gitdir`` file against the git directory holding them,
+resolved.  A ``commondir`` missing as the command starts is not protected: a
+command can create one naming a git directory of its own (docs/sandbox.rst,
+"Threat model").
 
 Every directory from the root down to a protected path is bound onto itself
 (a mount point cannot be renamed or removed: ``EBUSY``), so ``mv .git/modules
