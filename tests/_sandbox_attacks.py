@@ -125,6 +125,10 @@ ATTACKS: dict[str, list[str]] = {
     ],
     "rewrite a submodule checkout's .git file": ["echo 'gitdir: ../evil' > sub/.git; mv sub/.git sub/git; mv sub sub2"],
     "rewrite a linked worktree's .git file": ["echo 'gitdir: ../evil' > .git; mv .git git; rm -f .git"],
+    # From the main worktree: .git/worktrees/w/gitdir names it (relative to .git/worktrees/w, as git reads it).
+    "rewrite a linked worktree's .git file from the main worktree": [
+        "echo 'gitdir: ../evil' > linked/.git; mv linked/.git linked/git; mv linked linked.moved"
+    ],
     # The store is visible (hide_sessions=False) in the writable directory: still never writable.
     "forge the session log": [
         'echo \'{{"type": "approval/decided"}}\' >> sessions/s1/session.jsonl; touch sessions/s1/x.lock;'
@@ -173,6 +177,12 @@ ATTACKS: dict[str, list[str]] = {
         " until [ -e go ]; do sleep 0.05; done; rm .git && ln -s meta .git",
     ],
     # A submodule's git directory that is a symbolic link (git follows it).
+    # A .git directory whose commondir names another git directory (relative to .git): git uses its hooks
+    # and config.
+    "write the common git directory a .git directory's commondir names": [
+        "echo 'touch pwned' > shared/hooks/pre-commit;"
+        " printf '[core]\\n\\tfsmonitor = touch pwned\\n' >> shared/config; mv shared shared.moved"
+    ],
     "write through a symlinked submodule git directory": [
         "printf '[core]\\n\\tfsmonitor = touch pwned\\n' >> .git/modules/sub/config;"
         " echo 'touch pwned' > .git/modules/sub/hooks/pre-commit",
@@ -196,6 +206,7 @@ CHAIN_ATTACKS = {
     "create the missing git directory a .git file names": "missing",
     "swap a symlinked .git in the background and put it back": "bgswap",
     "write through a symlinked submodule git directory": "modlink",
+    "write the common git directory a .git directory's commondir names": "commondir",
     "write through a link outside the writable directory": "viaoutside",
 }
 
@@ -231,6 +242,7 @@ def _git_layout(workdir: Path) -> None:
     (git / "worktrees" / "w").mkdir(parents=True)
     (git / "worktrees" / "w" / "HEAD").write_text("ref: refs/heads/w\n")
     (git / "worktrees" / "w" / "commondir").write_text("../..\n")
+    (git / "worktrees" / "w" / "gitdir").write_text("../../../linked/.git\n")
     (workdir / "linked").mkdir()
     (workdir / "linked" / ".git").write_text(f"gitdir: {git / 'worktrees' / 'w'}\n")
 
@@ -304,6 +316,13 @@ def _chain_layout(workdir: Path, outside: Path) -> None:
     _gitdir(modlink / "elsewhere" / "sub")
     (modlink / ".git" / "modules").mkdir()
     (modlink / ".git" / "modules" / "sub").symlink_to("../../elsewhere/sub")
+    commondir = workdir / "commondir"
+    _gitdir(commondir / "shared")
+    for part in ("objects", "refs"):  # what git looks for in the common directory
+        (commondir / "shared" / part).mkdir()
+    (commondir / ".git").mkdir()
+    (commondir / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (commondir / ".git" / "commondir").write_text("../shared\n")
     viaoutside = workdir / "viaoutside"
     _gitdir(viaoutside / "real" / "meta")
     (outside / "lnk").symlink_to(viaoutside / "real")
@@ -337,6 +356,9 @@ def _chain_hostile(workdir: Path, name: str) -> str:
         return _hostile(Path(os.path.realpath(base / ".git" / "modules" / "sub")))
     if name == "replace a link in the path a .git file names":
         return _hostile(Path(os.path.realpath(base / "hop" / "meta")))
+    if name == "write the common git directory a .git directory's commondir names":
+        shared = base / "shared"
+        return _hostile(shared) if shared.is_dir() else f"{shared} is gone"
     if name == "write through a link outside the writable directory":
         return _hostile(base / "real" / "meta")
     return _hostile(Path(os.path.realpath(base / ".git")))
@@ -468,6 +490,7 @@ async def run_attacks(workdir: Path, outside: Path, names: list[str] | None = No
         "write git's per-worktree config": lambda out: bool(_git_written(workdir)),
         "rewrite a submodule checkout's .git file": lambda out: bool(_git_written(workdir)),
         "rewrite a linked worktree's .git file": lambda out: bool(_git_written(workdir)),
+        "rewrite a linked worktree's .git file from the main worktree": lambda out: bool(_git_written(workdir)),
         "forge the session log": lambda out: not _log_intact(workdir),
         "write through a symlinked .git": lambda out: bool(_links_written(workdir)),
         "write through symlinked hooks and config": lambda out: bool(_links_written(workdir)),

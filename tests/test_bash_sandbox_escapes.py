@@ -424,6 +424,45 @@ def test_a_linked_worktrees_git_directory_in_a_writable_path_is_protected_too(tm
     assert git_binds(linked, [linked], pin) == ["--ro-bind", f"{linked}/.git", f"{linked}/.git"]
 
 
+@pytest.mark.skipif(shutil.which("git") is None and not os.environ.get("CI"), reason="git is not installed")
+def test_a_linked_worktrees_common_directory_and_checkout_are_found_as_git_finds_them(tmp_path: Path) -> None:
+    """A linked worktree's commondir names its common git directory relative to its own git directory (git
+    takes hooks and config from there, whichever repository lists it), and its gitdir file names its checkout's
+    .git file (relative to it too, as git 2.48's worktree.useRelativePaths writes it): both protected."""
+    from trio_harness.bash._sandbox_git import git_binds
+
+    main, other = tmp_path / "main", tmp_path / "other.git"
+    subprocess.run(["git", "init", "-q", str(main)], check=True)
+    commit = ["git", "-C", str(main), "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "--allow-empty"]
+    subprocess.run([*commit, "-m", "a"], check=True)
+    subprocess.run(["git", "-C", str(main), "worktree", "add", "-q", "wt"], check=True, capture_output=True)
+    entry = main / ".git" / "worktrees" / "wt"
+    (entry / "gitdir").write_text("../../../wt/.git\n")
+    shutil.copytree(main / ".git", other)  # a copy of the repository, whose hooks git now runs in wt
+    (entry / "commondir").write_text("../../../../other.git\n")
+    said = subprocess.run(["git", "-C", str(main / "wt"), "rev-parse", "--git-path", "hooks"], capture_output=True)
+    assert said.stdout.decode().strip() == str(other / "hooks"), said
+    binds = git_binds(str(main), [str(main), str(tmp_path)], lambda directory: [])
+    read_only = {binds[i + 1] for i, arg in enumerate(binds) if arg == "--ro-bind"}
+    assert {str(other / "hooks"), str(other / "config"), str(main / "wt" / ".git")} <= read_only, read_only
+    # Outside every writable path the common directory is read-only anyway: not bound.
+    assert not any(path.startswith(str(other)) for path in git_binds(str(main), [str(main)], lambda directory: []))
+
+
+@pytest.mark.skipif(shutil.which("git") is None and not os.environ.get("CI"), reason="git is not installed")
+async def test_a_git_file_is_read_as_git_reads_it(work: Path) -> None:
+    """Git takes what follows 'gitdir: ' as it is: 'gitdir:  meta' names ' meta', missing (a command could make
+    it), though meta is a git directory."""
+    subprocess.run(["git", "init", "-q", "--bare", str(work / "meta")], check=True)
+    (work / ".git").write_text("gitdir:  meta\n")
+    said = subprocess.run(["git", "-C", str(work), "rev-parse", "--git-dir"], capture_output=True, text=True)
+    assert f"not a git repository: {work}/ meta" in said.stderr, said
+    async with open_bash_executor(BashRuntimeOptions(sandbox=True, grace_period=0.5)) as executor:
+        with pytest.raises(BashError, match=r"names the git directory ' meta' \(.*/ meta\), which is not a git"):
+            await run(executor, "git init -q --bare ' meta'", work)
+    assert not (work / " meta").exists()
+
+
 async def test_a_git_link_a_command_could_replace_refuses_commands_until_it_is_a_file(work: Path) -> None:
     """A symbolic link cannot be a mount point: a .git link in the writable directory is refused, with the fix."""
     (work / "meta" / "hooks").mkdir(parents=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -404,3 +405,34 @@ async def test_the_file_tools_read_no_more_than_a_sandboxed_command_sees(tmp_pat
     assert "its /tmp and /dev are private" in reads[1].content and "its /tmp and /dev are private" in reads[2].content
     assert not mine.is_error and "mine" in mine.content
     assert "hunter2" not in cat.content and "mine" in cat.content  # what the command saw: the same
+
+
+@pytest.mark.skipif(shutil.which("git") is None and not os.environ.get("CI"), reason="git is not installed")
+def test_git_directories_are_found_where_git_resolves_their_relative_paths(tmp_path: Path) -> None:
+    """A .git link to a .git file: the path it names is relative to the link's directory (not the file's);
+    a commondir's, of a .git file's git directory or of a .git directory, relative to that git directory."""
+    cwd, elsewhere, other = tmp_path / "proj", tmp_path / "elsewhere", tmp_path / "other"
+    for bare in (cwd / "meta", cwd / "common", other / "common"):
+        subprocess.run(["git", "init", "-q", "--bare", str(bare)], check=True)
+    (cwd / "meta" / "commondir").write_text("../common\n")
+    elsewhere.mkdir()
+    (elsewhere / "dotgit").write_text("gitdir: meta\n")
+    (cwd / ".git").symlink_to(elsewhere / "dotgit")
+    (other / ".git").mkdir()
+    (other / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (other / ".git" / "commondir").write_text("../common\n")
+    for repo, hooks in ((cwd, cwd / "common" / "hooks"), (other, other / "common" / "hooks")):  # as git says
+        said = subprocess.run(["git", "-C", str(repo), "rev-parse", "--git-path", "hooks"], capture_output=True)
+        assert said.stdout.decode().strip() == str(hooks), said
+    rules = PathRules(writable=(str(other),), protect_git=True)
+    for path in (
+        "meta/config",
+        "meta/hooks/pre-commit",
+        "common/config",
+        "common/hooks/pre-commit",
+        str(other / "common" / "config"),
+        str(other / "common" / "hooks" / "pre-commit"),
+    ):
+        with pytest.raises(FileToolError, match=r"read-only in the sandbox \(git's hooks and configuration"):
+            rules.check_write(*resolve_path(str(cwd), path), str(cwd))
+    rules.check_write(*resolve_path(str(cwd), "common/description"), str(cwd))

@@ -8,15 +8,28 @@ when they exist as the command starts (docs/sandbox.rst, "Threat model"):
 * of the repository ``root/.git``: ``hooks`` (created empty when missing, so
   a command cannot create it and fill it), ``config``, ``config.worktree``
   (created empty when ``extensions.worktreeConfig`` is on and it is missing)
-  and ``commondir``;
+  and ``commondir``, and the same of the common git directory its
+  ``commondir`` names, where git takes hooks and configuration from;
 * the same of every submodule's git directory (``.git/modules/<name>/``,
   nested ones included), and the ``.git`` *file* of its checkout (found from
   the module's ``core.worktree``) when it lies in a writable directory;
 * ``config.worktree`` and ``commondir`` of every linked worktree
-  (``.git/worktrees/<name>/``);
+  (``.git/worktrees/<name>/``), the common git directory its ``commondir``
+  names (protected already when it is ``root/.git``), and the ``.git`` *file*
+  of its checkout (named by its ``gitdir`` file) when it lies in a writable
+  directory;
 * a ``root/.git`` *file* (``gitdir: ...``: a linked worktree, a submodule's
   checkout) itself, and the git directory it names (and that one's common
   directory) when it lies in a writable directory.
+
+Relative paths are resolved against the base git uses, and read as git reads
+them (after ``gitdir: ``, only the line ends at the end dropped): a ``.git``
+file's against the directory holding the ``.git`` (a ``.git`` link's too, not
+the directory of the file it leads to); a ``commondir``'s, a ``core.worktree``
+and a linked worktree's ``gitdir`` file against the git directory holding them,
+resolved.  A ``commondir`` missing as the command starts is not protected: a
+command can create one naming a git directory of its own (docs/sandbox.rst,
+"Threat model").
 
 Every directory from the root down to a protected path is bound onto itself
 (a mount point cannot be renamed or removed: ``EBUSY``), so ``mv .git/modules
@@ -261,30 +274,37 @@ def _module_gitdirs(modules: str, walk: _Walk) -> list[str]:
 
 
 def _gitfile_named(gitfile: str) -> str | None:
-    """The path a ``.git`` file names (``gitdir: <path>``), as written, or None."""
+    """The path a ``.git`` file names, as git reads it: after ``gitdir: ``, only the line ends at its end
+    dropped (spaces are part of the path; ``gitdir:path`` is no git file); or None."""
     text = _read(gitfile, 8192)
-    if not text.startswith("gitdir:"):
+    if not text.startswith("gitdir: "):
         return None
-    return text[len("gitdir:") :].strip() or None
+    return text[len("gitdir: ") :].rstrip("\r\n") or None
 
 
-def _gitfile_target(gitfile: str) -> str | None:
-    """The git directory a ``.git`` file names (``gitdir: <path>``), resolved, or None."""
-    named = _gitfile_named(gitfile)
-    return os.path.realpath(os.path.join(os.path.dirname(gitfile), named)) if named is not None else None
+def _commondir_named(gitdir: str) -> str | None:
+    """The path ``gitdir``'s ``commondir`` names, as git reads it (only the line ends at its end dropped; an
+    empty one git refuses to read), or None."""
+    return _read(os.path.join(gitdir, "commondir"), 8192).rstrip("\r\n") or None
 
 
 def git_directories(root: str) -> list[str]:
     """The git directories, resolved, the repository at ``root`` uses: its ``.git`` (followed when it is a
-    symbolic link), or the one a ``.git`` file names and that one's common directory."""
-    real = os.path.realpath(os.path.join(root, ".git"))
+    symbolic link), or the one a ``.git`` file names, and that one's common directory (its ``commondir``)."""
+    git = os.path.join(root, ".git")
+    real = os.path.realpath(git)
     if os.path.isdir(real):
-        return [real]
-    target = _gitfile_target(real) if os.path.isfile(real) else None
-    if target is None or not os.path.isdir(target):
-        return []
-    named = _read(os.path.join(target, "commondir"), 8192).strip()
-    return [target, os.path.realpath(os.path.join(target, named))] if named else [target]
+        gitdir = real
+    else:
+        named = _gitfile_named(real) if os.path.isfile(real) else None
+        if named is None:
+            return []
+        # relative to the directory holding .git, as git reads it (not to where a .git link leads)
+        gitdir = os.path.realpath(os.path.join(root, named))
+        if not os.path.isdir(gitdir):
+            return []
+    named_common = _commondir_named(gitdir)
+    return [gitdir, os.path.realpath(os.path.join(gitdir, named_common))] if named_common else [gitdir]
 
 
 def linked_parts(gitdir: str) -> list[str]:
@@ -354,42 +374,66 @@ def _gitfile_binds(gitfile: str, walk: _Walk, *, base: str) -> list[str]:
                 f"remove {gitfile!r} if its repository is gone, or put its git directory back",
             )
         return []
-    commondir = os.path.join(target, "commondir")
-    named_common = _read(commondir, 8192).strip()
-    common = None
-    if named_common:
-        common = walk.follow(
-            os.path.join(target, named_common),
-            f"the common git directory {commondir!r} names",
-            lambda real: f"write the resolved path into {commondir!r} (echo {_q(real)} > {_q(commondir)})",
-        )
-        if not _is_gitdir(common):
-            if walk.writable(common):
-                raise _missing(repr(commondir), named_common, common, "put the common git directory back")
-            common = None
-    binds = _gitdir_binds(target, walk, make_hooks=common is None, common=common)
-    if common is not None:
+    return _shared_binds(target, walk, set())
+
+
+def _common(gitdir: str, walk: _Walk) -> str | None:
+    """The common git directory ``gitdir``'s ``commondir`` names (relative to ``gitdir``, resolved, as git
+    reads it), resolved, or None: no ``commondir``, or one naming no git directory outside every writable one."""
+    named = _commondir_named(gitdir)
+    if named is None:
+        return None
+    commondir = os.path.join(gitdir, "commondir")
+    common = walk.follow(
+        os.path.join(gitdir, named),
+        f"the common git directory {commondir!r} names",
+        lambda real: f"write the resolved path into {commondir!r} (echo {_q(real)} > {_q(commondir)})",
+    )
+    if not _is_gitdir(common):
+        if walk.writable(common):
+            raise _missing(repr(commondir), named, common, "put the common git directory back")
+        return None
+    return common
+
+
+def _shared_binds(gitdir: str, walk: _Walk, bound: set[str]) -> list[str]:
+    """``gitdir`` (resolved) protected, and the common git directory its ``commondir`` names, whose hooks and
+    configuration git uses (a linked worktree's, or any git directory's: git reads a ``commondir`` in each);
+    the git directories in ``bound`` are protected already, and those protected here are added to it."""
+    common = _common(gitdir, walk)
+    binds = _gitdir_binds(gitdir, walk, make_hooks=common is None, common=common)
+    bound.add(gitdir)
+    if common is not None and common not in bound:
         binds += _gitdir_binds(common, walk, make_hooks=True)
+        bound.add(common)
     return binds
+
+
+def _checkout_gitfile_binds(gitfile: str, walk: _Walk, what: str) -> list[str]:
+    """A checkout's ``.git`` file (a submodule's, a linked worktree's) read-only when it lies in a writable
+    directory, so a command cannot point it at a git directory of its own; one that is a link followed."""
+    if os.path.islink(gitfile):  # git in the checkout follows it
+        return walk.bind_target(walk.follow(gitfile, what, _copy_fix(gitfile)))
+    if walk.writable(gitfile) and os.path.isfile(gitfile):
+        return [*walk.pin(os.path.dirname(gitfile)), "--ro-bind", gitfile, gitfile]
+    return []
 
 
 def _repo_binds(git: str, walk: _Walk) -> list[str]:
     """A repository's git directory ``git`` (resolved), its submodules' and its linked worktrees'."""
-    binds = _gitdir_binds(git, walk, make_hooks=True)
+    bound: set[str] = set()
+    binds = _shared_binds(git, walk, bound)
     modules = os.path.join(git, "modules")
     if os.path.islink(modules):
         modules = walk.follow(modules, "the submodules' git directories", _copy_fix(modules))
     if os.path.isdir(modules):
         for gitdir in _module_gitdirs(modules, walk):
-            binds += _gitdir_binds(gitdir, walk, make_hooks=True)
+            binds += _shared_binds(gitdir, walk, bound)
             found = _WORKTREE_KEY.search(_read(os.path.join(gitdir, "config")))
             if found is not None:
+                # core.worktree: relative to the module's git directory
                 checkout = os.path.realpath(os.path.join(gitdir, found.group(1).strip('"')))
-                gitfile = os.path.join(checkout, ".git")
-                if os.path.islink(gitfile):  # git in the checkout follows it
-                    binds += walk.bind_target(walk.follow(gitfile, "the submodule's .git file", _copy_fix(gitfile)))
-                elif walk.writable(gitfile) and os.path.isfile(gitfile):
-                    binds += [*walk.pin(checkout), "--ro-bind", gitfile, gitfile]
+                binds += _checkout_gitfile_binds(os.path.join(checkout, ".git"), walk, "the submodule's .git file")
     worktrees = os.path.join(git, "worktrees")
     if os.path.islink(worktrees):
         worktrees = walk.follow(worktrees, "the linked worktrees' git directories", _copy_fix(worktrees))
@@ -399,6 +443,12 @@ def _repo_binds(git: str, walk: _Walk) -> list[str]:
                 path = entry.path
                 if entry.is_symlink():
                     path = walk.follow(path, f"the linked worktree's git directory {path!r}", _copy_fix(path))
-                if os.path.isdir(path):
-                    binds += _gitdir_binds(path, walk, make_hooks=False, common=git)
+                if not os.path.isdir(path):
+                    continue
+                binds += _shared_binds(path, walk, bound)
+                # Its gitdir file names the worktree's .git file (relative to this directory, as git reads it).
+                named = _read(os.path.join(path, "gitdir"), 8192).rstrip("\r\n")
+                if named:
+                    gitfile = os.path.join(os.path.realpath(os.path.dirname(os.path.join(path, named))), ".git")
+                    binds += _checkout_gitfile_binds(gitfile, walk, "the linked worktree's .git file")
     return binds
