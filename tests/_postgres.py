@@ -652,6 +652,27 @@ async def stored_session(persistence: PostgresStore, session_id: str) -> None:
     await sessions.detach(entry)
 
 
+@pytest.fixture
+def clock() -> Any:
+    """The run's clock (pytest-trio takes it): a MockClock at the real rate (the statements need real time),
+    plus the jumps a test makes past a bound instead of waiting for it."""
+    import trio.testing
+
+    return trio.testing.MockClock(rate=1.0)
+
+
+async def until(predicate: Any, what: str) -> None:
+    """Poll ``predicate`` (the server's or another thread's state, which no Trio task signals) until it holds,
+    bounded by ``WAIT``."""
+    import trio
+    from _util import WAIT
+
+    with trio.fail_after(WAIT):
+        while not predicate():
+            await trio.sleep(0.005)
+    assert predicate(), what
+
+
 def events_stored(conn: psycopg.Connection[Any], schema: str, session_id: str) -> int:
     """How many events of ``session_id`` are stored (a row holds one, or a group-committed flush's)."""
     row = conn.execute(

@@ -17,7 +17,18 @@ import psycopg
 import pytest
 import trio
 import trio.testing
-from _postgres import Cluster, admin, events_stored, flush_noting, postgres_cluster, schema, store, superuser
+from _postgres import (
+    Cluster,
+    admin,
+    clock,
+    events_stored,
+    flush_noting,
+    postgres_cluster,
+    schema,
+    store,
+    superuser,
+    until,
+)
 from _util import WAIT
 from test_postgres_store import one_turn, stored_session
 
@@ -25,23 +36,10 @@ from trio_harness import SessionStoreError
 from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry, _pg_group
 from trio_harness.session._events import InboxMessage
 
-__all__ = ["postgres_cluster", "schema", "store", "superuser"]  # the fixtures, imported for pytest
+__all__ = ["clock", "postgres_cluster", "schema", "store", "superuser"]  # the fixtures, imported for pytest
 
 WRITE_TIMEOUT = 10.0
 BOUND = 2 * WRITE_TIMEOUT + 1  # how long a flush may wait in the queue
-
-
-@pytest.fixture
-def clock() -> trio.testing.MockClock:
-    """The run's clock (pytest-trio takes it): real time, plus the jumps a test makes."""
-    return trio.testing.MockClock(rate=1.0)
-
-
-async def until(predicate: Any, what: str) -> None:
-    with trio.fail_after(WAIT):
-        while not predicate():
-            await trio.sleep(0.005)
-    assert predicate(), what
 
 
 async def flush_at_once(entries: list[Any]) -> dict[str, BaseException | None]:

@@ -26,7 +26,18 @@ import psycopg
 import pytest
 import trio
 from _pg_modes import leases_of
-from _postgres import Cluster, admin, events_stored, flush_noting, postgres_cluster, proxy_for, schema, store, superuser
+from _postgres import (
+    Cluster,
+    admin,
+    events_stored,
+    flush_noting,
+    postgres_cluster,
+    proxy_for,
+    schema,
+    store,
+    superuser,
+    until,
+)
 from _util import WAIT
 from test_postgres_store import one_turn, stored_session
 
@@ -50,13 +61,6 @@ def terminate(superuser: psycopg.Connection[Any], pid: int) -> None:
 
 def texts(events: tuple[ev.Event, ...]) -> list[str]:
     return [e.text for e in events if isinstance(e, ev.UserMessage)]
-
-
-async def until(predicate: Any, what: str) -> None:
-    with trio.fail_after(WAIT):
-        while not predicate():
-            await trio.sleep(0.005)
-    assert predicate(), what
 
 
 # ------------------------------------------------------------------ split brain mid-group-commit

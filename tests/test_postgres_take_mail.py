@@ -16,13 +16,15 @@ bound instead of waiting for it.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 import pytest
 import trio
 import trio.testing
-from _postgres import Cluster, admin, postgres_cluster, schema, store, superuser
+from _postgres import Cluster, admin, clock, postgres_cluster, schema, store, superuser, until
 from _util import WAIT
 from test_postgres_store import one_turn, stored_session
 
@@ -30,22 +32,9 @@ from trio_harness import SessionStoreError
 from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry
 from trio_harness.session._events import InboxMessage
 
-__all__ = ["postgres_cluster", "schema", "store", "superuser"]  # the fixtures, imported for pytest
+__all__ = ["clock", "postgres_cluster", "schema", "store", "superuser"]  # the fixtures, imported for pytest
 
 WRITE_TIMEOUT = 2 * WAIT  # no bound ends a test here unless it jumps the clock past it
-
-
-@pytest.fixture
-def clock() -> trio.testing.MockClock:
-    """The run's clock (pytest-trio takes it): real time, plus the jumps a test makes."""
-    return trio.testing.MockClock(rate=1.0)
-
-
-async def until(predicate: Any, what: str) -> None:
-    with trio.fail_after(WAIT):
-        while not predicate():
-            await trio.sleep(0.005)
-    assert predicate(), what
 
 
 def reading(superuser: psycopg.Connection[Any], schema: str) -> list[int]:
@@ -64,12 +53,26 @@ def pool_whole(pooled: PooledPostgresStore) -> None:
     assert all(not (conn.closed or conn.broken) for conn, _ in pool._idle)
 
 
-async def open_s1(pooled: PooledPostgresStore) -> tuple[SessionRegistry, Any]:
-    """The registry and the live entry of session ``s1``, with message ``m1`` posted to it."""
-    sessions = SessionRegistry(pooled)
-    entry = sessions.enter(await sessions.prepare_resume("s1"))
-    await pooled.post("s1", InboxMessage("m1", "posted"))
-    return sessions, entry
+@contextlib.asynccontextmanager
+async def one_slot(
+    cluster: Cluster, schema: str, store: PostgresStore
+) -> AsyncIterator[tuple[PooledPostgresStore, Any]]:
+    """A pooled store of one connection holding session ``s1`` live, message ``m1`` posted to it: the
+    pooled store and the session's entry (detached after the test, unless its writer was closed)."""
+    await stored_session(store, "s1")
+    pooled = PooledPostgresStore(cluster.dsn(), schema=schema, pool_size=1, write_timeout=WRITE_TIMEOUT)
+    async with pooled:
+        sessions = SessionRegistry(pooled)
+        entry = sessions.enter(await sessions.prepare_resume("s1"))
+        await pooled.post("s1", InboxMessage("m1", "posted"))
+        yield pooled, entry
+        writer: Any = entry.writer  # the pooled writer
+        if not writer._closed:
+            await sessions.detach(entry)
+
+
+def ids(mail: list[tuple[int, InboxMessage]]) -> list[str]:
+    return [message.id for _, message in mail]
 
 
 async def test_a_read_waiting_for_the_pool_leaves_the_lock_to_the_sessions_flush(
@@ -78,15 +81,12 @@ async def test_a_read_waiting_for_the_pool_leaves_the_lock_to_the_sessions_flush
     """The pool's only connection is held by another: the read waits for it without the writer's lock, so a
     flush of the session takes the lock (and waits for a connection too).  Once the connection is free the
     read gets it first, finds the lock busy and gives it back; the flush commits, then the read runs."""
-    await stored_session(store, "s1")
-    pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema, pool_size=1, write_timeout=WRITE_TIMEOUT)
-    async with pooled:
-        sessions, entry = await open_s1(pooled)
+    async with one_slot(postgres_cluster, schema, store) as (pooled, entry):
         writer = entry.writer
         done: list[object] = []
 
         async def take() -> None:
-            done.append([message.id for _, message in await writer.take_mail()])
+            done.append(ids(await writer.take_mail()))
 
         async def flush() -> None:
             await entry.session.flush()
@@ -106,16 +106,12 @@ async def test_a_read_waiting_for_the_pool_leaves_the_lock_to_the_sessions_flush
         assert done == ["flushed", ["m1"]]
         pool_whole(pooled)
         assert len((await store.load("s1")).events) == 16
-        await sessions.detach(entry)
 
 
 async def test_a_read_cancelled_while_it_waits_for_the_pool_takes_nothing_and_leaves_the_pool_whole(
     postgres_cluster: Cluster, schema: str, store: PostgresStore
 ) -> None:
-    await stored_session(store, "s1")
-    pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema, pool_size=1, write_timeout=WRITE_TIMEOUT)
-    async with pooled:
-        sessions, entry = await open_s1(pooled)
+    async with one_slot(postgres_cluster, schema, store) as (pooled, entry):
         writer = entry.writer
         with trio.fail_after(WAIT):
             async with pooled._require_pool().connection():
@@ -125,18 +121,14 @@ async def test_a_read_cancelled_while_it_waits_for_the_pool_takes_nothing_and_le
                     nursery.cancel_scope.cancel()
             pool_whole(pooled)
             assert not writer._lock.locked()
-            assert [message.id for _, message in await writer.take_mail()] == ["m1"]  # not taken by the first
+            assert ids(await writer.take_mail()) == ["m1"]  # not taken by the first
         pool_whole(pooled)
-        await sessions.detach(entry)
 
 
 async def test_a_read_cancelled_while_its_statement_runs_gives_its_connection_back(
     postgres_cluster: Cluster, schema: str, store: PostgresStore, superuser: psycopg.Connection[Any]
 ) -> None:
-    await stored_session(store, "s1")
-    pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema, pool_size=1, write_timeout=WRITE_TIMEOUT)
-    async with pooled:
-        sessions, entry = await open_s1(pooled)
+    async with one_slot(postgres_cluster, schema, store) as (pooled, entry):
         writer = entry.writer
         with admin(postgres_cluster) as locker:
             locker.execute("BEGIN")
@@ -152,22 +144,18 @@ async def test_a_read_cancelled_while_its_statement_runs_gives_its_connection_ba
             assert not writer._lock.locked()
             locker.execute("COMMIT")
         with trio.fail_after(WAIT):
-            assert [message.id for _, message in await writer.take_mail()] == ["m1"]
-        await sessions.detach(entry)
+            assert ids(await writer.take_mail()) == ["m1"]
 
 
 async def test_a_read_whose_connection_is_lost_is_read_again_on_a_new_one(
     postgres_cluster: Cluster, schema: str, store: PostgresStore, superuser: psycopg.Connection[Any]
 ) -> None:
-    await stored_session(store, "s1")
-    pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema, pool_size=1, write_timeout=WRITE_TIMEOUT)
-    async with pooled:
-        sessions, entry = await open_s1(pooled)
+    async with one_slot(postgres_cluster, schema, store) as (pooled, entry):
         writer = entry.writer
         taken: list[list[str]] = []
 
         async def take() -> None:
-            taken.append([message.id for _, message in await writer.take_mail()])
+            taken.append(ids(await writer.take_mail()))
 
         with admin(postgres_cluster) as locker:
             locker.execute("BEGIN")
@@ -182,16 +170,12 @@ async def test_a_read_whose_connection_is_lost_is_read_again_on_a_new_one(
                 locker.execute("COMMIT")
         assert taken == [["m1"]]
         pool_whole(pooled)
-        await sessions.detach(entry)
 
 
 async def test_a_read_still_waiting_for_the_pool_at_the_write_timeout_fails_saying_so(
     postgres_cluster: Cluster, schema: str, store: PostgresStore, clock: trio.testing.MockClock
 ) -> None:
-    await stored_session(store, "s1")
-    pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema, pool_size=1, write_timeout=WRITE_TIMEOUT)
-    async with pooled:
-        sessions, entry = await open_s1(pooled)
+    async with one_slot(postgres_cluster, schema, store) as (pooled, entry):
         writer = entry.writer
         failed: list[SessionStoreError] = []
 
@@ -211,17 +195,13 @@ async def test_a_read_still_waiting_for_the_pool_at_the_write_timeout_fails_sayi
         pool_whole(pooled)
         assert not writer._lock.locked()
         with trio.fail_after(WAIT):
-            assert [message.id for _, message in await writer.take_mail()] == ["m1"]
-        await sessions.detach(entry)
+            assert ids(await writer.take_mail()) == ["m1"]
 
 
 async def test_a_read_of_a_writer_closed_while_it_waited_for_the_pool_returns_nothing(
     postgres_cluster: Cluster, schema: str, store: PostgresStore
 ) -> None:
-    await stored_session(store, "s1")
-    pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema, pool_size=1, write_timeout=WRITE_TIMEOUT)
-    async with pooled:
-        sessions, entry = await open_s1(pooled)
+    async with one_slot(postgres_cluster, schema, store) as (pooled, entry):
         writer = entry.writer
         taken: list[object] = []
 
@@ -238,5 +218,4 @@ async def test_a_read_of_a_writer_closed_while_it_waited_for_the_pool_returns_no
         assert taken == [[]]
         assert writer._closed
         pool_whole(pooled)
-        await sessions.detach(entry)
     assert [message.id for message in await store.pending_mail("s1")] == ["m1"]
