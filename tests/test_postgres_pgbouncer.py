@@ -205,18 +205,13 @@ async def test_a_group_commit_lost_while_its_transaction_runs_on_is_read_back_on
         dsn, direct_dsn=direct(postgres_cluster, "lost-group-direct"), schema=schema, write_timeout=30.0
     )
     conns: list[Any] = []
-    original = _pg_group.GroupCommitter._work
+    original = _pg_group.GroupCommitter._send
 
-    def recording(self: Any, sent: Any) -> Any:
-        work = original(self, sent)
+    def recording(self: Any, sent: Any, conn: Any) -> Any:
+        conns.append(conn)
+        return original(self, sent, conn)
 
-        def run(conn: Any) -> Any:
-            conns.append(conn)
-            return work(conn)
-
-        return run
-
-    monkeypatch.setattr(_pg_group.GroupCommitter, "_work", recording)
+    monkeypatch.setattr(_pg_group.GroupCommitter, "_send", recording)
     superuser = admin(postgres_cluster)
 
     def waiting(fragment: str) -> bool:

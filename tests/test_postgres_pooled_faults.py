@@ -79,13 +79,13 @@ async def test_a_worker_frozen_mid_group_commit_and_taken_over_never_commits_aga
     ``idle_session_timeout``); another worker takes the session and appends; the first one thaws."""
     await stored_session(store, "s1")
     gate, reached = trio.Event(), trio.Event()
-    real_call = _pg_group._call  # type: ignore[attr-defined]
+    real_run = _pg_group.GroupCommitter._run_group
 
-    async def stopped_call(conn: Any, fn: Any, **kwargs: Any) -> Any:
+    async def stopped_run(self: Any, *args: Any) -> Any:
         if not reached.is_set():  # the first group commit (the first worker's) stops here, unsent
             reached.set()
             await gate.wait()
-        return await real_call(conn, fn, **kwargs)
+        return await real_run(self, *args)
 
     with proxy_for(postgres_cluster) as proxy:
         first = PooledPostgresStore(proxy.dsn(), schema=schema, heartbeat=10.0, idle_session_timeout=None)
@@ -96,7 +96,7 @@ async def test_a_worker_frozen_mid_group_commit_and_taken_over_never_commits_aga
             outcome: list[BaseException | None] = []
 
             if frozen == "before its statement is sent":
-                monkeypatch.setattr(_pg_group, "_call", stopped_call)
+                monkeypatch.setattr(_pg_group.GroupCommitter, "_run_group", stopped_run)
                 held = None
             else:
                 fired, held = proxy.hold_replies_after(b"FOR SHARE OF le")

@@ -14,9 +14,11 @@ each.  Each of those had its whole batch stored, the others nothing
 
 A queue that reaches ``_EAGER`` requests is sent at once by the submit that
 made it so (:meth:`GroupCommitter._launch`: an idle pooled connection lent
-without waiting, the statement started on a worker thread with no schedule
-point), so a thousand flushes of one scheduler batch do not all queue before
-the first statement starts.
+without waiting, the statement handed to libpq with no schedule point), so a
+thousand flushes of one scheduler batch do not all queue before the first
+statement starts.  The statements are sent and read from the Trio thread
+(session/_pg_nowait.py), not a worker thread: a thread would wait for the
+interpreter lock as long as the Trio thread is busy queueing.
 
 Bounds and unknown outcomes: a request still unsent after ``2 *
 write_timeout + 1`` seconds is abandoned (it fails, nothing stored; the
@@ -36,21 +38,21 @@ cost a third of a flush's Python time.
 from __future__ import annotations
 
 import collections
-import functools
 import itertools
 import logging
 import math
 import struct
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
 from .._errors import SessionStoreError
+from . import _pg_nowait
 from ._pg_rows import lines_between
 from ._pg_schema import _psycopg
-from ._pg_threads import _await_call, _call, _Job, _Pool, _start_call
+from ._pg_threads import _Pool
 from ._pg_wire import (
     BINARY_FORMAT,
     ELEMENT_LENGTH,
@@ -174,30 +176,21 @@ class _Launched:
 
     The connection goes back as soon as the statement is done (a read-back
     or a retry takes one of its own: with ``pool_size`` 1 it needs this
-    one); the slot when the group is settled, as a dispatched group's.
+    one), closed by the pool if the statement was not read to its end; the
+    slot when the group is settled, as a dispatched group's.
     """
 
     pool: _Pool
     slots: trio.Semaphore
     conn: psycopg.Connection[Any]
-    # None: its statement could not be started (the queue was put back as it was).
-    job: _Job[Any] | None = None
+    # The statement under way (session/_pg_nowait.py).
+    statement: Generator[Any, Any, Any]
     returned: bool = False
 
-    async def wait(self) -> dict[str, int]:
-        assert self.job is not None
-        return await _await_call(self.conn, self.job)
-
-    async def give_back_connection(self) -> None:
-        """Give the connection back, once the statement's thread is done with it."""
-        if self.returned:
-            return
-        job = self.job
-        if job is not None and not job.drop() and not job.done.is_set():
-            with trio.CancelScope(shield=True):  # cancelled before it waited for the statement: the thread still runs
-                await trio.to_thread.run_sync(job.done.wait)
-        self.returned = True
-        self.pool.give_back_lent(self.conn)
+    def give_back_connection(self) -> None:
+        if not self.returned:
+            self.returned = True
+            self.pool.give_back_lent(self.conn)
 
 
 @attrs.define(eq=False)
@@ -226,10 +219,14 @@ class GroupCommitter:
     # The sizes of the group commits sent (their number of sessions), the last 1,000 (tests and benches).
     _groups: collections.deque[int] = attrs.field(factory=lambda: collections.deque(maxlen=1000), init=False)
 
-    async def submit(self, request: _Request) -> None:
-        """Queue ``request`` for the next group commit and wait (bounded, not cancellable) for its outcome.
+    def submit(self, request: _Request) -> Awaitable[object]:
+        """Queue ``request`` for the next group commit; await what this returns to wait for its outcome.
 
-        A request not sent within ``2 * write_timeout + 1`` seconds leaves
+        Not a coroutine function: the request is queued when this is called
+        and the caller's ``await`` is the park itself (one frame fewer on the
+        path a thousand flushes take at once).  Await it at once.
+
+        The wait is bounded and not cancellable.  A request not sent within ``2 * write_timeout + 1`` seconds leaves
         the queue and fails (nothing of it is stored); one already sent is
         waited for: the committer settles it within about ``2 *
         write_timeout`` (its statement's bound, then the read-back of a lost
@@ -248,7 +245,7 @@ class GroupCommitter:
         if self.store._nursery is None:
             self.store._require_pool()
         self._queue(request)
-        await trio.lowlevel.wait_task_rescheduled(_stay_parked)
+        return trio.lowlevel.wait_task_rescheduled(_stay_parked)  # noqa: ASYNC105 (awaited by the caller: see above)
 
     @trio.lowlevel.enable_ki_protection  # queued and parked, or neither: a queued request's task is parked
     def _queue(self, request: _Request) -> None:
@@ -274,39 +271,58 @@ class GroupCommitter:
             self._compact_at = max(_COMPACT_MIN, 2 * len(waiting))
         waiting.append(request)
 
-    def _launch(self) -> None:
-        """Send the queue as a group now, from the submitter (no schedule point), when a slot and a connection
-        are free.  Anything failing here leaves the queue as it was (the committer sends it)."""
+    def _launch(self, *, holding: bool = False) -> bool:
+        """Send the queue as a group now, with no schedule point, when a slot and a connection are free.
+
+        From the submit that made the queue long, or from a group just
+        settled (``holding`` its slot, which goes to this group: see
+        :meth:`_pass_slot`).  True when sent; anything failing here leaves
+        the queue as it was (the committer sends it)."""
         slots, nursery = self._slots, self._nursery
-        if slots is None or nursery is None or slots.value == 0:
-            return
+        if not self._pending or slots is None or nursery is None or (slots.value == 0 and not holding):
+            return False
         pool = self.store._require_pool()
         conn = pool.lend_nowait()
         if conn is None:
-            return
+            return False
         group = self._pending[:_GROUP_MAX]
-        launched = _Launched(pool, slots, conn)
         try:
-            launched.job = _start_call(functools.partial(self._work(group), conn))
-        except Exception as exc:  # no thread: nothing sent, the queue as it was (the committer sends it)
-            log.warning("group commit: its statement could not be started early (%s)", exc)
+            statement = self._send(group, conn)
+        except Exception as exc:  # nothing sent: the queue as it was (the committer sends it, and reports this)
+            log.warning("group commit: its statement could not be sent early (%s)", exc)
             pool.give_back_lent(conn)
-            return
-        # From here on nothing can fail: the slot is free (checked above), the nursery open (run() is running).
-        slots.acquire_nowait()
+            return False
+        launched = _Launched(pool, slots, conn, statement)
+        # From here on nothing can fail: the slot is free or held (checked above), the nursery open (run() runs).
+        if not holding:
+            slots.acquire_nowait()
         del self._pending[:_GROUP_MAX]
-        self._mark_sent(group)  # all just queued: none abandoned or settled
+        self._mark_sent(group)  # queued, so neither abandoned (the watch drops those) nor settled
         nursery.start_soon(self._commit_launched, group, launched)
+        return True
 
     async def _commit_launched(self, group: list[_Request], launched: _Launched) -> None:
-        """Settle a group :meth:`_launch` sent; its slot is free again once it is settled."""
+        """Settle a group :meth:`_launch` sent; then its slot is passed on (:meth:`_pass_slot`)."""
         try:
             await self._commit_group(group, launched=launched)
-        finally:
+            launched.give_back_connection()
+        except BaseException:
             try:
-                await launched.give_back_connection()
+                launched.give_back_connection()
             finally:
                 launched.slots.release()
+            raise
+        self._pass_slot(launched.slots)
+
+    def _pass_slot(self, slots: trio.Semaphore) -> None:
+        """A group is settled: its slot goes to what queued meanwhile, sent now, or back to ``slots``.
+
+        Now, before the flushes it woke run: released, the slot would go to
+        the committer's dispatch, which runs after them (a few milliseconds
+        for a thousand).
+        """
+        if not self._launch(holding=True):
+            slots.release()
 
     def starting(self) -> None:
         """The store opens: submits are taken again (queued until :meth:`run` starts)."""
@@ -389,8 +405,10 @@ class GroupCommitter:
         async def commit(group: list[_Request]) -> None:
             try:
                 await self._commit_group(group)
-            finally:
+            except BaseException:
                 slots.release()
+                raise
+            self._pass_slot(slots)
 
         self._stopped = False
         try:
@@ -480,32 +498,34 @@ class GroupCommitter:
             _int8s(ack_ids),
         ]
 
-    def _work(self, sent: list[_Request]) -> Callable[[psycopg.Connection[Any]], dict[str, int]]:
-        """(for a worker thread) The group statement of the requests ``sent`` holds when it runs."""
-        pg = _psycopg()
-        query = self._group_statement()
+    def _send(self, sent: list[_Request], conn: psycopg.Connection[Any]) -> Generator[Any, Any, Any]:
+        """Send the group statement of the requests ``sent`` on ``conn`` (session/_pg_nowait.py); its outcome next.
 
-        def work(conn: psycopg.Connection[Any]) -> dict[str, int]:
-            # libpq's unnamed statement (no session state: a transaction-pooling proxy may sit between),
-            # its arrays in the binary format: psycopg's adaptation of thousands of strings costs more
-            # than the server's work.
-            encoding = conn.info.encoding
-            try:
-                params = self._params(sent, encoding)
-            except Exception as exc:  # e.g. an event the database's encoding cannot hold: nothing was sent
-                raise _NotSent(
-                    f"a batch of the group could not be encoded for the server ({type(exc).__name__}: {exc}): "
-                    "nothing of it was sent"
-                ) from exc
-            result = conn.pgconn.exec_params(query, params, _GROUP_TYPES, _GROUP_FORMATS)
-            if result.status != pg.pq.ExecStatus.TUPLES_OK:
-                raise pg.errors.error_from_result(result, encoding=encoding)
-            return {
-                bytes(result.get_value(row, 0) or b"").decode(encoding): int(result.get_value(row, 1) or b"0")
-                for row in range(result.ntuples)
-            }
+        libpq's unnamed statement (no session state: a transaction-pooling
+        proxy may sit between), its arrays in the binary format: psycopg's
+        adaptation of thousands of strings costs more than the server's work.
+        Raises :class:`_NotSent` for a batch the server's encoding cannot
+        hold, ``psycopg.OperationalError`` when libpq could not take it:
+        either way nothing was sent.
+        """
+        encoding = conn.info.encoding
+        try:
+            params = self._params(sent, encoding)
+        except Exception as exc:  # e.g. an event the database's encoding cannot hold: nothing was sent
+            raise _NotSent(
+                f"a batch of the group could not be encoded for the server ({type(exc).__name__}: {exc}): "
+                "nothing of it was sent"
+            ) from exc
+        return _pg_nowait.send(conn, self._group_statement(), params, _GROUP_TYPES, _GROUP_FORMATS)
 
-        return work
+    async def _written(self, conn: psycopg.Connection[Any], statement: Generator[Any, Any, Any]) -> dict[str, int]:
+        """The sessions whose lease held, with how many of their mailbox rows were deleted."""
+        result = await _pg_nowait.outcome(conn, statement)
+        encoding = conn.info.encoding
+        return {
+            bytes(result.get_value(row, 0) or b"").decode(encoding): int(result.get_value(row, 1) or b"0")
+            for row in range(result.ntuples)
+        }
 
     def _mark_sent(self, sent: list[_Request]) -> None:
         for request in sent:
@@ -532,7 +552,7 @@ class GroupCommitter:
         pg = _psycopg()
         sent: list[_Request] = list(group) if launched is not None else []
         try:
-            written = await self._run_group(group, sent, self._work(sent), launched)
+            written = await self._run_group(group, sent, launched)
             if written is None:  # the connection was lost, maybe during COMMIT: read back what is stored
                 await self._resolve(sent, again)
                 return
@@ -693,11 +713,7 @@ class GroupCommitter:
             await self._commit_group(retry, again=True)
 
     async def _run_group(
-        self,
-        group: list[_Request],
-        sent: list[_Request],
-        work: Callable[[psycopg.Connection[Any]], dict[str, int]],
-        launched: _Launched | None,
+        self, group: list[_Request], sent: list[_Request], launched: _Launched | None
     ) -> dict[str, int] | None:
         """One group transaction: what it returned, or None when the connection was lost.
 
@@ -707,24 +723,34 @@ class GroupCommitter:
         """
         if launched is not None:  # its connection is given back as soon as its statement is done
             try:
-                return await self._outcome(launched.conn, launched.wait)
+                return await self._outcome(launched.conn, launched.statement)
             finally:
-                await launched.give_back_connection()
-        async with self.store._require_pool().connection() as conn:
-            sent[:] = [r for r in group if not r.abandoned and not r.settled]
-            if not sent:
-                return {}
-            self._mark_sent(sent)
-            return await self._outcome(conn, functools.partial(_call, conn, functools.partial(work, conn)))
+                launched.give_back_connection()
+        pg = _psycopg()
+        for attempt in (1, 2):
+            async with self.store._require_pool().connection() as conn:
+                sent[:] = [r for r in group if not r.abandoned and not r.settled]
+                if not sent:
+                    return {}
+                try:
+                    statement = self._send(sent, conn)
+                except pg.OperationalError:  # libpq did not take it (nothing reached the server)
+                    if attempt == 2 or not (conn.broken or conn.closed):
+                        raise
+                    conn.close()  # lost while idle in the pool: once more on a new connection
+                    continue
+                self._mark_sent(sent)
+                return await self._outcome(conn, statement)
+        raise AssertionError("unreachable")
 
     async def _outcome(
-        self, conn: psycopg.Connection[Any], call: Callable[[], Awaitable[dict[str, int]]]
+        self, conn: psycopg.Connection[Any], statement: Generator[Any, Any, Any]
     ) -> dict[str, int] | None:
-        """The group statement's ``call`` on ``conn``, bounded: what it returned; None: the connection was lost."""
+        """The group ``statement`` sent on ``conn``, bounded: what it returned; None: the connection was lost."""
         pg = _psycopg()
         try:
             with trio.fail_after(self.store.write_timeout):
-                return await call()
+                return await self._written(conn, statement)
         except (pg.Error, trio.TooSlowError) as exc:
             if isinstance(exc, pg.Error) and not (conn.broken or conn.closed):
                 raise

@@ -57,6 +57,7 @@ from .._errors import (
 from ._blobs import IMAGE_EVENTS, externalize, insert_blobs
 from ._codec import encode_event, encode_header
 from ._events import Event, InboxMessage, SessionHeader
+from ._flush_lock import FlushLock
 from ._persistence import LoadedSession
 from ._pg_group import GroupCommitter, _Request
 from ._pg_leases import take_lease
@@ -336,7 +337,7 @@ class PooledPostgresStore(PostgresStore):
     async def _run_locked(
         self,
         what: str,
-        lock: trio.Lock,
+        lock: FlushLock,
         body: Callable[[psycopg.Connection[Any]], Awaitable[T]],
         *,
         retry: bool = False,
@@ -367,7 +368,7 @@ class PooledPostgresStore(PostgresStore):
         raise AssertionError("unreachable")
 
     @asynccontextmanager
-    async def _lent_locked(self, lock: trio.Lock) -> AsyncIterator[psycopg.Connection[Any]]:
+    async def _lent_locked(self, lock: FlushLock) -> AsyncIterator[psycopg.Connection[Any]]:
         """A pooled connection, with ``lock`` held (see :meth:`_run_locked`): never one waited for holding the other."""
         pool = self._require_pool()
         while True:
@@ -628,7 +629,7 @@ class _PooledWriter:
     _buffer: list[str] = attrs.field(factory=list, init=False)
     # The image blobs the buffered lines reference (session/_blobs.py).
     _blobs: dict[str, bytes] = attrs.field(factory=dict, init=False)
-    _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    _lock: FlushLock = attrs.field(factory=FlushLock, init=False)
     _closed: bool = attrs.field(default=False, init=False)
     # Why this writer may not append any more, once it may not; _fenced: its lease was taken (it is not ours).
     _broken: str | None = attrs.field(default=None, init=False)
@@ -661,25 +662,60 @@ class _PooledWriter:
 
     async def flush(self, *, sync: bool = True) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
+        lock = self._lock
         try:
             # No schedule point when uncontended: a thousand sessions flushing at once each yield once (to wait
             # for their group commit) instead of twice.
-            self._lock.acquire_nowait()
+            lock.acquire_nowait()
         except trio.WouldBlock:
-            await self._lock.acquire()
+            await lock.acquire()
         try:
-            await self._flush_locked(sync)
+            if not self._buffer and not self._acks:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return
+            if self._closed or self._broken is not None:
+                raise self._error("its writer is closed" if self._closed else self._broken or "")
+            lines, acks, blobs = self._buffer, list(self._acks), self._blobs
+            self._buffer, self._blobs = [], {}
+            if self._header_line is not None or blobs or self._uncertain:
+                outcome = await self._store_own(lines, acks, blobs)
+            else:  # the usual flush: part of the next group commit (session/_pg_group.py)
+                request = _Request(self, lines, acks, sync)
+                try:
+                    await self.store._group.submit(request)
+                    outcome = self._group_outcome(request)
+                except BaseException as exc:
+                    error = self._unstored(exc, lines, blobs)
+                    if error is None:
+                        raise
+                    raise error from exc
+                if outcome != "fenced":
+                    self._committed(lines, acks)
+            if outcome != "stored":
+                raise self._not_stored(outcome, lines, blobs)
         finally:
-            self._lock.release()
+            lock.release()
 
-    async def _flush_locked(self, sync: bool) -> None:
-        if not self._buffer and not self._acks:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return
-        if self._closed or self._broken is not None:
-            raise self._error("its writer is closed" if self._closed else self._broken or "")
-        lines, acks, blobs = self._buffer, list(self._acks), self._blobs
-        self._buffer, self._blobs = [], {}
+    def _not_stored(self, outcome: str, lines: list[str], blobs: dict[str, bytes]) -> SessionStoreError:
+        """The error of a flush whose ``outcome`` was not ``stored``; this writer may not append any more."""
+        if outcome == "mail gone":  # stored: never silent, and this writer no longer trusts its mailbox
+            return self._lose(
+                "its events are stored, but the mailbox rows of messages it delivered were already deleted "
+                "(another holder of the session delivered them)"
+            )
+        self._buffer[:0] = lines
+        self._blobs = {**blobs, **self._blobs}
+        if outcome == "fenced":
+            return self._lose("this writer lost the session (its lease was taken by another worker)", fenced=True)
+        if outcome == "exists":
+            return self._lose(f"another session {self.header.id!r} is already stored in {self.store.location}")
+        return self._lose(
+            f"the events stored from seq {self._stored} on are not this writer's (another writer stored them)"
+        )
+
+    async def _store_own(self, lines: list[str], acks: list[int], blobs: dict[str, bytes]) -> str:
+        """The flush in a transaction of its own (:func:`_store_own`): a new session's first, one with image
+        blobs, or the first after one whose outcome is unknown."""
         committed = False
 
         def settle(outcome: object) -> None:
@@ -689,53 +725,48 @@ class _PooledWriter:
                 self._committed(lines, acks)
 
         try:
-            if self._header_line is not None or blobs or self._uncertain:
-                outcome = await self.store._run_settled(
-                    f"store the events of session {self.header.id!r}",
-                    lambda conn: _store_own(conn, self, lines, blobs, acks),
-                    settle,
-                )
-            else:
-                outcome = await self._group_commit(lines, acks, sync)
+            outcome = await self.store._run_settled(
+                f"store the events of session {self.header.id!r}",
+                lambda conn: _store_own(conn, self, lines, blobs, acks),
+                settle,
+            )
             settle("stored" if outcome == "mail gone" else outcome)
         except BaseException as exc:
-            if not committed:
-                self._buffer[:0] = lines
-                self._blobs = {**blobs, **self._blobs}
-                self._uncertain = True
-            if isinstance(exc, Exception) and not isinstance(exc, SessionError):
-                # e.g. an event the database's encoding cannot hold: the caller gets a store error
-                raise self._error(f"{type(exc).__name__}: {exc}") from exc
-            raise
-        if outcome == "stored":
-            return
-        if outcome == "mail gone":  # stored: never silent, and this writer no longer trusts its mailbox
-            raise self._lose(
-                "its events are stored, but the mailbox rows of messages it delivered were already deleted "
-                "(another holder of the session delivered them)"
-            )
-        self._buffer[:0] = lines
-        self._blobs = {**blobs, **self._blobs}
-        if outcome == "fenced":
-            raise self._lose("this writer lost the session (its lease was taken by another worker)", fenced=True)
-        if outcome == "exists":
-            raise self._lose(f"another session {self.header.id!r} is already stored in {self.store.location}")
-        raise self._lose(
-            f"the events stored from seq {self._stored} on are not this writer's (another writer stored them)"
-        )
+            error = self._unstored(exc, lines, blobs, put_back=not committed)
+            if error is None:
+                raise
+            raise error from exc
+        return outcome
 
-    async def _group_commit(self, lines: list[str], acks: list[int], sync: bool) -> str:
-        """The flush as part of the next group commit (session/_pg_group.py).
+    def _unstored(
+        self, exc: BaseException, lines: list[str], blobs: dict[str, bytes], *, put_back: bool = True
+    ) -> SessionStoreError | None:
+        """A flush failed (``exc``; its batch maybe committed): the error to raise instead, if not ``exc``.
+
+        Unless it was committed after all (``put_back`` False), its lines and
+        blobs go back into the buffer and the next flush reads back what is
+        stored before it sends them again (``_uncertain``).
+        """
+        if put_back:
+            self._buffer[:0] = lines
+            self._blobs = {**blobs, **self._blobs}
+            self._uncertain = True
+        if isinstance(exc, Exception) and not isinstance(exc, SessionError):
+            # e.g. an event the database's encoding cannot hold: the caller gets a store error
+            return self._error(f"{type(exc).__name__}: {exc}")
+        return None
+
+    def _group_outcome(self, request: _Request) -> str:
+        """What the group commit did with ``request`` (settled).
 
         ``stored``, ``fenced``, or ``mail gone`` (stored, but some of the
         acknowledged messages' mailbox rows were already deleted: another
-        holder of the session delivered them).  A failure whose outcome is
-        unknown (the group may commit, or have committed) leaves the writer
-        ``_uncertain``: its next flush reads back what is stored
-        (:func:`_store_own`) before it sends those seqs again.
+        holder of the session delivered them); a failure is raised.  One
+        whose outcome is unknown (the group may commit, or have committed)
+        leaves the writer ``_uncertain`` (:meth:`_unstored`): its next flush
+        reads back what is stored (:func:`_store_own`) before it sends those
+        seqs again.
         """
-        request = _Request(self, lines, acks, sync)
-        await self.store._group.submit(request)
         outcome = request.outcome
         if outcome is True:
             return "mail gone" if request.gone else "stored"
