@@ -63,6 +63,7 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from .._errors import BashError
+from ._sandbox_hold import Hold
 
 # What a git directory holds that names commands git runs (or, commondir, where they are).
 _PROTECTED = ("hooks", "config", "config.worktree", "commondir")
@@ -138,6 +139,7 @@ class _Walk:
     roots: Sequence[str]
     pin: Pin
     links: dict[str, str]
+    hold: Hold
 
     def writable(self, path: str) -> bool:
         return any(_under(path, root) for root in self.roots)
@@ -204,19 +206,21 @@ def _gitdir_binds(gitdir: str, walk: _Walk, *, make_hooks: bool, common: str | N
     binds = walk.pin(gitdir)
     writable = walk.writable(gitdir)  # elsewhere (a .git file's target) it is read-only but for its links
     hooks = os.path.join(gitdir, "hooks")
-    if writable and make_hooks and not os.path.lexists(hooks):
-        with contextlib.suppress(OSError):
-            os.mkdir(hooks)  # so a command cannot create it and fill it
     config = os.path.join(gitdir, "config")
-    worktree_config = os.path.join(gitdir, "config.worktree")
-    if (
-        writable
-        and not os.path.lexists(worktree_config)
-        and _WORKTREE_CONFIG.search(_read(os.path.join(common, "config") if common is not None else config))
-    ):
-        # git reads it (extensions.worktreeConfig): an empty one, so a command cannot create it
-        with contextlib.suppress(OSError):
-            os.close(os.open(worktree_config, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+    if writable:
+        # What git honours once it exists, made for the command (as git reads its absence) and bound
+        # read-only, so a command cannot create it (_sandbox_hold; removed after the command).
+        if make_hooks and not os.path.lexists(hooks):
+            walk.hold.ensure(hooks, None, "git runs the hooks a hooks directory holds")
+        commondir = os.path.join(gitdir, "commondir")
+        if not os.path.lexists(commondir):
+            # '.': the git directory itself, as without one
+            walk.hold.ensure(commondir, b".\n", "git takes hooks and configuration from where a commondir points")
+        worktree_config = os.path.join(gitdir, "config.worktree")
+        if not os.path.lexists(worktree_config) and _WORKTREE_CONFIG.search(
+            _read(os.path.join(common, "config") if common is not None else config)
+        ):
+            walk.hold.ensure(worktree_config, b"", "git reads it (extensions.worktreeConfig is on)")
     for name in _PROTECTED:
         path = os.path.join(gitdir, name)
         if os.path.islink(path):
@@ -313,7 +317,9 @@ def linked_parts(gitdir: str) -> list[str]:
     return [os.path.realpath(path) for path in paths if os.path.islink(path)]
 
 
-def git_binds(root: str, roots: Sequence[str], pin: Pin, links: dict[str, str] | None = None) -> list[str]:
+def git_binds(
+    root: str, roots: Sequence[str], pin: Pin, links: dict[str, str] | None = None, *, hold: Hold
+) -> list[str]:
     """The binds protecting the git repository at ``root`` (see the module's docstring).
 
     Args:
@@ -322,12 +328,15 @@ def git_binds(root: str, roots: Sequence[str], pin: Pin, links: dict[str, str] |
         pin: binds pinning a directory up to its writable root.
         links: filled with the symbolic links git follows to reach what is protected (path -> target as
             read), none of them in ``roots``, for the sandbox to check before later commands.
+        hold: holds what is made for the command (a missing ``hooks``, ``commondir``, ``config.worktree``),
+            to release once the command ended (:class:`~._sandbox_hold.Hold`).
 
     Raises:
         BashError: the protection cannot hold: a symbolic link git follows lies in a writable directory
-            (a command could replace it), or a ``.git`` file names a git directory that is missing there.
+            (a command could replace it), a ``.git`` file names a git directory that is missing there, or
+            a part to make could not be made.
     """
-    walk = _Walk(roots, pin, {} if links is None else links)
+    walk = _Walk(roots, pin, {} if links is None else links, hold)
     git = os.path.join(root, ".git")
     if os.path.islink(git):
 
@@ -401,6 +410,8 @@ def _shared_binds(gitdir: str, walk: _Walk, bound: set[str]) -> list[str]:
     configuration git uses (a linked worktree's, or any git directory's: git reads a ``commondir`` in each);
     the git directories in ``bound`` are protected already, and those protected here are added to it."""
     common = _common(gitdir, walk)
+    if common == gitdir:
+        common = None  # a commondir of '.' (left by a harness killed while a command ran): its own
     binds = _gitdir_binds(gitdir, walk, make_hooks=common is None, common=common)
     bound.add(gitdir)
     if common is not None and common not in bound:
