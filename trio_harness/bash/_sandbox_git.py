@@ -208,17 +208,19 @@ def _gitdir_binds(gitdir: str, walk: _Walk, *, make_hooks: bool, common: str | N
     hooks = os.path.join(gitdir, "hooks")
     config = os.path.join(gitdir, "config")
     if writable:
-        # What git honours once it exists, made for the command (as git reads its absence) and bound
-        # read-only, so a command cannot create it (_sandbox_hold; removed after the command).
-        if make_hooks and not os.path.lexists(hooks):
+        # What git honours once it exists: made for the command when missing (as git reads its absence),
+        # and held while it runs, by every command, so that no other ends and removes it meanwhile
+        # (_sandbox_hold); bound read-only below, so a command cannot create it.
+        if make_hooks and not os.path.islink(hooks):
             walk.hold.ensure(hooks, None, "git runs the hooks a hooks directory holds")
         commondir = os.path.join(gitdir, "commondir")
-        if not os.path.lexists(commondir):
+        if not os.path.islink(commondir):
             # '.': the git directory itself, as without one
             walk.hold.ensure(commondir, b".\n", "git takes hooks and configuration from where a commondir points")
         worktree_config = os.path.join(gitdir, "config.worktree")
-        if not os.path.lexists(worktree_config) and _WORKTREE_CONFIG.search(
-            _read(os.path.join(common, "config") if common is not None else config)
+        if not os.path.islink(worktree_config) and (
+            os.path.lexists(worktree_config)
+            or _WORKTREE_CONFIG.search(_read(os.path.join(common, "config") if common is not None else config))
         ):
             walk.hold.ensure(worktree_config, b"", "git reads it (extensions.worktreeConfig is on)")
     for name in _PROTECTED:

@@ -108,8 +108,9 @@ class Hold:
     released: bool = False
 
     def ensure(self, path: str, content: bytes | None, why: str) -> None:
-        """Make ``path`` exist while the command runs: create it (a file holding ``content``, or a directory
-        when None) when it is missing, and hold it.
+        """Hold ``path`` while the command runs, created (a file holding ``content``, or a directory when None)
+        when it is missing.  Every command holds every such part, made by it or not: one another command (of
+        this process or another) made would otherwise be removed when that one ends.
 
         Args:
             path: the part (absolute).
@@ -125,7 +126,8 @@ class Hold:
             return  # once per command (two writable directories may hold the same repository)
         for _ in range(_TRIES):
             created = self._create(path, content, why)
-            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_DIRECTORY if content is None else 0)
+            # Whatever it is (a fifo opens without waiting); a symbolic link is the caller's to follow.
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
             try:
                 fd = os.open(path, flags)
             except FileNotFoundError:
