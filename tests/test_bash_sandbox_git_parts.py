@@ -84,8 +84,9 @@ async def test_a_missing_commondir_is_made_for_the_command_and_removed_after(wor
         seen = await run(executor, f"cat .git/commondir .git/modules/sub/commondir; {attack}", work / "repo")
         assert seen.stdout == ".\n.\n", seen
         assert seen.stderr.count("Read-only file system") == 2 and "Device or resource busy" in seen.stderr, seen
+        # Removed once the command's processes are all gone (the sandbox's PID 1 may outlive bwrap a moment).
+        await wait_until(lambda: made_here() == {})
         assert not (git / "commondir").exists() and not (git / "modules" / "sub" / "commondir").exists()
-        assert made_here() == {}
     assert git_ok("status", "--porcelain", cwd=work / "repo") == ""
 
 
@@ -117,16 +118,18 @@ async def test_git_works_inside_and_outside_while_two_commands_hold_the_commondi
             repo,
         )
         assert (inside.exit_code, inside.stdout) == (0, "inside\nhost\nsub\nfirst\n"), inside
-        assert commondir.read_text() == ".\n"  # the other executor's command held it too, and let go
+        await wait_until(lambda: made_here()[str(commondir)] == 2)  # the other executor's held it too, and let go
+        assert commondir.read_text() == ".\n"
         (work / "go1").touch()  # the one that made it ends first
         await first.wait()
         output = first.read_output()
         assert output == ".\n", output
-        assert commondir.read_text() == ".\n" and made_here()[str(commondir)] == 1
+        await wait_until(lambda: made_here()[str(commondir)] == 1)
+        assert commondir.read_text() == ".\n"
         (work / "go2").touch()
         await second.wait()
-        await wait_until(lambda: not commondir.exists())
-        assert made_here() == {}
+        await wait_until(lambda: made_here() == {})
+        assert not commondir.exists()
     assert git_ok("log", "--format=%s", "-1", cwd=repo) == "inside\n"
 
 
@@ -141,9 +144,10 @@ async def test_a_commondir_already_there_is_left_alone(work: Path) -> None:
         attack = "echo 'touch pwned' > .git/hooks/post-commit; echo ../evil > .git/commondir; ls -a .git/hooks"
         seen = await run(executor, attack, work / "repo")
         assert seen.stdout == ".\n..\n" and seen.stderr.count("Read-only file system") == 2, seen
+        await wait_until(lambda: made_here() == {})
     after = os.stat(git / "commondir")
     assert (after.st_ino, (git / "commondir").read_text()) == (before.st_ino, ".\n")
-    assert not (git / "hooks").exists() and made_here() == {}
+    assert not (git / "hooks").exists()
     git_ok("commit", "-q", "--allow-empty", "-m", "again", cwd=work / "repo")
 
 
@@ -171,7 +175,8 @@ async def test_a_commondir_another_process_holds_is_left_for_later(work: Path) -
         finally:
             other.communicate(b"")
         await run(executor, "true", work / "repo")
-        assert not commondir.exists() and made_here() == {}
+        await wait_until(lambda: made_here() == {})
+        assert not commondir.exists()
 
 
 async def test_parts_changed_on_the_host_are_left_and_logged(work: Path, caplog: pytest.LogCaptureFixture) -> None:
