@@ -104,7 +104,10 @@ async def test_git_works_inside_and_outside_while_two_commands_hold_the_commondi
         await wait_until((repo / "started1").exists)
         second = await start(executor, wait.format(n=2), repo)
         await wait_until((repo / "started2").exists)
-        assert commondir.read_text() == ".\n" and made_here() == {str(commondir): 2, str(git / "modules" / "sub" / "commondir"): 2}
+        assert commondir.read_text() == ".\n" and made_here() == {
+            str(commondir): 2,
+            str(git / "modules" / "sub" / "commondir"): 2,
+        }
         # git on the host: the repository, its submodule, a new linked worktree
         assert git_ok("rev-parse", "--git-dir", "--git-common-dir", cwd=repo).split() == [".git", str(git)]
         git_ok("commit", "-q", "--allow-empty", "-m", "host", cwd=repo)

@@ -2,12 +2,11 @@
 
 Git runs what a repository's hooks and configuration name, outside the
 sandbox, on the user's next ``git`` command: a command that could write them
-would escape.  In each writable directory (a *root*) the binds make read-only,
-when they exist as the command starts (docs/sandbox.rst, "Threat model"):
+would escape.  In each writable directory (a *root*) whose repository exists
+as the command starts the binds make read-only (docs/sandbox.rst, "Git"),
+those that git honours once they exist made first when missing (below):
 
-* of the repository ``root/.git``: ``hooks`` (created empty when missing, so
-  a command cannot create it and fill it), ``config``, ``config.worktree``
-  (created empty when ``extensions.worktreeConfig`` is on and it is missing)
+* of the repository ``root/.git``: ``hooks``, ``config``, ``config.worktree``
   and ``commondir``, and the same of the common git directory its
   ``commondir`` names, where git takes hooks and configuration from;
 * the same of every submodule's git directory (``.git/modules/<name>/``,
@@ -27,9 +26,16 @@ them (after ``gitdir: ``, only the line ends at the end dropped): a ``.git``
 file's against the directory holding the ``.git`` (a ``.git`` link's too, not
 the directory of the file it leads to); a ``commondir``'s, a ``core.worktree``
 and a linked worktree's ``gitdir`` file against the git directory holding them,
-resolved.  A ``commondir`` missing as the command starts is not protected: a
-command can create one naming a git directory of its own (docs/sandbox.rst,
-"Threat model").
+resolved.
+
+A bind cannot cover a path that does not exist, so what git honours once it
+exists is made, in every writable git directory, when it is missing as the
+command starts, as git reads its absence: ``commondir`` holding ``.`` (the
+git directory itself), ``hooks`` an empty directory (not in a linked
+worktree's git directory, whose hooks git takes from the common one), and
+``config.worktree`` an empty file when ``extensions.worktreeConfig`` is on.
+Each is held for the command and removed after the last command holding it
+(:mod:`._sandbox_hold`); one that cannot be made refuses the command.
 
 Every directory from the root down to a protected path is bound onto itself
 (a mount point cannot be renamed or removed: ``EBUSY``), so ``mv .git/modules
@@ -212,17 +218,19 @@ def _gitdir_binds(gitdir: str, walk: _Walk, *, make_hooks: bool, common: str | N
         # and held while it runs, by every command, so that no other ends and removes it meanwhile
         # (_sandbox_hold); bound read-only below, so a command cannot create it.
         if make_hooks and not os.path.islink(hooks):
-            walk.hold.ensure(hooks, None, "git runs the hooks a hooks directory holds")
+            walk.hold.ensure(hooks, None, "git runs the hooks in it")
         commondir = os.path.join(gitdir, "commondir")
         if not os.path.islink(commondir):
             # '.': the git directory itself, as without one
-            walk.hold.ensure(commondir, b".\n", "git takes hooks and configuration from where a commondir points")
+            walk.hold.ensure(
+                commondir, b".\n", "git takes hooks and configuration from the git directory a commondir names"
+            )
         worktree_config = os.path.join(gitdir, "config.worktree")
         if not os.path.islink(worktree_config) and (
             os.path.lexists(worktree_config)
             or _WORKTREE_CONFIG.search(_read(os.path.join(common, "config") if common is not None else config))
         ):
-            walk.hold.ensure(worktree_config, b"", "git reads it (extensions.worktreeConfig is on)")
+            walk.hold.ensure(worktree_config, b"", "git reads its configuration, extensions.worktreeConfig being on")
     for name in _PROTECTED:
         path = os.path.join(gitdir, name)
         if os.path.islink(path):

@@ -67,11 +67,11 @@ _registry_lock = threading.Lock()
 _registry: dict[str, _Made] = {}
 
 
-def _refuse(path: str, why: str, exc: OSError) -> BashError:
+def _refuse(path: str, why: str, exc: OSError, doing: str = "create") -> BashError:
     return BashError(
-        f"the sandbox refuses to run: it could not create {path!r} ({exc.strerror or exc}), which it makes for "
-        f"each command and binds read-only, since {why}; a command could create it, naming files of its own "
-        "that git would run outside the sandbox.  Make the git directory writable by the harness's user, or "
+        f"the sandbox refuses to run: it could not {doing} {path!r} ({exc.strerror or exc}), which it makes for "
+        f"each command and binds read-only so that a command cannot create it ({why}, and would run what a "
+        "command put there outside the sandbox); make the git directory writable by the harness's user, or "
         "keep it out of the sandbox's writable paths"
     )
 
@@ -133,7 +133,7 @@ class Hold:
             except FileNotFoundError:
                 continue  # removed meanwhile by another process's command that ended: again
             except OSError as exc:
-                raise _refuse(path, why, exc) from exc
+                raise _refuse(path, why, exc, "open") from exc
             try:
                 locked = _lock_shared(fd, path)
                 info = os.fstat(fd)
