@@ -136,6 +136,34 @@ async def test_git_works_inside_and_outside_while_two_commands_hold_the_commondi
     assert git_ok("log", "--format=%s", "-1", cwd=repo) == "inside\n"
 
 
+async def test_the_parts_made_are_readable_whatever_the_umask_and_owned_as_their_git_directory(work: Path) -> None:
+    """A commondir git cannot read stops git ("failed to read"): made 0644 (hooks 0755) under umask 077; made
+    by root, owned as the git directory (its user can change or remove them)."""
+    repo = work / "repo"
+    git = repository(repo)
+    git_ok("config", "extensions.worktreeConfig", "true", cwd=repo)
+    shutil.rmtree(git / "hooks")
+    owner = 65534 if os.geteuid() == 0 else os.geteuid()
+    if os.geteuid() == 0:
+        os.chown(git, owner, owner)
+    previous = os.umask(0o077)
+    try:
+        async with open_bash_executor(OPTIONS) as executor:
+            holder = await start(executor, "until [ -e ../go ]; do sleep 0.05; done", repo)
+            modes = {name: os.stat(git / name) for name in ("commondir", "hooks", "config.worktree")}
+            (work / "go").touch()
+            await holder.wait()
+            await wait_until(lambda: made_here() == {})
+    finally:
+        os.umask(previous)
+    assert {name: oct(info.st_mode & 0o777) for name, info in modes.items()} == {
+        "commondir": "0o644",
+        "hooks": "0o755",
+        "config.worktree": "0o644",
+    }
+    assert {info.st_uid for info in modes.values()} == {owner}
+
+
 async def test_a_commondir_already_there_is_left_alone(work: Path) -> None:
     """A commondir of '.' that was there (as a harness killed by kill -9 leaves it) stays, and the git
     directory is protected as its own common directory: its hooks directory is made too."""

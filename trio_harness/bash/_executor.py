@@ -460,7 +460,9 @@ class BashExecutor:
     def _settled(self, core: ProcessGroup, hold: Hold) -> None:
         """A command ended: let go of what the sandbox made for it once its processes are all gone."""
         self._live.discard(core)
-        if group_alive(core.pid):  # SIGKILLed a moment ago: what runs in the sandbox is still going
+        if hold.empty:
+            hold.release()
+        elif group_alive(core.pid):  # SIGKILLed a moment ago: what runs in the sandbox is still going
             try:
                 self._nursery.start_soon(release_when_gone, hold, core.pid)
             except RuntimeError:  # the nursery is gone: the parts stay (harmless)

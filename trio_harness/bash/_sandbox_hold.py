@@ -27,6 +27,7 @@ absence) and a later harness leaves them alone.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -107,6 +108,11 @@ class Hold:
     _paths: set[str] = attrs.field(factory=set)
     released: bool = False
 
+    @property
+    def empty(self) -> bool:
+        """Whether it holds nothing (no sandbox, or no repository in the command's writable directories)."""
+        return not self._fds
+
     def ensure(self, path: str, content: bytes | None, why: str) -> None:
         """Hold ``path`` while the command runs, created (a file holding ``content``, or a directory when None)
         when it is missing.  Every command holds every such part, made by it or not: one another command (of
@@ -147,6 +153,14 @@ class Hold:
             if (info.st_dev, info.st_ino) != (now.st_dev, now.st_ino):
                 os.close(fd)
                 continue  # removed and made again meanwhile: hold the one there now
+            if created:
+                try:
+                    _as_git_makes(fd, path, directory=content is None)
+                except OSError as exc:
+                    os.close(fd)
+                    with contextlib.suppress(OSError):
+                        (os.rmdir if content is None else os.unlink)(path)
+                    raise _refuse(path, why, exc, "set the mode and owner of") from exc
             self._fds.append(fd)
             self._paths.add(path)
             with _registry_lock:
@@ -205,6 +219,17 @@ class Hold:
         for line in kept:
             log.warning("%s", line)
         return kept
+
+
+def _as_git_makes(fd: int, path: str, *, directory: bool) -> None:
+    """Give a part made for a command the mode git gives it whatever the umask (readable by everyone: a user
+    whose git cannot read a commondir is stopped, "failed to read"), and, made by root, the owner and group of
+    the git directory holding it (so its user may change or remove it as the rest)."""
+    os.fchmod(fd, 0o755 if directory else 0o644)
+    if os.geteuid() == 0:
+        parent = os.stat(os.path.dirname(path))
+        if (parent.st_uid, parent.st_gid) != (0, 0):
+            os.fchown(fd, parent.st_uid, parent.st_gid)
 
 
 def _remove(entry: _Made, fd: int) -> list[str]:
