@@ -32,6 +32,7 @@ import errno
 import fcntl
 import logging
 import os
+import stat
 import threading
 
 import attrs
@@ -115,8 +116,10 @@ class Hold:
 
     def ensure(self, path: str, content: bytes | None, why: str) -> None:
         """Hold ``path`` while the command runs, created (a file holding ``content``, or a directory when None)
-        when it is missing.  Every command holds every such part, made by it or not: one another command (of
-        this process or another) made would otherwise be removed when that one ends.
+        when it is missing.  Every command holds every such part that is as a harness makes it, made by it or
+        not: one another command (of this process or another) made would otherwise be removed when that one
+        ends.  One that is not (a commondir naming another directory, a hooks directory with hooks) no
+        harness removes: it is not held (one descriptor less per git directory).
 
         Args:
             path: the part (absolute).
@@ -138,15 +141,25 @@ class Hold:
                 fd = os.open(path, flags)
             except FileNotFoundError:
                 continue  # removed meanwhile by another process's command that ended: again
+            except PermissionError as exc:
+                if created:
+                    raise _refuse(path, why, exc, "open") from exc
+                return  # not made by a harness (what one makes, everyone may read): nothing to hold
             except OSError as exc:
                 raise _refuse(path, why, exc, "open") from exc
             try:
+                if not created and not _as_made(fd, content):
+                    os.close(fd)  # no harness would remove it (the user's, or changed): nothing to hold
+                    return
                 locked = _lock_shared(fd, path)
                 info = os.fstat(fd)
                 now = os.lstat(path)
             except FileNotFoundError:
                 os.close(fd)
                 continue
+            except OSError as exc:
+                os.close(fd)
+                raise _refuse(path, why, exc, "lock") from exc
             except BaseException:
                 os.close(fd)
                 raise
@@ -219,6 +232,15 @@ class Hold:
         for line in kept:
             log.warning("%s", line)
         return kept
+
+
+def _as_made(fd: int, content: bytes | None) -> bool:
+    """Whether the part open at ``fd`` is as a harness makes it (and would remove it): an empty directory, or
+    a regular file holding ``content``."""
+    info = os.fstat(fd)
+    if content is None:
+        return stat.S_ISDIR(info.st_mode) and not os.listdir(fd)
+    return stat.S_ISREG(info.st_mode) and info.st_size == len(content) and os.pread(fd, len(content) + 1, 0) == content
 
 
 def _as_git_makes(fd: int, path: str, *, directory: bool) -> None:
