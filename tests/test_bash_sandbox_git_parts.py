@@ -271,3 +271,41 @@ def test_the_git_directories_of_a_submodule_and_a_linked_worktree_get_one_too(wo
     assert _git("rev-parse", "--git-common-dir", cwd=repo / "wt").stdout == said.stdout  # as without one
     assert hold.release() == []
     assert not any(path.exists() for path in made)
+
+
+_HARNESS = """
+import sys, trio
+from trio_harness.bash import BashRequest, BashRuntimeOptions, open_bash_executor
+
+async def main():
+    async with open_bash_executor(BashRuntimeOptions(sandbox=True)) as executor:
+        await executor.start(executor.resolve(BashRequest("sleep 60", workdir=sys.argv[1])))
+        print("started", flush=True)
+        await trio.sleep_forever()
+
+trio.run(main)
+"""
+
+
+async def test_a_harness_killed_while_a_command_runs_leaves_a_commondir_git_works_with(work: Path) -> None:
+    repo = work / "repo"
+    git = repository(repo)
+    commondir = git / "commondir"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), *sys.path])}
+    harness = subprocess.Popen([sys.executable, "-c", _HARNESS, str(repo)], stdout=subprocess.PIPE, env=env)
+    try:
+        assert harness.stdout is not None and harness.stdout.readline() == b"started\n"
+        assert commondir.read_text() == ".\n"
+    finally:
+        harness.kill()  # SIGKILL: no cleanup runs (its lifeline ends the command)
+        harness.wait()
+        if harness.stdout is not None:
+            harness.stdout.close()
+    assert commondir.read_text() == ".\n"  # left behind, and harmless:
+    git_ok("commit", "-q", "--allow-empty", "-m", "after", cwd=repo)
+    assert git_ok("status", "--porcelain", cwd=repo) == ""
+    async with open_bash_executor(OPTIONS) as executor:  # a later harness leaves it alone
+        seen = await run(executor, "echo ../evil > .git/commondir; cat .git/commondir", repo)
+        assert seen.stdout == ".\n" and "Read-only file system" in seen.stderr, seen
+        await wait_until(lambda: made_here() == {})
+    assert commondir.read_text() == ".\n"
