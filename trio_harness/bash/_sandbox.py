@@ -695,7 +695,7 @@ async def _probe(sandbox: Sandbox, shell: str) -> None:
             f"the bash sandbox cannot start {sandbox.bwrap!r}: {exc}; {INSTALL_HINT}"
         ) from exc
     finally:
-        hold.release()  # run_process waited for bwrap, whose end (PID 1 of the probe's namespace) ends it all
+        hold.release()  # the probe is the harness's own script: nothing of it touches git's files
     if bound.cancelled_caught:
         raise SandboxUnavailableError(
             f"the bash sandbox probe ({sandbox.bwrap!r}) did not finish in {_PROBE_BOUND:g} s"
