@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -18,12 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 from _sandbox_attacks import _git
 from _util import NEEDS_BUBBLEWRAP, wait_until
 
 from trio_harness.bash import BashError, BashExecutor, BashRequest, BashRuntimeOptions, open_bash_executor
+from trio_harness.bash._process import open_group, signal_group
 from trio_harness.bash._sandbox_git import git_binds
-from trio_harness.bash._sandbox_hold import Hold, made_here
+from trio_harness.bash._sandbox_hold import Hold, made_here, release_when_gone
 
 pytestmark = [
     NEEDS_BUBBLEWRAP,
@@ -309,3 +313,19 @@ async def test_a_harness_killed_while_a_command_runs_leaves_a_commondir_git_work
         assert seen.stdout == ".\n" and "Read-only file system" in seen.stderr, seen
         await wait_until(lambda: made_here() == {})
     assert commondir.read_text() == ".\n"
+
+
+async def test_a_hold_is_let_go_only_once_the_commands_group_is_gone(work: Path) -> None:
+    """SIGKILLed, a sandbox's processes may run a moment longer: the parts stay until none of the group runs."""
+    part = work / "commondir"
+    hold = Hold()
+    hold.ensure(str(part), b".\n", "a test")
+    process = await open_group(["sleep", "30"], str(work), None)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(release_when_gone, hold, process.pid)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not hold.released and part.read_text() == ".\n"
+        signal_group(process.pid, signal.SIGKILL)
+        await process.wait()
+        await wait_until(lambda: hold.released)
+    assert not part.exists() and made_here() == {}
