@@ -7,6 +7,7 @@ The attacks themselves (a command creating them, judged by the host's git) are i
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -329,3 +330,18 @@ async def test_a_hold_is_let_go_only_once_the_commands_group_is_gone(work: Path)
         await process.wait()
         await wait_until(lambda: hold.released)
     assert not part.exists() and made_here() == {}
+
+
+def test_a_part_that_could_not_be_written_is_not_left_half_made(work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty commondir would stop git ("failed to read"): a failed write removes what was created."""
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    try:
+        with pytest.raises(BashError, match=r"could not create '.*/commondir' \(No space left on device\)"):
+            Hold().ensure(str(work / "commondir"), b".\n", "a test")
+    finally:
+        monkeypatch.undo()
+    assert not (work / "commondir").exists() and made_here() == {}

@@ -199,7 +199,11 @@ class Hold:
             else:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
                 try:
-                    os.write(fd, content)
+                    if os.write(fd, content) != len(content):
+                        raise OSError(errno.EIO, "a short write")
+                except OSError:
+                    os.unlink(path)  # never left half made: git stops on an empty commondir
+                    raise
                 finally:
                     os.close(fd)
         except FileExistsError:
@@ -262,7 +266,8 @@ def _remove(entry: _Made, fd: int) -> list[str]:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        return []  # a command of another process holds it: left for this process's next command to remove
+        log.info("the sandbox leaves %r, which it made, in place for now: another process's command holds it", path)
+        return []  # left for this process's next command there to remove
     try:
         now: os.stat_result | None = os.lstat(path)
     except FileNotFoundError:
