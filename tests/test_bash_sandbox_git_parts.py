@@ -247,7 +247,9 @@ async def test_parts_changed_on_the_host_are_left_and_logged(work: Path, caplog:
     assert "editor" in (git / "config.worktree").read_text()
 
 
-async def test_a_part_that_cannot_be_made_refuses_the_command(work: Path) -> None:
+async def test_a_part_this_user_may_not_make_the_command_may_not_make_either_and_it_runs(work: Path) -> None:
+    """A git directory the harness's user cannot write into (immutable as root, read-only otherwise): the
+    command, the same user with no more rights, cannot create a commondir there either, so it runs."""
     git = repository(work / "repo")
     if os.geteuid() == 0:
         made = subprocess.run(["chattr", "+i", str(git)], capture_output=True, text=True, check=False)
@@ -255,6 +257,26 @@ async def test_a_part_that_cannot_be_made_refuses_the_command(work: Path) -> Non
             pytest.skip(f"root cannot make {git} unwritable here: {made.stderr.strip()}")
     else:
         git.chmod(0o555)
+    async with open_bash_executor(OPTIONS) as executor:
+        result = await run(executor, "touch ran; echo . > .git/commondir || echo refused", work / "repo")
+        assert "refused" in result.stdout, result
+        assert (work / "repo" / "ran").exists()
+    assert not (git / "commondir").exists()
+
+
+async def test_a_part_that_cannot_be_made_for_another_reason_refuses_the_command(
+    work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk (injected): the command is refused, naming the part, rather than run unprotected."""
+    git = repository(work / "repo")
+    real_open = os.open
+
+    def full_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> Any:
+        if flags & os.O_CREAT and str(path).startswith(str(git)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", full_open)
     async with open_bash_executor(OPTIONS) as executor:
         with pytest.raises(BashError, match=rf"could not create {str(git / 'commondir')!r} \(.*\), which it makes"):
             await run(executor, "touch ran", work / "repo")

@@ -96,6 +96,10 @@ def _lock_shared(fd: int, path: str) -> bool:
     )
 
 
+# Errors of a directory this user may not write into (nor may a command of the same user, with no more rights).
+_UNWRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
 @attrs.define(eq=False)
 class Hold:
     """What one command holds of the parts of git directories the sandbox made for it (see the module).
@@ -135,6 +139,8 @@ class Hold:
             return  # once per command (two writable directories may hold the same repository)
         for _ in range(_TRIES):
             created = self._create(path, content, why)
+            if created is None:
+                return  # the command cannot make it either: nothing to hold
             # Whatever it is (a fifo opens without waiting); a symbolic link is the caller's to follow.
             flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
             try:
@@ -192,7 +198,15 @@ class Hold:
         )
 
     @staticmethod
-    def _create(path: str, content: bytes | None, why: str) -> bool:
+    def _create(path: str, content: bytes | None, why: str) -> bool | None:
+        """Make ``path``: True when made, False when it was there; None when its directory refuses this user
+        (permissions, an immutable directory, a read-only file system).  The command runs as the same user
+        with no more rights (as root, without capabilities), so it cannot make it either.
+
+        Raises:
+            BashError: it could not be made for another reason (a full disk, an I/O error): the command is
+                refused rather than run unprotected.
+        """
         try:
             if content is None:
                 os.mkdir(path, 0o755)
@@ -209,6 +223,8 @@ class Hold:
         except FileExistsError:
             return False
         except OSError as exc:
+            if exc.errno in _UNWRITABLE:
+                return None
             raise _refuse(path, why, exc) from exc
         return True
 
