@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -79,6 +80,11 @@ print("CONNECTED")
 _EVIL_HOP = (
     "rm hop && mkdir -p evil/meta/hooks && echo 'ref: refs/heads/main' > evil/meta/HEAD &&"
     " printf '[core]\\n\\tfsmonitor = touch pwned\\n' > evil/meta/config && ln -s evil hop"
+)
+
+# A git directory of the command's own whose config runs its code on the host's next git status.
+_EVIL_COMMON = (
+    "mkdir -p evil/objects evil/refs evil/hooks && printf '[core]\\n\\tfsmonitor = touch pwned\\n' > evil/config"
 )
 
 # name -> commands (run one after the other in WORKDIR); {outside}, {port}, {python} are filled in.
@@ -196,6 +202,35 @@ ATTACKS: dict[str, list[str]] = {
         " printf '[core]\\n\\tfsmonitor = touch pwned\\n' >> real/meta/config;"
         " mv real/meta/hooks real/meta/hooks.moved; mv real/meta real/meta.moved; mv real real.moved",
     ],
+    # Real repositories (REAL_GIT_ATTACKS), judged by the host's git status running the command's code.
+    # A .git directory has no commondir: one naming a git directory of the command's makes git take that
+    # one's config (core.fsmonitor) and hooks.
+    "give a repository's .git a commondir": [
+        _EVIL_COMMON + "; echo ../evil > .git/commondir; rm -f .git/commondir; mv .git/commondir commondir.moved;"
+        " echo ../evil > .git/commondir"
+    ],
+    "give a submodule's git directory a commondir": [
+        _EVIL_COMMON + "; echo ../../../evil > .git/modules/sub/commondir; rm -f .git/modules/sub/commondir;"
+        " echo ../../../evil > .git/modules/sub/commondir"
+    ],
+    # From a process the command leaves running (out of its process group), once the command has ended.
+    "give a repository's .git a commondir once the command ended": [
+        _EVIL_COMMON + "; setsid timeout 20 sh -c 'until echo ../evil > .git/commondir; do :; done'"
+        " < /dev/null > /dev/null 2>&1 & sleep 0.2"
+    ],
+    # extensions.worktreeConfig is on, and the repository has no config.worktree.
+    "give a repository a config.worktree": [
+        "printf '[core]\\n\\tfsmonitor = touch pwned\\n' > .git/config.worktree; rm -f .git/config.worktree;"
+        " printf '[core]\\n\\tfsmonitor = touch pwned\\n' > .git/config.worktree"
+    ],
+}
+
+# The attacks on real repositories made by git, and the directory each runs in (its writable directory).
+REAL_GIT_ATTACKS = {
+    "give a repository's .git a commondir": "realgit",
+    "give a submodule's git directory a commondir": "realgit",
+    "give a repository's .git a commondir once the command ended": "realgit",
+    "give a repository a config.worktree": "realwt",
 }
 
 # The attacks on git's links, and the directory each runs in (its writable directory).
@@ -218,6 +253,7 @@ ATTACK_WORKDIRS = {
     "replace a symlinked .git": "linkgit",
     "replace symlinked hooks": "linkparts",
     **CHAIN_ATTACKS,
+    **REAL_GIT_ATTACKS,
 }
 
 _LOG = '{"type": "session", "id": "s1"}\n'
@@ -329,6 +365,55 @@ def _chain_layout(workdir: Path, outside: Path) -> None:
     (viaoutside / ".git").write_text(f"gitdir: {outside / 'lnk' / 'meta'}\n")
 
 
+# The host's git, as a user would run it, but without their configuration.
+_GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0"}
+
+
+def _git(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    identity = ["-c", "user.name=a", "-c", "user.email=a@b", "-c", "init.defaultBranch=main"]
+    return subprocess.run(
+        ["git", *identity, *argv], cwd=cwd, env={**os.environ, **_GIT_ENV}, capture_output=True, text=True
+    )
+
+
+def _real_git_layout(workdir: Path) -> None:
+    """``realgit``: a repository made by git with a submodule ``sub`` (``.git/modules/sub``), neither with a
+    commondir; ``realwt``: one with extensions.worktreeConfig on and no config.worktree."""
+    for step, where in (
+        (["init", "-q", "sublib"], workdir),
+        (["commit", "-q", "--allow-empty", "-m", "lib"], workdir / "sublib"),
+        (["init", "-q", "realgit"], workdir),
+        (["-c", "protocol.file.allow=always", "submodule", "add", "-q", "../sublib", "sub"], workdir / "realgit"),
+        (["commit", "-q", "-m", "sub"], workdir / "realgit"),
+        (["init", "-q", "realwt"], workdir),
+        (["config", "extensions.worktreeConfig", "true"], workdir / "realwt"),
+        (["commit", "-q", "--allow-empty", "-m", "wt"], workdir / "realwt"),
+    ):
+        done = _git(*step, cwd=where)
+        if done.returncode != 0:
+            raise RuntimeError(f"git {' '.join(step)} failed in {where}: {done.stderr}")
+    for gitdir in (workdir / "realgit" / ".git", workdir / "realgit" / ".git" / "modules" / "sub"):
+        assert not (gitdir / "commondir").exists()
+    assert not (workdir / "realwt" / ".git" / "config.worktree").exists()
+
+
+async def _real_git_ran(workdir: Path, name: str) -> str:
+    """What the host's git status ran of a command's code in the repository of the attack ``name`` ('': nothing),
+    once the parts the sandbox made for the command are gone (a process left running may strike then)."""
+    base = workdir / REAL_GIT_ATTACKS[name]
+    commondir = base / ".git" / "commondir"
+    with trio.move_on_after(10):
+        while commondir.is_file() and commondir.read_bytes() == b".\n":
+            await trio.sleep(0.05)  # removed once the command's processes are all gone: a real process's progress
+    said = []
+    for where in (base, base / "sub"):
+        if where.is_dir():
+            done = _git("status", "--porcelain", cwd=where)
+            said.append(f"git status in {where.name}: exit {done.returncode} {done.stderr.strip()}")
+    ran = [str(path.relative_to(base)) for path in base.rglob("pwned")]
+    return f"ran: {ran} ({'; '.join(said)})" if ran else ""
+
+
 def _hostile(gitdir: Path) -> str:
     """What in the git directory ``gitdir`` (as the host's git would find it) a command planted, or ''."""
     found = []
@@ -436,6 +521,7 @@ def prepare(workdir: Path, outside: Path) -> SandboxPolicy:
     _git_layout(workdir)
     _link_layout(workdir)
     _chain_layout(workdir, outside)
+    _real_git_layout(workdir)
     (workdir / "sessions" / "s1").mkdir(parents=True)
     (workdir / "sessions" / "s1" / "session.jsonl").write_text(_LOG)
     hidden = [
@@ -498,6 +584,7 @@ async def run_attacks(workdir: Path, outside: Path, names: list[str] | None = No
         "replace a symlinked .git": lambda out: "RAN" in out,
         "replace symlinked hooks": lambda out: "RAN" in out,
         **{name: lambda out: "HOSTILE" in out or "RAN" in out for name in CHAIN_ATTACKS},
+        **{name: lambda out: "HOST GIT RAN" in out for name in REAL_GIT_ATTACKS},
     }
     results: dict[str, dict[str, Any]] = {}
     try:
@@ -530,6 +617,8 @@ async def run_attacks(workdir: Path, outside: Path, names: list[str] | None = No
                     evidence.append(f"exit {result.exit_code}\n{result.stdout}{result.stderr}")
                     if name in CHAIN_ATTACKS and (hostile := _chain_hostile(workdir, name)):
                         evidence.append(f"HOSTILE: {hostile}")
+                    if name in REAL_GIT_ATTACKS and (ran := await _real_git_ran(workdir, name)):
+                        evidence.append(f"HOST GIT RAN: {ran}")
                 out = "\n".join(evidence)
                 if name in ATTACK_WORKDIRS or "git" in name:
                     out += f"\nchanged: {_git_written(workdir)}"

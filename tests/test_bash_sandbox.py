@@ -38,6 +38,7 @@ from trio_harness.bash import (
 )
 from trio_harness.bash._process import group_alive, open_group, reap_unsupervised, signal_group
 from trio_harness.bash._sandbox import open_sandbox
+from trio_harness.bash._sandbox_hold import Hold
 from trio_harness.session import _events as ev
 from trio_harness.testing import open_test_harness
 
@@ -239,6 +240,7 @@ async def test_the_proc_scan_sees_the_sandbox_after_bwrap_exits(tmp_path: Path) 
         ["/bin/bash", "-c", "(trap '' TERM; exec sleep 300) & echo started"],
         workdir=str(tmp_path),
         writable_dir=str(tmp_path),
+        hold=Hold(),  # no repository: nothing made
     )
     process = await open_group(argv, str(tmp_path), None)
     try:

@@ -272,7 +272,7 @@ async def test_a_session_store_not_hidden_is_still_read_only(work: Path) -> None
 async def test_git_hooks_and_config_are_read_only(work: Path) -> None:
     subprocess.run(["git", "init", "-q", str(work)], check=True)
     config = (work / ".git" / "config").read_text()
-    shutil.rmtree(work / ".git" / "hooks")  # a repository without a hooks directory gets one
+    shutil.rmtree(work / ".git" / "hooks")  # a repository without a hooks directory gets one, while a command runs
     attack = (
         "echo 'touch pwned' > .git/hooks/pre-commit; printf '[core]\\n\\tfsmonitor = touch pwned\\n' >> .git/config;"
         " mv .git .git.moved; mv .git/hooks .git/hooks.moved"
@@ -287,10 +287,11 @@ async def test_git_hooks_and_config_are_read_only(work: Path) -> None:
         assert (work / ".git").is_dir() and not (work / ".git.moved").exists()
         committed = await run(executor, commit, work)  # the repository still works
         assert (committed.exit_code, committed.stdout) == (0, "work\n"), committed.stderr
+        assert not (work / ".git" / "hooks").exists()  # made for each command, removed after it
     async with open_bash_executor(
         BashRuntimeOptions(sandbox=SandboxPolicy(protect_git=False), grace_period=0.5)
     ) as executor:
-        allowed = await run(executor, "echo 'exit 0' > .git/hooks/pre-commit", work)
+        allowed = await run(executor, "mkdir .git/hooks && echo 'exit 0' > .git/hooks/pre-commit", work)
         assert allowed.exit_code == 0 and (work / ".git" / "hooks" / "pre-commit").exists()
 
 
@@ -399,6 +400,7 @@ def test_a_linked_worktrees_git_directory_in_a_writable_path_is_protected_too(tm
     from _sandbox_attacks import _git_layout
 
     from trio_harness.bash._sandbox_git import git_binds
+    from trio_harness.bash._sandbox_hold import Hold
 
     _git_layout(tmp_path)
     linked, git = str(tmp_path / "linked"), tmp_path / ".git"
@@ -408,20 +410,28 @@ def test_a_linked_worktrees_git_directory_in_a_writable_path_is_protected_too(tm
         pinned.append(directory)
         return []
 
-    binds = git_binds(linked, [linked, str(tmp_path)], pin)
+    hold = Hold()
+    binds = git_binds(linked, [linked, str(tmp_path)], pin, hold=hold)
     read_only = {binds[i + 1] for i, arg in enumerate(binds) if arg == "--ro-bind"}
     assert read_only == {
         f"{linked}/.git",
         str(git / "worktrees" / "w" / "commondir"),
         str(git / "worktrees" / "w" / "config.worktree"),  # made: extensions.worktreeConfig is on
-        str(git / "hooks"),
+        str(git / "hooks"),  # made, as it was missing
+        str(git / "commondir"),  # made, as it was missing: '.'
         str(git / "config"),
-        str(git / "config.worktree"),
+        str(git / "config.worktree"),  # made
     }
     assert (git / "worktrees" / "w" / "config.worktree").read_text() == ""
+    assert (git / "commondir").read_text() == ".\n"
     assert pinned == [str(git / "worktrees" / "w"), str(git)]
+    assert hold.release() == []
+    made = ("worktrees/w/config.worktree", "hooks", "commondir", "config.worktree")
+    assert not any((git / name).exists() for name in made)
     # Outside every writable path, the git directory it names is read-only anyway: only the file is bound.
-    assert git_binds(linked, [linked], pin) == ["--ro-bind", f"{linked}/.git", f"{linked}/.git"]
+    hold = Hold()
+    assert git_binds(linked, [linked], pin, hold=hold) == ["--ro-bind", f"{linked}/.git", f"{linked}/.git"]
+    assert hold.release() == []
 
 
 @pytest.mark.skipif(shutil.which("git") is None and not os.environ.get("CI"), reason="git is not installed")
@@ -430,6 +440,7 @@ def test_a_linked_worktrees_common_directory_and_checkout_are_found_as_git_finds
     takes hooks and config from there, whichever repository lists it), and its gitdir file names its checkout's
     .git file (relative to it too, as git 2.48's worktree.useRelativePaths writes it): both protected."""
     from trio_harness.bash._sandbox_git import git_binds
+    from trio_harness.bash._sandbox_hold import Hold
 
     main, other = tmp_path / "main", tmp_path / "other.git"
     subprocess.run(["git", "init", "-q", str(main)], check=True)
@@ -442,11 +453,16 @@ def test_a_linked_worktrees_common_directory_and_checkout_are_found_as_git_finds
     (entry / "commondir").write_text("../../../../other.git\n")
     said = subprocess.run(["git", "-C", str(main / "wt"), "rev-parse", "--git-path", "hooks"], capture_output=True)
     assert said.stdout.decode().strip() == str(other / "hooks"), said
-    binds = git_binds(str(main), [str(main), str(tmp_path)], lambda directory: [])
+    hold = Hold()
+    binds = git_binds(str(main), [str(main), str(tmp_path)], lambda directory: [], hold=hold)
+    hold.release()
     read_only = {binds[i + 1] for i, arg in enumerate(binds) if arg == "--ro-bind"}
     assert {str(other / "hooks"), str(other / "config"), str(main / "wt" / ".git")} <= read_only, read_only
     # Outside every writable path the common directory is read-only anyway: not bound.
-    assert not any(path.startswith(str(other)) for path in git_binds(str(main), [str(main)], lambda directory: []))
+    hold = Hold()
+    binds = git_binds(str(main), [str(main)], lambda directory: [], hold=hold)
+    hold.release()
+    assert not any(path.startswith(str(other)) for path in binds)
 
 
 @pytest.mark.skipif(shutil.which("git") is None and not os.environ.get("CI"), reason="git is not installed")

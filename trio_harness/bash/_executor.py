@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import logging
 import math
 import os
 import tempfile
@@ -46,7 +47,7 @@ from .._errors import BashError
 from ._env import EnvPolicy
 from ._options import BashRuntimeOptions
 from ._output import OutputStream
-from ._process import ProcessGroup, open_group, reap_unsupervised
+from ._process import ProcessGroup, group_alive, open_group, reap_unsupervised
 from ._records import BashRequest, BashResult, BashSpec, ExitFacts
 from ._render import format_seconds, render_read
 from ._sandbox import (
@@ -56,6 +57,9 @@ from ._sandbox import (
     SandboxUnavailableError,
     open_sandbox,
 )
+from ._sandbox_hold import Hold, release_when_gone
+
+log = logging.getLogger("trio_harness.bash")
 
 # Safety bound, on top of the grace period, for awaiting processes at executor exit.
 _TEARDOWN_SLACK = 10.0
@@ -299,12 +303,14 @@ class BashExecutor:
         if spec.env is not None:
             env.update(spec.env)
         argv = [self.shell, "-c", spec.command]
-        if self._checked is not None:
-            writable = spec.workdir if spec.writable_dir is None else spec.writable_dir
-            argv = self._checked.argv(argv, workdir=spec.workdir, writable_dir=writable)
+        hold = Hold()  # the parts of git directories the sandbox makes for the command, until it ended
         try:
+            if self._checked is not None:
+                writable = spec.workdir if spec.writable_dir is None else spec.writable_dir
+                argv = self._checked.argv(argv, workdir=spec.workdir, writable_dir=writable, hold=hold)
             process = await open_group(argv, spec.workdir, env)
         except OSError as exc:
+            hold.release()
             if self._checked is not None:
                 raise SandboxUnavailableError(
                     f"could not start the bash sandbox {self._checked.bwrap!r} for {spec.command!r}: {exc}; "
@@ -313,12 +319,16 @@ class BashExecutor:
             raise BashError(
                 f"could not start {self.shell!r} in workdir {spec.workdir!r} for {spec.command!r}: {exc}"
             ) from exc
+        except BaseException:
+            hold.release()
+            raise
         assert process.stdout is not None
         assert process.stderr is not None
         if self._is_closed():
             # Teardown began while the shell was being spawned; the nursery may be
             # gone, so nobody would supervise it: kill and reap it here.
             await reap_unsupervised(process)
+            await release_when_gone(hold, process.pid)
             raise BashError(f"the bash executor closed while starting {spec.command!r}")
         core = ProcessGroup(
             command=spec.command,
@@ -329,7 +339,7 @@ class BashExecutor:
             stderr=stderr,
             grace_period=self.grace_period,
             nursery=self._nursery,
-            on_settled=self._live.discard,
+            on_settled=lambda core: self._settled(core, hold),
         )
         self._live.add(core)
         self._nursery.start_soon(core.supervise)
@@ -446,6 +456,19 @@ class BashExecutor:
 
     def _is_closed(self) -> bool:
         return self._closed
+
+    def _settled(self, core: ProcessGroup, hold: Hold) -> None:
+        """A command ended: let go of what the sandbox made for it once its processes are all gone."""
+        self._live.discard(core)
+        if hold.empty:
+            hold.release()
+        elif group_alive(core.pid):  # SIGKILLed a moment ago: what runs in the sandbox is still going
+            try:
+                self._nursery.start_soon(release_when_gone, hold, core.pid)
+            except RuntimeError:  # the nursery is gone: the parts stay (harmless)
+                log.warning("the sandbox keeps the parts it made for %r: it still runs", core.command)
+        else:
+            hold.release()
 
     def _forget(self, proc_id: str) -> None:
         self._procs.pop(proc_id, None)

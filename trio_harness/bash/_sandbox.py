@@ -61,6 +61,7 @@ import trio
 from .._errors import BashError
 from .._util import is_positive_int
 from ._sandbox_git import git_binds
+from ._sandbox_hold import Hold
 from ._seccomp import UnsupportedArchitectureError, build_filter
 
 INSTALL_HINT = (
@@ -476,17 +477,20 @@ class Sandbox:
                     "and make it as it was, or open the harness again"
                 )
 
-    def argv(self, command: Sequence[str], *, workdir: str, writable_dir: str | None) -> list[str]:
+    def argv(self, command: Sequence[str], *, workdir: str, writable_dir: str | None, hold: Hold) -> list[str]:
         """The command line that runs ``command`` in ``workdir`` inside the sandbox.
 
         Args:
             command: the command to run inside (``[shell, "-c", command]``).
             workdir: its working directory (absolute).
             writable_dir: a directory it may write besides the policy's paths, or None.
+            hold: holds the parts of git directories made for the command; the caller releases it once
+                the command's processes are all gone, or when this raises (:mod:`._sandbox_hold`).
 
         Raises:
-            BashError: a hidden path was moved or replaced (see :meth:`covered`), or a symbolic
-                link git's protection follows was (see :meth:`check_links`).
+            BashError: a hidden path was moved or replaced (see :meth:`covered`), a symbolic
+                link git's protection follows was (see :meth:`check_links`), or a part of a git
+                directory to make for the command could not be made.
             SandboxUnavailableError: ``bwrap`` is gone, or the command's cgroup could not be created.
         """
         policy = self.policy
@@ -539,7 +543,7 @@ class Sandbox:
         if policy.protect_git:
             links: dict[str, str] = {}
             for root in roots:
-                argv += git_binds(root, roots, pin, links)
+                argv += git_binds(root, roots, pin, links, hold=hold)
             for path, target in links.items():
                 self._links.setdefault(path, target)
         for real, kind in covers:
@@ -681,14 +685,17 @@ def _write(path: str, data: bytes) -> None:
 
 
 async def _probe(sandbox: Sandbox, shell: str) -> None:
-    probe = sandbox.argv([shell, "-c", _PROBE], workdir="/", writable_dir=None)
+    hold = Hold()
     try:
+        probe = sandbox.argv([shell, "-c", _PROBE], workdir="/", writable_dir=None, hold=hold)
         with trio.move_on_after(_PROBE_BOUND) as bound:
             result = await trio.run_process(probe, capture_stdout=True, capture_stderr=True, check=False)
     except OSError as exc:
         raise SandboxUnavailableError(
             f"the bash sandbox cannot start {sandbox.bwrap!r}: {exc}; {INSTALL_HINT}"
         ) from exc
+    finally:
+        hold.release()  # the probe is the harness's own script: nothing of it touches git's files
     if bound.cancelled_caught:
         raise SandboxUnavailableError(
             f"the bash sandbox probe ({sandbox.bwrap!r}) did not finish in {_PROBE_BOUND:g} s"

@@ -2,12 +2,11 @@
 
 Git runs what a repository's hooks and configuration name, outside the
 sandbox, on the user's next ``git`` command: a command that could write them
-would escape.  In each writable directory (a *root*) the binds make read-only,
-when they exist as the command starts (docs/sandbox.rst, "Threat model"):
+would escape.  In each writable directory (a *root*) whose repository exists
+as the command starts the binds make read-only (docs/sandbox.rst, "Git"),
+those that git honours once they exist made first when missing (below):
 
-* of the repository ``root/.git``: ``hooks`` (created empty when missing, so
-  a command cannot create it and fill it), ``config``, ``config.worktree``
-  (created empty when ``extensions.worktreeConfig`` is on and it is missing)
+* of the repository ``root/.git``: ``hooks``, ``config``, ``config.worktree``
   and ``commondir``, and the same of the common git directory its
   ``commondir`` names, where git takes hooks and configuration from;
 * the same of every submodule's git directory (``.git/modules/<name>/``,
@@ -27,9 +26,16 @@ them (after ``gitdir: ``, only the line ends at the end dropped): a ``.git``
 file's against the directory holding the ``.git`` (a ``.git`` link's too, not
 the directory of the file it leads to); a ``commondir``'s, a ``core.worktree``
 and a linked worktree's ``gitdir`` file against the git directory holding them,
-resolved.  A ``commondir`` missing as the command starts is not protected: a
-command can create one naming a git directory of its own (docs/sandbox.rst,
-"Threat model").
+resolved.
+
+A bind cannot cover a path that does not exist, so what git honours once it
+exists is made, in every writable git directory, when it is missing as the
+command starts, as git reads its absence: ``commondir`` holding ``.`` (the
+git directory itself), ``hooks`` an empty directory (not in a linked
+worktree's git directory, whose hooks git takes from the common one), and
+``config.worktree`` an empty file when ``extensions.worktreeConfig`` is on.
+Each is held for the command and removed after the last command holding it
+(:mod:`._sandbox_hold`); one that cannot be made refuses the command.
 
 Every directory from the root down to a protected path is bound onto itself
 (a mount point cannot be renamed or removed: ``EBUSY``), so ``mv .git/modules
@@ -63,6 +69,7 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from .._errors import BashError
+from ._sandbox_hold import Hold
 
 # What a git directory holds that names commands git runs (or, commondir, where they are).
 _PROTECTED = ("hooks", "config", "config.worktree", "commondir")
@@ -138,6 +145,7 @@ class _Walk:
     roots: Sequence[str]
     pin: Pin
     links: dict[str, str]
+    hold: Hold
 
     def writable(self, path: str) -> bool:
         return any(_under(path, root) for root in self.roots)
@@ -204,19 +212,25 @@ def _gitdir_binds(gitdir: str, walk: _Walk, *, make_hooks: bool, common: str | N
     binds = walk.pin(gitdir)
     writable = walk.writable(gitdir)  # elsewhere (a .git file's target) it is read-only but for its links
     hooks = os.path.join(gitdir, "hooks")
-    if writable and make_hooks and not os.path.lexists(hooks):
-        with contextlib.suppress(OSError):
-            os.mkdir(hooks)  # so a command cannot create it and fill it
     config = os.path.join(gitdir, "config")
-    worktree_config = os.path.join(gitdir, "config.worktree")
-    if (
-        writable
-        and not os.path.lexists(worktree_config)
-        and _WORKTREE_CONFIG.search(_read(os.path.join(common, "config") if common is not None else config))
-    ):
-        # git reads it (extensions.worktreeConfig): an empty one, so a command cannot create it
-        with contextlib.suppress(OSError):
-            os.close(os.open(worktree_config, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+    if writable:
+        # What git honours once it exists: made for the command when missing (as git reads its absence),
+        # and held while it runs, by every command, so that no other ends and removes it meanwhile
+        # (_sandbox_hold); bound read-only below, so a command cannot create it.
+        if make_hooks and not os.path.islink(hooks):
+            walk.hold.ensure(hooks, None, "git runs the hooks in it")
+        commondir = os.path.join(gitdir, "commondir")
+        if not os.path.islink(commondir):
+            # '.': the git directory itself, as without one
+            walk.hold.ensure(
+                commondir, b".\n", "git takes hooks and configuration from the git directory a commondir names"
+            )
+        worktree_config = os.path.join(gitdir, "config.worktree")
+        if not os.path.islink(worktree_config) and (
+            os.path.lexists(worktree_config)
+            or _WORKTREE_CONFIG.search(_read(os.path.join(common, "config") if common is not None else config))
+        ):
+            walk.hold.ensure(worktree_config, b"", "git reads its configuration, extensions.worktreeConfig being on")
     for name in _PROTECTED:
         path = os.path.join(gitdir, name)
         if os.path.islink(path):
@@ -313,7 +327,9 @@ def linked_parts(gitdir: str) -> list[str]:
     return [os.path.realpath(path) for path in paths if os.path.islink(path)]
 
 
-def git_binds(root: str, roots: Sequence[str], pin: Pin, links: dict[str, str] | None = None) -> list[str]:
+def git_binds(
+    root: str, roots: Sequence[str], pin: Pin, links: dict[str, str] | None = None, *, hold: Hold
+) -> list[str]:
     """The binds protecting the git repository at ``root`` (see the module's docstring).
 
     Args:
@@ -322,12 +338,15 @@ def git_binds(root: str, roots: Sequence[str], pin: Pin, links: dict[str, str] |
         pin: binds pinning a directory up to its writable root.
         links: filled with the symbolic links git follows to reach what is protected (path -> target as
             read), none of them in ``roots``, for the sandbox to check before later commands.
+        hold: holds what is made for the command (a missing ``hooks``, ``commondir``, ``config.worktree``),
+            to release once the command ended (:class:`~._sandbox_hold.Hold`).
 
     Raises:
         BashError: the protection cannot hold: a symbolic link git follows lies in a writable directory
-            (a command could replace it), or a ``.git`` file names a git directory that is missing there.
+            (a command could replace it), a ``.git`` file names a git directory that is missing there, or
+            a part to make could not be made.
     """
-    walk = _Walk(roots, pin, {} if links is None else links)
+    walk = _Walk(roots, pin, {} if links is None else links, hold)
     git = os.path.join(root, ".git")
     if os.path.islink(git):
 
@@ -401,6 +420,8 @@ def _shared_binds(gitdir: str, walk: _Walk, bound: set[str]) -> list[str]:
     configuration git uses (a linked worktree's, or any git directory's: git reads a ``commondir`` in each);
     the git directories in ``bound`` are protected already, and those protected here are added to it."""
     common = _common(gitdir, walk)
+    if common == gitdir:
+        common = None  # a commondir of '.' (left by a harness killed while a command ran): its own
     binds = _gitdir_binds(gitdir, walk, make_hooks=common is None, common=common)
     bound.add(gitdir)
     if common is not None and common not in bound:
