@@ -17,8 +17,10 @@ made it so (:meth:`GroupCommitter._launch`: an idle pooled connection lent
 without waiting, the statement handed to libpq with no schedule point), so a
 thousand flushes of one scheduler batch do not all queue before the first
 statement starts.  The statements are sent and read from the Trio thread
-(session/_pg_nowait.py), not a worker thread: a thread would wait for the
-interpreter lock as long as the Trio thread is busy queueing.
+(session/_pg_wire.py's ``begin`` and ``finish``), not a worker thread: a
+thread would wait for the interpreter lock as long as the Trio thread is
+busy queueing (up to the interpreter's switch interval, 5 ms), so a
+statement sent early would not start early.
 
 Bounds and unknown outcomes: a request still unsent after ``2 *
 write_timeout + 1`` seconds is abandoned (it fails, nothing stored; the
@@ -42,14 +44,13 @@ import itertools
 import logging
 import math
 import struct
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
 from .._errors import SessionStoreError
-from . import _pg_nowait
 from ._pg_rows import lines_between
 from ._pg_schema import _psycopg
 from ._pg_threads import _Pool
@@ -60,6 +61,9 @@ from ._pg_wire import (
     TEXT_ARRAY_OID,
     TEXT_FORMAT,
     TEXT_OID,
+    _Exchange,
+    begin,
+    finish,
     prefixed_text_array,
     text_array,
 )
@@ -183,8 +187,8 @@ class _Launched:
     pool: _Pool
     slots: trio.Semaphore
     conn: psycopg.Connection[Any]
-    # The statement under way (session/_pg_nowait.py).
-    statement: Generator[Any, Any, Any]
+    # The statement under way (session/_pg_wire.py).
+    statement: _Exchange
     returned: bool = False
 
     def give_back_connection(self) -> None:
@@ -498,8 +502,8 @@ class GroupCommitter:
             _int8s(ack_ids),
         ]
 
-    def _send(self, sent: list[_Request], conn: psycopg.Connection[Any]) -> Generator[Any, Any, Any]:
-        """Send the group statement of the requests ``sent`` on ``conn`` (session/_pg_nowait.py); its outcome next.
+    def _send(self, sent: list[_Request], conn: psycopg.Connection[Any]) -> _Exchange:
+        """Send the group statement of the requests ``sent`` on ``conn`` now (session/_pg_wire.py's ``begin``).
 
         libpq's unnamed statement (no session state: a transaction-pooling
         proxy may sit between), its arrays in the binary format: psycopg's
@@ -516,11 +520,15 @@ class GroupCommitter:
                 f"a batch of the group could not be encoded for the server ({type(exc).__name__}: {exc}): "
                 "nothing of it was sent"
             ) from exc
-        return _pg_nowait.send(conn, self._group_statement(), params, _GROUP_TYPES, _GROUP_FORMATS)
+        query = self._group_statement()
+        return begin(conn, lambda: conn.pgconn.send_query_params(query, params, _GROUP_TYPES, _GROUP_FORMATS))
 
-    async def _written(self, conn: psycopg.Connection[Any], statement: Generator[Any, Any, Any]) -> dict[str, int]:
+    async def _written(self, conn: psycopg.Connection[Any], statement: _Exchange) -> dict[str, int]:
         """The sessions whose lease held, with how many of their mailbox rows were deleted."""
-        result = await _pg_nowait.outcome(conn, statement)
+        results = await finish(conn, statement)
+        if len(results) != 1:
+            raise _psycopg().OperationalError(f"the group statement returned {len(results)} results, not one")
+        (result,) = results
         encoding = conn.info.encoding
         return {
             bytes(result.get_value(row, 0) or b"").decode(encoding): int(result.get_value(row, 1) or b"0")
@@ -743,9 +751,7 @@ class GroupCommitter:
                 return await self._outcome(conn, statement)
         raise AssertionError("unreachable")
 
-    async def _outcome(
-        self, conn: psycopg.Connection[Any], statement: Generator[Any, Any, Any]
-    ) -> dict[str, int] | None:
+    async def _outcome(self, conn: psycopg.Connection[Any], statement: _Exchange) -> dict[str, int] | None:
         """The group ``statement`` sent on ``conn``, bounded: what it returned; None: the connection was lost."""
         pg = _psycopg()
         try:

@@ -134,8 +134,21 @@ async def _exchange(
             effect), or the connection was lost (the connection is broken).
         trio.Cancelled: after ``settle`` when the request completed anyway.
     """
-    pg = _psycopg()
     await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled caller sends nothing
+    await finish(conn, begin(conn, send), settle=settle)
+
+
+def begin(conn: psycopg.Connection[Any], send: Callable[[], None]) -> _Exchange:
+    """``send()`` one request on ``conn``'s libpq connection now, from synchronous code (no schedule point).
+
+    As much of it as the socket takes is written before this returns (libpq
+    flushes as it goes); :func:`finish` writes the rest and reads the results.
+
+    Raises:
+        psycopg.Error: the connection is closed or not idle, or libpq could
+            not take the request: nothing of it reached the server.
+    """
+    pg = _psycopg()
     if conn.closed or conn.broken:
         raise pg.OperationalError("the connection is closed")
     pgconn = conn.pgconn
@@ -144,7 +157,20 @@ async def _exchange(
         raise pg.InterfaceError(f"a statement sent on a connection that is {status}, not idle")
     pgconn.nonblocking = 1
     send()
-    exchange = _Exchange(conn)
+    return _Exchange(conn)
+
+
+async def finish(
+    conn: psycopg.Connection[Any], exchange: _Exchange, *, settle: Callable[[None], None] | None = None
+) -> list[PGresult]:
+    """Wait for the results of the request :func:`begin` sent, cancellation-safely (see the module): them.
+
+    Raises:
+        psycopg.Error: the server refused the request (nothing of it took
+            effect), or the connection was lost (the connection is broken).
+        trio.Cancelled: after ``settle`` when the request completed anyway.
+    """
+    pg = _psycopg()
     try:
         await exchange.run()
     except trio.Cancelled:
@@ -168,6 +194,7 @@ async def _exchange(
     for result in exchange.results:
         if result.status not in (pg.pq.ExecStatus.COMMAND_OK, pg.pq.ExecStatus.TUPLES_OK):
             raise pg.errors.error_from_result(result, encoding=conn.info.encoding)
+    return exchange.results
 
 
 # The statements prepared on each connection (by name), by this module: a

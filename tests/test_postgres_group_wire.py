@@ -1,4 +1,4 @@
-"""The group commit's statements sent and read from the Trio thread (session/_pg_nowait.py), and its slots.
+"""The group commit's statements sent and read from the Trio thread (session/_pg_wire.py), and its slots.
 
 Real cluster (tests/_postgres.py).  A statement larger than the socket takes
 at once is written as the socket drains; one libpq could not take on a
@@ -17,7 +17,7 @@ from _postgres import Cluster, events_stored, flush_noting, postgres_cluster, sc
 from _util import WAIT
 from test_postgres_store import one_turn, stored_session
 
-from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry, _pg_group, _pg_nowait
+from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry, _pg_group
 from trio_harness.session import _events as ev
 
 __all__ = ["postgres_cluster", "schema", "store", "superuser"]  # the fixtures, imported for pytest
@@ -70,17 +70,16 @@ async def test_a_group_libpq_could_not_take_on_a_connection_lost_while_idle_goes
     is sent on a new connection and the flush succeeds, its batch stored once."""
     if sent_by == "flush":
         monkeypatch.setattr(_pg_group, "_EAGER", 1)
-    real_send = _pg_nowait.send
+    real_begin = _pg_group.begin  # type: ignore[attr-defined]
     sends: list[Any] = []
 
-    def send(conn: Any, *args: Any) -> Any:
+    def begin(conn: Any, send: Any) -> Any:
         sends.append(conn)
         if len(sends) == 1:
-            conn.close()
-            raise psycopg.OperationalError("sending query and params failed: the connection was closed")
-        return real_send(conn, *args)
+            conn.close()  # as if the server had dropped it while it was idle in the pool
+        return real_begin(conn, send)
 
-    monkeypatch.setattr(_pg_nowait, "send", send)
+    monkeypatch.setattr(_pg_group, "begin", begin)
     await stored_session(store, "s1")
     pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema)
     async with pooled:
