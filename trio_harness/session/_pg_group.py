@@ -181,7 +181,8 @@ class _Launched:
     The connection goes back as soon as the statement is done (a read-back
     or a retry takes one of its own: with ``pool_size`` 1 it needs this
     one), closed by the pool if the statement was not read to its end; the
-    slot when the group is settled, as a dispatched group's.
+    slot, once the group is settled, passes on as a dispatched group's does
+    (:meth:`GroupCommitter._pass_slot`).
     """
 
     pool: _Pool
@@ -230,8 +231,8 @@ class GroupCommitter:
         and the caller's ``await`` is the park itself (one frame fewer on the
         path a thousand flushes take at once).  Await it at once.
 
-        The wait is bounded and not cancellable.  A request not sent within ``2 * write_timeout + 1`` seconds leaves
-        the queue and fails (nothing of it is stored); one already sent is
+        The wait is bounded and not cancellable.  A request not sent within
+        ``2 * write_timeout + 1`` seconds leaves the queue and fails (nothing of it is stored); one already sent is
         waited for: the committer settles it within about ``2 *
         write_timeout`` (its statement's bound, then the read-back of a lost
         one).  Should even that wait end, its outcome is unknown (the writer

@@ -678,7 +678,7 @@ class _PooledWriter:
             lines, acks, blobs = self._buffer, list(self._acks), self._blobs
             self._buffer, self._blobs = [], {}
             if self._header_line is not None or blobs or self._uncertain:
-                outcome = await self._store_own(lines, acks, blobs)
+                outcome = await self._flush_alone(lines, acks, blobs)
             else:  # the usual flush: part of the next group commit (session/_pg_group.py)
                 request = _Request(self, lines, acks, sync)
                 try:
@@ -713,7 +713,7 @@ class _PooledWriter:
             f"the events stored from seq {self._stored} on are not this writer's (another writer stored them)"
         )
 
-    async def _store_own(self, lines: list[str], acks: list[int], blobs: dict[str, bytes]) -> str:
+    async def _flush_alone(self, lines: list[str], acks: list[int], blobs: dict[str, bytes]) -> str:
         """The flush in a transaction of its own (:func:`_store_own`): a new session's first, one with image
         blobs, or the first after one whose outcome is unknown."""
         committed = False
