@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import secrets
 import shlex
@@ -63,6 +64,8 @@ from .._util import is_positive_int
 from ._sandbox_git import git_binds
 from ._sandbox_hold import Hold
 from ._seccomp import UnsupportedArchitectureError, build_filter
+
+log = logging.getLogger("trio_harness.bash")
 
 INSTALL_HINT = (
     "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap; "
@@ -110,15 +113,17 @@ _BLOCK_FD = 4
 # process of the command is born inside the cgroup.  $$ is bwrap's pid (the sh
 # execs it); the helper is also bwrap's child, so two children means the sandbox
 # child is there (the children file ends without a newline, so read fails yet sets k).
-# A helper that cannot join kills bwrap: no command runs unbounded.
+# A helper that cannot join says so and kills the whole group (the sandbox child
+# too: it would read the end of the FIFO and go on): no command runs unbounded.
 _JOIN = """c={procs} f={fifo}
 (exec 5>"$f"; rm -f "$f"
-echo $$ > "$c" || {{ kill -KILL $$; exit 1; }}
+no() {{ echo "the bash sandbox killed the command before it ran: $1" >&2; kill -KILL 0; exit 1; }}
+echo $$ > "$c" || no "it could not join its pids cgroup ($c)"
 n=0
 while [ -d /proc/$$ ] && [ $n -lt 100000 ]; do
 k=; read -r k < /proc/$$/task/$$/children
 set -- $k; [ $# -ge 2 ] && break; n=$((n+1)); done
-[ $# -ge 2 ] || {{ kill -KILL $$; exit 1; }}
+[ $# -ge 2 ] || no "its sandbox did not start"
 for p in $k; do echo $p > "$c" 2>/dev/null; done
 printf x >&5) &
 exec "$@" {filter_fd}< {filter} {block_fd}< "$f"
@@ -259,16 +264,34 @@ def _kind_name(kind: int) -> str:
 
 @attrs.define(eq=False)
 class _ProcessBound:
-    """Per-command ``pids`` cgroups under one parent cgroup of this sandbox (root only)."""
+    """Per-command ``pids`` cgroups under one parent cgroup of this sandbox (root only).
+
+    A command's cgroup is made when its command line is built and joined after it is spawned, so it is
+    removed only once that command ended: :meth:`new` ties :meth:`end` to the command's :class:`Hold`, which
+    the executor releases when the command's process group is gone (never when another command starts).
+    One still busy then (a process of the sandbox exiting a moment later) is tried again at the next
+    command and at :meth:`close`; one that cannot be removed is logged.
+    """
 
     parent: str
     limit: int
-    _children: list[str] = attrs.field(factory=list)
+    _live: set[str] = attrs.field(factory=set)  # cgroups of commands that have not ended
+    _ended: list[str] = attrs.field(factory=list)  # cgroups of ended commands, not removed yet
     _counter: int = 0
+    _closed: bool = False
 
-    def new(self) -> str:
-        """A fresh cgroup for one command; returns its ``cgroup.procs`` path."""
-        self._reap()
+    @property
+    def cgroups(self) -> tuple[str, ...]:
+        """The cgroups made and not removed yet: those of running commands, then those of ended ones."""
+        return (*sorted(self._live), *self._ended)
+
+    def new(self, hold: Hold) -> str:
+        """A fresh cgroup for one command, removed when ``hold`` is released; returns its ``cgroup.procs`` path.
+
+        Raises:
+            SandboxUnavailableError: the cgroup could not be made or bounded.
+        """
+        self._remove_ended()
         self._counter += 1
         path = os.path.join(self.parent, f"c{self._counter}")
         try:
@@ -282,24 +305,81 @@ class _ProcessBound:
                 f"the bash sandbox could not create the pids cgroup {path!r} bounding the command's processes: "
                 f"{exc}; or set the sandbox policy's max_processes=None"
             ) from exc
-        self._children.append(path)
+        self._live.add(path)
+        try:
+            hold.after(lambda: self.end(path))
+        except BaseException:
+            self.end(path)
+            raise
         return os.path.join(path, "cgroup.procs")
 
-    def _reap(self) -> None:
-        """Remove the cgroups of commands that ended (a cgroup with processes cannot be removed)."""
+    def end(self, path: str) -> None:
+        """The command of the cgroup ``path`` ended (its processes are gone): remove the cgroup (idempotent)."""
+        if path in self._live:
+            self._live.discard(path)
+            self._ended.append(path)
+        self._remove_ended(last=self._closed)
+        if self._closed and not self._live:
+            self._remove_parent()  # the last command still running at close ended
+
+    def _remove_ended(self, *, last: bool = False) -> None:
+        """Remove the cgroups of ended commands; one still holding processes stays for the next try, unless
+        ``last`` (then it is logged)."""
         left = []
-        for path in self._children:
+        for path in self._ended:
             try:
                 os.rmdir(path)
+            except FileNotFoundError:
+                log.warning("the pids cgroup %r of an ended command was already gone (removed by someone else)", path)
             except OSError as exc:
-                if exc.errno != errno.ENOENT:
-                    left.append(path)
-        self._children = left
+                if exc.errno == errno.EBUSY and not last:
+                    left.append(path)  # a process of the ended sandbox still exiting
+                else:
+                    log.warning("the bash sandbox could not remove the pids cgroup %r: %s", path, exc)
+        self._ended = left
+
+    def _remove_parent(self) -> None:
+        try:
+            os.rmdir(self.parent)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("the bash sandbox could not remove its pids cgroup %r: %s", self.parent, exc)
 
     def close(self) -> None:
-        self._reap()
-        with contextlib.suppress(OSError):
-            os.rmdir(self.parent)
+        """Remove the cgroups of ended commands and the parent (idempotent); a command still running (the
+        executor waits for it to be gone) removes its own when it ends, and the parent with it; log what stays."""
+        self._closed = True
+        self._remove_ended(last=True)
+        if not self._live:
+            self._remove_parent()
+
+
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks after boot, telling it from a later process given the same
+    pid), or None when no process has that pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            stat_line = file.read()
+    except OSError:
+        return None
+    fields = stat_line[stat_line.rfind(b")") + 2 :].split()
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+def _pid_namespace() -> str:
+    """This process's PID namespace (the inode of ``/proc/self/ns/pid``): pids name processes only in it."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
+def _parent_name(token: str) -> str:
+    """The name of this process's parent cgroup: ``trio-harness-<pid namespace>-<pid>-<start>-<token>``, by
+    which :func:`_sweep_stale` tells a live harness's cgroups (never touched) from a dead one's."""
+    pid = os.getpid()
+    return f"trio-harness-{_pid_namespace()}-{pid}-{_started(pid) or 0}-{token}"
 
 
 def _pids_hierarchy() -> str | None:
@@ -325,21 +405,47 @@ def _pids_hierarchy() -> str | None:
     return v2
 
 
-def _sweep_stale(base: str) -> None:
-    """Remove empty cgroups left by harnesses that died without closing their sandbox."""
-    with contextlib.suppress(OSError):
-        for name in os.listdir(base):
-            parts = name.split("-")
-            if len(parts) != 4 or parts[:2] != ["trio", "harness"] or not parts[2].isdigit():
-                continue
-            if os.path.exists(f"/proc/{parts[2]}"):
-                continue
-            path = os.path.join(base, name)
-            with contextlib.suppress(OSError):
-                for child in os.listdir(path):
-                    if os.path.isdir(os.path.join(path, child)):
-                        os.rmdir(os.path.join(path, child))
-                os.rmdir(path)
+def _sweep_stale(base: str) -> list[str]:
+    """Remove the cgroups harnesses left when they died without closing their sandbox (``kill -9``): only
+    those named by :func:`_parent_name` in this PID namespace whose process is gone (no process with that
+    pid, or one started at another time).  Never a live harness's (of this process or another), nor one of
+    another PID namespace, nor one in the old naming (``trio-harness-<pid>-<token>``, which cannot tell).
+
+    Returns:
+        The cgroups removed.
+    """
+    removed: list[str] = []
+    try:
+        names = os.listdir(base)
+    except OSError as exc:
+        log.warning("the bash sandbox could not list %r to remove cgroups dead harnesses left: %s", base, exc)
+        return removed
+    namespace = _pid_namespace()
+    for name in names:
+        parts = name.split("-")
+        if len(parts) != 6 or parts[:2] != ["trio", "harness"] or not all(part.isdigit() for part in parts[2:5]):
+            continue
+        if parts[2] != namespace or _started(int(parts[3])) == parts[4]:
+            continue
+        path = os.path.join(base, name)
+        try:
+            for child in os.listdir(path):
+                if os.path.isdir(os.path.join(path, child)):
+                    os.rmdir(os.path.join(path, child))
+            os.rmdir(path)
+        except FileNotFoundError:
+            continue  # another harness swept it meanwhile
+        except OSError as exc:
+            busy = exc.errno == errno.EBUSY
+            log.log(
+                logging.INFO if busy else logging.WARNING,
+                "the bash sandbox left the pids cgroup %r of a harness that is gone: %s",
+                path,
+                "a command it started still runs there" if busy else exc,
+            )
+            continue
+        removed.append(path)
+    return removed
 
 
 @attrs.define(eq=False)
@@ -561,7 +667,7 @@ class Sandbox:
         if self._bound is None:
             outer = f'exec "$@" {_FILTER_FD}< {shlex.quote(self._filter_path)}'
         else:
-            procs = self._bound.new()
+            procs = self._bound.new(hold)
             fifo = os.path.join(self._filter_dir, f"go-{os.path.basename(os.path.dirname(procs))}")
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(fifo)  # a command that never started left it
@@ -650,10 +756,16 @@ async def open_sandbox(policy: SandboxPolicy, shell: str, *, session_root: str |
                 "is mounted here; mount one, or set the sandbox policy's max_processes=None"
             )
         _sweep_stale(base)
-        parent = os.path.join(base, f"trio-harness-{os.getpid()}-{secrets.token_hex(4)}")
+        parent = os.path.join(base, _parent_name(secrets.token_hex(4)))
         try:
             os.mkdir(parent)
+            control = os.path.join(parent, "cgroup.subtree_control")
+            if os.path.exists(control):  # cgroup v2: the commands' cgroups below it get pids.max
+                with open(control, "w") as file:
+                    file.write("+pids")
         except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.rmdir(parent)
             raise SandboxUnavailableError(
                 f"the bash sandbox could not create the pids cgroup {parent!r}: {exc}; "
                 "or set the sandbox policy's max_processes=None"
