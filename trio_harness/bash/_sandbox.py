@@ -113,11 +113,13 @@ _BLOCK_FD = 4
 # process of the command is born inside the cgroup.  $$ is bwrap's pid (the sh
 # execs it); the helper is also bwrap's child, so two children means the sandbox
 # child is there (the children file ends without a newline, so read fails yet sets k).
-# A helper that cannot join says so and kills the whole group (the sandbox child
-# too: it would read the end of the FIFO and go on): no command runs unbounded.
+# A helper that cannot join says so and kills bwrap's process group (the sandbox
+# child too: it would read the end of the FIFO and go on; bwrap leads its group,
+# whose id is $$: the executor and the probe spawn it in a session of its own; were
+# it not, only bwrap is killed): no command runs unbounded.
 _JOIN = """c={procs} f={fifo}
 (exec 5>"$f"; rm -f "$f"
-no() {{ echo "the bash sandbox killed the command before it ran: $1" >&2; kill -KILL 0; exit 1; }}
+no() {{ echo "the bash sandbox killed the command before it ran: $1" >&2; kill -s KILL -- -$$ 2>/dev/null || kill -KILL $$; exit 1; }}
 echo $$ > "$c" || no "it could not join its pids cgroup ($c)"
 n=0
 while [ -d /proc/$$ ] && [ $n -lt 100000 ]; do
@@ -801,7 +803,9 @@ async def _probe(sandbox: Sandbox, shell: str) -> None:
     try:
         probe = sandbox.argv([shell, "-c", _PROBE], workdir="/", writable_dir=None, hold=hold)
         with trio.move_on_after(_PROBE_BOUND) as bound:
-            result = await trio.run_process(probe, capture_stdout=True, capture_stderr=True, check=False)
+            result = await trio.run_process(
+                probe, capture_stdout=True, capture_stderr=True, check=False, start_new_session=True
+            )
     except OSError as exc:
         raise SandboxUnavailableError(
             f"the bash sandbox cannot start {sandbox.bwrap!r}: {exc}; {INSTALL_HINT}"
