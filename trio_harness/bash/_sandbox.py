@@ -119,7 +119,8 @@ _BLOCK_FD = 4
 # it not, only bwrap is killed): no command runs unbounded.
 _JOIN = """c={procs} f={fifo}
 (exec 5>"$f"; rm -f "$f"
-no() {{ echo "the bash sandbox killed the command before it ran: $1" >&2; kill -s KILL -- -$$ 2>/dev/null || kill -KILL $$; exit 1; }}
+no() {{ echo "the bash sandbox killed the command before it ran: $1" >&2
+kill -s KILL -- -$$ 2>/dev/null || kill -KILL $$; exit 1; }}
 echo $$ > "$c" || no "it could not join its pids cgroup ($c)"
 n=0
 while [ -d /proc/$$ ] && [ $n -lt 100000 ]; do
@@ -450,6 +451,25 @@ def _sweep_stale(base: str) -> list[str]:
     return removed
 
 
+def _open_bound(base: str, limit: int) -> _ProcessBound:
+    """Make this sandbox's parent cgroup under ``base`` (named by :func:`_parent_name`)."""
+    parent = os.path.join(base, _parent_name(secrets.token_hex(4)))
+    try:
+        os.mkdir(parent)
+        control = os.path.join(parent, "cgroup.subtree_control")
+        if os.path.exists(control):  # cgroup v2: the commands' cgroups below it get pids.max
+            with open(control, "w") as file:
+                file.write("+pids")
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.rmdir(parent)
+        raise SandboxUnavailableError(
+            f"the bash sandbox could not create the pids cgroup {parent!r}: {exc}; "
+            "or set the sandbox policy's max_processes=None"
+        ) from exc
+    return _ProcessBound(parent, limit)
+
+
 @attrs.define(eq=False)
 class Sandbox:
     """A checked policy: ``bwrap`` found, every path made absolute, the filter and the process bound ready.
@@ -758,21 +778,7 @@ async def open_sandbox(policy: SandboxPolicy, shell: str, *, session_root: str |
                 "is mounted here; mount one, or set the sandbox policy's max_processes=None"
             )
         _sweep_stale(base)
-        parent = os.path.join(base, _parent_name(secrets.token_hex(4)))
-        try:
-            os.mkdir(parent)
-            control = os.path.join(parent, "cgroup.subtree_control")
-            if os.path.exists(control):  # cgroup v2: the commands' cgroups below it get pids.max
-                with open(control, "w") as file:
-                    file.write("+pids")
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.rmdir(parent)
-            raise SandboxUnavailableError(
-                f"the bash sandbox could not create the pids cgroup {parent!r}: {exc}; "
-                "or set the sandbox policy's max_processes=None"
-            ) from exc
-        bound = _ProcessBound(parent, policy.max_processes)
+        bound = _open_bound(base, policy.max_processes)
     filter_dir = tempfile.mkdtemp(prefix="trio-harness-sandbox-")
     sandbox = Sandbox(
         policy=policy,
