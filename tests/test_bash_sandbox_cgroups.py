@@ -19,10 +19,10 @@ import trio
 from _util import NEEDS_BUBBLEWRAP, wait_until
 
 from trio_harness.bash import BashExecutor, BashRequest, BashRuntimeOptions, SandboxPolicy, open_bash_executor
-from trio_harness.bash._sandbox import _parent_name, _pid_namespace, _pids_hierarchy, _started, _sweep_stale
+from trio_harness.bash._sandbox_cgroup import _parent_name, _pid_namespace, _started, pids_hierarchy, sweep_stale
 from trio_harness.bash._sandbox_hold import Hold
 
-BASE = _pids_hierarchy() if os.geteuid() == 0 else None
+BASE = pids_hierarchy() if os.geteuid() == 0 else None
 pytestmark = [
     NEEDS_BUBBLEWRAP,
     pytest.mark.skipif(os.geteuid() != 0, reason="per-command pids cgroups are made only when run as root"),
@@ -136,7 +136,7 @@ def test_cgroups_of_a_dead_harness_are_swept_and_those_of_live_ones_kept() -> No
         for path in paths.values():
             os.mkdir(path)
             os.mkdir(os.path.join(path, "c1"))  # a command's cgroup, empty (ended, or not joined yet)
-        removed = _sweep_stale(BASE)
+        removed = sweep_stale(BASE)
         assert sorted(removed) == sorted([paths["dead"], paths["reused"]])
         assert {key for key, path in paths.items() if os.path.isdir(os.path.join(path, "c1"))} == {
             "live",

@@ -22,7 +22,7 @@ when a recorded hidden path is gone or was replaced by a symlink or a thing
 of another type.
 
 The number of processes (threads included) a command may run is bounded:
-as root with a ``pids`` cgroup (``RLIMIT_NPROC`` does not bind root), which a
+as root with a ``pids`` cgroup of its own (:mod:`._sandbox_cgroup`; ``RLIMIT_NPROC`` does not bind root), which a
 helper of the ``sh`` moves ``bwrap`` and its sandbox child into while the
 sandbox waits (``--block-fd``, see ``_JOIN``); otherwise with
 ``RLIMIT_NPROC`` set inside the sandbox's user namespace, where it counts
@@ -44,13 +44,12 @@ the grace period always comes, and SIGKILL of PID 1 ends the whole namespace.
 from __future__ import annotations
 
 import contextlib
-import errno
-import logging
 import os
-import secrets
 import shlex
 import shutil
+import signal
 import stat
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -61,11 +60,10 @@ import trio
 
 from .._errors import BashError
 from .._util import is_positive_int
+from ._sandbox_cgroup import CgroupError, ProcessBound, open_bound, pids_hierarchy, sweep_stale
 from ._sandbox_git import git_binds
-from ._sandbox_hold import Hold
+from ._sandbox_hold import Hold, release_when_gone
 from ._seccomp import UnsupportedArchitectureError, build_filter
-
-log = logging.getLogger("trio_harness.bash")
 
 INSTALL_HINT = (
     "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap; "
@@ -266,211 +264,6 @@ def _kind_name(kind: int) -> str:
 
 
 @attrs.define(eq=False)
-class _ProcessBound:
-    """Per-command ``pids`` cgroups under one parent cgroup of this sandbox (root only).
-
-    A command's cgroup is made when its command line is built and joined after it is spawned, so it is
-    removed only once that command ended: :meth:`new` ties :meth:`end` to the command's :class:`Hold`, which
-    the executor releases when the command's process group is gone (never when another command starts).
-    One still busy then (a process of the sandbox exiting a moment later) is tried again at the next
-    command and at :meth:`close`; one that cannot be removed is logged.
-    """
-
-    parent: str
-    limit: int
-    _live: set[str] = attrs.field(factory=set)  # cgroups of commands that have not ended
-    _ended: list[str] = attrs.field(factory=list)  # cgroups of ended commands, not removed yet
-    _counter: int = 0
-    _closed: bool = False
-
-    @property
-    def cgroups(self) -> tuple[str, ...]:
-        """The cgroups made and not removed yet: those of running commands, then those of ended ones."""
-        return (*sorted(self._live), *self._ended)
-
-    def new(self, hold: Hold) -> str:
-        """A fresh cgroup for one command, removed when ``hold`` is released; returns its ``cgroup.procs`` path.
-
-        Raises:
-            SandboxUnavailableError: the cgroup could not be made or bounded.
-        """
-        self._remove_ended()
-        self._counter += 1
-        path = os.path.join(self.parent, f"c{self._counter}")
-        try:
-            os.mkdir(path)
-            with open(os.path.join(path, "pids.max"), "w") as file:
-                file.write(str(self.limit))
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.rmdir(path)
-            raise SandboxUnavailableError(
-                f"the bash sandbox could not create the pids cgroup {path!r} bounding the command's processes: "
-                f"{exc}; or set the sandbox policy's max_processes=None"
-            ) from exc
-        self._live.add(path)
-        try:
-            hold.after(lambda: self.end(path))
-        except BaseException:
-            self.end(path)
-            raise
-        return os.path.join(path, "cgroup.procs")
-
-    def end(self, path: str) -> None:
-        """The command of the cgroup ``path`` ended (its processes are gone): remove the cgroup (idempotent)."""
-        if path in self._live:
-            self._live.discard(path)
-            self._ended.append(path)
-        self._remove_ended(last=self._closed)
-        if self._closed and not self._live:
-            self._remove_parent()  # the last command still running at close ended
-
-    def _remove_ended(self, *, last: bool = False) -> None:
-        """Remove the cgroups of ended commands; one still holding processes stays for the next try, unless
-        ``last`` (then it is logged)."""
-        left = []
-        for path in self._ended:
-            try:
-                os.rmdir(path)
-            except FileNotFoundError:
-                log.warning("the pids cgroup %r of an ended command was already gone (removed by someone else)", path)
-            except OSError as exc:
-                if exc.errno == errno.EBUSY and not last:
-                    left.append(path)  # a process of the ended sandbox still exiting
-                else:
-                    log.warning("the bash sandbox could not remove the pids cgroup %r: %s", path, exc)
-        self._ended = left
-
-    def _remove_parent(self) -> None:
-        try:
-            os.rmdir(self.parent)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            log.warning("the bash sandbox could not remove its pids cgroup %r: %s", self.parent, exc)
-
-    def close(self) -> None:
-        """Remove the cgroups of ended commands and the parent (idempotent); a command still running (the
-        executor waits for it to be gone) removes its own when it ends, and the parent with it; log what stays."""
-        self._closed = True
-        self._remove_ended(last=True)
-        if not self._live:
-            self._remove_parent()
-
-
-def _started(pid: int) -> str | None:
-    """When process ``pid`` started (clock ticks after boot, telling it from a later process given the same
-    pid), or None when no process has that pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            stat_line = file.read()
-    except OSError:
-        return None
-    fields = stat_line[stat_line.rfind(b")") + 2 :].split()
-    return fields[19].decode() if len(fields) > 19 else None
-
-
-def _pid_namespace() -> str:
-    """This process's PID namespace (the inode of ``/proc/self/ns/pid``): pids name processes only in it."""
-    try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
-        return "0"
-
-
-def _parent_name(token: str) -> str:
-    """The name of this process's parent cgroup: ``trio-harness-<pid namespace>-<pid>-<start>-<token>``, by
-    which :func:`_sweep_stale` tells a live harness's cgroups (never touched) from a dead one's."""
-    pid = os.getpid()
-    return f"trio-harness-{_pid_namespace()}-{pid}-{_started(pid) or 0}-{token}"
-
-
-def _pids_hierarchy() -> str | None:
-    """The mount point of a writable cgroup hierarchy with the ``pids`` controller, or None."""
-    try:
-        with open("/proc/self/mountinfo") as file:
-            lines = file.read().splitlines()
-    except OSError:
-        return None
-    v2 = None
-    for line in lines:
-        fields, _, tail = line.partition(" - ")
-        parts, rest = fields.split(), tail.split()
-        if len(parts) < 5 or len(rest) < 3:
-            continue
-        point = parts[4].replace("\\040", " ")
-        if rest[0] == "cgroup" and "pids" in rest[2].split(",") and os.access(point, os.W_OK):
-            return point
-        if rest[0] == "cgroup2" and v2 is None:
-            with contextlib.suppress(OSError), open(os.path.join(point, "cgroup.subtree_control")) as control:
-                if "pids" in control.read().split() and os.access(point, os.W_OK):
-                    v2 = point
-    return v2
-
-
-def _sweep_stale(base: str) -> list[str]:
-    """Remove the cgroups harnesses left when they died without closing their sandbox (``kill -9``): only
-    those named by :func:`_parent_name` in this PID namespace whose process is gone (no process with that
-    pid, or one started at another time).  Never a live harness's (of this process or another), nor one of
-    another PID namespace, nor one in the old naming (``trio-harness-<pid>-<token>``, which cannot tell).
-
-    Returns:
-        The cgroups removed.
-    """
-    removed: list[str] = []
-    try:
-        names = os.listdir(base)
-    except OSError as exc:
-        log.warning("the bash sandbox could not list %r to remove cgroups dead harnesses left: %s", base, exc)
-        return removed
-    namespace = _pid_namespace()
-    for name in names:
-        parts = name.split("-")
-        if len(parts) != 6 or parts[:2] != ["trio", "harness"] or not all(part.isdigit() for part in parts[2:5]):
-            continue
-        if parts[2] != namespace or _started(int(parts[3])) == parts[4]:
-            continue
-        path = os.path.join(base, name)
-        try:
-            for child in os.listdir(path):
-                if os.path.isdir(os.path.join(path, child)):
-                    os.rmdir(os.path.join(path, child))
-            os.rmdir(path)
-        except FileNotFoundError:
-            continue  # another harness swept it meanwhile
-        except OSError as exc:
-            busy = exc.errno == errno.EBUSY
-            log.log(
-                logging.INFO if busy else logging.WARNING,
-                "the bash sandbox left the pids cgroup %r of a harness that is gone: %s",
-                path,
-                "a command it started still runs there" if busy else exc,
-            )
-            continue
-        removed.append(path)
-    return removed
-
-
-def _open_bound(base: str, limit: int) -> _ProcessBound:
-    """Make this sandbox's parent cgroup under ``base`` (named by :func:`_parent_name`)."""
-    parent = os.path.join(base, _parent_name(secrets.token_hex(4)))
-    try:
-        os.mkdir(parent)
-        control = os.path.join(parent, "cgroup.subtree_control")
-        if os.path.exists(control):  # cgroup v2: the commands' cgroups below it get pids.max
-            with open(control, "w") as file:
-                file.write("+pids")
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.rmdir(parent)
-        raise SandboxUnavailableError(
-            f"the bash sandbox could not create the pids cgroup {parent!r}: {exc}; "
-            "or set the sandbox policy's max_processes=None"
-        ) from exc
-    return _ProcessBound(parent, limit)
-
-
-@attrs.define(eq=False)
 class Sandbox:
     """A checked policy: ``bwrap`` found, every path made absolute, the filter and the process bound ready.
 
@@ -493,7 +286,7 @@ class Sandbox:
     as_root: bool
     read_only: tuple[str, ...] = attrs.field(default=(), kw_only=True)
     _filter_dir: str = attrs.field(repr=False)
-    _bound: _ProcessBound | None = attrs.field(repr=False)
+    _bound: ProcessBound | None = attrs.field(repr=False)
     _seen: dict[str, _Seen] = attrs.field(factory=dict, repr=False)
     # Every writable directory a command of this sandbox has had: what commands could change.
     _roots: set[str] = attrs.field(factory=set, repr=False)
@@ -689,7 +482,10 @@ class Sandbox:
         if self._bound is None:
             outer = f'exec "$@" {_FILTER_FD}< {shlex.quote(self._filter_path)}'
         else:
-            procs = self._bound.new(hold)
+            try:
+                procs = self._bound.new(hold)
+            except CgroupError as exc:
+                raise SandboxUnavailableError(str(exc)) from exc
             fifo = os.path.join(self._filter_dir, f"go-{os.path.basename(os.path.dirname(procs))}")
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(fifo)  # a command that never started left it
@@ -770,15 +566,18 @@ async def open_sandbox(policy: SandboxPolicy, shell: str, *, session_root: str |
     as_root = os.geteuid() == 0
     bound = None
     if as_root and policy.max_processes is not None:
-        base = _pids_hierarchy()
+        base = pids_hierarchy()
         if base is None:
             raise SandboxUnavailableError(
                 "the bash sandbox bounds the processes of a command run as root with a pids cgroup "
                 "(RLIMIT_NPROC does not bind root), and no writable cgroup hierarchy with the pids controller "
                 "is mounted here; mount one, or set the sandbox policy's max_processes=None"
             )
-        _sweep_stale(base)
-        bound = _open_bound(base, policy.max_processes)
+        sweep_stale(base)
+        try:
+            bound = open_bound(base, policy.max_processes)
+        except CgroupError as exc:
+            raise SandboxUnavailableError(str(exc)) from exc
     filter_dir = tempfile.mkdtemp(prefix="trio-harness-sandbox-")
     sandbox = Sandbox(
         policy=policy,
@@ -806,22 +605,37 @@ def _write(path: str, data: bytes) -> None:
 
 async def _probe(sandbox: Sandbox, shell: str) -> None:
     hold = Hold()
+    results: list[subprocess.CompletedProcess[bytes]] = []
+    pgid: int | None = None
+
+    async def run(task_status: trio.TaskStatus[trio.Process] = trio.TASK_STATUS_IGNORED) -> None:
+        options: dict[str, Any] = {"capture_stdout": True, "capture_stderr": True, "check": False}
+        results.append(await trio.run_process(probe, start_new_session=True, task_status=task_status, **options))
+
     try:
         probe = sandbox.argv([shell, "-c", _PROBE], workdir="/", writable_dir=None, hold=hold)
         with trio.move_on_after(_PROBE_BOUND) as bound:
-            result = await trio.run_process(
-                probe, capture_stdout=True, capture_stderr=True, check=False, start_new_session=True
-            )
+            async with trio.open_nursery() as nursery:
+                pgid = (await nursery.start(run)).pid  # it leads a group of its own
     except OSError as exc:
         raise SandboxUnavailableError(
             f"the bash sandbox cannot start {sandbox.bwrap!r}: {exc}; {INSTALL_HINT}"
         ) from exc
     finally:
-        hold.release()  # the probe is the harness's own script: nothing of it touches git's files
-    if bound.cancelled_caught:
+        # The probe is the harness's own script: nothing of it touches git's files; its pids cgroup goes once
+        # the sandbox's PID 1, which outlives bwrap a moment, is gone too.
+        if pgid is not None:
+            if not results:  # it did not finish: what is left of its sandbox
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+            with trio.CancelScope(shield=True):
+                await release_when_gone(hold, pgid)
+        hold.release()
+    if bound.cancelled_caught or not results:
         raise SandboxUnavailableError(
             f"the bash sandbox probe ({sandbox.bwrap!r}) did not finish in {_PROBE_BOUND:g} s"
         )
+    result = results[0]
     if result.returncode != 0:
         said = result.stderr.decode("utf-8", "replace").strip()[:_PROBE_QUOTE]
         if any(word in said.lower() for word in ("namespace", "not permitted", "permission denied")):
