@@ -105,7 +105,7 @@ async def test_git_works_inside_and_outside_while_two_commands_hold_the_commondi
     wait = "touch started{n}; until [ -e ../go{n} ]; do sleep 0.05; done; cat .git/commondir"
     async with open_bash_executor(OPTIONS) as executor, open_bash_executor(OPTIONS) as other:
         first = await start(executor, wait.format(n=1), repo)
-        # Started (a command started at once after another may find its pids cgroup gone: see the report)
+        # Started: it holds the commondir
         await wait_until((repo / "started1").exists)
         second = await start(executor, wait.format(n=2), repo)
         await wait_until((repo / "started2").exists)

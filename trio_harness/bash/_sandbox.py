@@ -22,7 +22,7 @@ when a recorded hidden path is gone or was replaced by a symlink or a thing
 of another type.
 
 The number of processes (threads included) a command may run is bounded:
-as root with a ``pids`` cgroup (``RLIMIT_NPROC`` does not bind root), which a
+as root with a ``pids`` cgroup of its own (:mod:`._sandbox_cgroup`; ``RLIMIT_NPROC`` does not bind root), which a
 helper of the ``sh`` moves ``bwrap`` and its sandbox child into while the
 sandbox waits (``--block-fd``, see ``_JOIN``); otherwise with
 ``RLIMIT_NPROC`` set inside the sandbox's user namespace, where it counts
@@ -44,12 +44,12 @@ the grace period always comes, and SIGKILL of PID 1 ends the whole namespace.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-import secrets
 import shlex
 import shutil
+import signal
 import stat
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -60,8 +60,9 @@ import trio
 
 from .._errors import BashError
 from .._util import is_positive_int
+from ._sandbox_cgroup import CgroupError, ProcessBound, open_bound, pids_hierarchy, sweep_stale
 from ._sandbox_git import git_binds
-from ._sandbox_hold import Hold
+from ._sandbox_hold import Hold, release_when_gone
 from ._seccomp import UnsupportedArchitectureError, build_filter
 
 INSTALL_HINT = (
@@ -110,15 +111,20 @@ _BLOCK_FD = 4
 # process of the command is born inside the cgroup.  $$ is bwrap's pid (the sh
 # execs it); the helper is also bwrap's child, so two children means the sandbox
 # child is there (the children file ends without a newline, so read fails yet sets k).
-# A helper that cannot join kills bwrap: no command runs unbounded.
+# A helper that cannot join says so and kills bwrap's process group (the sandbox
+# child too: it would read the end of the FIFO and go on; bwrap leads its group,
+# whose id is $$: the executor and the probe spawn it in a session of its own; were
+# it not, only bwrap is killed): no command runs unbounded.
 _JOIN = """c={procs} f={fifo}
 (exec 5>"$f"; rm -f "$f"
-echo $$ > "$c" || {{ kill -KILL $$; exit 1; }}
+no() {{ echo "the bash sandbox killed the command before it ran: $1" >&2
+kill -s KILL -- -$$ 2>/dev/null || kill -KILL $$; exit 1; }}
+echo $$ > "$c" || no "it could not join its pids cgroup ($c)"
 n=0
 while [ -d /proc/$$ ] && [ $n -lt 100000 ]; do
 k=; read -r k < /proc/$$/task/$$/children
 set -- $k; [ $# -ge 2 ] && break; n=$((n+1)); done
-[ $# -ge 2 ] || {{ kill -KILL $$; exit 1; }}
+[ $# -ge 2 ] || no "its sandbox did not start"
 for p in $k; do echo $p > "$c" 2>/dev/null; done
 printf x >&5) &
 exec "$@" {filter_fd}< {filter} {block_fd}< "$f"
@@ -258,91 +264,6 @@ def _kind_name(kind: int) -> str:
 
 
 @attrs.define(eq=False)
-class _ProcessBound:
-    """Per-command ``pids`` cgroups under one parent cgroup of this sandbox (root only)."""
-
-    parent: str
-    limit: int
-    _children: list[str] = attrs.field(factory=list)
-    _counter: int = 0
-
-    def new(self) -> str:
-        """A fresh cgroup for one command; returns its ``cgroup.procs`` path."""
-        self._reap()
-        self._counter += 1
-        path = os.path.join(self.parent, f"c{self._counter}")
-        try:
-            os.mkdir(path)
-            with open(os.path.join(path, "pids.max"), "w") as file:
-                file.write(str(self.limit))
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.rmdir(path)
-            raise SandboxUnavailableError(
-                f"the bash sandbox could not create the pids cgroup {path!r} bounding the command's processes: "
-                f"{exc}; or set the sandbox policy's max_processes=None"
-            ) from exc
-        self._children.append(path)
-        return os.path.join(path, "cgroup.procs")
-
-    def _reap(self) -> None:
-        """Remove the cgroups of commands that ended (a cgroup with processes cannot be removed)."""
-        left = []
-        for path in self._children:
-            try:
-                os.rmdir(path)
-            except OSError as exc:
-                if exc.errno != errno.ENOENT:
-                    left.append(path)
-        self._children = left
-
-    def close(self) -> None:
-        self._reap()
-        with contextlib.suppress(OSError):
-            os.rmdir(self.parent)
-
-
-def _pids_hierarchy() -> str | None:
-    """The mount point of a writable cgroup hierarchy with the ``pids`` controller, or None."""
-    try:
-        with open("/proc/self/mountinfo") as file:
-            lines = file.read().splitlines()
-    except OSError:
-        return None
-    v2 = None
-    for line in lines:
-        fields, _, tail = line.partition(" - ")
-        parts, rest = fields.split(), tail.split()
-        if len(parts) < 5 or len(rest) < 3:
-            continue
-        point = parts[4].replace("\\040", " ")
-        if rest[0] == "cgroup" and "pids" in rest[2].split(",") and os.access(point, os.W_OK):
-            return point
-        if rest[0] == "cgroup2" and v2 is None:
-            with contextlib.suppress(OSError), open(os.path.join(point, "cgroup.subtree_control")) as control:
-                if "pids" in control.read().split() and os.access(point, os.W_OK):
-                    v2 = point
-    return v2
-
-
-def _sweep_stale(base: str) -> None:
-    """Remove empty cgroups left by harnesses that died without closing their sandbox."""
-    with contextlib.suppress(OSError):
-        for name in os.listdir(base):
-            parts = name.split("-")
-            if len(parts) != 4 or parts[:2] != ["trio", "harness"] or not parts[2].isdigit():
-                continue
-            if os.path.exists(f"/proc/{parts[2]}"):
-                continue
-            path = os.path.join(base, name)
-            with contextlib.suppress(OSError):
-                for child in os.listdir(path):
-                    if os.path.isdir(os.path.join(path, child)):
-                        os.rmdir(os.path.join(path, child))
-                os.rmdir(path)
-
-
-@attrs.define(eq=False)
 class Sandbox:
     """A checked policy: ``bwrap`` found, every path made absolute, the filter and the process bound ready.
 
@@ -365,7 +286,7 @@ class Sandbox:
     as_root: bool
     read_only: tuple[str, ...] = attrs.field(default=(), kw_only=True)
     _filter_dir: str = attrs.field(repr=False)
-    _bound: _ProcessBound | None = attrs.field(repr=False)
+    _bound: ProcessBound | None = attrs.field(repr=False)
     _seen: dict[str, _Seen] = attrs.field(factory=dict, repr=False)
     # Every writable directory a command of this sandbox has had: what commands could change.
     _roots: set[str] = attrs.field(factory=set, repr=False)
@@ -561,7 +482,10 @@ class Sandbox:
         if self._bound is None:
             outer = f'exec "$@" {_FILTER_FD}< {shlex.quote(self._filter_path)}'
         else:
-            procs = self._bound.new()
+            try:
+                procs = self._bound.new(hold)
+            except CgroupError as exc:
+                raise SandboxUnavailableError(str(exc)) from exc
             fifo = os.path.join(self._filter_dir, f"go-{os.path.basename(os.path.dirname(procs))}")
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(fifo)  # a command that never started left it
@@ -642,23 +566,18 @@ async def open_sandbox(policy: SandboxPolicy, shell: str, *, session_root: str |
     as_root = os.geteuid() == 0
     bound = None
     if as_root and policy.max_processes is not None:
-        base = _pids_hierarchy()
+        base = pids_hierarchy()
         if base is None:
             raise SandboxUnavailableError(
                 "the bash sandbox bounds the processes of a command run as root with a pids cgroup "
                 "(RLIMIT_NPROC does not bind root), and no writable cgroup hierarchy with the pids controller "
                 "is mounted here; mount one, or set the sandbox policy's max_processes=None"
             )
-        _sweep_stale(base)
-        parent = os.path.join(base, f"trio-harness-{os.getpid()}-{secrets.token_hex(4)}")
+        sweep_stale(base)
         try:
-            os.mkdir(parent)
-        except OSError as exc:
-            raise SandboxUnavailableError(
-                f"the bash sandbox could not create the pids cgroup {parent!r}: {exc}; "
-                "or set the sandbox policy's max_processes=None"
-            ) from exc
-        bound = _ProcessBound(parent, policy.max_processes)
+            bound = open_bound(base, policy.max_processes)
+        except CgroupError as exc:
+            raise SandboxUnavailableError(str(exc)) from exc
     filter_dir = tempfile.mkdtemp(prefix="trio-harness-sandbox-")
     sandbox = Sandbox(
         policy=policy,
@@ -686,20 +605,37 @@ def _write(path: str, data: bytes) -> None:
 
 async def _probe(sandbox: Sandbox, shell: str) -> None:
     hold = Hold()
+    results: list[subprocess.CompletedProcess[bytes]] = []
+    pgid: int | None = None
+
+    async def run(task_status: trio.TaskStatus[trio.Process] = trio.TASK_STATUS_IGNORED) -> None:
+        options: dict[str, Any] = {"capture_stdout": True, "capture_stderr": True, "check": False}
+        results.append(await trio.run_process(probe, start_new_session=True, task_status=task_status, **options))
+
     try:
         probe = sandbox.argv([shell, "-c", _PROBE], workdir="/", writable_dir=None, hold=hold)
         with trio.move_on_after(_PROBE_BOUND) as bound:
-            result = await trio.run_process(probe, capture_stdout=True, capture_stderr=True, check=False)
+            async with trio.open_nursery() as nursery:
+                pgid = (await nursery.start(run)).pid  # it leads a group of its own
     except OSError as exc:
         raise SandboxUnavailableError(
             f"the bash sandbox cannot start {sandbox.bwrap!r}: {exc}; {INSTALL_HINT}"
         ) from exc
     finally:
-        hold.release()  # the probe is the harness's own script: nothing of it touches git's files
-    if bound.cancelled_caught:
+        # The probe is the harness's own script: nothing of it touches git's files; its pids cgroup goes once
+        # the sandbox's PID 1, which outlives bwrap a moment, is gone too.
+        if pgid is not None:
+            if not results:  # it did not finish: what is left of its sandbox
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+            with trio.CancelScope(shield=True):
+                await release_when_gone(hold, pgid)
+        hold.release()
+    if bound.cancelled_caught or not results:
         raise SandboxUnavailableError(
             f"the bash sandbox probe ({sandbox.bwrap!r}) did not finish in {_PROBE_BOUND:g} s"
         )
+    result = results[0]
     if result.returncode != 0:
         said = result.stderr.decode("utf-8", "replace").strip()[:_PROBE_QUOTE]
         if any(word in said.lower() for word in ("namespace", "not permitted", "permission denied")):

@@ -34,6 +34,7 @@ import logging
 import os
 import stat
 import threading
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -102,7 +103,8 @@ _UNWRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 
 @attrs.define(eq=False)
 class Hold:
-    """What one command holds of the parts of git directories the sandbox made for it (see the module).
+    """What one command holds of the parts of git directories the sandbox made for it (see the module), and
+    what else the sandbox made for it alone and removes after it (its ``pids`` cgroup: :meth:`after`).
 
     :meth:`ensure` while its command line is built, :meth:`release` once its processes are all gone
     (idempotent; :func:`release_when_gone` waits for that).
@@ -111,12 +113,21 @@ class Hold:
     _fds: list[int] = attrs.field(factory=list)
     _made: list[tuple[_Made, int]] = attrs.field(factory=list)
     _paths: set[str] = attrs.field(factory=set)
+    _after: list[Callable[[], None]] = attrs.field(factory=list)
     released: bool = False
 
     @property
     def empty(self) -> bool:
-        """Whether it holds nothing (no sandbox, or no repository in the command's writable directories)."""
-        return not self._fds
+        """Whether it holds nothing (no sandbox, or no repository in the command's writable directories and
+        no cgroup of its own)."""
+        return not self._fds and not self._after
+
+    def after(self, undo: Callable[[], None]) -> None:
+        """Run ``undo`` when the hold is released (once the command's processes are all gone), after the parts
+        are let go; ``undo`` reports its own failures (it must not raise)."""
+        if self.released:
+            raise BashError("the sandbox's hold was already released")
+        self._after.append(undo)
 
     def ensure(self, path: str, content: bytes | None, why: str) -> None:
         """Hold ``path`` while the command runs, created (a file holding ``content``, or a directory when None)
@@ -249,6 +260,9 @@ class Hold:
                 os.close(fd)
             self._fds.clear()
             self._made.clear()
+            undo, self._after = self._after, []
+            for step in undo:
+                step()
         for line in kept:
             log.warning("%s", line)
         return kept
