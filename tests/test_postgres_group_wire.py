@@ -137,3 +137,43 @@ async def test_a_settled_groups_slot_goes_to_what_queued_before_the_flushes_it_w
         for entry in entries:
             assert (await store.load(entry.session.header.id)).events == tuple(entry.session.events)
             await sessions.detach(entry)
+
+
+async def test_a_batch_that_cannot_be_encoded_in_a_long_queue_is_encoded_again_a_bounded_number_of_times(
+    postgres_cluster: Cluster, schema: str, store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """300 flushes at once, one of them not encodable (injected): the eager send that meets it stops eager
+    sends until the committer takes the queue (which sends the refused group's batches one by one), instead
+    of every later submit encoding the whole queue again on the Trio thread."""
+    real = _pg_group.GroupCommitter._params
+    encoded: list[int] = []
+
+    def params(self: Any, group: Any, encoding: str) -> Any:
+        encoded.append(len(group))
+        if any(request.sid == "s0" for request in group):
+            raise ValueError("this batch cannot be encoded")
+        return real(self, group, encoding)
+
+    monkeypatch.setattr(_pg_group.GroupCommitter, "_params", params)
+    names = [f"s{number}" for number in range(300)]
+    for name in names:
+        await stored_session(store, name)
+    pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema)
+    async with pooled:
+        sessions = SessionRegistry(pooled)
+        entries = [sessions.enter(await sessions.prepare_resume(name)) for name in names]
+        for entry in entries:
+            one_turn(entry.session, 2)
+        noted: dict[str, list[BaseException | None]] = {name: [] for name in names}
+        with trio.fail_after(WAIT):
+            async with trio.open_nursery() as nursery:
+                for entry in entries:
+                    nursery.start_soon(flush_noting, entry, noted[entry.session.header.id])
+        failed = {name: outcome for name, (outcome,) in noted.items() if outcome is not None}
+        assert list(failed) == ["s0"] and "could not be encoded" in str(failed["s0"]), failed
+        assert sum(encoded) < 4 * len(names), encoded  # each batch encoded a few times at most, not once a submit
+        monkeypatch.setattr(_pg_group.GroupCommitter, "_params", real)
+        for entry in entries:
+            await sessions.detach(entry)
+    for entry in entries:  # the bad batch stayed buffered and was stored by the detach, once
+        assert (await store.load(entry.session.header.id)).events == tuple(entry.session.events)

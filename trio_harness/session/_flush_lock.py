@@ -29,6 +29,7 @@ class FlushLock:
         """How many tasks wait for the lock (``tasks_waiting``)."""
         return self._waiting.statistics()
 
+    @trio.lowlevel.enable_ki_protection
     def acquire_nowait(self) -> None:
         """Take the lock now; ``trio.WouldBlock`` when it is held or others wait for it."""
         if self._held or self._waiting:
@@ -45,6 +46,7 @@ class FlushLock:
         else:
             await trio.lowlevel.cancel_shielded_checkpoint()
 
+    @trio.lowlevel.enable_ki_protection
     def release(self) -> None:
         if not self._held:
             raise RuntimeError("this lock is not held")

@@ -221,6 +221,9 @@ class GroupCommitter:
     # While it runs: its groups' nursery, and its slots (groups in flight at once: pool_size - 1).
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _slots: trio.Semaphore | None = attrs.field(default=None, init=False)
+    # A queued batch could not be encoded (_NotSent): no eager sends until the committer has taken the queue
+    # (it sends the batches of a refused group one by one), or every submit would encode the whole queue again.
+    _eager_refused: bool = attrs.field(default=False, init=False)
     # The sizes of the group commits sent (their number of sessions), the last 1,000 (tests and benches).
     _groups: collections.deque[int] = attrs.field(factory=lambda: collections.deque(maxlen=1000), init=False)
 
@@ -276,6 +279,7 @@ class GroupCommitter:
             self._compact_at = max(_COMPACT_MIN, 2 * len(waiting))
         waiting.append(request)
 
+    @trio.lowlevel.enable_ki_protection  # sent, marked sent and handed to a task, or none of it
     def _launch(self, *, holding: bool = False) -> bool:
         """Send the queue as a group now, with no schedule point, when a slot and a connection are free.
 
@@ -283,10 +287,11 @@ class GroupCommitter:
         settled (``holding`` its slot, which goes to this group: see
         :meth:`_pass_slot`).  True when sent; anything failing here leaves
         the queue as it was (the committer sends it)."""
-        slots, nursery = self._slots, self._nursery
-        if not self._pending or slots is None or nursery is None or (slots.value == 0 and not holding):
+        slots, nursery, pool = self._slots, self._nursery, self.store._pool
+        if not self._pending or slots is None or nursery is None or pool is None or self._eager_refused:
             return False
-        pool = self.store._require_pool()
+        if slots.value == 0 and not holding:
+            return False
         conn = pool.lend_nowait()
         if conn is None:
             return False
@@ -296,6 +301,7 @@ class GroupCommitter:
         except Exception as exc:  # nothing sent: the queue as it was (the committer sends it, and reports this)
             log.warning("group commit: its statement could not be sent early (%s)", exc)
             pool.give_back_lent(conn)
+            self._eager_refused = isinstance(exc, _NotSent)
             return False
         launched = _Launched(pool, slots, conn, statement)
         # From here on nothing can fail: the slot is free or held (checked above), the nursery open (run() runs).
@@ -326,8 +332,14 @@ class GroupCommitter:
         the committer's dispatch, which runs after them (a few milliseconds
         for a thousand).
         """
-        if not self._launch(holding=True):
-            slots.release()
+        passed = False
+        try:
+            # Not while the store closes (the committer's tasks are cancelled): what is queued stays unsent.
+            if not self._stopped and trio.current_effective_deadline() != -math.inf:
+                passed = self._launch(holding=True)
+        finally:
+            if not passed:
+                slots.release()
 
     def starting(self) -> None:
         """The store opens: submits are taken again (queued until :meth:`run` starts)."""
@@ -444,6 +456,7 @@ class GroupCommitter:
                 size = max(_GROUP_MIN, -(-len(self._pending) // (slots.value + 1)))
                 size = min(size, _GROUP_MAX)
                 group, self._pending = self._pending[:size], self._pending[size:]
+                self._eager_refused = False
                 if not group:
                     slots.release()
                     break
@@ -541,6 +554,11 @@ class GroupCommitter:
             request.sent = True
         self._groups.append(len(sent))
 
+    def _unmark_sent(self, sent: list[_Request]) -> None:
+        for request in sent:
+            request.sent = False
+        self._groups.pop()
+
     async def _commit_group(
         self,
         group: list[_Request],
@@ -555,7 +573,7 @@ class GroupCommitter:
         meets rows at its seqs (the lost statement committed them after the
         read-back, or another writer did: either way committed now) is read
         back again.  ``launched``: the group was sent already
-        (:meth:`_launch`: all of it, on that connection, by that job), this
+        (:meth:`_launch`: all of it, on that connection, that statement), this
         waits for it.
         """
         pg = _psycopg()
@@ -741,14 +759,15 @@ class GroupCommitter:
                 sent[:] = [r for r in group if not r.abandoned and not r.settled]
                 if not sent:
                     return {}
+                self._mark_sent(sent)  # first: an interrupt after the send must not leave them "not sent"
                 try:
                     statement = self._send(sent, conn)
-                except pg.OperationalError:  # libpq did not take it (nothing reached the server)
-                    if attempt == 2 or not (conn.broken or conn.closed):
+                except BaseException as exc:  # nothing of it was sent
+                    self._unmark_sent(sent)
+                    if not isinstance(exc, pg.OperationalError) or attempt == 2 or not (conn.broken or conn.closed):
                         raise
                     conn.close()  # lost while idle in the pool: once more on a new connection
                     continue
-                self._mark_sent(sent)
                 return await self._outcome(conn, statement)
         raise AssertionError("unreachable")
 

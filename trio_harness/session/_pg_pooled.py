@@ -680,8 +680,8 @@ class _PooledWriter:
             if self._header_line is not None or blobs or self._uncertain:
                 outcome = await self._flush_alone(lines, acks, blobs)
             else:  # the usual flush: part of the next group commit (session/_pg_group.py)
-                request = _Request(self, lines, acks, sync)
                 try:
+                    request = _Request(self, lines, acks, sync)
                     await self.store._group.submit(request)
                     outcome = self._group_outcome(request)
                 except BaseException as exc:

@@ -22,7 +22,8 @@ psycopg itself would raise; whether a statement whose connection was lost
 committed is for the caller to find out (the connection is broken then).
 
 The caller owns the connection meanwhile (a session's writer, under its
-lock): nothing else may use it, on any thread, until the call returns.
+lock; the group committer, a pooled connection it was lent): nothing else
+may use it, on any thread, until the call returns.
 """
 
 from __future__ import annotations
@@ -156,8 +157,9 @@ def begin(conn: psycopg.Connection[Any], send: Callable[[], None]) -> _Exchange:
         status = pg.pq.TransactionStatus(pgconn.transaction_status).name
         raise pg.InterfaceError(f"a statement sent on a connection that is {status}, not idle")
     pgconn.nonblocking = 1
+    exchange = _Exchange(conn)  # first: once sent, nothing may fail as if it had not been
     send()
-    return _Exchange(conn)
+    return exchange
 
 
 async def finish(
