@@ -13,14 +13,23 @@ from typing import Any
 import psycopg
 import pytest
 import trio
-from _postgres import Cluster, events_stored, flush_noting, postgres_cluster, schema, store, superuser
+from _postgres import Cluster, events_stored, postgres_cluster, schema, store, superuser
 from _util import WAIT
+from test_postgres_group import flush_at_once
 from test_postgres_store import one_turn, stored_session
 
 from trio_harness.session import PooledPostgresStore, PostgresStore, SessionRegistry, _pg_group
 from trio_harness.session import _events as ev
 
 __all__ = ["postgres_cluster", "schema", "store", "superuser"]  # the fixtures, imported for pytest
+
+
+async def stored_sessions(store: PostgresStore, count: int) -> list[str]:
+    """``count`` sessions ``s0``, ``s1``, ... stored with one turn each (:func:`stored_session`): their ids."""
+    names = [f"s{number}" for number in range(count)]
+    for name in names:
+        await stored_session(store, name)
+    return names
 
 
 async def test_a_group_statement_larger_than_the_socket_takes_is_written_as_it_drains_and_stored_whole(
@@ -35,21 +44,14 @@ async def test_a_group_statement_larger_than_the_socket_takes_is_written_as_it_d
         await real_wait_writable(fd)
 
     monkeypatch.setattr(trio.lowlevel, "wait_writable", wait_writable)
-    names = [f"s{number}" for number in range(40)]
-    for name in names:
-        await stored_session(store, name)
+    names = await stored_sessions(store, 40)
     pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema)
     async with pooled:
         sessions = SessionRegistry(pooled)
         entries = [sessions.enter(await sessions.prepare_resume(name)) for name in names]
         for number, entry in enumerate(entries):
             entry.session.append(ev.AssistantMessage, turn=2, step=1, text=f"{number} " + "x" * 500_000)
-        noted: list[BaseException | None] = []
-        with trio.fail_after(WAIT):
-            async with trio.open_nursery() as nursery:
-                for entry in entries:
-                    nursery.start_soon(flush_noting, entry, noted)
-        assert noted == [None] * 40
+        assert list((await flush_at_once(entries)).values()) == [None] * 40
         assert sum(pooled._group._groups) == 40
         assert waits, "the statement went out in one write: not the case this test is for"
         for entry in entries:
@@ -110,9 +112,7 @@ async def test_a_settled_groups_slot_goes_to_what_queued_before_the_flushes_it_w
         return real_send(self, sent, conn)
 
     monkeypatch.setattr(_pg_group.GroupCommitter, "_send", send)
-    names = [f"s{number}" for number in range(6)]
-    for name in names:
-        await stored_session(store, name)
+    names = await stored_sessions(store, 6)
     pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema, pool_size=2)
     async with pooled:
         sessions = SessionRegistry(pooled)
@@ -155,21 +155,14 @@ async def test_a_batch_that_cannot_be_encoded_in_a_long_queue_is_encoded_again_a
         return real(self, group, encoding)
 
     monkeypatch.setattr(_pg_group.GroupCommitter, "_params", params)
-    names = [f"s{number}" for number in range(300)]
-    for name in names:
-        await stored_session(store, name)
+    names = await stored_sessions(store, 300)
     pooled = PooledPostgresStore(postgres_cluster.dsn(), schema=schema)
     async with pooled:
         sessions = SessionRegistry(pooled)
         entries = [sessions.enter(await sessions.prepare_resume(name)) for name in names]
         for entry in entries:
             one_turn(entry.session, 2)
-        noted: dict[str, list[BaseException | None]] = {name: [] for name in names}
-        with trio.fail_after(WAIT):
-            async with trio.open_nursery() as nursery:
-                for entry in entries:
-                    nursery.start_soon(flush_noting, entry, noted[entry.session.header.id])
-        failed = {name: outcome for name, (outcome,) in noted.items() if outcome is not None}
+        failed = {name: outcome for name, outcome in (await flush_at_once(entries)).items() if outcome is not None}
         assert list(failed) == ["s0"] and "could not be encoded" in str(failed["s0"]), failed
         assert sum(encoded) < 4 * len(names), encoded  # each batch encoded a few times at most, not once a submit
         monkeypatch.setattr(_pg_group.GroupCommitter, "_params", real)
